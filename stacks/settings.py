@@ -1,0 +1,347 @@
+"""Per-environment settings: cdk.json context -> one validated, typed object per environment.
+
+Pydantic (not plain dataclasses) because it gives, from the type hints alone, exact type checks, unknown-key
+rejection (``extra="forbid"``) and error locations (the path to the bad key); the few domain rules (GPU types,
+Graviton types, min <= max) are validators next to the field they guard. ``SettingsError`` turns the first error
+into one sentence that names the key and what is allowed, so a bad cdk.json stops ``cdk synth`` at the door.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEFAULT_REGION = "us-west-2"
+ENVIRONMENT_NAMES = ("dev", "staging", "prod")
+
+# Accelerated EC2 families that run the CUDA training image (p4d = 8 x A100, the seed's choice).
+GPU_TRAINING_FAMILIES = ("p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "g4dn", "g5", "g6", "g6e")
+# Families with EFA that the multi-node launch template supports.
+EFA_FAMILIES = ("p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "g6e")
+# Graviton (arm64) SageMaker hosting families: generation 6 and later with a "g" processor letter.
+_GRAVITON_TYPE = re.compile(r"^ml\.(c|m|r)[6-8]g[dn]?\.(medium|large|\d*xlarge)$")
+_SAGEMAKER_TYPE = re.compile(r"^ml\.[a-z][a-z0-9-]*\.(medium|large|\d*xlarge)$")
+_EC2_TYPE = re.compile(r"^(?P<family>[a-z][a-z0-9-]*)\.(medium|large|\d*xlarge|metal)$")
+_ACCOUNT = re.compile(r"^\d{12}$")
+_REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$")
+_TAG_VALUE = re.compile(r"^[\w .:/=+\-@]{1,256}$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_S3_KEY = re.compile(r"^[A-Za-z0-9!_.*'()/-]+$")
+
+
+class SettingsError(ValueError):
+    """A setting in cdk.json is wrong; the message names the key and what is allowed."""
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def _s3_key(value: str, *, prefix: bool) -> str:
+    if value.startswith("/") or not _S3_KEY.match(value):
+        raise ValueError("must be a relative S3 key of letters, digits and !_.*'()/- characters")
+    if prefix and not value.endswith("/"):
+        raise ValueError("must end with '/' (it is a prefix)")
+    return value
+
+
+class VpcSettings(_Settings):
+    """Create a VPC (``cidr``, ``max_azs``) or import one from explicit ids (no lookups at synth time)."""
+
+    cidr: str = "10.40.0.0/16"
+    max_azs: Annotated[int, Field(ge=1, le=4)] = 2
+    nat_gateways: Annotated[int, Field(ge=0, le=4)] = 1
+    flow_log_retention_days: Literal[7, 14, 30, 60, 90, 180, 365, 731] = 30
+    vpc_id: str | None = None
+    availability_zones: list[str] = []
+    private_subnet_ids: list[str] = []
+
+    @field_validator("cidr")
+    @classmethod
+    def _cidr(cls, value: str) -> str:
+        try:
+            network = ipaddress.IPv4Network(value)
+        except ValueError:
+            raise ValueError("must be an IPv4 CIDR block such as 10.40.0.0/16") from None
+        if not 16 <= network.prefixlen <= 24:
+            raise ValueError("must have a prefix length from /16 to /24")
+        return value
+
+    @field_validator("vpc_id")
+    @classmethod
+    def _vpc_id(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^vpc-[0-9a-f]{8,17}$", value):
+            raise ValueError("must look like vpc-0123456789abcdef0")
+        return value
+
+    @model_validator(mode="after")
+    def _import_is_complete(self) -> VpcSettings:
+        if self.vpc_id is None and (self.private_subnet_ids or self.availability_zones):
+            raise ValueError("private_subnet_ids and availability_zones are only allowed together with vpc_id")
+        if self.vpc_id is not None:
+            if not self.private_subnet_ids or len(self.private_subnet_ids) != len(self.availability_zones):
+                raise ValueError("an imported VPC needs private_subnet_ids and one availability_zones entry per subnet")
+            for subnet in self.private_subnet_ids:
+                if not re.match(r"^subnet-[0-9a-f]{8,17}$", subnet):
+                    raise ValueError(f"private_subnet_ids entry {subnet!r} must look like subnet-0123456789abcdef0")
+        return self
+
+    @property
+    def imported(self) -> bool:
+        return self.vpc_id is not None
+
+
+class AutoscalingSettings(_Settings):
+    """Target tracking on SageMakerVariantInvocationsPerInstance (invocations per instance per minute)."""
+
+    min_capacity: Annotated[int, Field(ge=1)] = 1
+    max_capacity: Annotated[int, Field(ge=1)] = 2
+    target_invocations_per_instance: Annotated[int, Field(ge=1)] = 600
+    scale_in_cooldown_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
+    scale_out_cooldown_seconds: Annotated[int, Field(ge=0, le=3600)] = 60
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> AutoscalingSettings:
+        if self.min_capacity > self.max_capacity:
+            raise ValueError(
+                f"min_capacity ({self.min_capacity}) must not exceed max_capacity ({self.max_capacity})"
+            )
+        return self
+
+
+def _autoscaled_type(value: str) -> str:
+    if not _SAGEMAKER_TYPE.match(value):
+        raise ValueError("must be a SageMaker instance type such as ml.c7g.4xlarge")
+    if value.startswith("ml.t"):
+        raise ValueError("burstable ml.t* types cannot be autoscaled; use a c, m or r type")
+    return value
+
+
+class HyperParameters(_Settings):
+    epochs: Annotated[int, Field(ge=1, le=100)] = 3
+    per_device_batch_size: Annotated[int, Field(ge=1, le=1024)] = 32
+    learning_rate: Annotated[float, Field(gt=0, lt=1)] = 2e-5
+    max_seq_length: Annotated[int, Field(ge=8, le=512)] = 128
+    seed: int = 42
+    torch_compile: bool = True
+    bf16: bool = True
+    fused_adamw: bool = True
+
+
+class TrainingSettings(_Settings):
+    """The p4d launch template (EC2) and the SageMaker ``@remote`` jobs (seed 001)."""
+
+    instance_type: str = "p4d.24xlarge"
+    nodes: Annotated[int, Field(ge=1, le=16)] = 1
+    efa: bool = False
+    root_volume_gib: Annotated[int, Field(ge=100, le=16384)] = 200
+    dlami_ssm_parameter: str = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+    image_tag: str = "2.10.0-gpu-py313-cu130-ubuntu22.04-ec2"
+    base_model: str = "cardiffnlp/twitter-roberta-base-sentiment-latest"
+    dataset: str = "tweet_eval/sentiment"
+    hyperparameters: HyperParameters = HyperParameters()
+    remote_instance_type: str = "ml.p4d.24xlarge"
+    remote_image_tag: str = "2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker"
+
+    @field_validator("instance_type")
+    @classmethod
+    def _gpu(cls, value: str) -> str:
+        match = _EC2_TYPE.match(value)
+        if not match or match["family"] not in GPU_TRAINING_FAMILIES:
+            raise ValueError(f"must be a GPU EC2 instance type of the families {', '.join(GPU_TRAINING_FAMILIES)}")
+        return value
+
+    @field_validator("remote_instance_type")
+    @classmethod
+    def _remote_gpu(cls, value: str) -> str:
+        match = _EC2_TYPE.match(value.removeprefix("ml."))
+        if not value.startswith("ml.") or not match or match["family"] not in GPU_TRAINING_FAMILIES:
+            raise ValueError("must be a SageMaker GPU training type such as ml.p4d.24xlarge or ml.g5.2xlarge")
+        return value
+
+    @field_validator("dlami_ssm_parameter")
+    @classmethod
+    def _dlami(cls, value: str) -> str:
+        if not value.startswith("/aws/service/deeplearning/ami/"):
+            raise ValueError("must be a public DLAMI SSM parameter under /aws/service/deeplearning/ami/")
+        return value
+
+    @model_validator(mode="after")
+    def _efa(self) -> TrainingSettings:
+        family = self.instance_type.split(".")[0]
+        if self.efa and family not in EFA_FAMILIES:
+            raise ValueError(f"efa needs an EFA-capable instance type ({', '.join(EFA_FAMILIES)}), not {self.instance_type}")
+        return self
+
+
+class DataCaptureSettings(_Settings):
+    enabled: bool = False
+    sampling_percentage: Annotated[int, Field(ge=1, le=100)] = 10
+
+
+class GravitonEndpointSettings(_Settings):
+    """The real-time endpoint on Graviton (seed 000)."""
+
+    enabled: bool = True
+    instance_type: str = "ml.c7g.4xlarge"
+    initial_instance_count: Annotated[int, Field(ge=1)] = 1
+    image_repository: str = "pytorch-inference-arm64"
+    image_tag: str = "2.6.0-cpu-py312-ubuntu22.04-sagemaker"
+    model_data_key: str = "endpoints/sentiment/model.tar.gz"
+    dependencies: Literal["vendored", "install_at_startup"] = "vendored"
+    max_request_batch: Annotated[int, Field(ge=1, le=1024)] = 32
+    workers_per_model: Annotated[int, Field(ge=1, le=64)] | None = None
+    server_batch_size: Annotated[int, Field(ge=1, le=256)] = 1
+    server_max_batch_delay_ms: Annotated[int, Field(ge=0, le=10000)] = 100
+    autoscaling: AutoscalingSettings = AutoscalingSettings()
+    data_capture: DataCaptureSettings = DataCaptureSettings()
+
+    @field_validator("instance_type")
+    @classmethod
+    def _graviton(cls, value: str) -> str:
+        _autoscaled_type(value)
+        if not _GRAVITON_TYPE.match(value):
+            raise ValueError("must be a Graviton type such as ml.c7g.4xlarge, ml.m7g.2xlarge or ml.c6g.xlarge")
+        return value
+
+    @field_validator("model_data_key")
+    @classmethod
+    def _model_key(cls, value: str) -> str:
+        _s3_key(value, prefix=False)
+        if not value.endswith(".tar.gz"):
+            raise ValueError("must name a model.tar.gz archive (end with .tar.gz)")
+        return value
+
+
+class MultiModelEndpointSettings(_Settings):
+    """The multi-model endpoint (seed 002): DJL Serving by default, TorchServe as the alternative."""
+
+    enabled: bool = True
+    instance_type: str = "ml.c5.2xlarge"
+    initial_instance_count: Annotated[int, Field(ge=1)] = 1
+    model_server: Literal["djl", "torchserve"] = "djl"
+    djl_image: str = "djl-inference:0.36.0-cpu-full"
+    torchserve_image: str = "pytorch-inference:2.6.0-cpu-py312-ubuntu22.04-sagemaker"
+    models_prefix: str = "multi-model/"
+    invoke_allowed_models: list[str] = []
+    autoscaling: AutoscalingSettings = AutoscalingSettings(max_capacity=4)
+
+    @field_validator("instance_type")
+    @classmethod
+    def _type(cls, value: str) -> str:
+        return _autoscaled_type(value)
+
+    @field_validator("models_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        return _s3_key(value, prefix=True)
+
+    @property
+    def has_local_nvme(self) -> bool:
+        """Types with instance-store NVMe (c5d, m5d, g5, ...) refuse an endpoint-config KMS key."""
+        family = self.instance_type.split(".")[1]
+        return family.endswith("d") or family.startswith(("g4dn", "g5", "g6", "p"))
+
+
+class TagSettings(_Settings):
+    project: str = "pytorch-platform"
+    cost_centre: str
+
+    @field_validator("project", "cost_centre")
+    @classmethod
+    def _value(cls, value: str) -> str:
+        if not _TAG_VALUE.match(value):
+            raise ValueError("must be 1-256 letters, digits, spaces or _.:/=+-@ characters")
+        return value
+
+
+class EnvironmentSettings(_Settings):
+    """Everything one environment (dev, staging, prod) of the platform is built from."""
+
+    name: Literal["dev", "staging", "prod"]
+    account: str | None = None
+    region: str = DEFAULT_REGION
+    removal_policy: Literal["destroy", "retain"]
+    alarm_email: str | None = None
+    tags: TagSettings
+    vpc: VpcSettings = VpcSettings()
+    training: TrainingSettings = TrainingSettings()
+    graviton_endpoint: GravitonEndpointSettings = GravitonEndpointSettings()
+    multi_model_endpoint: MultiModelEndpointSettings = MultiModelEndpointSettings()
+
+    @field_validator("account")
+    @classmethod
+    def _account(cls, value: str | None) -> str | None:
+        if value is not None and not _ACCOUNT.match(value):
+            raise ValueError("must be a 12-digit AWS account id in quotes")
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str) -> str:
+        if not _REGION.match(value):
+            raise ValueError("must be an AWS region code such as us-west-2")
+        return value
+
+    @field_validator("alarm_email")
+    @classmethod
+    def _email(cls, value: str | None) -> str | None:
+        if value is not None and not _EMAIL.match(value):
+            raise ValueError("must be an e-mail address")
+        return value
+
+    @property
+    def destroy_on_delete(self) -> bool:
+        return self.removal_policy == "destroy"
+
+    @property
+    def resource_tags(self) -> dict[str, str]:
+        return {"project": self.tags.project, "environment": self.name, "cost-centre": self.tags.cost_centre}
+
+
+def _describe(error: Any, root: str) -> str:
+    path = [str(part) for part in error["loc"]]
+    key = ".".join([root, *path])
+    if error["type"] == "extra_forbidden":
+        model = EnvironmentSettings
+        for part in path[:-1]:
+            annotation = model.model_fields[part].annotation
+            model = next(a for a in (annotation, *getattr(annotation, "__args__", ())) if isinstance(a, type) and issubclass(a, BaseModel))
+        return f"{key}: unknown setting; allowed keys are {', '.join(sorted(model.model_fields))}."
+    message = error["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
+    if error["type"] == "missing":
+        message = "is required"
+    return f"{key}: {message[0].lower()}{message[1:].rstrip('.')}."
+
+
+def parse_environment(name: str, raw: dict[str, Any]) -> EnvironmentSettings:
+    """Validate one environment's cdk.json settings; raise SettingsError with one sentence on the first problem."""
+    root = f"environments.{name}"
+    if name not in ENVIRONMENT_NAMES:
+        raise SettingsError(f"{root}: unknown environment; allowed environments are {', '.join(ENVIRONMENT_NAMES)}.")
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{root}: must be an object of settings.")
+    try:
+        return EnvironmentSettings.model_validate({**raw, "name": name})
+    except ValidationError as error:
+        raise SettingsError(_describe(error.errors()[0], root)) from None
+
+
+def load_environments(environments: Any, selection: str | None) -> list[EnvironmentSettings]:
+    """Settings of the environments in ``selection`` (comma-separated names; all when None), in promotion order."""
+    if not isinstance(environments, dict) or not environments:
+        raise SettingsError("cdk.json context must hold an 'environments' object with dev, staging and prod settings.")
+    for name in environments:
+        if name not in ENVIRONMENT_NAMES:
+            raise SettingsError(
+                f"environments.{name}: unknown environment; allowed environments are {', '.join(ENVIRONMENT_NAMES)}."
+            )
+    names = list(environments) if selection is None else [n.strip() for n in selection.split(",") if n.strip()]
+    for name in names:
+        if name not in environments:
+            raise SettingsError(f"env={name}: unknown environment; allowed values are {', '.join(environments)}.")
+    ordered = sorted(dict.fromkeys(names), key=ENVIRONMENT_NAMES.index)
+    return [parse_environment(name, environments[name]) for name in ordered]
