@@ -208,7 +208,7 @@ class LocalToolkitServer:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
-    def __enter__(self) -> LocalToolkitServer:  # noqa: PYI034 (Python 3.11 has typing.Self, but keep it plain)
+    def __enter__(self) -> LocalToolkitServer:
         return self.start()
 
     def __exit__(self, *_: object) -> None:

@@ -16,6 +16,8 @@ from inference_assets.local_server import LocalToolkitServer, _group_alive
 from inference_assets.sentiment_predictor import SentimentPredictor
 
 MAX_REQUEST_BATCH = 4
+pytestmark = pytest.mark.slow
+
 SAMPLE_DATA = Path(__file__).resolve().parents[2] / "training_assets" / "sample_data" / "validation.jsonl"
 
 
