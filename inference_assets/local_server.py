@@ -35,6 +35,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
@@ -71,6 +72,7 @@ class LocalToolkitServer:
         max_batch_delay_ms: int = 100,
         max_request_batch: int = 32,
         vcpus: int | None = None,
+        environment_overrides: Mapping[str, str | None] | None = None,
         startup_timeout_s: float = 240.0,
     ) -> None:
         self.model = Path(model)
@@ -81,6 +83,10 @@ class LocalToolkitServer:
             max_batch_delay_ms=max_batch_delay_ms,
             max_request_batch=max_request_batch,
         )
+        # Experiments only (e.g. the benchmark's OMP_WAIT_POLICY comparison); None removes a variable.
+        overrides = dict(environment_overrides or {})
+        self.environment.update({name: value for name, value in overrides.items() if value is not None})
+        self._unset = [name for name, value in overrides.items() if value is None]
         self.startup_timeout_s = startup_timeout_s
         self.port = 0
         self.management_port = 0
@@ -133,6 +139,8 @@ class LocalToolkitServer:
             "PIP_NO_INDEX": "1",
         }
         environment.pop("PYTHONPATH", None)  # the toolkit sets it to the model's code dir, as in the container
+        for name in self._unset:
+            environment.pop(name, None)
         with open(_CONFIG_LOCK, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             with open(self.log_path, "wb") as log:
