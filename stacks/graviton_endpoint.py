@@ -21,6 +21,7 @@ from aws_cdk import region_info
 from constructs import Construct
 
 from inference_assets.endpoint_environment import endpoint_environment, instance_vcpus
+from stacks.compliance import acknowledge
 from stacks.foundation import DATA_CAPTURE_PREFIX, ENDPOINT_MODELS_PREFIX, FoundationStack
 from stacks.settings import EnvironmentSettings
 
@@ -72,6 +73,15 @@ class GravitonEndpointStack(cdk.Stack):
             raise ValueError(
                 f"environments.{settings.name}.graviton_endpoint.model_data_key: must start with "
                 f"{ENDPOINT_MODELS_PREFIX!r}, the prefix the endpoint execution role may read."
+            )
+        if (
+            endpoint_settings.dependencies == "install_at_startup"
+            and not settings.vpc.imported
+            and not settings.vpc.nat_gateways
+        ):
+            raise ValueError(
+                f"environments.{settings.name}.graviton_endpoint.dependencies: install_at_startup needs internet "
+                "egress (vpc.nat_gateways >= 1) to pip-install code/requirements.txt; use vendored archives instead."
             )
         if endpoint_settings.server_batch_size > 1:
             cdk.Annotations.of(self).add_warning_v2(
@@ -169,10 +179,13 @@ class GravitonEndpointStack(cdk.Stack):
                     json_content_types=["application/json"], csv_content_types=["text/plain"]
                 ),
             )
-        return sagemaker.CfnEndpointConfig(
+        # Instance types with local NVMe (c6gd, m6gd, r6gd) refuse a KMS key: their instance store is encrypted by
+        # the hardware instead.
+        local_nvme = endpoint_settings.instance_type.split(".")[1].endswith("d")
+        config = sagemaker.CfnEndpointConfig(
             self,
             "EndpointConfig",
-            kms_key_id=key_arn,
+            kms_key_id=None if local_nvme else key_arn,
             production_variants=[
                 sagemaker.CfnEndpointConfig.ProductionVariantProperty(
                     variant_name=VARIANT_NAME,
@@ -184,6 +197,15 @@ class GravitonEndpointStack(cdk.Stack):
             ],
             data_capture_config=data_capture,
         )
+        if local_nvme:
+            acknowledge(
+                config,
+                f"{endpoint_settings.instance_type} has NVMe instance storage, which SageMaker encrypts with a "
+                "hardware key; it refuses a KMS key on the endpoint config for such types.",
+                "AwsSolutions-SM2",
+                "NIST.800.53.R5-SageMakerEndpointConfigurationKMSKeyConfigured",
+            )
+        return config
 
     def _autoscaling(self) -> appscaling.ScalableTarget:
         scaling = self.settings.graviton_endpoint.autoscaling

@@ -12,6 +12,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Annotations, Match, Template
 
 from inference_assets.endpoint_environment import instance_vcpus
+from stacks.compliance import add_compliance_gates
 from stacks.foundation import FoundationStack
 from stacks.graviton_endpoint import GravitonEndpointStack, dlc_image_uri
 from stacks.settings import parse_environment
@@ -284,15 +285,37 @@ def test_grant_invoke_allows_only_invoke_endpoint_on_this_endpoint(variant) -> N
     )
 
 
-def test_model_data_outside_the_endpoint_prefix_is_refused() -> None:
+def _dev_stack(graviton_endpoint: dict, **settings_overrides) -> GravitonEndpointStack:
     raw = json.loads((ROOT / "cdk.json").read_text())["context"]["environments"]["dev"]
     settings = parse_environment(
-        "dev", {**raw, "graviton_endpoint": {**raw["graviton_endpoint"], "model_data_key": "models/m.tar.gz"}}
+        "dev", {**raw, **settings_overrides, "graviton_endpoint": {**raw["graviton_endpoint"], **graviton_endpoint}}
     )
-    stage = cdk.Stage(cdk.App(context=cdk_context()), "refused", env=cdk.Environment(region="us-west-2"))
+    stage = cdk.Stage(cdk.App(context=cdk_context()), "single", env=cdk.Environment(region="us-west-2"))
     foundation = FoundationStack(stage, "Foundation", settings=settings)
+    return GravitonEndpointStack(stage, "GravitonEndpoint", settings=settings, foundation=foundation)
+
+
+def test_model_data_outside_the_endpoint_prefix_is_refused() -> None:
     with pytest.raises(ValueError, match=r"graviton_endpoint\.model_data_key: must start with 'endpoints/'"):
-        GravitonEndpointStack(stage, "GravitonEndpoint", settings=settings, foundation=foundation)
+        _dev_stack({"model_data_key": "models/m.tar.gz"})
+
+
+def test_installing_at_startup_without_egress_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"install_at_startup needs internet egress \(vpc\.nat_gateways >= 1\)"):
+        _dev_stack({"dependencies": "install_at_startup"}, vpc={"nat_gateways": 0})
+
+
+def test_nvme_instance_types_get_no_kms_key_and_say_why() -> None:
+    stack = _dev_stack({"instance_type": "ml.c6gd.2xlarge"})
+    app = stack.node.root
+    add_compliance_gates(app)
+    stage_assembly = app.synth(force=True)  # the cdk-nag gates fail synth on an unacknowledged finding
+    (template,) = [
+        s.template for s in stage_assembly.nested_assemblies[0].nested_assembly.stacks if "GravitonEndpoint" in s.id
+    ]
+    (config,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::SageMaker::EndpointConfig"]
+    assert "KmsKeyId" not in config["Properties"]
+    assert "NVMe instance storage" in json.dumps(config["Metadata"])
 
 
 @pytest.mark.parametrize(
