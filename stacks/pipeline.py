@@ -65,8 +65,9 @@ class SmokeTestAccessStack(cdk.Stack):
             resources=[f"arn:{self.partition}:sagemaker:{self.region}:{self.account}:endpoint/*"],
         )
         policy = iam.ManagedPolicy(
-            self, "SmokeTestPolicy", description="Describe and invoke endpoints", statements=[statement], roles=[self.role]
+            self, "SmokeTestPolicy", description="Describe and invoke endpoints", statements=[statement]
         )
+        policy.attach_to_role(self.role)
         acknowledge_wildcards(
             policy,
             "CloudFormation generates the endpoint name and SageMaker lower-cases it in the endpoint ARN, so the name "
@@ -111,7 +112,9 @@ class PromotionPipelineStack(cdk.Stack):
                 resources=["*"],
                 conditions={
                     "ArnLike": {
-                        "kms:EncryptionContext:aws:logs:arn": f"arn:{self.partition}:logs:{self.region}:{self.account}:*"
+                        "kms:EncryptionContext:aws:logs:arn": self.format_arn(
+                            service="logs", resource="*", arn_format=cdk.ArnFormat.NO_RESOURCE_NAME
+                        )
                     }
                 },
             )
@@ -143,7 +146,9 @@ class PromotionPipelineStack(cdk.Stack):
                 partial_build_spec=codebuild.BuildSpec.from_object(
                     {"phases": {"install": {"runtime-versions": {"python": "3.11"}}}}
                 ),
-                logging=codebuild.LoggingOptions(cloud_watch=codebuild.CloudWatchLoggingOptions(log_group=self.build_logs)),
+                logging=codebuild.LoggingOptions(
+                    cloud_watch=codebuild.CloudWatchLoggingOptions(log_group=self.build_logs)
+                ),
             ),
         )
         self.stages: list[cdk.Stage] = []
@@ -232,9 +237,7 @@ class PromotionPipelineStack(cdk.Stack):
                 input=source,
                 env={"SMOKE_TEST_ROLE_ARN": role_arn},
                 env_from_cfn_outputs={"ENDPOINT_NAME": endpoint_name_output},
-                role_policy_statements=[
-                    iam.PolicyStatement(actions=["sts:AssumeRole"], resources=[role_arn])
-                ],
+                role_policy_statements=[iam.PolicyStatement(actions=["sts:AssumeRole"], resources=[role_arn])],
                 install_commands=["pip install \"$(grep -E '^boto3==' requirements-dev.txt)\""],
                 commands=[
                     f'aws configure set profile.{SMOKE_TEST_PROFILE}.role_arn "$SMOKE_TEST_ROLE_ARN"',
@@ -258,7 +261,7 @@ class PromotionPipelineStack(cdk.Stack):
                 continue
             acknowledge(
                 policy,
-                "CDK Pipelines generates one role per action or CodeBuild project with its grants as one inline policy.",
+                "CDK Pipelines generates one role per action or CodeBuild project, its grants in one inline policy.",
                 "NIST.800.53.R5-IAMNoInlinePolicy",
             )
             document = self.resolve(policy.document.to_json())
@@ -289,7 +292,8 @@ _GENERATED_WILDCARD_REASONS = {
     "under generated keys; s3:GetObject*/List*/DeleteObject* are the read/write grant's action groups.",
     frozenset({"kms"}): "CDK's grant on the pipeline's own artifact key; GenerateDataKey* and ReEncrypt* are the "
     "variants S3 uses to encrypt artifacts with it.",
-    frozenset({"logs"}): "CodeBuild writes one log stream per build, named by the build id, in its project's log group.",
+    frozenset({"logs"}): "CodeBuild writes one log stream per build, named by the build id, in its project's log "
+    "group.",
     frozenset({"codebuild"}): "CodeBuild creates test-report groups and reports per build under generated names, and "
     "the asset step starts and watches the builds of projects CDK Pipelines generates.",
     frozenset({"sts"}): "Self-mutation assumes only CDK bootstrap roles (condition on the aws-cdk:bootstrap-role tag); "
