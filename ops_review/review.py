@@ -41,6 +41,7 @@ class StackTemplate:
     region: str | None
     account: str | None
     template: dict[str, Any]
+    tags: dict[str, str]
 
 
 def load_assembly(cdk_out: Path) -> list[StackTemplate]:
@@ -65,6 +66,7 @@ def load_assembly(cdk_out: Path) -> list[StackTemplate]:
                     region=region,
                     account=account,
                     template=json.loads((Path(cdk_out) / properties["templateFile"]).read_text()),
+                    tags=properties.get("tags", {}),
                 )
             )
     return stacks
