@@ -28,6 +28,8 @@ from stacks.settings import EnvironmentSettings, PipelineSettings
 # What the README tells a contributor to run; the pipeline runs exactly that (both create .venv themselves).
 SYNTH_COMMANDS = ("make test", "make synth")
 EXPECTED_LABELS = "negative,neutral,positive"
+# cdk-assets publishes the stages' file and image assets; pinned like the CLI (npm dist-tag latest in December 2026).
+CDK_ASSETS_VERSION = "4.7.3"
 SMOKE_TEST_PROFILE = "smoke-test"
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,6 +141,7 @@ class PromotionPipelineStack(cdk.Stack):
             cross_account_keys=True,
             artifact_bucket=self.artifact_bucket,
             cli_version=cdk_cli_version(),
+            cdk_assets_cli_version=CDK_ASSETS_VERSION,
             code_build_defaults=pipelines.CodeBuildOptions(
                 build_environment=codebuild.BuildEnvironment(
                     build_image=codebuild.LinuxBuildImage.STANDARD_7_0, compute_type=codebuild.ComputeType.MEDIUM
