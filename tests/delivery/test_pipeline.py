@@ -9,6 +9,7 @@ from typing import Any
 
 import aws_cdk as cdk
 import pytest
+from cfnlint.api import lint_file
 from constructs import Construct
 
 from app import build_app
@@ -252,3 +253,14 @@ def test_pipeline_settings_are_optional_and_must_be_an_object() -> None:
         load_pipeline("true")
     with pytest.raises(SettingsError, match=r"^pipeline.repository: is required\.$"):
         load_pipeline({k: v for k, v in PIPELINE.items() if k != "repository"})
+
+
+def test_pipeline_templates_lint_clean(assembly: Path) -> None:
+    """cfn-lint, zero errors and warnings, on the templates this module owns (the stage stacks lint in their own
+    stacks' tests)."""
+    templates = [
+        assembly / "PromotionPipeline.template.json",
+        *assembly.glob("assembly-*/*SmokeTestAccess*.template.json"),
+    ]
+    assert len(templates) == 3
+    assert [str(match) for template in templates for match in lint_file(template)] == []
