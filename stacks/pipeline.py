@@ -24,7 +24,7 @@ from constructs import Construct
 
 from stacks.compliance import acknowledge, acknowledge_wildcards, add_template_aspects
 from stacks.platform_stage import PlatformStage
-from stacks.settings import EnvironmentSettings, PipelineSettings
+from stacks.settings import EnvironmentSettings, PipelineSettings, SettingsError
 
 # What the README tells a contributor to run; the pipeline runs exactly that (both create .venv themselves).
 SYNTH_COMMANDS = ("make test", "make synth")
@@ -93,6 +93,14 @@ class PromotionPipelineStack(cdk.Stack):
         stage_class: type[PlatformStage] = PlatformStage,
         **kwargs,
     ) -> None:
+        for environment in environments:
+            if environment.region != settings.region:
+                # Other regions need replication buckets (and their own compliance) in the tooling account.
+                raise SettingsError(
+                    f"environments.{environment.name}.region: the promotion pipeline deploys within its own region "
+                    f"({settings.region}); set pipeline.region to {environment.region} or deploy {environment.name} "
+                    "with cdk deploy."
+                )
         super().__init__(
             scope,
             construct_id,

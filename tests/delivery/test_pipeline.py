@@ -264,3 +264,14 @@ def test_pipeline_templates_lint_clean(assembly: Path) -> None:
     ]
     assert len(templates) == 3
     assert [str(match) for template in templates for match in lint_file(template)] == []
+
+
+def test_environments_outside_the_pipeline_region_are_refused(cdk_context: dict[str, Any]) -> None:
+    environments = load_environments(cdk_context["environments"], None)
+    environments[1] = environments[1].model_copy(update={"region": "eu-west-1"})
+    with pytest.raises(SettingsError) as error:
+        PromotionPipelineStack(cdk.App(), "Pipeline", settings=load_pipeline(PIPELINE), environments=environments)
+    assert str(error.value) == (
+        "environments.staging.region: the promotion pipeline deploys within its own region (us-west-2); "
+        "set pipeline.region to eu-west-1 or deploy staging with cdk deploy."
+    )
