@@ -282,14 +282,13 @@ class PromotionPipelineStack(cdk.Stack):
                 if "*" not in json.dumps(statement):
                     continue
                 reason = _generated_wildcard_reason(statement)
+                if reason is None:
+                    raise ValueError(f"{policy.node.path}: unreviewed wildcard statement {json.dumps(statement)}")
                 if statement["Resource"] == "*" and "codebuild:StartBuild" in _as_list(statement["Action"]):
                     # checkov reads its exceptions from the template metadata of the resource they excuse.
                     policy.node.default_child.add_metadata(
-                        "checkov",
-                        {"skip": [{"id": "CKV_AWS_111", "comment": _ASSET_BUILDS_REASON}]},
+                        "checkov", {"skip": [{"id": "CKV_AWS_111", "comment": _ASSET_BUILDS_REASON}]}
                     )
-                if reason is None:
-                    raise ValueError(f"{policy.node.path}: unreviewed wildcard statement {json.dumps(statement)}")
                 # Rebuilt from the resolved JSON (intrinsics as tokens) so the finding ids match the synthesized policy.
                 acknowledge_wildcards(
                     policy,
