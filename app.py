@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The CDK app: one PlatformStage per environment chosen with ``-c env=dev[,staging,...]`` (default: all of them),
-plus the PromotionPipeline stack when cdk.json has ``pipeline`` settings and no ``env`` selection narrows the synth."""
+plus the PromotionPipeline stack (all environments) whenever cdk.json has ``pipeline`` settings."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ def build_app(**app_props: Any) -> cdk.App:
     """Build (not synthesize) the app; tests pass ``context`` and ``outdir`` here instead of going through the CLI."""
     app = cdk.App(**app_props)
     environments = app.node.try_get_context("environments")
-    selection = app.node.try_get_context("env")
-    for settings in load_environments(environments, selection):
+    for settings in load_environments(environments, app.node.try_get_context("env")):
         PlatformStage(app, settings)
     pipeline = load_pipeline(app.node.try_get_context("pipeline"))
-    if pipeline is not None and selection is None:
+    if pipeline is not None:
+        # Always all environments: the pipeline promotes through every one, whatever -c env selects.
         PromotionPipelineStack(
             app, "PromotionPipeline", settings=pipeline, environments=load_environments(environments, None)
         )

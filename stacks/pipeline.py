@@ -73,10 +73,12 @@ class SmokeTestAccessStack(cdk.Stack):
         policy.attach_to_role(self.role)
         acknowledge_wildcards(
             policy,
-            "CloudFormation generates the endpoint name and SageMaker lower-cases it in the endpoint ARN, so the name "
-            "cannot be written into the policy; the role only describes and invokes, and only the tooling account "
-            "can assume it.",
-            statement,
+            (
+                statement,
+                "CloudFormation generates the endpoint name and SageMaker lower-cases it in the endpoint ARN, so the "
+                "name cannot be written into the policy; the role only describes and invokes, and only the tooling "
+                "account can assume it.",
+            ),
         )
 
 
@@ -278,6 +280,7 @@ class PromotionPipelineStack(cdk.Stack):
                 "NIST.800.53.R5-IAMNoInlinePolicy",
             )
             document = self.resolve(policy.document.to_json())
+            reasoned: list[tuple[iam.PolicyStatement, str]] = []
             for statement in document["Statement"]:
                 if "*" not in json.dumps(statement):
                     continue
@@ -290,14 +293,12 @@ class PromotionPipelineStack(cdk.Stack):
                         "checkov", {"skip": [{"id": "CKV_AWS_111", "comment": _ASSET_BUILDS_REASON}]}
                     )
                 # Rebuilt from the resolved JSON (intrinsics as tokens) so the finding ids match the synthesized policy.
-                acknowledge_wildcards(
-                    policy,
-                    reason,
-                    iam.PolicyStatement(
-                        actions=_as_list(statement["Action"]),
-                        resources=[cdk.Token.as_string(r) for r in _as_list(statement["Resource"])],
-                    ),
+                rebuilt = iam.PolicyStatement(
+                    actions=_as_list(statement["Action"]),
+                    resources=[cdk.Token.as_string(r) for r in _as_list(statement["Resource"])],
                 )
+                reasoned.append((rebuilt, reason))
+            acknowledge_wildcards(policy, *reasoned)
 
     def _lint_clean_pipeline(self) -> None:
         """cfn-lint (1.58) reports the deploy actions' Fn::Join role ARNs as E3703 and the pipeline's DependsOn on its

@@ -1,4 +1,4 @@
-"""Shared fixtures of the delivery tests: the real app synthesized once per session (from cdk.json)."""
+"""Fixtures of the delivery tests; the platform's synthesized app is the session's shared `cloud_assembly`."""
 
 from __future__ import annotations
 
@@ -8,21 +8,18 @@ from typing import Any
 
 import pytest
 
-from app import build_app
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
 def cdk_context() -> dict[str, Any]:
+    """cdk.json's context without pipeline settings: the pipeline tests bring their own."""
     context = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
-    context.pop("pipeline", None)  # the platform stages only; the pipeline has its own module fixture
+    context.pop("pipeline", None)
     return context
 
 
 @pytest.fixture(scope="session")
-def platform_assembly(tmp_path_factory: pytest.TempPathFactory, cdk_context: dict[str, Any]) -> Path:
-    """cdk.out of every environment in cdk.json, synthesized through the compliance gates."""
-    outdir = tmp_path_factory.mktemp("platform") / "cdk.out"
-    build_app(context=cdk_context, outdir=str(outdir)).synth()
-    return outdir
+def platform_assembly(cloud_assembly: Any) -> Path:
+    """cdk.out of every environment in cdk.json, synthesized once per session through the compliance gates."""
+    return Path(cloud_assembly.directory)

@@ -210,17 +210,15 @@ def test_artifacts_and_build_logs_are_encrypted_with_the_pipeline_key(template: 
         assert f":iam::{account}:role/cdk-hnb659fds-deploy-role-{account}-us-west-2" in key_policy
 
 
-def test_app_adds_the_pipeline_when_settings_exist(cdk_context: dict[str, Any]) -> None:
-    """Without -c env=..., `pipeline` settings add the pipeline of the real PlatformStage; a selection leaves it out."""
-    app = build_app(context={**cdk_context, "pipeline": PIPELINE})
-    pipeline = app.node.try_find_child("PromotionPipeline")
-    assert isinstance(pipeline, PromotionPipelineStack)
-    assert [stage.node.id for stage in pipeline.stages] == list(cdk_context["environments"])
-    assert all(type(stage) is PlatformStage for stage in pipeline.stages)
-    assert (
-        build_app(context={**cdk_context, "pipeline": PIPELINE, "env": "dev"}).node.try_find_child("PromotionPipeline")
-        is None
-    )
+def test_app_adds_the_pipeline_of_all_environments_whenever_settings_exist(cdk_context: dict[str, Any]) -> None:
+    """`pipeline` settings add the pipeline of the real PlatformStage, with every environment even when -c env=...
+    narrows the top-level stages (`make synth` passes -c env, and the pipeline's synth step runs `make synth`)."""
+    for selection in ({}, {"env": "dev"}):
+        app = build_app(context={**cdk_context, "pipeline": PIPELINE, **selection})
+        pipeline = app.node.try_find_child("PromotionPipeline")
+        assert isinstance(pipeline, PromotionPipelineStack)
+        assert [stage.node.id for stage in pipeline.stages] == list(cdk_context["environments"])
+        assert all(type(stage) is PlatformStage for stage in pipeline.stages)
     assert build_app(context={**cdk_context, "env": "dev"}).node.try_find_child("PromotionPipeline") is None
 
 
