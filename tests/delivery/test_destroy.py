@@ -141,3 +141,19 @@ def test_dev_access_log_bucket_shuts_out_late_log_deliveries(stages: dict[str, l
 
 def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENT_NAMES)
+def test_scalable_targets_are_deregistered_before_their_endpoint_is_deleted(
+    environment: str, stages: dict[str, list[StackTemplate]]
+) -> None:
+    """CloudFormation deletes dependents first: a SageMaker scalable target that references (or depends on) its
+    endpoint is deregistered before the endpoint goes, so `cdk destroy` leaves no orphaned target or policy."""
+    targets = _resources(stages[environment], "AWS::ApplicationAutoScaling::ScalableTarget")
+    targets = [t for t in targets if t[2]["Properties"].get("ServiceNamespace") == "sagemaker"]
+    if not targets:
+        pytest.skip(f"{environment} has no SageMaker scalable targets yet")
+    endpoints = {lid for _, lid, _ in _resources(stages[environment], "AWS::SageMaker::Endpoint")}
+    for stack, logical_id, target in targets:
+        referenced = json.dumps(target["Properties"]["ResourceId"]) + json.dumps(target.get("DependsOn", []))
+        assert any(f'"{endpoint}"' in referenced for endpoint in endpoints), f"{stack}/{logical_id}"
