@@ -119,10 +119,15 @@ def _cost_summary(review: dict[str, Any]) -> dict[str, Any]:
 
 def _stack_findings(label: str, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     findings = []
+    wildcards: dict[tuple[str, str, str], list[str]] = {}
     for principal, effect, action, resource, conditions in sorted(permission_grants(after) - permission_grants(before)):
         if effect == "Allow" and (is_wildcard(action) or is_wildcard(resource)):
-            where = f" if {conditions}" if conditions else ""
-            findings.append(f"{label}: wildcard permission added: {principal} may {action} on {resource}{where}")
+            wildcards.setdefault((principal, resource, conditions), []).append(action)
+    for (principal, resource, conditions), actions in wildcards.items():
+        where = f" if {conditions}" if conditions else ""
+        findings.append(
+            f"{label}: wildcard permission added: {principal} may {', '.join(actions)} on {resource}{where}"
+        )
     for rule in sorted(set(after["network"]["open_ingress"]) - set(before["network"]["open_ingress"])):
         findings.append(f"{label}: ingress from the internet added: {rule}")
     public_before = {p["resource"] for p in before["resource_policies"] if p["public"]}
