@@ -39,7 +39,12 @@ def _empty_review() -> dict[str, Any]:
         "encryption": [],
         "retention": [],
         "acknowledgements": [],
-        "cost": {"always_on_hourly_usd": 0.0, "per_training_run_hourly_usd_per_node": 0.0, "always_on": []},
+        "cost": {
+            "always_on_hourly_usd": 0.0,
+            "always_on_max_hourly_usd": 0.0,
+            "per_training_run_hourly_usd_per_node": 0.0,
+            "always_on": [],
+        },
         "resources_by_type": {},
     }
 
@@ -112,6 +117,7 @@ def _cost_summary(review: dict[str, Any]) -> dict[str, Any]:
     cost = review["cost"]
     return {
         "always_on_hourly_usd": cost["always_on_hourly_usd"],
+        "always_on_max_hourly_usd": cost["always_on_max_hourly_usd"],
         "per_training_run_hourly_usd_per_node": cost["per_training_run_hourly_usd_per_node"],
         **{f"{i['resource']} ({i['instance_type']} x {i['count']})": i["hourly_usd"] for i in cost["always_on"]},
     }
@@ -159,6 +165,7 @@ def _stack_findings(label: str, before: dict[str, Any], after: dict[str, Any]) -
             findings.append(f"{label}: log group {resource['resource']} keeps logs forever (no retention)")
     for key, title in (
         ("always_on_hourly_usd", "always-on cost"),
+        ("always_on_max_hourly_usd", "always-on cost at maximum autoscaling"),
         ("per_training_run_hourly_usd_per_node", "training-run cost per node"),
     ):
         old_cost, new_cost = before["cost"][key], after["cost"][key]

@@ -159,9 +159,19 @@ def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
     )
     lines += [f"### On-demand cost (prices as of {cost['prices_as_of']}, region {cost['region']})", ""]
     lines += _table(
-        ["runs", "resource", "kind", "instance type", "count", "$/h each", "$/h"],
+        ["runs", "resource", "kind", "instance type", "count", "max count", "$/h each", "$/h", "$/h at max"],
         [
-            ["always", i["resource"], i["kind"], i["instance_type"], i["count"], i["unit_hourly_usd"], i["hourly_usd"]]
+            [
+                "always",
+                i["resource"],
+                i["kind"],
+                i["instance_type"],
+                i["count"],
+                i.get("max_count"),
+                i["unit_hourly_usd"],
+                i["hourly_usd"],
+                i.get("max_hourly_usd"),
+            ]
             for i in cost["always_on"]
         ]
         + [
@@ -171,15 +181,18 @@ def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
                 i["kind"],
                 i["instance_type"],
                 i["count"],
+                None,
                 i["unit_hourly_usd"],
                 i["hourly_usd"],
+                None,
             ]
             for i in cost["per_training_run"]
         ],
     )
     lines += [
         f"Always on: **${cost['always_on_hourly_usd']:.4f}/h** "
-        f"(~${cost['always_on_hourly_usd'] * 730:.0f}/month). Per training run: "
+        f"(~${cost['always_on_hourly_usd'] * 730:.0f}/month), up to ${cost['always_on_max_hourly_usd']:.4f}/h at "
+        "maximum autoscaling. Per training run: "
         f"**${cost['per_training_run_hourly_usd_per_node']:.4f}/h per node** while it runs.",
         "",
     ]

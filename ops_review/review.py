@@ -383,6 +383,15 @@ class _Template:
 
     # --- cost ---------------------------------------------------------------------------------------------------
 
+    def _max_capacity(self, endpoint_id: str, variant_name: str) -> int | None:
+        """MaxCapacity of the scalable target of endpoint/<endpoint>/variant/<variant>, if this stack has one."""
+        for _, target in self._of_type("AWS::ApplicationAutoScaling::ScalableTarget"):
+            resource_id = describe(target["Properties"].get("ResourceId", ""))
+            names_endpoint = f"${{{endpoint_id}." in resource_id or f"${{{endpoint_id}}}" in resource_id
+            if names_endpoint and resource_id.endswith(f"/variant/{variant_name}"):
+                return int(target["Properties"]["MaxCapacity"])
+        return None
+
     def cost(self, prices: dict[str, Any]) -> dict[str, Any]:
         table = prices["regions"].get(self.stack.region or "", {})
         always_on: list[dict[str, Any]] = []
@@ -399,27 +408,29 @@ class _Template:
                 "hourly_usd": None if price is None else round(price * count, 4),
             }
 
-        deployed_configs = {
-            ref
-            for _, endpoint in self._of_type("AWS::SageMaker::Endpoint")
+        endpoint_of_config = {
+            ref: endpoint_id
+            for endpoint_id, endpoint in self._of_type("AWS::SageMaker::Endpoint")
             for ref in self._referenced_ids(endpoint["Properties"].get("EndpointConfigName"))
         }
         for lid, config in self._of_type("AWS::SageMaker::EndpointConfig"):
-            if lid not in deployed_configs:
+            if lid not in endpoint_of_config:
                 continue
             for variant in config["Properties"].get("ProductionVariants", []):
                 if "InstanceType" not in variant:  # serverless variants bill per request
                     continue
-                always_on.append(
-                    item(
-                        f"{self.name(lid)}/{variant.get('VariantName', '')}",
-                        "SageMaker endpoint variant (initial instance count)",
-                        variant["InstanceType"],
-                        int(variant.get("InitialInstanceCount", 1)),
-                        "sagemaker_hosting",
-                        variant["InstanceType"],
-                    )
+                entry = item(
+                    f"{self.name(lid)}/{variant.get('VariantName', '')}",
+                    "SageMaker endpoint variant (initial instance count)",
+                    variant["InstanceType"],
+                    int(variant.get("InitialInstanceCount", 1)),
+                    "sagemaker_hosting",
+                    variant["InstanceType"],
                 )
+                entry["max_count"] = self._max_capacity(endpoint_of_config[lid], variant.get("VariantName", ""))
+                if entry["max_count"] is not None and entry["unit_hourly_usd"] is not None:
+                    entry["max_hourly_usd"] = round(entry["unit_hourly_usd"] * entry["max_count"], 4)
+                always_on.append(entry)
         for lid, _ in self._of_type("AWS::EC2::NatGateway"):
             always_on.append(item(self.name(lid), "NAT gateway", "-", 1, "network", "nat_gateway"))
         for lid, endpoint in self._of_type("AWS::EC2::VPCEndpoint"):
@@ -456,6 +467,8 @@ class _Template:
             "prices_as_of": prices.get("as_of"),
             "always_on": always_on,
             "always_on_hourly_usd": round(sum(i["hourly_usd"] or 0 for i in always_on), 4),
+            # Autoscaling at its maximum (variants without a scalable target stay at their initial count).
+            "always_on_max_hourly_usd": round(sum(i.get("max_hourly_usd", i["hourly_usd"] or 0) for i in always_on), 4),
             "per_training_run": per_training_run,
             "per_training_run_hourly_usd_per_node": round(sum(i["hourly_usd"] or 0 for i in per_training_run), 4),
             "unpriced": unpriced,

@@ -8,6 +8,7 @@ from typing import Any
 
 import aws_cdk as cdk
 import pytest
+from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -74,7 +75,16 @@ def synth_serving_app(outdir: Path, *, wildcard: bool, kms_bucket: bool, instanc
             )
         ],
     )
-    sagemaker.CfnEndpoint(stack, "Endpoint", endpoint_config_name=config.attr_endpoint_config_name)
+    endpoint = sagemaker.CfnEndpoint(stack, "Endpoint", endpoint_config_name=config.attr_endpoint_config_name)
+    appscaling.CfnScalableTarget(
+        stack,
+        "Scaling",
+        service_namespace="sagemaker",
+        scalable_dimension="sagemaker:variant:DesiredInstanceCount",
+        resource_id=f"endpoint/{endpoint.attr_endpoint_name}/variant/AllTraffic",
+        min_capacity=instances,
+        max_capacity=4,
+    )
     ec2.CfnLaunchTemplate(stack, "Training", launch_template_data={"instanceType": "p4d.24xlarge"})
     app.synth()
     return outdir
@@ -134,6 +144,8 @@ def test_review_prices_the_running_endpoint_and_the_training_run_separately(old_
     (variant,) = cost["always_on"]
     assert (variant["instance_type"], variant["count"]) == ("ml.c7g.xlarge", 1)
     assert cost["always_on_hourly_usd"] == pytest.approx(PRICES["sagemaker_hosting"]["ml.c7g.xlarge"])
+    assert variant["max_count"] == 4  # from the variant's scalable target
+    assert cost["always_on_max_hourly_usd"] == pytest.approx(4 * PRICES["sagemaker_hosting"]["ml.c7g.xlarge"])
     (launch_template,) = cost["per_training_run"]
     assert launch_template["instance_type"] == "p4d.24xlarge"
     assert cost["per_training_run_hourly_usd_per_node"] == pytest.approx(PRICES["ec2"]["p4d.24xlarge"])
