@@ -130,6 +130,13 @@ def test_dev_access_log_bucket_shuts_out_late_log_deliveries(stages: dict[str, l
         if statement["Effect"] == "Allow" and any(a in ("s3:PutObject", "s3:*") for a in _as_list(statement["Action"]))
     ]
     assert writers and all(writer == {"Service": "logging.s3.amazonaws.com"} for writer in writers)
+    emptier_grants = [
+        statement
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+        if statement["Effect"] == "Allow" and "s3:PutBucketPolicy" in _as_list(statement["Action"])
+    ]
+    assert len(emptier_grants) == 1, "the emptying handler may write its deny statement into the bucket policy"
+    assert "CustomS3AutoDeleteObjectsCustomResourceProviderRole" in json.dumps(emptier_grants[0]["Principal"])
 
     (emptier,) = [
         c
