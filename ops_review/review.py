@@ -323,17 +323,17 @@ class _Template:
         }
 
     def _public_subnets(self) -> list[str]:
+        """Subnets of this template whose route table routes to an internet gateway, or that auto-assign public IPs."""
         gateways = {lid for lid, _ in self._of_type("AWS::EC2::InternetGateway")}
         public_tables = {
-            route["Properties"]["RouteTableId"].get("Ref")
+            _ref(route["Properties"].get("RouteTableId"))
             for _, route in self._of_type("AWS::EC2::Route")
-            if isinstance(route["Properties"].get("GatewayId"), dict)
-            and route["Properties"]["GatewayId"].get("Ref") in gateways
+            if _ref(route["Properties"].get("GatewayId")) in gateways
         }
         subnets = {
-            association["Properties"]["SubnetId"].get("Ref")
+            _ref(association["Properties"].get("SubnetId"))
             for _, association in self._of_type("AWS::EC2::SubnetRouteTableAssociation")
-            if association["Properties"]["RouteTableId"].get("Ref") in public_tables
+            if _ref(association["Properties"].get("RouteTableId")) in public_tables
         }
         subnets |= {
             lid for lid, subnet in self._of_type("AWS::EC2::Subnet") if subnet["Properties"].get("MapPublicIpOnLaunch")
@@ -475,6 +475,11 @@ class _Template:
         }
 
 
+def _ref(value: Any) -> str | None:
+    """The logical id a {"Ref": ...} names; None for literals and other intrinsics."""
+    return value.get("Ref") if isinstance(value, dict) else None
+
+
 def _principals(principal: Any) -> list[Any]:
     if principal is None:
         return []
@@ -510,7 +515,8 @@ def _encryption_of(resource_type: str, properties: dict[str, Any]) -> dict[str, 
         key = properties.get(keyed[resource_type])
         return kms(key) if key else {"encrypted_with": "service-default", "key": None}
     if resource_type == "AWS::EC2::LaunchTemplate":
-        volumes = [m.get("Ebs", {}) for m in properties.get("LaunchTemplateData", {}).get("BlockDeviceMappings", [])]
+        mappings = properties.get("LaunchTemplateData", {}).get("BlockDeviceMappings", [])
+        volumes = [m["Ebs"] for m in mappings if "Ebs" in m]  # instance-store and NoDevice mappings hold no EBS data
         if not volumes:
             return {"encrypted_with": "service-default", "key": None}
         if all(v.get("KmsKeyId") for v in volumes):

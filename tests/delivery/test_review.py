@@ -18,6 +18,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from ops_review.__main__ import main
 from ops_review.review import load_prices, review_assembly
 from stacks.compliance import acknowledge, add_template_aspects
+from stacks.settings import parse_environment
 
 PRICES = load_prices()["regions"]["us-west-2"]
 ACK_REASON = "Endpoints read any model version under the models/ prefix."
@@ -203,7 +204,13 @@ def test_review_of_the_platform_writes_markdown_and_json_per_environment(
             "kms",
             "sse-s3",
         ]  # the access-log bucket is SSE-S3 by necessity
-        assert foundation["cost"]["always_on_hourly_usd"] > 0  # NAT gateways and interface endpoints
+        vpc = parse_environment(environment, cdk_context["environments"][environment]).vpc
+        network = foundation["network"]
+        assert network["nat_gateways"] == min(vpc.nat_gateways, vpc.max_azs)
+        assert len(network["public_subnets"]) == (vpc.max_azs if vpc.nat_gateways else 0)  # the NAT gateways' subnets
+        assert network["open_ingress"] == []
+        nat_cost = network["nat_gateways"] * PRICES["network"]["nat_gateway"]
+        assert foundation["cost"]["always_on_hourly_usd"] > nat_cost  # plus the interface endpoints
         assert any(a["rule"] == "AwsSolutions-IAM5[Resource::*]" for a in foundation["acknowledgements"])
         markdown = (tmp_path / f"{environment}.md").read_text()
         assert markdown.startswith(f"# Ops review: {environment}") and "### cdk-nag acknowledgements" in markdown
