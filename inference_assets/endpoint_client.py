@@ -1,7 +1,8 @@
 """Call the deployed sentiment endpoint: ``invoke`` for people, ``smoke-test`` for people and the promotion pipeline.
 
     python inference_assets/endpoint_client.py invoke --endpoint-name <name> "Covid cases are increasing fast!"
-    python inference_assets/endpoint_client.py smoke-test --endpoint-name <name> --expect-label negative
+    python inference_assets/endpoint_client.py smoke-test --endpoint-name <name> --region us-west-2 \
+        --expect-labels negative,neutral,positive --exact-label negative
 
 ``smoke-test`` waits until the endpoint is InService, sends one prediction and checks the answer's shape and that
 its label is in the expected set; it exits 0 when all holds and 1 (with the reason on stderr) otherwise.
@@ -96,16 +97,20 @@ def smoke_test(
 
 def main(argv: list[str] | None = None, *, session: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--region", help="AWS region of the endpoint (default: the session's)")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--endpoint-name", required=True, help="the GravitonEndpoint stack's EndpointName output")
+    common.add_argument("--region", help="AWS region of the endpoint (default: the session's)")
     commands = parser.add_subparsers(dest="command", required=True)
-    invoke_parser = commands.add_parser("invoke", help="classify texts and print the JSON answer")
-    invoke_parser.add_argument("--endpoint-name", required=True)
+    invoke_parser = commands.add_parser("invoke", parents=[common], help="classify texts and print the JSON answer")
     invoke_parser.add_argument("texts", nargs="+", help="one or more texts (one request)")
-    smoke = commands.add_parser("smoke-test", help="InService + one prediction with a label from the expected set")
-    smoke.add_argument("--endpoint-name", required=True)
+    smoke = commands.add_parser(
+        "smoke-test", parents=[common], help="InService + one prediction with a label from the expected set"
+    )
     smoke.add_argument("--text", default=DEFAULT_TEXT)
-    smoke.add_argument("--labels", default=",".join(DEFAULT_LABELS), help="comma-separated label set of the model")
-    smoke.add_argument("--expect-label", help="the label this text must get (e.g. negative)")
+    smoke.add_argument(
+        "--expect-labels", default=",".join(DEFAULT_LABELS), help="comma-separated label set the answer must use"
+    )
+    smoke.add_argument("--exact-label", help="the one label this text must get (e.g. negative)")
     smoke.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for InService")
     smoke.add_argument("--poll", type=float, default=30.0, help="seconds between status checks")
     args = parser.parse_args(argv)
@@ -124,9 +129,9 @@ def main(argv: list[str] | None = None, *, session: Any = None) -> int:
             return 1
         return 0
 
-    labels = [label.strip() for label in args.labels.split(",") if label.strip()]
-    if args.expect_label is not None and args.expect_label not in labels:
-        parser.error(f"--expect-label {args.expect_label!r} is not in --labels {','.join(labels)}")
+    labels = [label.strip() for label in args.expect_labels.split(",") if label.strip()]
+    if args.exact_label is not None and args.exact_label not in labels:
+        parser.error(f"--exact-label {args.exact_label!r} is not in --expect-labels {','.join(labels)}")
     try:
         prediction = smoke_test(
             session.client("sagemaker"),
@@ -134,7 +139,7 @@ def main(argv: list[str] | None = None, *, session: Any = None) -> int:
             args.endpoint_name,
             text=args.text,
             labels=labels,
-            expected_label=args.expect_label,
+            expected_label=args.exact_label,
             timeout_s=args.timeout,
             poll_s=args.poll,
         )

@@ -109,7 +109,10 @@ class GravitonEndpointStack(cdk.Stack):
         self.scalable_target = self._autoscaling()
         self.alarm_topic, self.alarms = self._alarms()
 
-        cdk.CfnOutput(self, "EndpointName", value=self.endpoint_name, description="Name for invoke_endpoint")
+        # The promotion pipeline's smoke test reads this output (stage.graviton_endpoint.endpoint_name_output).
+        self.endpoint_name_output = cdk.CfnOutput(
+            self, "EndpointName", value=self.endpoint_name, description="Name for invoke_endpoint"
+        )
         cdk.CfnOutput(self, "EndpointArn", value=self.endpoint_arn, description="ARN for IAM policies")
         cdk.CfnOutput(
             self, "ModelDataKey", value=settings.graviton_endpoint.model_data_key, description="Archive being served"

@@ -98,7 +98,18 @@ def test_smoke_test_waits_for_in_service_then_checks_one_prediction(
     _status(session, "Updating")
     _status(session, "InService")
     _answer(session, [endpoint_client.DEFAULT_TEXT], GOOD)
-    assert _smoke(session, "--expect-label", "negative") == 0
+    assert (
+        _smoke(
+            session,
+            "--region",
+            "us-west-2",
+            "--expect-labels",
+            "negative,neutral,positive",
+            "--exact-label",
+            "negative",
+        )
+        == 0
+    )
     assert "smoke test passed" in capsys.readouterr().out
 
 
@@ -106,7 +117,8 @@ def test_smoke_test_waits_for_in_service_then_checks_one_prediction(
     ("answer", "extra", "reason"),
     [
         ([{**GOOD[0], "label": "LABEL_0"}], [], "label 'LABEL_0' is not one of negative, neutral, positive"),
-        (GOOD, ["--expect-label", "positive"], "is not the expected 'positive'"),
+        (GOOD, ["--exact-label", "positive"], "is not the expected 'positive'"),
+        (GOOD, ["--expect-labels", "neg,neu,pos"], "label 'negative' is not one of neg, neu, pos"),
         ([], [], "expected a list with one prediction"),
         ({"label": "negative"}, [], "expected a list with one prediction"),
         ([{**GOOD[0], "scores": {"negative": 1.0}}], [], "scores must name exactly the labels"),
@@ -153,5 +165,5 @@ def test_smoke_test_fails_on_a_model_error(session: FakeSession, capsys: pytest.
 
 def test_expected_label_must_be_in_the_label_set(session: FakeSession) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        _smoke(session, "--expect-label", "angry")
+        _smoke(session, "--exact-label", "angry")
     assert exit_info.value.code == 2
