@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,32 +32,11 @@ if __package__ in (None, ""):  # run as a script: make `inference_assets` import
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inference_assets.djl.serving_properties import DjlModelSettings
+from inference_assets.model_names import ARCHIVE_SUFFIX, validate_model_name, validate_prefix
 
 DJL_MODEL_PY = Path(__file__).resolve().parent / "djl" / "model.py"
 DIGEST_KEY = "sha256"  # user metadata; an ETag is no content hash under SSE-KMS
-ARCHIVE_SUFFIX = ".tar.gz"
 DEFAULT_NAME_TEMPLATE = "sentiment-{index:04d}.tar.gz"
-MAX_KEY_BYTES = 1024  # S3 keys and InvokeEndpoint's TargetModel both stop at 1,024
-# Path segments of letters, digits, '.', '_' and '-' that start with a letter or digit; no spaces, no '..'.
-_NAME = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)*[A-Za-z0-9][A-Za-z0-9._-]*\.tar\.gz$")
-
-
-def validate_model_name(name: str, prefix: str = "") -> str:
-    """Return ``name`` if it is a valid ``TargetModel`` (a ``.tar.gz`` key under ``prefix``); else raise ValueError."""
-    if not isinstance(name, str) or not _NAME.match(name) or "/../" in f"/{name}" or "/./" in f"/{name}":
-        raise ValueError(
-            f"model name {name!r} is not valid: use letters, digits, '.', '_', '-' (and '/' between parts), "
-            f"start each part with a letter or digit, and end with {ARCHIVE_SUFFIX}, e.g. sentiment-0001.tar.gz"
-        )
-    if len((prefix + name).encode()) > MAX_KEY_BYTES:
-        raise ValueError(f"model name {name!r} makes the S3 key longer than {MAX_KEY_BYTES} bytes")
-    return name
-
-
-def validate_prefix(prefix: str) -> str:
-    if prefix and (not prefix.endswith("/") or prefix.startswith("/") or not re.match(r"^[A-Za-z0-9._/-]+$", prefix)):
-        raise ValueError(f"prefix {prefix!r} must be a relative S3 prefix of letters, digits and ._/- ending in '/'")
-    return prefix
 
 
 def copy_names(copies: int, template: str = DEFAULT_NAME_TEMPLATE) -> list[str]:

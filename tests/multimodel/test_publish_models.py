@@ -9,7 +9,8 @@ import pytest
 from moto import mock_aws
 
 from inference_assets import publish_models
-from inference_assets.publish_models import ModelStore, copy_names, validate_model_name
+from inference_assets.model_names import validate_model_name
+from inference_assets.publish_models import ModelStore, copy_names
 
 BUCKET = "artifacts"
 PREFIX = "multi-model/"
