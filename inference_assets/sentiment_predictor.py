@@ -14,6 +14,10 @@ class BadRequest(ValueError):
     """The request cannot be served as sent; adapters turn it into a 4xx answer."""
 
 
+class BatchTooLarge(BadRequest):
+    """More texts in one request than ``max_batch_size``; HTTP adapters answer 413."""
+
+
 @dataclass(frozen=True)
 class Prediction:
     label: str
@@ -68,7 +72,9 @@ class SentimentPredictor:
         if not texts:
             raise BadRequest('"inputs" must not be an empty list')
         if len(texts) > self.max_batch_size:
-            raise BadRequest(f'"inputs" holds {len(texts)} texts; at most {self.max_batch_size} are allowed per request')
+            raise BatchTooLarge(
+                f'"inputs" holds {len(texts)} texts; at most {self.max_batch_size} are allowed per request'
+            )
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise BadRequest(f'"inputs"[{i}] must be a string, got {type(text).__name__}')

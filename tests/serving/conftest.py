@@ -1,0 +1,35 @@
+"""Fixtures shared by the serving tests: one tiny model and one archive per session (building them costs seconds)."""
+
+from __future__ import annotations
+
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from inference_assets.package_model import build_model_archive
+from training_assets.tiny_model import build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "model")
+
+
+@pytest.fixture(scope="session")
+def model_archive(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model_archive(tiny_model_dir, tmp_path_factory.mktemp("archive") / "model.tar.gz")
+
+
+@pytest.fixture(scope="session")
+def unpacked_model(model_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The archive unpacked the way SageMaker lays it out at /opt/ml/model."""
+    target = tmp_path_factory.mktemp("opt-ml") / "model"
+    with tarfile.open(model_archive) as tar:
+        tar.extractall(target, filter="data")
+    return target

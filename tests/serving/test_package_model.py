@@ -1,0 +1,266 @@
+"""The model.tar.gz layout the SageMaker PyTorch toolkit expects, its reproducibility, vendoring and the upload."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import socket
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from inference_assets import package_model
+from inference_assets.package_model import (
+    PackagingError,
+    build_model_archive,
+    upload,
+    vendor_dependencies,
+)
+
+ELF_MACHINE_AARCH64 = 183
+
+
+def _members(archive: Path) -> list[tarfile.TarInfo]:
+    with tarfile.open(archive) as tar:
+        return tar.getmembers()
+
+
+def test_model_files_sit_at_the_root_and_the_handler_in_code(model_archive: Path, tiny_model_dir: Path) -> None:
+    names = [member.name for member in _members(model_archive)]
+    model_files = sorted(p.name for p in tiny_model_dir.iterdir())
+    assert set(model_files) <= set(names)
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(names)
+    assert {
+        "code/inference.py",
+        "code/sentiment_predictor.py",
+        "code/requirements.txt",
+    } <= set(names)
+    assert not [name for name in names if name.startswith("code/lib/")]
+    assert names == sorted(names)
+
+
+def test_archive_code_is_the_repository_code(unpacked_model: Path) -> None:
+    assets = Path(package_model.__file__).parent
+    assert (unpacked_model / "code/inference.py").read_bytes() == (assets / "code/inference.py").read_bytes()
+    assert (unpacked_model / "code/sentiment_predictor.py").read_bytes() == (
+        assets / "sentiment_predictor.py"
+    ).read_bytes()
+    assert "transformers==" in (unpacked_model / "code/requirements.txt").read_text()
+
+
+def test_entries_carry_no_build_time_owner_or_host_mode(model_archive: Path) -> None:
+    for member in _members(model_archive):
+        assert member.isfile()
+        assert (member.mtime, member.uid, member.gid, member.uname, member.gname) == (
+            0,
+            0,
+            0,
+            "",
+            "",
+        )
+        assert member.mode == 0o644
+
+
+def test_same_input_gives_the_same_bytes(tiny_model_dir: Path, model_archive: Path, tmp_path: Path) -> None:
+    again = build_model_archive(tiny_model_dir, tmp_path / "elsewhere" / "other-name.tar.gz")
+    assert again.read_bytes() == model_archive.read_bytes()
+    header = model_archive.read_bytes()[:10]
+    assert header[4:8] == b"\0\0\0\0", "gzip header must not carry a timestamp"
+    assert not header[3] & 0x08, "gzip header must not carry the file name"
+
+
+def test_extra_files_land_at_their_archive_paths(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model_py = tmp_path / "model.py"
+    model_py.write_text("print('djl')\n")
+    archive = build_model_archive(
+        tiny_model_dir,
+        tmp_path / "model.tar.gz",
+        extra_files={
+            "serving.properties": b"engine=Python\n",
+            "code/model.py": model_py,
+        },
+    )
+    with tarfile.open(archive) as tar:
+        assert tar.extractfile("serving.properties").read() == b"engine=Python\n"
+        assert tar.extractfile("code/model.py").read() == model_py.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("extra_files", "message"),
+    [
+        ({"../escape.txt": b"x"}, "relative file path"),
+        ({"/abs.txt": b"x"}, "relative file path"),
+        ({"config.json": b"{}"}, "would replace"),
+        ({"code/inference.py": b""}, "would replace"),
+        ({"notes.txt": Path("/nonexistent/notes.txt")}, "is not a file"),
+    ],
+)
+def test_bad_extra_files_are_refused(tiny_model_dir: Path, tmp_path: Path, extra_files: dict, message: str) -> None:
+    with pytest.raises(PackagingError, match=message):
+        build_model_archive(tiny_model_dir, tmp_path / "model.tar.gz", extra_files=extra_files)
+    assert not (tmp_path / "model.tar.gz").exists()
+
+
+def test_a_directory_without_a_saved_model_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "weights.bin").write_bytes(b"0")
+    with pytest.raises(PackagingError, match="no config.json"):
+        build_model_archive(tmp_path, tmp_path / "model.tar.gz")
+
+
+def test_a_model_directory_with_its_own_code_folder_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_bytes((tiny_model_dir / "config.json").read_bytes())
+    (model / "code").mkdir()
+    (model / "code" / "inference.py").write_text("")
+    with pytest.raises(PackagingError, match="code/inference.py"):
+        build_model_archive(model, tmp_path / "model.tar.gz")
+
+
+def test_vendored_packages_replace_requirements_and_go_first_on_sys_path(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # The toolkit pip-installs any code/requirements.txt at start-up, which would defeat vendoring (and need egress).
+    vendor = tmp_path / "lib"
+    vendor.mkdir()
+    (vendor / "sentiment_probe.py").write_text("WHERE = __file__\n")
+    archive = build_model_archive(tiny_model_dir, tmp_path / "model.tar.gz", vendor_dir=vendor)
+    names = [member.name for member in _members(archive)]
+    assert "code/lib/sentiment_probe.py" in names
+    assert "code/requirements.txt" not in names
+
+    unpacked = tmp_path / "unpacked"
+    with tarfile.open(archive) as tar:
+        tar.extractall(unpacked, filter="data")
+    code = unpacked / "code"
+    probe = "import sys, inference, sentiment_probe; print(sys.path[0]); print(sentiment_probe.WHERE)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=code,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(code)},
+    )
+    first_path, probe_file = result.stdout.split()
+    assert first_path == str(code / "lib")
+    assert probe_file == str(code / "lib" / "sentiment_probe.py")
+
+
+def _pypi_reachable() -> bool:
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _pypi_reachable(), reason="vendoring downloads linux/aarch64 wheels from PyPI")
+def test_vendoring_installs_aarch64_cp312_wheels_without_numpy(tmp_path: Path) -> None:
+    lib = vendor_dependencies(tmp_path / "lib")
+    lock = (lib / package_model.VENDORED_LOCK).read_text().splitlines()
+    required = [
+        line.split("==")[0].replace("-", "_")
+        for line in package_model.REQUIREMENTS.read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    pins = dict(line.split("==") for line in lock)
+    assert set(required) <= set(pins), lock
+    assert pins["transformers"] == "5.23.0"
+    assert "numpy" not in pins and not (lib / "numpy").exists(), "numpy belongs to the image (torch's ABI)"
+    assert not (lib / "bin").exists()
+    for extension in [
+        "tokenizers/tokenizers.abi3.so",
+        "safetensors/_safetensors_rust.abi3.so",
+    ]:
+        elf = (lib / extension).read_bytes()[:20]
+        assert elf[:4] == b"\x7fELF"
+        assert int.from_bytes(elf[18:20], "little") == ELF_MACHINE_AARCH64, extension
+    for compiled in lib.rglob("*.cpython-*.so"):
+        assert "cpython-312-aarch64-linux-gnu" in compiled.name, compiled
+    # The constraints file pins the whole closure: what was resolved is exactly what is locked.
+    locked = [
+        line for line in package_model.VENDOR_CONSTRAINTS.read_text().splitlines() if line and not line.startswith("#")
+    ]
+    assert lock == locked
+
+
+def test_upload_uses_sse_kms_and_returns_the_s3_uri(model_archive: Path) -> None:
+    client = boto3.client(
+        "s3",
+        region_name="us-west-2",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
+    sent: list[dict] = []
+    client.meta.events.register("provide-client-params.s3.PutObject", lambda params, **_: sent.append(params))
+    key_arn = "arn:aws:kms:us-west-2:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    with Stubber(client) as stubber:
+        stubber.add_response("put_object", {"ETag": '"abc"'})
+        uri = upload(
+            model_archive,
+            "s3://artifacts-bucket/endpoints/sentiment/v2.tar.gz",
+            kms_key_id=key_arn,
+            s3_client=client,
+        )
+        stubber.assert_no_pending_responses()
+    assert uri == "s3://artifacts-bucket/endpoints/sentiment/v2.tar.gz"
+    (params,) = sent
+    assert params["Bucket"] == "artifacts-bucket"
+    assert params["Key"] == "endpoints/sentiment/v2.tar.gz"
+    assert params["ServerSideEncryption"] == "aws:kms"
+    assert params["SSEKMSKeyId"] == key_arn
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--upload", "s3://bucket/model.tar.gz"], "--upload needs --kms-key-id"),
+        (
+            ["--upload", "bucket/model.tar.gz", "--kms-key-id", "k"],
+            "is not an S3 object URI",
+        ),
+    ],
+)
+def test_cli_refuses_bad_upload_arguments(
+    model_archive: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    model_dir = tmp_path / "model"
+    with tarfile.open(model_archive) as tar:
+        tar.extractall(
+            model_dir,
+            filter="data",
+            members=[m for m in tar.getmembers() if not m.name.startswith("code/")],
+        )
+    with pytest.raises(SystemExit) as exit_info:
+        sys.exit(
+            package_model.main(
+                [
+                    "--model-dir",
+                    str(model_dir),
+                    "--output",
+                    str(tmp_path / "m.tar.gz"),
+                    *argv,
+                ]
+            )
+        )
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "m.tar.gz").exists()
+
+
+def test_cli_writes_the_archive(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert package_model.main(["--model-dir", str(tiny_model_dir), "--output", str(tmp_path / "m.tar.gz")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    with (
+        gzip.open(tmp_path / "m.tar.gz") as zipped,
+        tarfile.open(fileobj=io.BytesIO(zipped.read())) as tar,
+    ):
+        assert tar.getmember("code/inference.py").size > 0
