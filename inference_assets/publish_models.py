@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,6 +38,10 @@ from inference_assets.model_names import ARCHIVE_SUFFIX, validate_model_name, va
 DJL_MODEL_PY = Path(__file__).resolve().parent / "djl" / "model.py"
 DIGEST_KEY = "sha256"  # user metadata; an ETag is no content hash under SSE-KMS
 DEFAULT_NAME_TEMPLATE = "sentiment-{index:04d}.tar.gz"
+# Python of each model server's default image (settings.multi_model_endpoint): DJL 0.36.0 CPU runs 3.11, the
+# PyTorch 2.6.0 CPU inference DLC 3.12; both x86_64 Ubuntu 22.04 (glibc 2.35). Vendored wheels must match.
+VENDOR_PYTHON = {"djl": "3.11", "torchserve": "3.12"}
+VENDOR_PLATFORMS_X86 = tuple(f"manylinux_2_{minor}_x86_64" for minor in range(35, 16, -1))
 
 
 def copy_names(copies: int, template: str = DEFAULT_NAME_TEMPLATE) -> list[str]:
@@ -188,7 +193,12 @@ def _parser() -> argparse.ArgumentParser:
     package = commands.add_parser("package", help="build one model.tar.gz for DJL Serving and the PyTorch toolkit")
     package.add_argument("--model-dir", type=Path, required=True, help="directory with the model and tokenizer files")
     package.add_argument("--output", type=Path, required=True, help="archive to write (.tar.gz)")
-    package.add_argument("--vendor-dir", type=Path, help="pip --target directory to ship inside the archive")
+    package.add_argument(
+        "--vendor",
+        choices=sorted(VENDOR_PYTHON),
+        help="ship transformers & co. in code/lib, built for this model server's image (the endpoint's containers "
+        "have no network: without it the image must already hold them)",
+    )
     package.add_argument("--min-workers", type=int, help="DJL minWorkers (default: DJL's, 1)")
     package.add_argument("--max-workers", type=int, help="DJL maxWorkers (default: DJL's, #CPU / OMP_NUM_THREADS)")
     package.add_argument("--max-idle-time", type=int, default=600, help="seconds before an idle worker stops")
@@ -223,7 +233,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             batch_size=args.batch_size,
             max_batch_delay_ms=args.max_batch_delay,
         )
-        print(build_archive(args.model_dir, args.output, settings, vendor_dir=args.vendor_dir))
+        from inference_assets import package_model
+
+        with tempfile.TemporaryDirectory() as scratch:
+            vendor_dir = None
+            if args.vendor:
+                vendor_dir = package_model.vendor_dependencies(
+                    Path(scratch) / "lib", platforms=VENDOR_PLATFORMS_X86, python_version=VENDOR_PYTHON[args.vendor]
+                )
+            print(build_archive(args.model_dir, args.output, settings, vendor_dir=vendor_dir))
         return 0
 
     import boto3
@@ -250,5 +268,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError) as error:  # PackagingError is a ValueError
         sys.exit(f"error: {error}")

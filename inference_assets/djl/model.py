@@ -1,13 +1,15 @@
 """DJL Serving Python-engine entry point: ``handle(inputs)`` over the shared sentiment predictor.
 
 DJL Serving unpacks each model archive into its own directory, reads ``serving.properties`` (``engine=Python``)
-and calls ``handle`` with a ``djl_python.Input`` per request (or per dynamic batch). The first call after a
-worker starts carries no content: it is the load signal, answered with ``None``. The predictor comes from
-``code/sentiment_predictor.py`` in the same archive, the very module the SageMaker PyTorch toolkit handler
-(``code/inference.py``) uses, so both model servers give identical answers.
+and calls ``handle`` with a ``djl_python.Input`` per request, or per dynamic batch when ``batch_size`` > 1. The
+first call of a worker carries no content: it loads the model and is answered with ``None``. The predictor is
+``code/sentiment_predictor.py`` of the same archive, the module the SageMaker PyTorch toolkit handler
+(``code/inference.py``) uses, and requests and answers are the same as there:
 
-Requests: ``application/json`` ``{"inputs": "text" | ["text", ...]}`` or ``text/plain`` (one text).
-Answers: ``{"predictions": [{"label", "score", "scores"}, ...]}``; client errors are 400/415 JSON bodies.
+    request   application/json {"inputs": "text" | ["text", ...]}, or text/plain (one text), UTF-8
+    answer    200 application/json [{"label", "score", "scores"}, ...], one object per text, in order
+    errors    400 malformed body, 413 more texts than ``option.max_request_batch``, 415 other content types,
+              each as {"code", "message", "error"} JSON; the worker keeps serving
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -22,89 +25,93 @@ log = logging.getLogger(__name__)
 
 JSON = "application/json"
 TEXT = "text/plain"
+DEFAULT_MAX_REQUEST_BATCH = 32
 _predictor: Any = None
-_bad_request: type[Exception] = ValueError
+
+
+class ClientError(Exception):
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _load(properties: dict[str, str]) -> None:
-    """Load the predictor from the model directory DJL passes in the properties (``model_dir``)."""
-    global _predictor, _bad_request
+    """Load the predictor from the model directory DJL names in the properties (``model_dir``)."""
+    global _predictor
     model_dir = Path(properties["model_dir"])
-    code_dir = str(model_dir / "code")
-    if code_dir not in sys.path:
-        sys.path.insert(0, code_dir)
-    from sentiment_predictor import BadRequest, SentimentPredictor
+    # code/lib: dependencies vendored into the archive (no pip install, no egress); code/: the shared predictor.
+    for path in (model_dir / "code", model_dir / "code" / "lib"):
+        if path.is_dir() and str(path) not in sys.path:
+            sys.path.insert(0, str(path))
+    from sentiment_predictor import SentimentPredictor
 
-    max_batch = int(properties.get("max_request_batch", "32"))
+    max_batch = int(properties.get("max_request_batch", DEFAULT_MAX_REQUEST_BATCH))
     _predictor = SentimentPredictor(model_dir, max_batch_size=max_batch)
-    _bad_request = BadRequest
-    log.info("loaded sentiment model from %s (labels %s)", model_dir, _predictor.labels)
-
-
-def _media_type(value: str | None) -> str:
-    return (value or JSON).split(";")[0].strip().lower()
+    log.info("loaded sentiment model from %s", model_dir)
 
 
 def parse(request: Any) -> object:
-    """The texts of one request (a ``djl_python.Input``); raise ``BadRequest`` for anything malformed."""
-    media_type = _media_type(request.get_property("Content-Type"))
-    body = request.get_as_bytes()
-    if media_type == TEXT:
-        try:
-            return body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise _bad_request("the text/plain body is not valid UTF-8") from None
-    if media_type != JSON:
-        raise _UnsupportedMediaType(f"content type {media_type!r} is not supported; send {JSON} or {TEXT}")
+    """The texts of one request (a ``djl_python.Input``); raise :class:`ClientError` for anything malformed."""
+    content_type = request.get_property("Content-Type") or JSON
+    media_type, *params = content_type.split(";")
+    media_type = media_type.strip().lower()
+    charsets = [value.strip().strip('"').lower() for name, _, value in (p.partition("=") for p in params)
+                if name.strip().lower() == "charset"]  # fmt: skip
+    if media_type not in (JSON, TEXT) or any(charset not in ("utf-8", "utf8") for charset in charsets):
+        raise ClientError(
+            HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"content type {content_type!r} is not supported; send {JSON} or {TEXT}"
+        )
     try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise _bad_request(f"the body is not valid JSON: {error}") from None
+        text = bytes(request.get_as_bytes() or b"").decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ClientError(HTTPStatus.BAD_REQUEST, f"the request body is not valid UTF-8 ({error.reason})") from None
+    if media_type == TEXT:
+        if not text.strip():
+            raise ClientError(HTTPStatus.BAD_REQUEST, "the text/plain body is empty; send the text to classify")
+        return text
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ClientError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON: {error}") from None
     if not isinstance(payload, dict) or "inputs" not in payload:
-        raise _bad_request('the JSON body must be an object with an "inputs" key')
+        raise ClientError(
+            HTTPStatus.BAD_REQUEST, 'the JSON body must be an object with "inputs": a string or a list of strings'
+        )
     return payload["inputs"]
 
 
-class _UnsupportedMediaType(Exception):
-    pass
+def predict(request: Any) -> list[dict]:
+    """Predictions of one request as JSON-ready dicts; client mistakes raise :class:`ClientError`."""
+    from sentiment_predictor import BadRequest, BatchTooLarge
 
-
-def _answer(request: Any, output: Any, index: int | None) -> None:
-    """Predict one request and add its answer (or its client error) to ``output``."""
     try:
-        predictions = _predictor.predict(parse(request))
-    except _UnsupportedMediaType as error:
-        _add_error(output, 415, str(error), index)
-    except _bad_request as error:
-        _add_error(output, 400, str(error), index)
-    else:
-        body = {"predictions": [p.as_dict() for p in predictions]}
-        if index is None:
-            output.add_property("Content-Type", JSON).add_as_json(body)
-        else:
-            output.add(json.dumps(body), key="data", batch_index=index)
-
-
-def _add_error(output: Any, code: int, message: str, index: int | None) -> None:
-    log.info("client error %d: %s", code, message)
-    if index is None:
-        output.error(message, code=code, message="Bad Request" if code == 400 else "Unsupported Media Type")
-    else:  # one bad request in a dynamic batch must not fail its neighbours
-        output.add(json.dumps({"code": code, "error": message}), key="data", batch_index=index)
+        return [prediction.as_dict() for prediction in _predictor.predict(parse(request))]
+    except BatchTooLarge as error:
+        raise ClientError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, str(error)) from None
+    except BadRequest as error:
+        raise ClientError(HTTPStatus.BAD_REQUEST, str(error)) from None
 
 
 def handle(inputs: Any) -> Any:
     """DJL's entry point: ``None`` for the load call, else a ``djl_python.Output``."""
-    from djl_python import Output  # only inside DJL Serving; not on PyPI
+    from djl_python import Output  # provided by DJL Serving's Python engine; not on PyPI
 
     if _predictor is None:
         _load(inputs.get_properties())
     if inputs.is_empty():
         return None
     output = Output()
-    if inputs.is_batch():  # batch_size > 1 in serving.properties: DJL hands over several requests at once
-        for index, request in enumerate(inputs.get_batches()):
-            _answer(request, output, index)
-    else:
-        _answer(inputs, output, None)
+    if not inputs.is_batch():
+        try:
+            return output.add_property("Content-Type", JSON).add_as_json(predict(inputs))
+        except ClientError as error:
+            log.info("client error %d: %s", error.status, error)
+            return output.error(str(error), code=int(error.status), message=error.status.phrase)
+    # A dynamic batch: one answer per request; a bad request must not fail its neighbours.
+    for index, request in enumerate(inputs.get_batches()):
+        try:
+            body = predict(request)
+        except ClientError as error:
+            body = {"code": int(error.status), "message": error.status.phrase, "error": str(error)}
+        output.add(json.dumps(body), key="data", batch_index=index)
     return output

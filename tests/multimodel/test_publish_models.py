@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import tarfile
 from pathlib import Path
 
 import boto3
 import pytest
 from moto import mock_aws
 
-from inference_assets import publish_models
+from inference_assets import package_model, publish_models
 from inference_assets.model_names import validate_model_name
 from inference_assets.publish_models import ModelStore, copy_names
 
@@ -132,3 +133,39 @@ def test_cli_publish_list_remove_all(aws, archive, capsys):
     publish_models.main(["remove", *common, "--all"])
     assert "removed 3 models" in capsys.readouterr().out
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix=PREFIX)["KeyCount"] == 0
+
+
+def test_cli_package_builds_an_archive_for_both_servers(tiny_model_dir, tmp_path, capsys):
+    output = tmp_path / "sentiment.tar.gz"
+    assert publish_models.main(
+        ["package", "--model-dir", str(tiny_model_dir), "--output", str(output), "--max-workers", "3"]
+    ) == 0
+    assert capsys.readouterr().out.strip() == str(output)
+    with tarfile.open(output) as tar:
+        names = set(tar.getnames())
+        properties = tar.extractfile("serving.properties").read().decode()
+    assert {"model.py", "serving.properties", "code/inference.py", "code/sentiment_predictor.py", "config.json"} <= names
+    assert "maxWorkers=3" in properties.splitlines()
+
+
+def test_cli_package_vendors_for_the_chosen_server(tiny_model_dir, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_vendor(target, *, platforms, python_version):
+        calls.append((platforms[0], python_version))
+        target.mkdir(parents=True)
+        (target / "vendored_marker.py").write_text("")
+        return target
+
+    monkeypatch.setattr(package_model, "vendor_dependencies", fake_vendor)
+    output = tmp_path / "vendored.tar.gz"
+    publish_models.main(["package", "--model-dir", str(tiny_model_dir), "--output", str(output), "--vendor", "djl"])
+    assert calls == [("manylinux_2_35_x86_64", "3.11")]
+    with tarfile.open(output) as tar:
+        assert "code/lib/vendored_marker.py" in tar.getnames()
+
+
+def test_cli_package_refuses_bad_worker_bounds(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="min_workers"):
+        publish_models.main(["package", "--model-dir", str(tiny_model_dir), "--output", str(tmp_path / "x.tar.gz"),
+                             "--min-workers", "5", "--max-workers", "2"])  # fmt: skip
