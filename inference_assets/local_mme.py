@@ -97,7 +97,13 @@ class LocalModelServer:
                     "model_store=/",  # models are registered by absolute directory path
                     f"inference_address={self.inference_url}",
                     f"management_address={self.management_url}",
-                    "metrics_address=http://127.0.0.1:0",
+                    # gRPC listens too (7070/7071 by default, which a second server cannot bind): own free ports.
+                    "grpc_inference_address=127.0.0.1",
+                    f"grpc_inference_port={free_port()}",
+                    "grpc_management_address=127.0.0.1",
+                    f"grpc_management_port={free_port()}",
+                    "enable_metrics_api=false",
+                    "disable_system_metrics=true",
                     f"default_service_handler={HANDLER_SERVICE}",
                     "enable_model_api=true",
                     "disable_token_authorization=true",
@@ -175,6 +181,19 @@ class LocalModelServer:
         self._session.close()
         shutil.rmtree(self._tmp, ignore_errors=True)
 
+    def check_alive(self) -> None:
+        """Raise if TorchServe is gone (its Java frontend included), with the end of its log."""
+        alive = self._process is not None and self._process.poll() is None
+        if alive:
+            try:
+                alive = self._session.get(f"{self.inference_url}/ping", timeout=10).status_code == 200
+            except requests.ConnectionError:
+                alive = False
+        if not alive:
+            log = self.work_dir / "logs" / "ts_log.log"
+            tail = log.read_text(errors="replace").splitlines()[-5:] if log.exists() else []
+            raise ModelServerError("TorchServe is not running any more; last log lines:\n" + "\n".join(tail))
+
     def __enter__(self) -> Self:
         return self.start()
 
@@ -244,7 +263,12 @@ class LocalMultiModelEndpoint:
         """Invoke ``target_model``; return the answer and whether this request had to load the model (cold)."""
         validate_model_name(target_model)
         cold = self._ensure_loaded(target_model)
-        return self.server.invoke(self.server_name(target_model), body, content_type), cold
+        answer = self.server.invoke(self.server_name(target_model), body, content_type)
+        if answer.status == 404 and target_model not in self.resident():
+            # Unloaded by a concurrent request between our load and our invoke: load it again, once.
+            cold = self._ensure_loaded(target_model) or cold
+            answer = self.server.invoke(self.server_name(target_model), body, content_type)
+        return answer, cold
 
     def _ensure_loaded(self, target_model: str) -> bool:
         with self._lock:
@@ -286,6 +310,15 @@ class LocalMultiModelEndpoint:
                     return
                 victim, _ = self._resident.popitem(last=False)
             self.server.unload(self.server_name(victim))
+            with self._lock:
+                self.unloads += 1
+
+    def unload_all(self) -> None:
+        """Unload every resident model (a cold start for whatever comes next)."""
+        with self._lock:
+            victims, self._resident = list(self._resident), OrderedDict()
+        for name in victims:
+            self.server.unload(self.server_name(name))
             with self._lock:
                 self.unloads += 1
 
