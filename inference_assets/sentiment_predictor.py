@@ -92,7 +92,7 @@ class SentimentPredictor:
                 Prediction(
                     label=self.labels[best],
                     score=round(row[best], 6),
-                    scores={label: round(p, 6) for label, p in zip(self.labels, row)},
+                    scores={label: round(p, 6) for label, p in zip(self.labels, row, strict=True)},
                 )
             )
         return predictions
