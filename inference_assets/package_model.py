@@ -2,10 +2,10 @@
 
 Layout (the toolkit unpacks it to /opt/ml/model and imports ``code/inference.py``):
 
-    config.json, model.safetensors, tokenizer files ...   the model directory, at the archive root
-    code/inference.py, code/sentiment_predictor.py        the handler and the shared predictor it imports
-    code/requirements.txt                                  only without vendoring: the toolkit pip-installs it at start-up
-    code/lib/...                                           with --vendor: transformers & co. for linux/aarch64 cp312
+    config.json, model.safetensors, tokenizer files ...  the model directory, at the archive root
+    code/inference.py, code/sentiment_predictor.py       the handler and the shared predictor it imports
+    code/requirements.txt                                only without vendoring: the toolkit pip-installs it at start-up
+    code/lib/...                                         with --vendor: transformers & co. for linux/aarch64 cp312
 
 The archive is byte-for-byte reproducible: sorted entries, fixed mtime/owner/mode, gzip without name or timestamp.
 

@@ -27,8 +27,8 @@ _VENDORED = Path(__file__).resolve().parent / "lib"
 if _VENDORED.is_dir() and str(_VENDORED) not in sys.path:
     sys.path.insert(0, str(_VENDORED))
 
-from sagemaker_inference.errors import GenericInferenceToolkitError
-from sentiment_predictor import BadRequest, BatchTooLarge, SentimentPredictor
+from sagemaker_inference.errors import GenericInferenceToolkitError  # noqa: E402
+from sentiment_predictor import BadRequest, BatchTooLarge, SentimentPredictor  # noqa: E402
 
 MAX_REQUEST_BATCH_ENV = "SENTIMENT_MAX_REQUEST_BATCH"
 DEFAULT_MAX_REQUEST_BATCH = 32

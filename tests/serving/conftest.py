@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 from inference_assets.package_model import build_model_archive
 from training_assets.tiny_model import build_tiny_model

@@ -108,7 +108,7 @@ def test_bad_extra_files_are_refused(tiny_model_dir: Path, tmp_path: Path, extra
 
 def test_a_directory_without_a_saved_model_is_refused(tmp_path: Path) -> None:
     (tmp_path / "weights.bin").write_bytes(b"0")
-    with pytest.raises(PackagingError, match="no config.json"):
+    with pytest.raises(PackagingError, match=r"no config\.json"):
         build_model_archive(tmp_path, tmp_path / "model.tar.gz")
 
 
@@ -118,7 +118,7 @@ def test_a_model_directory_with_its_own_code_folder_is_refused(tiny_model_dir: P
     (model / "config.json").write_bytes((tiny_model_dir / "config.json").read_bytes())
     (model / "code").mkdir()
     (model / "code" / "inference.py").write_text("")
-    with pytest.raises(PackagingError, match="code/inference.py"):
+    with pytest.raises(PackagingError, match=r"code/inference\.py"):
         build_model_archive(model, tmp_path / "model.tar.gz")
 
 
@@ -158,6 +158,7 @@ def _pypi_reachable() -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _pypi_reachable(), reason="vendoring downloads linux/aarch64 wheels from PyPI")
 def test_vendoring_installs_aarch64_cp312_wheels_without_numpy(tmp_path: Path) -> None:
     lib = vendor_dependencies(tmp_path / "lib")
