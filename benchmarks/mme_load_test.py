@@ -31,10 +31,15 @@ from locust.env import Environment
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-import mme_locustfile
+import mme_locustfile  # noqa: E402  (needs the path above)
 
-from inference_assets.local_mme import LocalModelServer, LocalMultiModelEndpoint, ModelNotFound, ModelServerError
-from inference_assets.publish_models import build_archive, copy_names
+from inference_assets.local_mme import (  # noqa: E402
+    LocalModelServer,
+    LocalMultiModelEndpoint,
+    ModelNotFound,
+    ModelServerError,
+)
+from inference_assets.publish_models import build_archive, copy_names  # noqa: E402
 
 PROBE_WARM_REQUESTS = 20
 STOP_TIMEOUT_S = 300
@@ -69,7 +74,7 @@ def _local_target(endpoint: LocalMultiModelEndpoint):
 
 
 def probe_cold_and_warm(endpoint: LocalMultiModelEndpoint) -> dict[str, float]:
-    """First invoke of a model (load included) against the median of warm invokes, sequentially, nothing else running."""
+    """First invoke of a model (its load included) against the median warm invoke; sequential, nothing else runs."""
     name = mme_locustfile.model_name(0)
     started = time.perf_counter()
     answer, cold = endpoint.invoke(name, mme_locustfile.REQUEST_BODY)
@@ -187,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                 server, endpoint = _local_endpoint(args, work)
                 mme_locustfile.target = _local_target(endpoint)
                 probe = probe_cold_and_warm(endpoint)
-                print(f"cold first invoke {probe['cold_first_invoke_ms']:.0f} ms, warm {probe['warm_median_ms']:.1f} ms")
+                print(f"cold first invoke {probe['cold_first_invoke_ms']:.0f} ms, "
+                      f"warm {probe['warm_median_ms']:.1f} ms")  # fmt: skip
             for pattern in args.patterns:
                 loads_before, unloads_before = (endpoint.cold_loads, endpoint.unloads) if endpoint else (0, 0)
                 row = run_pattern(pattern, args)

@@ -19,6 +19,7 @@ gets its own TMPDIR (TorchServe keeps a global pid file there) and free ports, a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -337,10 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         print("load:   curl -X POST '<management>/models?url=<unpacked model dir>&model_name=m1&synchronous=true'")
         print("invoke: curl -X POST <inference>/models/m1/invoke -H 'Content-Type: application/json' "
               "-d '{\"inputs\": \"great\"}'")  # fmt: skip
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             signal.pause()
-        except KeyboardInterrupt:
-            pass
     return 0
 
 

@@ -60,12 +60,9 @@ def build_archive(
     """One model.tar.gz for both servers: the serving package's archive plus the DJL entry point and properties."""
     from inference_assets.package_model import build_model_archive
 
-    return build_model_archive(
-        model_dir,
-        output,
-        extra_files={"model.py": DJL_MODEL_PY, "serving.properties": (settings or DjlModelSettings()).render().encode()},
-        vendor_dir=vendor_dir,
-    )
+    properties = (settings or DjlModelSettings()).render().encode()
+    extra_files = {"model.py": DJL_MODEL_PY, "serving.properties": properties}
+    return build_model_archive(model_dir, output, extra_files=extra_files, vendor_dir=vendor_dir)
 
 
 def file_digest(path: Path) -> str:
@@ -125,7 +122,7 @@ class ModelStore:
         digest = file_digest(archive)
         track = progress or (lambda items, total: items)
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            current = dict(zip(names, pool.map(self._digest_of, names)))
+            current = dict(zip(names, pool.map(self._digest_of, names), strict=True))
             missing = [name for name in names if current[name] != digest]
             skipped = [name for name in names if current[name] == digest]
             uploaded, copied = [], []
@@ -246,7 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import boto3
 
-    store = ModelStore(boto3.client("s3", region_name=args.region), args.bucket, args.prefix, getattr(args, "kms_key", None))
+    s3 = boto3.client("s3", region_name=args.region)
+    store = ModelStore(s3, args.bucket, args.prefix, getattr(args, "kms_key", None))
     if args.command == "publish":
         names = args.name or copy_names(args.copies, args.name_template)
         report = store.publish(args.archive, names, progress=_tqdm_progress)

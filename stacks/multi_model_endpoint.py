@@ -196,21 +196,22 @@ class MultiModelEndpointStack(cdk.Stack):
             topic.add_subscription(subscriptions.EmailSubscription(self.settings.alarm_email))
         instance_metrics = "/aws/sagemaker/Endpoints"
         cpu_threshold = CPU_UTILIZATION_SHARE * 100 * vcpus(self.settings.multi_model_endpoint.instance_type)
+        above = cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD
+        below = cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD
         definitions = [
-            ("ModelLoadingWaitTime", self._metric("ModelLoadingWaitTime", "Average"), MODEL_LOADING_WAIT_MICROSECONDS,
-             cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD, "requests wait more than 10 s for their model to load"),
-            ("ModelCacheHit", self._metric("ModelCacheHit", "Average"), MODEL_CACHE_HIT_RATIO,
-             cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD, "fewer than half the requests find their model loaded"),
-            ("Invocation5XXErrors", self._metric("Invocation5XXErrors", "Sum"), 0,
-             cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD, "the model server answers with 5xx errors"),
-            ("CPUUtilization", self._metric("CPUUtilization", "Average", namespace=instance_metrics), cpu_threshold,
-             cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD, f"CPU above {CPU_UTILIZATION_SHARE:.0%} of all vCPUs"),
-            ("MemoryUtilization", self._metric("MemoryUtilization", "Average", namespace=instance_metrics),
-             MEMORY_UTILIZATION_PERCENT, cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            ("ModelLoadingWaitTime", "Average", "AWS/SageMaker", above, MODEL_LOADING_WAIT_MICROSECONDS,
+             "requests wait more than 10 s for their model to load"),
+            ("ModelCacheHit", "Average", "AWS/SageMaker", below, MODEL_CACHE_HIT_RATIO,
+             "fewer than half the requests find their model loaded"),
+            ("Invocation5XXErrors", "Sum", "AWS/SageMaker", above, 0, "the model server answers with 5xx errors"),
+            ("CPUUtilization", "Average", instance_metrics, above, cpu_threshold,
+             f"CPU above {CPU_UTILIZATION_SHARE:.0%} of all vCPUs"),
+            ("MemoryUtilization", "Average", instance_metrics, above, MEMORY_UTILIZATION_PERCENT,
              f"memory above {MEMORY_UTILIZATION_PERCENT:.0f}%: models are evicted, loads slow down"),
-        ]
+        ]  # fmt: skip
         alarms = []
-        for name, metric, threshold, comparison, meaning in definitions:
+        for name, statistic, namespace, comparison, threshold, meaning in definitions:
+            metric = self._metric(name, statistic, namespace=namespace)
             alarm = cloudwatch.Alarm(
                 self,
                 f"{name}Alarm",

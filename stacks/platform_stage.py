@@ -6,6 +6,7 @@ import aws_cdk as cdk
 from constructs import Construct
 
 from stacks.foundation import FoundationStack
+from stacks.multi_model_endpoint import MultiModelEndpointStack
 from stacks.settings import EnvironmentSettings
 
 
@@ -16,5 +17,7 @@ class PlatformStage(cdk.Stage):
         )
         self.settings = settings
         self.foundation = FoundationStack(self, "Foundation", settings=settings)
+        if settings.multi_model_endpoint.enabled:
+            MultiModelEndpointStack(self, "MultiModelEndpoint", settings=settings, foundation=self.foundation)
         for key, value in settings.resource_tags.items():
             cdk.Tags.of(self).add(key, value)

@@ -11,6 +11,8 @@ import pytest
 
 from inference_assets.local_mme import LocalModelServer, LocalMultiModelEndpoint, ModelNotFound
 
+pytestmark = pytest.mark.slow  # a real TorchServe + toolkit server
+
 GOOD = json.dumps({"inputs": ["what a great day", "this is awful"]}).encode()
 
 
@@ -107,7 +109,7 @@ def test_concurrent_first_requests_load_a_model_once(server, models_dir):
 
 def test_endpoint_refuses_unknown_and_invalid_target_models(server, models_dir):
     endpoint = LocalMultiModelEndpoint(server, models_dir, max_resident_models=1)
-    with pytest.raises(ModelNotFound, match="sentiment-9999.tar.gz"):
+    with pytest.raises(ModelNotFound, match=r"sentiment-9999\.tar\.gz"):
         endpoint.invoke("sentiment-9999.tar.gz", GOOD)
     with pytest.raises(ValueError, match="model name"):
         endpoint.invoke("../escape.tar.gz", GOOD)

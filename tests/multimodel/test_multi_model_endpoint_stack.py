@@ -40,7 +40,8 @@ def synthesized():
         stacks[name] = MultiModelEndpointStack(stage, "MultiModelEndpoint", settings=settings, foundation=foundation)
     # A client stack: grant_invoke to a role, once for all models, once for a list.
     client = cdk.Stack(stacks["dev"].node.scope, "Client")
-    acknowledge(client, "Test client roles: grant_invoke adds to their default (inline) policy.", "NIST.800.53.R5-IAMNoInlinePolicy")
+    reason = "Test client roles: grant_invoke adds to their default (inline) policy."
+    acknowledge(client, reason, "NIST.800.53.R5-IAMNoInlinePolicy")
     stacks["dev"].grant_invoke(iam.Role(client, "AllModels", assumed_by=iam.AccountRootPrincipal()))
     stacks["dev"].grant_invoke(
         iam.Role(client, "OneTenant", assumed_by=iam.AccountRootPrincipal()), models=["tenant-a.tar.gz"]

@@ -144,7 +144,8 @@ def test_cli_package_builds_an_archive_for_both_servers(tiny_model_dir, tmp_path
     with tarfile.open(output) as tar:
         names = set(tar.getnames())
         properties = tar.extractfile("serving.properties").read().decode()
-    assert {"model.py", "serving.properties", "code/inference.py", "code/sentiment_predictor.py", "config.json"} <= names
+    expected = {"model.py", "serving.properties", "code/inference.py", "code/sentiment_predictor.py", "config.json"}
+    assert expected <= names
     assert "maxWorkers=3" in properties.splitlines()
 
 
