@@ -47,6 +47,16 @@ from inference_assets.model_names import validate_model_name
 HANDLER_SERVICE = "sagemaker_pytorch_serving_container.handler_service:handle"
 
 
+def _shield_from_sigterm() -> None:
+    """Run in the server's process before exec: ignore SIGTERM (inherited by the JVM, which -Xrs leaves alone).
+
+    The SageMaker toolkit finds "its" TorchServe by scanning every process for the Java main class and, when it is
+    stopped, sends that process SIGTERM: a toolkit server started on the same machine while this one runs adopts
+    this Java process and kills it on exit. This server is stopped with SIGINT / SIGKILL to its process group.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -114,7 +124,8 @@ class LocalModelServer:
                     "install_py_dep_per_model=false",
                     # Worker sockets go to java.io.tmpdir (/tmp by default, whatever TMPDIR says): two servers would
                     # both bind /tmp/.ts.sock.9000.
-                    f"vmargs=-Djava.io.tmpdir={tmp} -Xmx1g",
+                    # -Xrs: the JVM keeps the SIGTERM disposition it inherits (ignored, see _shield_from_sigterm).
+                    f"vmargs=-Djava.io.tmpdir={tmp} -Xmx1g -Xrs",
                 ]
             )
             + "\n"
@@ -138,6 +149,7 @@ class LocalModelServer:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: stopped as a whole, never with `torchserve --stop`
+            preexec_fn=_shield_from_sigterm,
         )  # fmt: skip
         try:
             self._wait_until_ready()
@@ -164,7 +176,7 @@ class LocalModelServer:
         process, self._process = self._process, None
         if process is None:
             return
-        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10)):
+        for sig, wait in ((signal.SIGINT, timeout_s), (signal.SIGKILL, 10)):
             try:
                 os.killpg(process.pid, sig)
             except ProcessLookupError:
