@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import shlex
 import shutil
 import statistics
@@ -130,6 +131,7 @@ def _plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     figure, (tps_axis, latency_axis) = plt.subplots(1, 2, figsize=(11, 4.2))
     bars = tps_axis.bar(patterns, [row["tps"] for row in rows], color=["#4c72b0", "#dd8452", "#55a868"])
     tps_axis.bar_label(bars, labels=[f"{row['tps']:.1f}\n({row['tps_vs_uniform']:.2f}x)" for row in rows])
+    tps_axis.set_ylim(top=max(row["tps"] for row in rows) * 1.3)  # room for the labels
     tps_axis.set_ylabel("requests per second")
     tps_axis.set_title("Throughput (ratio to uniform)")
     width = 0.25
@@ -181,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/mme_load_test.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     mme_locustfile.models, mme_locustfile.name_template = args.models, args.name_template
     target_kind = "sagemaker" if args.endpoint_name else "local"
+    host = f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} before the run"
     rows, probe, endpoint = [], {}, None
     with tempfile.TemporaryDirectory(prefix="mme-load-") as scratch:
         work = args.work_dir or Path(scratch)
@@ -215,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     csv_path = args.output_dir / f"mme_{target_kind}_patterns.csv"
     with csv_path.open("w", newline="") as stream:
-        stream.write(f"# {command}\n")
+        stream.write(f"# {command}\n# host: {host}\n")
         if probe:
             stream.write(f"# sequential probe: cold first invoke {probe['cold_first_invoke_ms']:.0f} ms, "
                          f"warm median {probe['warm_median_ms']:.1f} ms\n")  # fmt: skip
