@@ -8,7 +8,6 @@ artifacts bucket's ``ModelsPrefix`` and invoke them with ``TargetModel=<name>``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import aws_cdk as cdk
@@ -22,6 +21,7 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import region_info
 from constructs import Construct
 
+from inference_assets.endpoint_environment import instance_vcpus
 from inference_assets.model_names import validate_model_name
 from stacks.compliance import acknowledge
 from stacks.foundation import FoundationStack
@@ -33,18 +33,17 @@ MODEL_LOADING_WAIT_MICROSECONDS = 10_000_000  # requests queue > 10 s for a mode
 MODEL_CACHE_HIT_RATIO = 0.5  # fewer than half the requests find their model loaded: instances thrash
 CPU_UTILIZATION_SHARE = 0.8  # of all vCPUs (SageMaker reports CPUUtilization as 100% per vCPU)
 MEMORY_UTILIZATION_PERCENT = 85.0
-_SIZE = re.compile(r"^(?P<count>\d*)xlarge$")
-
-
-def vcpus(instance_type: str) -> int:
-    """vCPUs of a c/m/r-family SageMaker type: large = 2, xlarge = 4, Nxlarge = 4N (ml.c5.18xlarge = 72)."""
-    size = instance_type.split(".")[-1]
-    if size == "large":
-        return 2
-    match = _SIZE.match(size)
-    if not match:
-        raise ValueError(f"cannot tell the vCPUs of {instance_type}")
-    return 4 * int(match["count"] or 1)
+# Many models share the cores: one intra-op thread per worker. DJL then allows a busy model up to #vCPU workers
+# (its maxWorkers default is #CPU / OMP_NUM_THREADS); TorchServe starts one worker per loaded model.
+CONTAINER_ENVIRONMENT = {
+    "djl": {"OMP_NUM_THREADS": "1"},
+    "torchserve": {
+        "SAGEMAKER_MULTI_MODEL": "true",
+        "SAGEMAKER_MODEL_SERVER_WORKERS": "1",
+        "OMP_NUM_THREADS": "1",
+        "SENTIMENT_MAX_REQUEST_BATCH": "32",  # code/inference.py (DJL reads option.max_request_batch instead)
+    },
+}
 
 
 class MultiModelEndpointStack(cdk.Stack):
@@ -107,9 +106,6 @@ class MultiModelEndpointStack(cdk.Stack):
 
     def _model(self) -> sagemaker.CfnModel:
         mme = self.settings.multi_model_endpoint
-        environment = {}
-        if mme.model_server == "torchserve":  # the PyTorch toolkit serves many models only when told so
-            environment["SAGEMAKER_MULTI_MODEL"] = "true"
         model = sagemaker.CfnModel(
             self,
             "Model",
@@ -118,7 +114,7 @@ class MultiModelEndpointStack(cdk.Stack):
                 image=self._image_uri(),
                 mode="MultiModel",
                 model_data_url=self.models_s3_uri,  # a prefix (ends in '/'): TargetModel is the key below it
-                environment=environment or None,
+                environment=CONTAINER_ENVIRONMENT[mme.model_server],
             ),
             # Archives are self-contained (dependencies vendored): the container needs no network of its own;
             # SageMaker still fetches the archives from S3 for it.
@@ -195,7 +191,7 @@ class MultiModelEndpointStack(cdk.Stack):
         if self.settings.alarm_email:
             topic.add_subscription(subscriptions.EmailSubscription(self.settings.alarm_email))
         instance_metrics = "/aws/sagemaker/Endpoints"
-        cpu_threshold = CPU_UTILIZATION_SHARE * 100 * vcpus(self.settings.multi_model_endpoint.instance_type)
+        cpu_threshold = CPU_UTILIZATION_SHARE * 100 * instance_vcpus(self.settings.multi_model_endpoint.instance_type)
         above = cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD
         below = cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD
         definitions = [

@@ -6,6 +6,7 @@ import aws_cdk as cdk
 from constructs import Construct
 
 from stacks.foundation import FoundationStack
+from stacks.graviton_endpoint import GravitonEndpointStack
 from stacks.multi_model_endpoint import MultiModelEndpointStack
 from stacks.settings import EnvironmentSettings
 
@@ -17,7 +18,13 @@ class PlatformStage(cdk.Stage):
         )
         self.settings = settings
         self.foundation = FoundationStack(self, "Foundation", settings=settings)
+        if settings.graviton_endpoint.enabled:
+            self.graviton_endpoint = GravitonEndpointStack(
+                self, "GravitonEndpoint", settings=settings, foundation=self.foundation
+            )
         if settings.multi_model_endpoint.enabled:
-            MultiModelEndpointStack(self, "MultiModelEndpoint", settings=settings, foundation=self.foundation)
+            self.multi_model_endpoint = MultiModelEndpointStack(
+                self, "MultiModelEndpoint", settings=settings, foundation=self.foundation
+            )
         for key, value in settings.resource_tags.items():
             cdk.Tags.of(self).add(key, value)

@@ -12,7 +12,7 @@ from aws_cdk.assertions import Template
 
 from stacks.compliance import acknowledge, add_compliance_gates
 from stacks.foundation import FoundationStack
-from stacks.multi_model_endpoint import MultiModelEndpointStack, vcpus
+from stacks.multi_model_endpoint import MultiModelEndpointStack
 from stacks.settings import SettingsError, parse_environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +86,10 @@ def test_image_is_djl_by_default_and_torchserve_when_chosen(templates):
     assert "763104351884.dkr.ecr.us-west-2." in dev and "/djl-inference:0.36.0-cpu-full" in dev
     staging = _one(templates["staging"], "AWS::SageMaker::Model")["Properties"]["PrimaryContainer"]
     assert "/pytorch-inference:2.6.0-cpu-py312-ubuntu22.04-sagemaker" in json.dumps(staging["Image"])
-    assert staging["Environment"] == {"SAGEMAKER_MULTI_MODEL": "true"}
+    assert staging["Environment"]["SAGEMAKER_MULTI_MODEL"] == "true"  # the toolkit serves many models only when told
+    assert staging["Environment"]["SAGEMAKER_MODEL_SERVER_WORKERS"] == "1"  # per model: many models share the cores
+    dev_environment = _one(templates["dev"], "AWS::SageMaker::Model")["Properties"]["PrimaryContainer"]["Environment"]
+    assert dev_environment == {"OMP_NUM_THREADS": "1"}  # DJL: maxWorkers = #CPU / OMP_NUM_THREADS
 
 
 def test_model_waits_for_the_execution_role(synthesized):
@@ -194,14 +197,3 @@ def test_settings_refuse_bad_allowed_models():
     with pytest.raises(SettingsError, match=r"multi_model_endpoint\.invoke_allowed_models.*model name"):
         parse_environment("dev", raw)
 
-
-@pytest.mark.parametrize(
-    ("instance_type", "expected"), [("ml.c5.large", 2), ("ml.c5.xlarge", 4), ("ml.c5d.18xlarge", 72)]
-)
-def test_vcpus(instance_type, expected):
-    assert vcpus(instance_type) == expected
-
-
-def test_vcpus_refuses_unknown_sizes():
-    with pytest.raises(ValueError, match="vCPUs"):
-        vcpus("ml.c5.metal")

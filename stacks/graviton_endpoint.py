@@ -1,0 +1,283 @@
+"""The real-time sentiment endpoint on Graviton (seed 000): SageMaker model, endpoint config, endpoint, autoscaling
+and alarms.
+
+A new model version is a settings change: upload the archive (``inference_assets/package_model.py --upload``), set
+``graviton_endpoint.model_data_key`` and deploy. CloudFormation then replaces the model and the endpoint config
+(generated names, both immutable) and updates the endpoint in place; ``retain_all_variant_properties`` keeps the
+instance count that autoscaling chose instead of resetting it to ``initial_instance_count``.
+"""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_applicationautoscaling as appscaling
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_sagemaker as sagemaker
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import region_info
+from constructs import Construct
+
+from inference_assets.endpoint_environment import endpoint_environment, instance_vcpus
+from stacks.foundation import DATA_CAPTURE_PREFIX, ENDPOINT_MODELS_PREFIX, FoundationStack
+from stacks.settings import EnvironmentSettings
+
+VARIANT_NAME = "AllTraffic"
+SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
+AUTOSCALING_SERVICE_LINKED_ROLE = (
+    "sagemaker.application-autoscaling.amazonaws.com/AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint"
+)
+ALARM_PERIOD = cdk.Duration.minutes(5)
+# Alarm thresholds: any sustained server error; a p99 far above a RoBERTa-base forward pass on c7g (tens of ms),
+# which means requests queue; CPU near the top while autoscaling is already at its maximum.
+FIVE_XX_PER_PERIOD = 5
+MODEL_LATENCY_P99_MICROSECONDS = 1_000_000
+CPU_UTILIZATION_PERCENT = 80
+
+
+def dlc_image_uri(scope: Construct, repository: str, tag: str) -> str:
+    """A Deep Learning Container image in the stack's region: the DLC account differs per region (CDK's regional
+    fact), and China regions use the amazonaws.com.cn domain."""
+    stack = cdk.Stack.of(scope)
+    account = stack.regional_fact(region_info.FactName.DLC_REPOSITORY_ACCOUNT)
+    domain = stack.regional_fact(region_info.FactName.DOMAIN_SUFFIX)
+    return f"{account}.dkr.ecr.{stack.region}.{domain}/{repository}:{tag}"
+
+
+class GravitonEndpointStack(cdk.Stack):
+    """One SageMaker real-time endpoint serving the sentiment model with the PyTorch inference DLC on Graviton."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: EnvironmentSettings,
+        foundation: FoundationStack,
+        **kwargs,
+    ) -> None:
+        super().__init__(
+            scope,
+            construct_id,
+            description=f"PyTorch platform Graviton endpoint ({settings.name}): model, endpoint, autoscaling, alarms",
+            termination_protection=not settings.destroy_on_delete,
+            **kwargs,
+        )
+        self.settings = settings
+        self.foundation = foundation
+        endpoint_settings = settings.graviton_endpoint
+        if not endpoint_settings.model_data_key.startswith(ENDPOINT_MODELS_PREFIX):
+            raise ValueError(
+                f"environments.{settings.name}.graviton_endpoint.model_data_key: must start with "
+                f"{ENDPOINT_MODELS_PREFIX!r}, the prefix the endpoint execution role may read."
+            )
+        if endpoint_settings.server_batch_size > 1:
+            cdk.Annotations.of(self).add_warning_v2(
+                "graviton-endpoint:server-batching",
+                "server_batch_size > 1: the SageMaker PyTorch toolkit runs the requests of a TorchServe batch one by "
+                "one and answers every request of the batch with the error of any one of them. Keep 1 unless measured.",
+            )
+
+        self.model = self._model()
+        self.endpoint_config = self._endpoint_config()
+        self.endpoint = sagemaker.CfnEndpoint(
+            self,
+            "Endpoint",
+            endpoint_config_name=self.endpoint_config.attr_endpoint_config_name,
+            # A config update (new model version) keeps the instance count autoscaling set; data capture is
+            # excluded so that changes to its setting take effect.
+            retain_all_variant_properties=True,
+            exclude_retained_variant_properties=[
+                sagemaker.CfnEndpoint.VariantPropertyProperty(variant_property_type="DataCaptureConfig")
+            ],
+        )
+        self.endpoint_name = self.endpoint.attr_endpoint_name
+        # Ref of AWS::SageMaker::Endpoint is its ARN.
+        self.endpoint_arn = self.endpoint.ref
+        self.scalable_target = self._autoscaling()
+        self.alarm_topic, self.alarms = self._alarms()
+
+        cdk.CfnOutput(self, "EndpointName", value=self.endpoint_name, description="Name for invoke_endpoint")
+        cdk.CfnOutput(self, "EndpointArn", value=self.endpoint_arn, description="ARN for IAM policies")
+        cdk.CfnOutput(
+            self, "ModelDataKey", value=settings.graviton_endpoint.model_data_key, description="Archive being served"
+        )
+        cdk.CfnOutput(self, "AlarmTopicArn", value=self.alarm_topic.topic_arn, description="Endpoint alarms")
+
+    @property
+    def _model_data_url(self) -> str:
+        return self.foundation.artifacts_bucket.s3_url_for_object(self.settings.graviton_endpoint.model_data_key)
+
+    @property
+    def _vcpus(self) -> int:
+        return instance_vcpus(self.settings.graviton_endpoint.instance_type)
+
+    def _model(self) -> sagemaker.CfnModel:
+        endpoint_settings = self.settings.graviton_endpoint
+        vendored = endpoint_settings.dependencies == "vendored"
+        environment = endpoint_environment(
+            vcpus=self._vcpus,
+            workers=endpoint_settings.workers_per_model,
+            batch_size=endpoint_settings.server_batch_size,
+            max_batch_delay_ms=endpoint_settings.server_max_batch_delay_ms,
+            max_request_batch=endpoint_settings.max_request_batch,
+        )
+        subnets = [subnet.subnet_id for subnet in self.foundation.private_subnets.subnets]
+        model = sagemaker.CfnModel(
+            self,
+            "Model",
+            execution_role_arn=self.foundation.endpoint_role.role_arn,
+            primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
+                image=dlc_image_uri(self, endpoint_settings.image_repository, endpoint_settings.image_tag),
+                model_data_url=self._model_data_url,
+                mode="SingleModel",
+                environment=environment,
+            ),
+            # With vendored dependencies the container needs no network at all: isolate it. Installing
+            # code/requirements.txt at start-up needs egress (the private subnets' NAT) instead.
+            enable_network_isolation=vendored,
+            vpc_config=sagemaker.CfnModel.VpcConfigProperty(
+                security_group_ids=[self.foundation.workload_security_group.security_group_id], subnets=subnets
+            ),
+        )
+        # SageMaker checks the role's permissions (S3 read, image pull, KMS) when it creates the model. The role
+        # and its managed policy live in the foundation stack: this makes the whole foundation, policy included,
+        # deploy first.
+        model.node.add_dependency(self.foundation.endpoint_role)
+        return model
+
+    def _endpoint_config(self) -> sagemaker.CfnEndpointConfig:
+        endpoint_settings = self.settings.graviton_endpoint
+        capture = endpoint_settings.data_capture
+        key_arn = self.foundation.key.key_arn
+        data_capture = None
+        if capture.enabled:
+            data_capture = sagemaker.CfnEndpointConfig.DataCaptureConfigProperty(
+                enable_capture=True,
+                initial_sampling_percentage=capture.sampling_percentage,
+                destination_s3_uri=self.foundation.artifacts_bucket.s3_url_for_object(
+                    f"{DATA_CAPTURE_PREFIX}graviton-endpoint"
+                ),
+                kms_key_id=key_arn,
+                capture_options=[
+                    sagemaker.CfnEndpointConfig.CaptureOptionProperty(capture_mode=mode) for mode in ("Input", "Output")
+                ],
+                # Store JSON and text payloads as text (readable by Model Monitor), not base64.
+                capture_content_type_header=sagemaker.CfnEndpointConfig.CaptureContentTypeHeaderProperty(
+                    json_content_types=["application/json"], csv_content_types=["text/plain"]
+                ),
+            )
+        return sagemaker.CfnEndpointConfig(
+            self,
+            "EndpointConfig",
+            kms_key_id=key_arn,
+            production_variants=[
+                sagemaker.CfnEndpointConfig.ProductionVariantProperty(
+                    variant_name=VARIANT_NAME,
+                    model_name=self.model.attr_model_name,
+                    instance_type=endpoint_settings.instance_type,
+                    initial_instance_count=endpoint_settings.initial_instance_count,
+                    initial_variant_weight=1.0,
+                )
+            ],
+            data_capture_config=data_capture,
+        )
+
+    def _autoscaling(self) -> appscaling.ScalableTarget:
+        scaling = self.settings.graviton_endpoint.autoscaling
+        # The resource id reads the endpoint's name attribute (Fn::GetAtt), so CloudFormation registers the target
+        # only after the endpoint exists; a name typed as a string would not order them.
+        target = appscaling.ScalableTarget(
+            self,
+            "ScalableTarget",
+            service_namespace=appscaling.ServiceNamespace.SAGEMAKER,
+            resource_id=f"endpoint/{self.endpoint_name}/variant/{VARIANT_NAME}",
+            scalable_dimension=SCALABLE_DIMENSION,
+            min_capacity=scaling.min_capacity,
+            max_capacity=scaling.max_capacity,
+            role=iam.Role.from_role_arn(
+                self,
+                "AutoScalingServiceLinkedRole",
+                f"arn:{self.partition}:iam::{self.account}:role/aws-service-role/{AUTOSCALING_SERVICE_LINKED_ROLE}",
+                mutable=False,
+            ),
+        )
+        # Application Auto Scaling acts for SageMaker through its service-linked role, which it creates on first use
+        # when RoleARN is left out; the ARN above only stops CDK from creating an unused role of its own.
+        target.node.default_child.add_property_deletion_override("RoleARN")
+        # One target-tracking policy per metric: keep this construct id stable (a renamed policy fails on update).
+        target.scale_to_track_metric(
+            "InvocationsPerInstance",
+            predefined_metric=appscaling.PredefinedMetric.SAGEMAKER_VARIANT_INVOCATIONS_PER_INSTANCE,
+            target_value=scaling.target_invocations_per_instance,
+            scale_in_cooldown=cdk.Duration.seconds(scaling.scale_in_cooldown_seconds),
+            scale_out_cooldown=cdk.Duration.seconds(scaling.scale_out_cooldown_seconds),
+        )
+        return target
+
+    def _metric(self, namespace: str, name: str, statistic: str) -> cloudwatch.Metric:
+        return cloudwatch.Metric(
+            namespace=namespace,
+            metric_name=name,
+            dimensions_map={"EndpointName": self.endpoint_name, "VariantName": VARIANT_NAME},
+            statistic=statistic,
+            period=ALARM_PERIOD,
+        )
+
+    def _alarms(self) -> tuple[sns.Topic, list[cloudwatch.Alarm]]:
+        topic = sns.Topic(
+            self,
+            "AlarmTopic",
+            display_name=f"Sentiment endpoint alarms ({self.settings.name})",
+            master_key=self.foundation.key,
+            enforce_ssl=True,
+        )
+        if self.settings.alarm_email:
+            topic.add_subscription(subscriptions.EmailSubscription(self.settings.alarm_email))
+        missing = cloudwatch.TreatMissingData.NOT_BREACHING
+        alarms = [
+            cloudwatch.Alarm(
+                self,
+                "Invocation5xxAlarm",
+                alarm_description="The model container answers server errors (5xx)",
+                metric=self._metric("AWS/SageMaker", "Invocation5XXErrors", "Sum"),
+                threshold=FIVE_XX_PER_PERIOD,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                evaluation_periods=1,
+                treat_missing_data=missing,
+            ),
+            cloudwatch.Alarm(
+                self,
+                "ModelLatencyAlarm",
+                alarm_description="p99 model latency above 1 s for 15 minutes: requests are queueing",
+                metric=self._metric("AWS/SageMaker", "ModelLatency", "p99"),
+                threshold=MODEL_LATENCY_P99_MICROSECONDS,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                evaluation_periods=3,
+                treat_missing_data=missing,
+            ),
+            cloudwatch.Alarm(
+                self,
+                "CpuUtilizationAlarm",
+                alarm_description=f"CPU above {CPU_UTILIZATION_PERCENT}% of all cores for 15 minutes",
+                # SageMaker reports CPU as the sum over vCPUs (100 per vCPU).
+                metric=self._metric("/aws/sagemaker/Endpoints", "CPUUtilization", "Average"),
+                threshold=CPU_UTILIZATION_PERCENT * self._vcpus,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                evaluation_periods=3,
+                treat_missing_data=missing,
+            ),
+        ]
+        action = cloudwatch_actions.SnsAction(topic)
+        for alarm in alarms:
+            alarm.add_alarm_action(action)
+            alarm.add_ok_action(action)
+        return topic, alarms
+
+    def grant_invoke(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let ``grantee`` call InvokeEndpoint on this endpoint (and nothing else)."""
+        return iam.Grant.add_to_principal(
+            grantee=grantee, actions=["sagemaker:InvokeEndpoint"], resource_arns=[self.endpoint_arn]
+        )

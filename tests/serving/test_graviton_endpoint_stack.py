@@ -1,0 +1,308 @@
+"""The Graviton endpoint stack of every environment, from the session's synthesized app, plus variants of the
+settings (alarm e-mail, start-up installs, another region) built in one extra app for this module."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_iam as iam
+from aws_cdk.assertions import Annotations, Match, Template
+
+from inference_assets.endpoint_environment import instance_vcpus
+from stacks.foundation import FoundationStack
+from stacks.graviton_endpoint import GravitonEndpointStack, dlc_image_uri
+from stacks.settings import parse_environment
+from tests.conftest import cdk_context
+
+ROOT = Path(__file__).resolve().parents[2]
+ENVIRONMENTS = ["dev", "staging", "prod"]
+SETTINGS = {
+    name: parse_environment(name, raw)
+    for name, raw in json.loads((ROOT / "cdk.json").read_text())["context"]["environments"].items()
+}
+
+
+def resources(template: dict, resource_type: str) -> dict[str, dict]:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == resource_type}
+
+
+def only(template: dict, resource_type: str) -> dict:
+    (resource,) = resources(template, resource_type).values()
+    return resource["Properties"]
+
+
+def imports(value: object, fragment: str) -> bool:
+    """Whether ``value`` is an Fn::ImportValue of the foundation export whose name contains ``fragment``."""
+    return isinstance(value, dict) and fragment in value.get("Fn::ImportValue", "")
+
+
+@pytest.fixture(scope="module", params=ENVIRONMENTS)
+def env(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def endpoint_template(templates, env: str) -> dict:
+    return templates[env]["GravitonEndpoint"]
+
+
+def test_model_runs_the_configured_graviton_dlc_from_the_regional_account(endpoint_template: dict, env: str) -> None:
+    settings = SETTINGS[env].graviton_endpoint
+    container = only(endpoint_template, "AWS::SageMaker::Model")["PrimaryContainer"]
+    assert container["Image"] == (
+        f"763104351884.dkr.ecr.us-west-2.amazonaws.com/{settings.image_repository}:{settings.image_tag}"
+    )
+    assert settings.image_repository == "pytorch-inference-arm64"
+    assert container["Mode"] == "SingleModel"
+    url = container["ModelDataUrl"]["Fn::Join"][1]
+    assert url[0] == "s3://" and imports(url[1], "Artifacts") and url[2] == f"/{settings.model_data_key}"
+
+
+def test_model_uses_the_foundation_role_in_the_private_subnets_network_isolated(endpoint_template: dict) -> None:
+    model = only(endpoint_template, "AWS::SageMaker::Model")
+    assert imports(model["ExecutionRoleArn"], "EndpointExecutionRole")
+    assert model["EnableNetworkIsolation"] is True, "vendored dependencies need no network"
+    assert all(imports(subnet, "PrivateSubnet") for subnet in model["VpcConfig"]["Subnets"])
+    (group,) = model["VpcConfig"]["SecurityGroupIds"]
+    assert imports(group, "WorkloadSecurityGroup")
+
+
+def test_torchserve_workers_and_threads_fill_the_instance_without_oversubscribing(
+    endpoint_template: dict, env: str
+) -> None:
+    settings = SETTINGS[env].graviton_endpoint
+    environment = only(endpoint_template, "AWS::SageMaker::Model")["PrimaryContainer"]["Environment"]
+    workers = int(environment["SAGEMAKER_MODEL_SERVER_WORKERS"])
+    # Any SAGEMAKER_TS_* variable makes the toolkit pin min/max workers per model: they must agree.
+    assert environment["SAGEMAKER_TS_MIN_WORKERS"] == environment["SAGEMAKER_TS_MAX_WORKERS"] == str(workers)
+    assert workers * int(environment["OMP_NUM_THREADS"]) == instance_vcpus(settings.instance_type)
+    assert environment["SAGEMAKER_TS_BATCH_SIZE"] == str(settings.server_batch_size)
+    assert environment["SAGEMAKER_TS_MAX_BATCH_DELAY"] == str(settings.server_max_batch_delay_ms)
+    assert environment["SENTIMENT_MAX_REQUEST_BATCH"] == str(settings.max_request_batch)
+
+
+def test_endpoint_config_is_encrypted_with_the_platform_key(endpoint_template: dict, env: str) -> None:
+    settings = SETTINGS[env].graviton_endpoint
+    config = only(endpoint_template, "AWS::SageMaker::EndpointConfig")
+    assert imports(config["KmsKeyId"], "PlatformKey")
+    assert "EndpointConfigName" not in config, "endpoint configs are immutable: let CloudFormation name them"
+    (variant,) = config["ProductionVariants"]
+    assert variant["InstanceType"] == settings.instance_type
+    assert variant["InitialInstanceCount"] == settings.initial_instance_count
+    assert variant["ModelName"] == {"Fn::GetAtt": ["Model", "ModelName"]}
+
+
+def test_data_capture_follows_the_setting_and_is_encrypted(endpoint_template: dict, env: str) -> None:
+    capture_settings = SETTINGS[env].graviton_endpoint.data_capture
+    capture = only(endpoint_template, "AWS::SageMaker::EndpointConfig").get("DataCaptureConfig")
+    if not capture_settings.enabled:
+        assert capture is None
+        return
+    assert capture["EnableCapture"] is True
+    assert capture["InitialSamplingPercentage"] == capture_settings.sampling_percentage
+    assert imports(capture["KmsKeyId"], "PlatformKey")
+    destination = capture["DestinationS3Uri"]["Fn::Join"][1]
+    assert imports(destination[1], "Artifacts") and destination[2].startswith("/data-capture/")
+    assert {option["CaptureMode"] for option in capture["CaptureOptions"]} == {"Input", "Output"}
+
+
+def test_endpoint_updates_in_place_keeping_the_scaled_instance_count(endpoint_template: dict) -> None:
+    endpoint = only(endpoint_template, "AWS::SageMaker::Endpoint")
+    assert "EndpointName" not in endpoint
+    assert endpoint["EndpointConfigName"] == {"Fn::GetAtt": ["EndpointConfig", "EndpointConfigName"]}
+    assert endpoint["RetainAllVariantProperties"] is True
+    assert endpoint["ExcludeRetainedVariantProperties"] == [{"VariantPropertyType": "DataCaptureConfig"}]
+
+
+def test_scalable_target_names_the_variant_of_this_endpoint_and_comes_after_it(
+    endpoint_template: dict, env: str
+) -> None:
+    scaling = SETTINGS[env].graviton_endpoint.autoscaling
+    target = only(endpoint_template, "AWS::ApplicationAutoScaling::ScalableTarget")
+    assert target["ServiceNamespace"] == "sagemaker"
+    assert target["ScalableDimension"] == "sagemaker:variant:DesiredInstanceCount"
+    # Fn::GetAtt on the endpoint both builds the id and orders the target after the endpoint.
+    assert target["ResourceId"] == {
+        "Fn::Join": ["", ["endpoint/", {"Fn::GetAtt": ["Endpoint", "EndpointName"]}, "/variant/AllTraffic"]]
+    }
+    assert (target["MinCapacity"], target["MaxCapacity"]) == (scaling.min_capacity, scaling.max_capacity)
+    assert "RoleARN" not in target, "Application Auto Scaling uses its service-linked role"
+    assert not resources(endpoint_template, "AWS::IAM::Role")
+
+
+def test_target_tracking_on_invocations_per_instance(endpoint_template: dict, env: str) -> None:
+    scaling = SETTINGS[env].graviton_endpoint.autoscaling
+    (target_id,) = resources(endpoint_template, "AWS::ApplicationAutoScaling::ScalableTarget")
+    policy = only(endpoint_template, "AWS::ApplicationAutoScaling::ScalingPolicy")
+    assert policy["ScalingTargetId"] == {"Ref": target_id}
+    assert policy["PolicyType"] == "TargetTrackingScaling"
+    assert policy["TargetTrackingScalingPolicyConfiguration"] == {
+        "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
+        "TargetValue": scaling.target_invocations_per_instance,
+        "ScaleInCooldown": scaling.scale_in_cooldown_seconds,
+        "ScaleOutCooldown": scaling.scale_out_cooldown_seconds,
+    }
+
+
+def test_alarms_watch_5xx_latency_and_cpu_of_this_variant_and_notify_the_encrypted_topic(
+    endpoint_template: dict, env: str
+) -> None:
+    topic = only(endpoint_template, "AWS::SNS::Topic")
+    assert imports(topic["KmsMasterKeyId"], "PlatformKey")
+    (topic_id,) = resources(endpoint_template, "AWS::SNS::Topic")
+    alarms = {
+        a["Properties"]["MetricName"]: a["Properties"]
+        for a in resources(endpoint_template, "AWS::CloudWatch::Alarm").values()
+    }
+    assert set(alarms) == {"Invocation5XXErrors", "ModelLatency", "CPUUtilization"}
+    for alarm in alarms.values():
+        assert {d["Name"]: d["Value"] for d in alarm["Dimensions"]} == {
+            "EndpointName": {"Fn::GetAtt": ["Endpoint", "EndpointName"]},
+            "VariantName": "AllTraffic",
+        }
+        assert alarm["AlarmActions"] == [{"Ref": topic_id}] == alarm["OKActions"]
+    assert alarms["Invocation5XXErrors"]["Namespace"] == "AWS/SageMaker"
+    assert alarms["ModelLatency"]["ExtendedStatistic"] == "p99"
+    assert alarms["CPUUtilization"]["Namespace"] == "/aws/sagemaker/Endpoints"
+    assert alarms["CPUUtilization"]["Threshold"] == 80 * instance_vcpus(SETTINGS[env].graviton_endpoint.instance_type)
+    assert not resources(endpoint_template, "AWS::SNS::Subscription"), "no alarm_email in cdk.json"
+
+
+def test_outputs_name_the_endpoint(endpoint_template: dict) -> None:
+    outputs = endpoint_template["Outputs"]
+    assert outputs["EndpointName"]["Value"] == {"Fn::GetAtt": ["Endpoint", "EndpointName"]}
+    assert outputs["EndpointArn"]["Value"] == {"Ref": "Endpoint"}
+
+
+def test_the_execution_role_may_read_the_archive_and_pull_the_image(templates, env: str) -> None:
+    """Role scope: the foundation's endpoint role reads exactly the model prefixes and pulls the DLC repositories."""
+    settings = SETTINGS[env]
+    foundation = templates[env]["Foundation"]
+    (role_id,) = [k for k in resources(foundation, "AWS::IAM::Role") if k.startswith("EndpointExecutionRole")]
+    statements = [
+        statement
+        for policy in resources(foundation, "AWS::IAM::ManagedPolicy").values()
+        if {"Ref": role_id} in policy["Properties"].get("Roles", [])
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    assert statements
+    for statement in statements:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        assert all("*" not in action for action in actions), statement
+    read = next(s for s in statements if s.get("Sid") == "ReadModelArchives")
+    read_prefixes = [
+        r["Fn::Join"][1][-1] for r in (read["Resource"] if isinstance(read["Resource"], list) else [read["Resource"]])
+    ]
+    assert any(f"/{settings.graviton_endpoint.model_data_key}".startswith(p.rstrip("*")) for p in read_prefixes)
+    assert all(p.endswith("/*") and p.count("/") >= 2 for p in read_prefixes), "reads only below model prefixes"
+    pull = next(s for s in statements if s.get("Sid") == "PullDeepLearningContainers")
+    assert any(
+        json.dumps(r).endswith(f'repository/{settings.graviton_endpoint.image_repository}"') for r in pull["Resource"]
+    )
+
+
+def test_the_endpoint_stack_deploys_after_the_foundation(cloud_assembly) -> None:
+    for stage in cloud_assembly.nested_assemblies:
+        stacks = {stack.hierarchical_id.split("/")[-1]: stack for stack in stage.nested_assembly.stacks}
+        assert stacks["Foundation"].id in [dependency.id for dependency in stacks["GravitonEndpoint"].dependencies]
+
+
+# --- settings variants: one extra app, synthesized once for the module -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def variant() -> tuple[GravitonEndpointStack, Template]:
+    raw = json.loads((ROOT / "cdk.json").read_text())["context"]["environments"]["dev"]
+    settings = parse_environment(
+        "dev",
+        {
+            **raw,
+            "alarm_email": "ml-oncall@example.com",
+            "graviton_endpoint": {
+                **raw["graviton_endpoint"],
+                "dependencies": "install_at_startup",
+                "server_batch_size": 4,
+                "workers_per_model": 2,
+                "instance_type": "ml.c7g.4xlarge",
+            },
+        },
+    )
+    app = cdk.App(context=cdk_context())
+    stage = cdk.Stage(app, "variant", env=cdk.Environment(region="us-west-2"))
+    foundation = FoundationStack(stage, "Foundation", settings=settings)
+    stack = GravitonEndpointStack(stage, "GravitonEndpoint", settings=settings, foundation=foundation)
+    consumer = iam.Role(stack, "Consumer", assumed_by=iam.AccountRootPrincipal())
+    stack.grant_invoke(consumer)
+    return stack, Template.from_stack(stack)
+
+
+def test_alarm_email_subscribes_to_the_topic(variant) -> None:
+    _, template = variant
+    template.has_resource_properties(
+        "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "ml-oncall@example.com"}
+    )
+
+
+def test_installing_at_startup_leaves_the_network_open_for_pip(variant) -> None:
+    _, template = variant
+    template.has_resource_properties("AWS::SageMaker::Model", {"EnableNetworkIsolation": False})
+
+
+def test_explicit_workers_split_the_cores(variant) -> None:
+    _, template = variant
+    template.has_resource_properties(
+        "AWS::SageMaker::Model",
+        {
+            "PrimaryContainer": Match.object_like(
+                {"Environment": Match.object_like({"SAGEMAKER_MODEL_SERVER_WORKERS": "2", "OMP_NUM_THREADS": "8"})}
+            )
+        },
+    )
+
+
+def test_server_batching_warns_about_the_toolkit(variant) -> None:
+    stack, _ = variant
+    Annotations.from_stack(stack).has_warning("*", Match.string_like_regexp("runs the requests of a TorchServe batch"))
+
+
+def test_grant_invoke_allows_only_invoke_endpoint_on_this_endpoint(variant) -> None:
+    _, template = variant
+    template.has_resource_properties(
+        "AWS::IAM::Policy",
+        {
+            "PolicyDocument": {
+                "Statement": [
+                    {"Action": "sagemaker:InvokeEndpoint", "Effect": "Allow", "Resource": {"Ref": "Endpoint"}}
+                ],
+                "Version": "2012-10-17",
+            }
+        },
+    )
+
+
+def test_model_data_outside_the_endpoint_prefix_is_refused() -> None:
+    raw = json.loads((ROOT / "cdk.json").read_text())["context"]["environments"]["dev"]
+    settings = parse_environment(
+        "dev", {**raw, "graviton_endpoint": {**raw["graviton_endpoint"], "model_data_key": "models/m.tar.gz"}}
+    )
+    stage = cdk.Stage(cdk.App(context=cdk_context()), "refused", env=cdk.Environment(region="us-west-2"))
+    foundation = FoundationStack(stage, "Foundation", settings=settings)
+    with pytest.raises(ValueError, match=r"graviton_endpoint\.model_data_key: must start with 'endpoints/'"):
+        GravitonEndpointStack(stage, "GravitonEndpoint", settings=settings, foundation=foundation)
+
+
+@pytest.mark.parametrize(
+    ("region", "registry"),
+    [
+        ("us-west-2", "763104351884.dkr.ecr.us-west-2.amazonaws.com"),
+        ("ap-east-1", "871362719292.dkr.ecr.ap-east-1.amazonaws.com"),
+        ("cn-north-1", "727897471807.dkr.ecr.cn-north-1.amazonaws.com.cn"),
+    ],
+)
+def test_image_uri_uses_the_regional_dlc_account_and_domain(region: str, registry: str) -> None:
+    stack = cdk.Stack(cdk.App(), "Images", env=cdk.Environment(region=region))
+    uri = stack.resolve(dlc_image_uri(stack, "pytorch-inference-arm64", "2.6.0-cpu-py312-ubuntu22.04-sagemaker"))
+    assert uri == f"{registry}/pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"
