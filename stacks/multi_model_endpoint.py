@@ -25,6 +25,7 @@ from inference_assets.endpoint_environment import instance_vcpus
 from inference_assets.model_names import validate_model_name
 from stacks.compliance import acknowledge
 from stacks.foundation import FoundationStack
+from stacks.graviton_endpoint import AUTOSCALING_SERVICE_LINKED_ROLE, SCALABLE_DIMENSION
 from stacks.settings import EnvironmentSettings
 
 VARIANT_NAME = "AllTraffic"
@@ -164,10 +165,19 @@ class MultiModelEndpointStack(cdk.Stack):
             service_namespace=appscaling.ServiceNamespace.SAGEMAKER,
             # Built from the endpoint's attribute, so CloudFormation registers the variant only after it exists.
             resource_id=f"endpoint/{self.endpoint_name}/variant/{VARIANT_NAME}",
-            scalable_dimension="sagemaker:variant:DesiredInstanceCount",
+            scalable_dimension=SCALABLE_DIMENSION,
             min_capacity=scaling.min_capacity,
             max_capacity=scaling.max_capacity,
+            role=iam.Role.from_role_arn(
+                self,
+                "AutoScalingServiceLinkedRole",
+                f"arn:{self.partition}:iam::{self.account}:role/aws-service-role/{AUTOSCALING_SERVICE_LINKED_ROLE}",
+                mutable=False,
+            ),
         )
+        # Application Auto Scaling acts through its SageMaker service-linked role (created on first use) when RoleARN
+        # is left out; the imported ARN above only stops CDK from creating a role of its own, without permissions.
+        target.node.default_child.add_property_deletion_override("RoleARN")
         target.scale_to_track_metric(
             "InvocationsPerInstance",
             predefined_metric=appscaling.PredefinedMetric.SAGEMAKER_VARIANT_INVOCATIONS_PER_INSTANCE,

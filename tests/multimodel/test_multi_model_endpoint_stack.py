@@ -124,6 +124,8 @@ def test_scalable_target_follows_the_endpoint_and_tracks_invocations(templates):
     }  # the GetAtt orders the target after the endpoint
     assert (target["MinCapacity"], target["MaxCapacity"]) == (4, 20)
     assert target["ScalableDimension"] == "sagemaker:variant:DesiredInstanceCount"
+    assert "RoleARN" not in target  # the service-linked role, not a role without permissions
+    template.resource_count_is("AWS::IAM::Role", 0)
     policy = _one(template, "AWS::ApplicationAutoScaling::ScalingPolicy")["Properties"]
     tracking = policy["TargetTrackingScalingPolicyConfiguration"]
     assert tracking["PredefinedMetricSpecification"] == {
