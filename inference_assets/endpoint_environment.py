@@ -7,6 +7,10 @@ The SageMaker PyTorch toolkit reads these variables when the container starts:
   ``SAGEMAKER_TS_*`` variable makes the toolkit write a per-model entry whose min/max workers default to 1, which
   would override the worker count above, so ``SAGEMAKER_TS_MIN_WORKERS``/``MAX_WORKERS`` are always set with it.
 - ``OMP_NUM_THREADS``: intra-op threads per worker, so workers x threads = the instance's vCPUs (no oversubscription).
+- ``OMP_WAIT_POLICY=PASSIVE``: idle OpenMP threads sleep instead of spinning. With every core given to the workers'
+  threads, spinning starves TorchServe's Java frontend and the other workers: measured locally on RoBERTa-base
+  (benchmarks/results/serving_latency.md), p50 at one request in flight went from ~1 s spinning to ~80 ms passive,
+  against ~56 ms for the bare forward pass.
 - ``SENTIMENT_MAX_REQUEST_BATCH``: the most texts one request may carry (``code/inference.py`` answers 413 above).
 """
 
@@ -51,5 +55,6 @@ def endpoint_environment(
         "SAGEMAKER_TS_BATCH_SIZE": str(batch_size),
         "SAGEMAKER_TS_MAX_BATCH_DELAY": str(max_batch_delay_ms),
         "OMP_NUM_THREADS": str(max(1, vcpus // workers)),
+        "OMP_WAIT_POLICY": "PASSIVE",
         "SENTIMENT_MAX_REQUEST_BATCH": str(max_request_batch),
     }

@@ -14,8 +14,10 @@ a private work directory and the toolkit is pointed at it with its own variables
 - The toolkit pip-installs ``code/requirements.txt`` at start-up, as in the container; ``PIP_NO_INDEX`` makes that
   a check against the installed packages (the pins equal requirements-dev.txt) that never changes this venv.
 - The toolkit's supervisor insists on being the only TorchServe on the host; if another one runs, it gives up after
-  10 s while its TorchServe keeps serving. Health is therefore judged by ``/ping``, and the whole process group is
-  stopped at the end (never a bare ``torchserve --stop``, which stops whatever the global pid file names).
+  10 s while its TorchServe keeps serving, or it adopts the other server's TorchServe if that one was up first. So
+  health is judged by ``/ping`` and the worker status, the supervisor is killed without running its SIGTERM handler
+  (which would stop the TorchServe it adopted), and then the whole process group is stopped (never a bare
+  ``torchserve --stop``, which stops whatever the global pid file names).
 
     python inference_assets/local_server.py --model model.tar.gz   # serves until Ctrl-C, prints the URL
 """
@@ -35,6 +37,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
@@ -71,6 +74,7 @@ class LocalToolkitServer:
         max_batch_delay_ms: int = 100,
         max_request_batch: int = 32,
         vcpus: int | None = None,
+        environment_overrides: Mapping[str, str | None] | None = None,
         startup_timeout_s: float = 240.0,
     ) -> None:
         self.model = Path(model)
@@ -81,6 +85,10 @@ class LocalToolkitServer:
             max_batch_delay_ms=max_batch_delay_ms,
             max_request_batch=max_request_batch,
         )
+        # Experiments only (e.g. the benchmark's OMP_WAIT_POLICY comparison); None removes a variable.
+        overrides = dict(environment_overrides or {})
+        self.environment.update({name: value for name, value in overrides.items() if value is not None})
+        self._unset = [name for name, value in overrides.items() if value is None]
         self.startup_timeout_s = startup_timeout_s
         self.port = 0
         self.management_port = 0
@@ -133,6 +141,8 @@ class LocalToolkitServer:
             "PIP_NO_INDEX": "1",
         }
         environment.pop("PYTHONPATH", None)  # the toolkit sets it to the model's code dir, as in the container
+        for name in self._unset:
+            environment.pop(name, None)
         with open(_CONFIG_LOCK, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             with open(self.log_path, "wb") as log:
@@ -188,10 +198,12 @@ class LocalToolkitServer:
 
     def stop(self) -> None:
         if self._process is not None:
-            try:
-                group = os.getpgid(self._process.pid)
-            except ProcessLookupError:
-                group = self._process.pid  # the supervisor exited; its group (same id) may still hold TorchServe
+            group = self._process.pid  # start_new_session: the group id is the supervisor's pid
+            # The toolkit's supervisor looks for "the" TorchServe host-wide and, on SIGTERM, kills what it found,
+            # which can be another server's TorchServe. Kill it outright first, then stop our own group gracefully.
+            if self._process.poll() is None:
+                self._process.kill()
+            self._process.wait(timeout=10)  # reaped, so that the group check below sees only what is left
             for sig, grace_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
                 try:
                     os.killpg(group, sig)
@@ -202,7 +214,6 @@ class LocalToolkitServer:
                     time.sleep(0.2)
                 if not _group_alive(group):
                     break
-            self._process.wait(timeout=5)
             self._process = None
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)

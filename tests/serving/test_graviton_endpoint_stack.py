@@ -79,6 +79,7 @@ def test_torchserve_workers_and_threads_fill_the_instance_without_oversubscribin
     # Any SAGEMAKER_TS_* variable makes the toolkit pin min/max workers per model: they must agree.
     assert environment["SAGEMAKER_TS_MIN_WORKERS"] == environment["SAGEMAKER_TS_MAX_WORKERS"] == str(workers)
     assert workers * int(environment["OMP_NUM_THREADS"]) == instance_vcpus(settings.instance_type)
+    assert environment["OMP_WAIT_POLICY"] == "PASSIVE", "spinning OpenMP threads starve the TorchServe frontend"
     assert environment["SAGEMAKER_TS_BATCH_SIZE"] == str(settings.server_batch_size)
     assert environment["SAGEMAKER_TS_MAX_BATCH_DELAY"] == str(settings.server_max_batch_delay_ms)
     assert environment["SENTIMENT_MAX_REQUEST_BATCH"] == str(settings.max_request_batch)
