@@ -7,6 +7,7 @@ from constructs import Construct
 
 from stacks.foundation import FoundationStack
 from stacks.graviton_endpoint import GravitonEndpointStack
+from stacks.multi_model_endpoint import MultiModelEndpointStack
 from stacks.settings import EnvironmentSettings
 
 
@@ -20,6 +21,10 @@ class PlatformStage(cdk.Stage):
         if settings.graviton_endpoint.enabled:
             self.graviton_endpoint = GravitonEndpointStack(
                 self, "GravitonEndpoint", settings=settings, foundation=self.foundation
+            )
+        if settings.multi_model_endpoint.enabled:
+            self.multi_model_endpoint = MultiModelEndpointStack(
+                self, "MultiModelEndpoint", settings=settings, foundation=self.foundation
             )
         for key, value in settings.resource_tags.items():
             cdk.Tags.of(self).add(key, value)

@@ -246,6 +246,13 @@ class MultiModelEndpointSettings(_Settings):
     def _prefix(cls, value: str) -> str:
         return _s3_key(value, prefix=True)
 
+    @field_validator("invoke_allowed_models")
+    @classmethod
+    def _model_names(cls, value: list[str]) -> list[str]:
+        from inference_assets.model_names import validate_model_name
+
+        return [validate_model_name(name) for name in value]
+
     @property
     def has_local_nvme(self) -> bool:
         """Types with instance-store NVMe (c5d, m5d, g5, ...) refuse an endpoint-config KMS key."""

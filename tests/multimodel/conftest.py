@@ -1,0 +1,39 @@
+"""Shared fixtures of the multi-model tests: the tiny model, its archive, a fake ``djl_python``."""
+
+from __future__ import annotations
+
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `pytest` from anywhere: the project's packages import from the root
+    sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from training_assets.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def mme_archive(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One archive for both model servers, built by the publishing tool (DJL files + toolkit handler)."""
+    from inference_assets.djl.serving_properties import DjlModelSettings
+    from inference_assets.publish_models import build_archive
+
+    settings = DjlModelSettings(max_workers=2, max_request_batch=4)
+    return build_archive(tiny_model_dir, tmp_path_factory.mktemp("archive") / "sentiment.tar.gz", settings)
+
+
+@pytest.fixture(scope="session")
+def unpacked_mme_archive(mme_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The archive unpacked into its own directory, as DJL Serving and SageMaker lay out each model."""
+    target = tmp_path_factory.mktemp("models") / "sentiment"
+    with tarfile.open(mme_archive) as tar:
+        tar.extractall(target, filter="data")
+    return target

@@ -1,0 +1,85 @@
+"""The Locust traffic patterns and the runner's measurements, against an in-process fake endpoint.
+
+Locust monkey-patches the interpreter with gevent on import, so these run in a child Python process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent(
+    """
+    import collections, json, sys, time
+    sys.path[:0] = [{root!r}, {root!r} + "/benchmarks"]
+    import gevent
+    import mme_load_test, mme_locustfile
+    from mme_locustfile import InvokeError
+
+    calls, seen = collections.Counter(), set()
+    def fake(model):
+        calls[model] += 1
+        if {fail!r} and calls[model] % 5 == 0:
+            raise InvokeError(model + " answered 500")
+        cold = model not in seen
+        seen.add(model)
+        gevent.sleep(0.05 if cold else 0.002)
+        return cold, 42
+
+    mme_locustfile.models, mme_locustfile.target = 40, fake
+    args = mme_load_test._arguments(["--models", "40", "--users", "4", "--spawn-rate", "4", "--duration", "3"])
+    row = mme_load_test.run_pattern({pattern!r}, args)
+    total = sum(calls.values())
+    row["share_model_0"] = calls[mme_locustfile.model_name(0)] / total
+    row["share_top_10"] = sum(calls[mme_locustfile.model_name(i)] for i in range(10)) / total
+    row["calls"] = total
+    print(json.dumps(row))
+    """
+)
+
+
+def _run(pattern: str, fail: bool = False) -> dict:
+    script = SCRIPT.format(root=str(ROOT), pattern=pattern, fail=fail)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    ("pattern", "share_0", "share_top_10"),
+    [("uniform", (0.0, 0.08), (0.15, 0.35)), ("hot-model", (0.85, 0.95), (0.85, 0.97)),
+     ("top-10", (0.05, 0.15), (0.84, 0.94))],
+)  # fmt: skip
+def test_patterns_split_traffic_like_the_seed(pattern, share_0, share_top_10):
+    row = _run(pattern)
+    assert row["requests"] == row["calls"] > 200 and row["errors"] == 0
+    assert share_0[0] <= row["share_model_0"] <= share_0[1]
+    assert share_top_10[0] <= row["share_top_10"] <= share_top_10[1]
+    assert row["tps"] > 0 and row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"]
+    assert row["cold_requests"] > 0 and row["cold_p50_ms"] > row["warm_p50_ms"]  # first use of a model is slow
+
+
+def test_failed_requests_are_counted_as_errors():
+    row = _run("uniform", fail=True)
+    assert row["errors"] > 0 and row["requests"] == row["calls"]
+    assert "answered 500" in row["error_examples"][0]
+
+
+def test_runner_refuses_settings_without_cold_loads_or_baseline():
+    for argv, message in [
+        (["--models", "8"], "must exceed 10"),
+        (["--models", "12", "--max-resident-models", "12"], "below --models"),
+        (["--patterns", "hot-model"], "must include uniform"),
+    ]:
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "mme_load_test.py"), *argv],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert result.returncode == 2 and message in result.stderr, result.stderr

@@ -1,0 +1,117 @@
+"""The local multi-model harness: real TorchServe + SageMaker toolkit in multi-model mode, serving real archives."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from inference_assets.local_mme import LocalModelServer, LocalMultiModelEndpoint, ModelNotFound
+
+pytestmark = pytest.mark.slow  # a real TorchServe + toolkit server
+
+GOOD = json.dumps({"inputs": ["what a great day", "this is awful"]}).encode()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    server = LocalModelServer(tmp_path_factory.mktemp("local-mme"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def models_dir(mme_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local stand-in for the endpoint's S3 prefix: three copies of the archive, as publish_models.py names them."""
+    models = tmp_path_factory.mktemp("prefix")
+    for index in range(3):
+        shutil.copy(mme_archive, models / f"sentiment-{index:04d}.tar.gz")
+    return models
+
+
+def test_load_invoke_by_name_and_unload(server, unpacked_mme_archive):
+    server.load("tenant-a", unpacked_mme_archive)
+    assert "tenant-a" in server.loaded()
+    answer = server.invoke("tenant-a", GOOD)
+    assert answer.status == 200 and answer.content_type.startswith("application/json")
+    predictions = answer.json()
+    assert len(predictions) == 2 and {p["label"] for p in predictions} <= {"negative", "neutral", "positive"}
+    assert all(abs(sum(p["scores"].values()) - 1) < 1e-3 for p in predictions)
+
+    server.unload("tenant-a")
+    assert "tenant-a" not in server.loaded()
+    assert server.invoke("tenant-a", GOOD).status == 404
+
+
+def test_unknown_model_is_a_clear_not_found(server):
+    answer = server.invoke("no-such-model", GOOD)
+    assert answer.status == 404
+    assert answer.json()["type"] == "ModelNotFoundException"
+    assert "no-such-model" in answer.json()["message"]
+
+
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, unpacked_mme_archive):
+    server.load("tenant-b", unpacked_mme_archive)
+    try:
+        bad = {
+            (b'{"inputs": ', "application/json"): 400,
+            (b'{"text": "no inputs key"}', "application/json"): 400,
+            (b"<xml/>", "application/xml"): 415,
+            (json.dumps({"inputs": ["t"] * 33}).encode(), "application/json"): 413,  # the toolkit's default limit, 32
+        }
+        for (body, content_type), status in bad.items():
+            answer = server.invoke("tenant-b", body, content_type)
+            assert answer.status == status, (body, answer.body[:200])
+        assert server.invoke("tenant-b", GOOD).status == 200
+    finally:
+        server.unload("tenant-b")
+
+
+def test_endpoint_loads_on_first_use_and_unloads_the_least_recently_used(server, models_dir):
+    endpoint = LocalMultiModelEndpoint(server, models_dir, max_resident_models=2)
+    first, cold = endpoint.invoke("sentiment-0000.tar.gz", GOOD)
+    assert (first.status, cold) == (200, True)
+    assert endpoint.invoke("sentiment-0000.tar.gz", GOOD)[1] is False  # warm: already loaded
+    assert endpoint.invoke("sentiment-0001.tar.gz", GOOD)[1] is True
+    endpoint.invoke("sentiment-0000.tar.gz", GOOD)  # 0000 is now the most recently used
+    answer, cold = endpoint.invoke("sentiment-0002.tar.gz", GOOD)  # over the cap: 0001 goes
+    assert (answer.status, cold) == (200, True)
+    assert endpoint.resident() == ["sentiment-0000.tar.gz", "sentiment-0002.tar.gz"]
+    assert "sentiment-0001" not in server.loaded()
+    assert (endpoint.cold_loads, endpoint.unloads) == (3, 1)
+    for name in endpoint.resident():
+        server.unload(endpoint.server_name(name))
+
+
+def test_concurrent_first_requests_load_a_model_once(server, models_dir):
+    endpoint = LocalMultiModelEndpoint(server, models_dir, max_resident_models=1)
+    results = []
+
+    def call() -> None:
+        answer, cold = endpoint.invoke("sentiment-0001.tar.gz", GOOD)
+        results.append((answer.status, cold))
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == [(200, False)] * 3 + [(200, True)]
+    assert endpoint.cold_loads == 1
+    server.unload("sentiment-0001")
+
+
+def test_endpoint_refuses_unknown_and_invalid_target_models(server, models_dir):
+    endpoint = LocalMultiModelEndpoint(server, models_dir, max_resident_models=1)
+    with pytest.raises(ModelNotFound, match=r"sentiment-9999\.tar\.gz"):
+        endpoint.invoke("sentiment-9999.tar.gz", GOOD)
+    with pytest.raises(ValueError, match="model name"):
+        endpoint.invoke("../escape.tar.gz", GOOD)
+    with pytest.raises(ValueError, match="max_resident_models"):
+        LocalMultiModelEndpoint(server, models_dir, max_resident_models=0)

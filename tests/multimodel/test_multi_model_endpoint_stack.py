@@ -1,0 +1,201 @@
+"""Template tests of MultiModelEndpointStack: one synthesis (with the cdk-nag gates) for the whole module."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_iam as iam
+from aws_cdk.assertions import Template
+
+from stacks.compliance import acknowledge, add_compliance_gates
+from stacks.foundation import FoundationStack
+from stacks.multi_model_endpoint import MultiModelEndpointStack
+from stacks.settings import SettingsError, parse_environment
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTEXT = json.loads((ROOT / "cdk.json").read_text())["context"]
+ENVIRONMENTS = CONTEXT["environments"]
+ALLOWED = ["tenant-a.tar.gz", "team/tenant-b.tar.gz"]
+
+
+def _staging_variant() -> dict:
+    """Staging with the alternatives switched on: TorchServe, an alarm e-mail, an invoke grant for two models."""
+    raw = json.loads(json.dumps(ENVIRONMENTS["staging"]))
+    raw["alarm_email"] = "ml-oncall@example.com"
+    raw["multi_model_endpoint"].update(model_server="torchserve", invoke_allowed_models=ALLOWED)
+    return raw
+
+
+@pytest.fixture(scope="module")
+def synthesized():
+    app = cdk.App(context={k: v for k, v in CONTEXT.items() if k != "environments"})
+    stacks = {}
+    for name, raw in (("dev", ENVIRONMENTS["dev"]), ("prod", ENVIRONMENTS["prod"]), ("staging", _staging_variant())):
+        settings = parse_environment(name, raw)
+        stage = cdk.Stage(app, name, env=cdk.Environment(account=settings.account, region=settings.region))
+        foundation = FoundationStack(stage, "Foundation", settings=settings)
+        stacks[name] = MultiModelEndpointStack(stage, "MultiModelEndpoint", settings=settings, foundation=foundation)
+    # A client stack: grant_invoke to a role, once for all models, once for a list.
+    client = cdk.Stack(stacks["dev"].node.scope, "Client")
+    reason = "Test client roles: grant_invoke adds to their default (inline) policy."
+    acknowledge(client, reason, "NIST.800.53.R5-IAMNoInlinePolicy")
+    stacks["dev"].grant_invoke(iam.Role(client, "AllModels", assumed_by=iam.AccountRootPrincipal()))
+    stacks["dev"].grant_invoke(
+        iam.Role(client, "OneTenant", assumed_by=iam.AccountRootPrincipal()), models=["tenant-a.tar.gz"]
+    )
+    add_compliance_gates(app)
+    app.synth()  # raises ValidationFailed on any unacknowledged cdk-nag finding
+    templates = {name: Template.from_stack(stack) for name, stack in stacks.items()}
+    templates["client"] = Template.from_stack(client)
+    return stacks, templates
+
+
+@pytest.fixture(scope="module")
+def templates(synthesized):
+    return synthesized[1]
+
+
+def _one(template: Template, resource_type: str) -> dict:
+    resources = template.find_resources(resource_type)
+    assert len(resources) == 1, resources
+    return next(iter(resources.values()))
+
+
+def _logical_id(template: Template, resource_type: str) -> str:
+    resources = template.find_resources(resource_type)
+    assert len(resources) == 1
+    return next(iter(resources))
+
+
+def test_model_is_multi_model_over_a_prefix(templates):
+    model = _one(templates["dev"], "AWS::SageMaker::Model")["Properties"]
+    container = model["PrimaryContainer"]
+    assert container["Mode"] == "MultiModel"
+    parts = container["ModelDataUrl"]["Fn::Join"][1]
+    assert parts[0] == "s3://" and parts[-1] == "/multi-model/"  # a prefix: ends in '/'
+    assert "ModelName" not in model  # generated: CloudFormation replaces models on change
+    assert model["EnableNetworkIsolation"] is True
+    assert set(model["VpcConfig"]) == {"SecurityGroupIds", "Subnets"}
+
+
+def test_image_is_djl_by_default_and_torchserve_when_chosen(templates):
+    dev = json.dumps(_one(templates["dev"], "AWS::SageMaker::Model")["Properties"]["PrimaryContainer"]["Image"])
+    assert "763104351884.dkr.ecr.us-west-2." in dev and "/djl-inference:0.36.0-cpu-full" in dev
+    staging = _one(templates["staging"], "AWS::SageMaker::Model")["Properties"]["PrimaryContainer"]
+    assert "/pytorch-inference:2.6.0-cpu-py312-ubuntu22.04-sagemaker" in json.dumps(staging["Image"])
+    assert staging["Environment"]["SAGEMAKER_MULTI_MODEL"] == "true"  # the toolkit serves many models only when told
+    assert staging["Environment"]["SAGEMAKER_MODEL_SERVER_WORKERS"] == "1"  # per model: many models share the cores
+    dev_environment = _one(templates["dev"], "AWS::SageMaker::Model")["Properties"]["PrimaryContainer"]["Environment"]
+    assert dev_environment == {"OMP_NUM_THREADS": "1"}  # DJL: maxWorkers = #CPU / OMP_NUM_THREADS
+
+
+def test_model_waits_for_the_execution_role(synthesized):
+    stacks, _ = synthesized
+    assert stacks["dev"].foundation in stacks["dev"].dependencies
+
+
+def test_endpoint_config_key_only_where_the_type_allows_it(templates):
+    dev = _one(templates["dev"], "AWS::SageMaker::EndpointConfig")["Properties"]
+    assert "KmsKeyId" in dev  # ml.c5.2xlarge: EBS storage takes the platform key
+    assert "EndpointConfigName" not in dev
+    prod = _one(templates["prod"], "AWS::SageMaker::EndpointConfig")
+    assert "KmsKeyId" not in prod["Properties"]  # ml.c5d.18xlarge: local NVMe refuses a key
+    variant = prod["Properties"]["ProductionVariants"][0]
+    assert (variant["InstanceType"], variant["InitialInstanceCount"]) == ("ml.c5d.18xlarge", 4)
+
+
+def test_endpoint_keeps_the_scaled_instance_count_on_updates(templates):
+    endpoint = _one(templates["dev"], "AWS::SageMaker::Endpoint")["Properties"]
+    assert "EndpointName" not in endpoint
+    assert endpoint["RetainAllVariantProperties"] is True
+    excluded = {p["VariantPropertyType"] for p in endpoint["ExcludeRetainedVariantProperties"]}
+    assert excluded == {"DesiredWeight", "DataCaptureConfig"}  # DesiredInstanceCount is kept
+
+
+def test_scalable_target_follows_the_endpoint_and_tracks_invocations(templates):
+    template = templates["prod"]
+    endpoint_id = _logical_id(template, "AWS::SageMaker::Endpoint")
+    target = _one(template, "AWS::ApplicationAutoScaling::ScalableTarget")["Properties"]
+    assert target["ResourceId"] == {
+        "Fn::Join": ["", ["endpoint/", {"Fn::GetAtt": [endpoint_id, "EndpointName"]}, "/variant/AllTraffic"]]
+    }  # the GetAtt orders the target after the endpoint
+    assert (target["MinCapacity"], target["MaxCapacity"]) == (4, 20)
+    assert target["ScalableDimension"] == "sagemaker:variant:DesiredInstanceCount"
+    assert "RoleARN" not in target  # the service-linked role, not a role without permissions
+    template.resource_count_is("AWS::IAM::Role", 0)
+    policy = _one(template, "AWS::ApplicationAutoScaling::ScalingPolicy")["Properties"]
+    tracking = policy["TargetTrackingScalingPolicyConfiguration"]
+    assert tracking["PredefinedMetricSpecification"] == {
+        "PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"
+    }
+    assert (tracking["TargetValue"], tracking["ScaleInCooldown"], tracking["ScaleOutCooldown"]) == (6000, 600, 60)
+
+
+def test_alarms_watch_loading_cache_errors_cpu_and_memory(templates):
+    template = templates["dev"]
+    alarms = template.find_resources("AWS::CloudWatch::Alarm")
+    by_metric = {a["Properties"]["MetricName"]: a["Properties"] for a in alarms.values()}
+    assert set(by_metric) == {
+        "ModelLoadingWaitTime", "ModelCacheHit", "Invocation5XXErrors", "CPUUtilization", "MemoryUtilization"
+    }
+    assert by_metric["ModelCacheHit"]["ComparisonOperator"] == "LessThanThreshold"
+    assert by_metric["CPUUtilization"]["Namespace"] == "/aws/sagemaker/Endpoints"
+    assert by_metric["CPUUtilization"]["Threshold"] == 0.8 * 100 * 8  # ml.c5.2xlarge has 8 vCPUs
+    assert by_metric["ModelLoadingWaitTime"]["Namespace"] == "AWS/SageMaker"
+    topic_id = _logical_id(template, "AWS::SNS::Topic")
+    for alarm in by_metric.values():
+        assert alarm["AlarmActions"] == [{"Ref": topic_id}]
+        assert {d["Name"] for d in alarm["Dimensions"]} == {"EndpointName", "VariantName"}
+    assert "KmsMasterKeyId" in _one(template, "AWS::SNS::Topic")["Properties"]
+    template.resource_count_is("AWS::SNS::Subscription", 0)  # dev has no alarm_email
+    templates["staging"].has_resource_properties(
+        "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "ml-oncall@example.com"}
+    )
+
+
+def _statements(template: Template, resource_type: str, name_hint: str) -> list[dict]:
+    found = template.find_resources(resource_type)
+    return [
+        statement
+        for logical_id, resource in found.items()
+        if name_hint in logical_id
+        for statement in resource["Properties"]["PolicyDocument"]["Statement"]
+    ]
+
+
+def test_invoke_policy_limits_target_models_when_listed(templates):
+    (everything,) = _statements(templates["dev"], "AWS::IAM::ManagedPolicy", "InvokePolicy")
+    assert everything["Action"] == "sagemaker:InvokeEndpoint" and "Condition" not in everything
+    (limited,) = _statements(templates["staging"], "AWS::IAM::ManagedPolicy", "InvokePolicy")
+    assert limited["Condition"] == {"StringEquals": {"sagemaker:TargetModel": ALLOWED}}
+    endpoint_id = _logical_id(templates["staging"], "AWS::SageMaker::Endpoint")
+    assert limited["Resource"] == {"Fn::GetAtt": [endpoint_id, "EndpointArn"]}
+
+
+def test_grant_invoke_adds_the_target_model_condition(templates):
+    client = templates["client"]
+    all_models = _statements(client, "AWS::IAM::Policy", "AllModels")
+    one_tenant = _statements(client, "AWS::IAM::Policy", "OneTenant")
+    assert [s["Action"] for s in all_models] == ["sagemaker:InvokeEndpoint"]
+    assert "Condition" not in all_models[0]
+    assert one_tenant[0]["Condition"] == {"StringEquals": {"sagemaker:TargetModel": ["tenant-a.tar.gz"]}}
+    assert "Fn::ImportValue" in json.dumps(one_tenant[0]["Resource"])  # the endpoint ARN, not a re-typed string
+
+
+def test_grant_invoke_refuses_bad_model_lists(synthesized):
+    stacks, _ = synthesized
+    with pytest.raises(ValueError, match="at least one"):
+        stacks["dev"].invoke_statement([])
+    with pytest.raises(ValueError, match="model name"):
+        stacks["dev"].invoke_statement(["not a model"])
+
+
+def test_settings_refuse_bad_allowed_models():
+    raw = json.loads(json.dumps(ENVIRONMENTS["dev"]))
+    raw["multi_model_endpoint"]["invoke_allowed_models"] = ["../other.tar.gz"]
+    with pytest.raises(SettingsError, match=r"multi_model_endpoint\.invoke_allowed_models.*model name"):
+        parse_environment("dev", raw)
+
