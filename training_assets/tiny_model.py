@@ -39,9 +39,13 @@ def build_tiny_model(output: Path, *, data_dir: Path = SAMPLE_DATA, seed: int = 
         special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
     )
     bpe.save_model(str(output))  # vocab.json + merges.txt
+    # transformers 5 takes the trained vocabulary as ``vocab``/``merges``; it silently ignores the old
+    # ``vocab_file``/``merges_file`` names and would build an empty tokenizer that maps every text to [2, 3].
     tokenizer = RobertaTokenizerFast(
-        vocab_file=str(output / "vocab.json"), merges_file=str(output / "merges.txt"), model_max_length=64
+        vocab=str(output / "vocab.json"), merges=str(output / "merges.txt"), model_max_length=64
     )
+    if tokenizer.vocab_size != len(json.loads((output / "vocab.json").read_text())):
+        raise RuntimeError(f"the tokenizer did not load the trained vocabulary from {output}")
     tokenizer.save_pretrained(output)
 
     torch.manual_seed(seed)
