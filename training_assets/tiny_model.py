@@ -70,7 +70,9 @@ def build_tiny_model(output: Path, *, data_dir: Path = SAMPLE_DATA, seed: int = 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, required=True, help="directory to write the model and tokenizer to")
-    parser.add_argument("--data-dir", type=Path, default=SAMPLE_DATA, help="JSONL files whose texts train the tokenizer")
+    parser.add_argument(
+        "--data-dir", type=Path, default=SAMPLE_DATA, help="JSONL files whose texts train the tokenizer"
+    )
     args = parser.parse_args()
     print(build_tiny_model(args.output, data_dir=args.data_dir))
 

@@ -176,7 +176,7 @@ def _checked_split(rows: Any, name: str, config: TrainConfig) -> Any:
             texts.append(row[config.text_column])
             labels.append(row[config.label_column])
     ids = []
-    for number, (text, label) in enumerate(zip(texts, labels), start=1):
+    for number, (text, label) in enumerate(zip(texts, labels, strict=True), start=1):
         if not isinstance(text, str) or not text.strip():
             raise TrainingInputError(f"{name}: row {number} has no text (got {text!r})")
         ids.append(_label_id(label, name, number, config.labels))
@@ -348,7 +348,8 @@ def compute_metrics(prediction: Any) -> dict[str, float]:
 def _device_info(use_cuda: bool, world_size: int) -> dict[str, Any]:
     info: dict[str, Any] = {"type": "cuda" if use_cuda else "cpu", "world_size": world_size, "torch": torch.__version__}
     if use_cuda:
-        info.update(name=torch.cuda.get_device_name(), capability=".".join(map(str, torch.cuda.get_device_capability())))
+        capability = ".".join(map(str, torch.cuda.get_device_capability()))
+        info.update(name=torch.cuda.get_device_name(), capability=capability)
     else:
         info.update(name=_cpu_model(), threads=torch.get_num_threads())
     return info
@@ -462,7 +463,7 @@ def _position_limit(model_config: Any, tokenizer: Any) -> int:
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=defaults.model, help="local model directory or hub id (default: %(default)s)")
+    parser.add_argument("--model", default=defaults.model, help="local model directory or hub id")
     parser.add_argument("--dataset", default=defaults.dataset,
                         help="local folder (train/validation JSONL or CSV, or a save_to_disk folder) or hub id")
     parser.add_argument("--dataset-config", default=defaults.dataset_config, help="hub dataset configuration")

@@ -43,6 +43,7 @@ def compiled_run(tiny_model_dir: Path, sample_data: Path, tmp_path_factory: pyte
     return output
 
 
+@pytest.mark.slow
 def test_compiled_run_learns_and_reports_every_epoch(compiled_run: Path) -> None:
     metrics = json.loads((compiled_run / "metrics.json").read_text())
     assert metrics["config"]["torch_compile"] and metrics["config"]["fused_adamw"] and not metrics["config"]["bf16"]
@@ -54,6 +55,7 @@ def test_compiled_run_learns_and_reports_every_epoch(compiled_run: Path) -> None
         assert 0.0 <= row["eval_accuracy"] <= 1.0 and 0.0 <= row["eval_macro_f1"] <= 1.0
 
 
+@pytest.mark.slow
 def test_throughput_excludes_the_compile_warmup(compiled_run: Path) -> None:
     throughput = json.loads((compiled_run / "metrics.json").read_text())["throughput"]
     steps_per_epoch = TRAIN_ROWS // 8  # full batches only
@@ -69,6 +71,7 @@ def test_throughput_excludes_the_compile_warmup(compiled_run: Path) -> None:
     assert throughput["warmup_seconds"] >= throughput["compile_warmup_seconds"] >= 0
 
 
+@pytest.mark.slow
 def test_saved_model_reloads_and_predicts_like_the_trained_one(compiled_run: Path, sample_data: Path) -> None:
     saved = compiled_run / "saved_model"
     assert (saved / "model.safetensors").is_file() and (saved / "tokenizer.json").is_file()
@@ -77,11 +80,13 @@ def test_saved_model_reloads_and_predicts_like_the_trained_one(compiled_run: Pat
     rows = _rows(sample_data / "validation.jsonl")
     predictions = predictor.predict([row["text"] for row in rows])
     assert {p.label for p in predictions} <= {"negative", "neutral", "positive"}
-    accuracy = sum(p.label == predictor.labels[row["label"]] for p, row in zip(predictions, rows)) / len(rows)
+    correct = sum(p.label == predictor.labels[row["label"]] for p, row in zip(predictions, rows, strict=True))
+    accuracy = correct / len(rows)
     reported = json.loads((compiled_run / "metrics.json").read_text())["epochs"][-1]["eval_accuracy"]
     assert accuracy == pytest.approx(reported, abs=1.5 / len(rows))
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_with_gloo(tiny_model_dir: Path, sample_data: Path, tmp_path: Path) -> None:
     output = tmp_path / "ddp"
     result = _run(
@@ -181,7 +186,8 @@ def test_bf16_on_a_gpu_without_it(tiny_model_dir: Path, data_dir: Path, monkeypa
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")
     config = _config(tiny_model_dir, data_dir, bf16=True, use_cpu=False)
-    with pytest.raises(TrainingInputError, match=r"--bf16 needs a GPU with native bfloat16.*Tesla V100-SXM2-16GB has 7.0"):
+    message = r"--bf16 needs a GPU with native bfloat16.*Tesla V100-SXM2-16GB has 7.0"
+    with pytest.raises(TrainingInputError, match=message):
         train(config)
 
 
