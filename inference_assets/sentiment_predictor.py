@@ -68,7 +68,9 @@ class SentimentPredictor:
         if not texts:
             raise BadRequest('"inputs" must not be an empty list')
         if len(texts) > self.max_batch_size:
-            raise BadRequest(f'"inputs" holds {len(texts)} texts; at most {self.max_batch_size} are allowed per request')
+            raise BadRequest(
+                f'"inputs" holds {len(texts)} texts; at most {self.max_batch_size} are allowed per request'
+            )
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise BadRequest(f'"inputs"[{i}] must be a string, got {type(text).__name__}')
@@ -86,7 +88,7 @@ class SentimentPredictor:
                 Prediction(
                     label=self.labels[best],
                     score=round(row[best], 6),
-                    scores={label: round(p, 6) for label, p in zip(self.labels, row)},
+                    scores={label: round(p, 6) for label, p in zip(self.labels, row, strict=True)},
                 )
             )
         return predictions

@@ -106,9 +106,7 @@ class AutoscalingSettings(_Settings):
     @model_validator(mode="after")
     def _min_le_max(self) -> AutoscalingSettings:
         if self.min_capacity > self.max_capacity:
-            raise ValueError(
-                f"min_capacity ({self.min_capacity}) must not exceed max_capacity ({self.max_capacity})"
-            )
+            raise ValueError(f"min_capacity ({self.min_capacity}) must not exceed max_capacity ({self.max_capacity})")
         return self
 
 
@@ -138,7 +136,9 @@ class TrainingSettings(_Settings):
     nodes: Annotated[int, Field(ge=1, le=16)] = 1
     efa: bool = False
     root_volume_gib: Annotated[int, Field(ge=100, le=16384)] = 200
-    dlami_ssm_parameter: str = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+    dlami_ssm_parameter: str = (
+        "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+    )
     image_tag: str = "2.10.0-gpu-py313-cu130-ubuntu22.04-ec2"
     base_model: str = "cardiffnlp/twitter-roberta-base-sentiment-latest"
     dataset: str = "tweet_eval/sentiment"
@@ -173,7 +173,9 @@ class TrainingSettings(_Settings):
     def _efa(self) -> TrainingSettings:
         family = self.instance_type.split(".")[0]
         if self.efa and family not in EFA_FAMILIES:
-            raise ValueError(f"efa needs an EFA-capable instance type ({', '.join(EFA_FAMILIES)}), not {self.instance_type}")
+            raise ValueError(
+                f"efa needs an EFA-capable instance type ({', '.join(EFA_FAMILIES)}), not {self.instance_type}"
+            )
         return self
 
 
@@ -309,7 +311,11 @@ def _describe(error: Any, root: str) -> str:
         model = EnvironmentSettings
         for part in path[:-1]:
             annotation = model.model_fields[part].annotation
-            model = next(a for a in (annotation, *getattr(annotation, "__args__", ())) if isinstance(a, type) and issubclass(a, BaseModel))
+            model = next(
+                a
+                for a in (annotation, *getattr(annotation, "__args__", ()))
+                if isinstance(a, type) and issubclass(a, BaseModel)
+            )
         return f"{key}: unknown setting; allowed keys are {', '.join(sorted(model.model_fields))}."
     message = error["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
     if error["type"] == "missing":

@@ -1,0 +1,569 @@
+"""The foundation every other stack builds on: the platform KMS key, buckets, network and least-privilege roles."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import region_info
+from constructs import Construct
+
+from stacks.compliance import acknowledge, acknowledge_wildcards
+from stacks.settings import EnvironmentSettings
+
+TRAINING_OUTPUT_PREFIX = "training-output/"
+ENDPOINT_MODELS_PREFIX = "endpoints/"
+DATA_CAPTURE_PREFIX = "data-capture/"
+
+# Interface endpoints the platform's private subnets need: image pulls, SageMaker, credentials, logs, Session Manager.
+_INTERFACE_ENDPOINTS = {
+    "EcrApi": ec2.InterfaceVpcEndpointAwsService.ECR,
+    "EcrDocker": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
+    "SageMakerApi": ec2.InterfaceVpcEndpointAwsService.SAGEMAKER_API,
+    "SageMakerRuntime": ec2.InterfaceVpcEndpointAwsService.SAGEMAKER_RUNTIME,
+    "Sts": ec2.InterfaceVpcEndpointAwsService.STS,
+    "Logs": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
+    "Ssm": ec2.InterfaceVpcEndpointAwsService.SSM,
+    "SsmMessages": ec2.InterfaceVpcEndpointAwsService.SSM_MESSAGES,
+    "Ec2Messages": ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
+}
+
+# What SageMaker needs to attach a job's or a model's containers to the VPC.
+_SAGEMAKER_VPC_DESCRIBE_ACTIONS = [
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeVpcs",
+    "ec2:DescribeDhcpOptions",
+    "ec2:DescribeSubnets",
+    "ec2:DescribeSecurityGroups",
+]
+_SAGEMAKER_VPC_ENI_ACTIONS = [
+    "ec2:CreateNetworkInterface",
+    "ec2:CreateNetworkInterfacePermission",
+    "ec2:DeleteNetworkInterface",
+    "ec2:DeleteNetworkInterfacePermission",
+]
+
+
+class FoundationStack(cdk.Stack):
+    """KMS key, S3 buckets, VPC and the IAM roles of one environment."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, settings: EnvironmentSettings, **kwargs) -> None:
+        super().__init__(
+            scope,
+            construct_id,
+            description=f"PyTorch platform foundation ({settings.name}): KMS key, buckets, network, IAM roles",
+            termination_protection=not settings.destroy_on_delete,
+            **kwargs,
+        )
+        self.settings = settings
+        self.removal_policy = cdk.RemovalPolicy.DESTROY if settings.destroy_on_delete else cdk.RemovalPolicy.RETAIN
+
+        self.key = self._platform_key()
+        self.access_logs_bucket = self._access_logs_bucket()
+        self.datasets_bucket = self._data_bucket("Datasets")
+        self.artifacts_bucket = self._data_bucket("Artifacts")
+        self.remote_jobs_bucket = self._data_bucket("RemoteJobs")
+
+        self.vpc, self.private_subnets = self._network()
+        self.workload_security_group = ec2.SecurityGroup(
+            self,
+            "WorkloadSecurityGroup",
+            vpc=self.vpc,
+            description="SageMaker jobs and models: no inbound, HTTPS out to VPC endpoints and AWS APIs",
+            allow_all_outbound=False,
+        )
+        self.workload_security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs")
+
+        self.endpoint_role = self._endpoint_role()
+        self.training_instance_role, self.training_instance_profile = self._training_instance_role()
+        self.remote_job_role = self._remote_job_role()
+        self.remote_job_launcher_policy = self._remote_job_launcher_policy()
+        self._outputs()
+
+    # --- encryption and storage ---------------------------------------------------------------------------------
+
+    def _platform_key(self) -> kms.Key:
+        key = kms.Key(
+            self,
+            "PlatformKey",
+            alias=f"alias/{self.settings.tags.project}-{self.settings.name}",
+            description=f"Encrypts the {self.settings.name} PyTorch platform's data at rest",
+            enable_key_rotation=True,
+            removal_policy=self.removal_policy,
+            pending_window=cdk.Duration.days(7 if self.settings.destroy_on_delete else 30),
+        )
+        # Services that encrypt on the platform's behalf: log groups (flow logs, training logs) and alarm topics.
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowCloudWatchLogs",
+                principals=[iam.ServicePrincipal(f"logs.{self.region}.amazonaws.com")],
+                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
+                resources=["*"],
+                conditions={"ArnLike": {"kms:EncryptionContext:aws:logs:arn": self._arn("logs", "*")}},
+            )
+        )
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowCloudWatchAlarmsToPublishToEncryptedTopics",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"],
+                conditions={"StringEquals": {"aws:SourceAccount": self.account}},
+            )
+        )
+        return key
+
+    def _access_logs_bucket(self) -> s3.Bucket:
+        bucket = s3.Bucket(
+            self,
+            "AccessLogs",
+            # S3 server access logging delivers only to SSE-S3 buckets, not SSE-KMS ones.
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            versioned=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            removal_policy=self.removal_policy,
+            auto_delete_objects=self.settings.destroy_on_delete,
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="ExpireAccessLogs",
+                    expiration=cdk.Duration.days(90 if self.settings.destroy_on_delete else 365),
+                    noncurrent_version_expiration=cdk.Duration.days(7),
+                    abort_incomplete_multipart_upload_after=cdk.Duration.days(1),
+                )
+            ],
+        )
+        acknowledge(
+            bucket,
+            "This bucket is the server-access-log target of the platform buckets; logging it into itself would loop.",
+            "AwsSolutions-S1",
+            "NIST.800.53.R5-S3BucketLoggingEnabled",
+        )
+        acknowledge(
+            bucket,
+            "S3 server access logging can only deliver to buckets encrypted with SSE-S3, not SSE-KMS.",
+            "NIST.800.53.R5-S3DefaultEncryptionKMS",
+        )
+        self._acknowledge_single_region(bucket)
+        return bucket
+
+    def _data_bucket(self, name: str) -> s3.Bucket:
+        bucket = s3.Bucket(
+            self,
+            name,
+            encryption=s3.BucketEncryption.KMS,
+            encryption_key=self.key,
+            bucket_key_enabled=True,
+            enforce_ssl=True,
+            versioned=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            server_access_logs_bucket=self.access_logs_bucket,
+            server_access_logs_prefix=f"{name.lower()}/",
+            removal_policy=self.removal_policy,
+            auto_delete_objects=self.settings.destroy_on_delete,
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="ExpireNoncurrentVersions",
+                    noncurrent_version_expiration=cdk.Duration.days(30 if self.settings.destroy_on_delete else 90),
+                    abort_incomplete_multipart_upload_after=cdk.Duration.days(7),
+                )
+            ],
+        )
+        self._acknowledge_single_region(bucket)
+        return bucket
+
+    def _acknowledge_single_region(self, bucket: s3.Bucket) -> None:
+        acknowledge(
+            bucket,
+            "The platform is single-region by design; versioning plus the retain policy of staging and prod protect "
+            "the data, and datasets and models can be rebuilt from their sources.",
+            "NIST.800.53.R5-S3BucketReplicationEnabled",
+        )
+
+    # --- network ------------------------------------------------------------------------------------------------
+
+    def _network(self) -> tuple[ec2.IVpc, ec2.SubnetSelection]:
+        vpc_settings = self.settings.vpc
+        if vpc_settings.imported:
+            # Explicit ids, no lookup: synth stays offline; the imported VPC brings its own endpoints and flow logs.
+            vpc = ec2.Vpc.from_vpc_attributes(
+                self,
+                "Vpc",
+                vpc_id=vpc_settings.vpc_id,
+                availability_zones=vpc_settings.availability_zones,
+                private_subnet_ids=vpc_settings.private_subnet_ids,
+            )
+            return vpc, ec2.SubnetSelection(subnets=vpc.private_subnets)
+
+        private_type = (
+            ec2.SubnetType.PRIVATE_WITH_EGRESS if vpc_settings.nat_gateways else ec2.SubnetType.PRIVATE_ISOLATED
+        )
+        subnets = [ec2.SubnetConfiguration(name="Private", subnet_type=private_type, cidr_mask=20)]
+        if vpc_settings.nat_gateways:
+            # Public subnets hold only the NAT gateways: nothing launched there gets a public address.
+            subnets.insert(
+                0,
+                ec2.SubnetConfiguration(
+                    name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24, map_public_ip_on_launch=False
+                ),
+            )
+        vpc = ec2.Vpc(
+            self,
+            "Vpc",
+            ip_addresses=ec2.IpAddresses.cidr(vpc_settings.cidr),
+            max_azs=vpc_settings.max_azs,
+            nat_gateways=vpc_settings.nat_gateways,
+            subnet_configuration=subnets,
+            restrict_default_security_group=True,
+        )
+        flow_log_group = logs.LogGroup(
+            self,
+            "FlowLogs",
+            encryption_key=self.key,
+            retention=logs.RetentionDays(_retention_name(vpc_settings.flow_log_retention_days)),
+            removal_policy=self.removal_policy,
+        )
+        flow_log = vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group))
+        acknowledge(
+            flow_log,
+            "CDK generates this flow-log delivery role with one policy scoped to its own log group.",
+            "NIST.800.53.R5-IAMNoInlinePolicy",
+        )
+        for subnet in vpc.public_subnets:
+            acknowledge(
+                subnet,
+                "Public subnets hold only the NAT gateways that give private subnets outbound access; they never "
+                "auto-assign public addresses and nothing else is launched in them.",
+                "NIST.800.53.R5-VPCNoUnrestrictedRouteToIGW",
+            )
+
+        private = ec2.SubnetSelection(subnets=vpc.select_subnets(subnet_type=private_type).subnets)
+        vpc.add_gateway_endpoint("S3", service=ec2.GatewayVpcEndpointAwsService.S3, subnets=[private])
+        # One security group for all interface endpoints; its rule names the CIDR literally so checks can read it.
+        endpoint_security_group = ec2.SecurityGroup(
+            self,
+            "VpcEndpointSecurityGroup",
+            vpc=vpc,
+            description="Interface VPC endpoints: HTTPS from inside the VPC only",
+            allow_all_outbound=False,
+        )
+        endpoint_security_group.add_ingress_rule(
+            ec2.Peer.ipv4(vpc_settings.cidr), ec2.Port.tcp(443), "HTTPS from the VPC"
+        )
+        for name, service in _INTERFACE_ENDPOINTS.items():
+            vpc.add_interface_endpoint(
+                name,
+                service=service,
+                subnets=private,
+                private_dns_enabled=True,
+                security_groups=[endpoint_security_group],
+                open=False,
+            )
+        return vpc, private
+
+    # --- IAM ----------------------------------------------------------------------------------------------------
+
+    def _dlc_pull(self, *repositories: str) -> list[tuple[iam.PolicyStatement, str | None]]:
+        dlc_account = cdk.Stack.of(self).regional_fact(region_info.FactName.DLC_REPOSITORY_ACCOUNT)
+        return [
+            (
+                iam.PolicyStatement(sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]),
+                "ecr:GetAuthorizationToken has no resource-level permissions.",
+            ),
+            (
+                iam.PolicyStatement(
+                    sid="PullDeepLearningContainers",
+                    actions=["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
+                    resources=[
+                        f"arn:{self.partition}:ecr:{self.region}:{dlc_account}:repository/{repository}"
+                        for repository in repositories
+                    ],
+                ),
+                None,
+            ),
+        ]
+
+    def _use_key(self, *actions: str) -> tuple[iam.PolicyStatement, str | None]:
+        return iam.PolicyStatement(sid="UsePlatformKey", actions=list(actions), resources=[self.key.key_arn]), None
+
+    def _policy(
+        self,
+        name: str,
+        description: str,
+        statements: list[tuple[iam.PolicyStatement, str | None]],
+        *,
+        roles: list[iam.IRole] | None = None,
+    ) -> iam.ManagedPolicy:
+        """A customer-managed policy (NIST: no inline policies); each wildcard statement carries its reason."""
+        policy = iam.ManagedPolicy(
+            self, name, description=description, roles=roles, statements=[statement for statement, _ in statements]
+        )
+        for statement, reason in statements:
+            if reason:
+                acknowledge_wildcards(policy, reason, statement)
+        return policy
+
+    def _sagemaker_role(
+        self,
+        name: str,
+        description: str,
+        log_group_prefix: str,
+        repositories: list[str],
+        statements: list[tuple[iam.PolicyStatement, str | None]],
+    ) -> iam.Role:
+        role = iam.Role(self, name, assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"), description=description)
+        self._policy(
+            f"{name}Policy",
+            f"Least-privilege permissions of the {name}",
+            [
+                *self._dlc_pull(*repositories),
+                (
+                    iam.PolicyStatement(
+                        sid="WriteOwnLogs",
+                        actions=[
+                            "logs:CreateLogGroup",
+                            "logs:CreateLogStream",
+                            "logs:PutLogEvents",
+                            "logs:DescribeLogStreams",
+                        ],
+                        resources=[self._arn("logs", f"log-group:{log_group_prefix}*")],
+                    ),
+                    "SageMaker names one log group per endpoint or job under this prefix, and streams per instance.",
+                ),
+                (
+                    iam.PolicyStatement(
+                        sid="PublishSageMakerMetrics",
+                        actions=["cloudwatch:PutMetricData"],
+                        resources=["*"],
+                        conditions={"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*", "aws/sagemaker/*"]}},
+                    ),
+                    "cloudwatch:PutMetricData has no resource-level permissions; a namespace condition limits it.",
+                ),
+                (
+                    iam.PolicyStatement(sid="DescribeVpc", actions=_SAGEMAKER_VPC_DESCRIBE_ACTIONS, resources=["*"]),
+                    "The EC2 Describe calls SageMaker makes before joining the VPC have no resource-level permissions.",
+                ),
+                (
+                    iam.PolicyStatement(
+                        sid="AttachToVpc",
+                        actions=_SAGEMAKER_VPC_ENI_ACTIONS,
+                        resources=[
+                            self._arn("ec2", f"{kind}/*") for kind in ("network-interface", "subnet", "security-group")
+                        ],
+                    ),
+                    "SageMaker creates and deletes network interfaces with generated ids in this account's subnets.",
+                ),
+                self._use_key(
+                    "kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey", "kms:CreateGrant"
+                ),
+                *statements,
+            ],
+            roles=[role],
+        )
+        return role
+
+    def _endpoint_role(self) -> iam.Role:
+        artifacts = self.artifacts_bucket
+        model_prefixes = [ENDPOINT_MODELS_PREFIX, self.settings.multi_model_endpoint.models_prefix]
+        return self._sagemaker_role(
+            "EndpointExecutionRole",
+            "SageMaker execution role of the platform's endpoints: reads model archives, pulls DLC images",
+            "/aws/sagemaker/Endpoints/",
+            ["pytorch-inference", "pytorch-inference-arm64", "djl-inference"],
+            [
+                (
+                    iam.PolicyStatement(
+                        sid="ReadModelArchives",
+                        actions=["s3:GetObject"],
+                        resources=[artifacts.arn_for_objects(f"{prefix}*") for prefix in model_prefixes],
+                    ),
+                    "Endpoints load any model version under their own model prefixes (and any model of the MME).",
+                ),
+                (
+                    iam.PolicyStatement(
+                        sid="ListModelPrefixes",
+                        actions=["s3:ListBucket"],
+                        resources=[artifacts.bucket_arn],
+                        conditions={"StringLike": {"s3:prefix": [f"{prefix}*" for prefix in model_prefixes]}},
+                    ),
+                    None,
+                ),
+                (
+                    iam.PolicyStatement(
+                        sid="WriteDataCapture",
+                        actions=["s3:PutObject"],
+                        resources=[artifacts.arn_for_objects(f"{DATA_CAPTURE_PREFIX}*")],
+                    ),
+                    "Data capture writes one object per captured batch under the data-capture prefix.",
+                ),
+            ],
+        )
+
+    def _remote_job_role(self) -> iam.Role:
+        return self._sagemaker_role(
+            "RemoteJobRole",
+            "SageMaker training jobs started with the SDK's @remote decorator",
+            "/aws/sagemaker/TrainingJobs",
+            ["pytorch-training"],
+            [
+                (
+                    iam.PolicyStatement(
+                        sid="ReadWriteRemoteFunctionRoot",
+                        actions=["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
+                        resources=[self.remote_jobs_bucket.arn_for_objects("*")],
+                    ),
+                    "The SDK stages each job's function, arguments and results under generated keys of this bucket.",
+                ),
+                self._read_datasets(),
+                self._write_training_output(),
+                (
+                    iam.PolicyStatement(
+                        sid="ListBuckets",
+                        actions=["s3:ListBucket", "s3:GetBucketLocation"],
+                        resources=[
+                            b.bucket_arn for b in (self.remote_jobs_bucket, self.datasets_bucket, self.artifacts_bucket)
+                        ],
+                    ),
+                    None,
+                ),
+            ],
+        )
+
+    def _read_datasets(self) -> tuple[iam.PolicyStatement, str]:
+        return (
+            iam.PolicyStatement(
+                sid="ReadDatasets", actions=["s3:GetObject"], resources=[self.datasets_bucket.arn_for_objects("*")]
+            ),
+            "Training reads whichever dataset files the run names; the bucket holds datasets only.",
+        )
+
+    def _write_training_output(self) -> tuple[iam.PolicyStatement, str]:
+        return (
+            iam.PolicyStatement(
+                sid="WriteTrainingOutput",
+                actions=["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
+                resources=[self.artifacts_bucket.arn_for_objects(f"{TRAINING_OUTPUT_PREFIX}*")],
+            ),
+            "Each training run writes its model under a new key of the training-output prefix.",
+        )
+
+    def _training_instance_role(self) -> tuple[iam.Role, iam.InstanceProfile]:
+        role = iam.Role(
+            self,
+            "TrainingInstanceRole",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description="GPU training instances: Session Manager, DLC pulls, read datasets, write model artifacts",
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")],
+        )
+        acknowledge(
+            role,
+            "AmazonSSMManagedInstanceCore is the AWS-maintained minimum for Session Manager, which replaces SSH.",
+            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore]",
+        )
+        self._policy(
+            "TrainingInstancePolicy",
+            "Least-privilege permissions of the GPU training instances",
+            [
+                *self._dlc_pull("pytorch-training"),
+                self._read_datasets(),
+                self._write_training_output(),
+                (
+                    iam.PolicyStatement(
+                        sid="ListBuckets",
+                        actions=["s3:ListBucket"],
+                        resources=[self.datasets_bucket.bucket_arn, self.artifacts_bucket.bucket_arn],
+                    ),
+                    None,
+                ),
+                self._use_key("kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey"),
+            ],
+            roles=[role],
+        )
+        return role, iam.InstanceProfile(self, "TrainingInstanceProfile", role=role)
+
+    def _remote_job_launcher_policy(self) -> iam.ManagedPolicy:
+        """Attach to data scientists' roles: start @remote jobs with the platform's role and nothing broader."""
+        return self._policy(
+            "RemoteJobLauncherPolicy",
+            "Lets a data scientist run @remote SageMaker training jobs on this environment",
+            [
+                (
+                    iam.PolicyStatement(
+                        sid="ManageTrainingJobs",
+                        actions=[
+                            "sagemaker:CreateTrainingJob",
+                            "sagemaker:DescribeTrainingJob",
+                            "sagemaker:StopTrainingJob",
+                            "sagemaker:AddTags",
+                        ],
+                        resources=[self._arn("sagemaker", "training-job/*")],
+                    ),
+                    "The SDK generates a new training-job name for every @remote call.",
+                ),
+                (
+                    iam.PolicyStatement(
+                        sid="PassOnlyTheRemoteJobRoleToSageMaker",
+                        actions=["iam:PassRole"],
+                        resources=[self.remote_job_role.role_arn],
+                        conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
+                    ),
+                    None,
+                ),
+                (
+                    iam.PolicyStatement(
+                        sid="StageFunctionsAndResults",
+                        actions=["s3:GetObject", "s3:PutObject", "s3:ListBucket"],
+                        resources=[self.remote_jobs_bucket.bucket_arn, self.remote_jobs_bucket.arn_for_objects("*")],
+                    ),
+                    "The SDK uploads each call's function and downloads its results under generated keys.",
+                ),
+                self._use_key("kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey"),
+            ],
+        )
+
+    def _arn(self, service: str, resource: str) -> str:
+        return f"arn:{self.partition}:{service}:{self.region}:{self.account}:{resource}"
+
+    def _outputs(self) -> None:
+        values = {
+            "PlatformKeyArn": (self.key.key_arn, "KMS key encrypting the platform's data at rest"),
+            "DatasetsBucketName": (self.datasets_bucket.bucket_name, "Training datasets"),
+            "ArtifactsBucketName": (self.artifacts_bucket.bucket_name, "Training output and endpoint model archives"),
+            "RemoteJobsBucketName": (self.remote_jobs_bucket.bucket_name, "S3RootUri of @remote jobs"),
+            "AccessLogsBucketName": (self.access_logs_bucket.bucket_name, "S3 server access logs"),
+            "EndpointExecutionRoleArn": (self.endpoint_role.role_arn, "SageMaker execution role of the endpoints"),
+            "TrainingInstanceProfileArn": (self.training_instance_profile.instance_profile_arn, "GPU instance profile"),
+            "RemoteJobRoleArn": (self.remote_job_role.role_arn, "Role of @remote SageMaker training jobs"),
+            "RemoteJobLauncherPolicyArn": (
+                self.remote_job_launcher_policy.managed_policy_arn,
+                "Attach to users of @remote",
+            ),
+            "PrivateSubnetIds": (
+                cdk.Fn.join(",", [s.subnet_id for s in self.private_subnets.subnets]),
+                "Private subnets",
+            ),
+            "WorkloadSecurityGroupId": (
+                self.workload_security_group.security_group_id,
+                "Security group of SageMaker workloads",
+            ),
+        }
+        for name, (value, description) in values.items():
+            cdk.CfnOutput(self, name, value=value, description=description)
+
+
+def _retention_name(days: int) -> str:
+    return {
+        7: "ONE_WEEK",
+        14: "TWO_WEEKS",
+        30: "ONE_MONTH",
+        60: "TWO_MONTHS",
+        90: "THREE_MONTHS",
+        180: "SIX_MONTHS",
+        365: "ONE_YEAR",
+        731: "TWO_YEARS",
+    }[days]

@@ -1,0 +1,20 @@
+"""One environment of the platform: the same Stage class for dev, staging and prod, built from its settings."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from constructs import Construct
+
+from stacks.foundation import FoundationStack
+from stacks.settings import EnvironmentSettings
+
+
+class PlatformStage(cdk.Stage):
+    def __init__(self, scope: Construct, settings: EnvironmentSettings, *, construct_id: str | None = None) -> None:
+        super().__init__(
+            scope, construct_id or settings.name, env=cdk.Environment(account=settings.account, region=settings.region)
+        )
+        self.settings = settings
+        self.foundation = FoundationStack(self, "Foundation", settings=settings)
+        for key, value in settings.resource_tags.items():
+            cdk.Tags.of(self).add(key, value)
