@@ -7,6 +7,7 @@ from constructs import Construct
 
 from stacks.foundation import FoundationStack
 from stacks.settings import EnvironmentSettings
+from stacks.training import TrainingStack
 
 
 class PlatformStage(cdk.Stage):
@@ -16,5 +17,6 @@ class PlatformStage(cdk.Stage):
         )
         self.settings = settings
         self.foundation = FoundationStack(self, "Foundation", settings=settings)
+        self.training = TrainingStack(self, "Training", settings=settings, foundation=self.foundation)
         for key, value in settings.resource_tags.items():
             cdk.Tags.of(self).add(key, value)

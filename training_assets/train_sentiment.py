@@ -320,8 +320,11 @@ class EpochReporter(TrainerCallback):
         }
         self.epochs.append(row)
         if state.is_world_process_zero:
-            print("epoch {epoch}: train_loss={train_loss} eval_loss={eval_loss} accuracy={eval_accuracy} "
-                  "macro_f1={eval_macro_f1}".format(**row), flush=True)
+            print(
+                "epoch {epoch}: train_loss={train_loss} eval_loss={eval_loss} accuracy={eval_accuracy} "
+                "macro_f1={eval_macro_f1}".format(**row),
+                flush=True,
+            )
 
 
 class SentimentTrainer(Trainer):
@@ -464,8 +467,11 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=defaults.model, help="local model directory or hub id")
-    parser.add_argument("--dataset", default=defaults.dataset,
-                        help="local folder (train/validation JSONL or CSV, or a save_to_disk folder) or hub id")
+    parser.add_argument(
+        "--dataset",
+        default=defaults.dataset,
+        help="local folder (train/validation JSONL or CSV, or a save_to_disk folder) or hub id",
+    )
     parser.add_argument("--dataset-config", default=defaults.dataset_config, help="hub dataset configuration")
     parser.add_argument("--output-dir", default=defaults.output_dir, help="metrics.json and saved_model/ go here")
     parser.add_argument("--labels", default=",".join(defaults.labels), help="comma-separated label names, id order")
@@ -477,10 +483,18 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--max-seq-length", type=int, default=defaults.max_seq_length)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--max-train-samples", type=int, default=None, help="train on the first N rows only")
-    parser.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps,
-                        help="optimizer steps excluded from the throughput (they hold the compilation)")
-    for flag, text in (("torch-compile", "torch.compile with TorchInductor"), ("bf16", "bfloat16 mixed precision"),
-                       ("fused-adamw", "fused AdamW optimizer"), ("use-cpu", "train on CPU even if a GPU is present")):
+    parser.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=defaults.warmup_steps,
+        help="optimizer steps excluded from the throughput (they hold the compilation)",
+    )
+    for flag, text in (
+        ("torch-compile", "torch.compile with TorchInductor"),
+        ("bf16", "bfloat16 mixed precision"),
+        ("fused-adamw", "fused AdamW optimizer"),
+        ("use-cpu", "train on CPU even if a GPU is present"),
+    ):
         parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=False, help=text)
     namespace = vars(parser.parse_args(argv))
     namespace["labels"] = tuple(label.strip() for label in namespace["labels"].split(",") if label.strip())

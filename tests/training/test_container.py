@@ -47,8 +47,9 @@ def test_container_pins_match_the_tested_versions() -> None:
 
 
 def _launch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(LAUNCHER), "--dry-run", *args], check=False, capture_output=True, text=True,
-                          cwd=cwd)
+    return subprocess.run(
+        ["bash", str(LAUNCHER), "--dry-run", *args], check=False, capture_output=True, text=True, cwd=cwd
+    )
 
 
 def _command(*args: str, cwd: Path | None = None) -> list[str]:
@@ -66,27 +67,71 @@ def _split(command: list[str]) -> tuple[list[str], list[str]]:
 def test_single_node_command(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
-    docker, inside = _split(_command("--gpus", "8", "--data-dir", str(data), "--output-dir", str(tmp_path / "out"),
-                                     "--", "--torch-compile", "--bf16", "--fused-adamw"))
+    docker, inside = _split(
+        _command(
+            "--gpus",
+            "8",
+            "--data-dir",
+            str(data),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--",
+            "--torch-compile",
+            "--bf16",
+            "--fused-adamw",
+        )
+    )
     assert docker[:3] == ["docker", "run", "--rm"]
     for flag in ("--gpus", "--ipc=host", "--shm-size=16g", "--ulimit"):
         assert flag in docker
     assert "memlock=-1" in docker and "stack=67108864" in docker
     assert "--privileged" not in docker and "--network" not in docker
     assert f"{data}:/opt/ml/input/data:ro" in docker and f"{tmp_path / 'out'}:/opt/ml/output" in docker
-    assert inside == ["torchrun", "--nproc_per_node=8", "--standalone", "--nnodes=1",
-                      "/opt/training/train_sentiment.py", "--output-dir", "/opt/ml/output",
-                      "--dataset", "/opt/ml/input/data", "--torch-compile", "--bf16", "--fused-adamw"]
+    assert inside == [
+        "torchrun",
+        "--nproc_per_node=8",
+        "--standalone",
+        "--nnodes=1",
+        "/opt/training/train_sentiment.py",
+        "--output-dir",
+        "/opt/ml/output",
+        "--dataset",
+        "/opt/ml/input/data",
+        "--torch-compile",
+        "--bf16",
+        "--fused-adamw",
+    ]
 
 
 def test_multi_node_command_uses_c10d_rendezvous_over_efa() -> None:
-    docker, inside = _split(_command("--gpus", "8", "--nnodes", "2", "--rdzv-endpoint", "10.0.1.5:29500",
-                                     "--rdzv-id", "r-0abc", "--efa", "--log-group", "/training", "--log-stream", "i-1"))
+    docker, inside = _split(
+        _command(
+            "--gpus",
+            "8",
+            "--nnodes",
+            "2",
+            "--rdzv-endpoint",
+            "10.0.1.5:29500",
+            "--rdzv-id",
+            "r-0abc",
+            "--efa",
+            "--log-group",
+            "/training",
+            "--log-stream",
+            "i-1",
+        )
+    )
     assert "--privileged" in docker and docker[docker.index("--network") + 1] == "host"
     assert "FI_PROVIDER=efa" in docker and "FI_EFA_USE_DEVICE_RDMA=1" in docker
     assert docker[docker.index("--log-driver") + 1] == "awslogs" and "awslogs-group=/training" in docker
-    assert inside[:6] == ["torchrun", "--nproc_per_node=8", "--nnodes=2", "--rdzv_backend=c10d",
-                          "--rdzv_endpoint=10.0.1.5:29500", "--rdzv_id=r-0abc"]
+    assert inside[:6] == [
+        "torchrun",
+        "--nproc_per_node=8",
+        "--nnodes=2",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=10.0.1.5:29500",
+        "--rdzv_id=r-0abc",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -105,9 +150,14 @@ def test_bad_launch_options(args: tuple[str, ...], message: str) -> None:
 def test_gpu_count_comes_from_nvidia_smi(tmp_path: Path) -> None:
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "nvidia-smi").write_text("#!/bin/sh\nfor i in 0 1 2 3; do echo \"GPU $i: NVIDIA A100-SXM4-40GB\"; done\n")
+    (fake / "nvidia-smi").write_text('#!/bin/sh\nfor i in 0 1 2 3; do echo "GPU $i: NVIDIA A100-SXM4-40GB"; done\n')
     (fake / "nvidia-smi").chmod(0o755)
-    result = subprocess.run(["bash", str(LAUNCHER), "--dry-run"], check=False, capture_output=True, text=True,
-                            env={"PATH": f"{fake}:/usr/bin:/bin"})
+    result = subprocess.run(
+        ["bash", str(LAUNCHER), "--dry-run"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{fake}:/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr
     assert "--nproc_per_node=4" in shlex.split(result.stdout)

@@ -35,8 +35,20 @@ def compiled_run(tiny_model_dir: Path, sample_data: Path, tmp_path_factory: pyte
     """One CLI run with torch.compile and fused AdamW on; the tests below inspect what it left."""
     output = tmp_path_factory.mktemp("compiled")
     result = _run(
-        [sys.executable, str(SCRIPT), "--model", str(tiny_model_dir), "--dataset", str(sample_data),
-         "--output-dir", str(output), "--torch-compile", "--fused-adamw", "--use-cpu", *FAST],
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(sample_data),
+            "--output-dir",
+            str(output),
+            "--torch-compile",
+            "--fused-adamw",
+            "--use-cpu",
+            *FAST,
+        ],
         cwd=tmp_path_factory.getbasetemp(),
     )
     assert result.returncode == 0, result.stderr[-4000:]
@@ -90,9 +102,21 @@ def test_saved_model_reloads_and_predicts_like_the_trained_one(compiled_run: Pat
 def test_torchrun_two_processes_with_gloo(tiny_model_dir: Path, sample_data: Path, tmp_path: Path) -> None:
     output = tmp_path / "ddp"
     result = _run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(SCRIPT),
-         "--model", str(tiny_model_dir), "--dataset", str(sample_data), "--output-dir", str(output), "--use-cpu",
-         *FAST],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            str(SCRIPT),
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(sample_data),
+            "--output-dir",
+            str(output),
+            "--use-cpu",
+            *FAST,
+        ],
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-4000:]
@@ -154,8 +178,11 @@ def test_label_outside_the_label_set(tiny_model_dir: Path, data_dir: Path) -> No
     rows = _rows(data_dir / "train.jsonl")
     rows[6]["label"] = 5
     _write(data_dir / "train.jsonl", rows)
-    with pytest.raises(TrainingInputError, match=r"train.jsonl: row 7 has label 5, which is not in the label set: "
-                                                 r"0 \(negative\), 1 \(neutral\), 2 \(positive\)"):
+    with pytest.raises(
+        TrainingInputError,
+        match=r"train.jsonl: row 7 has label 5, which is not in the label set: "
+        r"0 \(negative\), 1 \(neutral\), 2 \(positive\)",
+    ):
         train(_config(tiny_model_dir, data_dir))
 
 
@@ -205,8 +232,9 @@ def test_fewer_rows_than_one_global_batch(tiny_model_dir: Path, data_dir: Path) 
 def test_saved_to_disk_dataset_with_other_label_names(tiny_model_dir: Path, tmp_path: Path) -> None:
     import datasets
 
-    features = datasets.Features({"text": datasets.Value("string"),
-                                  "label": datasets.ClassLabel(names=["bad", "meh", "good"])})
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["bad", "meh", "good"])}
+    )
     split = datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 2]}, features=features)
     datasets.DatasetDict(train=split, validation=split).save_to_disk(str(tmp_path / "disk"))
     with pytest.raises(TrainingInputError, match=r"label names \['bad', 'meh', 'good'\] differ from the label set"):
@@ -229,16 +257,38 @@ def test_csv_and_saved_to_disk_inputs_load(tmp_path: Path) -> None:
 
 
 def test_cli_prints_the_error_and_exits_2(tiny_model_dir: Path, tmp_path: Path) -> None:
-    result = _run([sys.executable, str(SCRIPT), "--model", str(tiny_model_dir), "--dataset", str(tmp_path / "none"),
-                   "--output-dir", str(tmp_path / "out")], cwd=tmp_path)
+    result = _run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(tmp_path / "none"),
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     assert "train_sentiment: error: dataset folder" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
 
 
 def test_cli_flags_map_onto_the_config() -> None:
-    config = train_sentiment.parse_args(["--torch-compile", "--bf16", "--no-fused-adamw", "--labels", "neg, pos",
-                                         "--epochs", "2", "--dataset", "cardiffnlp/tweet_eval"])
+    config = train_sentiment.parse_args(
+        [
+            "--torch-compile",
+            "--bf16",
+            "--no-fused-adamw",
+            "--labels",
+            "neg, pos",
+            "--epochs",
+            "2",
+            "--dataset",
+            "cardiffnlp/tweet_eval",
+        ]
+    )
     assert (config.torch_compile, config.bf16, config.fused_adamw) == (True, True, False)
     assert config.labels == ("neg", "pos") and config.epochs == 2 and config.dataset_config == "sentiment"
     with pytest.raises(TrainingInputError, match="learning_rate must be between 0 and 1"):
