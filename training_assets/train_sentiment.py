@@ -398,10 +398,12 @@ def train(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
         disable_tqdm=True,
     )
     world_size = args.world_size
-    if len(splits["train"]) < config.per_device_batch_size * world_size:
+    # train_batch_size counts every GPU of one process (nn.DataParallel when not launched by torchrun).
+    global_batch = args.train_batch_size * world_size
+    if len(splits["train"]) < global_batch:
         raise TrainingInputError(
             f"the train split has {len(splits['train'])} rows, fewer than one global batch "
-            f"({config.per_device_batch_size} per device x {world_size} processes)"
+            f"({config.per_device_batch_size} per device x {global_batch // config.per_device_batch_size} devices)"
         )
     transformers.set_seed(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_reference)
@@ -419,7 +421,7 @@ def train(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
 
     encoded = {split: data.map(tokenize, batched=True, remove_columns=["text"]) for split, data in splits.items()}
 
-    meter = ThroughputMeter(config.warmup_steps, config.per_device_batch_size * world_size)
+    meter = ThroughputMeter(config.warmup_steps, global_batch)
     reporter = EpochReporter()
     trainer = SentimentTrainer(
         model=model,
