@@ -112,9 +112,12 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as error:
                 raise TrainingInputError(f"{path}:{number}: not a JSON object ({error.msg})") from None
+            if not isinstance(row, dict):
+                raise TrainingInputError(f"{path}:{number}: not a JSON object (got {type(row).__name__})")
+            rows.append(row)
     return rows
 
 
@@ -134,11 +137,7 @@ def load_splits(config: TrainConfig) -> dict[str, Any]:
     reference = os.path.expanduser(config.dataset)
     folder = Path(reference)
     if folder.is_dir() and (folder / "dataset_dict.json").is_file():
-        loaded = datasets.load_from_disk(str(folder))
-        raw = {split: loaded[split] for split in SPLITS if split in loaded}
-        missing = [split for split in SPLITS if split not in raw]
-        if missing:
-            raise TrainingInputError(f"dataset {folder} has splits {list(loaded)}; it needs {', '.join(SPLITS)}")
+        raw = _both_splits(datasets.load_from_disk(str(folder)), str(folder))
         names = {split: f"{folder}[{split}]" for split in SPLITS}
     elif folder.is_dir():
         paths = {split: _split_file(folder, split) for split in SPLITS}
@@ -147,16 +146,22 @@ def load_splits(config: TrainConfig) -> dict[str, Any]:
     elif folder.exists() or _looks_local(reference):
         raise TrainingInputError(f"dataset folder {reference} does not exist (or is not a folder)")
     else:
-        loaded = datasets.load_dataset(reference, config.dataset_config)
-        raw = {split: loaded[split] for split in SPLITS}
-        names = {split: f"{reference}/{config.dataset_config}[{split}]" for split in SPLITS}
-    return {split: _checked_split(raw[split], names[split], config) for split in SPLITS}
+        raw = _both_splits(datasets.load_dataset(reference, config.dataset_config), reference)
+        names = {split: f"{reference}:{config.dataset_config}[{split}]" for split in SPLITS}
+    return {split: _checked_split(raw[split], names[split], split, config) for split in SPLITS}
 
 
-def _checked_split(rows: Any, name: str, config: TrainConfig) -> Any:
+def _both_splits(loaded: Any, name: str) -> dict[str, Any]:
+    missing = [split for split in SPLITS if split not in loaded]
+    if missing:
+        raise TrainingInputError(f"dataset {name} has splits {list(loaded)}; it needs {', '.join(SPLITS)}")
+    return {split: loaded[split] for split in SPLITS}
+
+
+def _checked_split(rows: Any, name: str, split: str, config: TrainConfig) -> Any:
     """Validate one split and return it as a ``datasets.Dataset`` with ``text`` and ``label`` (ids)."""
     if len(rows) == 0:
-        raise TrainingInputError(f"{name} is empty: the {name.split('[')[-1].rstrip(']')} split needs at least one row")
+        raise TrainingInputError(f"{name} is empty: the {split} split needs at least one row")
     if isinstance(rows, datasets.Dataset):
         feature = rows.features.get(config.label_column)
         if isinstance(feature, datasets.ClassLabel) and tuple(feature.names) != config.labels:

@@ -195,8 +195,23 @@ def test_unknown_label_name_in_csv(tiny_model_dir: Path, data_dir: Path) -> None
 
 def test_empty_dataset(tiny_model_dir: Path, data_dir: Path) -> None:
     (data_dir / "train.jsonl").write_text("")
-    with pytest.raises(TrainingInputError, match=r"train.jsonl is empty"):
+    with pytest.raises(TrainingInputError, match=r"train.jsonl is empty: the train split needs at least one row"):
         train(_config(tiny_model_dir, data_dir))
+
+
+def test_line_that_is_not_a_json_object(tiny_model_dir: Path, data_dir: Path) -> None:
+    (data_dir / "train.jsonl").write_text('{"text": "fine", "label": 1}\n["not", "an", "object"]\n')
+    with pytest.raises(TrainingInputError, match=r"train.jsonl:2: not a JSON object \(got list\)"):
+        train(_config(tiny_model_dir, data_dir))
+
+
+def test_saved_to_disk_dataset_without_validation_split(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import datasets
+
+    split = datasets.Dataset.from_dict({"text": ["a"], "label": [0]})
+    datasets.DatasetDict(train=split, test=split).save_to_disk(str(tmp_path / "disk"))
+    with pytest.raises(TrainingInputError, match=r"has splits \['train', 'test'\]; it needs train, validation"):
+        train(_config(tiny_model_dir, tmp_path / "disk"))
 
 
 def test_row_without_text(tiny_model_dir: Path, data_dir: Path) -> None:
