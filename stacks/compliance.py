@@ -47,19 +47,23 @@ def acknowledge(construct: IConstruct, reason: str, *rule_ids: str) -> None:
     cdk.Validations.of(construct).acknowledge(*(cdk.Acknowledgment(id=rule_id, reason=reason) for rule_id in rule_ids))
 
 
-def acknowledge_wildcards(construct: IConstruct, reason: str, *statements: iam.PolicyStatement) -> None:
-    """Acknowledge exactly the AwsSolutions-IAM5 findings these statements raise on ``construct``, and no others.
+def acknowledge_wildcards(construct: IConstruct, *reasoned: tuple[iam.PolicyStatement, str]) -> None:
+    """Acknowledge exactly the AwsSolutions-IAM5 findings that these (statement, reason) pairs raise on ``construct``.
 
     cdk-nag names each wildcard finding after the flattened action or resource (``Resource::<Bucket.Arn>/prefix/*``);
-    deriving the ids from the statements keeps the acknowledgement in step with the policy it excuses.
+    deriving the ids from the statements keeps the acknowledgement in step with the policy it excuses. Statements
+    that share a finding (several ``Resource::*``) share one acknowledgement carrying all their reasons.
     """
     stack = cdk.Stack.of(construct)
-    findings: list[str] = []
-    for statement in statements:
+    reasons: dict[str, list[str]] = {}
+    for statement, reason in reasoned:
         resolved = stack.resolve(statement.to_statement_json())
-        findings += [f"Action::{a}" for a in _as_list(resolved.get("Action")) if "*" in a]
+        findings = [f"Action::{a}" for a in _as_list(resolved.get("Action")) if "*" in a]
         findings += [f"Resource::{r}" for r in map(_flatten, _as_list(resolved.get("Resource"))) if "*" in r]
-    acknowledge(construct, reason, *(f"AwsSolutions-IAM5[{finding}]" for finding in dict.fromkeys(findings)))
+        for finding in findings:
+            reasons.setdefault(f"AwsSolutions-IAM5[{finding}]", []).append(reason)
+    for rule_id, texts in reasons.items():
+        acknowledge(construct, " ".join(dict.fromkeys(texts)), rule_id)
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -83,6 +83,12 @@ class FoundationStack(cdk.Stack):
         self.remote_job_launcher_policy = self._remote_job_launcher_policy()
         self._outputs()
 
+    @property
+    def availability_zones(self) -> list[str]:
+        """The region's first zones as deploy-time tokens: no account lookup at synth and no hard-coded zone names
+        (an environment-agnostic stack would otherwise get only two zones)."""
+        return [cdk.Fn.select(i, cdk.Fn.get_azs()) for i in range(self.settings.vpc.max_azs)]
+
     # --- encryption and storage ---------------------------------------------------------------------------------
 
     def _platform_key(self) -> kms.Key:
@@ -303,9 +309,7 @@ class FoundationStack(cdk.Stack):
         policy = iam.ManagedPolicy(
             self, name, description=description, roles=roles, statements=[statement for statement, _ in statements]
         )
-        for statement, reason in statements:
-            if reason:
-                acknowledge_wildcards(policy, reason, statement)
+        acknowledge_wildcards(policy, *((statement, reason) for statement, reason in statements if reason))
         return policy
 
     def _sagemaker_role(

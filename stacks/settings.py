@@ -52,7 +52,7 @@ class VpcSettings(_Settings):
     """Create a VPC (``cidr``, ``max_azs``) or import one from explicit ids (no lookups at synth time)."""
 
     cidr: str = "10.40.0.0/16"
-    max_azs: Annotated[int, Field(ge=1, le=4)] = 2
+    max_azs: Annotated[int, Field(ge=1, le=3)] = 2
     nat_gateways: Annotated[int, Field(ge=0, le=4)] = 1
     flow_log_retention_days: Literal[7, 14, 30, 60, 90, 180, 365, 731] = 30
     vpc_id: str | None = None

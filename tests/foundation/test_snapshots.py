@@ -1,0 +1,29 @@
+"""Snapshots of every synthesized template, asset hashes masked: a reviewer sees each template change in the diff.
+
+Update after an intended change with ``pytest tests/foundation/test_snapshots.py --snapshot-update``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from syrupy.extensions.json import JSONSnapshotExtension
+
+_ASSET_HASH = re.compile(r"\b[0-9a-f]{64}\b")
+
+
+def _masked(template: dict) -> dict:
+    return json.loads(_ASSET_HASH.sub("<asset-hash>", json.dumps(template)))
+
+
+@pytest.fixture
+def snapshot_json(snapshot):
+    return snapshot.use_extension(JSONSnapshotExtension)
+
+
+@pytest.mark.parametrize("env", ["dev", "staging", "prod"])
+def test_templates_match_snapshots(templates, env: str, snapshot_json) -> None:
+    for stack_id, template in sorted(templates[env].items()):
+        assert _masked(template) == snapshot_json(name=f"{env}-{stack_id}")
