@@ -284,9 +284,11 @@ class TrainingStack(cdk.Stack):
                             roles=[self.foundation.training_instance_role])  # fmt: skip
         acknowledge_wildcards(
             policy,
-            "Each run writes new log streams (named after its reservation and instances) into this stack's log group; "
-            "ec2:DescribeInstances has no resource-level permissions (nodes find their peers by reservation id).",
-            *statements[1:],
+            (statements[1], "Each run writes new log streams, named after its reservation and instances, here."),
+            (
+                statements[2],
+                "ec2:DescribeInstances has no resource-level permissions; nodes find peers by reservation.",
+            ),
         )
         acknowledge(
             policy,
@@ -336,12 +338,14 @@ class TrainingStack(cdk.Stack):
             description=f"Start GPU training runs of {self.settings.name} from the training launch template",
             statements=statements,
         )
-        acknowledge_wildcards(
-            policy,
-            "RunInstances creates instances, volumes and interfaces with generated ids, only from this launch "
-            "template (condition); the AMI is whichever DLAMI the public SSM parameter names at launch.",
-            *statements,
-        )
+        reasons = {
+            "RunFromTheTrainingTemplate": "RunInstances creates instances, volumes and interfaces with generated ids; "
+            "the ec2:LaunchTemplate condition allows this template only.",
+            "RunWithTheTemplatesResources": "The AMI is whichever DLAMI the public SSM parameter names at launch.",
+            "TagAtLaunch": "Tags go on the instances, volumes and interfaces a launch creates (ec2:CreateAction).",
+            "ReadTheDlamiParameter": "The AMI id comes from AWS's public DLAMI parameters under /aws/service/.",
+        }
+        acknowledge_wildcards(policy, *((s, reasons[s.sid]) for s in statements if s.sid in reasons))
         return policy
 
     # --- @remote ------------------------------------------------------------------------------------------------

@@ -20,19 +20,7 @@ def sample_data() -> Path:
 
 
 @pytest.fixture(scope="session")
-def training_templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """{environment: TrainingStack template} of every environment in cdk.json, synthesized once with the
-    compliance gates (an unacknowledged cdk-nag finding fails the synth)."""
-    import json
-
-    from app import build_app
-
-    root = Path(__file__).resolve().parents[2]
-    context = json.loads((root / "cdk.json").read_text())["context"]
-    assembly = build_app(context=context, outdir=str(tmp_path_factory.mktemp("cdk.out"))).synth()
-    templates = {}
-    for stage in assembly.nested_assemblies:
-        for stack in stage.nested_assembly.stacks:
-            if stack.hierarchical_id.endswith("/Training"):
-                templates[stack.hierarchical_id.split("/")[0]] = stack.template
-    return templates
+def training_templates(templates: dict[str, dict[str, dict]]) -> dict[str, dict]:
+    """{environment: TrainingStack template}, from the session's one synth of every environment (with the
+    compliance gates: an unacknowledged cdk-nag finding fails it)."""
+    return {environment: stacks["Training"] for environment, stacks in templates.items()}
