@@ -64,9 +64,12 @@ def run_variant(name: str, flags: tuple[str, ...], args: argparse.Namespace, mod
     # A fresh compile cache per variant: the compile warm-up is measured cold, as on a new instance.
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(work / f"inductor-{name}"), "TOKENIZERS_PARALLELISM": "false"}
     print(f"[{name}] {shlex.join(command)}", flush=True)
+    load_before = os.getloadavg()[0]
     result = subprocess.run(command, env=env, check=False, capture_output=True, text=True)
+    # Other work on the machine slows a variant down: the 1-minute load average before and after shows it.
+    load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     if result.returncode != 0:
-        return {"variant": name, "flags": list(flags), "error": result.stderr.strip().splitlines()[-1]}
+        return {"variant": name, "flags": list(flags), "error": result.stderr.strip().splitlines()[-1], "load": load}
     metrics = json.loads((output / "metrics.json").read_text())
     throughput, last = metrics["throughput"], metrics["epochs"][-1]
     return {
@@ -75,12 +78,15 @@ def run_variant(name: str, flags: tuple[str, ...], args: argparse.Namespace, mod
         "train_samples_per_second": throughput["train_samples_per_second"],
         "train_tokens_per_second": throughput["train_tokens_per_second"],
         "median_step_seconds": throughput["median_step_seconds"],
+        # Samples per second at the median step time: robust to a few steps slowed by other processes.
+        "median_samples_per_second": round(throughput["samples_per_step"] / throughput["median_step_seconds"], 3),
         "measured_steps": throughput["measured_steps"],
         "warmup_seconds": throughput["warmup_seconds"],
         "compile_warmup_seconds": throughput["compile_warmup_seconds"],
         "final_train_loss": last["train_loss"],
         "final_eval_macro_f1": last["eval_macro_f1"],
         "device": metrics["device"],
+        "load_average_1m_before_after": load,
     }
 
 
@@ -115,9 +121,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"the baseline failed: {baseline['error']}")
     for row in rows:
         if "error" not in row:
-            row["samples_per_second_vs_baseline"] = round(
-                row["train_samples_per_second"] / baseline["train_samples_per_second"], 3
-            )
+            for metric in ("train_samples_per_second", "median_samples_per_second"):
+                row[f"{metric}_vs_baseline"] = round(row[metric] / baseline[metric], 3)
     result = {
         "command": shlex.join(["python", "benchmarks/training_throughput.py", *given]),
         "note": HONESTY,
@@ -132,13 +137,15 @@ def main(argv: list[str] | None = None) -> None:
     }  # fmt: skip
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\n{'variant':<14} {'samples/s':>10} {'vs baseline':>12} {'compile warm-up s':>18}")
+    print(
+        f"\n{'variant':<14} {'samples/s':>10} {'vs baseline':>12} {'median vs baseline':>19} {'compile warm-up s':>18}"
+    )
     for row in result["variants"]:
         if "error" in row:
             print(f"{row['variant']:<14} failed: {row['error']}")
         else:
-            ratio = row["samples_per_second_vs_baseline"]
-            print(f"{row['variant']:<14} {row['train_samples_per_second']:>10.1f} {ratio:>11.2f}x "
+            ratio, median = row["train_samples_per_second_vs_baseline"], row["median_samples_per_second_vs_baseline"]
+            print(f"{row['variant']:<14} {row['train_samples_per_second']:>10.1f} {ratio:>11.2f}x {median:>18.2f}x "
                   f"{row['compile_warmup_seconds']:>18.1f}")  # fmt: skip
     print(f"\nwrote {args.output}")
 

@@ -237,6 +237,8 @@ class TrainingStack(cdk.Stack):
             "BASE_MODEL": training.base_model,
             "EFA": "true" if training.efa else "false",
             "TRAIN_ARGS": " ".join(train_arguments(training.hyperparameters)),
+            # The archive fits the Graviton endpoint: its dependencies vendored in code/lib, or installed at start-up.
+            "PACKAGE_ARGS": "--vendor" if self.settings.graviton_endpoint.dependencies == "vendored" else "",
         }
         ship_logs = (
             f"python3 {WORK_DIR}/training_assets/ship_logs.py --region {self.region} "

@@ -15,11 +15,13 @@
 #   AWS_REGION DLC_ACCOUNT REGISTRY_DOMAIN IMAGE_TAG LOG_GROUP ARTIFACTS_BUCKET OUTPUT_PREFIX KMS_KEY_ID
 #   DATASET (s3://... folder, or hub NAME[:CONFIG]) BASE_MODEL (s3://... folder or hub id) EFA (true|false)
 #   TRAIN_ARGS (hyper-parameter flags of train_sentiment.py)
+#   PACKAGE_ARGS (extra flags of inference_assets/package_model.py: --vendor when the endpoint takes vendored deps)
 set -euo pipefail
 
 : "${AWS_REGION:?}" "${DLC_ACCOUNT:?}" "${REGISTRY_DOMAIN:?}" "${IMAGE_TAG:?}" "${LOG_GROUP:?}"
 : "${ARTIFACTS_BUCKET:?}" "${OUTPUT_PREFIX:?}" "${KMS_KEY_ID:?}" "${DATASET:?}" "${BASE_MODEL:?}" "${EFA:?}"
 TRAIN_ARGS="${TRAIN_ARGS:-}"
+PACKAGE_ARGS="${PACKAGE_ARGS:-}"
 RDZV_PORT=29500
 IMAGE=sentiment-training:latest
 WORK="$(pwd)"
@@ -56,6 +58,7 @@ docker build -t "$IMAGE" --build-arg "DLC_ACCOUNT=$DLC_ACCOUNT" --build-arg "REG
 
 # --- 3. inputs ---------------------------------------------------------------------------------------------------
 read -r -a train_args <<<"$TRAIN_ARGS"
+read -r -a package_args <<<"$PACKAGE_ARGS"
 if [[ "$DATASET" == s3://* ]]; then
   aws s3 sync --only-show-errors "$DATASET" "$WORK/dataset"
   launch_args+=(--data-dir "$WORK/dataset")
@@ -78,7 +81,7 @@ if [[ -d "$WORK/output/saved_model" ]]; then
   destination="s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX$reservation"
   docker run --rm -v "$WORK:/work" -w /work "$IMAGE" \
     python inference_assets/package_model.py --model-dir output/saved_model --output output/model.tar.gz \
-    --upload "$destination/model.tar.gz" --kms-key-id "$KMS_KEY_ID"
+    --upload "$destination/model.tar.gz" --kms-key-id "$KMS_KEY_ID" "${package_args[@]}"
   aws s3 cp --only-show-errors --sse aws:kms --sse-kms-key-id "$KMS_KEY_ID" \
     "$WORK/output/metrics.json" "$destination/metrics.json"
   echo "model: $destination/model.tar.gz"

@@ -72,6 +72,7 @@ def instance(tmp_path: Path) -> dict:
         "BASE_MODEL": "cardiffnlp/twitter-roberta-base-sentiment-latest",
         "EFA": "true",
         "TRAIN_ARGS": "--epochs 3 --torch-compile --bf16 --fused-adamw",
+        "PACKAGE_ARGS": "--vendor",
         "PEERS": "10.0.1.9\t10.0.1.7",
         "SAVES_MODEL": "1",
     }
@@ -121,7 +122,7 @@ def test_two_node_efa_run_builds_trains_packages_and_uploads(instance: dict) -> 
     assert package[package.index("sentiment-training:latest") + 1 :] == [
         "python", "inference_assets/package_model.py", "--model-dir", "output/saved_model",
         "--output", "output/model.tar.gz", "--upload", "s3://dev-artifacts/training-output/r-0123/model.tar.gz",
-        "--kms-key-id", "arn:aws:kms:us-west-2:123456789012:key/k",
+        "--kms-key-id", "arn:aws:kms:us-west-2:123456789012:key/k", "--vendor",
     ]  # fmt: skip
     upload = calls[-1]
     assert upload[-2:] == [f"{work}/output/metrics.json", "s3://dev-artifacts/training-output/r-0123/metrics.json"]
