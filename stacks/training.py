@@ -268,7 +268,7 @@ class TrainingStack(cdk.Stack):
 
     def _instance_policy(self) -> iam.Policy:
         """What the training instances need of this stack's resources (attached to the foundation's role)."""
-        log_streams = f"{self.log_group.log_group_arn.removesuffix(':*')}:log-stream:*"
+        group = f"arn:{self.partition}:logs:{self.region}:{self.account}:log-group:{self.log_group.log_group_name}"
         statements = [
             iam.PolicyStatement(
                 sid="ReadTrainingCode",
@@ -278,7 +278,7 @@ class TrainingStack(cdk.Stack):
             iam.PolicyStatement(
                 sid="WriteTrainingLogs",
                 actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                resources=[self.log_group.log_group_arn, log_streams],
+                resources=[group, f"{group}:log-stream:*"],
             ),
             iam.PolicyStatement(sid="FindTheNodesOfARun", actions=["ec2:DescribeInstances"], resources=["*"]),
         ]
