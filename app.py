@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The CDK app: one PlatformStage per environment chosen with ``-c env=dev[,staging,...]`` (default: all of them)."""
+"""The CDK app: one PlatformStage per environment chosen with ``-c env=dev[,staging,...]`` (default: all of them),
+plus the PromotionPipeline stack (all environments) whenever cdk.json has ``pipeline`` settings."""
 
 from __future__ import annotations
 
@@ -8,15 +9,23 @@ from typing import Any
 import aws_cdk as cdk
 
 from stacks.compliance import add_compliance_gates
+from stacks.pipeline import PromotionPipelineStack
 from stacks.platform_stage import PlatformStage
-from stacks.settings import load_environments
+from stacks.settings import load_environments, load_pipeline
 
 
 def build_app(**app_props: Any) -> cdk.App:
     """Build (not synthesize) the app; tests pass ``context`` and ``outdir`` here instead of going through the CLI."""
     app = cdk.App(**app_props)
-    for settings in load_environments(app.node.try_get_context("environments"), app.node.try_get_context("env")):
+    environments = app.node.try_get_context("environments")
+    for settings in load_environments(environments, app.node.try_get_context("env")):
         PlatformStage(app, settings)
+    pipeline = load_pipeline(app.node.try_get_context("pipeline"))
+    if pipeline is not None:
+        # Always all environments: the pipeline promotes through every one, whatever -c env selects.
+        PromotionPipelineStack(
+            app, "PromotionPipeline", settings=pipeline, environments=load_environments(environments, None)
+        )
     add_compliance_gates(app)
     return app
 

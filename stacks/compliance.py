@@ -21,8 +21,15 @@ def add_compliance_gates(app: cdk.App) -> None:
     """Register the rule packs on the app; call it after every Stage exists (aspects do not cross Stage borders)."""
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app), NIST80053R5Checks(app))
     for scope in [app, *(child for child in app.node.children if cdk.Stage.is_stage(child))]:
-        cdk.Aspects.of(scope).add(WriteNagSuppressionsToCloudFormationAspect())
-        cdk.Aspects.of(scope).add(_DropRedundantDependsOn())
+        add_template_aspects(scope)
+
+
+def add_template_aspects(stage: cdk.Stage) -> None:
+    """What every template of ``stage`` needs before it is synthesized: the acknowledgements written into its metadata
+    (the ops review reads them) and lint-clean handlers. CDK Pipelines synthesizes the stages it deploys as they are
+    added, before ``add_compliance_gates`` runs, so the pipeline calls this for each of its stages itself."""
+    cdk.Aspects.of(stage).add(WriteNagSuppressionsToCloudFormationAspect())
+    cdk.Aspects.of(stage).add(_DropRedundantDependsOn())
 
 
 @jsii.implements(cdk.IAspect)

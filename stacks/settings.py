@@ -30,6 +30,11 @@ _REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$")
 _TAG_VALUE = re.compile(r"^[\w .:/=+\-@]{1,256}$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _S3_KEY = re.compile(r"^[A-Za-z0-9!_.*'()/-]+$")
+_CONNECTION_ARN = re.compile(
+    r"^arn:aws[a-z-]*:(codeconnections|codestar-connections):[a-z0-9-]+:\d{12}:connection/[0-9a-f-]{36}$"
+)
+_REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+_BRANCH = re.compile(r"^(?!/)(?!.*(\.\.|//|@\{))[A-Za-z0-9._/-]+(?<![/.])$")
 
 
 class SettingsError(ValueError):
@@ -321,11 +326,58 @@ class EnvironmentSettings(_Settings):
         return {"project": self.tags.project, "environment": self.name, "cost-centre": self.tags.cost_centre}
 
 
-def _describe(error: Any, root: str) -> str:
+class PipelineSettings(_Settings):
+    """The promotion pipeline (CDK Pipelines) in the tooling account, and the repository it deploys from."""
+
+    account: str
+    region: str = DEFAULT_REGION
+    connection_arn: str
+    repository: str
+    branch: str = "main"
+
+    @field_validator("account")
+    @classmethod
+    def _account(cls, value: str) -> str:
+        if not _ACCOUNT.match(value):
+            raise ValueError("must be the 12-digit id of the tooling account in quotes")
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str) -> str:
+        if not _REGION.match(value):
+            raise ValueError("must be an AWS region code such as us-west-2")
+        return value
+
+    @field_validator("connection_arn")
+    @classmethod
+    def _connection(cls, value: str) -> str:
+        if not _CONNECTION_ARN.match(value):
+            raise ValueError(
+                "must be a CodeConnections connection ARN such as "
+                "arn:aws:codeconnections:us-west-2:111122223333:connection/<uuid>"
+            )
+        return value
+
+    @field_validator("repository")
+    @classmethod
+    def _repository(cls, value: str) -> str:
+        if not _REPOSITORY.match(value):
+            raise ValueError("must be owner/repository, for example my-org/pytorch-platform")
+        return value
+
+    @field_validator("branch")
+    @classmethod
+    def _branch(cls, value: str) -> str:
+        if not _BRANCH.match(value):
+            raise ValueError("must be a git branch name such as main or release/1.2")
+        return value
+
+
+def _describe(error: Any, root: str, model: type[BaseModel] = EnvironmentSettings) -> str:
     path = [str(part) for part in error["loc"]]
     key = ".".join([root, *path])
     if error["type"] == "extra_forbidden":
-        model = EnvironmentSettings
         for part in path[:-1]:
             annotation = model.model_fields[part].annotation
             model = next(
@@ -368,3 +420,15 @@ def load_environments(environments: Any, selection: str | None) -> list[Environm
             raise SettingsError(f"env={name}: unknown environment; allowed values are {', '.join(environments)}.")
     ordered = sorted(dict.fromkeys(names), key=ENVIRONMENT_NAMES.index)
     return [parse_environment(name, environments[name]) for name in ordered]
+
+
+def load_pipeline(raw: Any) -> PipelineSettings | None:
+    """The ``pipeline`` context object validated, or None when the app has no pipeline settings."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise SettingsError("pipeline: must be an object with account, region, connection_arn, repository and branch.")
+    try:
+        return PipelineSettings.model_validate(raw)
+    except ValidationError as error:
+        raise SettingsError(_describe(error.errors()[0], "pipeline", PipelineSettings)) from None

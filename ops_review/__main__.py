@@ -1,0 +1,69 @@
+"""CLI: review a cloud assembly, or the difference between two."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from ops_review.diff import diff_reviews
+from ops_review.markdown import diff_markdown, environment_markdown, index_markdown
+from ops_review.review import PRICES_FILE, load_prices, review_assembly
+
+
+def write_review(reviews: dict[str, dict[str, dict[str, Any]]], out: Path) -> list[Path]:
+    """One Markdown and one JSON file per environment (a section/key per stack) and an index.md."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = {environment: re.sub(r"[^A-Za-z0-9_.-]+", "-", environment).strip("-") or "app" for environment in reviews}
+    written = []
+    for environment, stacks in reviews.items():
+        json_file, markdown_file = out / f"{files[environment]}.json", out / f"{files[environment]}.md"
+        json_file.write_text(json.dumps({"environment": environment, "stacks": stacks}, indent=2) + "\n")
+        markdown_file.write_text(environment_markdown(environment, stacks))
+        written += [json_file, markdown_file]
+    (out / "index.md").write_text(index_markdown(reviews, files))
+    return [*written, out / "index.md"]
+
+
+def write_diff(diff: dict[str, Any], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "diff.json").write_text(json.dumps(diff, indent=2) + "\n")
+    (out / "diff.md").write_text(diff_markdown(diff))
+    return [out / "diff.json", out / "diff.md"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ops_review", description=__doc__)
+    parser.add_argument("cdk_out", nargs="?", type=Path, help="cloud assembly to review (e.g. cdk.out)")
+    parser.add_argument(
+        "--diff",
+        nargs=2,
+        type=Path,
+        metavar=("OLD_CDK_OUT", "NEW_CDK_OUT"),
+        help="write the difference between the reviews of two cloud assemblies",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="folder for the Markdown and JSON files")
+    parser.add_argument("--prices", type=Path, default=PRICES_FILE, help="price table (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if (args.cdk_out is None) == (args.diff is None):
+        parser.error("give either one cloud assembly or --diff OLD NEW")
+    prices = load_prices(args.prices)
+    try:
+        if args.diff:
+            diff = diff_reviews(*(review_assembly(path, prices) for path in args.diff))
+            written = write_diff(diff, args.out)
+            print("\n".join(diff["findings"]) or "no riskier permissions, exposure, encryption, retention or cost")
+        else:
+            written = write_review(review_assembly(args.cdk_out, prices), args.out)
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(written)} files to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

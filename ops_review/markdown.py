@@ -1,0 +1,241 @@
+"""Markdown of a review (one page per environment, a section per stack) and of a review diff."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        value = "<br>".join(str(v) for v in value) if value else "-"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+    if not rows:
+        return ["_none_", ""]
+    return [
+        "| " + " | ".join(headers) + " |",
+        "|" + "---|" * len(headers),
+        *("| " + " | ".join(_cell(v) for v in row) + " |" for row in rows),
+        "",
+    ]
+
+
+def _flags(statement: dict[str, Any]) -> str:
+    flags = [
+        name
+        for name, on in (
+            ("WILDCARD ACTION", statement["wildcard_actions"]),
+            ("WILDCARD RESOURCE", statement["wildcard_resources"]),
+        )
+        if on
+    ]
+    return ", ".join(flags) or "-"
+
+
+def environment_markdown(environment: str, stacks: dict[str, dict[str, Any]]) -> str:
+    lines = [f"# Ops review: {environment}", ""]
+    lines += _table(
+        [
+            "stack",
+            "resources",
+            "wildcard statements",
+            "open ingress",
+            "stores without KMS",
+            "always-on $/h",
+            "training run $/h per node",
+        ],
+        [
+            [
+                name,
+                sum(review["resources_by_type"].values()),
+                sum(
+                    s["wildcard_actions"] or s["wildcard_resources"]
+                    for p in review["iam"].values()
+                    for s in p["statements"]
+                ),
+                len(review["network"]["open_ingress"]),
+                sum(e["encrypted_with"] != "kms" for e in review["encryption"]),
+                f"{review['cost']['always_on_hourly_usd']:.4f}",
+                f"{review['cost']['per_training_run_hourly_usd_per_node']:.4f}",
+            ]
+            for name, review in stacks.items()
+        ],
+    )
+    for name, review in stacks.items():
+        lines += stack_markdown(name, review)
+    return "\n".join(lines)
+
+
+def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
+    network, cost = review["network"], review["cost"]
+    lines = [
+        f"## {name} (`{review['stack_name']}`, account {review['account'] or 'from the CLI'}, "
+        f"region {review['region'] or 'from the CLI'})",
+        "",
+        "### Resources by type",
+        "",
+    ]
+    lines += _table(["type", "count"], [[t, n] for t, n in review["resources_by_type"].items()])
+    lines += ["### IAM principals", ""]
+    for principal, entry in review["iam"].items():
+        trusted = f" trusted by {', '.join(entry['trusted_by'])}" if entry["trusted_by"] else ""
+        lines += [f"**{principal}** ({entry['type']}{trusted})", ""]
+        if entry["managed_policies"]:
+            lines += [f"AWS managed or shared policies: {', '.join(entry['managed_policies'])}", ""]
+        lines += _table(
+            ["policy", "effect", "actions", "resources", "conditions", "flags"],
+            [
+                [s["source"], s["effect"], s["actions"], s["resources"], s["conditions"], _flags(s)]
+                for s in entry["statements"]
+            ],
+        )
+    lines += ["### Resource policies", ""]
+    lines += _table(
+        ["resource", "principals", "effect", "actions", "conditions", "flags"],
+        [
+            [
+                p["resource"],
+                p["principals"],
+                p["effect"],
+                p["actions"],
+                p["conditions"],
+                "PUBLIC" if p["public"] else _flags(p),
+            ]
+            for p in review["resource_policies"]
+        ],
+    )
+    lines += [
+        "### Network exposure",
+        "",
+        f"Internet gateways: {network['internet_gateways']}; NAT gateways: {network['nat_gateways']}; "
+        f"public subnets: {', '.join(network['public_subnets']) or 'none'}; "
+        f"ingress from the internet: {', '.join(network['open_ingress']) or 'none'}.",
+        "",
+    ]
+    lines += _table(
+        ["security group", "rule", "description"],
+        [
+            [group, rule["summary"], rule["description"]]
+            for group, rules in network["security_groups"].items()
+            for rule in rules
+        ],
+    )
+    lines += _table(
+        ["VPC endpoint", "service", "type", "private DNS", "subnets"],
+        [[e["endpoint"], e["service"], e["type"], e["private_dns"], e["subnets"]] for e in network["vpc_endpoints"]],
+    )
+    if network["sagemaker_models"]:
+        lines += _table(
+            ["SageMaker model", "in VPC", "network isolation"],
+            [[m["model"], m["in_vpc"], m["network_isolation"]] for m in network["sagemaker_models"]],
+        )
+    lines += ["### Encryption", ""]
+    lines += _table(
+        ["data store", "type", "encrypted with", "key", "rotation"],
+        [[e["resource"], e["type"], e["encrypted_with"], e["key"], e.get("rotation")] for e in review["encryption"]],
+    )
+    lines += ["### Deletion and retention", ""]
+    lines += _table(
+        ["resource", "type", "DeletionPolicy", "UpdateReplacePolicy", "retention days", "emptied on delete"],
+        [
+            [
+                r["resource"],
+                r["type"],
+                r["deletion_policy"],
+                r["update_replace_policy"],
+                r["retention_days"],
+                r["emptied_on_delete"],
+            ]
+            for r in review["retention"]
+        ],
+    )
+    lines += ["### cdk-nag acknowledgements", ""]
+    lines += _table(
+        ["rule", "reason", "resources"], [[a["rule"], a["reason"], a["resources"]] for a in review["acknowledgements"]]
+    )
+    lines += [f"### On-demand cost (prices as of {cost['prices_as_of']}, region {cost['region']})", ""]
+    lines += _table(
+        ["runs", "resource", "kind", "instance type", "count", "max count", "$/h each", "$/h", "$/h at max"],
+        [
+            [
+                "always",
+                i["resource"],
+                i["kind"],
+                i["instance_type"],
+                i["count"],
+                i.get("max_count"),
+                i["unit_hourly_usd"],
+                i["hourly_usd"],
+                i.get("max_hourly_usd"),
+            ]
+            for i in cost["always_on"]
+        ]
+        + [
+            [
+                "per training run",
+                i["resource"],
+                i["kind"],
+                i["instance_type"],
+                i["count"],
+                None,
+                i["unit_hourly_usd"],
+                i["hourly_usd"],
+                None,
+            ]
+            for i in cost["per_training_run"]
+        ],
+    )
+    lines += [
+        f"Always on: **${cost['always_on_hourly_usd']:.4f}/h** "
+        f"(~${cost['always_on_hourly_usd'] * 730:.0f}/month), up to ${cost['always_on_max_hourly_usd']:.4f}/h at "
+        "maximum autoscaling. Per training run: "
+        f"**${cost['per_training_run_hourly_usd_per_node']:.4f}/h per node** while it runs.",
+        "",
+    ]
+    if cost["unpriced"]:
+        lines += [f"Not in the price table (not counted): {', '.join(cost['unpriced'])}.", ""]
+    return lines
+
+
+def index_markdown(reviews: dict[str, dict[str, dict[str, Any]]], files: dict[str, str]) -> str:
+    lines = ["# Ops review", "", "Generated by `python -m ops_review` from the synthesized cloud assembly.", ""]
+    lines += _table(
+        ["environment", "stacks", "always-on $/h", "training run $/h per node"],
+        [
+            [
+                f"[{environment}]({files[environment]}.md)",
+                len(stacks),
+                f"{sum(r['cost']['always_on_hourly_usd'] for r in stacks.values()):.4f}",
+                f"{sum(r['cost']['per_training_run_hourly_usd_per_node'] for r in stacks.values()):.4f}",
+            ]
+            for environment, stacks in reviews.items()
+        ],
+    )
+    return "\n".join(lines)
+
+
+def diff_markdown(diff: dict[str, Any]) -> str:
+    lines = ["# Ops review diff", "", "## Findings", ""]
+    lines += [f"- {finding}" for finding in diff["findings"]] or [
+        "_none: no riskier permissions, exposure, encryption, retention or cost_"
+    ]
+    lines.append("")
+    for label, change in diff["stacks"].items():
+        lines += [f"## {label} ({change['status']})", ""]
+        for key, value in change.items():
+            if key == "status":
+                continue
+            lines += [f"### {key.replace('_', ' ')}", ""]
+            if isinstance(value, dict):
+                lines += _table(["item", "old", "new"], [[k, v["old"], v["new"]] for k, v in value.items()])
+            elif key.startswith("permissions"):
+                lines += _table(["principal", "effect", "action", "resource", "conditions"], [list(v) for v in value])
+            elif key.startswith("acknowledgements"):
+                lines += _table(["rule", "reason"], [list(v) for v in value])
+            else:
+                lines += [f"- {v}" for v in value] + [""]
+    return "\n".join(lines)

@@ -1,0 +1,538 @@
+"""Ops review of a synthesized cloud assembly (``cdk.out``): what each stack of each environment would do.
+
+It reads only the templates and manifests (no AWS calls, no CDK import), so it reviews any synthesized app: the
+resources, every IAM principal with its actions and resources (wildcards flagged), network exposure, encryption of
+each data store, deletion/retention policy of each data-bearing resource, the cdk-nag acknowledgements (the compliance
+gates write them into the template metadata) and the On-Demand hourly cost of the instances the stack would run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PRICES_FILE = Path(__file__).with_name("prices.json")
+
+# Resource types that hold data (or the key to it): their deletion policy decides what `cdk destroy` takes along.
+DATA_BEARING_TYPES = (
+    "AWS::S3::Bucket",
+    "AWS::KMS::Key",
+    "AWS::Logs::LogGroup",
+    "AWS::ECR::Repository",
+    "AWS::DynamoDB::Table",
+    "AWS::EFS::FileSystem",
+    "AWS::RDS::DBCluster",
+    "AWS::RDS::DBInstance",
+    "AWS::SageMaker::ModelPackageGroup",
+    "AWS::SageMaker::FeatureGroup",
+)
+APP_ENVIRONMENT = "(app)"
+_INTERNET = ("0.0.0.0/0", "::/0")
+
+
+@dataclass(frozen=True)
+class StackTemplate:
+    environment: str  # the Stage path ("dev", "PromotionPipeline/dev") or APP_ENVIRONMENT for top-level stacks
+    stack: str  # the construct id of the stack inside its stage
+    stack_name: str  # the CloudFormation stack name
+    region: str | None
+    account: str | None
+    template: dict[str, Any]
+    tags: dict[str, str]
+
+
+def load_assembly(cdk_out: Path) -> list[StackTemplate]:
+    """Every stack template of the cloud assembly, nested stage assemblies included."""
+    manifest_file = Path(cdk_out) / "manifest.json"
+    if not manifest_file.is_file():
+        raise FileNotFoundError(f"{cdk_out}: not a cloud assembly (no manifest.json); run `make synth` first.")
+    stacks: list[StackTemplate] = []
+    for artifact_id, artifact in json.loads(manifest_file.read_text())["artifacts"].items():
+        properties = artifact.get("properties", {})
+        if artifact["type"] == "cdk:cloud-assembly":
+            stacks += load_assembly(Path(cdk_out) / properties["directoryName"])
+        elif artifact["type"] == "aws:cloudformation:stack":
+            display = artifact.get("displayName", artifact_id)
+            environment, _, stack = display.rpartition("/")
+            account, region = _environment(artifact.get("environment", ""))
+            stacks.append(
+                StackTemplate(
+                    environment=environment or APP_ENVIRONMENT,
+                    stack=stack,
+                    stack_name=properties.get("stackName", stack),
+                    region=region,
+                    account=account,
+                    template=json.loads((Path(cdk_out) / properties["templateFile"]).read_text()),
+                    tags=properties.get("tags", {}),
+                )
+            )
+    return stacks
+
+
+def _environment(uri: str) -> tuple[str | None, str | None]:
+    account, _, region = uri.removeprefix("aws://").partition("/")
+    return (None if account.startswith("unknown") else account), (None if region.startswith("unknown") else region)
+
+
+def load_prices(path: Path = PRICES_FILE) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+def review_assembly(cdk_out: Path, prices: dict[str, Any] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """{environment: {stack: review}} for every stack of the assembly."""
+    prices = prices or load_prices()
+    reviews: dict[str, dict[str, dict[str, Any]]] = {}
+    for stack in load_assembly(cdk_out):
+        reviews.setdefault(stack.environment, {})[stack.stack] = review_stack(stack, prices)
+    return reviews
+
+
+def review_stack(stack: StackTemplate, prices: dict[str, Any]) -> dict[str, Any]:
+    template = _Template(stack)
+    return {
+        "stack_name": stack.stack_name,
+        "account": stack.account,
+        "region": stack.region,
+        "resources_by_type": dict(sorted(Counter(r["Type"] for r in template.resources.values()).items())),
+        "iam": template.iam(),
+        "resource_policies": template.resource_policies(),
+        "network": template.network(),
+        "encryption": template.encryption(),
+        "retention": template.retention(),
+        "acknowledgements": template.acknowledgements(),
+        "cost": template.cost(prices),
+    }
+
+
+def describe(value: Any) -> str:
+    """A CloudFormation value as a readable string: references as ${Logical} / ${Logical.Attribute}."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool | int | float):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return ", ".join(describe(item) for item in value)
+    if isinstance(value, dict) and len(value) == 1:
+        ((function, argument),) = value.items()
+        if function == "Ref":
+            return f"${{{argument}}}"
+        if function == "Fn::GetAtt":
+            return "${" + ".".join(argument if isinstance(argument, list) else [argument]) + "}"
+        if function == "Fn::Join":
+            return argument[0].join(describe(item) for item in argument[1])
+        if function == "Fn::Sub":
+            return argument if isinstance(argument, str) else argument[0]
+        if function == "Fn::ImportValue":
+            return f"import({describe(argument)})"
+        if function == "Fn::Select":
+            return f"select({argument[0]}, {describe(argument[1])})"
+        if function == "Fn::GetAZs":
+            return "${AZs}"
+    return json.dumps(value, sort_keys=True)
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [] if value is None else [value]
+
+
+def is_wildcard(value: str) -> bool:
+    return "*" in value
+
+
+class _Template:
+    def __init__(self, stack: StackTemplate) -> None:
+        self.stack = stack
+        self.resources: dict[str, dict[str, Any]] = stack.template.get("Resources", {})
+
+    def _of_type(self, *types: str) -> list[tuple[str, dict[str, Any]]]:
+        return [(lid, r) for lid, r in self.resources.items() if r["Type"] in types]
+
+    def name(self, logical_id: str) -> str:
+        """The construct path inside the stack (EndpointExecutionRole), or the logical id when there is none."""
+        path = self.resources.get(logical_id, {}).get("Metadata", {}).get("aws:cdk:path")
+        if not path:
+            return logical_id
+        prefix = f"{self.stack.environment}/{self.stack.stack}/" if self.stack.environment != APP_ENVIRONMENT else ""
+        path = path.removeprefix(prefix or f"{self.stack.stack}/")
+        for suffix in ("/Resource", "/Default"):
+            path = path.removesuffix(suffix)
+        return path
+
+    def _reference(self, value: Any) -> str:
+        """Name a referenced resource of this template, or describe a value from elsewhere."""
+        if isinstance(value, dict) and "Ref" in value and value["Ref"] in self.resources:
+            return self.name(value["Ref"])
+        if isinstance(value, dict) and "Fn::GetAtt" in value and value["Fn::GetAtt"][0] in self.resources:
+            return self.name(value["Fn::GetAtt"][0])
+        return describe(value)
+
+    def _referenced_ids(self, value: Any) -> set[str]:
+        text = json.dumps(value)
+        return {lid for lid in self.resources if f'"{lid}"' in text}
+
+    # --- IAM ----------------------------------------------------------------------------------------------------
+
+    def iam(self) -> dict[str, dict[str, Any]]:
+        principals: dict[str, dict[str, Any]] = {}
+        for lid, role in self._of_type("AWS::IAM::Role", "AWS::IAM::User", "AWS::IAM::Group"):
+            properties = role.get("Properties", {})
+            trust = properties.get("AssumeRolePolicyDocument", {}).get("Statement", [])
+            principals[self.name(lid)] = {
+                "type": role["Type"].rsplit("::", 1)[1].lower(),
+                "trusted_by": sorted({describe(p) for s in trust for p in _principals(s.get("Principal"))}),
+                "managed_policies": [self._reference(arn) for arn in properties.get("ManagedPolicyArns", [])],
+                "statements": [
+                    statement
+                    for policy in properties.get("Policies", [])
+                    for statement in self._statements(policy["PolicyDocument"], policy.get("PolicyName", "inline"))
+                ],
+            }
+        for lid, policy in self._of_type("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
+            properties = policy.get("Properties", {})
+            holders = [self._reference(h) for key in ("Roles", "Users", "Groups") for h in properties.get(key, [])]
+            if not holders:
+                holders = [f"{self.name(lid)} (managed policy, attached outside this stack)"]
+            for holder in holders:
+                entry = principals.setdefault(
+                    holder, {"type": "external", "trusted_by": [], "managed_policies": [], "statements": []}
+                )
+                entry["statements"] += self._statements(properties["PolicyDocument"], self.name(lid))
+        return dict(sorted(principals.items()))
+
+    def _statements(self, document: dict[str, Any], source: str) -> list[dict[str, Any]]:
+        statements = []
+        for statement in _as_list(document.get("Statement")):
+            actions = [describe(a) for a in _as_list(statement.get("Action") or statement.get("NotAction"))]
+            resources = [describe(r) for r in _as_list(statement.get("Resource") or statement.get("NotResource"))]
+            allow = statement.get("Effect") == "Allow"
+            statements.append(
+                {
+                    "source": source,
+                    "sid": statement.get("Sid"),
+                    "effect": statement.get("Effect"),
+                    "actions": actions,
+                    "resources": resources,
+                    "conditions": describe(statement["Condition"]) if "Condition" in statement else None,
+                    "wildcard_actions": allow and any(map(is_wildcard, actions)),
+                    "wildcard_resources": allow and any(map(is_wildcard, resources)),
+                }
+            )
+        return statements
+
+    def resource_policies(self) -> list[dict[str, Any]]:
+        documents = {
+            "AWS::S3::BucketPolicy": ("Bucket", "PolicyDocument"),
+            "AWS::KMS::Key": (None, "KeyPolicy"),
+            "AWS::SNS::TopicPolicy": ("Topics", "PolicyDocument"),
+            "AWS::SQS::QueuePolicy": ("Queues", "PolicyDocument"),
+            "AWS::ECR::Repository": (None, "RepositoryPolicyText"),
+        }
+        entries = []
+        for lid, resource in self._of_type(*documents):
+            target_key, document_key = documents[resource["Type"]]
+            properties = resource.get("Properties", {})
+            if document_key not in properties:
+                continue
+            target = self._reference(properties[target_key]) if target_key else self.name(lid)
+            for raw, statement in zip(
+                _as_list(properties[document_key].get("Statement")),
+                self._statements(properties[document_key], self.name(lid)),
+                strict=True,
+            ):
+                principals = sorted(describe(p) for p in _principals(raw.get("Principal")))
+                public = statement["effect"] == "Allow" and "*" in principals and "Condition" not in raw
+                entries.append({"resource": target, "principals": principals, "public": public, **statement})
+        return entries
+
+    # --- network ------------------------------------------------------------------------------------------------
+
+    def network(self) -> dict[str, Any]:
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for lid, group in self._of_type("AWS::EC2::SecurityGroup"):
+            properties = group.get("Properties", {})
+            groups[self.name(lid)] = [
+                *(self._rule("ingress", rule) for rule in properties.get("SecurityGroupIngress", [])),
+                *(self._rule("egress", rule) for rule in properties.get("SecurityGroupEgress", [])),
+            ]
+        for _, rule in self._of_type("AWS::EC2::SecurityGroupIngress", "AWS::EC2::SecurityGroupEgress"):
+            direction = "ingress" if rule["Type"].endswith("Ingress") else "egress"
+            properties = rule.get("Properties", {})
+            groups.setdefault(self._reference(properties.get("GroupId")), []).append(self._rule(direction, properties))
+        models = [
+            {
+                "model": self.name(lid),
+                "in_vpc": "VpcConfig" in model.get("Properties", {}),
+                "network_isolation": bool(model.get("Properties", {}).get("EnableNetworkIsolation", False)),
+            }
+            for lid, model in self._of_type("AWS::SageMaker::Model")
+        ]
+        return {
+            "security_groups": dict(sorted(groups.items())),
+            "open_ingress": [
+                f"{group}: {rule['summary']}"
+                for group, rules in groups.items()
+                for rule in rules
+                if rule["direction"] == "ingress" and rule["peer"] in _INTERNET
+            ],
+            "public_subnets": self._public_subnets(),
+            "internet_gateways": len(self._of_type("AWS::EC2::InternetGateway")),
+            "nat_gateways": len(self._of_type("AWS::EC2::NatGateway")),
+            "vpc_endpoints": [
+                {
+                    "endpoint": self.name(lid),
+                    "service": describe(endpoint["Properties"]["ServiceName"]),
+                    "type": endpoint["Properties"].get("VpcEndpointType", "Gateway"),
+                    "private_dns": endpoint["Properties"].get("PrivateDnsEnabled", False),
+                    "subnets": len(endpoint["Properties"].get("SubnetIds", [])),
+                }
+                for lid, endpoint in self._of_type("AWS::EC2::VPCEndpoint")
+            ],
+            "sagemaker_models": models,
+        }
+
+    def _rule(self, direction: str, rule: dict[str, Any]) -> dict[str, Any]:
+        peer = next(
+            (
+                self._reference(rule[key])
+                for key in (
+                    "CidrIp",
+                    "CidrIpv6",
+                    "SourceSecurityGroupId",
+                    "DestinationSecurityGroupId",
+                    "SourcePrefixListId",
+                    "DestinationPrefixListId",
+                )
+                if key in rule
+            ),
+            "?",
+        )
+        protocol = str(rule.get("IpProtocol", "-1"))
+        ports = "all" if protocol == "-1" else f"{rule.get('FromPort')}-{rule.get('ToPort')}"
+        towards = "from" if direction == "ingress" else "to"
+        summary = f"{direction} {'all' if protocol == '-1' else protocol} {ports} {towards} {peer}"
+        return {
+            "direction": direction,
+            "protocol": protocol,
+            "ports": ports,
+            "peer": peer,
+            "description": rule.get("Description"),
+            "summary": summary,
+        }
+
+    def _public_subnets(self) -> list[str]:
+        """Subnets of this template whose route table routes to an internet gateway, or that auto-assign public IPs."""
+        gateways = {lid for lid, _ in self._of_type("AWS::EC2::InternetGateway")}
+        public_tables = {
+            _ref(route["Properties"].get("RouteTableId"))
+            for _, route in self._of_type("AWS::EC2::Route")
+            if _ref(route["Properties"].get("GatewayId")) in gateways
+        }
+        subnets = {
+            _ref(association["Properties"].get("SubnetId"))
+            for _, association in self._of_type("AWS::EC2::SubnetRouteTableAssociation")
+            if _ref(association["Properties"].get("RouteTableId")) in public_tables
+        }
+        subnets |= {
+            lid for lid, subnet in self._of_type("AWS::EC2::Subnet") if subnet["Properties"].get("MapPublicIpOnLaunch")
+        }
+        return sorted(self.name(lid) for lid in subnets if lid)
+
+    # --- encryption and retention -------------------------------------------------------------------------------
+
+    def encryption(self) -> list[dict[str, Any]]:
+        stores = []
+        for lid, resource in self.resources.items():
+            status = _encryption_of(resource["Type"], resource.get("Properties", {}))
+            if status is not None:
+                stores.append({"resource": self.name(lid), "type": resource["Type"], **status})
+        return stores
+
+    def retention(self) -> list[dict[str, Any]]:
+        emptied = {
+            ref
+            for _, custom in self._of_type("Custom::S3AutoDeleteObjects")
+            for ref in self._referenced_ids(custom.get("Properties", {}).get("BucketName"))
+        }
+        return [
+            {
+                "resource": self.name(lid),
+                "type": resource["Type"],
+                # CloudFormation deletes a resource that names no policy.
+                "deletion_policy": resource.get("DeletionPolicy", "Delete"),
+                "update_replace_policy": resource.get("UpdateReplacePolicy", "Delete"),
+                "retention_days": resource.get("Properties", {}).get("RetentionInDays")
+                if resource["Type"] == "AWS::Logs::LogGroup"
+                else None,
+                "emptied_on_delete": lid in emptied if resource["Type"] == "AWS::S3::Bucket" else None,
+            }
+            for lid, resource in self._of_type(*DATA_BEARING_TYPES)
+        ]
+
+    def acknowledgements(self) -> list[dict[str, Any]]:
+        grouped: dict[tuple[str, str], list[str]] = {}
+        for lid, resource in self.resources.items():
+            for rule in resource.get("Metadata", {}).get("cdk_nag", {}).get("rules_to_suppress", []):
+                grouped.setdefault((rule["id"], rule.get("reason", "")), []).append(self.name(lid))
+        return [
+            {"rule": rule, "reason": reason, "resources": sorted(resources)}
+            for (rule, reason), resources in sorted(grouped.items())
+        ]
+
+    # --- cost ---------------------------------------------------------------------------------------------------
+
+    def _max_capacity(self, endpoint_id: str, variant_name: str) -> int | None:
+        """MaxCapacity of the scalable target of endpoint/<endpoint>/variant/<variant>, if this stack has one."""
+        for _, target in self._of_type("AWS::ApplicationAutoScaling::ScalableTarget"):
+            resource_id = describe(target["Properties"].get("ResourceId", ""))
+            names_endpoint = f"${{{endpoint_id}." in resource_id or f"${{{endpoint_id}}}" in resource_id
+            if names_endpoint and resource_id.endswith(f"/variant/{variant_name}"):
+                return int(target["Properties"]["MaxCapacity"])
+        return None
+
+    def cost(self, prices: dict[str, Any]) -> dict[str, Any]:
+        table = prices["regions"].get(self.stack.region or "", {})
+        always_on: list[dict[str, Any]] = []
+        per_training_run: list[dict[str, Any]] = []
+
+        def item(resource: str, kind: str, unit: str, count: int, section: str, key: str) -> dict[str, Any]:
+            price = table.get(section, {}).get(key)
+            return {
+                "resource": resource,
+                "kind": kind,
+                "instance_type": unit,
+                "count": count,
+                "unit_hourly_usd": price,
+                "hourly_usd": None if price is None else round(price * count, 4),
+            }
+
+        endpoint_of_config = {
+            ref: endpoint_id
+            for endpoint_id, endpoint in self._of_type("AWS::SageMaker::Endpoint")
+            for ref in self._referenced_ids(endpoint["Properties"].get("EndpointConfigName"))
+        }
+        for lid, config in self._of_type("AWS::SageMaker::EndpointConfig"):
+            if lid not in endpoint_of_config:
+                continue
+            for variant in config["Properties"].get("ProductionVariants", []):
+                if "InstanceType" not in variant:  # serverless variants bill per request
+                    continue
+                entry = item(
+                    f"{self.name(lid)}/{variant.get('VariantName', '')}",
+                    "SageMaker endpoint variant (initial instance count)",
+                    variant["InstanceType"],
+                    int(variant.get("InitialInstanceCount", 1)),
+                    "sagemaker_hosting",
+                    variant["InstanceType"],
+                )
+                entry["max_count"] = self._max_capacity(endpoint_of_config[lid], variant.get("VariantName", ""))
+                if entry["max_count"] is not None and entry["unit_hourly_usd"] is not None:
+                    entry["max_hourly_usd"] = round(entry["unit_hourly_usd"] * entry["max_count"], 4)
+                always_on.append(entry)
+        for lid, _ in self._of_type("AWS::EC2::NatGateway"):
+            always_on.append(item(self.name(lid), "NAT gateway", "-", 1, "network", "nat_gateway"))
+        for lid, endpoint in self._of_type("AWS::EC2::VPCEndpoint"):
+            if endpoint["Properties"].get("VpcEndpointType") == "Interface":
+                azs = len(endpoint["Properties"].get("SubnetIds", [])) or 1
+                always_on.append(
+                    item(
+                        self.name(lid),
+                        "interface VPC endpoint (per AZ)",
+                        "-",
+                        azs,
+                        "network",
+                        "interface_endpoint_per_az",
+                    )
+                )
+        for lid, template in self._of_type("AWS::EC2::LaunchTemplate"):
+            instance_type = template["Properties"].get("LaunchTemplateData", {}).get("InstanceType")
+            if isinstance(instance_type, str):
+                per_training_run.append(
+                    item(
+                        self.name(lid),
+                        "EC2 launch template (not running until a training run launches it)",
+                        instance_type,
+                        1,
+                        "ec2",
+                        instance_type,
+                    )
+                )
+        unpriced = sorted(
+            {f"{i['kind']}: {i['instance_type']}" for i in always_on + per_training_run if i["hourly_usd"] is None}
+        )
+        return {
+            "region": self.stack.region,
+            "prices_as_of": prices.get("as_of"),
+            "always_on": always_on,
+            "always_on_hourly_usd": round(sum(i["hourly_usd"] or 0 for i in always_on), 4),
+            # Autoscaling at its maximum (variants without a scalable target stay at their initial count).
+            "always_on_max_hourly_usd": round(sum(i.get("max_hourly_usd", i["hourly_usd"] or 0) for i in always_on), 4),
+            "per_training_run": per_training_run,
+            "per_training_run_hourly_usd_per_node": round(sum(i["hourly_usd"] or 0 for i in per_training_run), 4),
+            "unpriced": unpriced,
+        }
+
+
+def _ref(value: Any) -> str | None:
+    """The logical id a {"Ref": ...} names; None for literals and other intrinsics."""
+    return value.get("Ref") if isinstance(value, dict) else None
+
+
+def _principals(principal: Any) -> list[Any]:
+    if principal is None:
+        return []
+    if isinstance(principal, str):
+        return [principal]
+    return [p for values in principal.values() for p in _as_list(values)]
+
+
+def _encryption_of(resource_type: str, properties: dict[str, Any]) -> dict[str, Any] | None:
+    """{'encrypted_with': 'kms' | 'sse-s3' | 'service-default' | 'none', 'key': ...} of a data store, else None."""
+
+    def kms(key: Any) -> dict[str, Any]:
+        return {"encrypted_with": "kms", "key": describe(key)}
+
+    if resource_type == "AWS::S3::Bucket":
+        rules = properties.get("BucketEncryption", {}).get("ServerSideEncryptionConfiguration", [])
+        default = rules[0].get("ServerSideEncryptionByDefault", {}) if rules else {}
+        if default.get("SSEAlgorithm", "").startswith("aws:kms"):
+            return kms(default.get("KMSMasterKeyID", "aws/s3"))
+        # S3 encrypts new objects with SSE-S3 even when the template says nothing.
+        return {"encrypted_with": "sse-s3" if default else "service-default", "key": None}
+    if resource_type == "AWS::KMS::Key":
+        return {"encrypted_with": "kms", "key": "self", "rotation": bool(properties.get("EnableKeyRotation"))}
+    keyed = {
+        "AWS::Logs::LogGroup": "KmsKeyId",
+        "AWS::SageMaker::EndpointConfig": "KmsKeyId",
+        "AWS::SNS::Topic": "KmsMasterKeyId",
+        "AWS::SQS::Queue": "KmsMasterKeyId",
+        "AWS::CodeBuild::Project": "EncryptionKey",
+        "AWS::Kinesis::Stream": "StreamEncryption",
+    }
+    if resource_type in keyed:
+        key = properties.get(keyed[resource_type])
+        return kms(key) if key else {"encrypted_with": "service-default", "key": None}
+    if resource_type == "AWS::EC2::LaunchTemplate":
+        mappings = properties.get("LaunchTemplateData", {}).get("BlockDeviceMappings", [])
+        volumes = [m["Ebs"] for m in mappings if "Ebs" in m]  # instance-store and NoDevice mappings hold no EBS data
+        if not volumes:
+            return {"encrypted_with": "service-default", "key": None}
+        if all(v.get("KmsKeyId") for v in volumes):
+            return kms([v["KmsKeyId"] for v in volumes])
+        return {"encrypted_with": "ebs-default" if all(v.get("Encrypted") for v in volumes) else "none", "key": None}
+    if resource_type in ("AWS::EC2::Volume", "AWS::EFS::FileSystem"):
+        if properties.get("KmsKeyId"):
+            return kms(properties["KmsKeyId"])
+        return {"encrypted_with": "ebs-default" if properties.get("Encrypted") else "none", "key": None}
+    if resource_type == "AWS::DynamoDB::Table":
+        sse = properties.get("SSESpecification", {})
+        if sse.get("KMSMasterKeyId"):
+            return kms(sse["KMSMasterKeyId"])
+        return {"encrypted_with": "service-default", "key": None}
+    return None
+
+
+# Weaker encryption ranks lower; the diff flags any step down.
+ENCRYPTION_RANK = {"kms": 3, "sse-s3": 2, "ebs-default": 2, "service-default": 1, "none": 0}

@@ -1,0 +1,25 @@
+"""Fixtures of the delivery tests; the platform's synthesized app is the session's shared `cloud_assembly`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def cdk_context() -> dict[str, Any]:
+    """cdk.json's context without pipeline settings: the pipeline tests bring their own."""
+    context = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+    context.pop("pipeline", None)
+    return context
+
+
+@pytest.fixture(scope="session")
+def platform_assembly(cloud_assembly: Any) -> Path:
+    """cdk.out of every environment in cdk.json, synthesized once per session through the compliance gates."""
+    return Path(cloud_assembly.directory)

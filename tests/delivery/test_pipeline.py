@@ -1,0 +1,275 @@
+"""The promotion pipeline: synthesized once per module from test settings (three accounts and a tooling account)."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from cfnlint.api import lint_file
+from constructs import Construct
+
+from app import build_app
+from stacks.compliance import add_compliance_gates
+from stacks.pipeline import EXPECTED_LABELS, SYNTH_COMMANDS, PromotionPipelineStack, cdk_cli_version
+from stacks.platform_stage import PlatformStage
+from stacks.settings import EnvironmentSettings, SettingsError, load_environments, load_pipeline
+
+TOOLING = "999999999999"
+ACCOUNTS = {"dev": "111111111111", "staging": "222222222222", "prod": "333333333333"}
+PIPELINE = {
+    "account": TOOLING,
+    "region": "us-west-2",
+    "connection_arn": f"arn:aws:codeconnections:us-west-2:{TOOLING}:connection/0123abcd-0123-4567-89ab-0123456789ab",
+    "repository": "example-org/pytorch-platform",
+    "branch": "main",
+}
+
+
+class StageWithEndpoint(PlatformStage):
+    """A platform stage that exposes an endpoint name output the way the Graviton endpoint stack does."""
+
+    def __init__(self, scope: Construct, settings: EnvironmentSettings, *, construct_id: str | None = None) -> None:
+        super().__init__(scope, settings, construct_id=construct_id)
+        stack = cdk.Stack(self, "Endpoint")
+        cdk.CfnWaitConditionHandle(stack, "Placeholder")
+        output = cdk.CfnOutput(stack, "EndpointName", value=f"sentiment-{settings.name}")
+        self.graviton_endpoint = types.SimpleNamespace(endpoint_name_output=output)
+
+
+@pytest.fixture(scope="module")
+def assembly(tmp_path_factory: pytest.TempPathFactory, cdk_context: dict[str, Any]) -> Path:
+    outdir = tmp_path_factory.mktemp("pipeline") / "cdk.out"
+    environments = [
+        settings.model_copy(update={"account": ACCOUNTS[settings.name]})
+        for settings in load_environments(cdk_context["environments"], None)
+    ]
+    app = cdk.App(context=cdk_context, outdir=str(outdir))
+    PromotionPipelineStack(
+        app,
+        "PromotionPipeline",
+        settings=load_pipeline(PIPELINE),
+        environments=environments,
+        stage_class=StageWithEndpoint,
+    )
+    add_compliance_gates(app)  # the synth below fails on any unacknowledged cdk-nag finding
+    app.synth()
+    return outdir
+
+
+@pytest.fixture(scope="module")
+def template(assembly: Path) -> dict[str, Any]:
+    return json.loads((assembly / "PromotionPipeline.template.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def stages(template: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    (pipeline,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::CodePipeline::Pipeline"]
+    return {stage["Name"]: stage["Actions"] for stage in pipeline["Properties"]["Stages"]}
+
+
+def _buildspec(template: dict[str, Any], action: dict[str, Any]) -> dict[str, Any]:
+    project = template["Resources"][action["Configuration"]["ProjectName"]["Ref"]]
+    return json.loads(project["Properties"]["Source"]["BuildSpec"])
+
+
+def _deploys(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [a for a in actions if a["ActionTypeId"]["Provider"] == "CloudFormation"]
+
+
+def test_environments_are_promoted_in_order_after_synth_and_self_mutation(stages: dict[str, Any]) -> None:
+    names = list(stages)
+    assert names[:3] == ["Source", "Build", "UpdatePipeline"]
+    assert [n for n in names if n in ACCOUNTS] == ["dev", "staging", "prod"]
+    assert names.index("UpdatePipeline") < names.index("dev")
+
+
+def test_source_is_the_configured_connection(stages: dict[str, Any]) -> None:
+    (source,) = stages["Source"]
+    assert source["ActionTypeId"]["Provider"] == "CodeStarSourceConnection"
+    assert source["Configuration"] == {
+        "ConnectionArn": PIPELINE["connection_arn"],
+        "FullRepositoryId": PIPELINE["repository"],
+        "BranchName": PIPELINE["branch"],
+    }
+
+
+def test_synth_step_runs_the_readme_commands_on_python_311(template: dict[str, Any], stages: dict[str, Any]) -> None:
+    (synth,) = stages["Build"]
+    buildspec = _buildspec(template, synth)
+    assert buildspec["phases"]["build"]["commands"] == list(SYNTH_COMMANDS) == ["make test", "make synth"]
+    assert buildspec["phases"]["install"]["runtime-versions"] == {"python": "3.11"}
+    assert buildspec["artifacts"]["base-directory"] == "cdk.out"
+
+
+def test_every_stage_deploys_the_one_synthesized_assembly(stages: dict[str, Any]) -> None:
+    """What reaches prod is what was deployed and smoke-tested in staging: one synth output feeds every deployment."""
+    (synth,) = stages["Build"]
+    (synth_output,) = [o["Name"] for o in synth["OutputArtifacts"]]
+    builds = [a for actions in stages.values() for a in actions if a.get("OutputArtifacts") and a is not synth]
+    assert [a["Name"] for a in builds] == [stages["Source"][0]["Name"]], "no other step produces templates"
+    for environment in ACCOUNTS:
+        inputs = {i["Name"] for a in _deploys(stages[environment]) for i in a.get("InputArtifacts", [])}
+        assert inputs == {synth_output}
+
+
+def test_pipeline_mutates_itself_with_the_pinned_cli(template: dict[str, Any], stages: dict[str, Any]) -> None:
+    (mutate,) = stages["UpdatePipeline"]
+    buildspec = _buildspec(template, mutate)
+    assert f"npm install -g aws-cdk@{cdk_cli_version()}" in buildspec["phases"]["install"]["commands"]
+    assert buildspec["phases"]["build"]["commands"][0].startswith("cdk -a . deploy PromotionPipeline ")
+
+
+def test_manual_approval_gates_prod_only(stages: dict[str, Any]) -> None:
+    approvals = [
+        (stage, a) for stage, actions in stages.items() for a in actions if a["ActionTypeId"]["Category"] == "Approval"
+    ]
+    assert [stage for stage, _ in approvals] == ["prod"]
+    approval = approvals[0][1]
+    assert approval["RunOrder"] < min(a["RunOrder"] for a in _deploys(stages["prod"]))
+
+
+@pytest.mark.parametrize("environment", ["dev", "staging"])
+def test_smoke_test_calls_the_endpoint_client_after_the_deployment(
+    environment: str, template: dict[str, Any], stages: dict[str, Any]
+) -> None:
+    (smoke,) = [a for a in stages[environment] if a["ActionTypeId"]["Provider"] == "CodeBuild"]
+    assert smoke["RunOrder"] > max(a["RunOrder"] for a in _deploys(stages[environment]))
+    variables = {v["name"]: v["value"] for v in json.loads(smoke["Configuration"]["EnvironmentVariables"])}
+    assert variables["ENDPOINT_NAME"].startswith(f"#{{PromotionPipeline{environment}Endpoint")
+    assert variables["ENDPOINT_NAME"].endswith(".EndpointName}")
+    commands = _buildspec(template, smoke)["phases"]["build"]["commands"]
+    assert commands[-1] == (
+        "AWS_PROFILE=smoke-test python inference_assets/endpoint_client.py smoke-test "
+        f'--endpoint-name "$ENDPOINT_NAME" --region us-west-2 --expect-labels {EXPECTED_LABELS}'
+    )
+    project = template["Resources"][smoke["Configuration"]["ProjectName"]["Ref"]]
+    role_arn = f"arn:aws:iam::{ACCOUNTS[environment]}:role/pytorch-platform-{environment}-pipeline-smoke-test"
+    assert {"Name": "SMOKE_TEST_ROLE_ARN", "Type": "PLAINTEXT", "Value": role_arn} in project["Properties"][
+        "Environment"
+    ]["EnvironmentVariables"]
+    grants = [
+        s
+        for r in template["Resources"].values()
+        if r["Type"] == "AWS::IAM::Policy"
+        for s in r["Properties"]["PolicyDocument"]["Statement"]
+        if s["Action"] == "sts:AssumeRole" and s["Resource"] == role_arn
+    ]
+    assert len(grants) == 1
+
+
+def test_prod_has_no_smoke_test(stages: dict[str, Any]) -> None:
+    assert not [a for a in stages["prod"] if a["ActionTypeId"]["Provider"] == "CodeBuild"]
+
+
+@pytest.mark.parametrize("environment", ["dev", "staging"])
+def test_smoke_test_role_in_the_target_account_only_describes_and_invokes(environment: str, assembly: Path) -> None:
+    folder = assembly / f"assembly-PromotionPipeline-{environment}"
+    (template_file,) = folder.glob("*SmokeTestAccess*.template.json")
+    resources = json.loads(template_file.read_text())["Resources"]
+    (role,) = [r for r in resources.values() if r["Type"] == "AWS::IAM::Role"]
+    assert role["Properties"]["RoleName"] == f"pytorch-platform-{environment}-pipeline-smoke-test"
+    (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert json.dumps(trust["Principal"]).count(f":iam::{TOOLING}:root") == 1
+    (policy,) = [r for r in resources.values() if r["Type"] == "AWS::IAM::ManagedPolicy"]
+    (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert statement["Action"] == ["sagemaker:DescribeEndpoint", "sagemaker:InvokeEndpoint"]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    environments = {a["environment"] for a in manifest["artifacts"].values() if a["type"] == "aws:cloudformation:stack"}
+    assert environments == {f"aws://{ACCOUNTS[environment]}/us-west-2"}
+
+
+@pytest.mark.parametrize("environment", list(ACCOUNTS))
+def test_stages_deploy_cross_account_through_the_bootstrap_roles(environment: str, stages: dict[str, Any]) -> None:
+    role = f":iam::{ACCOUNTS[environment]}:role/cdk-hnb659fds-deploy-role-{ACCOUNTS[environment]}-us-west-2"
+    deploys = _deploys(stages[environment])
+    assert deploys and all(role in json.dumps(a["RoleArn"]) for a in deploys)
+
+
+def test_artifacts_and_build_logs_are_encrypted_with_the_pipeline_key(template: dict[str, Any]) -> None:
+    resources = template["Resources"]
+    (key_id,) = [lid for lid, r in resources.items() if r["Type"] == "AWS::KMS::Key"]
+    assert resources[key_id]["Properties"]["EnableKeyRotation"] is True
+    key_arn = {"Fn::GetAtt": [key_id, "Arn"]}
+    (pipeline,) = [r for r in resources.values() if r["Type"] == "AWS::CodePipeline::Pipeline"]
+    assert pipeline["Properties"]["ArtifactStore"]["EncryptionKey"] == {"Id": key_arn, "Type": "KMS"}
+    bucket_id = pipeline["Properties"]["ArtifactStore"]["Location"]["Ref"]
+    sse = resources[bucket_id]["Properties"]["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]
+    assert sse["ServerSideEncryptionByDefault"] == {"KMSMasterKeyID": key_arn, "SSEAlgorithm": "aws:kms"}
+    assert "LoggingConfiguration" in resources[bucket_id]["Properties"]
+    projects = [r for r in resources.values() if r["Type"] == "AWS::CodeBuild::Project"]
+    assert projects and all(p["Properties"]["EncryptionKey"] == key_arn for p in projects)
+    (logs,) = [r for r in resources.values() if r["Type"] == "AWS::Logs::LogGroup"]
+    assert logs["Properties"]["KmsKeyId"] == key_arn and logs["Properties"]["RetentionInDays"] == 90
+    # Every key policy statement for another account is for the stage accounts' bootstrap roles.
+    key_policy = json.dumps(resources[key_id]["Properties"]["KeyPolicy"])
+    for account in ACCOUNTS.values():
+        assert f":iam::{account}:role/cdk-hnb659fds-deploy-role-{account}-us-west-2" in key_policy
+
+
+def test_app_adds_the_pipeline_of_all_environments_whenever_settings_exist(cdk_context: dict[str, Any]) -> None:
+    """`pipeline` settings add the pipeline of the real PlatformStage, with every environment even when -c env=...
+    narrows the top-level stages (`make synth` passes -c env, and the pipeline's synth step runs `make synth`)."""
+    for selection in ({}, {"env": "dev"}):
+        app = build_app(context={**cdk_context, "pipeline": PIPELINE, **selection})
+        pipeline = app.node.try_find_child("PromotionPipeline")
+        assert isinstance(pipeline, PromotionPipelineStack)
+        assert [stage.node.id for stage in pipeline.stages] == list(cdk_context["environments"])
+        assert all(type(stage) is PlatformStage for stage in pipeline.stages)
+    assert build_app(context={**cdk_context, "env": "dev"}).node.try_find_child("PromotionPipeline") is None
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"account": "12345"}, "pipeline.account: must be the 12-digit id of the tooling account in quotes."),
+        (
+            {"connection_arn": "arn:aws:s3:::bucket"},
+            "pipeline.connection_arn: must be a CodeConnections connection ARN",
+        ),
+        ({"repository": "pytorch-platform"}, "pipeline.repository: must be owner/repository"),
+        ({"branch": "feature..x"}, "pipeline.branch: must be a git branch name"),
+        ({"branch": "release/"}, "pipeline.branch: must be a git branch name"),
+        ({"region": "oregon"}, "pipeline.region: must be an AWS region code"),
+        ({"stages": ["dev"]}, "pipeline.stages: unknown setting; allowed keys are account, branch, connection_arn"),
+    ],
+)
+def test_bad_pipeline_settings_stop_synth_with_one_sentence(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(SettingsError) as error:
+        load_pipeline({**PIPELINE, **change})
+    assert str(error.value).startswith(message)
+    assert str(error.value).count(".") >= 1 and "\n" not in str(error.value)
+
+
+def test_pipeline_settings_are_optional_and_must_be_an_object() -> None:
+    assert load_pipeline(None) is None
+    assert load_pipeline(PIPELINE).branch == "main"
+    with pytest.raises(SettingsError, match=r"^pipeline: must be an object"):
+        load_pipeline("true")
+    with pytest.raises(SettingsError, match=r"^pipeline.repository: is required\.$"):
+        load_pipeline({k: v for k, v in PIPELINE.items() if k != "repository"})
+
+
+def test_pipeline_templates_lint_clean(assembly: Path) -> None:
+    """cfn-lint, zero errors and warnings, on the templates this module owns (the stage stacks lint in their own
+    stacks' tests)."""
+    templates = [
+        assembly / "PromotionPipeline.template.json",
+        *assembly.glob("assembly-*/*SmokeTestAccess*.template.json"),
+    ]
+    assert len(templates) == 3
+    assert [str(match) for template in templates for match in lint_file(template)] == []
+
+
+def test_environments_outside_the_pipeline_region_are_refused(cdk_context: dict[str, Any]) -> None:
+    environments = load_environments(cdk_context["environments"], None)
+    environments[1] = environments[1].model_copy(update={"region": "eu-west-1"})
+    with pytest.raises(SettingsError) as error:
+        PromotionPipelineStack(cdk.App(), "Pipeline", settings=load_pipeline(PIPELINE), environments=environments)
+    assert str(error.value) == (
+        "environments.staging.region: the promotion pipeline deploys within its own region (us-west-2); "
+        "set pipeline.region to eu-west-1 or deploy staging with cdk deploy."
+    )
