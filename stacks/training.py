@@ -105,6 +105,7 @@ class TrainingStack(cdk.Stack):
             scope,
             construct_id,
             description=f"PyTorch platform GPU training ({settings.name}): EC2 launch template and @remote config",
+            termination_protection=not settings.destroy_on_delete,
             **kwargs,
         )
         self.settings = settings
