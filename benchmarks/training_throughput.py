@@ -46,9 +46,10 @@ SMALL_MODEL = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads"
 PER_RUN_ONLY = ("device", "load_average_1m_before_after")  # in the results once, or per round
 HONESTY = (
     "Seed 000 reports +42% fine-tuning speed from torch.compile + bf16 + fused AdamW on one p4d.24xlarge "
-    "(8 x A100, RoBERTa-base). CPU numbers say nothing about that claim: bf16 and fused kernels pay off on "
-    "tensor-core GPUs, and a small model on two shared CPU cores is dominated by other costs. Run this script "
-    "unchanged on the GPU instance to check the claim."
+    "(8 x A100, RoBERTa-base). CPU numbers say nothing about that claim: what the three features save on an A100 "
+    "(kernel launches, tensor-core math, optimizer kernels over GPU memory) is not what limits a small model on a "
+    "CPU thread, and a shared machine adds noise (see the rounds and load averages). Run this script unchanged on "
+    "the GPU instance to check the claim."
 )
 
 
