@@ -9,6 +9,7 @@ from stacks.foundation import FoundationStack
 from stacks.graviton_endpoint import GravitonEndpointStack
 from stacks.multi_model_endpoint import MultiModelEndpointStack
 from stacks.settings import EnvironmentSettings
+from stacks.training import TrainingStack
 
 
 class PlatformStage(cdk.Stage):
@@ -18,6 +19,7 @@ class PlatformStage(cdk.Stage):
         )
         self.settings = settings
         self.foundation = FoundationStack(self, "Foundation", settings=settings)
+        self.training = TrainingStack(self, "Training", settings=settings, foundation=self.foundation)
         if settings.graviton_endpoint.enabled:
             self.graviton_endpoint = GravitonEndpointStack(
                 self, "GravitonEndpoint", settings=settings, foundation=self.foundation

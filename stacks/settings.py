@@ -12,7 +12,7 @@ import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 DEFAULT_REGION = "us-west-2"
 ENVIRONMENT_NAMES = ("dev", "staging", "prod")
@@ -145,8 +145,12 @@ class TrainingSettings(_Settings):
         "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
     )
     image_tag: str = "2.10.0-gpu-py313-cu130-ubuntu22.04-ec2"
+    # A hub id or an s3:// folder (save_pretrained output) in the datasets bucket.
     base_model: str = "cardiffnlp/twitter-roberta-base-sentiment-latest"
-    dataset: str = "tweet_eval/sentiment"
+    # A hub dataset as NAME:CONFIG (or NAME), or an s3:// folder with train/validation files in the datasets bucket.
+    dataset: str = "tweet_eval:sentiment"
+    # Hard stop of an EC2 training run: the instance powers off (and terminates) after this many hours at most.
+    max_run_hours: Annotated[int, Field(ge=1, le=168)] = 24
     hyperparameters: HyperParameters = HyperParameters()
     remote_instance_type: str = "ml.p4d.24xlarge"
     remote_image_tag: str = "2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker"
@@ -165,6 +169,19 @@ class TrainingSettings(_Settings):
         match = _EC2_TYPE.match(value.removeprefix("ml."))
         if not value.startswith("ml.") or not match or match["family"] not in GPU_TRAINING_FAMILIES:
             raise ValueError("must be a SageMaker GPU training type such as ml.p4d.24xlarge or ml.g5.2xlarge")
+        return value
+
+    @field_validator("base_model", "dataset")
+    @classmethod
+    def _source(cls, value: str, info: ValidationInfo) -> str:
+        if value.startswith("s3://"):
+            if not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9!_.*'()/-]*)?$", value):
+                raise ValueError("must be an s3://bucket/prefix/ folder URI")
+            return value
+        hub = r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?" + (r"(:[\w.-]+)?$" if info.field_name == "dataset" else "$")
+        if not re.match(hub, value):
+            example = "tweet_eval:sentiment" if info.field_name == "dataset" else "cardiffnlp/twitter-roberta-base"
+            raise ValueError(f"must be an s3:// folder URI or a Hugging Face hub id such as {example}")
         return value
 
     @field_validator("dlami_ssm_parameter")

@@ -24,8 +24,20 @@ def _corpus(data_dir: Path) -> list[str]:
     return texts
 
 
-def build_tiny_model(output: Path, *, data_dir: Path = SAMPLE_DATA, seed: int = 0) -> Path:
-    """Write a tokenizer (byte-level BPE trained on ``data_dir``) and a 2-layer RoBERTa classifier to ``output``."""
+def build_tiny_model(
+    output: Path,
+    *,
+    data_dir: Path = SAMPLE_DATA,
+    seed: int = 0,
+    hidden_size: int = 32,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 2,
+    intermediate_size: int = 64,
+) -> Path:
+    """Write a tokenizer (byte-level BPE trained on ``data_dir``) and a 2-layer RoBERTa classifier to ``output``.
+
+    The size arguments build a larger model of the same kind (the training benchmark uses one on CPU).
+    """
     import torch
     from tokenizers import ByteLevelBPETokenizer
     from transformers import RobertaConfig, RobertaForSequenceClassification, RobertaTokenizerFast
@@ -39,18 +51,22 @@ def build_tiny_model(output: Path, *, data_dir: Path = SAMPLE_DATA, seed: int = 
         special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
     )
     bpe.save_model(str(output))  # vocab.json + merges.txt
+    # transformers 5 takes the trained vocabulary as ``vocab``/``merges``; it silently ignores the old
+    # ``vocab_file``/``merges_file`` names and would build an empty tokenizer that maps every text to [2, 3].
     tokenizer = RobertaTokenizerFast(
-        vocab_file=str(output / "vocab.json"), merges_file=str(output / "merges.txt"), model_max_length=64
+        vocab=str(output / "vocab.json"), merges=str(output / "merges.txt"), model_max_length=64
     )
+    if tokenizer.vocab_size != len(json.loads((output / "vocab.json").read_text())):
+        raise RuntimeError(f"the tokenizer did not load the trained vocabulary from {output}")
     tokenizer.save_pretrained(output)
 
     torch.manual_seed(seed)
     config = RobertaConfig(
         vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        intermediate_size=intermediate_size,
         max_position_embeddings=64 + 2,  # RoBERTa offsets positions by padding_idx + 1
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,

@@ -1,0 +1,163 @@
+"""The training container: the Dockerfile's base image and pins, and the docker/torchrun commands of the launcher."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stacks.settings import TrainingSettings
+
+ASSETS = Path(__file__).resolve().parents[2] / "training_assets"
+LAUNCHER = ASSETS / "launch_training.sh"
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)$", line.strip())
+        if match:
+            pins[match[1].lower()] = match[2]
+    return pins
+
+
+def test_dockerfile_extends_the_patched_training_dlc() -> None:
+    dockerfile = (ASSETS / "Dockerfile").read_text()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", dockerfile, flags=re.MULTILINE))
+    assert args["BASE_TAG"] == TrainingSettings().image_tag == "2.10.0-gpu-py313-cu130-ubuntu22.04-ec2"
+    assert args["DLC_ACCOUNT"] == "763104351884" and args["REGION"] == "us-west-2"
+    assert re.search(
+        r"^FROM \$\{DLC_ACCOUNT\}\.dkr\.ecr\.\$\{REGION\}\.\$\{REGISTRY_DOMAIN\}/pytorch-training:\$\{BASE_TAG\}$",
+        dockerfile,
+        flags=re.MULTILINE,
+    )
+    assert "COPY train_sentiment.py ." in dockerfile and "-r requirements.txt" in dockerfile
+
+
+def test_container_pins_match_the_tested_versions() -> None:
+    container = _pins(ASSETS / "requirements.txt")
+    tested = _pins(ASSETS.parent / "requirements-dev.txt")
+    assert set(container) == {"transformers", "tokenizers", "safetensors", "datasets", "accelerate", "scikit-learn"}
+    assert "torch" not in container, "the DLC's CUDA build of torch must not be replaced"
+    for package, version in container.items():
+        assert tested[package] == version, f"{package}: container {version}, tests {tested[package]}"
+
+
+def _launch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(LAUNCHER), "--dry-run", *args], check=False, capture_output=True, text=True, cwd=cwd
+    )
+
+
+def _command(*args: str, cwd: Path | None = None) -> list[str]:
+    result = _launch(*args, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    return shlex.split(result.stdout)
+
+
+def _split(command: list[str]) -> tuple[list[str], list[str]]:
+    """(docker options, torchrun and script arguments) around the image name."""
+    index = command.index("sentiment-training:latest")
+    return command[:index], command[index + 1 :]
+
+
+def test_single_node_command(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    docker, inside = _split(
+        _command(
+            "--gpus",
+            "8",
+            "--data-dir",
+            str(data),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--",
+            "--torch-compile",
+            "--bf16",
+            "--fused-adamw",
+        )
+    )
+    assert docker[:3] == ["docker", "run", "--rm"]
+    for flag in ("--gpus", "--ipc=host", "--shm-size=16g", "--ulimit"):
+        assert flag in docker
+    assert "memlock=-1" in docker and "stack=67108864" in docker
+    assert "--privileged" not in docker and "--network" not in docker
+    assert f"{data}:/opt/ml/input/data:ro" in docker and f"{tmp_path / 'out'}:/opt/ml/output" in docker
+    assert inside == [
+        "torchrun",
+        "--nproc_per_node=8",
+        "--standalone",
+        "--nnodes=1",
+        "/opt/training/train_sentiment.py",
+        "--output-dir",
+        "/opt/ml/output",
+        "--dataset",
+        "/opt/ml/input/data",
+        "--torch-compile",
+        "--bf16",
+        "--fused-adamw",
+    ]
+
+
+def test_multi_node_command_uses_c10d_rendezvous_over_efa() -> None:
+    docker, inside = _split(
+        _command(
+            "--gpus",
+            "8",
+            "--nnodes",
+            "2",
+            "--rdzv-endpoint",
+            "10.0.1.5:29500",
+            "--rdzv-id",
+            "r-0abc",
+            "--efa",
+            "--log-group",
+            "/training",
+            "--log-stream",
+            "i-1",
+        )
+    )
+    assert "--privileged" in docker and docker[docker.index("--network") + 1] == "host"
+    assert "FI_PROVIDER=efa" in docker and "FI_EFA_USE_DEVICE_RDMA=1" in docker
+    assert docker[docker.index("--log-driver") + 1] == "awslogs" and "awslogs-group=/training" in docker
+    assert inside[:6] == [
+        "torchrun",
+        "--nproc_per_node=8",
+        "--nnodes=2",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=10.0.1.5:29500",
+        "--rdzv_id=r-0abc",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--gpus", "8", "--nnodes", "2"), "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
+        (("--gpus", "0"), "--gpus must be a positive number"),
+        (("--gpus", "8", "--bogus"), "unknown option --bogus"),
+    ],
+)
+def test_bad_launch_options(args: tuple[str, ...], message: str) -> None:
+    result = _launch(*args)
+    assert result.returncode == 2 and message in result.stderr and not result.stdout
+
+
+def test_gpu_count_comes_from_nvidia_smi(tmp_path: Path) -> None:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text('#!/bin/sh\nfor i in 0 1 2 3; do echo "GPU $i: NVIDIA A100-SXM4-40GB"; done\n')
+    (fake / "nvidia-smi").chmod(0o755)
+    result = subprocess.run(
+        ["bash", str(LAUNCHER), "--dry-run"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{fake}:/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--nproc_per_node=4" in shlex.split(result.stdout)

@@ -1,0 +1,180 @@
+"""The instance-side run script (ec2_run.sh) against recording stand-ins for aws, curl, docker and nvidia-smi:
+node discovery, image build, inputs, the torchrun launch, packaging and upload happen in order with the right
+arguments. Also the log shipper's batching within the CloudWatch Logs API limits."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training_assets import ship_logs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# One stand-in for every command: records its argv, answers what ec2_run.sh reads, and plays the training
+# container (rank 0 writes saved_model/ and metrics.json into the mounted output folder when SAVES_MODEL is set).
+FAKE = r"""#!{python}
+import json, os, sys
+from pathlib import Path
+name, args = Path(sys.argv[0]).name, sys.argv[1:]
+with open(os.environ["CALLS"], "a") as calls:
+    calls.write(json.dumps([name, *args]) + "\n")
+if name == "curl":
+    url = args[-1]
+    print("token" if url.endswith("/api/token") else {{"instance-id": "i-0abc", "reservation-id": "r-0123",
+          "local-ipv4": "10.0.1.7"}}[url.rsplit("/", 1)[-1]], end="")
+elif name == "nvidia-smi":
+    print("\n".join(f"GPU {{i}}: NVIDIA A100-SXM4-40GB" for i in range(8)))
+elif name == "aws" and args[:2] == ["ec2", "describe-instances"]:
+    print(os.environ["PEERS"])
+elif name == "aws" and args[:2] == ["ecr", "get-login-password"]:
+    print("password")
+elif name == "aws" and args[:2] == ["s3", "sync"]:
+    Path(args[-1]).mkdir(parents=True, exist_ok=True)
+elif name == "docker" and args[0] == "login":
+    sys.stdin.read()
+elif name == "docker" and "/opt/training/train_sentiment.py" in args and os.environ.get("SAVES_MODEL"):
+    output = next(a.split(":")[0] for a in args if a.endswith(":/opt/ml/output"))
+    Path(output, "saved_model").mkdir(parents=True)
+    Path(output, "metrics.json").write_text("{{}}")
+"""
+
+
+@pytest.fixture()
+def instance(tmp_path: Path) -> dict:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("aws", "curl", "docker", "nvidia-smi"):
+        (bin_dir / name).write_text(FAKE.format(python=sys.executable))
+        (bin_dir / name).chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    for folder in ("training_assets", "inference_assets"):
+        shutil.copytree(ROOT / folder, work / folder)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "CALLS": str(tmp_path / "calls.jsonl"),
+        "AWS_REGION": "us-west-2",
+        "DLC_ACCOUNT": "763104351884",
+        "REGISTRY_DOMAIN": "amazonaws.com",
+        "IMAGE_TAG": "2.10.0-gpu-py313-cu130-ubuntu22.04-ec2",
+        "LOG_GROUP": "dev-training-logs",
+        "ARTIFACTS_BUCKET": "dev-artifacts",
+        "OUTPUT_PREFIX": "training-output/",
+        "KMS_KEY_ID": "arn:aws:kms:us-west-2:123456789012:key/k",
+        "DATASET": "tweet_eval:sentiment",
+        "BASE_MODEL": "cardiffnlp/twitter-roberta-base-sentiment-latest",
+        "EFA": "true",
+        "TRAIN_ARGS": "--epochs 3 --torch-compile --bf16 --fused-adamw",
+        "PACKAGE_ARGS": "--vendor",
+        "PEERS": "10.0.1.9\t10.0.1.7",
+        "SAVES_MODEL": "1",
+    }
+    return {"work": work, "env": env, "calls": tmp_path / "calls.jsonl"}
+
+
+def _run(instance: dict, **env: str) -> list[list[str]]:
+    result = subprocess.run(["bash", "training_assets/ec2_run.sh"], cwd=instance["work"], check=False, text=True,
+                            capture_output=True, env={**instance["env"], **env})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in instance["calls"].read_text().splitlines()]
+
+
+def _docker_runs(calls: list[list[str]]) -> list[list[str]]:
+    return [call for call in calls if call[:2] == ["docker", "run"]]
+
+
+def test_two_node_efa_run_builds_trains_packages_and_uploads(instance: dict) -> None:
+    calls = _run(instance)
+    work = str(instance["work"])
+    commands = [call[:3] for call in calls if call[0] in ("aws", "docker")]
+    # The registry login is a pipe: its two sides start together, in either order.
+    commands[1:3] = sorted(commands[1:3])
+    assert commands == [
+        ["aws", "ec2", "describe-instances"],
+        ["aws", "ecr", "get-login-password"],
+        ["docker", "login", "--username"],
+        ["docker", "build", "-t"],
+        ["docker", "run", "--rm"],  # training
+        ["docker", "run", "--rm"],  # packaging
+        ["aws", "s3", "cp"],  # metrics.json
+    ]
+    build = next(call for call in calls if call[:2] == ["docker", "build"])
+    assert "BASE_TAG=2.10.0-gpu-py313-cu130-ubuntu22.04-ec2" in build and build[-1] == "training_assets/"
+    train, package = _docker_runs(calls)
+    assert "--privileged" in train and "FI_PROVIDER=efa" in train and "awslogs-group=dev-training-logs" in train
+    assert "awslogs-stream=r-0123/i-0abc/train" in train
+    inside = train[train.index("sentiment-training:latest") + 1 :]
+    assert inside[:6] == ["torchrun", "--nproc_per_node=8", "--nnodes=2", "--rdzv_backend=c10d",
+                          "--rdzv_endpoint=10.0.1.7:29500", "--rdzv_id=r-0123"]  # fmt: skip
+    assert inside[inside.index("/opt/training/train_sentiment.py") + 1 :] == [
+        "--output-dir", "/opt/ml/output", "--epochs", "3", "--torch-compile", "--bf16", "--fused-adamw",
+        "--dataset", "tweet_eval", "--dataset-config", "sentiment",
+        "--model", "cardiffnlp/twitter-roberta-base-sentiment-latest",
+    ]  # fmt: skip
+    assert f"{work}/output:/opt/ml/output" in train
+    assert package[package.index("sentiment-training:latest") + 1 :] == [
+        "python", "inference_assets/package_model.py", "--model-dir", "output/saved_model",
+        "--output", "output/model.tar.gz", "--upload", "s3://dev-artifacts/training-output/r-0123/model.tar.gz",
+        "--kms-key-id", "arn:aws:kms:us-west-2:123456789012:key/k", "--vendor",
+    ]  # fmt: skip
+    upload = calls[-1]
+    assert upload[-2:] == [f"{work}/output/metrics.json", "s3://dev-artifacts/training-output/r-0123/metrics.json"]
+    assert upload[upload.index("--sse") + 1] == "aws:kms"
+
+
+def test_single_node_with_s3_inputs_and_no_model_on_this_node(instance: dict) -> None:
+    calls = _run(instance, PEERS="10.0.1.7", EFA="false", SAVES_MODEL="", DATASET="s3://dev-datasets/tweets/",
+                 BASE_MODEL="s3://dev-datasets/models/roberta/")  # fmt: skip
+    work = str(instance["work"])
+    syncs = [call[-2:] for call in calls if call[:3] == ["aws", "s3", "sync"]]
+    assert syncs == [["s3://dev-datasets/tweets/", f"{work}/dataset"],
+                     ["s3://dev-datasets/models/roberta/", f"{work}/base_model"]]  # fmt: skip
+    (train,) = _docker_runs(calls)  # no packaging: saved_model/ is on the node of rank 0
+    assert "--privileged" not in train and "--network" not in train
+    assert f"{work}/dataset:/opt/ml/input/data:ro" in train and f"{work}/base_model:/opt/ml/input/model:ro" in train
+    inside = train[train.index("sentiment-training:latest") + 1 :]
+    assert inside[:4] == ["torchrun", "--nproc_per_node=8", "--standalone", "--nnodes=1"]
+    assert inside[inside.index("/opt/training/train_sentiment.py") + 1 :][:6] == [
+        "--output-dir", "/opt/ml/output", "--dataset", "/opt/ml/input/data", "--model", "/opt/ml/input/model"
+    ]  # fmt: skip
+    assert not [call for call in calls if call[:3] == ["aws", "s3", "cp"]]
+
+
+def test_missing_setting_stops_the_run(instance: dict) -> None:
+    env = {key: value for key, value in instance["env"].items() if key != "ARTIFACTS_BUCKET"}
+    result = subprocess.run(["bash", "training_assets/ec2_run.sh"], cwd=instance["work"], env=env, check=False,
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode != 0 and "ARTIFACTS_BUCKET" in result.stderr
+    assert not instance["calls"].exists()
+
+
+def test_log_batches_stay_within_the_put_log_events_limits() -> None:
+    lines = ["x" * 100] * 25_000 + ["y" * 400_000, ""]
+    batches = list(ship_logs.batches(lines, timestamp_ms=1))
+    assert sum(len(batch) for batch in batches) == len(lines)
+    for batch in batches:
+        assert len(batch) <= ship_logs.MAX_EVENTS
+        assert sum(len(e["message"].encode()) + ship_logs.EVENT_OVERHEAD for e in batch) <= ship_logs.MAX_BATCH_BYTES
+    assert len(batches[-1][-2]["message"].encode()) == ship_logs.MAX_EVENT_BYTES  # the long line is cut
+    assert batches[-1][-1]["message"] == " "  # CloudWatch rejects empty messages
+    assert [len(b) for b in batches[:3]] == [1_048_576 // 126] * 3  # 1 MiB / (100 + 26) bytes
+
+
+def test_ship_logs_calls_the_aws_cli(instance: dict, tmp_path: Path) -> None:
+    log = tmp_path / "bootstrap.log"
+    log.write_text("line one\nline two\n")
+    env = {**os.environ, **instance["env"]}
+    result = subprocess.run([sys.executable, str(ROOT / "training_assets/ship_logs.py"), "--log-group", "g",
+                             "--log-stream", "r-1/i-1/bootstrap", "--region", "us-west-2", str(log)],
+                            env=env, check=False, capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    calls = [json.loads(line) for line in instance["calls"].read_text().splitlines()]
+    assert [call[:3] for call in calls] == [["aws", "logs", "create-log-stream"], ["aws", "logs", "put-log-events"]]
+    assert "shipped 2 lines to g" in result.stdout

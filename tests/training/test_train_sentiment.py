@@ -1,0 +1,310 @@
+"""The training script for real: a compiled CPU fine-tune, a 2-process torchrun (gloo) run, and every bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inference_assets.sentiment_predictor import SentimentPredictor
+from training_assets import train_sentiment
+from training_assets.train_sentiment import TrainConfig, TrainingInputError, train
+
+SCRIPT = Path(train_sentiment.__file__)
+# Hyper-parameters with which the tiny model learns the sample data in a few epochs.
+FAST = ["--epochs", "3", "--per-device-batch-size", "8", "--learning-rate", "5e-3", "--max-seq-length", "32"]
+TRAIN_ROWS = 240
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run(command, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def compiled_run(tiny_model_dir: Path, sample_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One CLI run with torch.compile and fused AdamW on; the tests below inspect what it left."""
+    output = tmp_path_factory.mktemp("compiled")
+    result = _run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(sample_data),
+            "--output-dir",
+            str(output),
+            "--torch-compile",
+            "--fused-adamw",
+            "--use-cpu",
+            *FAST,
+        ],
+        cwd=tmp_path_factory.getbasetemp(),
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return output
+
+
+@pytest.mark.slow
+def test_compiled_run_learns_and_reports_every_epoch(compiled_run: Path) -> None:
+    metrics = json.loads((compiled_run / "metrics.json").read_text())
+    assert metrics["config"]["torch_compile"] and metrics["config"]["fused_adamw"] and not metrics["config"]["bf16"]
+    epochs = metrics["epochs"]
+    assert [row["epoch"] for row in epochs] == [1.0, 2.0, 3.0]
+    assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
+    assert epochs[-1]["eval_loss"] < epochs[0]["eval_loss"]
+    for row in epochs:
+        assert 0.0 <= row["eval_accuracy"] <= 1.0 and 0.0 <= row["eval_macro_f1"] <= 1.0
+
+
+@pytest.mark.slow
+def test_throughput_excludes_the_compile_warmup(compiled_run: Path) -> None:
+    throughput = json.loads((compiled_run / "metrics.json").read_text())["throughput"]
+    steps_per_epoch = TRAIN_ROWS // 8  # full batches only
+    assert throughput["warmup_steps"] == 1
+    assert throughput["measured_steps"] == 3 * steps_per_epoch - 1
+    assert throughput["samples_per_step"] == 8
+    assert throughput["train_samples_per_second"] == pytest.approx(
+        throughput["measured_steps"] * 8 / throughput["measured_seconds"], rel=1e-3
+    )
+    # Non-padding tokens: more than the two special tokens per sample, fewer than the padded length.
+    tokens_per_sample = throughput["train_tokens_per_second"] / throughput["train_samples_per_second"]
+    assert 2 < tokens_per_sample < 32
+    assert throughput["warmup_seconds"] >= throughput["compile_warmup_seconds"] >= 0
+
+
+@pytest.mark.slow
+def test_saved_model_reloads_and_predicts_like_the_trained_one(compiled_run: Path, sample_data: Path) -> None:
+    saved = compiled_run / "saved_model"
+    assert (saved / "model.safetensors").is_file() and (saved / "tokenizer.json").is_file()
+    assert not list(saved.glob("*.bin")), "weights must be safetensors, and no pickled training args"
+    predictor = SentimentPredictor(saved, max_batch_size=64)
+    rows = _rows(sample_data / "validation.jsonl")
+    predictions = predictor.predict([row["text"] for row in rows])
+    assert {p.label for p in predictions} <= {"negative", "neutral", "positive"}
+    correct = sum(p.label == predictor.labels[row["label"]] for p, row in zip(predictions, rows, strict=True))
+    accuracy = correct / len(rows)
+    reported = json.loads((compiled_run / "metrics.json").read_text())["epochs"][-1]["eval_accuracy"]
+    assert accuracy == pytest.approx(reported, abs=1.5 / len(rows))
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_with_gloo(tiny_model_dir: Path, sample_data: Path, tmp_path: Path) -> None:
+    output = tmp_path / "ddp"
+    result = _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            str(SCRIPT),
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(sample_data),
+            "--output-dir",
+            str(output),
+            "--use-cpu",
+            *FAST,
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    metrics = json.loads((output / "metrics.json").read_text())
+    assert metrics["device"]["world_size"] == 2
+    assert metrics["throughput"]["samples_per_step"] == 16
+    assert metrics["throughput"]["measured_steps"] == 3 * (TRAIN_ROWS // 16) - 1
+    assert metrics["epochs"][-1]["train_loss"] < metrics["epochs"][0]["train_loss"]
+    # Only rank 0 reports and writes.
+    assert result.stdout.count("epoch 1.0:") == 1
+    assert sorted(p.name for p in output.iterdir()) == ["metrics.json", "saved_model"]
+    assert SentimentPredictor(output / "saved_model").predict("The update is amazing!")[0].label
+
+
+# ------------------------------------------------------------------------------------------------------ bad input
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture()
+def data_dir(tmp_path: Path, sample_data: Path) -> Path:
+    folder = tmp_path / "data"
+    shutil.copytree(sample_data, folder)
+    return folder
+
+
+def _config(model: Path, dataset: Path, **overrides) -> TrainConfig:
+    settings = {"use_cpu": True, **overrides}
+    return TrainConfig(model=str(model), dataset=str(dataset), output_dir=str(dataset.parent / "out"), **settings)
+
+
+def test_missing_dataset_folder(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(TrainingInputError, match=r"dataset folder .*nowhere does not exist"):
+        train(_config(tiny_model_dir, tmp_path / "nowhere"))
+
+
+def test_missing_split_file(tiny_model_dir: Path, data_dir: Path) -> None:
+    (data_dir / "validation.jsonl").unlink()
+    with pytest.raises(TrainingInputError, match=r"has no validation split: expected one of validation.jsonl"):
+        train(_config(tiny_model_dir, data_dir))
+
+
+def test_missing_model_directory(data_dir: Path) -> None:
+    with pytest.raises(TrainingInputError, match=r"model directory .*no-model does not exist"):
+        train(_config(data_dir.parent / "no-model", data_dir))
+
+
+def test_model_directory_without_config(data_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "empty-model").mkdir()
+    with pytest.raises(TrainingInputError, match=r"has no config.json"):
+        train(_config(tmp_path / "empty-model", data_dir))
+
+
+def test_label_outside_the_label_set(tiny_model_dir: Path, data_dir: Path) -> None:
+    rows = _rows(data_dir / "train.jsonl")
+    rows[6]["label"] = 5
+    _write(data_dir / "train.jsonl", rows)
+    with pytest.raises(
+        TrainingInputError,
+        match=r"train.jsonl: row 7 has label 5, which is not in the label set: "
+        r"0 \(negative\), 1 \(neutral\), 2 \(positive\)",
+    ):
+        train(_config(tiny_model_dir, data_dir))
+
+
+def test_unknown_label_name_in_csv(tiny_model_dir: Path, data_dir: Path) -> None:
+    (data_dir / "validation.jsonl").unlink()
+    (data_dir / "validation.csv").write_text("text,label\nnice day,positive\nawful day,furious\n")
+    with pytest.raises(TrainingInputError, match=r"validation.csv: row 2 has label 'furious'"):
+        train(_config(tiny_model_dir, data_dir))
+
+
+def test_empty_dataset(tiny_model_dir: Path, data_dir: Path) -> None:
+    (data_dir / "train.jsonl").write_text("")
+    with pytest.raises(TrainingInputError, match=r"train.jsonl is empty: the train split needs at least one row"):
+        train(_config(tiny_model_dir, data_dir))
+
+
+def test_line_that_is_not_a_json_object(tiny_model_dir: Path, data_dir: Path) -> None:
+    (data_dir / "train.jsonl").write_text('{"text": "fine", "label": 1}\n["not", "an", "object"]\n')
+    with pytest.raises(TrainingInputError, match=r"train.jsonl:2: not a JSON object \(got list\)"):
+        train(_config(tiny_model_dir, data_dir))
+
+
+def test_saved_to_disk_dataset_without_validation_split(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import datasets
+
+    split = datasets.Dataset.from_dict({"text": ["a"], "label": [0]})
+    datasets.DatasetDict(train=split, test=split).save_to_disk(str(tmp_path / "disk"))
+    with pytest.raises(TrainingInputError, match=r"has splits \['train', 'test'\]; it needs train, validation"):
+        train(_config(tiny_model_dir, tmp_path / "disk"))
+
+
+def test_row_without_text(tiny_model_dir: Path, data_dir: Path) -> None:
+    _write(data_dir / "validation.jsonl", [{"text": "fine", "label": 1}, {"text": "  ", "label": 0}])
+    with pytest.raises(TrainingInputError, match=r"validation.jsonl: row 2 has no text"):
+        train(_config(tiny_model_dir, data_dir))
+
+
+def test_bf16_on_a_gpu_without_it(tiny_model_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")
+    config = _config(tiny_model_dir, data_dir, bf16=True, use_cpu=False)
+    message = r"--bf16 needs a GPU with native bfloat16.*Tesla V100-SXM2-16GB has 7.0"
+    with pytest.raises(TrainingInputError, match=message):
+        train(config)
+
+
+def test_bf16_on_a_cpu_without_it(tiny_model_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(train_sentiment, "_cpu_flags", lambda: {"sse4_2", "avx2"})
+    with pytest.raises(TrainingInputError, match=r"--bf16 needs native bfloat16 on this CPU"):
+        train(_config(tiny_model_dir, data_dir, bf16=True))
+
+
+def test_fewer_rows_than_one_global_batch(tiny_model_dir: Path, data_dir: Path) -> None:
+    with pytest.raises(TrainingInputError, match=r"the train split has 240 rows, fewer than one global batch"):
+        train(_config(tiny_model_dir, data_dir, per_device_batch_size=256))
+
+
+def test_saved_to_disk_dataset_with_other_label_names(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import datasets
+
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["bad", "meh", "good"])}
+    )
+    split = datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 2]}, features=features)
+    datasets.DatasetDict(train=split, validation=split).save_to_disk(str(tmp_path / "disk"))
+    with pytest.raises(TrainingInputError, match=r"label names \['bad', 'meh', 'good'\] differ from the label set"):
+        train(_config(tiny_model_dir, tmp_path / "disk"))
+
+
+def test_csv_and_saved_to_disk_inputs_load(tmp_path: Path) -> None:
+    import datasets
+
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    for split in ("train", "validation"):
+        (csv_dir / f"{split}.csv").write_text('text,label\n"good, really",positive\nmeh,1\nawful,0\n')
+    splits = train_sentiment.load_splits(TrainConfig(dataset=str(csv_dir)))
+    assert splits["train"]["text"] == ["good, really", "meh", "awful"] and splits["train"]["label"] == [2, 1, 0]
+
+    datasets.DatasetDict({name: splits[name] for name in splits}).save_to_disk(str(tmp_path / "disk"))
+    reloaded = train_sentiment.load_splits(TrainConfig(dataset=str(tmp_path / "disk")))
+    assert reloaded["validation"]["label"] == [2, 1, 0]
+
+
+def test_cli_prints_the_error_and_exits_2(tiny_model_dir: Path, tmp_path: Path) -> None:
+    result = _run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(tmp_path / "none"),
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "train_sentiment: error: dataset folder" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_flags_map_onto_the_config() -> None:
+    config = train_sentiment.parse_args(
+        [
+            "--torch-compile",
+            "--bf16",
+            "--no-fused-adamw",
+            "--labels",
+            "neg, pos",
+            "--epochs",
+            "2",
+            "--dataset",
+            "cardiffnlp/tweet_eval",
+        ]
+    )
+    assert (config.torch_compile, config.bf16, config.fused_adamw) == (True, True, False)
+    assert config.labels == ("neg", "pos") and config.epochs == 2 and config.dataset_config == "sentiment"
+    with pytest.raises(TrainingInputError, match="learning_rate must be between 0 and 1"):
+        train_sentiment.parse_args(["--learning-rate", "3"])

@@ -1,0 +1,277 @@
+"""TrainingStack templates of dev (single node) and staging/prod (2 nodes, EFA), synthesized once per session."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+import yaml
+from aws_cdk.assertions import Match, Template
+from sagemaker.core.config.config_schema import SAGEMAKER_PYTHON_SDK_CONFIG_SCHEMA
+
+from stacks.settings import TrainingSettings
+from stacks.training import remote_function_config
+
+ENVIRONMENTS = ("dev", "staging", "prod")
+
+
+def _resources(template: dict, kind: str) -> dict[str, dict]:
+    return {name: r for name, r in template["Resources"].items() if r["Type"] == kind}
+
+
+def _launch_data(template: dict) -> dict:
+    (resource,) = _resources(template, "AWS::EC2::LaunchTemplate").values()
+    return resource["Properties"]["LaunchTemplateData"]
+
+
+def _user_data(template: dict) -> str:
+    """The user data script with every CloudFormation reference written as <ref>."""
+    parts = _launch_data(template)["UserData"]["Fn::Base64"]["Fn::Join"][1]
+    return "".join(part if isinstance(part, str) else "<ref>" for part in parts)
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_instances_require_imdsv2_and_reach_it_from_containers(training_templates, environment) -> None:
+    options = _launch_data(training_templates[environment])["MetadataOptions"]
+    assert options == {"HttpTokens": "required", "HttpPutResponseHopLimit": 2}
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_root_volume_is_200_gib_gp3_encrypted_with_the_platform_key(training_templates, environment) -> None:
+    (mapping,) = _launch_data(training_templates[environment])["BlockDeviceMappings"]
+    ebs = mapping["Ebs"]
+    assert (mapping["DeviceName"], ebs["VolumeSize"], ebs["VolumeType"]) == ("/dev/sda1", 200, "gp3")
+    assert ebs["Encrypted"] is True and ebs["DeleteOnTermination"] is True
+    assert re.fullmatch(
+        rf"{environment}-Foundation:ExportsOutputFnGetAttPlatformKey\w+Arn\w+", ebs["KmsKeyId"]["Fn::ImportValue"]
+    )
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_ami_is_the_dlami_resolved_at_launch(training_templates, environment) -> None:
+    image = _launch_data(training_templates[environment])["ImageId"]
+    assert image == f"resolve:ssm:{TrainingSettings().dlami_ssm_parameter}"
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_instance_settings(training_templates, environment) -> None:
+    data = _launch_data(training_templates[environment])
+    assert data["InstanceType"] == "p4d.24xlarge"
+    assert data["InstanceInitiatedShutdownBehavior"] == "terminate"
+    assert data["Monitoring"] == {"Enabled": True} and data["EbsOptimized"] is True
+    assert "KeyName" not in data, "no SSH key pair: Session Manager only"
+    assert re.fullmatch(
+        rf"{environment}-Foundation:ExportsOutputFnGetAttTrainingInstanceProfile\w+",
+        data["IamInstanceProfile"]["Arn"]["Fn::ImportValue"],
+    )
+    for interface in data["NetworkInterfaces"]:
+        assert interface["AssociatePublicIpAddress"] is False
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_nothing_launches_on_deploy(training_templates, environment) -> None:
+    kinds = {resource["Type"] for resource in training_templates[environment]["Resources"].values()}
+    assert not kinds & {
+        "AWS::EC2::Instance",
+        "AWS::AutoScaling::AutoScalingGroup",
+        "AWS::EC2::EC2Fleet",
+        "AWS::EC2::SpotFleet",
+    }
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_no_inbound_from_outside(training_templates, environment) -> None:
+    template = training_templates[environment]
+    ((group_id, group),) = _resources(template, "AWS::EC2::SecurityGroup").items()
+    assert "SecurityGroupIngress" not in group["Properties"]
+    (egress,) = group["Properties"]["SecurityGroupEgress"]
+    assert (egress["CidrIp"], egress["IpProtocol"], egress["FromPort"], egress["ToPort"]) == (
+        "0.0.0.0/0",
+        "tcp",
+        443,
+        443,
+    )
+    ingress = list(_resources(template, "AWS::EC2::SecurityGroupIngress").values())
+    if environment == "dev":
+        assert ingress == []
+    else:  # EFA: all traffic, but only from the group itself
+        (rule,) = ingress
+        self_ref = {"Fn::GetAtt": [group_id, "GroupId"]}
+        assert rule["Properties"]["SourceSecurityGroupId"] == self_ref and rule["Properties"]["GroupId"] == self_ref
+
+
+def test_single_node_environment_has_one_plain_interface_and_no_placement_group(training_templates) -> None:
+    template = training_templates["dev"]
+    (interface,) = _launch_data(template)["NetworkInterfaces"]
+    assert "InterfaceType" not in interface and interface["DeviceIndex"] == 0
+    assert "Placement" not in _launch_data(template)
+    assert not _resources(template, "AWS::EC2::PlacementGroup")
+    assert "RunMultiNodeTrainingCommand" not in template["Outputs"]
+
+
+@pytest.mark.parametrize("environment", ["staging", "prod"])
+def test_efa_uses_four_network_cards_in_a_cluster_placement_group(training_templates, environment) -> None:
+    template = training_templates[environment]
+    interfaces = _launch_data(template)["NetworkInterfaces"]
+    assert [(i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in interfaces] == [
+        (0, 0, "efa"),
+        (1, 1, "efa"),
+        (2, 1, "efa"),
+        (3, 1, "efa"),
+    ]
+    assert len({json.dumps(i["SubnetId"]) for i in interfaces}) == 1, "one subnet: one AZ for the cluster"
+    ((group_name, group),) = _resources(template, "AWS::EC2::PlacementGroup").items()
+    assert group["Properties"]["Strategy"] == "cluster"
+    assert _launch_data(template)["Placement"] == {"GroupName": {"Fn::GetAtt": [group_name, "GroupName"]}}
+    assert "EFA=true" in _user_data(template)
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_run_commands_in_outputs(training_templates, environment) -> None:
+    outputs = training_templates[environment]["Outputs"]
+
+    def command(name: str) -> str:
+        parts = outputs[name]["Value"]["Fn::Join"][1]
+        return "".join(p if isinstance(p, str) else f"<{json.dumps(p)}>" for p in parts)
+
+    single = command("RunSingleNodeTrainingCommand")
+    assert re.fullmatch(
+        r"aws ec2 run-instances --region us-west-2 --launch-template "
+        r'LaunchTemplateId=<\{"Ref": "(\w+)"\}>,Version=<\{"Fn::GetAtt": \["\1", "LatestVersionNumber"\]\}> --count 1',
+        single,
+    )
+    if environment != "dev":
+        assert command("RunMultiNodeTrainingCommand") == single.replace("--count 1", "--count 2")
+    template_ref = re.search(r'"Ref": "(\w+)"', single)[1]
+    assert outputs["LaunchTemplateId"]["Value"] == {"Ref": template_ref}
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_user_data_trains_packages_ships_logs_and_powers_off(training_templates, environment) -> None:
+    script = _user_data(training_templates[environment])
+    lines = script.splitlines()
+    assert lines[0] == "#!/bin/bash" and lines[1] == "set -euo pipefail"
+    # The power-off is armed before anything that can fail, and a hard stop bounds a hung run.
+    trap = next(i for i, line in enumerate(lines) if line.startswith("trap "))
+    assert trap < next(i for i, line in enumerate(lines) if "aws s3 cp" in line)
+    assert lines[trap].endswith("shutdown -h now' EXIT") and "ship_logs.py" in lines[trap]
+    assert "shutdown -h +1440 " in script
+    assert (
+        "export TRAIN_ARGS='--epochs 3 --per-device-batch-size 32 --learning-rate 2e-05 --max-seq-length 128 "
+        "--seed 42 --torch-compile --bf16 --fused-adamw'" in script
+    )
+    assert "export DATASET=tweet_eval:sentiment" in script
+    assert "export BASE_MODEL=cardiffnlp/twitter-roberta-base-sentiment-latest" in script
+    assert "export IMAGE_TAG=2.10.0-gpu-py313-cu130-ubuntu22.04-ec2" in script
+    assert "export OUTPUT_PREFIX=training-output/" in script
+    assert "export PACKAGE_ARGS=--vendor" in script  # the Graviton endpoint's default: vendored dependencies
+    assert "python3 -m zipfile -e training_assets.zip training_assets" in script
+    assert "python3 -m zipfile -e inference_assets.zip inference_assets" in script
+    assert lines[-1] == "bash training_assets/ec2_run.sh"
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_training_log_group_is_encrypted_with_retention(training_templates, environment) -> None:
+    Template.from_json(training_templates[environment]).has_resource_properties(
+        "AWS::Logs::LogGroup",
+        {"RetentionInDays": 90, "KmsKeyId": {"Fn::ImportValue": Match.string_like_regexp("PlatformKey")}},
+    )
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_instance_policy_is_scoped_to_this_stack(training_templates, environment) -> None:
+    template = training_templates[environment]
+    (policy,) = _resources(template, "AWS::IAM::Policy").values()
+    properties = policy["Properties"]
+    assert re.fullmatch(
+        rf"{environment}-Foundation:ExportsOutputRefTrainingInstanceRole\w+", properties["Roles"][0]["Fn::ImportValue"]
+    )
+    statements = {s["Sid"]: s for s in properties["PolicyDocument"]["Statement"]}
+    assert set(statements) == {"ReadTrainingCode", "WriteTrainingLogs", "FindTheNodesOfARun"}
+    for statement in statements.values():
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        assert all("*" not in action for action in actions)
+    assert statements["FindTheNodesOfARun"]["Action"] == "ec2:DescribeInstances"
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_launcher_policy_only_launches_from_the_template(training_templates, environment) -> None:
+    (policy,) = _resources(training_templates[environment], "AWS::IAM::ManagedPolicy").values()
+    statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+    run = statements["RunFromTheTrainingTemplate"]
+    assert run["Action"] == "ec2:RunInstances" and "ec2:LaunchTemplate" in run["Condition"]["ArnLike"]
+    assert statements["PassTheTrainingInstanceRole"]["Condition"] == {
+        "StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}
+    }
+    assert "kms:ViaService" in statements["EncryptTheRootVolume"]["Condition"]["StringEquals"]
+
+
+# ------------------------------------------------------------------------------------------------------- @remote
+
+CONCRETE = {
+    "RoleArn": "arn:aws:iam::123456789012:role/dev-Foundation-RemoteJobRole-ABC",
+    "RemoteJobsBucket": "dev-foundation-remotejobs-abc",
+    "KeyArn": "arn:aws:kms:us-west-2:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+    "SecurityGroupId": "sg-0123456789abcdef0",
+    "Subnet0": "subnet-0123456789abcdef0",
+    "Subnet1": "subnet-0123456789abcdef1",
+    "Subnet2": "subnet-0123456789abcdef2",
+    "DlcAccount": "763104351884",
+    "AWS::Region": "us-west-2",
+    "AWS::URLSuffix": "amazonaws.com",
+}
+
+
+def _rendered_config(template: dict) -> dict:
+    """The SSM parameter's YAML as CloudFormation would write it, with concrete values for the references."""
+    (parameter,) = _resources(template, "AWS::SSM::Parameter").values()
+    body, references = parameter["Properties"]["Value"]["Fn::Sub"]
+    names = set(re.findall(r"\$\{([^}]+)\}", body))
+    assert names <= set(CONCRETE), names - set(CONCRETE)
+    assert names - {"AWS::Region", "AWS::URLSuffix"} == set(references)
+    return yaml.safe_load(re.sub(r"\$\{([^}]+)\}", lambda m: CONCRETE[m[1]], body))
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_generated_remote_config_validates_against_the_sdk_schema(training_templates, environment) -> None:
+    config = _rendered_config(training_templates[environment])
+    jsonschema.validate(config, SAGEMAKER_PYTHON_SDK_CONFIG_SCHEMA)
+    remote = config["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]
+    assert remote["RoleArn"] == CONCRETE["RoleArn"]
+    assert remote["S3RootUri"] == "s3://dev-foundation-remotejobs-abc/jobs"
+    assert remote["S3KmsKeyId"] == remote["VolumeKmsKeyId"] == CONCRETE["KeyArn"]
+    assert remote["VpcConfig"]["SecurityGroupIds"] == ["sg-0123456789abcdef0"]
+    assert remote["VpcConfig"]["Subnets"][0] == "subnet-0123456789abcdef0"
+    assert remote["InstanceType"] == "ml.p4d.24xlarge"
+    assert remote["ImageUri"] == (
+        "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker"
+    )
+    assert {"Key": "environment", "Value": environment} in remote["Tags"]
+    assert remote["Dependencies"] == "training_assets/requirements-remote.txt"
+
+
+def test_the_schema_check_rejects_the_seeds_flat_vpc_keys() -> None:
+    config = remote_function_config(
+        role_arn=CONCRETE["RoleArn"],
+        s3_root_uri="s3://b/jobs",
+        kms_key_id=CONCRETE["KeyArn"],
+        security_group_ids=["sg-0123456789abcdef0"],
+        subnets=["subnet-0123456789abcdef0"],
+        tags={"a": "b"},
+        instance_type="ml.g5.2xlarge",
+        image_uri="763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:x",
+    )
+    jsonschema.validate(config, SAGEMAKER_PYTHON_SDK_CONFIG_SCHEMA)
+    remote = config["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]
+    remote.update(remote.pop("VpcConfig"))  # the seed's flat SecurityGroupIds/Subnets
+    with pytest.raises(jsonschema.ValidationError, match="Additional properties are not allowed"):
+        jsonschema.validate(config, SAGEMAKER_PYTHON_SDK_CONFIG_SCHEMA)
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_config_can_be_fetched_in_one_command(training_templates, environment) -> None:
+    output = training_templates[environment]["Outputs"]["FetchRemoteFunctionConfigCommand"]["Value"]["Fn::Join"][1]
+    assert output[0] == "aws ssm get-parameter --region us-west-2 --name "
+    assert output[2] == " --query Parameter.Value --output text > config.yaml"

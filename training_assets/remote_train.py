@@ -1,0 +1,209 @@
+"""Run the sentiment fine-tuning as SageMaker training jobs with the SDK's ``@remote`` decorator (seed 001).
+
+The environment's SDK config (``config.yaml``: role, S3 root, KMS key, VPC, image, instance type, tags) comes from
+the TrainingStack; run from the repository root so the job gets ``training_assets/`` and the dependencies file:
+
+    aws ssm get-parameter --name /pytorch-platform/dev/sagemaker/remote-function-config \\
+        --query Parameter.Value --output text > config.yaml
+    python -m training_assets.remote_train --config config.yaml train -- \\
+        --dataset s3://<datasets bucket>/tweet_eval/ --epochs 3 --torch-compile --bf16 --fused-adamw
+    python -m training_assets.remote_train --config config.yaml sweep --learning-rates 1e-5,2e-5,5e-5 -- --epochs 2
+
+``train`` blocks until its job ends and prints the metrics; ``sweep`` runs one job per learning rate through
+``RemoteExecutor`` (``--max-parallel-jobs`` at a time) and prints the best. Each job's model (model and tokenizer,
+safetensors) lands in ``<S3RootUri>/<job name>/output/model.tar.gz``, encrypted with the config's KMS key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from training_assets.train_sentiment import TrainConfig, TrainingInputError, parse_args, train
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPENDENCIES = ROOT / "training_assets" / "requirements-remote.txt"
+JOB_INPUT_DIR = Path("/opt/ml/input/remote")
+CONFIG_ENV = "SAGEMAKER_USER_CONFIG_OVERRIDE"  # where the SDK reads the user config file from
+
+
+class RemoteSetupError(ValueError):
+    """The local set-up cannot start a job as asked; the message says what to fix."""
+
+
+# ------------------------------------------------------------------------------------------- inside the training job
+
+
+def _download(uri: str, target: Path) -> Path:
+    """Copy an s3:// folder into ``target`` (the job role reads the datasets bucket)."""
+    import boto3
+
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    s3 = boto3.client("s3")
+    count = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            relative = item["Key"][len(prefix) :].lstrip("/")
+            if relative and not item["Key"].endswith("/"):
+                (target / relative).parent.mkdir(parents=True, exist_ok=True)
+                s3.download_file(bucket, item["Key"], str(target / relative))
+                count += 1
+    if not count:
+        raise TrainingInputError(f"{uri} holds no files")
+    return target
+
+
+def run_training_job(config: dict[str, Any]) -> dict[str, Any]:
+    """The job's body: fetch S3 inputs, train, leave saved_model/ in SM_MODEL_DIR for SageMaker to upload."""
+    settings = TrainConfig(**config)
+    for field, name in (("dataset", "dataset"), ("model", "base_model")):
+        value = getattr(settings, field)
+        if value.startswith("s3://"):
+            settings = replace(settings, **{field: str(_download(value, JOB_INPUT_DIR / name))})
+    with tempfile.TemporaryDirectory() as output:
+        metrics = train(replace(settings, output_dir=output))
+        model_dir = Path(os.environ.get("SM_MODEL_DIR", "/opt/ml/model"))
+        shutil.copytree(Path(output) / "saved_model", model_dir, dirs_exist_ok=True)
+        shutil.copy2(Path(output) / "metrics.json", model_dir / "metrics.json")
+    return metrics
+
+
+# ------------------------------------------------------------------------------------------------------ local side
+
+
+def only_training_code(path: str, names: list[str]) -> list[str]:
+    """``copy_workdir`` filter: upload ``training_assets/*.py`` and nothing else of the working directory."""
+    if Path(path).resolve() == ROOT:
+        return [name for name in names if name != "training_assets"]
+    return [name for name in names if not name.endswith(".py")]
+
+
+def load_remote_settings(config_path: Path) -> dict[str, Any]:
+    """Point the SDK at ``config_path`` and return its RemoteFunction settings, checked against this machine."""
+    if not config_path.is_file():
+        raise RemoteSetupError(f"{config_path} does not exist: fetch it with the FetchRemoteFunctionConfigCommand "
+                               "output of the training stack")  # fmt: skip
+    try:
+        settings = yaml.safe_load(config_path.read_text())["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]
+    except (yaml.YAMLError, KeyError, TypeError):
+        raise RemoteSetupError(f"{config_path} is not a SageMaker SDK config with a RemoteFunction section") from None
+    if Path.cwd().resolve() != ROOT:
+        raise RemoteSetupError(f"run from the repository root ({ROOT}): the job imports training_assets/ from there")
+    image_python = re.search(r"-py(\d)(\d+)-", settings.get("ImageUri", ""))
+    local_python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if image_python and f"{image_python[1]}.{image_python[2]}" != local_python:
+        raise RemoteSetupError(
+            f"the job image runs Python {image_python[1]}.{image_python[2]} but this is Python {local_python}; "
+            "@remote needs the same major.minor version on both sides (use a matching virtualenv, or an image "
+            "with your version via --image-uri)"
+        )
+    os.environ[CONFIG_ENV] = str(config_path.resolve())
+    return settings
+
+
+def job_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Decorator/executor arguments; everything else (role, S3, KMS, VPC, tags) comes from config.yaml."""
+    options: dict[str, Any] = {
+        "dependencies": str(DEPENDENCIES),
+        "include_local_workdir": True,
+        "custom_file_filter": only_training_code,
+        "job_name_prefix": args.job_name_prefix,
+        "keep_alive_period_in_seconds": args.keep_alive_seconds,
+        "max_runtime_in_seconds": args.max_runtime_hours * 3600,
+        "volume_size": args.volume_gib,
+    }
+    if args.instance_type:
+        options["instance_type"] = args.instance_type
+    if args.image_uri:
+        options["image_uri"] = args.image_uri
+    return options
+
+
+def remote_training_job(args: argparse.Namespace) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    from sagemaker.core.remote_function import remote
+
+    return remote(run_training_job, **job_options(args))
+
+
+def remote_executor(args: argparse.Namespace) -> Any:
+    from sagemaker.core.remote_function import RemoteExecutor
+
+    return RemoteExecutor(max_parallel_jobs=args.max_parallel_jobs, **job_options(args))
+
+
+def sweep(args: argparse.Namespace, config: TrainConfig) -> list[dict[str, Any]]:
+    """One job per learning rate, ``max_parallel_jobs`` at a time; returns the rows best-first by macro-F1."""
+    with remote_executor(args) as executor:
+        futures = {rate: executor.submit(run_training_job, asdict(replace(config, learning_rate=rate)))
+                   for rate in args.learning_rates}  # fmt: skip
+    rows = []
+    for rate, future in futures.items():
+        metrics = future.result()
+        last = metrics["epochs"][-1]
+        rows.append({"learning_rate": rate, "eval_macro_f1": last["eval_macro_f1"],
+                     "eval_accuracy": last["eval_accuracy"],
+                     "train_samples_per_second": metrics["throughput"]["train_samples_per_second"]})  # fmt: skip
+    return sorted(rows, key=lambda row: row["eval_macro_f1"], reverse=True)
+
+
+def _learning_rates(text: str) -> list[float]:
+    try:
+        rates = [float(value) for value in text.split(",") if value.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"learning rates must be comma-separated numbers, got {text!r}") from None
+    if not rates or any(not 0 < rate < 1 for rate in rates) or len(set(rates)) != len(rates):
+        raise argparse.ArgumentTypeError(f"learning rates must be distinct numbers between 0 and 1, got {text!r}")
+    return rates
+
+
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, TrainConfig]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=Path("config.yaml"), help="SageMaker SDK config.yaml")
+    parser.add_argument("--instance-type", help="override the config's InstanceType, e.g. ml.g5.2xlarge")
+    parser.add_argument("--image-uri", help="override the config's ImageUri")
+    parser.add_argument("--job-name-prefix", default="sentiment")
+    parser.add_argument("--max-runtime-hours", type=int, default=24)
+    parser.add_argument("--volume-gib", type=int, default=100)
+    parser.add_argument("--keep-alive-seconds", type=int, default=0, help="warm pool between jobs (0: none)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("train", help="one training job; waits for it and prints its metrics")
+    sweep_parser = commands.add_parser("sweep", help="one job per learning rate through RemoteExecutor")
+    sweep_parser.add_argument("--learning-rates", type=_learning_rates, required=True, help="e.g. 1e-5,2e-5,5e-5")
+    sweep_parser.add_argument("--max-parallel-jobs", type=int, default=2)
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    if args.command == "sweep" and args.max_parallel_jobs < 1:
+        parser.error("--max-parallel-jobs must be at least 1")
+    return args, parse_args(argv[split + 1 :])
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args, config = parse(argv)
+        load_remote_settings(args.config)
+        if args.command == "train":
+            metrics = remote_training_job(args)(asdict(config))
+            print(json.dumps({"epochs": metrics["epochs"], "throughput": metrics["throughput"]}, indent=2))
+        else:
+            for row in sweep(args, config):
+                print(json.dumps(row))
+    except (RemoteSetupError, TrainingInputError) as error:
+        print(f"remote_train: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
