@@ -51,13 +51,8 @@ DEMO_TEXT ?= Covid cases are increasing fast!
 demo: $(VENV)/.installed
 	rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR)
 	$(BIN)/python training_assets/tiny_model.py --output $(DEMO_DIR)/tiny-model
-	@if [ -f training_assets/train_sentiment.py ]; then \
-		set -x; $(BIN)/python training_assets/train_sentiment.py --model $(DEMO_DIR)/tiny-model \
-			--dataset training_assets/sample_data --output-dir $(DEMO_DIR)/training --epochs 2 --use-cpu; \
-	else \
-		echo "training_assets/train_sentiment.py is not merged yet: serving the untrained tiny model"; \
-		mkdir -p $(DEMO_DIR)/training && cp -r $(DEMO_DIR)/tiny-model $(DEMO_DIR)/training/saved_model; \
-	fi
+	$(BIN)/python training_assets/train_sentiment.py --model $(DEMO_DIR)/tiny-model --dataset training_assets/sample_data \
+		--output-dir $(DEMO_DIR)/training --epochs 3 --per-device-batch-size 8 --learning-rate 5e-3 --use-cpu
 	$(BIN)/python inference_assets/package_model.py --model-dir $(DEMO_DIR)/training/saved_model \
 		--output $(DEMO_DIR)/model.tar.gz
 	$(BIN)/python inference_assets/local_server.py --model $(DEMO_DIR)/model.tar.gz --text "$(DEMO_TEXT)"
