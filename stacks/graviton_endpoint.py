@@ -10,41 +10,32 @@ instance count that autoscaling chose instead of resetting it to ``initial_insta
 from __future__ import annotations
 
 import aws_cdk as cdk
-from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
-from aws_cdk import aws_sns_subscriptions as subscriptions
-from aws_cdk import region_info
 from constructs import Construct
 
 from inference_assets.endpoint_environment import endpoint_environment, instance_vcpus
 from stacks.compliance import acknowledge
 from stacks.foundation import DATA_CAPTURE_PREFIX, ENDPOINT_MODELS_PREFIX, FoundationStack
-from stacks.settings import EnvironmentSettings
-
-VARIANT_NAME = "AllTraffic"
-SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
-AUTOSCALING_SERVICE_LINKED_ROLE = (
-    "sagemaker.application-autoscaling.amazonaws.com/AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint"
+from stacks.sagemaker_endpoint import (
+    VARIANT_NAME,
+    alarm_topic,
+    dlc_image_uri,
+    model_vpc_config,
+    track_invocations,
+    variant_metric,
 )
+from stacks.settings import EnvironmentSettings, has_local_nvme
+
 ALARM_PERIOD = cdk.Duration.minutes(5)
 # Alarm thresholds: any sustained server error; a p99 far above a RoBERTa-base forward pass on c7g (tens of ms),
 # which means requests queue; CPU near the top while autoscaling is already at its maximum.
 FIVE_XX_PER_PERIOD = 5
 MODEL_LATENCY_P99_MICROSECONDS = 1_000_000
 CPU_UTILIZATION_PERCENT = 80
-
-
-def dlc_image_uri(scope: Construct, repository: str, tag: str) -> str:
-    """A Deep Learning Container image in the stack's region: the DLC account differs per region (CDK's regional
-    fact), and China regions use the amazonaws.com.cn domain."""
-    stack = cdk.Stack.of(scope)
-    account = stack.regional_fact(region_info.FactName.DLC_REPOSITORY_ACCOUNT)
-    domain = stack.regional_fact(region_info.FactName.DOMAIN_SUFFIX)
-    return f"{account}.dkr.ecr.{stack.region}.{domain}/{repository}:{tag}"
 
 
 class GravitonEndpointStack(cdk.Stack):
@@ -106,7 +97,7 @@ class GravitonEndpointStack(cdk.Stack):
         self.endpoint_name = self.endpoint.attr_endpoint_name
         # Ref of AWS::SageMaker::Endpoint is its ARN.
         self.endpoint_arn = self.endpoint.ref
-        self.scalable_target = self._autoscaling()
+        self.scalable_target = track_invocations(self, self.endpoint_name, endpoint_settings.autoscaling)
         self.alarm_topic, self.alarms = self._alarms()
 
         # The promotion pipeline's smoke test reads this output (stage.graviton_endpoint.endpoint_name_output).
@@ -137,13 +128,12 @@ class GravitonEndpointStack(cdk.Stack):
             max_batch_delay_ms=endpoint_settings.server_max_batch_delay_ms,
             max_request_batch=endpoint_settings.max_request_batch,
         )
-        subnets = [subnet.subnet_id for subnet in self.foundation.private_subnets.subnets]
         model = sagemaker.CfnModel(
             self,
             "Model",
             execution_role_arn=self.foundation.endpoint_role.role_arn,
             primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
-                image=dlc_image_uri(self, endpoint_settings.image_repository, endpoint_settings.image_tag),
+                image=dlc_image_uri(self, f"{endpoint_settings.image_repository}:{endpoint_settings.image_tag}"),
                 model_data_url=self._model_data_url,
                 mode="SingleModel",
                 environment=environment,
@@ -151,9 +141,7 @@ class GravitonEndpointStack(cdk.Stack):
             # With vendored dependencies the container needs no network at all: isolate it. Installing
             # code/requirements.txt at start-up needs egress (the private subnets' NAT) instead.
             enable_network_isolation=vendored,
-            vpc_config=sagemaker.CfnModel.VpcConfigProperty(
-                security_group_ids=[self.foundation.workload_security_group.security_group_id], subnets=subnets
-            ),
+            vpc_config=model_vpc_config(self.foundation),
         )
         # SageMaker checks the role's permissions (S3 read, image pull, KMS) when it creates the model. The role
         # and its managed policy live in the foundation stack: this makes the whole foundation, policy included,
@@ -184,7 +172,7 @@ class GravitonEndpointStack(cdk.Stack):
             )
         # Instance types with local NVMe (c6gd, m6gd, r6gd) refuse a KMS key: their instance store is encrypted by
         # the hardware instead.
-        local_nvme = endpoint_settings.instance_type.split(".")[1].endswith("d")
+        local_nvme = has_local_nvme(endpoint_settings.instance_type)
         config = sagemaker.CfnEndpointConfig(
             self,
             "EndpointConfig",
@@ -210,57 +198,13 @@ class GravitonEndpointStack(cdk.Stack):
             )
         return config
 
-    def _autoscaling(self) -> appscaling.ScalableTarget:
-        scaling = self.settings.graviton_endpoint.autoscaling
-        # The resource id reads the endpoint's name attribute (Fn::GetAtt), so CloudFormation registers the target
-        # only after the endpoint exists; a name typed as a string would not order them.
-        target = appscaling.ScalableTarget(
-            self,
-            "ScalableTarget",
-            service_namespace=appscaling.ServiceNamespace.SAGEMAKER,
-            resource_id=f"endpoint/{self.endpoint_name}/variant/{VARIANT_NAME}",
-            scalable_dimension=SCALABLE_DIMENSION,
-            min_capacity=scaling.min_capacity,
-            max_capacity=scaling.max_capacity,
-            role=iam.Role.from_role_arn(
-                self,
-                "AutoScalingServiceLinkedRole",
-                f"arn:{self.partition}:iam::{self.account}:role/aws-service-role/{AUTOSCALING_SERVICE_LINKED_ROLE}",
-                mutable=False,
-            ),
-        )
-        # Application Auto Scaling acts for SageMaker through its service-linked role, which it creates on first use
-        # when RoleARN is left out; the ARN above only stops CDK from creating an unused role of its own.
-        target.node.default_child.add_property_deletion_override("RoleARN")
-        # One target-tracking policy per metric: keep this construct id stable (a renamed policy fails on update).
-        target.scale_to_track_metric(
-            "InvocationsPerInstance",
-            predefined_metric=appscaling.PredefinedMetric.SAGEMAKER_VARIANT_INVOCATIONS_PER_INSTANCE,
-            target_value=scaling.target_invocations_per_instance,
-            scale_in_cooldown=cdk.Duration.seconds(scaling.scale_in_cooldown_seconds),
-            scale_out_cooldown=cdk.Duration.seconds(scaling.scale_out_cooldown_seconds),
-        )
-        return target
-
     def _metric(self, namespace: str, name: str, statistic: str) -> cloudwatch.Metric:
-        return cloudwatch.Metric(
-            namespace=namespace,
-            metric_name=name,
-            dimensions_map={"EndpointName": self.endpoint_name, "VariantName": VARIANT_NAME},
-            statistic=statistic,
-            period=ALARM_PERIOD,
-        )
+        return variant_metric(self.endpoint_name, namespace, name, statistic, ALARM_PERIOD)
 
     def _alarms(self) -> tuple[sns.Topic, list[cloudwatch.Alarm]]:
-        topic = sns.Topic(
-            self,
-            "AlarmTopic",
-            display_name=f"Sentiment endpoint alarms ({self.settings.name})",
-            master_key=self.foundation.key,
-            enforce_ssl=True,
+        topic = alarm_topic(
+            self, self.foundation, self.settings.alarm_email, f"Sentiment endpoint alarms ({self.settings.name})"
         )
-        if self.settings.alarm_email:
-            topic.add_subscription(subscriptions.EmailSubscription(self.settings.alarm_email))
         missing = cloudwatch.TreatMissingData.NOT_BREACHING
         alarms = [
             cloudwatch.Alarm(

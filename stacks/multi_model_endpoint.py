@@ -11,24 +11,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import aws_cdk as cdk
-from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
-from aws_cdk import aws_sns_subscriptions as subscriptions
-from aws_cdk import region_info
 from constructs import Construct
 
 from inference_assets.endpoint_environment import instance_vcpus
 from inference_assets.model_names import validate_model_name
 from stacks.compliance import acknowledge
 from stacks.foundation import FoundationStack
-from stacks.graviton_endpoint import AUTOSCALING_SERVICE_LINKED_ROLE, SCALABLE_DIMENSION
+from stacks.sagemaker_endpoint import (
+    VARIANT_NAME,
+    alarm_topic,
+    dlc_image_uri,
+    model_vpc_config,
+    track_invocations,
+    variant_metric,
+)
 from stacks.settings import EnvironmentSettings
 
-VARIANT_NAME = "AllTraffic"
 # Alarm thresholds: sustained, not momentary, trouble (1-minute metrics).
 MODEL_LOADING_WAIT_MICROSECONDS = 10_000_000  # requests queue > 10 s for a model to load: cache too small
 MODEL_CACHE_HIT_RATIO = 0.5  # fewer than half the requests find their model loaded: instances thrash
@@ -86,7 +89,8 @@ class MultiModelEndpointStack(cdk.Stack):
             ],
         )
         self.endpoint_name = self.endpoint.attr_endpoint_name
-        self.scalable_target = self._autoscaling()
+        # Target tracking on invocations per instance per minute, all models together.
+        self.scalable_target = track_invocations(self, self.endpoint_name, mme.autoscaling)
         self.alarm_topic, self.alarms = self._alarms()
         self.invoke_policy = iam.ManagedPolicy(
             self,
@@ -101,9 +105,7 @@ class MultiModelEndpointStack(cdk.Stack):
 
     def _image_uri(self) -> str:
         mme = self.settings.multi_model_endpoint
-        image = mme.djl_image if mme.model_server == "djl" else mme.torchserve_image
-        account = self.regional_fact(region_info.FactName.DLC_REPOSITORY_ACCOUNT)
-        return f"{account}.dkr.ecr.{self.region}.{self.url_suffix}/{image}"
+        return dlc_image_uri(self, mme.djl_image if mme.model_server == "djl" else mme.torchserve_image)
 
     def _model(self) -> sagemaker.CfnModel:
         mme = self.settings.multi_model_endpoint
@@ -120,10 +122,7 @@ class MultiModelEndpointStack(cdk.Stack):
             # Archives are self-contained (dependencies vendored): the container needs no network of its own;
             # SageMaker still fetches the archives from S3 for it.
             enable_network_isolation=True,
-            vpc_config=sagemaker.CfnModel.VpcConfigProperty(
-                security_group_ids=[self.foundation.workload_security_group.security_group_id],
-                subnets=[subnet.subnet_id for subnet in self.foundation.private_subnets.subnets],
-            ),
+            vpc_config=model_vpc_config(self.foundation),
         )
         # SageMaker checks the role's permissions when it creates the model: role and policy must exist first.
         model.node.add_dependency(self.foundation.endpoint_role)
@@ -157,49 +156,11 @@ class MultiModelEndpointStack(cdk.Stack):
 
     # --- scaling and alarms -------------------------------------------------------------------------------------
 
-    def _autoscaling(self) -> appscaling.ScalableTarget:
-        scaling = self.settings.multi_model_endpoint.autoscaling
-        target = appscaling.ScalableTarget(
-            self,
-            "ScalableTarget",
-            service_namespace=appscaling.ServiceNamespace.SAGEMAKER,
-            # Built from the endpoint's attribute, so CloudFormation registers the variant only after it exists.
-            resource_id=f"endpoint/{self.endpoint_name}/variant/{VARIANT_NAME}",
-            scalable_dimension=SCALABLE_DIMENSION,
-            min_capacity=scaling.min_capacity,
-            max_capacity=scaling.max_capacity,
-            role=iam.Role.from_role_arn(
-                self,
-                "AutoScalingServiceLinkedRole",
-                f"arn:{self.partition}:iam::{self.account}:role/aws-service-role/{AUTOSCALING_SERVICE_LINKED_ROLE}",
-                mutable=False,
-            ),
-        )
-        # Application Auto Scaling acts through its SageMaker service-linked role (created on first use) when RoleARN
-        # is left out; the imported ARN above only stops CDK from creating a role of its own, without permissions.
-        target.node.default_child.add_property_deletion_override("RoleARN")
-        target.scale_to_track_metric(
-            "InvocationsPerInstance",
-            predefined_metric=appscaling.PredefinedMetric.SAGEMAKER_VARIANT_INVOCATIONS_PER_INSTANCE,
-            target_value=scaling.target_invocations_per_instance,  # per instance per minute, all models together
-            scale_in_cooldown=cdk.Duration.seconds(scaling.scale_in_cooldown_seconds),
-            scale_out_cooldown=cdk.Duration.seconds(scaling.scale_out_cooldown_seconds),
-        )
-        return target
-
     def _metric(self, name: str, statistic: str, *, namespace: str = "AWS/SageMaker") -> cloudwatch.Metric:
-        return cloudwatch.Metric(
-            namespace=namespace,
-            metric_name=name,
-            dimensions_map={"EndpointName": self.endpoint_name, "VariantName": VARIANT_NAME},
-            statistic=statistic,
-            period=cdk.Duration.minutes(1),
-        )
+        return variant_metric(self.endpoint_name, namespace, name, statistic, cdk.Duration.minutes(1))
 
     def _alarms(self) -> tuple[sns.Topic, list[cloudwatch.Alarm]]:
-        topic = sns.Topic(self, "AlarmTopic", master_key=self.foundation.key, enforce_ssl=True)
-        if self.settings.alarm_email:
-            topic.add_subscription(subscriptions.EmailSubscription(self.settings.alarm_email))
+        topic = alarm_topic(self, self.foundation, self.settings.alarm_email)
         instance_metrics = "/aws/sagemaker/Endpoints"
         cpu_threshold = CPU_UTILIZATION_SHARE * 100 * instance_vcpus(self.settings.multi_model_endpoint.instance_type)
         above = cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD

@@ -37,6 +37,12 @@ _REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _BRANCH = re.compile(r"^(?!/)(?!.*(\.\.|//|@\{))[A-Za-z0-9._/-]+(?<![/.])$")
 
 
+def has_local_nvme(instance_type: str) -> bool:
+    """SageMaker types with instance-store NVMe (c5d, c6gd, m5d, g5, ...) refuse an endpoint-config KMS key."""
+    family = instance_type.split(".")[1]
+    return family.endswith("d") or family.startswith(("g4dn", "g5", "g6", "p"))
+
+
 class SettingsError(ValueError):
     """A setting in cdk.json is wrong; the message names the key and what is allowed."""
 
@@ -272,9 +278,7 @@ class MultiModelEndpointSettings(_Settings):
 
     @property
     def has_local_nvme(self) -> bool:
-        """Types with instance-store NVMe (c5d, m5d, g5, ...) refuse an endpoint-config KMS key."""
-        family = self.instance_type.split(".")[1]
-        return family.endswith("d") or family.startswith(("g4dn", "g5", "g6", "p"))
+        return has_local_nvme(self.instance_type)
 
 
 class TagSettings(_Settings):

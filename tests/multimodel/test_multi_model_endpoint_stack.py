@@ -139,7 +139,11 @@ def test_alarms_watch_loading_cache_errors_cpu_and_memory(templates):
     alarms = template.find_resources("AWS::CloudWatch::Alarm")
     by_metric = {a["Properties"]["MetricName"]: a["Properties"] for a in alarms.values()}
     assert set(by_metric) == {
-        "ModelLoadingWaitTime", "ModelCacheHit", "Invocation5XXErrors", "CPUUtilization", "MemoryUtilization"
+        "ModelLoadingWaitTime",
+        "ModelCacheHit",
+        "Invocation5XXErrors",
+        "CPUUtilization",
+        "MemoryUtilization",
     }
     assert by_metric["ModelCacheHit"]["ComparisonOperator"] == "LessThanThreshold"
     assert by_metric["CPUUtilization"]["Namespace"] == "/aws/sagemaker/Endpoints"
@@ -198,4 +202,3 @@ def test_settings_refuse_bad_allowed_models():
     raw["multi_model_endpoint"]["invoke_allowed_models"] = ["../other.tar.gz"]
     with pytest.raises(SettingsError, match=r"multi_model_endpoint\.invoke_allowed_models.*model name"):
         parse_environment("dev", raw)
-

@@ -46,8 +46,18 @@ def test_valid_names(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["model.zip", "", "../escape.tar.gz", "a/../b.tar.gz", "/abs.tar.gz", "with space.tar.gz", "-dash.tar.gz",
-     "a//b.tar.gz", "ümlaut.tar.gz", "x" * 1025 + ".tar.gz"],
+    [
+        "model.zip",
+        "",
+        "../escape.tar.gz",
+        "a/../b.tar.gz",
+        "/abs.tar.gz",
+        "with space.tar.gz",
+        "-dash.tar.gz",
+        "a//b.tar.gz",
+        "ümlaut.tar.gz",
+        "x" * 1025 + ".tar.gz",
+    ],
 )
 def test_invalid_names_are_refused_with_the_rule(name):
     with pytest.raises(ValueError, match="model name"):
@@ -137,9 +147,12 @@ def test_cli_publish_list_remove_all(aws, archive, capsys):
 
 def test_cli_package_builds_an_archive_for_both_servers(tiny_model_dir, tmp_path, capsys):
     output = tmp_path / "sentiment.tar.gz"
-    assert publish_models.main(
-        ["package", "--model-dir", str(tiny_model_dir), "--output", str(output), "--max-workers", "3"]
-    ) == 0
+    assert (
+        publish_models.main(
+            ["package", "--model-dir", str(tiny_model_dir), "--output", str(output), "--max-workers", "3"]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.strip() == str(output)
     with tarfile.open(output) as tar:
         names = set(tar.getnames())

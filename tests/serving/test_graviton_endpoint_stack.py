@@ -14,7 +14,8 @@ from aws_cdk.assertions import Annotations, Match, Template
 from inference_assets.endpoint_environment import instance_vcpus
 from stacks.compliance import add_compliance_gates
 from stacks.foundation import FoundationStack
-from stacks.graviton_endpoint import GravitonEndpointStack, dlc_image_uri
+from stacks.graviton_endpoint import GravitonEndpointStack
+from stacks.sagemaker_endpoint import dlc_image_uri
 from stacks.settings import parse_environment
 from tests.conftest import cdk_context
 
@@ -328,5 +329,5 @@ def test_nvme_instance_types_get_no_kms_key_and_say_why() -> None:
 )
 def test_image_uri_uses_the_regional_dlc_account_and_domain(region: str, registry: str) -> None:
     stack = cdk.Stack(cdk.App(), "Images", env=cdk.Environment(region=region))
-    uri = stack.resolve(dlc_image_uri(stack, "pytorch-inference-arm64", "2.6.0-cpu-py312-ubuntu22.04-sagemaker"))
+    uri = stack.resolve(dlc_image_uri(stack, "pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"))
     assert uri == f"{registry}/pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"
