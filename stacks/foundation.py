@@ -11,6 +11,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import region_info
 from constructs import Construct
 
+from stacks.buckets import access_logs_bucket, encrypted_bucket
 from stacks.compliance import acknowledge, acknowledge_wildcards
 from stacks.settings import EnvironmentSettings
 
@@ -123,62 +124,23 @@ class FoundationStack(cdk.Stack):
         return key
 
     def _access_logs_bucket(self) -> s3.Bucket:
-        bucket = s3.Bucket(
+        bucket = access_logs_bucket(
             self,
             "AccessLogs",
-            # S3 server access logging delivers only to SSE-S3 buckets, not SSE-KMS ones.
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            enforce_ssl=True,
-            versioned=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             removal_policy=self.removal_policy,
-            auto_delete_objects=self.settings.destroy_on_delete,
-            lifecycle_rules=[
-                s3.LifecycleRule(
-                    id="ExpireAccessLogs",
-                    expiration=cdk.Duration.days(90 if self.settings.destroy_on_delete else 365),
-                    noncurrent_version_expiration=cdk.Duration.days(7),
-                    abort_incomplete_multipart_upload_after=cdk.Duration.days(1),
-                )
-            ],
-        )
-        acknowledge(
-            bucket,
-            "This bucket is the server-access-log target of the platform buckets; logging it into itself would loop.",
-            "AwsSolutions-S1",
-            "NIST.800.53.R5-S3BucketLoggingEnabled",
-        )
-        acknowledge(
-            bucket,
-            "S3 server access logging can only deliver to buckets encrypted with SSE-S3, not SSE-KMS.",
-            "NIST.800.53.R5-S3DefaultEncryptionKMS",
+            expiration_days=90 if self.settings.destroy_on_delete else 365,
         )
         self._acknowledge_single_region(bucket)
         return bucket
 
     def _data_bucket(self, name: str) -> s3.Bucket:
-        bucket = s3.Bucket(
+        bucket = encrypted_bucket(
             self,
             name,
-            encryption=s3.BucketEncryption.KMS,
-            encryption_key=self.key,
-            bucket_key_enabled=True,
-            enforce_ssl=True,
-            versioned=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            server_access_logs_bucket=self.access_logs_bucket,
-            server_access_logs_prefix=f"{name.lower()}/",
+            key=self.key,
+            access_logs=self.access_logs_bucket,
             removal_policy=self.removal_policy,
-            auto_delete_objects=self.settings.destroy_on_delete,
-            lifecycle_rules=[
-                s3.LifecycleRule(
-                    id="ExpireNoncurrentVersions",
-                    noncurrent_version_expiration=cdk.Duration.days(30 if self.settings.destroy_on_delete else 90),
-                    abort_incomplete_multipart_upload_after=cdk.Duration.days(7),
-                )
-            ],
+            noncurrent_version_days=30 if self.settings.destroy_on_delete else 90,
         )
         self._acknowledge_single_region(bucket)
         return bucket

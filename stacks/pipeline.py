@@ -22,6 +22,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import pipelines
 from constructs import Construct
 
+from stacks.buckets import access_logs_bucket, encrypted_bucket
 from stacks.compliance import acknowledge, acknowledge_wildcards, add_template_aspects
 from stacks.platform_stage import PlatformStage
 from stacks.settings import EnvironmentSettings, PipelineSettings, SettingsError
@@ -178,48 +179,17 @@ class PromotionPipelineStack(cdk.Stack):
         self._lint_clean_pipeline()
 
     def _artifact_bucket(self) -> s3.Bucket:
-        access_logs = s3.Bucket(
-            self,
-            "ArtifactAccessLogs",
-            # S3 server access logging delivers only to SSE-S3 buckets, not SSE-KMS ones.
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            enforce_ssl=True,
-            versioned=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            lifecycle_rules=[
-                s3.LifecycleRule(expiration=cdk.Duration.days(365), noncurrent_version_expiration=cdk.Duration.days(7))
-            ],
+        access_logs = access_logs_bucket(
+            self, "ArtifactAccessLogs", removal_policy=cdk.RemovalPolicy.RETAIN, expiration_days=365
         )
-        acknowledge(
-            access_logs,
-            "This bucket is the server-access-log target of the artifact bucket; logging it into itself would loop.",
-            "AwsSolutions-S1",
-            "NIST.800.53.R5-S3BucketLoggingEnabled",
-        )
-        acknowledge(
-            access_logs,
-            "S3 server access logging can only deliver to buckets encrypted with SSE-S3, not SSE-KMS.",
-            "NIST.800.53.R5-S3DefaultEncryptionKMS",
-        )
-        artifacts = s3.Bucket(
+        artifacts = encrypted_bucket(
             self,
             "Artifacts",
-            encryption=s3.BucketEncryption.KMS,
-            encryption_key=self.key,
-            bucket_key_enabled=True,
-            enforce_ssl=True,
-            versioned=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            server_access_logs_bucket=access_logs,
-            server_access_logs_prefix="artifacts/",
-            lifecycle_rules=[
-                s3.LifecycleRule(
-                    noncurrent_version_expiration=cdk.Duration.days(30),
-                    abort_incomplete_multipart_upload_after=cdk.Duration.days(1),
-                )
-            ],
+            key=self.key,
+            access_logs=access_logs,
+            removal_policy=cdk.RemovalPolicy.RETAIN,
+            noncurrent_version_days=30,
+            abort_incomplete_upload_days=1,
         )
         for bucket in (access_logs, artifacts):
             acknowledge(

@@ -12,7 +12,16 @@ import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 DEFAULT_REGION = "us-west-2"
 ENVIRONMENT_NAMES = ("dev", "staging", "prod")
@@ -41,6 +50,19 @@ def has_local_nvme(instance_type: str) -> bool:
     """SageMaker types with instance-store NVMe (c5d, c6gd, m5d, g5, ...) refuse an endpoint-config KMS key."""
     family = instance_type.split(".")[1]
     return family.endswith("d") or family.startswith(("g4dn", "g5", "g6", "p"))
+
+
+def _matching(pattern: re.Pattern[str], message: str) -> AfterValidator:
+    def check(value: str) -> str:
+        if not pattern.match(value):
+            raise ValueError(message)
+        return value
+
+    return AfterValidator(check)
+
+
+AccountId = Annotated[str, _matching(_ACCOUNT, "must be a 12-digit AWS account id in quotes")]
+Region = Annotated[str, _matching(_REGION, "must be an AWS region code such as us-west-2")]
 
 
 class SettingsError(ValueError):
@@ -297,8 +319,8 @@ class EnvironmentSettings(_Settings):
     """Everything one environment (dev, staging, prod) of the platform is built from."""
 
     name: Literal["dev", "staging", "prod"]
-    account: str | None = None
-    region: str = DEFAULT_REGION
+    account: AccountId | None = None
+    region: Region = DEFAULT_REGION
     removal_policy: Literal["destroy", "retain"]
     alarm_email: str | None = None
     tags: TagSettings
@@ -306,20 +328,6 @@ class EnvironmentSettings(_Settings):
     training: TrainingSettings = TrainingSettings()
     graviton_endpoint: GravitonEndpointSettings = GravitonEndpointSettings()
     multi_model_endpoint: MultiModelEndpointSettings = MultiModelEndpointSettings()
-
-    @field_validator("account")
-    @classmethod
-    def _account(cls, value: str | None) -> str | None:
-        if value is not None and not _ACCOUNT.match(value):
-            raise ValueError("must be a 12-digit AWS account id in quotes")
-        return value
-
-    @field_validator("region")
-    @classmethod
-    def _region(cls, value: str) -> str:
-        if not _REGION.match(value):
-            raise ValueError("must be an AWS region code such as us-west-2")
-        return value
 
     @field_validator("alarm_email")
     @classmethod
@@ -340,25 +348,11 @@ class EnvironmentSettings(_Settings):
 class PipelineSettings(_Settings):
     """The promotion pipeline (CDK Pipelines) in the tooling account, and the repository it deploys from."""
 
-    account: str
-    region: str = DEFAULT_REGION
+    account: AccountId
+    region: Region = DEFAULT_REGION
     connection_arn: str
     repository: str
     branch: str = "main"
-
-    @field_validator("account")
-    @classmethod
-    def _account(cls, value: str) -> str:
-        if not _ACCOUNT.match(value):
-            raise ValueError("must be the 12-digit id of the tooling account in quotes")
-        return value
-
-    @field_validator("region")
-    @classmethod
-    def _region(cls, value: str) -> str:
-        if not _REGION.match(value):
-            raise ValueError("must be an AWS region code such as us-west-2")
-        return value
 
     @field_validator("connection_arn")
     @classmethod

@@ -225,7 +225,7 @@ def test_app_adds_the_pipeline_of_all_environments_whenever_settings_exist(cdk_c
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"account": "12345"}, "pipeline.account: must be the 12-digit id of the tooling account in quotes."),
+        ({"account": "12345"}, "pipeline.account: must be a 12-digit AWS account id in quotes."),
         (
             {"connection_arn": "arn:aws:s3:::bucket"},
             "pipeline.connection_arn: must be a CodeConnections connection ARN",
