@@ -13,6 +13,7 @@ from constructs import Construct
 
 from stacks.buckets import access_logs_bucket, encrypted_bucket
 from stacks.compliance import acknowledge, acknowledge_wildcards
+from stacks.environment_stack import EnvironmentStack
 from stacks.settings import EnvironmentSettings
 
 TRAINING_OUTPUT_PREFIX = "training-output/"
@@ -48,7 +49,7 @@ _SAGEMAKER_VPC_ENI_ACTIONS = [
 ]
 
 
-class FoundationStack(cdk.Stack):
+class FoundationStack(EnvironmentStack):
     """KMS key, S3 buckets, VPC and the IAM roles of one environment."""
 
     def __init__(self, scope: Construct, construct_id: str, *, settings: EnvironmentSettings, **kwargs) -> None:
@@ -56,11 +57,9 @@ class FoundationStack(cdk.Stack):
             scope,
             construct_id,
             description=f"PyTorch platform foundation ({settings.name}): KMS key, buckets, network, IAM roles",
-            termination_protection=not settings.destroy_on_delete,
+            settings=settings,
             **kwargs,
         )
-        self.settings = settings
-        self.removal_policy = cdk.RemovalPolicy.DESTROY if settings.destroy_on_delete else cdk.RemovalPolicy.RETAIN
 
         self.key = self._platform_key()
         self.access_logs_bucket = self._access_logs_bucket()

@@ -19,6 +19,7 @@ from constructs import Construct
 
 from inference_assets.endpoint_environment import endpoint_environment, instance_vcpus
 from stacks.compliance import acknowledge
+from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import DATA_CAPTURE_PREFIX, ENDPOINT_MODELS_PREFIX, FoundationStack
 from stacks.sagemaker_endpoint import (
     VARIANT_NAME,
@@ -38,7 +39,7 @@ MODEL_LATENCY_P99_MICROSECONDS = 1_000_000
 CPU_UTILIZATION_PERCENT = 80
 
 
-class GravitonEndpointStack(cdk.Stack):
+class GravitonEndpointStack(EnvironmentStack):
     """One SageMaker real-time endpoint serving the sentiment model with the PyTorch inference DLC on Graviton."""
 
     def __init__(
@@ -54,10 +55,9 @@ class GravitonEndpointStack(cdk.Stack):
             scope,
             construct_id,
             description=f"PyTorch platform Graviton endpoint ({settings.name}): model, endpoint, autoscaling, alarms",
-            termination_protection=not settings.destroy_on_delete,
+            settings=settings,
             **kwargs,
         )
-        self.settings = settings
         self.foundation = foundation
         endpoint_settings = settings.graviton_endpoint
         if not endpoint_settings.model_data_key.startswith(ENDPOINT_MODELS_PREFIX):

@@ -21,6 +21,7 @@ from constructs import Construct
 from inference_assets.endpoint_environment import instance_vcpus
 from inference_assets.model_names import validate_model_name
 from stacks.compliance import acknowledge
+from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import FoundationStack
 from stacks.sagemaker_endpoint import (
     VARIANT_NAME,
@@ -50,7 +51,7 @@ CONTAINER_ENVIRONMENT = {
 }
 
 
-class MultiModelEndpointStack(cdk.Stack):
+class MultiModelEndpointStack(EnvironmentStack):
     """A SageMaker multi-model endpoint over ``s3://<artifacts bucket>/<models prefix>`` with autoscaling and alarms."""
 
     def __init__(
@@ -67,10 +68,9 @@ class MultiModelEndpointStack(cdk.Stack):
             construct_id,
             description=f"PyTorch platform multi-model endpoint ({settings.name}): "
             f"{settings.multi_model_endpoint.model_server} on {settings.multi_model_endpoint.instance_type}",
-            termination_protection=not settings.destroy_on_delete,
+            settings=settings,
             **kwargs,
         )
-        self.settings = settings
         self.foundation = foundation
         mme = settings.multi_model_endpoint
         self.models_s3_uri = f"s3://{foundation.artifacts_bucket.bucket_name}/{mme.models_prefix}"

@@ -21,6 +21,7 @@ from aws_cdk import region_info
 from constructs import Construct
 
 from stacks.compliance import acknowledge, acknowledge_wildcards
+from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import TRAINING_OUTPUT_PREFIX, FoundationStack
 from stacks.settings import EnvironmentSettings, HyperParameters
 
@@ -89,7 +90,7 @@ def train_arguments(hyperparameters: HyperParameters) -> list[str]:
     ]  # fmt: skip
 
 
-class TrainingStack(cdk.Stack):
+class TrainingStack(EnvironmentStack):
     """Launch template for GPU training runs on EC2 and the ``@remote`` SDK config of one environment."""
 
     def __init__(
@@ -105,21 +106,19 @@ class TrainingStack(cdk.Stack):
             scope,
             construct_id,
             description=f"PyTorch platform GPU training ({settings.name}): EC2 launch template and @remote config",
-            termination_protection=not settings.destroy_on_delete,
+            settings=settings,
             **kwargs,
         )
-        self.settings = settings
         self.foundation = foundation
         training = settings.training
         self.multi_node = training.efa or training.nodes > 1
-        removal_policy = cdk.RemovalPolicy.DESTROY if settings.destroy_on_delete else cdk.RemovalPolicy.RETAIN
 
         self.log_group = logs.LogGroup(
             self,
             "TrainingLogs",
             encryption_key=foundation.key,
             retention=logs.RetentionDays.THREE_MONTHS,
-            removal_policy=removal_policy,
+            removal_policy=self.removal_policy,
         )
         self.code = {
             name: s3_assets.Asset(self, f"{name.title().replace('_', '')}Code", path=str(ROOT / name),
