@@ -7,6 +7,7 @@ from typing import Any
 import aws_cdk as cdk
 from constructs import Construct
 
+from stacks.facts import register_missing_facts
 from stacks.settings import EnvironmentSettings
 
 
@@ -17,6 +18,7 @@ class EnvironmentStack(cdk.Stack):
     def __init__(
         self, scope: Construct, construct_id: str, *, settings: EnvironmentSettings, description: str, **kwargs: Any
     ) -> None:
+        register_missing_facts()
         super().__init__(
             scope,
             construct_id,
