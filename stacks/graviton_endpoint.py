@@ -17,7 +17,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from inference_assets.endpoint_environment import endpoint_environment, instance_vcpus
+from inference_assets.tools.endpoint_environment import endpoint_environment, instance_vcpus
 from stacks.compliance import acknowledge
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import DATA_CAPTURE_PREFIX, ENDPOINT_MODELS_PREFIX, FoundationStack

@@ -18,8 +18,8 @@ from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from inference_assets.endpoint_environment import instance_vcpus
-from inference_assets.model_names import validate_model_name
+from inference_assets.tools.endpoint_environment import instance_vcpus
+from inference_assets.tools.model_names import validate_model_name
 from stacks.compliance import acknowledge
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import FoundationStack

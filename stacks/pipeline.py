@@ -227,7 +227,7 @@ class PromotionPipelineStack(cdk.Stack):
                 commands=[
                     f'aws configure set profile.{SMOKE_TEST_PROFILE}.role_arn "$SMOKE_TEST_ROLE_ARN"',
                     f"aws configure set profile.{SMOKE_TEST_PROFILE}.credential_source EcsContainer",
-                    f"AWS_PROFILE={SMOKE_TEST_PROFILE} python inference_assets/endpoint_client.py smoke-test "
+                    f"AWS_PROFILE={SMOKE_TEST_PROFILE} python -m inference_assets.tools.endpoint_client smoke-test "
                     f'--endpoint-name "$ENDPOINT_NAME" --region {environment.region} --expect-labels {EXPECTED_LABELS}',
                 ],
             )

@@ -294,7 +294,7 @@ class MultiModelEndpointSettings(_Settings):
     @field_validator("invoke_allowed_models")
     @classmethod
     def _model_names(cls, value: list[str]) -> list[str]:
-        from inference_assets.model_names import validate_model_name
+        from inference_assets.tools.model_names import validate_model_name
 
         return [validate_model_name(name) for name in value]
 

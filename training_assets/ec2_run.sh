@@ -15,7 +15,7 @@
 #   AWS_REGION DLC_ACCOUNT REGISTRY_DOMAIN IMAGE_TAG LOG_GROUP ARTIFACTS_BUCKET OUTPUT_PREFIX KMS_KEY_ID
 #   DATASET (s3://... folder, or hub NAME[:CONFIG]) BASE_MODEL (s3://... folder or hub id) EFA (true|false)
 #   TRAIN_ARGS (hyper-parameter flags of train_sentiment.py)
-#   PACKAGE_ARGS (extra flags of inference_assets/package_model.py: --vendor when the endpoint takes vendored deps)
+#   PACKAGE_ARGS (extra flags of inference_assets.tools.package_model: --vendor when the endpoint takes vendored deps)
 set -euo pipefail
 
 : "${AWS_REGION:?}" "${DLC_ACCOUNT:?}" "${REGISTRY_DOMAIN:?}" "${IMAGE_TAG:?}" "${LOG_GROUP:?}"
@@ -80,7 +80,7 @@ bash training_assets/launch_training.sh --image "$IMAGE" "${launch_args[@]}" -- 
 if [[ -d "$WORK/output/saved_model" ]]; then
   destination="s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX$reservation"
   docker run --rm -v "$WORK:/work" -w /work "$IMAGE" \
-    python inference_assets/package_model.py --model-dir output/saved_model --output output/model.tar.gz \
+    python -m inference_assets.tools.package_model --model-dir output/saved_model --output output/model.tar.gz \
     --upload "$destination/model.tar.gz" --kms-key-id "$KMS_KEY_ID" "${package_args[@]}"
   aws s3 cp --only-show-errors --sse aws:kms --sse-kms-key-id "$KMS_KEY_ID" \
     "$WORK/output/metrics.json" "$destination/metrics.json"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sagemaker_inference.errors import BaseInferenceToolkitError
 
-from inference_assets.djl.serving_properties import DjlModelSettings, parse_properties
+from inference_assets.tools.serving_properties import DjlModelSettings, parse_properties
 
 from . import fake_djl_python
 from .fake_djl_python import Input, batched
@@ -29,8 +29,9 @@ def _import(path: Path, name: str):
 
 def _forget(*modules: str) -> None:
     """Drop modules imported from the unpacked archive, so later tests import their own copies."""
-    for name in modules:
-        sys.modules.pop(name, None)
+    for name in list(sys.modules):
+        if name in modules or name.split(".")[0] in modules:
+            sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def djl(unpacked_mme_archive: Path):
     init = {k.removeprefix("option."): v for k, v in properties.items() if k.startswith("option.")}
     assert model.handle(Input({**init, "model_dir": str(unpacked_mme_archive)})) is None  # the load call
     yield model
-    _forget("djl_python", "djl_model_under_test", "sentiment_predictor")
+    _forget("djl_python", "djl_model_under_test", "sentiment_serving")
     sys.path[:] = saved_path
 
 
@@ -58,7 +59,7 @@ def toolkit(unpacked_mme_archive: Path):
         patch.setenv(handler.MAX_REQUEST_BATCH_ENV, "4")  # the toolkit takes it from the container environment
         predictor = handler.model_fn(str(unpacked_mme_archive))
     yield handler, predictor
-    _forget("toolkit_handler_under_test", "sentiment_predictor")
+    _forget("toolkit_handler_under_test", "sentiment_serving")
     sys.path[:] = saved_path
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from inference_assets.endpoint_environment import endpoint_environment, instance_vcpus
+from inference_assets.tools.endpoint_environment import endpoint_environment, instance_vcpus
 
-HANDLER = Path(__file__).resolve().parents[2] / "inference_assets" / "code" / "inference.py"
+HANDLER = Path(__file__).resolve().parents[2] / "inference_assets" / "container" / "toolkit_handler.py"
 
 
 @pytest.mark.parametrize(
@@ -47,7 +47,7 @@ def test_explicit_workers_are_pinned_for_the_toolkit_model_entry() -> None:
 
 
 def test_the_handler_reads_the_batch_limit_the_environment_sets() -> None:
-    """code/inference.py ships alone in the archive, so it names the variable itself: both names must agree."""
+    """The container package ships without the tools, so it names the variable itself: both names must agree."""
     tree = ast.parse(HANDLER.read_text())
     (value,) = [
         node.value.value

@@ -11,7 +11,7 @@ import pytest
 from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Annotations, Match, Template
 
-from inference_assets.endpoint_environment import instance_vcpus
+from inference_assets.tools.endpoint_environment import instance_vcpus
 from stacks.compliance import add_compliance_gates
 from stacks.foundation import FoundationStack
 from stacks.graviton_endpoint import GravitonEndpointStack

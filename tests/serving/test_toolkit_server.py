@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from inference_assets.local_server import LocalToolkitServer, _group_alive
-from inference_assets.sentiment_predictor import SentimentPredictor
+from inference_assets.container.predictor import SentimentPredictor
+from inference_assets.local.local_server import LocalToolkitServer, _group_alive
 
 MAX_REQUEST_BATCH = 4
 pytestmark = pytest.mark.slow

@@ -120,7 +120,7 @@ def test_two_node_efa_run_builds_trains_packages_and_uploads(instance: dict) -> 
     ]  # fmt: skip
     assert f"{work}/output:/opt/ml/output" in train
     assert package[package.index("sentiment-training:latest") + 1 :] == [
-        "python", "inference_assets/package_model.py", "--model-dir", "output/saved_model",
+        "python", "-m", "inference_assets.tools.package_model", "--model-dir", "output/saved_model",
         "--output", "output/model.tar.gz", "--upload", "s3://dev-artifacts/training-output/r-0123/model.tar.gz",
         "--kms-key-id", "arn:aws:kms:us-west-2:123456789012:key/k", "--vendor",
     ]  # fmt: skip

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from inference_assets.sentiment_predictor import SentimentPredictor
+from inference_assets.container.predictor import SentimentPredictor
 from training_assets import train_sentiment
 from training_assets.train_sentiment import TrainConfig, TrainingInputError, train
 

@@ -13,7 +13,7 @@ The toolkit's own multi-model start-up is not used: toolkit 2.0.25 writes a brok
 management API on the inference port (see FACTS.md), so this module writes its own properties file. Each server
 gets its own TMPDIR (TorchServe keeps a global pid file there) and free ports, and is stopped by its process group.
 
-    python inference_assets/local_mme.py   # start a server, print its addresses, serve until Ctrl-C
+    python -m inference_assets.local.local_mme   # start a server, print its addresses, serve until Ctrl-C
 """
 
 from __future__ import annotations
@@ -39,10 +39,7 @@ from typing import Any, Self
 
 import requests
 
-if __package__ in (None, ""):  # run as a script: make `inference_assets` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from inference_assets.model_names import validate_model_name
+from inference_assets.tools.model_names import validate_model_name
 
 HANDLER_SERVICE = "sagemaker_pytorch_serving_container.handler_service:handle"
 

@@ -3,13 +3,14 @@
 Layout (the toolkit unpacks it to /opt/ml/model and imports ``code/inference.py``):
 
     config.json, model.safetensors, tokenizer files ...  the model directory, at the archive root
-    code/inference.py, code/sentiment_predictor.py       the handler and the shared predictor it imports
+    code/inference.py                                    the entry the model server imports (container/entrypoints/)
+    code/sentiment_serving/*.py                          the ``inference_assets.container`` package
     code/requirements.txt                                only without vendoring: the toolkit pip-installs it at start-up
     code/lib/...                                         with --vendor: transformers & co. for linux/aarch64 cp312
 
 The archive is byte-for-byte reproducible: sorted entries, fixed mtime/owner/mode, gzip without name or timestamp.
 
-    python inference_assets/package_model.py --model-dir saved_model --output model.tar.gz --vendor \\
+    python -m inference_assets.tools.package_model --model-dir saved_model --output model.tar.gz --vendor \\
         --upload s3://<artifacts-bucket>/endpoints/sentiment/model-v2.tar.gz --kms-key-id <key-arn>
 """
 
@@ -26,11 +27,13 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-ASSETS = Path(__file__).resolve().parent
-HANDLER = ASSETS / "code" / "inference.py"
-PREDICTOR = ASSETS / "sentiment_predictor.py"
-REQUIREMENTS = ASSETS / "code" / "requirements.txt"
-VENDOR_CONSTRAINTS = ASSETS / "code" / "requirements-aarch64.lock"
+CONTAINER = Path(__file__).resolve().parents[1] / "container"
+HANDLER = CONTAINER / "entrypoints" / "inference.py"
+DJL_ENTRY_POINT = CONTAINER / "entrypoints" / "model.py"
+# The package's name inside the archive (code/ is on the model server's sys.path).
+ARCHIVE_PACKAGE = "sentiment_serving"
+REQUIREMENTS = CONTAINER / "requirements.txt"
+VENDOR_CONSTRAINTS = CONTAINER / "requirements-aarch64.lock"
 
 # The image the endpoint runs (settings.graviton_endpoint.image_tag): Python 3.12 on linux/aarch64, Ubuntu 22.04
 # (glibc 2.35). pip does not widen a manylinux_2_x platform to older glibc tags by itself, so list them all.
@@ -65,6 +68,11 @@ def _files_under(root: Path, prefix: str = "") -> dict[str, Path]:
     }
 
 
+def container_files() -> dict[str, Path]:
+    """The archive paths and sources of the ``inference_assets.container`` package (its modules, not entrypoints/)."""
+    return {f"code/{ARCHIVE_PACKAGE}/{path.name}": path for path in sorted(CONTAINER.glob("*.py"))}
+
+
 def _entries(
     model_dir: Path, extra_files: Mapping[str, Path | bytes], vendor_dir: Path | None
 ) -> dict[str, Path | bytes]:
@@ -76,7 +84,7 @@ def _entries(
     if clash := sorted(name for name in entries if name.startswith("code/")):
         raise PackagingError(f"{model_dir} already holds {clash[0]}; the archive's code/ folder is the handler's")
     entries["code/inference.py"] = HANDLER
-    entries["code/sentiment_predictor.py"] = PREDICTOR
+    entries.update(container_files())
     if vendor_dir is None:
         entries["code/requirements.txt"] = REQUIREMENTS
     else:

@@ -11,7 +11,7 @@ The SageMaker PyTorch toolkit reads these variables when the container starts:
   threads, spinning starves TorchServe's Java frontend and the other workers: measured locally on RoBERTa-base
   (benchmarks/results/serving_latency.md), p50 at one request in flight went from ~1 s spinning to ~80 ms passive,
   against ~56 ms for the bare forward pass.
-- ``SENTIMENT_MAX_REQUEST_BATCH``: the most texts one request may carry (``code/inference.py`` answers 413 above).
+- ``SENTIMENT_MAX_REQUEST_BATCH``: the most texts one request may carry (the container's handler answers 413 above).
 """
 
 from __future__ import annotations

@@ -17,18 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from http import HTTPStatus
-from pathlib import Path
 
-# Dependencies vendored for linux/aarch64 by package_model.py (no pip install, no egress at start-up). They go first
-# on sys.path so the pinned versions win over anything the image ships; numpy is left to the image (torch's ABI).
-_VENDORED = Path(__file__).resolve().parent / "lib"
-if _VENDORED.is_dir() and str(_VENDORED) not in sys.path:
-    sys.path.insert(0, str(_VENDORED))
+from sagemaker_inference.errors import GenericInferenceToolkitError
 
-from sagemaker_inference.errors import GenericInferenceToolkitError  # noqa: E402
-from sentiment_predictor import BadRequest, BatchTooLarge, SentimentPredictor  # noqa: E402
+from .predictor import BadRequest, BatchTooLarge, SentimentPredictor
 
 MAX_REQUEST_BATCH_ENV = "SENTIMENT_MAX_REQUEST_BATCH"
 DEFAULT_MAX_REQUEST_BATCH = 32

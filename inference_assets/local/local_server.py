@@ -19,7 +19,7 @@ a private work directory and the toolkit is pointed at it with its own variables
   (which would stop the TorchServe it adopted), and then the whole process group is stopped (never a bare
   ``torchserve --stop``, which stops whatever the global pid file names).
 
-    python inference_assets/local_server.py --model model.tar.gz   # serves until Ctrl-C, prints the URL
+    python -m inference_assets.local.local_server --model model.tar.gz   # serves until Ctrl-C, prints the URL
 """
 
 from __future__ import annotations
@@ -40,10 +40,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from inference_assets.endpoint_environment import endpoint_environment
+from inference_assets.tools.endpoint_environment import endpoint_environment
 
 _TOOLKIT_MAIN = "from sagemaker_pytorch_serving_container import serving; serving.main()"
 _CONFIG_LOCK = Path(tempfile.gettempdir()) / "sagemaker-ts-properties.lock"

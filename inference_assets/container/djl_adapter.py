@@ -3,7 +3,7 @@
 DJL Serving unpacks each model archive into its own directory, reads ``serving.properties`` (``engine=Python``)
 and calls ``handle`` with a ``djl_python.Input`` per request, or per dynamic batch when ``batch_size`` > 1. The
 first call of a worker carries no content: it loads the model and is answered with ``None``. The predictor is
-``code/sentiment_predictor.py`` of the same archive, the module the SageMaker PyTorch toolkit handler
+``code/sentiment_serving/predictor.py`` of the same archive, the module the SageMaker PyTorch toolkit handler
 (``code/inference.py``) uses, and requests and answers are the same as there:
 
     request   application/json {"inputs": "text" | ["text", ...]}, or text/plain (one text), UTF-8
@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
+
+from .predictor import BadRequest, BatchTooLarge, SentimentPredictor
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +40,6 @@ def _load(properties: dict[str, str]) -> None:
     """Load the predictor from the model directory DJL names in the properties (``model_dir``)."""
     global _predictor
     model_dir = Path(properties["model_dir"])
-    # code/lib: dependencies vendored into the archive (no pip install, no egress); code/: the shared predictor.
-    for path in (model_dir / "code", model_dir / "code" / "lib"):
-        if path.is_dir() and str(path) not in sys.path:
-            sys.path.insert(0, str(path))
-    from sentiment_predictor import SentimentPredictor
-
     max_batch = int(properties.get("max_request_batch", DEFAULT_MAX_REQUEST_BATCH))
     _predictor = SentimentPredictor(model_dir, max_batch_size=max_batch)
     log.info("loaded sentiment model from %s", model_dir)
@@ -82,8 +77,6 @@ def parse(request: Any) -> object:
 
 def predict(request: Any) -> list[dict]:
     """Predictions of one request as JSON-ready dicts; client mistakes raise :class:`ClientError`."""
-    from sentiment_predictor import BadRequest, BatchTooLarge
-
     try:
         return [prediction.as_dict() for prediction in _predictor.predict(parse(request))]
     except BatchTooLarge as error:
