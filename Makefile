@@ -50,8 +50,8 @@ DEMO_DIR ?= build/demo
 DEMO_TEXT ?= Covid cases are increasing fast!
 demo: $(VENV)/.installed
 	rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR)
-	$(BIN)/python training_assets/tiny_model.py --output $(DEMO_DIR)/tiny-model
-	$(BIN)/python training_assets/train_sentiment.py --model $(DEMO_DIR)/tiny-model --dataset training_assets/sample_data \
+	$(BIN)/python -m training_assets.tiny_model --output $(DEMO_DIR)/tiny-model
+	$(BIN)/python -m training_assets.instance.train_sentiment --model $(DEMO_DIR)/tiny-model --dataset training_assets/sample_data \
 		--output-dir $(DEMO_DIR)/training --epochs 3 --per-device-batch-size 8 --learning-rate 5e-3 --use-cpu
 	$(BIN)/python -m inference_assets.tools.package_model --model-dir $(DEMO_DIR)/training/saved_model \
 		--output $(DEMO_DIR)/model.tar.gz

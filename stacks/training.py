@@ -34,6 +34,21 @@ BOOTSTRAP_LOG = "/var/log/sentiment-training.log"
 REMOTE_DEPENDENCIES = "training_assets/requirements-remote.txt"
 # Names the SDK must not upload when IncludeLocalWorkDir packs the working directory.
 REMOTE_IGNORED_NAMES = [".venv*", "node_modules", "cdk.out", ".git", "__pycache__", "tests", "benchmarks", "*.tar.gz"]
+# The code the training instances fetch (construct id -> folder under the repository root, folder-specific exclude
+# patterns): what the instance runs, and the inference package that ec2_run.sh calls to build model.tar.gz. Local
+# harnesses and test files stay out, so editing them leaves the Training stack (its asset hashes) unchanged. The
+# patterns are CDK glob patterns matched against each path and its base name (a folder name drops the folder).
+CODE_ASSETS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "TrainingAssetsCode": ("training_assets/instance", ()),
+    "InferenceAssetsCode": ("inference_assets", ("local", "tests", "test_*.py", "conftest.py", "fake_*.py")),
+}
+CODE_ASSET_EXCLUDE = ("__pycache__", "*.pyc", ".pytest_cache", ".ruff_cache", "*.egg-info")
+
+
+def code_asset(scope: Construct, construct_id: str, root: Path = ROOT) -> s3_assets.Asset:
+    """One of ``CODE_ASSETS`` as an S3 asset (``root``: the repository, or a copy of it in tests)."""
+    folder, exclude = CODE_ASSETS[construct_id]
+    return s3_assets.Asset(scope, construct_id, path=str(root / folder), exclude=[*CODE_ASSET_EXCLUDE, *exclude])
 
 
 def remote_function_config(
@@ -120,11 +135,8 @@ class TrainingStack(EnvironmentStack):
             retention=logs.RetentionDays.THREE_MONTHS,
             removal_policy=self.removal_policy,
         )
-        self.code = {
-            name: s3_assets.Asset(self, f"{name.title().replace('_', '')}Code", path=str(ROOT / name),
-                                  exclude=["__pycache__", "*.pyc"])
-            for name in ("training_assets", "inference_assets")
-        }  # fmt: skip
+        # {folder on the instance: asset}; the instance unpacks each under the same path as in the repository.
+        self.code = {folder: code_asset(self, construct_id) for construct_id, (folder, _) in CODE_ASSETS.items()}
         self.security_group = self._security_group()
         self.placement_group = (
             ec2.PlacementGroup(self, "ClusterPlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
@@ -241,7 +253,7 @@ class TrainingStack(EnvironmentStack):
             "PACKAGE_ARGS": "--vendor" if self.settings.graviton_endpoint.dependencies == "vendored" else "",
         }
         ship_logs = (
-            f"python3 {WORK_DIR}/training_assets/ship_logs.py --region {self.region} "
+            f"python3 {WORK_DIR}/training_assets/instance/ship_logs.py --region {self.region} "
             f'--log-group {self.log_group.log_group_name} --log-stream "$(cat {WORK_DIR}/stream)" {BOOTSTRAP_LOG}'
         )
         user_data = ec2.UserData.for_linux()
@@ -258,9 +270,9 @@ class TrainingStack(EnvironmentStack):
             f"echo \"$(meta reservation-id)/$(meta instance-id)/bootstrap\" > {WORK_DIR}/stream",
             *(f"export {name}={shlex.quote(value) if not cdk.Token.is_unresolved(value) else value}"
               for name, value in environment.items()),
-            *(f"aws s3 cp --only-show-errors {uri} {name}.zip && python3 -m zipfile -e {name}.zip {name}"
-              for name, uri in code.items()),
-            "bash training_assets/ec2_run.sh",
+            *(f"aws s3 cp --only-show-errors {uri} code.zip && python3 -m zipfile -e code.zip {folder} && rm code.zip"
+              for folder, uri in code.items()),
+            "bash training_assets/instance/ec2_run.sh",
         )  # fmt: skip
         return user_data
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from training_assets.train_sentiment import TrainConfig, TrainingInputError, parse_args, train
+from training_assets.instance.train_sentiment import TrainConfig, TrainingInputError, parse_args, train
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPENDENCIES = ROOT / "training_assets" / "requirements-remote.txt"
@@ -83,10 +83,10 @@ def run_training_job(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def only_training_code(path: str, names: list[str]) -> list[str]:
-    """``copy_workdir`` filter: upload ``training_assets/*.py`` and nothing else of the working directory."""
+    """``copy_workdir`` filter: upload ``training_assets/**/*.py`` (with ``instance/``) and nothing else."""
     if Path(path).resolve() == ROOT:
         return [name for name in names if name != "training_assets"]
-    return [name for name in names if not name.endswith(".py")]
+    return [name for name in names if not name.endswith(".py") and name != "instance"]
 
 
 def load_remote_settings(config_path: Path) -> dict[str, Any]:

@@ -11,7 +11,8 @@ import pytest
 
 from stacks.settings import TrainingSettings
 
-ASSETS = Path(__file__).resolve().parents[2] / "training_assets"
+ROOT = Path(__file__).resolve().parents[2]
+ASSETS = ROOT / "training_assets" / "instance"
 LAUNCHER = ASSETS / "launch_training.sh"
 
 
@@ -34,12 +35,15 @@ def test_dockerfile_extends_the_patched_training_dlc() -> None:
         dockerfile,
         flags=re.MULTILINE,
     )
-    assert "COPY train_sentiment.py ." in dockerfile and "-r requirements.txt" in dockerfile
+    assert "-r requirements.txt" in dockerfile and "ENV PYTHONPATH=/opt/training" in dockerfile
+    # Every Python module of the package is copied under its package path (so `python -m` finds them all).
+    copied = re.search(r"^COPY (.+) training_assets/instance/$", dockerfile, flags=re.MULTILINE)
+    assert copied and set(copied[1].split()) == {p.name for p in ASSETS.glob("*.py") if p.name != "ship_logs.py"}
 
 
 def test_container_pins_match_the_tested_versions() -> None:
     container = _pins(ASSETS / "requirements.txt")
-    tested = _pins(ASSETS.parent / "requirements-dev.txt")
+    tested = _pins(ROOT / "requirements-dev.txt")
     assert set(container) == {"transformers", "tokenizers", "safetensors", "datasets", "accelerate", "scikit-learn"}
     assert "torch" not in container, "the DLC's CUDA build of torch must not be replaced"
     for package, version in container.items():
@@ -92,7 +96,8 @@ def test_single_node_command(tmp_path: Path) -> None:
         "--nproc_per_node=8",
         "--standalone",
         "--nnodes=1",
-        "/opt/training/train_sentiment.py",
+        "--module",
+        "training_assets.instance.train_sentiment",
         "--output-dir",
         "/opt/ml/output",
         "--dataset",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from training_assets import ship_logs
+from training_assets.instance import ship_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +39,7 @@ elif name == "aws" and args[:2] == ["s3", "sync"]:
     Path(args[-1]).mkdir(parents=True, exist_ok=True)
 elif name == "docker" and args[0] == "login":
     sys.stdin.read()
-elif name == "docker" and "/opt/training/train_sentiment.py" in args and os.environ.get("SAVES_MODEL"):
+elif name == "docker" and "training_assets.instance.train_sentiment" in args and os.environ.get("SAVES_MODEL"):
     output = next(a.split(":")[0] for a in args if a.endswith(":/opt/ml/output"))
     Path(output, "saved_model").mkdir(parents=True)
     Path(output, "metrics.json").write_text("{{}}")
@@ -55,7 +55,8 @@ def instance(tmp_path: Path) -> dict:
         (bin_dir / name).chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
-    for folder in ("training_assets", "inference_assets"):
+    # What the user data unpacks: the two code assets, under their repository paths.
+    for folder in ("training_assets/instance", "inference_assets"):
         shutil.copytree(ROOT / folder, work / folder)
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
@@ -80,8 +81,8 @@ def instance(tmp_path: Path) -> dict:
 
 
 def _run(instance: dict, **env: str) -> list[list[str]]:
-    result = subprocess.run(["bash", "training_assets/ec2_run.sh"], cwd=instance["work"], check=False, text=True,
-                            capture_output=True, env={**instance["env"], **env})  # fmt: skip
+    result = subprocess.run(["bash", "training_assets/instance/ec2_run.sh"], cwd=instance["work"], check=False,
+                            text=True, capture_output=True, env={**instance["env"], **env})  # fmt: skip
     assert result.returncode == 0, result.stderr
     return [json.loads(line) for line in instance["calls"].read_text().splitlines()]
 
@@ -106,14 +107,14 @@ def test_two_node_efa_run_builds_trains_packages_and_uploads(instance: dict) -> 
         ["aws", "s3", "cp"],  # metrics.json
     ]
     build = next(call for call in calls if call[:2] == ["docker", "build"])
-    assert "BASE_TAG=2.10.0-gpu-py313-cu130-ubuntu22.04-ec2" in build and build[-1] == "training_assets/"
+    assert "BASE_TAG=2.10.0-gpu-py313-cu130-ubuntu22.04-ec2" in build and build[-1] == "training_assets/instance/"
     train, package = _docker_runs(calls)
     assert "--privileged" in train and "FI_PROVIDER=efa" in train and "awslogs-group=dev-training-logs" in train
     assert "awslogs-stream=r-0123/i-0abc/train" in train
     inside = train[train.index("sentiment-training:latest") + 1 :]
     assert inside[:6] == ["torchrun", "--nproc_per_node=8", "--nnodes=2", "--rdzv_backend=c10d",
                           "--rdzv_endpoint=10.0.1.7:29500", "--rdzv_id=r-0123"]  # fmt: skip
-    assert inside[inside.index("/opt/training/train_sentiment.py") + 1 :] == [
+    assert inside[inside.index("training_assets.instance.train_sentiment") + 1 :] == [
         "--output-dir", "/opt/ml/output", "--epochs", "3", "--torch-compile", "--bf16", "--fused-adamw",
         "--dataset", "tweet_eval", "--dataset-config", "sentiment",
         "--model", "cardiffnlp/twitter-roberta-base-sentiment-latest",
@@ -141,7 +142,7 @@ def test_single_node_with_s3_inputs_and_no_model_on_this_node(instance: dict) ->
     assert f"{work}/dataset:/opt/ml/input/data:ro" in train and f"{work}/base_model:/opt/ml/input/model:ro" in train
     inside = train[train.index("sentiment-training:latest") + 1 :]
     assert inside[:4] == ["torchrun", "--nproc_per_node=8", "--standalone", "--nnodes=1"]
-    assert inside[inside.index("/opt/training/train_sentiment.py") + 1 :][:6] == [
+    assert inside[inside.index("training_assets.instance.train_sentiment") + 1 :][:6] == [
         "--output-dir", "/opt/ml/output", "--dataset", "/opt/ml/input/data", "--model", "/opt/ml/input/model"
     ]  # fmt: skip
     assert not [call for call in calls if call[:3] == ["aws", "s3", "cp"]]
@@ -149,7 +150,7 @@ def test_single_node_with_s3_inputs_and_no_model_on_this_node(instance: dict) ->
 
 def test_missing_setting_stops_the_run(instance: dict) -> None:
     env = {key: value for key, value in instance["env"].items() if key != "ARTIFACTS_BUCKET"}
-    result = subprocess.run(["bash", "training_assets/ec2_run.sh"], cwd=instance["work"], env=env, check=False,
+    result = subprocess.run(["bash", "training_assets/instance/ec2_run.sh"], cwd=instance["work"], env=env, check=False,
                             capture_output=True, text=True)  # fmt: skip
     assert result.returncode != 0 and "ARTIFACTS_BUCKET" in result.stderr
     assert not instance["calls"].exists()
@@ -171,7 +172,7 @@ def test_ship_logs_calls_the_aws_cli(instance: dict, tmp_path: Path) -> None:
     log = tmp_path / "bootstrap.log"
     log.write_text("line one\nline two\n")
     env = {**os.environ, **instance["env"]}
-    result = subprocess.run([sys.executable, str(ROOT / "training_assets/ship_logs.py"), "--log-group", "g",
+    result = subprocess.run([sys.executable, str(ROOT / "training_assets/instance/ship_logs.py"), "--log-group", "g",
                              "--log-stream", "r-1/i-1/bootstrap", "--region", "us-west-2", str(log)],
                             env=env, check=False, capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 0, result.stderr

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from inference_assets.container.predictor import SentimentPredictor
-from training_assets import train_sentiment
-from training_assets.train_sentiment import TrainConfig, TrainingInputError, train
+from training_assets.instance import train_sentiment
+from training_assets.instance.train_sentiment import TrainConfig, TrainingInputError, train
 
-SCRIPT = Path(train_sentiment.__file__)
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = "training_assets.instance.train_sentiment"
 # Hyper-parameters with which the tiny model learns the sample data in a few epochs.
 FAST = ["--epochs", "3", "--per-device-batch-size", "8", "--learning-rate", "5e-3", "--max-seq-length", "32"]
 TRAIN_ROWS = 240
@@ -26,7 +27,8 @@ def _rows(path: Path) -> list[dict]:
 
 
 def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    # The repository on the import path, as `python -m` from its root would have it (the tests run elsewhere).
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
     return subprocess.run(command, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -37,7 +39,8 @@ def compiled_run(tiny_model_dir: Path, sample_data: Path, tmp_path_factory: pyte
     result = _run(
         [
             sys.executable,
-            str(SCRIPT),
+            "-m",
+            MODULE,
             "--model",
             str(tiny_model_dir),
             "--dataset",
@@ -107,7 +110,8 @@ def test_torchrun_two_processes_with_gloo(tiny_model_dir: Path, sample_data: Pat
             "-m",
             "torch.distributed.run",
             "--nproc_per_node=2",
-            str(SCRIPT),
+            "--module",
+            MODULE,
             "--model",
             str(tiny_model_dir),
             "--dataset",
@@ -275,7 +279,8 @@ def test_cli_prints_the_error_and_exits_2(tiny_model_dir: Path, tmp_path: Path) 
     result = _run(
         [
             sys.executable,
-            str(SCRIPT),
+            "-m",
+            MODULE,
             "--model",
             str(tiny_model_dir),
             "--dataset",

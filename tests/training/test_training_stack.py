@@ -167,9 +167,9 @@ def test_user_data_trains_packages_ships_logs_and_powers_off(training_templates,
     assert "export IMAGE_TAG=2.10.0-gpu-py313-cu130-ubuntu22.04-ec2" in script
     assert "export OUTPUT_PREFIX=training-output/" in script
     assert "export PACKAGE_ARGS=--vendor" in script  # the Graviton endpoint's default: vendored dependencies
-    assert "python3 -m zipfile -e training_assets.zip training_assets" in script
-    assert "python3 -m zipfile -e inference_assets.zip inference_assets" in script
-    assert lines[-1] == "bash training_assets/ec2_run.sh"
+    assert "python3 -m zipfile -e code.zip training_assets/instance && rm code.zip" in script
+    assert "python3 -m zipfile -e code.zip inference_assets && rm code.zip" in script
+    assert lines[-1] == "bash training_assets/instance/ec2_run.sh"
 
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)

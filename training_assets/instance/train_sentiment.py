@@ -4,9 +4,9 @@ Each PyTorch 2 feature of the seed has its own switch, off by default so the bas
 ``--torch-compile`` (TorchInductor), ``--bf16`` (bfloat16 autocast) and ``--fused-adamw`` (``AdamW(fused=True)``).
 
     # one process (GPU if there is one, else CPU)
-    python training_assets/train_sentiment.py --model MODEL --dataset DATA --output-dir out --torch-compile
+    python -m training_assets.instance.train_sentiment --model MODEL --dataset DATA --output-dir out --torch-compile
     # data-parallel on every GPU of a node (NCCL), or on CPU processes (gloo)
-    torchrun --nproc_per_node=8 training_assets/train_sentiment.py ... --torch-compile --bf16 --fused-adamw
+    torchrun --nproc_per_node=8 --module training_assets.instance.train_sentiment ... --torch-compile --bf16
 
 ``--model`` is a local model directory or a Hugging Face hub id; ``--dataset`` is a local folder (``train`` and
 ``validation`` files as JSONL/CSV with text,label columns, or a ``datasets.save_to_disk`` folder) or a hub dataset

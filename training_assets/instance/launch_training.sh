@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Run train_sentiment.py in the training image with torchrun: one process per GPU, on one node or several.
+# Run training_assets.instance.train_sentiment in the training image with torchrun: one process per GPU, on one node or several.
 #
 #   launch_training.sh [options] [-- train_sentiment.py arguments]
 #
-#   --image NAME          image built from training_assets/Dockerfile (default: sentiment-training:latest)
+#   --image NAME          image built from training_assets/instance/Dockerfile (default: sentiment-training:latest)
 #   --gpus N              processes (GPUs) per node (default: the GPUs nvidia-smi lists)
 #   --nnodes N            number of nodes (default: 1); every node runs this script with the same settings
 #   --rdzv-endpoint H:P   torchrun c10d rendezvous host:port, the first node's private IP (needed when --nnodes > 1)
@@ -109,7 +109,8 @@ else
   torchrun_cmd+=(--standalone --nnodes=1)
 fi
 
-command=("${docker_cmd[@]}" "$image" "${torchrun_cmd[@]}" /opt/training/train_sentiment.py
+# The image holds the code as the package it is in the repository (PYTHONPATH=/opt/training).
+command=("${docker_cmd[@]}" "$image" "${torchrun_cmd[@]}" --module training_assets.instance.train_sentiment
   "${script_args[@]}" "${train_args[@]}")
 if [[ "$dry_run" == true ]]; then
   printf '%q ' "${command[@]}"
