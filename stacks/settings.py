@@ -423,8 +423,11 @@ def load_environments(environments: Any, selection: str | None) -> list[Environm
     for name in names:
         if name not in environments:
             raise SettingsError(f"env={name}: unknown environment; allowed values are {', '.join(environments)}.")
-    ordered = sorted(dict.fromkeys(names), key=ENVIRONMENT_NAMES.index)
-    return [parse_environment(name, environments[name]) for name in ordered]
+    # Every environment is validated whatever the selection: a typo in prod must not pass `cdk synth -c env=dev`.
+    parsed = {
+        name: parse_environment(name, environments[name]) for name in sorted(environments, key=ENVIRONMENT_NAMES.index)
+    }
+    return [settings for name, settings in parsed.items() if name in names]
 
 
 def load_pipeline(raw: Any) -> PipelineSettings | None:
