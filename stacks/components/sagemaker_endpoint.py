@@ -176,9 +176,30 @@ class SageMakerEndpoint(Construct):
         self.alarm_topic = sns.Topic(
             self, "AlarmTopic", display_name=alarm_topic_display_name, master_key=key, enforce_ssl=True
         )
+        self._allow_alarms_to_publish()
         if alarm_email:
             self.alarm_topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
         self.alarms: list[cloudwatch.Alarm] = []
+
+    def _allow_alarms_to_publish(self) -> None:
+        """``enforce_ssl`` gives the topic an AWS::SNS::TopicPolicy, which replaces SNS's default policy: without this
+        statement it holds only the TLS Deny and CloudWatch's SNS:Publish is refused. Limited to this account's alarms
+        (confused deputy: aws:SourceAccount and aws:SourceArn). The KMS side is the platform key's policy."""
+        stack = cdk.Stack.of(self)
+        self.alarm_topic.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowCloudWatchAlarmsToPublish",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["sns:Publish"],
+                resources=[self.alarm_topic.topic_arn],
+                conditions={
+                    "StringEquals": {"aws:SourceAccount": stack.account},
+                    "ArnLike": {
+                        "aws:SourceArn": f"arn:{stack.partition}:cloudwatch:{stack.region}:{stack.account}:alarm:*"
+                    },
+                },
+            )
+        )
 
     # --- model, config ------------------------------------------------------------------------------------------
 

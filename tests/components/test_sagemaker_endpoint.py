@@ -15,7 +15,8 @@ from stacks.components.sagemaker_endpoint import (
     ModelNetwork,
     SageMakerEndpoint,
 )
-from stacks.settings import AutoscalingSettings
+from stacks.settings import DEFAULT_REGION, AutoscalingSettings
+from tests.conftest import cdk_context
 
 IMAGE = DlcImage("pytorch-inference-arm64", "2.6.0-cpu-py312-ubuntu22.04-sagemaker")
 NETWORK = ModelNetwork(subnet_ids=["subnet-0123456789abcdef0"], security_group_ids=["sg-0123456789abcdef0"])
@@ -260,3 +261,73 @@ def test_dlc_image_parse() -> None:
     assert DlcImage.parse("djl-inference:0.36.0-cpu-full") == DlcImage("djl-inference", "0.36.0-cpu-full")
     with pytest.raises(ValueError, match="repository:tag"):
         DlcImage.parse("djl-inference")
+
+
+# --- the alarm topic's policy -----------------------------------------------------------------------------------
+
+
+def _alarm_publish_statements(template: dict, topic_id: str) -> list[dict]:
+    """Allow statements for cloudwatch.amazonaws.com sns:Publish in the TopicPolicy that covers ``topic_id``."""
+    found = []
+    for resource in template["Resources"].values():
+        if resource["Type"] != "AWS::SNS::TopicPolicy" or {"Ref": topic_id} not in resource["Properties"]["Topics"]:
+            continue
+        for statement in resource["Properties"]["PolicyDocument"]["Statement"]:
+            if statement["Effect"] == "Allow" and statement.get("Principal") == {"Service": "cloudwatch.amazonaws.com"}:
+                found.append(statement)
+    return found
+
+
+def _expected_alarm_statement(topic_id: str, account: object, region: str) -> dict:
+    return {
+        "Action": "sns:Publish",
+        "Effect": "Allow",
+        "Principal": {"Service": "cloudwatch.amazonaws.com"},
+        "Resource": {"Ref": topic_id},
+        "Sid": "AllowCloudWatchAlarmsToPublish",
+        "Condition": {
+            "StringEquals": {"aws:SourceAccount": account},
+            "ArnLike": {
+                "aws:SourceArn": {"Fn::Join": ["", [f"arn:aws:cloudwatch:{region}:", account, ":alarm:*"]]}
+                if isinstance(account, dict)
+                else f"arn:aws:cloudwatch:{region}:{account}:alarm:*"
+            },
+        },
+    }
+
+
+def test_cloudwatch_alarms_may_publish_to_the_topic_from_this_account_only(single) -> None:
+    stack, endpoint, _ = single
+    template = Template.from_stack(stack).to_json()
+    topic = stack.get_logical_id(endpoint.alarm_topic.node.default_child)
+    assert _alarm_publish_statements(template, topic) == [_expected_alarm_statement(topic, "111122223333", "us-west-2")]
+
+
+def test_every_alarm_topic_of_every_environment_accepts_its_alarms(templates) -> None:
+    """Each environment's stacks are account-agnostic (account from the deploying credentials) or pinned to one."""
+    checked = 0
+    for environment, stacks in templates.items():
+        for stack_name, template in stacks.items():
+            topics = [lid for lid, r in template["Resources"].items() if r["Type"] == "AWS::SNS::Topic"]
+            alarms = [r for r in template["Resources"].values() if r["Type"] == "AWS::CloudWatch::Alarm"]
+            for topic in topics:
+                where = f"{environment}/{stack_name}/{topic}"
+                (statement,) = _alarm_publish_statements(template, topic) or [None]
+                assert statement is not None, f"{where}: CloudWatch alarms cannot publish to this topic"
+                account = statement["Condition"]["StringEquals"]["aws:SourceAccount"]
+                assert account in ({"Ref": "AWS::AccountId"},) or str(account).isdigit(), where
+                region = cdk_context()["environments"][environment].get("region", DEFAULT_REGION)
+                assert statement == _expected_alarm_statement(topic, account, region), where
+                # The topic policy keeps the TLS-only Deny next to the Allow.
+                policy = next(
+                    r
+                    for r in template["Resources"].values()
+                    if r["Type"] == "AWS::SNS::TopicPolicy" and {"Ref": topic} in r["Properties"]["Topics"]
+                )
+                assert any(
+                    s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
+                    for s in policy["Properties"]["PolicyDocument"]["Statement"]
+                ), where
+                assert all({"Ref": topic} in a["Properties"]["AlarmActions"] for a in alarms), where
+                checked += 1
+    assert checked >= len(templates), "every environment has at least one alarm topic"
