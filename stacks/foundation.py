@@ -14,10 +14,9 @@ from constructs import Construct
 from stacks.buckets import access_logs_bucket, encrypted_bucket
 from stacks.compliance import acknowledge, acknowledge_wildcards
 from stacks.environment_stack import EnvironmentStack
-from stacks.settings import EnvironmentSettings
+from stacks.settings import ENDPOINT_MODELS_PREFIX, EnvironmentSettings
 
 TRAINING_OUTPUT_PREFIX = "training-output/"
-ENDPOINT_MODELS_PREFIX = "endpoints/"
 DATA_CAPTURE_PREFIX = "data-capture/"
 
 # Interface endpoints the platform's private subnets need: image pulls, SageMaker, credentials, logs, Session Manager.
@@ -236,12 +235,17 @@ class FoundationStack(EnvironmentStack):
     # --- IAM ----------------------------------------------------------------------------------------------------
 
     def _dlc_pull(self, *repositories: str) -> list[tuple[iam.PolicyStatement, str | None]]:
+        """ECR login, plus the pull of ``repositories``; roles whose images grant their own pull (the endpoints':
+        ``DlcImage.bind`` in stacks/components/sagemaker_endpoint.py) pass none."""
         dlc_account = cdk.Stack.of(self).regional_fact(region_info.FactName.DLC_REPOSITORY_ACCOUNT)
+        login = (
+            iam.PolicyStatement(sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]),
+            "ecr:GetAuthorizationToken has no resource-level permissions.",
+        )
+        if not repositories:
+            return [login]
         return [
-            (
-                iam.PolicyStatement(sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]),
-                "ecr:GetAuthorizationToken has no resource-level permissions.",
-            ),
+            login,
             (
                 iam.PolicyStatement(
                     sid="PullDeepLearningContainers",
@@ -337,9 +341,9 @@ class FoundationStack(EnvironmentStack):
         model_prefixes = [ENDPOINT_MODELS_PREFIX, self.settings.multi_model_endpoint.models_prefix]
         return self._sagemaker_role(
             "EndpointExecutionRole",
-            "SageMaker execution role of the platform's endpoints: reads model archives, pulls DLC images",
+            "SageMaker execution role of the platform's endpoints: reads model archives; images grant their own pull",
             "/aws/sagemaker/Endpoints/",
-            ["pytorch-inference", "pytorch-inference-arm64", "djl-inference"],
+            [],  # each endpoint's image grants its own pull (DlcImage.bind)
             [
                 (
                     iam.PolicyStatement(

@@ -24,6 +24,8 @@ from pydantic import (
 )
 
 DEFAULT_REGION = "us-west-2"
+# The prefix of the artifacts bucket that the endpoint execution role may read single-model archives from.
+ENDPOINT_MODELS_PREFIX = "endpoints/"
 ENVIRONMENT_NAMES = ("dev", "staging", "prod")
 
 # Accelerated EC2 families that run the CUDA training image (p4d = 8 x A100, the seed's choice).
@@ -265,6 +267,10 @@ class GravitonEndpointSettings(_Settings):
         _s3_key(value, prefix=False)
         if not value.endswith(".tar.gz"):
             raise ValueError("must name a model.tar.gz archive (end with .tar.gz)")
+        if not value.startswith(ENDPOINT_MODELS_PREFIX):
+            raise ValueError(
+                f"must start with {ENDPOINT_MODELS_PREFIX!r}, the prefix the endpoint execution role may read"
+            )
         return value
 
 
@@ -335,6 +341,16 @@ class EnvironmentSettings(_Settings):
         if value is not None and not _EMAIL.match(value):
             raise ValueError("must be an e-mail address")
         return value
+
+    @model_validator(mode="after")
+    def _startup_installs_need_egress(self) -> EnvironmentSettings:
+        endpoint = self.graviton_endpoint
+        if endpoint.dependencies == "install_at_startup" and not self.vpc.imported and not self.vpc.nat_gateways:
+            raise ValueError(
+                "graviton_endpoint.dependencies: install_at_startup needs internet egress (vpc.nat_gateways >= 1) "
+                "to pip-install code/requirements.txt; use vendored archives instead"
+            )
+        return self
 
     @property
     def destroy_on_delete(self) -> bool:

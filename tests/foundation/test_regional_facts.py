@@ -22,4 +22,5 @@ def test_dlc_images_and_pull_permissions_use_the_regions_registry_account(
     templates = {s.hierarchical_id.split("/")[-1]: s.template for s in stage.nested_assembly.stacks}
     (model,) = (r for r in templates["GravitonEndpoint"]["Resources"].values() if r["Type"] == "AWS::SageMaker::Model")
     assert model["Properties"]["PrimaryContainer"]["Image"].startswith(f"{account}.dkr.ecr.{region}.amazonaws.com/")
-    assert f"arn:aws:ecr:{region}:{account}:repository/pytorch-inference-arm64" in str(templates["Foundation"])
+    # The image grants its own pull, in the endpoint stack (DlcImage.bind).
+    assert f"arn:aws:ecr:{region}:{account}:repository/pytorch-inference-arm64" in str(templates["GravitonEndpoint"])

@@ -13,9 +13,9 @@ from aws_cdk.assertions import Annotations, Match, Template
 
 from inference_assets.tools.endpoint_environment import instance_vcpus
 from stacks.compliance import add_compliance_gates
+from stacks.components.sagemaker_endpoint import DlcImage
 from stacks.foundation import FoundationStack
 from stacks.graviton_endpoint import GravitonEndpointStack
-from stacks.sagemaker_endpoint import dlc_image_uri
 from stacks.settings import parse_environment
 from tests.conftest import cdk_context
 
@@ -34,6 +34,11 @@ def resources(template: dict, resource_type: str) -> dict[str, dict]:
 def only(template: dict, resource_type: str) -> dict:
     (resource,) = resources(template, resource_type).values()
     return resource["Properties"]
+
+
+def only_resource(template: dict, resource_type: str) -> dict:
+    (resource,) = resources(template, resource_type).values()
+    return resource
 
 
 def imports(value: object, fragment: str) -> bool:
@@ -177,7 +182,7 @@ def test_alarms_watch_5xx_latency_and_cpu_of_this_variant_and_notify_the_encrypt
 def test_outputs_name_the_endpoint(endpoint_template: dict) -> None:
     outputs = endpoint_template["Outputs"]
     assert outputs["EndpointName"]["Value"] == {"Fn::GetAtt": ["Endpoint", "EndpointName"]}
-    assert outputs["EndpointArn"]["Value"] == {"Ref": "Endpoint"}
+    assert outputs["EndpointArn"]["Value"] == {"Fn::GetAtt": ["Endpoint", "EndpointArn"]}
 
 
 def test_the_execution_role_may_read_the_archive_and_pull_the_image(templates, env: str) -> None:
@@ -201,10 +206,18 @@ def test_the_execution_role_may_read_the_archive_and_pull_the_image(templates, e
     ]
     assert any(f"/{settings.graviton_endpoint.model_data_key}".startswith(p.rstrip("*")) for p in read_prefixes)
     assert all(p.endswith("/*") and p.count("/") >= 2 for p in read_prefixes), "reads only below model prefixes"
-    pull = next(s for s in statements if s.get("Sid") == "PullDeepLearningContainers")
-    assert any(
-        json.dumps(r).endswith(f'repository/{settings.graviton_endpoint.image_repository}"') for r in pull["Resource"]
+    assert not [s for s in statements if s.get("Sid") == "PullDeepLearningContainers"], "no hand-kept repository list"
+    assert any(s.get("Action") == "ecr:GetAuthorizationToken" for s in statements)
+    # The image grants its own pull, in the endpoint stack, on exactly its repository.
+    endpoint = templates[env]["GravitonEndpoint"]
+    (pull,) = resources(endpoint, "AWS::IAM::ManagedPolicy").values()
+    assert imports(pull["Properties"]["Roles"][0], "EndpointExecutionRole")
+    (statement,) = pull["Properties"]["PolicyDocument"]["Statement"]
+    assert statement["Resource"] == (
+        f"arn:aws:ecr:us-west-2:763104351884:repository/{settings.graviton_endpoint.image_repository}"
     )
+    (pull_id,) = resources(endpoint, "AWS::IAM::ManagedPolicy")
+    assert pull_id in only_resource(endpoint, "AWS::SageMaker::Model")["DependsOn"]
 
 
 def test_the_endpoint_stack_deploys_after_the_foundation(cloud_assembly) -> None:
@@ -278,7 +291,11 @@ def test_grant_invoke_allows_only_invoke_endpoint_on_this_endpoint(variant) -> N
         {
             "PolicyDocument": {
                 "Statement": [
-                    {"Action": "sagemaker:InvokeEndpoint", "Effect": "Allow", "Resource": {"Ref": "Endpoint"}}
+                    {
+                        "Action": "sagemaker:InvokeEndpoint",
+                        "Effect": "Allow",
+                        "Resource": {"Fn::GetAtt": ["Endpoint", "EndpointArn"]},
+                    }
                 ],
                 "Version": "2012-10-17",
             }
@@ -329,5 +346,6 @@ def test_nvme_instance_types_get_no_kms_key_and_say_why() -> None:
 )
 def test_image_uri_uses_the_regional_dlc_account_and_domain(region: str, registry: str) -> None:
     stack = cdk.Stack(cdk.App(), "Images", env=cdk.Environment(region=region))
-    uri = stack.resolve(dlc_image_uri(stack, "pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"))
+    image = DlcImage.parse("pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker")
+    uri = stack.resolve(image.image_uri(stack))
     assert uri == f"{registry}/pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"
