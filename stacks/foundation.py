@@ -18,6 +18,8 @@ from stacks.settings import ENDPOINT_MODELS_PREFIX, EnvironmentSettings
 
 TRAINING_OUTPUT_PREFIX = "training-output/"
 DATA_CAPTURE_PREFIX = "data-capture/"
+# The one log group SageMaker writes every training job's streams to (<job name>/algo-<n>-<timestamp>).
+TRAINING_JOB_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 # Interface endpoints the platform's private subnets need: image pulls, SageMaker, credentials, logs, Session Manager.
 _INTERFACE_ENDPOINTS = {
@@ -490,6 +492,21 @@ class FoundationStack(EnvironmentStack):
                         resources=[self.remote_jobs_bucket.bucket_arn, self.remote_jobs_bucket.arn_for_objects("*")],
                     ),
                     "The SDK uploads each call's function and downloads its results under generated keys.",
+                ),
+                (
+                    # job.wait() (and so every @remote call) follows the job's log streams and re-raises an access
+                    # error: DescribeLogStreams on the group, GetLogEvents on its streams (<job name>/algo-<n>-...).
+                    # The log-group ARN is used with and without the trailing ":*" (CloudWatch Logs access control).
+                    iam.PolicyStatement(
+                        sid="FollowTrainingJobLogs",
+                        actions=["logs:DescribeLogStreams", "logs:GetLogEvents"],
+                        resources=[
+                            self._arn("logs", f"log-group:{TRAINING_JOB_LOG_GROUP}"),
+                            self._arn("logs", f"log-group:{TRAINING_JOB_LOG_GROUP}:*"),
+                        ],
+                    ),
+                    "SageMaker names each job's log streams after the generated job name, in the one log group "
+                    "of all training jobs.",
                 ),
                 self._use_key("kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey"),
             ],

@@ -24,6 +24,7 @@ from stacks.compliance import acknowledge, acknowledge_wildcards
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import TRAINING_OUTPUT_PREFIX, FoundationStack
 from stacks.settings import EnvironmentSettings, HyperParameters
+from training_assets.instance_types import has_instance_storage
 
 ROOT = Path(__file__).resolve().parents[1]
 # EFA network cards per instance family (p4d.24xlarge: 4 x 100 Gbit/s); one EFA interface goes on each card.
@@ -34,6 +35,8 @@ BOOTSTRAP_LOG = "/var/log/sentiment-training.log"
 REMOTE_DEPENDENCIES = "training_assets/requirements-remote.txt"
 # Names the SDK must not upload when IncludeLocalWorkDir packs the working directory.
 REMOTE_IGNORED_NAMES = [".venv*", "node_modules", "cdk.out", ".git", "__pycache__", "tests", "benchmarks", "*.tar.gz"]
+# Key prefix of @remote jobs (S3RootUri) and of the SDK session's default bucket in the RemoteJobs bucket.
+REMOTE_JOBS_PREFIX = "jobs"
 # The code the training instances fetch (construct id -> folder under the repository root, folder-specific exclude
 # patterns): what the instance runs, and the inference package that ec2_run.sh calls to build model.tar.gz. Local
 # harnesses and test files stay out, so editing them leaves the Training stack (its asset hashes) unchanged. The
@@ -54,7 +57,7 @@ def code_asset(scope: Construct, construct_id: str, root: Path = ROOT) -> s3_ass
 def remote_function_config(
     *,
     role_arn: str,
-    s3_root_uri: str,
+    bucket_name: str,
     kms_key_id: str,
     security_group_ids: list[str],
     subnets: list[str],
@@ -63,16 +66,22 @@ def remote_function_config(
     image_uri: str,
 ) -> dict[str, Any]:
     """The SageMaker Python SDK config (``config.yaml``) that runs ``@remote`` functions in this environment."""
+    # SageMaker refuses VolumeKmsKeyId for types with NVMe instance storage (p4d, p5, g5, ...): it encrypts those
+    # with a hardware key. remote_train applies the same rule when --instance-type overrides this one.
+    volume_key = {} if has_instance_storage(instance_type) else {"VolumeKmsKeyId": kms_key_id}
     return {
         "SchemaVersion": "1.0",
         "SageMaker": {
             "PythonSDK": {
                 "Modules": {
+                    # sagemaker-core's _JobSettings evaluates Session.default_bucket() even when S3RootUri is set;
+                    # without these keys it probes and creates the unmanaged bucket sagemaker-<region>-<account>.
+                    "Session": {"DefaultS3Bucket": bucket_name, "DefaultS3ObjectKeyPrefix": REMOTE_JOBS_PREFIX},
                     "RemoteFunction": {
                         "RoleArn": role_arn,
-                        "S3RootUri": s3_root_uri,
+                        "S3RootUri": f"s3://{bucket_name}/{REMOTE_JOBS_PREFIX}",
                         "S3KmsKeyId": kms_key_id,
-                        "VolumeKmsKeyId": kms_key_id,
+                        **volume_key,
                         "VpcConfig": {"SecurityGroupIds": security_group_ids, "Subnets": subnets},
                         "Tags": [{"Key": key, "Value": value} for key, value in tags.items()],
                         "InstanceType": instance_type,
@@ -379,7 +388,7 @@ class TrainingStack(EnvironmentStack):
         }
         config = remote_function_config(
             role_arn="${RoleArn}",
-            s3_root_uri="s3://${RemoteJobsBucket}/jobs",
+            bucket_name="${RemoteJobsBucket}",
             kms_key_id="${KeyArn}",
             security_group_ids=["${SecurityGroupId}"],
             subnets=[f"${{Subnet{i}}}" for i in range(len(subnets))],

@@ -241,7 +241,10 @@ def test_generated_remote_config_validates_against_the_sdk_schema(training_templ
     remote = config["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]
     assert remote["RoleArn"] == CONCRETE["RoleArn"]
     assert remote["S3RootUri"] == "s3://dev-foundation-remotejobs-abc/jobs"
-    assert remote["S3KmsKeyId"] == remote["VolumeKmsKeyId"] == CONCRETE["KeyArn"]
+    assert remote["S3KmsKeyId"] == CONCRETE["KeyArn"]
+    assert "VolumeKmsKeyId" not in remote  # ml.p4d.24xlarge has NVMe instance storage: SageMaker refuses a key
+    session = config["SageMaker"]["PythonSDK"]["Modules"]["Session"]
+    assert session == {"DefaultS3Bucket": "dev-foundation-remotejobs-abc", "DefaultS3ObjectKeyPrefix": "jobs"}
     assert remote["VpcConfig"]["SecurityGroupIds"] == ["sg-0123456789abcdef0"]
     assert remote["VpcConfig"]["Subnets"][0] == "subnet-0123456789abcdef0"
     assert remote["InstanceType"] == "ml.p4d.24xlarge"
@@ -255,7 +258,7 @@ def test_generated_remote_config_validates_against_the_sdk_schema(training_templ
 def test_the_schema_check_rejects_the_seeds_flat_vpc_keys() -> None:
     config = remote_function_config(
         role_arn=CONCRETE["RoleArn"],
-        s3_root_uri="s3://b/jobs",
+        bucket_name="dev-remote-jobs",
         kms_key_id=CONCRETE["KeyArn"],
         security_group_ids=["sg-0123456789abcdef0"],
         subnets=["subnet-0123456789abcdef0"],
