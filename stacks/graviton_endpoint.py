@@ -193,7 +193,6 @@ class GravitonEndpointStack(EnvironmentStack):
                 config,
                 f"{endpoint_settings.instance_type} has NVMe instance storage, which SageMaker encrypts with a "
                 "hardware key; it refuses a KMS key on the endpoint config for such types.",
-                "AwsSolutions-SM2",
                 "NIST.800.53.R5-SageMakerEndpointConfigurationKMSKeyConfigured",
             )
         return config
