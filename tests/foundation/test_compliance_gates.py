@@ -10,7 +10,9 @@ import pytest
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 
+from app import build_app
 from stacks.compliance import acknowledge_wildcards, add_compliance_gates
+from tests.conftest import cdk_context
 
 
 def _synth(tmp_path: Path, build) -> cdk.cx_api.CloudAssembly:
@@ -69,3 +71,94 @@ def test_every_acknowledgement_in_the_platform_carries_a_reason(templates) -> No
     assert acknowledgements
     for rule in acknowledgements:
         assert len(rule["reason"].split()) >= 5, rule
+
+
+def _platform_policy(app: cdk.App, environment: str, path: str) -> iam.ManagedPolicy:
+    """A policy of the real platform, found by its construct path inside the environment's stage."""
+    policy = app.node.find_child(environment).node.find_child("Foundation")
+    for part in path.split("/"):
+        policy = policy.node.find_child(part)
+    assert isinstance(policy, iam.ManagedPolicy)
+    return policy
+
+
+@pytest.mark.parametrize("action", ["iam:PassRole", "s3:GetObject"])
+def test_a_new_wildcard_in_an_acknowledged_policy_fails_synth_in_cdk_nag(tmp_path: Path, action: str) -> None:
+    """The endpoint role's policy already has acknowledged `Resource::*` statements (ECR login, metrics, EC2
+    Describe): a new grant on `*` raises the same finding id, and must still fail."""
+    app = build_app(context=cdk_context(env="dev"), outdir=str(tmp_path))
+    policy = _platform_policy(app, "dev", "EndpointExecutionRolePolicy")
+    policy.add_statements(iam.PolicyStatement(sid="Injected", actions=[action], resources=["*"]))
+    with pytest.raises(RuntimeError, match="ValidationFailed"):
+        app.synth()
+    report = json.loads((tmp_path / "validation-report.json").read_text())
+    violating = {
+        (v["ruleName"], r["constructPath"])
+        for plugin in report["pluginReports"]
+        for v in plugin["violations"]
+        for r in v.get("violatingConstructs", v.get("violatingResources", []))
+    }
+    assert ("AwsSolutions-IAM5[Resource::*]", "dev/Foundation/EndpointExecutionRolePolicy/Resource") in violating
+
+
+def test_acknowledgements_name_the_statements_they_excuse(templates) -> None:
+    (policy,) = (
+        r
+        for logical_id, r in templates["dev"]["Foundation"]["Resources"].items()
+        if logical_id.startswith("EndpointExecutionRolePolicy") and r["Type"] == "AWS::IAM::ManagedPolicy"
+    )
+    rules = {rule["id"]: rule["reason"] for rule in policy["Metadata"]["cdk_nag"]["rules_to_suppress"]}
+    assert "AwsSolutions-IAM5" not in rules  # never the whole rule, only its exact findings
+    reason = rules["AwsSolutions-IAM5[Resource::*]"]
+    assert reason.startswith("EcrLogin: ecr:GetAuthorizationToken has no resource-level permissions.")
+    assert "PublishSageMakerMetrics:" in reason and "DescribeVpc:" in reason
+
+
+def test_a_reason_for_a_statement_the_policy_lacks_fails_synth(tmp_path: Path) -> None:
+    def build(stack: cdk.Stack) -> None:
+        policy = iam.ManagedPolicy(
+            stack, "Policy", statements=[iam.PolicyStatement(actions=["ec2:DescribeInstances"], resources=["*"])]
+        )
+        stale = iam.PolicyStatement(sid="Gone", actions=["ec2:DescribeSubnets"], resources=["*"])
+        acknowledge_wildcards(policy, (stale, "Describe calls have no resource-level permissions."))
+
+    with pytest.raises(RuntimeError, match="reasoned statement Gone is not in the policy"):
+        _synth(tmp_path, build)
+
+
+def test_every_acknowledgement_excuses_a_real_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Synthesize every environment with acknowledgements recorded instead of applied: each one must name a rule
+    that really fires on its construct (or below it). A wrong rule id (AwsSolutions-SM2 is the notebook-instance
+    rule in cdk-nag 3) or a stale acknowledgement fails here."""
+    recorded: list[tuple[str, str]] = []
+    real_of = cdk.Validations.of
+
+    class Recording:
+        def __init__(self, scope: cdk.IConstruct) -> None:
+            self.scope = scope
+
+        def acknowledge(self, *rules: cdk.Acknowledgment) -> None:
+            recorded.extend((self.scope.node.path, rule.id) for rule in rules)
+
+        def add_plugins(self, *plugins: cdk.IPolicyValidationPluginBeta1) -> None:
+            real_of(self.scope).add_plugins(*plugins)
+
+    monkeypatch.setattr(cdk.Validations, "of", staticmethod(Recording))
+    with pytest.raises(RuntimeError, match="ValidationFailed"):
+        build_app(context=cdk_context(), outdir=str(tmp_path)).synth()
+    report = json.loads((tmp_path / "validation-report.json").read_text())
+    fired = {
+        (v["ruleName"].split("::")[-1], r["constructPath"])
+        for plugin in report["pluginReports"]
+        for v in plugin["violations"]
+        for r in v.get("violatingConstructs", v.get("violatingResources", []))
+    }
+    assert recorded
+    unused = [
+        (path, rule_id)
+        for path, rule_id in recorded
+        if not any(
+            name == rule_id.split("::")[-1] and (where == path or where.startswith(f"{path}/")) for name, where in fired
+        )
+    ]
+    assert unused == [], "\n".join(map(str, unused)) + "\n" + "\n".join(map(str, sorted(fired)))
