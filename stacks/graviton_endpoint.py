@@ -17,7 +17,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from inference_assets.tools.endpoint_environment import endpoint_environment, instance_vcpus
+from inference_assets.tools.endpoint_environment import instance_vcpus
 from stacks.compliance import acknowledge
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import DATA_CAPTURE_PREFIX, ENDPOINT_MODELS_PREFIX, FoundationStack
@@ -121,13 +121,7 @@ class GravitonEndpointStack(EnvironmentStack):
     def _model(self) -> sagemaker.CfnModel:
         endpoint_settings = self.settings.graviton_endpoint
         vendored = endpoint_settings.dependencies == "vendored"
-        environment = endpoint_environment(
-            vcpus=self._vcpus,
-            workers=endpoint_settings.workers_per_model,
-            batch_size=endpoint_settings.server_batch_size,
-            max_batch_delay_ms=endpoint_settings.server_max_batch_delay_ms,
-            max_request_batch=endpoint_settings.max_request_batch,
-        )
+        environment = endpoint_settings.container_environment()
         model = sagemaker.CfnModel(
             self,
             "Model",
