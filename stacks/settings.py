@@ -246,10 +246,20 @@ class GravitonEndpointSettings(_Settings):
     image_tag: str = "2.6.0-cpu-py312-ubuntu22.04-sagemaker"
     model_data_key: str = "endpoints/sentiment/model.tar.gz"
     dependencies: Literal["vendored", "install_at_startup"] = "vendored"
+    # Request limits of the container's protocol (inference_assets/container/protocol.py): 413 above them.
     max_request_batch: Annotated[int, Field(ge=1, le=1024)] = 32
+    max_text_chars: Annotated[int, Field(ge=1, le=100_000)] = 2_000
+    max_request_bytes: Annotated[int, Field(ge=1_024, le=6_291_456)] = 262_144  # SageMaker's payload limit: 6 MB
+    # TorchServe workers and dynamic batching (README "Serving on Graviton" has the measurements).
     workers_per_model: Annotated[int, Field(ge=1, le=64)] | None = None
     server_batch_size: Annotated[int, Field(ge=1, le=256)] = 1
     server_max_batch_delay_ms: Annotated[int, Field(ge=0, le=10000)] = 100
+    # Graviton fast paths (PyTorch's Graviton inference tuning recipe) and the model's precision.
+    fast_math: Literal["bf16", "off"] = "bf16"
+    lru_cache_capacity: Annotated[int, Field(ge=0, le=65_536)] = 1024
+    transparent_huge_pages: bool = True
+    precision: Literal["fp32", "bf16_autocast"] = "fp32"
+    torch_compile: bool = False
     autoscaling: AutoscalingSettings = AutoscalingSettings()
     data_capture: DataCaptureSettings = DataCaptureSettings()
 
@@ -272,6 +282,37 @@ class GravitonEndpointSettings(_Settings):
                 f"must start with {ENDPOINT_MODELS_PREFIX!r}, the prefix the endpoint execution role may read"
             )
         return value
+
+    @model_validator(mode="after")
+    def _workers_fit_the_instance(self) -> GravitonEndpointSettings:
+        from inference_assets.tools.endpoint_environment import instance_vcpus
+
+        vcpus = instance_vcpus(self.instance_type)
+        if self.workers_per_model is not None and self.workers_per_model > vcpus:
+            raise ValueError(
+                f"workers_per_model ({self.workers_per_model}) must not exceed "
+                f"the {vcpus} vCPUs of {self.instance_type}"
+            )
+        return self
+
+    def container_environment(self) -> dict[str, str]:
+        """The serving container's environment variables (the one place that turns these settings into them)."""
+        from inference_assets.tools.endpoint_environment import endpoint_environment, instance_vcpus
+
+        return endpoint_environment(
+            vcpus=instance_vcpus(self.instance_type),
+            workers=self.workers_per_model,
+            batch_size=self.server_batch_size,
+            max_batch_delay_ms=self.server_max_batch_delay_ms,
+            max_request_batch=self.max_request_batch,
+            max_text_chars=self.max_text_chars,
+            max_request_bytes=self.max_request_bytes,
+            fast_math=self.fast_math,
+            lru_cache_capacity=self.lru_cache_capacity,
+            transparent_huge_pages=self.transparent_huge_pages,
+            precision=self.precision,
+            torch_compile=self.torch_compile,
+        )
 
 
 class MultiModelEndpointSettings(_Settings):

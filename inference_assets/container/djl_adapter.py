@@ -1,110 +1,81 @@
-"""DJL Serving Python-engine entry point: ``handle(inputs)`` over the shared sentiment predictor.
+"""DJL Serving Python-engine adapter: ``handle(inputs)`` over the shared request protocol and predictor.
 
-DJL Serving unpacks each model archive into its own directory, reads ``serving.properties`` (``engine=Python``)
-and calls ``handle`` with a ``djl_python.Input`` per request, or per dynamic batch when ``batch_size`` > 1. The
-first call of a worker carries no content: it loads the model and is answered with ``None``. The predictor is
-``code/sentiment_serving/predictor.py`` of the same archive, the module the SageMaker PyTorch toolkit handler
-(``code/inference.py``) uses, and requests and answers are the same as there:
+DJL Serving unpacks each model archive into its own directory, reads ``serving.properties`` (``engine=Python``,
+``option.entryPoint=model.py``) and calls ``handle`` with a ``djl_python.Input``. The first call of a worker is the
+load call: it carries the properties (``option.*`` without the prefix, plus ``model_dir``) and is answered with
+``None``. Requests, answers and errors are those of ``protocol.py``, exactly as in the TorchServe handler.
 
-    request   application/json {"inputs": "text" | ["text", ...]}, or text/plain (one text), UTF-8
-    answer    200 application/json [{"label", "score", "scores"}, ...], one object per text, in order
-    errors    400 malformed body, 413 more texts than ``option.max_request_batch``, 415 other content types,
-              each as {"code", "message", "error"} JSON; the worker keeps serving
+Batches: DJL Serving 0.36's Python engine gives every request of a dynamic batch the batch Output's status code and
+properties (``PyPredictor.java`` of tag v0.36.0), so per-request statuses and Content-Types cannot be expressed:
+a bad request would come back 200, or good ones with its 4xx. The archive's serving.properties therefore always
+says ``batch_size=1`` (``DjlModelSettings`` refuses more) and the load call refuses ``batch_size`` > 1. With
+``batch_size=1`` DJL may still hand over a batch of one (``is_batch()`` is true whenever ``batch_size`` is set):
+that one request gets its own status, Content-Type and body.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from .predictor import BadRequest, BatchTooLarge, SentimentPredictor
+from .predictor import RuntimeOptions, SentimentPredictor
+from .protocol import Answer, Limits, answer_batch
 
 log = logging.getLogger(__name__)
 
-JSON = "application/json"
-TEXT = "text/plain"
-DEFAULT_MAX_REQUEST_BATCH = 32
-_predictor: Any = None
-
-
-class ClientError(Exception):
-    def __init__(self, status: HTTPStatus, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+# serving.properties keys (DJL passes option.<key> as <key>) of the protocol's limits.
+LIMIT_PROPERTIES = {
+    "max_request_batch": "max_request_batch",
+    "max_text_chars": "max_text_chars",
+    "max_request_bytes": "max_request_bytes",
+}
+_state: dict[str, Any] = {}
 
 
 def _load(properties: dict[str, str]) -> None:
-    """Load the predictor from the model directory DJL names in the properties (``model_dir``)."""
-    global _predictor
+    batch_size = int(properties.get("batch_size") or 1)
+    if batch_size > 1:
+        raise ValueError(
+            f"batch_size={batch_size}: DJL Serving 0.36 gives every request of a batch the batch's status and "
+            "headers, so batched answers cannot be correct; set batch_size=1 (DjlModelSettings refuses more)"
+        )
     model_dir = Path(properties["model_dir"])
-    max_batch = int(properties.get("max_request_batch", DEFAULT_MAX_REQUEST_BATCH))
-    _predictor = SentimentPredictor(model_dir, max_batch_size=max_batch)
-    log.info("loaded sentiment model from %s", model_dir)
+    _state["limits"] = Limits.from_mapping(properties, LIMIT_PROPERTIES)
+    _state["predictor"] = SentimentPredictor(model_dir, RuntimeOptions())
+    log.info("loaded sentiment model from %s (%s)", model_dir, _state["limits"])
 
 
-def parse(request: Any) -> object:
-    """The texts of one request (a ``djl_python.Input``); raise :class:`ClientError` for anything malformed."""
-    content_type = request.get_property("Content-Type") or JSON
-    media_type, *params = content_type.split(";")
-    media_type = media_type.strip().lower()
-    charsets = [value.strip().strip('"').lower() for name, _, value in (p.partition("=") for p in params)
-                if name.strip().lower() == "charset"]  # fmt: skip
-    if media_type not in (JSON, TEXT) or any(charset not in ("utf-8", "utf8") for charset in charsets):
-        raise ClientError(
-            HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"content type {content_type!r} is not supported; send {JSON} or {TEXT}"
-        )
-    try:
-        text = bytes(request.get_as_bytes() or b"").decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ClientError(HTTPStatus.BAD_REQUEST, f"the request body is not valid UTF-8 ({error.reason})") from None
-    if media_type == TEXT:
-        if not text.strip():
-            raise ClientError(HTTPStatus.BAD_REQUEST, "the text/plain body is empty; send the text to classify")
-        return text
-    try:
-        payload = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ClientError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON: {error}") from None
-    if not isinstance(payload, dict) or "inputs" not in payload:
-        raise ClientError(
-            HTTPStatus.BAD_REQUEST, 'the JSON body must be an object with "inputs": a string or a list of strings'
-        )
-    return payload["inputs"]
+def _headers(request: Any) -> dict[str, str]:
+    return {key: value for key, value in request.get_properties().items() if isinstance(value, str)}
 
 
-def predict(request: Any) -> list[dict]:
-    """Predictions of one request as JSON-ready dicts; client mistakes raise :class:`ClientError`."""
-    try:
-        return [prediction.as_dict() for prediction in _predictor.predict(parse(request))]
-    except BatchTooLarge as error:
-        raise ClientError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, str(error)) from None
-    except BadRequest as error:
-        raise ClientError(HTTPStatus.BAD_REQUEST, str(error)) from None
+def _output(answer: Answer) -> Any:
+    from djl_python import Output  # provided by DJL Serving's Python engine; not on PyPI
+
+    output = Output()
+    output.set_code(answer.status)
+    output.set_message(HTTPStatus(answer.status).phrase)
+    output.add_property("Content-Type", answer.content_type)
+    output.add(answer.body)
+    return output
 
 
 def handle(inputs: Any) -> Any:
-    """DJL's entry point: ``None`` for the load call, else a ``djl_python.Output``."""
-    from djl_python import Output  # provided by DJL Serving's Python engine; not on PyPI
-
-    if _predictor is None:
+    """DJL's entry point: ``None`` for the load call, else a ``djl_python.Output`` with this request's answer."""
+    if "predictor" not in _state:
         _load(inputs.get_properties())
-    if inputs.is_empty():
-        return None
-    output = Output()
-    if not inputs.is_batch():
-        try:
-            return output.add_property("Content-Type", JSON).add_as_json(predict(inputs))
-        except ClientError as error:
-            log.info("client error %d: %s", error.status, error)
-            return output.error(str(error), code=int(error.status), message=error.status.phrase)
-    # A dynamic batch: one answer per request; a bad request must not fail its neighbours.
-    for index, request in enumerate(inputs.get_batches()):
-        try:
-            body = predict(request)
-        except ClientError as error:
-            body = {"code": int(error.status), "message": error.status.phrase, "error": str(error)}
-        output.add(json.dumps(body), key="data", batch_index=index)
-    return output
+        if inputs.is_empty():
+            return None  # the load call (DJL answers it 204)
+    # After the load call, no content is a request with an empty body (a 400 below), not another load call.
+    requests = inputs.get_batches() if inputs.is_batch() else [inputs]
+    if len(requests) != 1:  # refused at load; kept so that a hand-edited serving.properties cannot mislabel answers
+        log.error("a DJL batch of %d requests; serving.properties must say batch_size=1", len(requests))
+        raise RuntimeError("batch_size must be 1 for this model (see the server log)")
+    (answer,) = answer_batch(
+        [(request.get_as_bytes(), _headers(request)) for request in requests],
+        _state["predictor"].predict_dicts,
+        _state["limits"],
+    )
+    return _output(answer)

@@ -3,7 +3,8 @@
 Layout (the toolkit unpacks it to /opt/ml/model and imports ``code/inference.py``):
 
     config.json, model.safetensors, tokenizer files ...  the model directory, at the archive root
-    code/inference.py                                    the entry the model server imports (container/entrypoints/)
+    MAR-INF/MANIFEST.json                                names TorchServe's handler: code/inference.py:handle
+    code/inference.py                                    the handler entry TorchServe imports (container/entrypoints/)
     code/sentiment_serving/*.py                          the ``inference_assets.container`` package
     code/requirements.txt                                only without vendoring: the toolkit pip-installs it at start-up
     code/lib/...                                         with --vendor: transformers & co. for linux/aarch64 cp312
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -46,6 +48,15 @@ IMAGE_PROVIDED = ("numpy",)
 VENDORED_LOCK = "requirements.lock"
 
 _MTIME = 0
+# TorchServe uses a model directory's manifest handler instead of the toolkit's default service handler
+# (ModelManager.java createModelArchive, TorchServe 0.12); "1.0" is the version the toolkit's per-model batch
+# settings are written under. createdOn is fixed so that the archive stays reproducible.
+TORCHSERVE_MANIFEST = {
+    "createdOn": "01/01/2026 00:00:00",
+    "runtime": "python",
+    "model": {"modelName": "model", "handler": "code/inference.py:handle", "modelVersion": "1.0"},
+    "archiverVersion": "0.12.0",
+}
 _FILE_MODE = 0o644
 
 
@@ -81,8 +92,11 @@ def _entries(
             f"{model_dir} is not a saved model directory (no config.json); pass --model-dir saved_model"
         )
     entries: dict[str, Path | bytes] = dict(_files_under(model_dir))
-    if clash := sorted(name for name in entries if name.startswith("code/")):
-        raise PackagingError(f"{model_dir} already holds {clash[0]}; the archive's code/ folder is the handler's")
+    if clash := sorted(name for name in entries if name.startswith(("code/", "MAR-INF/"))):
+        raise PackagingError(
+            f"{model_dir} already holds {clash[0]}; the archive's code/ and MAR-INF/ are the handler's"
+        )
+    entries["MAR-INF/MANIFEST.json"] = (json.dumps(TORCHSERVE_MANIFEST, indent=2) + "\n").encode()
     entries["code/inference.py"] = HANDLER
     entries.update(container_files())
     if vendor_dir is None:

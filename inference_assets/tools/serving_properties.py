@@ -20,9 +20,11 @@ class DjlModelSettings:
     min_workers: int | None = None
     max_workers: int | None = None
     max_idle_time_seconds: int = 600  # the seed's value: shrink a model's workers slowly
-    batch_size: int = 1
+    batch_size: int = 1  # must stay 1: see __post_init__
     max_batch_delay_ms: int = 100
-    max_request_batch: int = 32  # texts one request may carry (the shared predictor's limit)
+    max_request_batch: int = 32  # texts one request may carry (container/protocol.py Limits)
+    max_text_chars: int = 2_000  # characters per text
+    max_request_bytes: int = 262_144  # request body bytes
 
     def __post_init__(self) -> None:
         _check_range("min_workers", self.min_workers, 1, 128)
@@ -30,9 +32,18 @@ class DjlModelSettings:
         if self.min_workers is not None and self.max_workers is not None and self.min_workers > self.max_workers:
             raise ValueError(f"min_workers ({self.min_workers}) must not exceed max_workers ({self.max_workers})")
         _check_range("max_idle_time_seconds", self.max_idle_time_seconds, 1, 86_400)
-        _check_range("batch_size", self.batch_size, 1, 1024)
+        if self.batch_size != 1:
+            # DJL Serving 0.36's Python engine gives every request of a dynamic batch the batch Output's status
+            # code and properties (PyPredictor.java, tag v0.36.0): one bad request would fail its neighbours or come
+            # back 200. Each request needs its own status and Content-Type, so DJL batches are refused.
+            raise ValueError(
+                f"batch_size must be 1 for DJL Serving, got {self.batch_size!r}: DJL 0.36 gives every request of a "
+                "batch the batch's status code and headers, so batched answers cannot be correct"
+            )
         _check_range("max_batch_delay_ms", self.max_batch_delay_ms, 0, 60_000)
         _check_range("max_request_batch", self.max_request_batch, 1, 1024)
+        _check_range("max_text_chars", self.max_text_chars, 1, 100_000)
+        _check_range("max_request_bytes", self.max_request_bytes, 1_024, 6_291_456)
 
     def render(self) -> str:
         """The file's text: engine, entry point, worker bounds and batching, one ``key=value`` per line."""
@@ -41,6 +52,8 @@ class DjlModelSettings:
             "engine=Python",
             f"option.entryPoint={ENTRY_POINT}",
             f"option.max_request_batch={self.max_request_batch}",
+            f"option.max_text_chars={self.max_text_chars}",
+            f"option.max_request_bytes={self.max_request_bytes}",
             f"max_idle_time={self.max_idle_time_seconds}",
             f"batch_size={self.batch_size}",
             f"max_batch_delay={self.max_batch_delay_ms}",

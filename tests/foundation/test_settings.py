@@ -140,6 +140,21 @@ def test_unknown_environment_in_cdk_json_is_not_silently_mapped_to_dev() -> None
             id="model-key",
         ),
         pytest.param(
+            {"graviton_endpoint__fast_math": "fp16"},
+            "environments.dev.graviton_endpoint.fast_math: must be 'bf16' or 'off'.",
+            id="graviton-fast-math",
+        ),
+        pytest.param(
+            {"graviton_endpoint__max_request_bytes": 100},
+            "environments.dev.graviton_endpoint.max_request_bytes: must be greater than or equal to 1024.",
+            id="graviton-request-bytes",
+        ),
+        pytest.param(
+            {"graviton_endpoint__workers_per_model": 8},
+            "environments.dev.graviton_endpoint: workers_per_model (8) must not exceed the 4 vCPUs of ml.c7g.xlarge.",
+            id="graviton-workers",
+        ),
+        pytest.param(
             {"multi_model_endpoint__models_prefix": "multi-model"},
             "environments.dev.multi_model_endpoint.models_prefix: must end with '/' (it is a prefix).",
             id="mme-prefix",

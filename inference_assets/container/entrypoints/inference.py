@@ -1,9 +1,10 @@
-"""``code/inference.py`` of model.tar.gz: the entry the model server imports; the code is ``code/sentiment_serving``.
+"""``code/inference.py`` of model.tar.gz: TorchServe's handler entry (``MAR-INF/MANIFEST.json`` names
+``code/inference.py:handle``); the code is the ``code/sentiment_serving`` package.
 
 The archive's own loader: dependencies vendored for the endpoint's platform by package_model (``code/lib``, no pip
 install and no egress at start-up) go first on sys.path, so the pinned versions win over anything the image ships;
-numpy is left to the image (torch's ABI). ``code/`` itself is already on the path (the toolkit's PYTHONPATH in
-single-model mode; TorchServe adds the handler's folder for every model).
+numpy is left to the image (torch's ABI). ``code/`` itself is already on the path (TorchServe adds the handler's
+folder to every worker's PYTHONPATH; the toolkit adds it too in single-model mode).
 """
 
 import sys
@@ -13,6 +14,6 @@ _VENDORED = Path(__file__).resolve().parent / "lib"
 if _VENDORED.is_dir() and str(_VENDORED) not in sys.path:
     sys.path.insert(0, str(_VENDORED))
 
-from sentiment_serving.toolkit_handler import MAX_REQUEST_BATCH_ENV, input_fn, model_fn, output_fn, predict_fn  # noqa: E402
+from sentiment_serving.torchserve_handler import handle  # noqa: E402
 
-__all__ = ["MAX_REQUEST_BATCH_ENV", "input_fn", "model_fn", "output_fn", "predict_fn"]
+__all__ = ["handle"]
