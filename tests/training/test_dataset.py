@@ -390,3 +390,19 @@ def test_the_issues_small_csv_trains(tiny_model_dir: Path, tmp_path: Path) -> No
     assert metrics["throughput"]["measured"] is False and metrics["optimizer_steps"] == 1
     assert metrics["warnings"] == [line.removeprefix("train_sentiment: warning: ") for line in warnings]
     assert (tmp_path / "out" / "saved_model" / "model.safetensors").is_file()
+
+
+def test_check_only_checks_and_trains_nothing(
+    tiny_model_dir: Path, folder: Path, capsys: pytest.CaptureFixture
+) -> None:
+    code, err = _main(capsys, tiny_model_dir, folder, "--check-only")
+    assert code == 0 and not (folder.parent / "out").exists()
+    assert err.splitlines()[-1] == (
+        f"train_sentiment: input checked: {tiny_model_dir}, {folder} (3 train rows, 3 validation rows)"
+    )
+    _jsonl(folder / "validation.jsonl", [{"text": "a", "label": 7}])
+    code, err = _main(capsys, tiny_model_dir, folder, "--check-only")
+    assert code == 2 and err.splitlines() == [
+        f"train_sentiment: error: {folder / 'validation.jsonl'}, row 1: label 7 is outside the label set; "
+        "allowed: 0 (negative), 1 (neutral), 2 (positive)"
+    ]

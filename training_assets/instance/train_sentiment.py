@@ -356,12 +356,8 @@ def batch_plan(rows: int, global_batch: int, world_size: int, config: TrainConfi
     return BatchPlan(drop_last, steps, samples, warnings)
 
 
-def train(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
-    """Fine-tune per ``config``; return the metrics (rank 0 also writes metrics.json and saved_model/)."""
-    if isinstance(config, dict):
-        config = TrainConfig(**config)
-    use_cuda = torch.cuda.is_available() and not config.use_cpu
-    # Everything that can be wrong with the input is checked before any process group or model is created.
+def check_inputs(config: TrainConfig, use_cuda: bool) -> tuple[str, dict[str, Split]]:
+    """The model reference and the checked splits; TrainingInputError (one line) for anything that cannot train."""
     model_reference = check_model(config.model)
     if config.bf16:
         check_bf16(use_cuda)
@@ -370,6 +366,16 @@ def train(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
         train_split = raw["train"]
         raw["train"] = Split(train_split.name, train_split.texts[: config.max_train_samples],
                              train_split.labels[: config.max_train_samples], train_split.warnings)  # fmt: skip
+    return model_reference, raw
+
+
+def train(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
+    """Fine-tune per ``config``; return the metrics (rank 0 also writes metrics.json and saved_model/)."""
+    if isinstance(config, dict):
+        config = TrainConfig(**config)
+    use_cuda = torch.cuda.is_available() and not config.use_cpu
+    # Everything that can be wrong with the input is checked before any process group or model is created.
+    model_reference, raw = check_inputs(config, use_cuda)
     notes = [warning for split in raw.values() for warning in split.warnings]
     notes += label_warnings(raw["train"], config.labels)
     splits = {name: to_dataset(split) for name, split in raw.items()}
@@ -506,6 +512,12 @@ def _parser() -> argparse.ArgumentParser:
     ):
         parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=False, help=text)
     parser.add_argument("--verbose", action="store_true", help="on an error, also print its traceback")
+    parser.add_argument(
+        "--check-only",
+        action="store_true",
+        help="check the model folder, --bf16 and the dataset, then exit (0: it can train, 2: it cannot); "
+        "launch_training.sh runs this once before torchrun starts a process per GPU",
+    )
     return parser
 
 
@@ -533,10 +545,17 @@ def main(argv: list[str] | None = None) -> int:
     namespace = _parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     try:
-        metrics = train(_config(namespace))
+        config = _config(namespace)
+        if namespace.check_only:
+            _, splits = check_inputs(config, torch.cuda.is_available() and not config.use_cpu)
+            sizes = ", ".join(f"{len(split)} {name} rows" for name, split in splits.items())
+            print(f"train_sentiment: input checked: {config.model}, {config.dataset} ({sizes})", file=sys.stderr)
+            return 0
+        metrics = train(config)
     except TrainingInputError as error:
-        if rank == 0:  # every rank checks the same input and fails the same way: one message is enough
-            _error(str(error), verbose=namespace.verbose)
+        # Every rank of a torchrun finds the same problem; each says it, as torchrun stops the others at the first
+        # exit (launch_training.sh checks once with --check-only first, so only direct torchrun use sees repeats).
+        _error(str(error), verbose=namespace.verbose)
         return 2
     except Exception as error:  # no traceback for the user unless asked: what failed, in one line
         detail = str(error).strip().splitlines()
