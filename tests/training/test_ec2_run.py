@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,21 @@ import pytest
 from training_assets.instance import ship_logs
 
 ROOT = Path(__file__).resolve().parents[2]
+
+MODULE = "training_assets.instance.train_sentiment"
+
+
+def _in_container(after_image: list[str]) -> list[str]:
+    """As in test_container: the container runs
+    ``bash -c '<input check> && exec torchrun ... --module MODULE "$@"' launch_training ARGS``; check that shape and
+    return the torchrun command as it runs (its options, then ARGS)."""
+    assert after_image[:2] == ["bash", "-c"] and after_image[3] == "launch_training"
+    check, _, run = after_image[2].partition(" && exec ")
+    assert shlex.split(check) == ["python", "-m", MODULE, "--check-only", "$@"]
+    torchrun = shlex.split(run)
+    assert torchrun[-3:] == ["--module", MODULE, "$@"]
+    return [*torchrun[:-1], *after_image[4:]]
+
 
 # One stand-in for every command: records its argv, answers what ec2_run.sh reads, and plays the training
 # container (rank 0 writes saved_model/ and metrics.json into the mounted output folder when SAVES_MODEL is set).
@@ -39,7 +55,7 @@ elif name == "aws" and args[:2] == ["s3", "sync"]:
     Path(args[-1]).mkdir(parents=True, exist_ok=True)
 elif name == "docker" and args[0] == "login":
     sys.stdin.read()
-elif name == "docker" and "training_assets.instance.train_sentiment" in args and os.environ.get("SAVES_MODEL"):
+elif name == "docker" and any("--check-only" in a for a in args) and os.environ.get("SAVES_MODEL"):
     output = next(a.split(":")[0] for a in args if a.endswith(":/opt/ml/output"))
     Path(output, "saved_model").mkdir(parents=True)
     Path(output, "metrics.json").write_text("{{}}")
@@ -111,10 +127,10 @@ def test_two_node_efa_run_builds_trains_packages_and_uploads(instance: dict) -> 
     train, package = _docker_runs(calls)
     assert "--privileged" in train and "FI_PROVIDER=efa" in train and "awslogs-group=dev-training-logs" in train
     assert "awslogs-stream=r-0123/i-0abc/train" in train
-    inside = train[train.index("sentiment-training:latest") + 1 :]
+    inside = _in_container(train[train.index("sentiment-training:latest") + 1 :])
     assert inside[:6] == ["torchrun", "--nproc_per_node=8", "--nnodes=2", "--rdzv_backend=c10d",
                           "--rdzv_endpoint=10.0.1.7:29500", "--rdzv_id=r-0123"]  # fmt: skip
-    assert inside[inside.index("training_assets.instance.train_sentiment") + 1 :] == [
+    assert inside[inside.index(MODULE) + 1 :] == [
         "--output-dir", "/opt/ml/output", "--epochs", "3", "--torch-compile", "--bf16", "--fused-adamw",
         "--dataset", "tweet_eval", "--dataset-config", "sentiment",
         "--model", "cardiffnlp/twitter-roberta-base-sentiment-latest",
@@ -140,9 +156,9 @@ def test_single_node_with_s3_inputs_and_no_model_on_this_node(instance: dict) ->
     (train,) = _docker_runs(calls)  # no packaging: saved_model/ is on the node of rank 0
     assert "--privileged" not in train and "--network" not in train
     assert f"{work}/dataset:/opt/ml/input/data:ro" in train and f"{work}/base_model:/opt/ml/input/model:ro" in train
-    inside = train[train.index("sentiment-training:latest") + 1 :]
+    inside = _in_container(train[train.index("sentiment-training:latest") + 1 :])
     assert inside[:4] == ["torchrun", "--nproc_per_node=8", "--standalone", "--nnodes=1"]
-    assert inside[inside.index("training_assets.instance.train_sentiment") + 1 :][:6] == [
+    assert inside[inside.index(MODULE) + 1 :][:6] == [
         "--output-dir", "/opt/ml/output", "--dataset", "/opt/ml/input/data", "--model", "/opt/ml/input/model"
     ]  # fmt: skip
     assert not [call for call in calls if call[:3] == ["aws", "s3", "cp"]]

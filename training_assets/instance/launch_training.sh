@@ -109,9 +109,13 @@ else
   torchrun_cmd+=(--standalone --nnodes=1)
 fi
 
-# The image holds the code as the package it is in the repository (PYTHONPATH=/opt/training).
-command=("${docker_cmd[@]}" "$image" "${torchrun_cmd[@]}" --module training_assets.instance.train_sentiment
-  "${script_args[@]}" "${train_args[@]}")
+# The image holds the code as the package it is in the repository (PYTHONPATH=/opt/training). One process checks
+# the model folder and the dataset first: a problem is one line and exit status 2, where torchrun would stop every
+# rank and print its own failure report. torchrun starts only when the check passes (same container, so a hub
+# dataset is downloaded once).
+module=training_assets.instance.train_sentiment
+inside="python -m $module --check-only \"\$@\" && exec $(printf '%q ' "${torchrun_cmd[@]}")--module $module \"\$@\""
+command=("${docker_cmd[@]}" "$image" bash -c "$inside" launch_training "${script_args[@]}" "${train_args[@]}")
 if [[ "$dry_run" == true ]]; then
   printf '%q ' "${command[@]}"
   printf '\n'
