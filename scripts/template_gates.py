@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
 import json
 import re
 import shutil
@@ -136,10 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         print("cdk-nag: unacknowledged findings:\n  " + "\n  ".join(violations))
     else:
         print(f"cdk-nag (AwsSolutions, NIST 800-53 R5): no unacknowledged findings in {len(paths)} templates")
-    lint = cfn_lint(paths)
+    # cfn-lint and checkov are independent processes of ~10-20 s each: run them side by side.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        linting = pool.submit(cfn_lint, paths)
+        scanning = pool.submit(checkov, args.assembly)
+        lint, scan = linting.result(), scanning.result()
     failed |= lint.returncode != 0
     print(f"cfn-lint: {'clean' if lint.returncode == 0 else 'FAILED'}\n{lint.stdout}".rstrip())
-    scan = checkov(args.assembly)
     failed |= scan.returncode != 0
     result = next((line for line in scan.stdout.splitlines() if line.startswith("Passed checks")), scan.stdout[-2000:])
     print(f"checkov: {result}" + ("" if scan.returncode == 0 else f"\n{scan.stdout[-6000:]}"))

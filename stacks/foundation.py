@@ -7,12 +7,11 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
-from aws_cdk import aws_s3 as s3
 from aws_cdk import region_info
 from constructs import Construct
 
-from stacks.buckets import access_logs_bucket, encrypted_bucket
 from stacks.compliance import acknowledge, acknowledge_wildcards
+from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
 from stacks.environment_stack import EnvironmentStack
 from stacks.settings import ENDPOINT_MODELS_PREFIX, EnvironmentSettings
 
@@ -63,10 +62,20 @@ class FoundationStack(EnvironmentStack):
         )
 
         self.key = self._platform_key()
-        self.access_logs_bucket = self._access_logs_bucket()
-        self.datasets_bucket = self._data_bucket("Datasets")
-        self.artifacts_bucket = self._data_bucket("Artifacts")
-        self.remote_jobs_bucket = self._data_bucket("RemoteJobs")
+        buckets = SecureBuckets(
+            self,
+            KEEP_LOGICAL_IDS,
+            key=self.key,
+            removal_policy=self.removal_policy,
+            access_log_expiration_days=90 if settings.destroy_on_delete else 365,
+            noncurrent_version_days=30 if settings.destroy_on_delete else 90,
+            no_replication_reason="The platform is single-region by design; versioning plus the retain policy of "
+            "staging and prod protect the data, and datasets and models can be rebuilt from their sources.",
+        )
+        self.access_logs_bucket = buckets.access_logs
+        self.datasets_bucket = buckets.add_data_bucket("Datasets")
+        self.artifacts_bucket = buckets.add_data_bucket("Artifacts")
+        self.remote_jobs_bucket = buckets.add_data_bucket("RemoteJobs")
 
         self.vpc, self.private_subnets = self._network()
         self.workload_security_group = ec2.SecurityGroup(
@@ -122,36 +131,6 @@ class FoundationStack(EnvironmentStack):
             )
         )
         return key
-
-    def _access_logs_bucket(self) -> s3.Bucket:
-        bucket = access_logs_bucket(
-            self,
-            "AccessLogs",
-            removal_policy=self.removal_policy,
-            expiration_days=90 if self.settings.destroy_on_delete else 365,
-        )
-        self._acknowledge_single_region(bucket)
-        return bucket
-
-    def _data_bucket(self, name: str) -> s3.Bucket:
-        bucket = encrypted_bucket(
-            self,
-            name,
-            key=self.key,
-            access_logs=self.access_logs_bucket,
-            removal_policy=self.removal_policy,
-            noncurrent_version_days=30 if self.settings.destroy_on_delete else 90,
-        )
-        self._acknowledge_single_region(bucket)
-        return bucket
-
-    def _acknowledge_single_region(self, bucket: s3.Bucket) -> None:
-        acknowledge(
-            bucket,
-            "The platform is single-region by design; versioning plus the retain policy of staging and prod protect "
-            "the data, and datasets and models can be rebuilt from their sources.",
-            "NIST.800.53.R5-S3BucketReplicationEnabled",
-        )
 
     # --- network ------------------------------------------------------------------------------------------------
 
