@@ -56,3 +56,8 @@ demo: $(VENV)/.installed
 	$(BIN)/python inference_assets/package_model.py --model-dir $(DEMO_DIR)/training/saved_model \
 		--output $(DEMO_DIR)/model.tar.gz
 	$(BIN)/python inference_assets/local_server.py --model $(DEMO_DIR)/model.tar.gz --text "$(DEMO_TEXT)"
+
+## Before deploying an endpoint: stop with one sentence if the model archive it names is not in S3 (ENV=dev|staging|prod).
+.PHONY: check-model
+check-model: $(VENV)/.installed
+	$(BIN)/python -m inference_assets.tools.model_check --env $(or $(ENV),dev)

@@ -50,6 +50,11 @@ class GravitonEndpointStack(EnvironmentStack):
         )
         self.foundation = foundation
         endpoint_settings = settings.graviton_endpoint
+        if endpoint_settings.model_data_key is None:
+            raise ValueError(
+                f"environments.{settings.name}.graviton_endpoint.model_data_key: the endpoint stack needs a model "
+                "version; PlatformStage leaves the stack out until one is named."
+            )
         if endpoint_settings.server_batch_size > 1:
             cdk.Annotations.of(self).add_warning_v2(
                 "graviton-endpoint:server-batching",

@@ -244,7 +244,9 @@ class GravitonEndpointSettings(_Settings):
     initial_instance_count: Annotated[int, Field(ge=1)] = 1
     image_repository: str = "pytorch-inference-arm64"
     image_tag: str = "2.6.0-cpu-py312-ubuntu22.04-sagemaker"
-    model_data_key: str = "endpoints/sentiment/model.tar.gz"
+    # The model version to serve (a key under endpoints/ in the artifacts bucket). None until a model is uploaded:
+    # the environment then has no Graviton endpoint stack (first deploy), and synth says what to do.
+    model_data_key: str | None = None
     dependencies: Literal["vendored", "install_at_startup"] = "vendored"
     max_request_batch: Annotated[int, Field(ge=1, le=1024)] = 32
     workers_per_model: Annotated[int, Field(ge=1, le=64)] | None = None
@@ -263,7 +265,9 @@ class GravitonEndpointSettings(_Settings):
 
     @field_validator("model_data_key")
     @classmethod
-    def _model_key(cls, value: str) -> str:
+    def _model_key(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         _s3_key(value, prefix=False)
         if not value.endswith(".tar.gz"):
             raise ValueError("must name a model.tar.gz archive (end with .tar.gz)")
