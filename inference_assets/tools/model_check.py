@@ -65,6 +65,12 @@ def check_model(s3: Any, bucket: str, key: str) -> None:
         code = str(error.response.get("Error", {}).get("Code", ""))
         if code in _MISSING:
             raise CheckFailed(_absent(s3, bucket, key)) from None
+        if code in {"403", "AccessDenied", "Forbidden"}:
+            # S3 answers a HEAD of a missing key with 403, not 404, to callers without s3:ListBucket.
+            raise CheckFailed(
+                f"Model s3://{bucket}/{key} is absent or unreadable (403): the caller needs s3:GetObject on the key "
+                "and s3:ListBucket on its prefix to tell the two apart."
+            ) from None
         raise CheckFailed(f"Cannot look up model s3://{bucket}/{key}: {_reason(error)}.") from None
 
 

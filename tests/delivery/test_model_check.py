@@ -143,3 +143,17 @@ def test_runs_as_a_module_and_refuses_incomplete_arguments() -> None:
     )
     assert result.returncode == 1
     assert result.stderr == "Name the bucket with --bucket, or its Foundation stack with --stack-name or --env.\n"
+
+
+def test_access_denied_fails_closed(capsys: pytest.CaptureFixture[str]) -> None:
+    s3 = boto3.session.Session(region_name=REGION, aws_access_key_id="a", aws_secret_access_key="b").client("s3")
+    stubber = Stubber(s3)
+    stubber.add_client_error("head_object", service_error_code="403", http_status_code=403)
+    stubber.activate()
+
+    class Session:
+        def client(self, name: str):
+            return s3
+
+    assert main(["--bucket", BUCKET, "--key", KEY], session=Session()) == 1
+    assert "is absent or unreadable (403)" in _one_sentence(capsys.readouterr().err)
