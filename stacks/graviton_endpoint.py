@@ -16,7 +16,13 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from inference_assets.endpoint_environment import endpoint_environment, instance_vcpus
-from stacks.components.sagemaker_endpoint import AlarmSpec, DlcImage, ModelNetwork, SageMakerEndpoint
+from stacks.components.sagemaker_endpoint import (
+    AlarmSpec,
+    DlcImage,
+    ModelNetwork,
+    SageMakerEndpoint,
+    endpoint_name_for,
+)
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import DATA_CAPTURE_PREFIX, FoundationStack
 from stacks.settings import EnvironmentSettings
@@ -93,6 +99,10 @@ class GravitonEndpointStack(EnvironmentStack):
             # Data capture is not retained, so that changes to its setting take effect.
             exclude_retained=["DataCaptureConfig"],
             alarm_email=settings.alarm_email,
+            # A fixed name, so that the endpoint's log group can be created (with retention and key) before it.
+            endpoint_name=endpoint_name_for(self),
+            log_retention_days=endpoint_settings.log_retention_days,
+            removal_policy=self.removal_policy,
             alarm_topic_display_name=f"Sentiment endpoint alarms ({settings.name})",
         )
         endpoint = self.sagemaker_endpoint

@@ -141,9 +141,10 @@ def test_data_capture_follows_the_setting_and_is_encrypted(endpoint_template: di
     assert {option["CaptureMode"] for option in capture["CaptureOptions"]} == {"Input", "Output"}
 
 
-def test_endpoint_updates_in_place_keeping_the_scaled_instance_count(endpoint_template: dict) -> None:
+def test_endpoint_updates_in_place_keeping_the_scaled_instance_count(endpoint_template: dict, env: str) -> None:
     endpoint = only(endpoint_template, "AWS::SageMaker::Endpoint")
-    assert "EndpointName" not in endpoint
+    # A fixed name (for its log group); only a name change replaces an endpoint, config changes update it in place.
+    assert endpoint["EndpointName"] == f"{env}-GravitonEndpoint"
     assert endpoint["EndpointConfigName"] == {"Fn::GetAtt": ["EndpointConfig", "EndpointConfigName"]}
     assert endpoint["RetainAllVariantProperties"] is True
     assert endpoint["ExcludeRetainedVariantProperties"] == [{"VariantPropertyType": "DataCaptureConfig"}]
@@ -201,6 +202,19 @@ def test_alarms_watch_5xx_latency_and_cpu_of_this_variant_and_notify_the_encrypt
     assert alarms["CPUUtilization"]["Namespace"] == "/aws/sagemaker/Endpoints"
     assert alarms["CPUUtilization"]["Threshold"] == 80 * instance_vcpus(SETTINGS[env].graviton_endpoint.instance_type)
     assert not resources(endpoint_template, "AWS::SNS::Subscription"), "no alarm_email in cdk.json"
+
+
+def test_the_endpoint_log_group_exists_first_expires_and_uses_the_platform_key(
+    endpoint_template: dict, env: str
+) -> None:
+    (group_id,) = resources(endpoint_template, "AWS::Logs::LogGroup")
+    group = endpoint_template["Resources"][group_id]
+    assert group["Properties"]["LogGroupName"] == f"/aws/sagemaker/Endpoints/{env}-GravitonEndpoint"
+    assert group["Properties"]["RetentionInDays"] == SETTINGS[env].graviton_endpoint.log_retention_days
+    assert imports(group["Properties"]["KmsKeyId"], "PlatformKey")
+    expected = "Delete" if SETTINGS[env].destroy_on_delete else "Retain"
+    assert group["DeletionPolicy"] == group["UpdateReplacePolicy"] == expected
+    assert group_id in only_resource(endpoint_template, "AWS::SageMaker::Endpoint")["DependsOn"]
 
 
 def test_outputs_name_the_endpoint(endpoint_template: dict) -> None:
