@@ -80,3 +80,8 @@ demo: $(VENV)/.installed
 	$(BIN)/python -m inference_assets.tools.package_model --model-dir $(DEMO_DIR)/training/saved_model \
 		--output $(DEMO_DIR)/model.tar.gz
 	$(BIN)/python -m inference_assets.local.local_server --model $(DEMO_DIR)/model.tar.gz --text "$(DEMO_TEXT)"
+
+## Before deploying an endpoint: stop with one sentence if the model archive it names is not in S3 (ENV=dev|staging|prod).
+.PHONY: check-model
+check-model: $(VENV)/.installed
+	$(BIN)/python -m inference_assets.tools.model_check --env $(or $(ENV),dev)

@@ -16,7 +16,13 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from inference_assets.tools.endpoint_environment import instance_vcpus
-from stacks.components.sagemaker_endpoint import AlarmSpec, DlcImage, ModelNetwork, SageMakerEndpoint
+from stacks.components.sagemaker_endpoint import (
+    AlarmSpec,
+    DlcImage,
+    ModelNetwork,
+    SageMakerEndpoint,
+    endpoint_name_for,
+)
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import DATA_CAPTURE_PREFIX, FoundationStack
 from stacks.settings import EnvironmentSettings
@@ -50,6 +56,11 @@ class GravitonEndpointStack(EnvironmentStack):
         )
         self.foundation = foundation
         endpoint_settings = settings.graviton_endpoint
+        if endpoint_settings.model_data_key is None:
+            raise ValueError(
+                f"environments.{settings.name}.graviton_endpoint.model_data_key: the endpoint stack needs a model "
+                "version; PlatformStage leaves the stack out until one is named."
+            )
         if endpoint_settings.server_batch_size > 1:
             cdk.Annotations.of(self).add_warning_v2(
                 "graviton-endpoint:server-batching",
@@ -82,6 +93,10 @@ class GravitonEndpointStack(EnvironmentStack):
             # Data capture is not retained, so that changes to its setting take effect.
             exclude_retained=["DataCaptureConfig"],
             alarm_email=settings.alarm_email,
+            # A fixed name, so that the endpoint's log group can be created (with retention and key) before it.
+            endpoint_name=endpoint_name_for(self),
+            log_retention_days=endpoint_settings.log_retention_days,
+            removal_policy=self.removal_policy,
             alarm_topic_display_name=f"Sentiment endpoint alarms ({settings.name})",
         )
         endpoint = self.sagemaker_endpoint

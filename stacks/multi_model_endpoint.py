@@ -16,7 +16,13 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from inference_assets.tools.endpoint_environment import instance_vcpus
-from stacks.components.sagemaker_endpoint import AlarmSpec, DlcImage, ModelNetwork, SageMakerEndpoint
+from stacks.components.sagemaker_endpoint import (
+    AlarmSpec,
+    DlcImage,
+    ModelNetwork,
+    SageMakerEndpoint,
+    endpoint_name_for,
+)
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import FoundationStack
 from stacks.settings import EnvironmentSettings
@@ -86,6 +92,10 @@ class MultiModelEndpointStack(EnvironmentStack):
             # A new endpoint config keeps the instance count autoscaling chose (type and weights come from the config).
             exclude_retained=["DesiredWeight", "DataCaptureConfig"],
             alarm_email=settings.alarm_email,
+            # A fixed name, so that the endpoint's log group can be created (with retention and key) before it.
+            endpoint_name=endpoint_name_for(self),
+            log_retention_days=mme.log_retention_days,
+            removal_policy=self.removal_policy,
         )
         endpoint = self.sagemaker_endpoint
         self.model, self.endpoint_config, self.endpoint = endpoint.model, endpoint.endpoint_config, endpoint.endpoint

@@ -24,6 +24,8 @@ from pydantic import (
 )
 
 DEFAULT_REGION = "us-west-2"
+# Retention periods CloudWatch Logs offers that the platform's settings allow.
+LogRetentionDays = Literal[7, 14, 30, 60, 90, 180, 365, 731]
 # The prefix of the artifacts bucket that the endpoint execution role may read single-model archives from.
 ENDPOINT_MODELS_PREFIX = "endpoints/"
 ENVIRONMENT_NAMES = ("dev", "staging", "prod")
@@ -244,7 +246,9 @@ class GravitonEndpointSettings(_Settings):
     initial_instance_count: Annotated[int, Field(ge=1)] = 1
     image_repository: str = "pytorch-inference-arm64"
     image_tag: str = "2.6.0-cpu-py312-ubuntu22.04-sagemaker"
-    model_data_key: str = "endpoints/sentiment/model.tar.gz"
+    # The model version to serve (a key under endpoints/ in the artifacts bucket). None until a model is uploaded:
+    # the environment then has no Graviton endpoint stack (first deploy), and synth says what to do.
+    model_data_key: str | None = None
     dependencies: Literal["vendored", "install_at_startup"] = "vendored"
     # Request limits of the container's protocol (inference_assets/container/protocol.py): 413 above them.
     max_request_batch: Annotated[int, Field(ge=1, le=1024)] = 32
@@ -262,6 +266,8 @@ class GravitonEndpointSettings(_Settings):
     torch_compile: bool = False
     autoscaling: AutoscalingSettings = AutoscalingSettings()
     data_capture: DataCaptureSettings = DataCaptureSettings()
+    # The endpoint's container logs (/aws/sagemaker/Endpoints/<endpoint name>), under the platform key.
+    log_retention_days: LogRetentionDays = 30
 
     @field_validator("instance_type")
     @classmethod
@@ -273,7 +279,9 @@ class GravitonEndpointSettings(_Settings):
 
     @field_validator("model_data_key")
     @classmethod
-    def _model_key(cls, value: str) -> str:
+    def _model_key(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         _s3_key(value, prefix=False)
         if not value.endswith(".tar.gz"):
             raise ValueError("must name a model.tar.gz archive (end with .tar.gz)")
@@ -327,6 +335,7 @@ class MultiModelEndpointSettings(_Settings):
     models_prefix: str = "multi-model/"
     invoke_allowed_models: list[str] = []
     autoscaling: AutoscalingSettings = AutoscalingSettings(max_capacity=4)
+    log_retention_days: LogRetentionDays = 30
 
     @field_validator("instance_type")
     @classmethod

@@ -8,6 +8,8 @@ that the properties alpha lacks (retained variant properties, data capture, netw
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -18,6 +20,7 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
@@ -35,6 +38,19 @@ AUTOSCALING_SERVICE_LINKED_ROLE = (
 # The namespaces of a variant's metrics: invocation metrics, and the instance metrics the host agent publishes.
 INVOCATION_METRICS = "AWS/SageMaker"
 INSTANCE_METRICS = "/aws/sagemaker/Endpoints"
+_ENDPOINT_NAME_LENGTH = 63
+
+
+def endpoint_name_for(stack: cdk.Stack) -> str:
+    """A fixed endpoint name derived from the stack name (unique per account and region, as stack names are), in
+    SageMaker's alphabet (^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}); long names keep a hash of the whole for uniqueness."""
+    name = re.sub(r"-+", "-", re.sub(r"[^A-Za-z0-9-]", "-", stack.stack_name)).strip("-")
+    if len(name) > _ENDPOINT_NAME_LENGTH:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        name = f"{name[: _ENDPOINT_NAME_LENGTH - 9].rstrip('-')}-{digest}"
+    return name
+
+
 _ECR_PULL_ACTIONS = ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
 
 
@@ -153,6 +169,9 @@ class SageMakerEndpoint(Construct):
         exclude_retained: Sequence[str] = ("DataCaptureConfig",),
         alarm_email: str | None = None,
         alarm_topic_display_name: str | None = None,
+        endpoint_name: str | None = None,
+        log_retention_days: int = 30,
+        removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
     ) -> None:
         super().__init__(scope, construct_id)
         self.role = role
@@ -163,6 +182,7 @@ class SageMakerEndpoint(Construct):
         self.endpoint = sagemaker.CfnEndpoint(
             self,
             "Endpoint",
+            endpoint_name=endpoint_name,
             endpoint_config_name=self.endpoint_config.attr_endpoint_config_name,
             retain_all_variant_properties=True,
             exclude_retained_variant_properties=[
@@ -172,6 +192,9 @@ class SageMakerEndpoint(Construct):
         )
         self.endpoint_name = self.endpoint.attr_endpoint_name
         self.endpoint_arn = self.endpoint.attr_endpoint_arn
+        self.log_group = None
+        if endpoint_name is not None:
+            self.log_group = self._log_group(endpoint_name, key, log_retention_days, removal_policy)
         self.scalable_target = self._track_invocations(autoscaling)
         self.alarm_topic = sns.Topic(
             self, "AlarmTopic", display_name=alarm_topic_display_name, master_key=key, enforce_ssl=True
@@ -200,6 +223,25 @@ class SageMakerEndpoint(Construct):
                 },
             )
         )
+
+    def _log_group(
+        self, endpoint_name: str, key: kms.IKey, retention_days: int, removal_policy: cdk.RemovalPolicy
+    ) -> logs.LogGroup:
+        """The group SageMaker writes the containers' logs to, created by CloudFormation before the endpoint, so that
+        it expires and is encrypted with the platform key (SageMaker's own would never expire, under no key). Needs
+        the fixed endpoint name: SageMaker names the group after the endpoint and creates it itself while the endpoint
+        starts, before CloudFormation could create a group named after a generated name. Only EndpointName replaces
+        an endpoint (config changes update it in place), so a fixed name costs nothing on updates."""
+        group = logs.LogGroup(
+            self,
+            "LogGroup",
+            log_group_name=f"/aws/sagemaker/Endpoints/{endpoint_name}",
+            encryption_key=key,
+            removal_policy=removal_policy,
+        )
+        group.node.default_child.retention_in_days = retention_days  # any value CloudWatch Logs offers
+        self.endpoint.node.add_dependency(group)
+        return group
 
     # --- model, config ------------------------------------------------------------------------------------------
 

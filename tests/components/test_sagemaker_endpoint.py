@@ -14,6 +14,7 @@ from stacks.components.sagemaker_endpoint import (
     DlcImage,
     ModelNetwork,
     SageMakerEndpoint,
+    endpoint_name_for,
 )
 from stacks.settings import DEFAULT_REGION, AutoscalingSettings
 from tests.conftest import cdk_context
@@ -331,3 +332,47 @@ def test_every_alarm_topic_of_every_environment_accepts_its_alarms(templates) ->
                 assert all({"Ref": topic} in a["Properties"]["AlarmActions"] for a in alarms), where
                 checked += 1
     assert checked >= len(templates), "every environment has at least one alarm topic"
+
+
+# --- fixed name and log group -------------------------------------------------------------------------------------
+
+
+def test_a_named_endpoint_gets_its_log_group_first() -> None:
+    stack, endpoint = _endpoint(endpoint_name="dev-Sentiment", log_retention_days=14)
+    template = Template.from_stack(stack)
+    group = stack.get_logical_id(endpoint.log_group.node.default_child)
+    template.has_resource(
+        "AWS::Logs::LogGroup",
+        {
+            "Properties": {
+                "LogGroupName": "/aws/sagemaker/Endpoints/dev-Sentiment",
+                "RetentionInDays": 14,
+                "KmsKeyId": {"Fn::GetAtt": [_id(template, "AWS::KMS::Key"), "Arn"]},
+            },
+            "DeletionPolicy": "Retain",
+        },
+    )
+    template.has_resource(
+        "AWS::SageMaker::Endpoint",
+        {"Properties": Match.object_like({"EndpointName": "dev-Sentiment"}), "DependsOn": Match.array_with([group])},
+    )
+
+
+def test_an_unnamed_endpoint_has_no_log_group(single) -> None:
+    _, endpoint, template = single
+    assert endpoint.log_group is None
+    template.resource_count_is("AWS::Logs::LogGroup", 0)
+
+
+@pytest.mark.parametrize(
+    ("stack_name", "expected"),
+    [("dev-GravitonEndpoint", "dev-GravitonEndpoint"), ("PromotionPipeline-dev-X-", "PromotionPipeline-dev-X")],
+)
+def test_endpoint_names_follow_the_stack_name_in_sagemakers_alphabet(stack_name: str, expected: str) -> None:
+    assert endpoint_name_for(cdk.Stack(cdk.App(), "S", stack_name=stack_name)) == expected
+
+
+def test_long_endpoint_names_are_cut_with_a_hash() -> None:
+    first = endpoint_name_for(cdk.Stack(cdk.App(), "S", stack_name="x" * 70 + "-One"))
+    second = endpoint_name_for(cdk.Stack(cdk.App(), "S", stack_name="x" * 70 + "-Two"))
+    assert len(first) == len(second) == 63 and first != second

@@ -18,6 +18,8 @@ def test_dlc_images_and_pull_permissions_use_the_regions_registry_account(
     context = cdk_context(env="dev")
     context["environments"] = copy.deepcopy(context["environments"])
     context["environments"]["dev"]["region"] = region
+    # A model version, so that dev builds its Graviton endpoint (cdk.json's dev names none yet).
+    context["environments"]["dev"]["graviton_endpoint"]["model_data_key"] = "endpoints/sentiment/model-v1.tar.gz"
     (stage,) = build_app(context=context, outdir=str(tmp_path)).synth().nested_assemblies
     templates = {s.hierarchical_id.split("/")[-1]: s.template for s in stage.nested_assembly.stacks}
     (model,) = (r for r in templates["GravitonEndpoint"]["Resources"].values() if r["Type"] == "AWS::SageMaker::Model")
