@@ -12,7 +12,13 @@ from aws_cdk import region_info
 from constructs import Construct
 
 from stacks.buckets import access_logs_bucket, encrypted_bucket
-from stacks.compliance import acknowledge, acknowledge_wildcards
+from stacks.compliance import (
+    acknowledge,
+    acknowledge_control,
+    acknowledge_short_retention,
+    acknowledge_wildcards,
+    log_retention,
+)
 from stacks.environment_stack import EnvironmentStack
 from stacks.settings import EnvironmentSettings
 
@@ -114,6 +120,20 @@ class FoundationStack(EnvironmentStack):
                 conditions={"StringEquals": {"aws:SourceAccount": self.account}},
             )
         )
+        # Grants only for AWS resources (EBS volumes, SageMaker jobs) or from AWS services (Control Tower
+        # CT.KMS.PR.3): a principal with kms:CreateGrant cannot hand the key's use to anyone else directly.
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="DenyGrantsExceptForAwsResources",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["kms:CreateGrant"],
+                resources=["*"],
+                conditions={
+                    "BoolIfExists": {"kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "false"}
+                },
+            )
+        )
         return key
 
     def _access_logs_bucket(self) -> s3.Bucket:
@@ -124,6 +144,24 @@ class FoundationStack(EnvironmentStack):
             expiration_days=90 if self.settings.destroy_on_delete else 365,
         )
         self._acknowledge_single_region(bucket)
+        acknowledge_control(
+            bucket,
+            "S3 delivers server access logs only to buckets encrypted with SSE-S3, not SSE-KMS (CT.S3.PR.10).",
+            "s3_bucket_default_encryption_kms_check",
+        )
+        acknowledge_control(
+            bucket,
+            "This bucket is the server-access-log target of the other buckets; logging it into itself would loop "
+            "(CT.S3.PR.2).",
+            "s3_bucket_logging_enabled_check",
+        )
+        acknowledge_control(
+            bucket,
+            "Only S3's log delivery writes here; notifications of every delivered log object would be noise "
+            "(CT.S3.PR.4).",
+            "s3_event_notifications_enabled_check",
+        )
+        self._acknowledge_no_object_lock(bucket)
         return bucket
 
     def _data_bucket(self, name: str) -> s3.Bucket:
@@ -136,7 +174,22 @@ class FoundationStack(EnvironmentStack):
             noncurrent_version_days=30 if self.settings.destroy_on_delete else 90,
         )
         self._acknowledge_single_region(bucket)
+        # Object-level events (new datasets, models, captured data) go to EventBridge, where pipelines and audits
+        # can subscribe (CT.S3.PR.4). Set on the bucket itself: CDK's event_bridge_enabled adds a custom-resource
+        # Lambda for the same setting.
+        bucket.node.default_child.add_property_override(
+            "NotificationConfiguration.EventBridgeConfiguration.EventBridgeEnabled", True
+        )
+        self._acknowledge_no_object_lock(bucket)
         return bucket
+
+    def _acknowledge_no_object_lock(self, bucket: s3.Bucket) -> None:
+        acknowledge_control(
+            bucket,
+            "No S3 Object Lock (CT.S3.PR.9): versioning keeps overwritten and deleted objects, lifecycle rules must "
+            "expire noncurrent versions and logs, and dev is emptied on destroy; a WORM lock would block all three.",
+            "s3_bucket_object_lock_enabled_check",
+        )
 
     def _acknowledge_single_region(self, bucket: s3.Bucket) -> None:
         acknowledge(
@@ -186,9 +239,10 @@ class FoundationStack(EnvironmentStack):
             self,
             "FlowLogs",
             encryption_key=self.key,
-            retention=logs.RetentionDays(_retention_name(vpc_settings.flow_log_retention_days)),
+            retention=log_retention(vpc_settings.flow_log_retention_days),
             removal_policy=self.removal_policy,
         )
+        acknowledge_short_retention(flow_log_group, vpc_settings.flow_log_retention_days, "vpc.flow_log_retention_days")
         flow_log = vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group))
         acknowledge(
             flow_log,
@@ -560,16 +614,3 @@ class FoundationStack(EnvironmentStack):
         }
         for name, (value, description) in values.items():
             cdk.CfnOutput(self, name, value=value, description=description)
-
-
-def _retention_name(days: int) -> str:
-    return {
-        7: "ONE_WEEK",
-        14: "TWO_WEEKS",
-        30: "ONE_MONTH",
-        60: "TWO_MONTHS",
-        90: "THREE_MONTHS",
-        180: "SIX_MONTHS",
-        365: "ONE_YEAR",
-        731: "TWO_YEARS",
-    }[days]

@@ -185,3 +185,26 @@ def test_vpc_attachment_is_held_to_the_platform_vpc_subnets_and_security_group(f
     assert manage["Condition"] == create["Condition"]
     assert sorted(manage["Action"]) == ["ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"]
     assert statements["DeleteInterfacePermissions"]["Action"] == "ec2:DeleteNetworkInterfacePermission"
+
+
+def test_key_grants_only_for_aws_resources_or_services(foundation: dict) -> None:
+    (key,) = resources(foundation, "AWS::KMS::Key").values()
+    (deny,) = [s for s in key["Properties"]["KeyPolicy"]["Statement"] if s["Effect"] == "Deny"]
+    assert deny == {
+        "Sid": "DenyGrantsExceptForAwsResources",
+        "Effect": "Deny",
+        "Principal": {"AWS": "*"},
+        "Action": "kms:CreateGrant",
+        "Resource": "*",
+        "Condition": {"BoolIfExists": {"kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "false"}},
+    }
+
+
+def test_data_buckets_send_object_events_to_eventbridge(foundation: dict) -> None:
+    buckets = resources(foundation, "AWS::S3::Bucket")
+    for name, bucket in buckets.items():
+        notifications = bucket["Properties"].get("NotificationConfiguration")
+        if name.startswith("AccessLogs"):
+            assert notifications is None, name
+        else:
+            assert notifications == {"EventBridgeConfiguration": {"EventBridgeEnabled": True}}, name
