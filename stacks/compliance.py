@@ -1,8 +1,10 @@
-"""Compliance gates that run on every synth: cdk-nag 3 rule packs registered as CDK policy-validation plugins.
+"""Compliance gates that run on every synth, registered as CDK policy-validation plugins: the cdk-nag 3 rule packs
+(AwsSolutions, NIST 800-53 R5) on the whole app, and AWS Control Tower's proactive controls (AWS's CfnGuard validator,
+``cdklabs-cdk-validator-cfnguard``, which runs its bundled ``cfn-guard`` binary) on every environment stage.
 
-Any unacknowledged finding fails ``app.synth()`` (``ValidationFailed``) and lands in
-``cdk.out/policy-validation-report.json``. Acknowledgements are scoped to one construct and carry a reason, which
-cdk-nag also writes into the template metadata so the ops review can show it.
+Any unacknowledged finding fails ``app.synth()`` (``ValidationFailed``) and lands in ``cdk.out/validation-report.json``.
+Acknowledgements are scoped to one construct and carry a reason, which is also written into the template metadata
+(``cdk_nag.rules_to_suppress``) so the ops review and ``scripts/template_gates.py`` can show it.
 """
 
 from __future__ import annotations
@@ -13,23 +15,128 @@ from typing import Any
 import aws_cdk as cdk
 import jsii
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
 from cdk_nag import AwsSolutionsChecks, NIST80053R5Checks, WriteNagSuppressionsToCloudFormationAspect
+from cdklabs.cdk_validator_cfnguard import CfnGuardValidator
 from constructs import IConstruct
+
+# The plugin name of AWS's CfnGuard validator: acknowledgements of its rules are "<this>::<rule name>".
+CONTROL_TOWER = "cdk-validator-cfnguard"
+# CT.CLOUDWATCH.PR.2: log groups keep their logs for at least a year (or never expire).
+CONTROL_TOWER_MIN_RETENTION_DAYS = 365
 
 
 def add_compliance_gates(app: cdk.App) -> None:
-    """Register the rule packs on the app; call it after every Stage exists (aspects do not cross Stage borders)."""
+    """Register the rule packs on the app and the Control Tower controls on each environment stage; call it after
+    every Stage exists (aspects do not cross Stage borders). The Control Tower controls cover what deploys into the
+    workload accounts, where an organization enables them as CloudFormation hooks; the promotion pipeline's own
+    stack lives in the tooling account and is held to cdk-nag, cfn-lint and checkov."""
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app), NIST80053R5Checks(app))
-    for scope in [app, *(child for child in app.node.children if cdk.Stage.is_stage(child))]:
+    stages = [child for child in app.node.children if cdk.Stage.is_stage(child)]
+    for stage in stages:
+        cdk.Validations.of(stage).add_plugins(control_tower_gate())
+    for scope in [app, *stages]:
         add_template_aspects(scope)
+
+
+def control_tower_gate() -> CfnGuardValidator:
+    """All of Control Tower's proactive controls that the validator bundles (rules/control-tower/cfn-guard)."""
+    return CfnGuardValidator(control_tower_rules_enabled=True)
 
 
 def add_template_aspects(stage: cdk.Stage) -> None:
     """What every template of ``stage`` needs before it is synthesized: the acknowledgements written into its metadata
     (the ops review reads them) and lint-clean handlers. CDK Pipelines synthesizes the stages it deploys as they are
     added, before ``add_compliance_gates`` runs, so the pipeline calls this for each of its stages itself."""
+    cdk.Aspects.of(stage).add(_AcknowledgeWhatControlTowerCannotSee(), priority=cdk.AspectPriority.MUTATING)
     cdk.Aspects.of(stage).add(WriteNagSuppressionsToCloudFormationAspect())
     cdk.Aspects.of(stage).add(_DropRedundantDependsOn())
+
+
+def acknowledge_control(construct: IConstruct, reason: str, *rule_names: str) -> None:
+    """Acknowledge Control Tower proactive controls (by the validator's rule name) for a reason, on the CloudFormation
+    resource of ``construct`` only (not on the bucket policy or custom resources an L2 construct also holds)."""
+    target = construct.node.default_child or construct
+    acknowledge(target, reason, *(f"{CONTROL_TOWER}::{name}" for name in rule_names))
+
+
+def log_retention(days: int) -> logs.RetentionDays:
+    """The RetentionDays member for a number of days (settings validate the number against this table)."""
+    return logs.RetentionDays[_RETENTION_NAMES[days]]
+
+
+def acknowledge_short_retention(log_group: IConstruct, days: int, setting: str) -> None:
+    """Log groups kept shorter than Control Tower's year (CT.CLOUDWATCH.PR.2) by an environment's setting: the
+    acknowledgement names the setting, so the choice stays visible and only where it is made."""
+    if days < CONTROL_TOWER_MIN_RETENTION_DAYS:
+        acknowledge_control(
+            log_group,
+            f"Retention is the environment's {setting} ({days} days): logs of a non-production environment are "
+            "kept for debugging, not audit; production keeps them for a year or more.",
+            "cloudwatch_log_group_retention_period_check",
+        )
+
+
+_RETENTION_NAMES = {
+    1: "ONE_DAY",
+    3: "THREE_DAYS",
+    5: "FIVE_DAYS",
+    7: "ONE_WEEK",
+    14: "TWO_WEEKS",
+    30: "ONE_MONTH",
+    60: "TWO_MONTHS",
+    90: "THREE_MONTHS",
+    120: "FOUR_MONTHS",
+    150: "FIVE_MONTHS",
+    180: "SIX_MONTHS",
+    365: "ONE_YEAR",
+    400: "THIRTEEN_MONTHS",
+    545: "EIGHTEEN_MONTHS",
+    731: "TWO_YEARS",
+    1096: "THREE_YEARS",
+    1827: "FIVE_YEARS",
+    2192: "SIX_YEARS",
+    2557: "SEVEN_YEARS",
+    2922: "EIGHT_YEARS",
+    3288: "NINE_YEARS",
+    3653: "TEN_YEARS",
+}
+
+
+@jsii.implements(cdk.IAspect)
+class _AcknowledgeWhatControlTowerCannotSee:
+    """Control Tower findings that are facts of how CDK builds templates, checked here resource by resource:
+
+    - CT.CLOUDWATCH.PR.3 (log group encrypted): a log group encrypted with a key of another stack refers to it with
+      Fn::ImportValue, which the rule cannot follow (it accepts a string or a reference inside the template).
+    - CT.LAMBDA.PR.3 (Lambda in a VPC): the handlers of CDK's own singleton custom-resource providers (S3 auto-delete,
+      default security group restriction) have no VPC option; they run once per deployment and call only AWS APIs.
+    """
+
+    def visit(self, node: IConstruct) -> None:
+        if isinstance(node, logs.CfnLogGroup) and node.kms_key_id is not None:
+            key = cdk.Tokenization.reverse(node.kms_key_id)
+            if isinstance(key, cdk.Reference) and cdk.Stack.of(key.target) is not cdk.Stack.of(node):
+                acknowledge_control(
+                    node,
+                    f"Encrypted with {key.target.node.path} of another stack; the reference is an Fn::ImportValue, "
+                    "which the rule cannot follow.",
+                    "cloudwatch_log_group_encrypted_check",
+                )
+        scope = node.node.scope
+        if (
+            cdk.CfnResource.is_cfn_resource(node)
+            and node.cfn_resource_type == "AWS::Lambda::Function"
+            and scope is not None
+            and scope.node.id.startswith("Custom::")
+            and scope.node.id.endswith("CustomResourceProvider")
+        ):
+            acknowledge_control(
+                node,
+                f"The handler of CDK's singleton {scope.node.id} has no VPC option; it runs once per deployment and "
+                "calls only AWS APIs.",
+                "lambda_inside_vpc_check",
+            )
 
 
 @jsii.implements(cdk.IAspect)

@@ -359,6 +359,14 @@ class MultiModelEndpointSettings(_Settings):
         return has_local_nvme(self.instance_type)
 
 
+class LogSettings(_Settings):
+    """CloudWatch Logs of the platform's workloads (training runs, SageMaker jobs and endpoints)."""
+
+    # CloudWatch's retention values; Control Tower (CT.CLOUDWATCH.PR.2) wants 365 or more, shorter ones are
+    # acknowledged per log group with this setting's name.
+    retention_days: Literal[7, 14, 30, 60, 90, 180, 365, 400, 545, 731, 1096, 1827, 3653] = 365
+
+
 class TagSettings(_Settings):
     project: str = "pytorch-platform"
     cost_centre: str
@@ -381,6 +389,7 @@ class EnvironmentSettings(_Settings):
     alarm_email: str | None = None
     tags: TagSettings
     vpc: VpcSettings = VpcSettings()
+    logs: LogSettings = LogSettings()
     training: TrainingSettings = TrainingSettings()
     graviton_endpoint: GravitonEndpointSettings = GravitonEndpointSettings()
     multi_model_endpoint: MultiModelEndpointSettings = MultiModelEndpointSettings()

@@ -20,7 +20,7 @@ from aws_cdk import aws_ssm as ssm
 from aws_cdk import region_info
 from constructs import Construct
 
-from stacks.compliance import acknowledge, acknowledge_wildcards
+from stacks.compliance import acknowledge, acknowledge_short_retention, acknowledge_wildcards, log_retention
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import TRAINING_OUTPUT_PREFIX, FoundationStack
 from stacks.settings import EnvironmentSettings, HyperParameters
@@ -141,9 +141,10 @@ class TrainingStack(EnvironmentStack):
             self,
             "TrainingLogs",
             encryption_key=foundation.key,
-            retention=logs.RetentionDays.THREE_MONTHS,
+            retention=log_retention(settings.logs.retention_days),
             removal_policy=self.removal_policy,
         )
+        acknowledge_short_retention(self.log_group, settings.logs.retention_days, "logs.retention_days")
         # {folder on the instance: asset}; the instance unpacks each under the same path as in the repository.
         self.code = {folder: code_asset(self, construct_id) for construct_id, (folder, _) in CODE_ASSETS.items()}
         self.security_group = self._security_group()
@@ -212,8 +213,10 @@ class TrainingStack(EnvironmentStack):
             ],
             require_imdsv2=True,
             http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
-            # 2 hops: the training containers (docker bridge network) reach IMDS for the instance role's credentials.
-            http_put_response_hop_limit=2,
+            # 1 hop (Control Tower CT.EC2.PR.2): only the host reaches IMDS and the instance role. The host does every
+            # AWS call (ECR login, S3 sync and upload, and the Docker daemon's awslogs driver); the training
+            # containers need no AWS credentials, and on the bridge network they cannot get them.
+            http_put_response_hop_limit=1,
             instance_profile=self.foundation.training_instance_profile,
             detailed_monitoring=True,
             ebs_optimized=True,

@@ -7,11 +7,15 @@ from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 
 from app import build_app
-from stacks.compliance import acknowledge_wildcards, add_compliance_gates
+from scripts import template_gates
+from stacks.compliance import acknowledge_short_retention, acknowledge_wildcards, add_compliance_gates
 from tests.conftest import cdk_context
 
 
@@ -162,3 +166,78 @@ def test_every_acknowledgement_excuses_a_real_finding(tmp_path: Path, monkeypatc
         )
     ]
     assert unused == [], "\n".join(map(str, unused)) + "\n" + "\n".join(map(str, sorted(fired)))
+
+
+# --- Control Tower proactive controls (AWS's CfnGuard validator) on every environment stage -----------------------
+
+
+def _stage_with(tmp_path: Path, build) -> dict[str, set[str]]:
+    """Synthesize one 'dev' stage through the gates; {plugin: violated rule names} (empty when synth passes)."""
+    app = cdk.App(outdir=str(tmp_path))
+    stage = cdk.Stage(app, "dev", env=cdk.Environment(account="111111111111", region="us-west-2"))
+    build(cdk.Stack(stage, "Workload"))
+    add_compliance_gates(app)
+    try:
+        app.synth()
+    except RuntimeError as error:
+        assert "ValidationFailed" in str(error)
+    report_file = tmp_path / "validation-report.json"
+    if not report_file.exists():
+        return {}
+    report = json.loads(report_file.read_text())
+    return {plugin["pluginName"]: {v["ruleName"] for v in plugin["violations"]} for plugin in report["pluginReports"]}
+
+
+def _log_group_and_launch_template(stack: cdk.Stack, *, retention_days: int, hop_limit: int) -> None:
+    key = kms.Key(stack, "Key", enable_key_rotation=True)
+    group = logs.LogGroup(
+        stack,
+        "Logs",
+        encryption_key=key,
+        retention=logs.RetentionDays.ONE_MONTH if retention_days == 30 else logs.RetentionDays.ONE_YEAR,
+        removal_policy=cdk.RemovalPolicy.DESTROY,
+    )
+    acknowledge_short_retention(group, retention_days, "logs.retention_days")
+    ec2.CfnLaunchTemplate(
+        stack,
+        "Template",
+        launch_template_data={"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": hop_limit}},
+    )
+
+
+def test_control_tower_controls_fail_synth_of_an_environment_stage(tmp_path: Path) -> None:
+    violations = _stage_with(
+        tmp_path, lambda stack: _log_group_and_launch_template(stack, retention_days=30, hop_limit=2)
+    )
+    control_tower = violations["cdk-validator-cfnguard"]
+    assert "ec2_launch_template_token_hop_limit_check" in control_tower  # CT.EC2.PR.2
+    assert "kms_create_grant_aws_service_check" in control_tower  # CT.KMS.PR.3: the key's default policy
+    # A retention below a year is acknowledged with the setting that chose it, so it is not among the findings.
+    assert "cloudwatch_log_group_retention_period_check" not in control_tower
+
+
+def test_a_year_of_retention_needs_no_acknowledgement_and_hop_limit_one_passes(tmp_path: Path) -> None:
+    violations = _stage_with(
+        tmp_path, lambda stack: _log_group_and_launch_template(stack, retention_days=365, hop_limit=1)
+    )
+    control_tower = violations.get("cdk-validator-cfnguard", set())
+    assert "ec2_launch_template_token_hop_limit_check" not in control_tower
+    assert "cloudwatch_log_group_retention_period_check" not in control_tower
+
+
+def test_the_gate_lists_every_control_tower_acknowledgement_with_its_reason(cloud_assembly) -> None:
+    acknowledged = template_gates.control_tower_acknowledgements(
+        template_gates.templates(Path(cloud_assembly.directory))
+    )
+    by_environment = {env: [line for line in acknowledged if line.startswith(f"{env}/")] for env in ENVIRONMENTS}
+    assert all(by_environment.values()), by_environment
+    for line in acknowledged:
+        _, rule, reason = line.split(": ", 2)
+        assert rule.endswith("_check") and len(reason.split()) >= 5, line
+    retention = [line for line in acknowledged if "cloudwatch_log_group_retention_period_check" in line]
+    # dev and staging keep logs shorter than a year by their settings; prod keeps them for a year: nothing to excuse.
+    assert {line.split("/")[0] for line in retention} == {"dev", "staging"}
+    assert not [line for line in acknowledged if "hop_limit" in line or "kms_create_grant" in line]
+
+
+ENVIRONMENTS = ("dev", "staging", "prod")

@@ -61,6 +61,12 @@ def test_unknown_environment_in_cdk_json_is_not_silently_mapped_to_dev() -> None
         ),
         pytest.param({"vpc__max_azs": "2"}, "environments.dev.vpc.max_azs: must be a valid integer.", id="wrong-type"),
         pytest.param(
+            {"logs__retention_days": 45},
+            "environments.dev.logs.retention_days: must be 7, 14, 30, 60, 90, 180, 365, 400, 545, 731, 1096, 1827 "
+            "or 3653.",
+            id="log-retention",
+        ),
+        pytest.param(
             {"removal_policy": "delete"},
             "environments.dev.removal_policy: must be 'destroy' or 'retain'.",
             id="removal-policy",

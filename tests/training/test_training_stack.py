@@ -35,7 +35,7 @@ def _user_data(template: dict) -> str:
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_instances_require_imdsv2_and_reach_it_from_containers(training_templates, environment) -> None:
     options = _launch_data(training_templates[environment])["MetadataOptions"]
-    assert options == {"HttpTokens": "required", "HttpPutResponseHopLimit": 2}
+    assert options == {"HttpTokens": "required", "HttpPutResponseHopLimit": 1}
 
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
@@ -176,7 +176,10 @@ def test_user_data_trains_packages_ships_logs_and_powers_off(training_templates,
 def test_training_log_group_is_encrypted_with_retention(training_templates, environment) -> None:
     Template.from_json(training_templates[environment]).has_resource_properties(
         "AWS::Logs::LogGroup",
-        {"RetentionInDays": 90, "KmsKeyId": {"Fn::ImportValue": Match.string_like_regexp("PlatformKey")}},
+        {
+            "RetentionInDays": {"dev": 30, "staging": 90, "prod": 365}[environment],  # cdk.json logs.retention_days
+            "KmsKeyId": {"Fn::ImportValue": Match.string_like_regexp("PlatformKey")},
+        },
     )
 
 
