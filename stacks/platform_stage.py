@@ -12,6 +12,16 @@ from stacks.settings import EnvironmentSettings
 from stacks.training import TrainingStack
 
 
+def no_model_yet(environment: str) -> str:
+    """What synth says while an environment names no model version for its Graviton endpoint."""
+    return (
+        f"{environment}/GravitonEndpoint is not built: environments.{environment}.graviton_endpoint.model_data_key "
+        "names no model version yet. Deploy Foundation, upload a model archive (package_model --upload) under "
+        "endpoints/ in the bucket of the Foundation output ArtifactsBucketName, set its key in cdk.json, check it "
+        f"with `make check-model ENV={environment}`, then deploy {environment}/GravitonEndpoint."
+    )
+
+
 class PlatformStage(cdk.Stage):
     def __init__(self, scope: Construct, settings: EnvironmentSettings, *, construct_id: str | None = None) -> None:
         super().__init__(
@@ -20,7 +30,11 @@ class PlatformStage(cdk.Stage):
         self.settings = settings
         self.foundation = FoundationStack(self, "Foundation", settings=settings)
         self.training = TrainingStack(self, "Training", settings=settings, foundation=self.foundation)
-        if settings.graviton_endpoint.enabled:
+        if settings.graviton_endpoint.enabled and settings.graviton_endpoint.model_data_key is None:
+            # First deploy: no model version yet. An endpoint over a missing archive fails only after many minutes of
+            # CreateEndpoint and a rollback, so the stack is left out until settings name an uploaded model.
+            cdk.Annotations.of(self.foundation).add_info(no_model_yet(settings.name))
+        elif settings.graviton_endpoint.enabled:
             self.graviton_endpoint = GravitonEndpointStack(
                 self, "GravitonEndpoint", settings=settings, foundation=self.foundation
             )

@@ -20,10 +20,11 @@ from aws_cdk import aws_ssm as ssm
 from aws_cdk import region_info
 from constructs import Construct
 
-from stacks.compliance import acknowledge, acknowledge_wildcards
+from stacks.compliance import acknowledge, acknowledge_short_retention, acknowledge_wildcards, log_retention
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import TRAINING_OUTPUT_PREFIX, FoundationStack
 from stacks.settings import EnvironmentSettings, HyperParameters
+from training_assets.instance_types import has_instance_storage
 
 ROOT = Path(__file__).resolve().parents[1]
 # EFA network cards per instance family (p4d.24xlarge: 4 x 100 Gbit/s); one EFA interface goes on each card.
@@ -34,6 +35,8 @@ BOOTSTRAP_LOG = "/var/log/sentiment-training.log"
 REMOTE_DEPENDENCIES = "training_assets/requirements-remote.txt"
 # Names the SDK must not upload when IncludeLocalWorkDir packs the working directory.
 REMOTE_IGNORED_NAMES = [".venv*", "node_modules", "cdk.out", ".git", "__pycache__", "tests", "benchmarks", "*.tar.gz"]
+# Key prefix of @remote jobs (S3RootUri) and of the SDK session's default bucket in the RemoteJobs bucket.
+REMOTE_JOBS_PREFIX = "jobs"
 # The code the training instances fetch (construct id -> folder under the repository root, folder-specific exclude
 # patterns): what the instance runs, and the inference package that ec2_run.sh calls to build model.tar.gz. Local
 # harnesses and test files stay out, so editing them leaves the Training stack (its asset hashes) unchanged. The
@@ -54,7 +57,7 @@ def code_asset(scope: Construct, construct_id: str, root: Path = ROOT) -> s3_ass
 def remote_function_config(
     *,
     role_arn: str,
-    s3_root_uri: str,
+    bucket_name: str,
     kms_key_id: str,
     security_group_ids: list[str],
     subnets: list[str],
@@ -63,16 +66,22 @@ def remote_function_config(
     image_uri: str,
 ) -> dict[str, Any]:
     """The SageMaker Python SDK config (``config.yaml``) that runs ``@remote`` functions in this environment."""
+    # SageMaker refuses VolumeKmsKeyId for types with NVMe instance storage (p4d, p5, g5, ...): it encrypts those
+    # with a hardware key. remote_train applies the same rule when --instance-type overrides this one.
+    volume_key = {} if has_instance_storage(instance_type) else {"VolumeKmsKeyId": kms_key_id}
     return {
         "SchemaVersion": "1.0",
         "SageMaker": {
             "PythonSDK": {
                 "Modules": {
+                    # sagemaker-core's _JobSettings evaluates Session.default_bucket() even when S3RootUri is set;
+                    # without these keys it probes and creates the unmanaged bucket sagemaker-<region>-<account>.
+                    "Session": {"DefaultS3Bucket": bucket_name, "DefaultS3ObjectKeyPrefix": REMOTE_JOBS_PREFIX},
                     "RemoteFunction": {
                         "RoleArn": role_arn,
-                        "S3RootUri": s3_root_uri,
+                        "S3RootUri": f"s3://{bucket_name}/{REMOTE_JOBS_PREFIX}",
                         "S3KmsKeyId": kms_key_id,
-                        "VolumeKmsKeyId": kms_key_id,
+                        **volume_key,
                         "VpcConfig": {"SecurityGroupIds": security_group_ids, "Subnets": subnets},
                         "Tags": [{"Key": key, "Value": value} for key, value in tags.items()],
                         "InstanceType": instance_type,
@@ -132,9 +141,10 @@ class TrainingStack(EnvironmentStack):
             self,
             "TrainingLogs",
             encryption_key=foundation.key,
-            retention=logs.RetentionDays.THREE_MONTHS,
+            retention=log_retention(settings.logs.retention_days),
             removal_policy=self.removal_policy,
         )
+        acknowledge_short_retention(self.log_group, settings.logs.retention_days, "logs.retention_days")
         # {folder on the instance: asset}; the instance unpacks each under the same path as in the repository.
         self.code = {folder: code_asset(self, construct_id) for construct_id, (folder, _) in CODE_ASSETS.items()}
         self.security_group = self._security_group()
@@ -203,8 +213,10 @@ class TrainingStack(EnvironmentStack):
             ],
             require_imdsv2=True,
             http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
-            # 2 hops: the training containers (docker bridge network) reach IMDS for the instance role's credentials.
-            http_put_response_hop_limit=2,
+            # 1 hop (Control Tower CT.EC2.PR.2): only the host reaches IMDS and the instance role. The host does every
+            # AWS call (ECR login, S3 sync and upload, and the Docker daemon's awslogs driver); the training
+            # containers need no AWS credentials, and on the bridge network they cannot get them.
+            http_put_response_hop_limit=1,
             instance_profile=self.foundation.training_instance_profile,
             detailed_monitoring=True,
             ebs_optimized=True,
@@ -379,7 +391,7 @@ class TrainingStack(EnvironmentStack):
         }
         config = remote_function_config(
             role_arn="${RoleArn}",
-            s3_root_uri="s3://${RemoteJobsBucket}/jobs",
+            bucket_name="${RemoteJobsBucket}",
             kms_key_id="${KeyArn}",
             security_group_ids=["${SecurityGroupId}"],
             subnets=[f"${{Subnet{i}}}" for i in range(len(subnets))],

@@ -109,7 +109,10 @@ def test_endpoint_config_key_only_where_the_type_allows_it(templates):
 
 def test_endpoint_keeps_the_scaled_instance_count_on_updates(templates):
     endpoint = _one(templates["dev"], "AWS::SageMaker::Endpoint")["Properties"]
-    assert "EndpointName" not in endpoint
+    assert endpoint["EndpointName"] == "dev-MultiModelEndpoint"  # fixed, for its log group; updates stay in place
+    group = _one(templates["dev"], "AWS::Logs::LogGroup")["Properties"]
+    assert group["LogGroupName"] == "/aws/sagemaker/Endpoints/dev-MultiModelEndpoint"
+    assert group["RetentionInDays"] == 30 and "KmsKeyId" in group
     assert endpoint["RetainAllVariantProperties"] is True
     excluded = {p["VariantPropertyType"] for p in endpoint["ExcludeRetainedVariantProperties"]}
     assert excluded == {"DesiredWeight", "DataCaptureConfig"}  # DesiredInstanceCount is kept

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from inference_assets.sentiment_predictor import SentimentPredictor
+from inference_assets.container.predictor import SentimentPredictor
 from training_assets.instance import train_sentiment
 from training_assets.instance.train_sentiment import TrainConfig, TrainingInputError, train
 
@@ -91,7 +91,7 @@ def test_saved_model_reloads_and_predicts_like_the_trained_one(compiled_run: Pat
     saved = compiled_run / "saved_model"
     assert (saved / "model.safetensors").is_file() and (saved / "tokenizer.json").is_file()
     assert not list(saved.glob("*.bin")), "weights must be safetensors, and no pickled training args"
-    predictor = SentimentPredictor(saved, max_batch_size=64)
+    predictor = SentimentPredictor(saved)
     rows = _rows(sample_data / "validation.jsonl")
     predictions = predictor.predict([row["text"] for row in rows])
     assert {p.label for p in predictions} <= {"negative", "neutral", "positive"}
