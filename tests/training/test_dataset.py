@@ -190,6 +190,20 @@ def test_texts_over_the_csv_field_limit_are_read_and_cut(folder: Path) -> None:
     assert "train.csv: 1 text(s) longer than 4096 characters were cut to that length" in warning
 
 
+def test_long_jsonl_texts_are_cut_the_same_way(folder: Path) -> None:
+    _jsonl(folder / "validation.jsonl", [{"text": "x" * 5000, "label": 1}, {"text": "y" * 5000, "label": 2}])
+    splits = read_splits(str(folder), None, Schema(max_text_chars=4096))
+    assert [len(text) for text in splits["validation"].texts] == [4096, 4096]
+    assert (
+        splits["validation"]
+        .warnings[0]
+        .endswith(
+            "validation.jsonl: 2 text(s) longer than 4096 characters were cut to that length (the model sees the first "
+            "max_seq_length tokens of each text in any case)"
+        )
+    )
+
+
 # ------------------------------------------------------------------------------------------------- files, folders
 
 
