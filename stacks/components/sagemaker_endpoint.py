@@ -254,6 +254,9 @@ class SageMakerEndpoint(Construct):
         )
         group.node.default_child.retention_in_days = retention_days  # any value CloudWatch Logs offers
         self.endpoint.node.add_dependency(group)
+        # Deleted only after the ENI wait: once the endpoint's interfaces are gone its instances are too, and no late
+        # log write can recreate the group (which would block the next deploy with "already exists").
+        self.eni_release_wait.resource.node.add_dependency(group)
         return group
 
     # --- model, config ------------------------------------------------------------------------------------------

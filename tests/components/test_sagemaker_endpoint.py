@@ -356,6 +356,8 @@ def test_a_named_endpoint_gets_its_log_group_first() -> None:
         "AWS::SageMaker::Endpoint",
         {"Properties": Match.object_like({"EndpointName": "dev-Sentiment"}), "DependsOn": Match.array_with([group])},
     )
+    # Deleted after the ENI wait, when no instance can write to it any more.
+    template.has_resource("Custom::EniReleaseWait", {"DependsOn": Match.array_with([group])})
 
 
 def test_an_unnamed_endpoint_has_no_log_group(single) -> None:
