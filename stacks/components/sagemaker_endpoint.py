@@ -250,7 +250,11 @@ class SageMakerEndpoint(Construct):
             "LogGroup",
             log_group_name=f"/aws/sagemaker/Endpoints/{endpoint_name}",
             encryption_key=key,
-            removal_policy=removal_policy,
+            # A fixed-name resource kept when the stack's first creation rolls back would block every retry
+            # ("already exists"): retained environments keep it on update and delete, not on a failed create.
+            removal_policy=cdk.RemovalPolicy.RETAIN_ON_UPDATE_OR_DELETE
+            if removal_policy == cdk.RemovalPolicy.RETAIN
+            else removal_policy,
         )
         group.node.default_child.retention_in_days = retention_days  # any value CloudWatch Logs offers
         self.endpoint.node.add_dependency(group)

@@ -349,7 +349,8 @@ def test_a_named_endpoint_gets_its_log_group_first() -> None:
                 "RetentionInDays": 14,
                 "KmsKeyId": {"Fn::GetAtt": [_id(template, "AWS::KMS::Key"), "Arn"]},
             },
-            "DeletionPolicy": "Retain",
+            "DeletionPolicy": "RetainExceptOnCreate",
+            "UpdateReplacePolicy": "Retain",
         },
     )
     template.has_resource(

@@ -218,8 +218,10 @@ def test_the_endpoint_log_group_exists_first_expires_and_uses_the_platform_key(
     assert group["Properties"]["LogGroupName"] == f"/aws/sagemaker/Endpoints/{env}-GravitonEndpoint"
     assert group["Properties"]["RetentionInDays"] == SETTINGS[env].graviton_endpoint.log_retention_days
     assert imports(group["Properties"]["KmsKeyId"], "PlatformKey")
-    expected = "Delete" if SETTINGS[env].destroy_on_delete else "Retain"
-    assert group["DeletionPolicy"] == group["UpdateReplacePolicy"] == expected
+    retain = not SETTINGS[env].destroy_on_delete
+    # A failed first creation must not leave the fixed-name group behind (it would block the retry).
+    assert group["DeletionPolicy"] == ("RetainExceptOnCreate" if retain else "Delete")
+    assert group["UpdateReplacePolicy"] == ("Retain" if retain else "Delete")
     assert group_id in only_resource(endpoint_template, "AWS::SageMaker::Endpoint")["DependsOn"]
 
 
