@@ -42,5 +42,12 @@ class PlatformStage(cdk.Stage):
             self.multi_model_endpoint = MultiModelEndpointStack(
                 self, "MultiModelEndpoint", settings=settings, foundation=self.foundation
             )
+        # Both endpoints' models join the workload security group: each stack's ENI wait must know the other.
+        endpoints = [getattr(self, name, None) for name in ("graviton_endpoint", "multi_model_endpoint")]
+        endpoints = [stack.sagemaker_endpoint for stack in endpoints if stack is not None]
+        for endpoint in endpoints:
+            others = [other for other in endpoints if other is not endpoint]
+            if others:
+                endpoint.shares_network_with(*others)
         for key, value in settings.resource_tags.items():
             cdk.Tags.of(self).add(key, value)

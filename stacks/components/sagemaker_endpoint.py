@@ -28,6 +28,7 @@ from aws_cdk import region_info
 from constructs import Construct
 
 from stacks.compliance import acknowledge
+from stacks.components.eni_release_wait import EniReleaseWait
 from stacks.settings import AutoscalingSettings, has_local_nvme
 
 VARIANT_NAME = "AllTraffic"
@@ -176,8 +177,20 @@ class SageMakerEndpoint(Construct):
         super().__init__(scope, construct_id)
         self.role = role
         self.instance_type = instance_type
+        self.fixed_name = endpoint_name
         self.image = image.bind(self, role)
+        # On delete, CloudFormation removes the endpoint, its config and its model (which depends on the wait)
+        # first; the wait then holds the stack until SageMaker has released the model's network interfaces.
+        self.eni_release_wait = EniReleaseWait(
+            self,
+            "EniReleaseWait",
+            security_group_ids=network.security_group_ids,
+            key=key,
+            log_retention_days=log_retention_days,
+            removal_policy=removal_policy,
+        )
         self.model = self._model(role, model_data_url, mode, environment or {}, network)
+        self.model.node.add_dependency(self.eni_release_wait.resource)
         self.endpoint_config = self._endpoint_config(instance_type, initial_instance_count, key, data_capture)
         self.endpoint = sagemaker.CfnEndpoint(
             self,
@@ -237,10 +250,17 @@ class SageMakerEndpoint(Construct):
             "LogGroup",
             log_group_name=f"/aws/sagemaker/Endpoints/{endpoint_name}",
             encryption_key=key,
-            removal_policy=removal_policy,
+            # A fixed-name resource kept when the stack's first creation rolls back would block every retry
+            # ("already exists"): retained environments keep it on update and delete, not on a failed create.
+            removal_policy=cdk.RemovalPolicy.RETAIN_ON_UPDATE_OR_DELETE
+            if removal_policy == cdk.RemovalPolicy.RETAIN
+            else removal_policy,
         )
         group.node.default_child.retention_in_days = retention_days  # any value CloudWatch Logs offers
         self.endpoint.node.add_dependency(group)
+        # Deleted only after the ENI wait: once the endpoint's interfaces are gone its instances are too, and no late
+        # log write can recreate the group (which would block the next deploy with "already exists").
+        self.eni_release_wait.resource.node.add_dependency(group)
         return group
 
     # --- model, config ------------------------------------------------------------------------------------------
@@ -419,6 +439,14 @@ class SageMakerEndpoint(Construct):
             created.append(alarm)
         self.alarms.extend(created)
         return created
+
+    def shares_network_with(self, *others: SageMakerEndpoint) -> None:
+        """Other endpoints whose models join the same security group: this endpoint's ENI wait does not wait while
+        one of them lives (their interfaces stay); theirs covers the group. Needs their fixed names."""
+        names = [other.fixed_name for other in others]
+        if None in names:
+            raise ValueError("endpoints that share a network need fixed names (endpoint_name)")
+        self.eni_release_wait.also_used_by(*names)
 
     # --- access -------------------------------------------------------------------------------------------------
 

@@ -75,7 +75,7 @@ def _id(template: Template, resource_type: str) -> str:
 
 
 def test_model_runs_the_image_in_the_vpc_after_its_role_and_its_image_pull(single) -> None:
-    _, _, template = single
+    stack, endpoint, template = single
     template.has_resource(
         "AWS::SageMaker::Model",
         {
@@ -91,7 +91,7 @@ def test_model_runs_the_image_in_the_vpc_after_its_role_and_its_image_pull(singl
                 "EnableNetworkIsolation": True,
                 "VpcConfig": {"SecurityGroupIds": ["sg-0123456789abcdef0"], "Subnets": ["subnet-0123456789abcdef0"]},
             },
-            "DependsOn": Match.array_with([_id(template, "AWS::IAM::ManagedPolicy")]),
+            "DependsOn": Match.array_with([stack.get_logical_id(endpoint.image.pull_policy.node.default_child)]),
         },
     )
     model = next(iter(template.find_resources("AWS::SageMaker::Model").values()))
@@ -349,19 +349,23 @@ def test_a_named_endpoint_gets_its_log_group_first() -> None:
                 "RetentionInDays": 14,
                 "KmsKeyId": {"Fn::GetAtt": [_id(template, "AWS::KMS::Key"), "Arn"]},
             },
-            "DeletionPolicy": "Retain",
+            "DeletionPolicy": "RetainExceptOnCreate",
+            "UpdateReplacePolicy": "Retain",
         },
     )
     template.has_resource(
         "AWS::SageMaker::Endpoint",
         {"Properties": Match.object_like({"EndpointName": "dev-Sentiment"}), "DependsOn": Match.array_with([group])},
     )
+    # Deleted after the ENI wait, when no instance can write to it any more.
+    template.has_resource("Custom::EniReleaseWait", {"DependsOn": Match.array_with([group])})
 
 
 def test_an_unnamed_endpoint_has_no_log_group(single) -> None:
     _, endpoint, template = single
     assert endpoint.log_group is None
-    template.resource_count_is("AWS::Logs::LogGroup", 0)
+    names = [g["Properties"].get("LogGroupName") for g in template.find_resources("AWS::Logs::LogGroup").values()]
+    assert names == [None], "only the ENI wait's own (generated) log group"
 
 
 @pytest.mark.parametrize(

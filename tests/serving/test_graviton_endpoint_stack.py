@@ -163,7 +163,9 @@ def test_scalable_target_names_the_variant_of_this_endpoint_and_comes_after_it(
     }
     assert (target["MinCapacity"], target["MaxCapacity"]) == (scaling.min_capacity, scaling.max_capacity)
     assert "RoleARN" not in target, "Application Auto Scaling uses its service-linked role"
-    assert not resources(endpoint_template, "AWS::IAM::Role")
+    roles = resources(endpoint_template, "AWS::IAM::Role").values()
+    principals = [s["Principal"] for r in roles for s in r["Properties"]["AssumeRolePolicyDocument"]["Statement"]]
+    assert principals == [{"Service": "lambda.amazonaws.com"}], "only the ENI wait's role; no autoscaling role"
 
 
 def test_target_tracking_on_invocations_per_instance(endpoint_template: dict, env: str) -> None:
@@ -207,13 +209,19 @@ def test_alarms_watch_5xx_latency_and_cpu_of_this_variant_and_notify_the_encrypt
 def test_the_endpoint_log_group_exists_first_expires_and_uses_the_platform_key(
     endpoint_template: dict, env: str
 ) -> None:
-    (group_id,) = resources(endpoint_template, "AWS::Logs::LogGroup")
+    (group_id,) = [
+        lid
+        for lid, r in resources(endpoint_template, "AWS::Logs::LogGroup").items()
+        if "LogGroupName" in r["Properties"]
+    ]
     group = endpoint_template["Resources"][group_id]
     assert group["Properties"]["LogGroupName"] == f"/aws/sagemaker/Endpoints/{env}-GravitonEndpoint"
     assert group["Properties"]["RetentionInDays"] == SETTINGS[env].graviton_endpoint.log_retention_days
     assert imports(group["Properties"]["KmsKeyId"], "PlatformKey")
-    expected = "Delete" if SETTINGS[env].destroy_on_delete else "Retain"
-    assert group["DeletionPolicy"] == group["UpdateReplacePolicy"] == expected
+    retain = not SETTINGS[env].destroy_on_delete
+    # A failed first creation must not leave the fixed-name group behind (it would block the retry).
+    assert group["DeletionPolicy"] == ("RetainExceptOnCreate" if retain else "Delete")
+    assert group["UpdateReplacePolicy"] == ("Retain" if retain else "Delete")
     assert group_id in only_resource(endpoint_template, "AWS::SageMaker::Endpoint")["DependsOn"]
 
 
@@ -248,13 +256,14 @@ def test_the_execution_role_may_read_the_archive_and_pull_the_image(env_template
     assert any(s.get("Action") == "ecr:GetAuthorizationToken" for s in statements)
     # The image grants its own pull, in the endpoint stack, on exactly its repository.
     endpoint = env_templates["GravitonEndpoint"]
-    (pull,) = resources(endpoint, "AWS::IAM::ManagedPolicy").values()
+    (pull_id, pull) = next(
+        (k, v) for k, v in resources(endpoint, "AWS::IAM::ManagedPolicy").items() if "ImagePull" in k
+    )
     assert imports(pull["Properties"]["Roles"][0], "EndpointExecutionRole")
     (statement,) = pull["Properties"]["PolicyDocument"]["Statement"]
     assert statement["Resource"] == (
         f"arn:aws:ecr:us-west-2:763104351884:repository/{settings.graviton_endpoint.image_repository}"
     )
-    (pull_id,) = resources(endpoint, "AWS::IAM::ManagedPolicy")
     assert pull_id in only_resource(endpoint, "AWS::SageMaker::Model")["DependsOn"]
 
 
