@@ -148,9 +148,10 @@ class TrainingStack(EnvironmentStack):
     # --- launch template inputs ---------------------------------------------------------------------------------
 
     def _training_subnet(self) -> ec2.ISubnet:
-        """The private subnet the runs start in (multi-node runs share it: one AZ for the cluster placement group)."""
+        """The private subnet the runs start in (training.subnet_index: a zone that offers the instance type);
+        multi-node runs share it, as a cluster placement group needs one zone. Settings checked that it exists."""
         subnets = self.foundation.private_subnets.subnets or []
-        return subnets[0]
+        return subnets[self.settings.training.subnet_index]
 
     def _training_run(self) -> TrainingRun:
         """What the instance runs: fetch the code, run ec2_run.sh with this environment's settings."""
@@ -271,11 +272,29 @@ class TrainingStack(EnvironmentStack):
             value=self.training_template.launch_template_id,
             description="Launch template of GPU training runs",
         )
+        subnet = self.training_template.subnet
+        cdk.CfnOutput(
+            self,
+            "TrainingSubnet",
+            value=f"{subnet.subnet_id} ({subnet.availability_zone})",
+            description=f"Where runs start (training.subnet_index {training.subnet_index}); check that the zone "
+            f"offers {training.instance_type} with CheckTrainingCapacityCommand",
+        )
+        cdk.CfnOutput(
+            self,
+            "CheckTrainingCapacityCommand",
+            value=f"aws ec2 describe-instance-type-offerings --region {self.region} --location-type availability-zone "
+            f"--filters Name=instance-type,Values={training.instance_type} "
+            f"Name=location,Values={subnet.availability_zone} --query 'InstanceTypeOfferings[].Location' --output text",
+            description=f"Prints the training subnet's zone if it offers {training.instance_type}, nothing if not "
+            "(then pick another training.subnet_index)",
+        )
         cdk.CfnOutput(
             self,
             "RunSingleNodeTrainingCommand",
             value=self.training_template.run_command(1),
-            description=f"Starts one {training.instance_type} training run; it uploads model.tar.gz and "
+            description=f"Starts one {training.instance_type} training run in the training subnet (TrainingSubnet); "
+            "it uploads model.tar.gz and "
             f"metrics.json to the artifacts bucket under {TRAINING_OUTPUT_PREFIX}<reservation id>/ and "
             "powers off",
         )
