@@ -184,6 +184,11 @@ class TrainingSettings(_Settings):
     # Hard stop of an EC2 training run: the instance powers off (and terminates) after this many hours at most.
     max_run_hours: Annotated[int, Field(ge=1, le=168)] = 24
     hyperparameters: HyperParameters = HyperParameters()
+    # The private subnet EC2 runs start in, by position in the Foundation's PrivateSubnetIds output (0 = first): pick
+    # the one in a zone that offers instance_type (p4d is offered only in some zones). A position, not a zone id:
+    # the VPC places its subnets by zone name at deploy and names map to zone ids differently per account, so only
+    # a position can be checked at synth (README: GPU capacity).
+    subnet_index: Annotated[int, Field(ge=0, le=15)] = 0
     remote_instance_type: str = "ml.p4d.24xlarge"
     remote_image_tag: str = "2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker"
 
@@ -411,6 +416,31 @@ class EnvironmentSettings(_Settings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _training_fits_the_network(self) -> EnvironmentSettings:
+        vpc, training = self.vpc, self.training
+        subnets, source = (
+            (len(vpc.private_subnet_ids), "vpc.private_subnet_ids") if vpc.imported else (vpc.max_azs, "vpc.max_azs")
+        )
+        if training.subnet_index >= subnets:
+            raise ValueError(
+                f"training.subnet_index: must be below {subnets}, the number of private subnets ({source})"
+            )
+        if not vpc.imported and vpc.nat_gateways == 0:
+            # Isolated subnets reach AWS services through the VPC endpoints only: no hub, no PyPI.
+            isolated = "vpc.nat_gateways: 0 leaves the private subnets without internet access, but EC2 training"
+            from_hub = [name for name in ("base_model", "dataset") if not getattr(training, name).startswith("s3://")]
+            if from_hub:
+                sources = " and ".join(f"training.{name}" for name in from_hub)
+                raise ValueError(
+                    f"{isolated} downloads {sources} from the Hugging Face hub; use s3:// folders or a NAT gateway"
+                )
+            raise ValueError(
+                f"{isolated} builds its image on the instance with pip from PyPI "
+                "(training_assets/instance/Dockerfile); use at least 1 NAT gateway"
+            )
+        return self
+
     @property
     def destroy_on_delete(self) -> bool:
         return self.removal_policy == "destroy"
@@ -467,6 +497,9 @@ def _describe(error: Any, root: str, model: type[BaseModel] = EnvironmentSetting
             )
         return f"{key}: unknown setting; allowed keys are {', '.join(sorted(model.model_fields))}."
     message = error["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
+    # A rule across settings names its key itself ("training.subnet_index: must be ...").
+    if cross_setting := re.match(r"^([a-z_]+(?:\.[a-z_]+)+): (.*)$", message, re.DOTALL):
+        key, message = f"{key}.{cross_setting[1]}", cross_setting[2]
     if error["type"] == "missing":
         message = "is required"
     return f"{key}: {message[0].lower()}{message[1:].rstrip('.')}."

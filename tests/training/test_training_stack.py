@@ -281,3 +281,36 @@ def test_config_can_be_fetched_in_one_command(training_templates, environment) -
     output = training_templates[environment]["Outputs"]["FetchRemoteFunctionConfigCommand"]["Value"]["Fn::Join"][1]
     assert output[0] == "aws ssm get-parameter --region us-west-2 --name "
     assert output[2] == " --query Parameter.Value --output text > config.yaml"
+
+
+# ------------------------------------------------------------------------------------------------- GPU capacity
+
+
+def test_runs_start_in_the_configured_subnet_and_the_outputs_say_where(training_templates) -> None:
+    import aws_cdk as cdk
+
+    from stacks.foundation import FoundationStack
+    from stacks.settings import parse_environment
+    from stacks.training import TrainingStack
+    from tests.conftest import cdk_context
+
+    raw = cdk_context()["environments"]["dev"]
+    settings = parse_environment("dev", {**raw, "training": {**raw["training"], "subnet_index": 1}})
+    stage = cdk.Stage(cdk.App(context=cdk_context()), "dev", env=cdk.Environment(region="us-west-2"))
+    foundation = FoundationStack(stage, "Foundation", settings=settings)
+    template = Template.from_stack(TrainingStack(stage, "Training", settings=settings, foundation=foundation)).to_json()
+
+    for chosen, index, subnet in ((template, 1, "PrivateSubnet2"), (training_templates["dev"], 0, "PrivateSubnet1")):
+        (interface,) = _launch_data(chosen)["NetworkInterfaces"]
+        assert subnet in interface["SubnetId"]["Fn::ImportValue"]
+        (launcher,) = _resources(chosen, "AWS::IAM::ManagedPolicy").values()
+        subnets = set(re.findall(r"ExportsOutputRefVpc\w+Subnet\w+", json.dumps(launcher["Properties"])))
+        assert {f"dev-Foundation:{name}" for name in subnets} == {interface["SubnetId"]["Fn::ImportValue"]}, (
+            "the launch grant names the same subnet only"
+        )
+        zone = {"Fn::Select": [index, {"Fn::GetAZs": ""}]}
+        outputs = chosen["Outputs"]
+        assert outputs["TrainingSubnet"]["Value"]["Fn::Join"][1] == [interface["SubnetId"], " (", zone, ")"]
+        check = outputs["CheckTrainingCapacityCommand"]["Value"]["Fn::Join"][1]
+        assert check[0].startswith("aws ec2 describe-instance-type-offerings --region us-west-2 ")
+        assert "Name=instance-type,Values=p4d.24xlarge Name=location,Values=" in check[0] and check[1] == zone
