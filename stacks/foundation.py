@@ -22,6 +22,8 @@ from stacks.environment_stack import EnvironmentStack
 from stacks.settings import ENDPOINT_MODELS_PREFIX, EnvironmentSettings
 
 TRAINING_OUTPUT_PREFIX = "training-output/"
+# The construct id suffix CDK gives its singleton LogRetention function (aws-logs/lib/log-retention.ts).
+_LOG_RETENTION_ID = "aae0aa3c5b4d4f87b02d85b201efdd8a"
 DATA_CAPTURE_PREFIX = "data-capture/"
 # The one log group SageMaker writes every training job's streams to (<job name>/algo-<n>-<timestamp>).
 TRAINING_JOB_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
@@ -92,6 +94,8 @@ class FoundationStack(EnvironmentStack):
         self.training_instance_role, self.training_instance_profile = self._training_instance_role()
         self.remote_job_role = self._remote_job_role()
         self.remote_job_launcher_policy = self._remote_job_launcher_policy()
+        if settings.logs.manage_training_job_log_group:
+            self._training_job_log_retention()
         self._outputs()
 
     @property
@@ -588,6 +592,66 @@ class FoundationStack(EnvironmentStack):
                 self._use_key("kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey"),
             ],
         )
+
+    def _training_job_log_retention(self) -> None:
+        """Retention for /aws/sagemaker/TrainingJobs, where SageMaker writes every training job's logs (@remote jobs
+        included); it never expires on its own.
+
+        The group belongs to the account, not to this environment: SageMaker creates it with the first training job
+        of the account and region and writes every job into it (the name cannot be chosen), so a stack must not own
+        it. As an AWS::Logs::LogGroup, CloudFormation would fail to create it wherever a job ran before, and deleting
+        the stack would delete every team's training logs. CDK's LogRetention custom resource instead creates the
+        group if it is missing and sets its retention; the group stays when the stack goes. No platform key: one
+        environment's key (dev's is deleted with dev) would decide whether every job in the account can log.
+        """
+        group = "/aws/sagemaker/TrainingJobs"
+        role = iam.Role(
+            self,
+            "TrainingJobLogRetentionRole",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"Sets the retention of {group}",
+        )
+        handler_logs = self._arn("logs", f"log-group:/aws/lambda/{self.stack_name}-LogRetention*")
+        policy = self._policy(
+            "TrainingJobLogRetentionPolicy",
+            f"Sets the retention of {group} only",
+            [
+                (
+                    iam.PolicyStatement(
+                        sid="SetTheRetentionOfTheTrainingJobLogGroup",
+                        actions=["logs:CreateLogGroup", "logs:PutRetentionPolicy", "logs:DeleteRetentionPolicy"],
+                        resources=[self._arn("logs", f"log-group:{group}")],
+                    ),
+                    None,
+                ),
+                (
+                    iam.PolicyStatement(
+                        sid="WriteOwnLogs",
+                        actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
+                        resources=[handler_logs, f"{handler_logs}:log-stream:*"],
+                    ),
+                    "The handler's own log group is named after the function name CloudFormation generates.",
+                ),
+            ],
+            roles=[role],
+        )
+        retention = logs.LogRetention(
+            self,
+            "TrainingJobLogRetention",
+            log_group_name=group,
+            retention=log_retention(self.settings.logs.retention_days),
+            removal_policy=cdk.RemovalPolicy.RETAIN,
+            # Immutable: CDK would otherwise add logs:PutRetentionPolicy on * to the role.
+            role=role.without_policy_updates(),
+        )
+        handler = self.node.find_child(f"LogRetention{_LOG_RETENTION_ID}")
+        acknowledge_control(
+            handler,
+            "CDK's singleton LogRetention handler has no VPC option; it runs once per deployment and calls only "
+            "CloudWatch Logs.",
+            "lambda_inside_vpc_check",
+        )
+        retention.node.add_dependency(policy)  # the handler runs with these permissions
 
     def _arn(self, service: str, resource: str) -> str:
         return f"arn:{self.partition}:{service}:{self.region}:{self.account}:{resource}"

@@ -370,6 +370,9 @@ class LogSettings(_Settings):
     # CloudWatch's retention values; Control Tower (CT.CLOUDWATCH.PR.2) wants 365 or more, shorter ones are
     # acknowledged per log group with this setting's name.
     retention_days: Literal[7, 14, 30, 60, 90, 180, 365, 400, 545, 731, 1096, 1827, 3653] = 365
+    # Set retention_days on /aws/sagemaker/TrainingJobs, the ONE log group SageMaker writes every training job of the
+    # account and region into (its name cannot be chosen). Only one environment per account and region may do it.
+    manage_training_job_log_group: bool = False
 
 
 class TagSettings(_Settings):
@@ -535,7 +538,26 @@ def load_environments(environments: Any, selection: str | None) -> list[Environm
     parsed = {
         name: parse_environment(name, environments[name]) for name in sorted(environments, key=ENVIRONMENT_NAMES.index)
     }
+    _one_training_job_log_group_owner(list(parsed.values()))
     return [settings for name, settings in parsed.items() if name in names]
+
+
+def _one_training_job_log_group_owner(environments: list[EnvironmentSettings]) -> None:
+    """/aws/sagemaker/TrainingJobs is one log group per account and region: two environments setting its retention
+    would overwrite each other on every deploy. Environments without an account deploy wherever the CLI points, so
+    they count as one account."""
+    owners: dict[tuple[str | None, str], str] = {}
+    for environment in sorted(environments, key=lambda e: ENVIRONMENT_NAMES.index(e.name)):
+        if not environment.logs.manage_training_job_log_group:
+            continue
+        where = (environment.account, environment.region)
+        if where in owners:
+            raise SettingsError(
+                f"environments.{environment.name}.logs.manage_training_job_log_group: only one environment per "
+                f"account and region may manage /aws/sagemaker/TrainingJobs, and {owners[where]} already does "
+                "(give the environments different accounts, or set it in one of them)."
+            )
+        owners[where] = environment.name
 
 
 def load_pipeline(raw: Any) -> PipelineSettings | None:

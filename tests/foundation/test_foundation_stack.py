@@ -208,3 +208,28 @@ def test_data_buckets_send_object_events_to_eventbridge(foundation: dict) -> Non
             assert notifications is None, name
         else:
             assert notifications == {"EventBridgeConfiguration": {"EventBridgeEnabled": True}}, name
+
+
+def test_training_job_log_group_gets_retention_from_one_environment_and_is_never_owned(
+    foundation: dict, env: str
+) -> None:
+    """/aws/sagemaker/TrainingJobs is the account's: no stack creates it as a resource; prod's settings set its
+    retention through CDK's LogRetention (which keeps the group when the stack goes)."""
+    assert not [
+        r
+        for r in resources(foundation, "AWS::Logs::LogGroup").values()
+        if r["Properties"].get("LogGroupName") == "/aws/sagemaker/TrainingJobs"
+    ]
+    retention = list(resources(foundation, "Custom::LogRetention").values())
+    if env != "prod":
+        assert retention == []
+        return
+    (custom,) = retention
+    assert custom["Properties"]["LogGroupName"] == "/aws/sagemaker/TrainingJobs"
+    assert custom["Properties"]["RetentionInDays"] == 365 and custom["Properties"]["RemovalPolicy"] == "retain"
+    (policy_id,) = [name for name in resources(foundation, "AWS::IAM::ManagedPolicy") if "LogRetention" in name]
+    assert policy_id in custom["DependsOn"]
+    statements = _statements_by_sid(foundation, "TrainingJobLogRetentionPolicy")
+    scoped = statements["SetTheRetentionOfTheTrainingJobLogGroup"]["Resource"]["Fn::Join"][1]
+    assert scoped[-1] == ":log-group:/aws/sagemaker/TrainingJobs"
+    assert all("*" not in str(s["Resource"]) or s["Sid"] == "WriteOwnLogs" for s in statements.values())

@@ -241,3 +241,18 @@ def test_complete_vpc_import_is_accepted() -> None:
 def test_local_nvme_types_are_recognised(instance_type: str, nvme: bool) -> None:
     settings = parse_environment("dev", dev_with(multi_model_endpoint__instance_type=instance_type))
     assert settings.multi_model_endpoint.has_local_nvme is nvme
+
+
+def test_only_one_environment_per_account_manages_the_training_job_log_group() -> None:
+    environments = copy.deepcopy(ENVIRONMENTS)
+    environments["staging"].setdefault("logs", {})["manage_training_job_log_group"] = True
+    assert environments["prod"]["logs"]["manage_training_job_log_group"] is True
+    with pytest.raises(
+        SettingsError,
+        match=r"^environments\.prod\.logs\.manage_training_job_log_group: only one environment per account and "
+        r"region may manage /aws/sagemaker/TrainingJobs, and staging already does",
+    ):
+        load_environments(environments, "dev")  # every environment counts, whichever are synthesized
+    environments["staging"]["account"] = "222222222222"
+    environments["prod"]["account"] = "333333333333"
+    assert [e.name for e in load_environments(environments, None)] == ["dev", "staging", "prod"]
