@@ -134,7 +134,7 @@ def test_volume_key_and_torchrun_follow_the_instance_type_used(
 
 def test_an_unknown_instance_type_is_a_setup_error(offline_sdk: Path) -> None:
     config = remote_train.load_remote_config(offline_sdk)
-    with pytest.raises(RemoteSetupError, match="is not a SageMaker instance type such as ml.g5.2xlarge"):
+    with pytest.raises(RemoteSetupError, match=r"is not a SageMaker instance type such as ml\.g5\.2xlarge"):
         remote_train.config_for_instance_type(config, "p4d.24xlarge")
 
 
