@@ -129,8 +129,9 @@ def only_training_code(path: str, names: list[str]) -> list[str]:
     return [name for name in names if name in ("__pycache__", "sample_data") or not keep(name)]
 
 
-def load_remote_config(config_path: Path) -> dict[str, Any]:
-    """Read ``config_path`` (the whole SDK config), checked against this machine."""
+def load_remote_config(config_path: Path, image_uri: str | None = None) -> dict[str, Any]:
+    """Read ``config_path`` (the whole SDK config), with ``image_uri`` replacing its ImageUri when given, checked
+    against this machine (the image that will run is the one whose Python version must match)."""
     if not config_path.is_file():
         raise RemoteSetupError(f"{config_path} does not exist: fetch it with the FetchRemoteFunctionConfigCommand "
                                "output of the training stack")  # fmt: skip
@@ -139,6 +140,8 @@ def load_remote_config(config_path: Path) -> dict[str, Any]:
         settings = _remote_section(config)
     except (yaml.YAMLError, KeyError, TypeError):
         raise RemoteSetupError(f"{config_path} is not a SageMaker SDK config with a RemoteFunction section") from None
+    if image_uri:
+        settings["ImageUri"] = image_uri
     if Path.cwd().resolve() != ROOT:
         raise RemoteSetupError(f"run from the repository root ({ROOT}): the job imports training_assets/ from there")
     image_python = re.search(r"-py(\d)(\d+)-", settings.get("ImageUri", ""))
@@ -207,8 +210,6 @@ def job_options(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, A
         "max_runtime_in_seconds": args.max_runtime_hours * 3600,
         "volume_size": args.volume_gib,
     }
-    if args.image_uri:
-        options["image_uri"] = args.image_uri
     return options
 
 
@@ -274,7 +275,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, TrainConfi
 def main(argv: list[str] | None = None) -> int:
     try:
         args, config = parse(argv)
-        sdk_config = load_remote_config(args.config)
+        sdk_config = load_remote_config(args.config, args.image_uri)
         if args.command == "train":
             metrics = remote_training_job(args, sdk_config)(asdict(config))
             print(json.dumps({"epochs": metrics["epochs"], "throughput": metrics["throughput"]}, indent=2))

@@ -4,7 +4,9 @@ function and the sweep's executor are built from the environment's config.yaml (
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -134,7 +136,7 @@ def test_volume_key_and_torchrun_follow_the_instance_type_used(
 
 def test_an_unknown_instance_type_is_a_setup_error(offline_sdk: Path) -> None:
     config = remote_train.load_remote_config(offline_sdk)
-    with pytest.raises(RemoteSetupError, match="is not a SageMaker instance type such as ml.g5.2xlarge"):
+    with pytest.raises(RemoteSetupError, match=r"is not a SageMaker instance type such as ml\.g5\.2xlarge"):
         remote_train.config_for_instance_type(config, "p4d.24xlarge")
 
 
@@ -176,3 +178,54 @@ def test_job_body_trains_and_leaves_the_model_for_sagemaker(tiny_model_dir: Path
     assert metrics["epochs"][0]["epoch"] == 1.0
     assert (tmp_path / "model" / "model.safetensors").is_file()
     assert json.loads((tmp_path / "model" / "metrics.json").read_text())["throughput"]["measured_steps"] == 14
+
+
+def test_image_uri_override_is_the_image_whose_python_is_checked(offline_sdk: Path) -> None:
+    """The version-check message says to pass --image-uri: that must then satisfy the check."""
+    other = _write_config(offline_sdk.with_name("other.yaml"), python="py27")
+    image = (
+        f"763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.10.0-gpu-{PYTHON}-cu130-ubuntu22.04-sagemaker"
+    )
+    config = remote_train.load_remote_config(other, image_uri=image)
+    assert config["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]["ImageUri"] == image
+
+
+def test_inputs_are_downloaded_once_per_instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun every process of an instance asks for the dataset; the first downloads, the others reuse it."""
+    downloads: list[str] = []
+    monkeypatch.setattr(remote_train, "_download_folder", lambda uri, target: downloads.append(uri))
+    for _ in range(3):
+        assert remote_train._download("s3://datasets/tweets/", tmp_path / "dataset") == tmp_path / "dataset"
+    assert downloads == ["s3://datasets/tweets/"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset", "dataset.done", "dataset.lock"]
+
+
+@pytest.mark.slow
+def test_job_body_under_torchrun_trains_one_ddp_run_and_every_rank_returns_rank_zeros_metrics(
+    tiny_model_dir: Path, sample_data: Path, tmp_path: Path
+) -> None:
+    """What the SDK's job driver does on a multi-GPU instance, on CPU: torchrun starts 2 processes that each call
+    run_training_job (gloo instead of NCCL); train() joins them in one DDP run."""
+    config = {"model": str(tiny_model_dir), "dataset": str(sample_data), "epochs": 1, "per_device_batch_size": 8,
+              "learning_rate": 5e-3, "max_seq_length": 32, "use_cpu": True}  # fmt: skip
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "from training_assets.remote_train import run_training_job\n"
+        f"metrics = run_training_job({config!r})\n"
+        f"out = os.path.join({str(tmp_path)!r}, 'rank' + os.environ['RANK'] + '.json')\n"
+        "open(out, 'w').write(json.dumps(metrics))\n"
+    )
+    environment = {
+        **os.environ,
+        "SM_MODEL_DIR": str(tmp_path / "model"),
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+    }
+    subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", "2", "--master_port", "29517",
+                    str(script)], cwd=ROOT, env=environment, check=True, timeout=900)  # fmt: skip
+    rank0, rank1 = (json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1))
+    assert rank0 == rank1  # each rank uploads its return value to the same results key
+    assert rank0["device"]["world_size"] == 2
+    assert (tmp_path / "model" / "model.safetensors").is_file()
+    assert json.loads((tmp_path / "model" / "metrics.json").read_text())["device"]["world_size"] == 2
