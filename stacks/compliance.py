@@ -191,7 +191,7 @@ class _ReasonedWildcards:
 
     def visit(self, node: IConstruct) -> None:
         documents = _policy_documents(node)
-        if documents is None:
+        if not documents:  # not a policy, or a role whose grants live in its separate (default) policy
             return
         stack = cdk.Stack.of(node)
         granted = [grant for document in documents for grant in _grants(stack.resolve(document))]
