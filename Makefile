@@ -74,9 +74,14 @@ DEMO_DIR ?= build/demo
 DEMO_TEXT ?= Covid cases are increasing fast!
 demo: $(VENV)/.installed
 	rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR)
-	$(BIN)/python training_assets/tiny_model.py --output $(DEMO_DIR)/tiny-model
-	$(BIN)/python training_assets/train_sentiment.py --model $(DEMO_DIR)/tiny-model --dataset training_assets/sample_data \
+	$(BIN)/python -m training_assets.tiny_model --output $(DEMO_DIR)/tiny-model
+	$(BIN)/python -m training_assets.instance.train_sentiment --model $(DEMO_DIR)/tiny-model --dataset training_assets/sample_data \
 		--output-dir $(DEMO_DIR)/training --epochs 3 --per-device-batch-size 8 --learning-rate 5e-3 --use-cpu
-	$(BIN)/python inference_assets/package_model.py --model-dir $(DEMO_DIR)/training/saved_model \
+	$(BIN)/python -m inference_assets.tools.package_model --model-dir $(DEMO_DIR)/training/saved_model \
 		--output $(DEMO_DIR)/model.tar.gz
-	$(BIN)/python inference_assets/local_server.py --model $(DEMO_DIR)/model.tar.gz --text "$(DEMO_TEXT)"
+	$(BIN)/python -m inference_assets.local.local_server --model $(DEMO_DIR)/model.tar.gz --text "$(DEMO_TEXT)"
+
+## Before deploying an endpoint: stop with one sentence if the model archive it names is not in S3 (ENV=dev|staging|prod).
+.PHONY: check-model
+check-model: $(VENV)/.installed
+	$(BIN)/python -m inference_assets.tools.model_check --env $(or $(ENV),dev)

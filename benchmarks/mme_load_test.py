@@ -34,13 +34,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import mme_locustfile  # noqa: E402  (needs the path above)
 
-from inference_assets.local_mme import (  # noqa: E402
+from inference_assets.local.local_mme import (  # noqa: E402
     LocalModelServer,
     LocalMultiModelEndpoint,
     ModelNotFound,
     ModelServerError,
 )
-from inference_assets.publish_models import build_archive, copy_names  # noqa: E402
+from inference_assets.tools.publish_models import build_archive, copy_names  # noqa: E402
 
 PROBE_WARM_REQUESTS = 20
 STOP_TIMEOUT_S = 300

@@ -1,4 +1,4 @@
-"""Post-synth gates over a cloud assembly: cdk-nag report, cfn-lint, checkov; then a one-screen summary per stack.
+"""Post-synth gates over a cloud assembly: cdk-nag + Control Tower report, cfn-lint, checkov; a summary per stack.
 
     python -m scripts.template_gates cdk.out
 
@@ -87,6 +87,24 @@ def nag_violations(assembly: Path) -> list[str]:
     ]
 
 
+CONTROL_TOWER = "cdk-validator-cfnguard::"
+
+
+def control_tower_acknowledgements(paths: list[Path]) -> list[str]:
+    """Every acknowledged Control Tower proactive control, as '<stage>/<stack> <resource>: <rule>: <reason>'; read
+    from the template metadata the compliance gates write (synth already failed on any unacknowledged one)."""
+    lines = []
+    for path in paths:
+        stage = path.parent.name.removeprefix("assembly-") if path.parent.name.startswith("assembly-") else "-"
+        for logical_id, resource in json.loads(path.read_text()).get("Resources", {}).items():
+            for rule in resource.get("Metadata", {}).get("cdk_nag", {}).get("rules_to_suppress", []):
+                if rule["id"].startswith(CONTROL_TOWER):
+                    name = rule["id"].removeprefix(CONTROL_TOWER)
+                    where = f"{stage}/{path.name.removesuffix('.template.json')} {logical_id}"
+                    lines.append(f"{where}: {name}: {rule['reason']}")
+    return lines
+
+
 def cfn_lint(paths: list[Path]) -> subprocess.CompletedProcess:
     executable = shutil.which("cfn-lint", path=str(Path(sys.executable).parent)) or "cfn-lint"
     return subprocess.run([executable, *map(str, paths)], capture_output=True, text=True)
@@ -137,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         print("cdk-nag: unacknowledged findings:\n  " + "\n  ".join(violations))
     else:
         print(f"cdk-nag (AwsSolutions, NIST 800-53 R5): no unacknowledged findings in {len(paths)} templates")
+        acknowledged = control_tower_acknowledgements(paths)
+        print(
+            "Control Tower proactive controls (cdk-validator-cfnguard): no unacknowledged findings; "
+            f"{len(acknowledged)} acknowledged:" + "".join(f"\n  {line}" for line in acknowledged)
+        )
     # cfn-lint and checkov are independent processes of ~10-20 s each: run them side by side.
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         linting = pool.submit(cfn_lint, paths)

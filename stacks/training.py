@@ -19,23 +19,41 @@ from aws_cdk import aws_ssm as ssm
 from aws_cdk import region_info
 from constructs import Construct
 
-from stacks.compliance import acknowledge, acknowledge_wildcards
+from stacks.compliance import acknowledge, acknowledge_short_retention, acknowledge_wildcards, log_retention
 from stacks.components.training_launch_template import KEEP_LOGICAL_IDS, TrainingLaunchTemplate, TrainingRun
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import TRAINING_OUTPUT_PREFIX, FoundationStack
 from stacks.settings import EnvironmentSettings, HyperParameters
+from training_assets.instance_types import has_instance_storage
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where the data scientist's copy of the SDK config points for the job's dependencies (relative to the repo root).
 REMOTE_DEPENDENCIES = "training_assets/requirements-remote.txt"
 # Names the SDK must not upload when IncludeLocalWorkDir packs the working directory.
 REMOTE_IGNORED_NAMES = [".venv*", "node_modules", "cdk.out", ".git", "__pycache__", "tests", "benchmarks", "*.tar.gz"]
+# Key prefix of @remote jobs (S3RootUri) and of the SDK session's default bucket in the RemoteJobs bucket.
+REMOTE_JOBS_PREFIX = "jobs"
+# The code the training instances fetch (construct id -> folder under the repository root, folder-specific exclude
+# patterns): what the instance runs, and the inference package that ec2_run.sh calls to build model.tar.gz. Local
+# harnesses and test files stay out, so editing them leaves the Training stack (its asset hashes) unchanged. The
+# patterns are CDK glob patterns matched against each path and its base name (a folder name drops the folder).
+CODE_ASSETS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "TrainingAssetsCode": ("training_assets/instance", ()),
+    "InferenceAssetsCode": ("inference_assets", ("local", "tests", "test_*.py", "conftest.py", "fake_*.py")),
+}
+CODE_ASSET_EXCLUDE = ("__pycache__", "*.pyc", ".pytest_cache", ".ruff_cache", "*.egg-info")
+
+
+def code_asset(scope: Construct, construct_id: str, root: Path = ROOT) -> s3_assets.Asset:
+    """One of ``CODE_ASSETS`` as an S3 asset (``root``: the repository, or a copy of it in tests)."""
+    folder, exclude = CODE_ASSETS[construct_id]
+    return s3_assets.Asset(scope, construct_id, path=str(root / folder), exclude=[*CODE_ASSET_EXCLUDE, *exclude])
 
 
 def remote_function_config(
     *,
     role_arn: str,
-    s3_root_uri: str,
+    bucket_name: str,
     kms_key_id: str,
     security_group_ids: list[str],
     subnets: list[str],
@@ -44,16 +62,22 @@ def remote_function_config(
     image_uri: str,
 ) -> dict[str, Any]:
     """The SageMaker Python SDK config (``config.yaml``) that runs ``@remote`` functions in this environment."""
+    # SageMaker refuses VolumeKmsKeyId for types with NVMe instance storage (p4d, p5, g5, ...): it encrypts those
+    # with a hardware key. remote_train applies the same rule when --instance-type overrides this one.
+    volume_key = {} if has_instance_storage(instance_type) else {"VolumeKmsKeyId": kms_key_id}
     return {
         "SchemaVersion": "1.0",
         "SageMaker": {
             "PythonSDK": {
                 "Modules": {
+                    # sagemaker-core's _JobSettings evaluates Session.default_bucket() even when S3RootUri is set;
+                    # without these keys it probes and creates the unmanaged bucket sagemaker-<region>-<account>.
+                    "Session": {"DefaultS3Bucket": bucket_name, "DefaultS3ObjectKeyPrefix": REMOTE_JOBS_PREFIX},
                     "RemoteFunction": {
                         "RoleArn": role_arn,
-                        "S3RootUri": s3_root_uri,
+                        "S3RootUri": f"s3://{bucket_name}/{REMOTE_JOBS_PREFIX}",
                         "S3KmsKeyId": kms_key_id,
-                        "VolumeKmsKeyId": kms_key_id,
+                        **volume_key,
                         "VpcConfig": {"SecurityGroupIds": security_group_ids, "Subnets": subnets},
                         "Tags": [{"Key": key, "Value": value} for key, value in tags.items()],
                         "InstanceType": instance_type,
@@ -62,7 +86,7 @@ def remote_function_config(
                         "EnvironmentVariables": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"},
                         "IncludeLocalWorkDir": True,
                         "CustomFileFilter": {"IgnoreNamePatterns": REMOTE_IGNORED_NAMES},
-                    }
+                    },
                 }
             }
         },
@@ -113,14 +137,12 @@ class TrainingStack(EnvironmentStack):
             self,
             "TrainingLogs",
             encryption_key=foundation.key,
-            retention=logs.RetentionDays.THREE_MONTHS,
+            retention=log_retention(settings.logs.retention_days),
             removal_policy=self.removal_policy,
         )
-        self.code = {
-            name: s3_assets.Asset(self, f"{name.title().replace('_', '')}Code", path=str(ROOT / name),
-                                  exclude=["__pycache__", "*.pyc"])
-            for name in ("training_assets", "inference_assets")
-        }  # fmt: skip
+        acknowledge_short_retention(self.log_group, settings.logs.retention_days, "logs.retention_days")
+        # {folder on the instance: asset}; the instance unpacks each under the same path as in the repository.
+        self.code = {folder: code_asset(self, construct_id) for construct_id, (folder, _) in CODE_ASSETS.items()}
         self.training_template = TrainingLaunchTemplate(
             self,
             KEEP_LOGICAL_IDS,
@@ -176,8 +198,8 @@ class TrainingStack(EnvironmentStack):
         return TrainingRun(
             code=code,
             environment=environment,
-            run_command="bash training_assets/ec2_run.sh",
-            ship_logs_script="training_assets/ship_logs.py",
+            run_command="bash training_assets/instance/ec2_run.sh",
+            ship_logs_script="training_assets/instance/ship_logs.py",
             log_group_name=self.log_group.log_group_name,
             max_run_hours=training.max_run_hours,
         )
@@ -245,7 +267,7 @@ class TrainingStack(EnvironmentStack):
         }
         config = remote_function_config(
             role_arn="${RoleArn}",
-            s3_root_uri="s3://${RemoteJobsBucket}/jobs",
+            bucket_name="${RemoteJobsBucket}",
             kms_key_id="${KeyArn}",
             security_group_ids=["${SecurityGroupId}"],
             subnets=[f"${{Subnet{i}}}" for i in range(len(subnets))],

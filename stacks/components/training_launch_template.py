@@ -103,8 +103,10 @@ class TrainingLaunchTemplate(Construct):
             ],
             require_imdsv2=True,
             http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
-            # 2 hops: the training containers (docker bridge network) reach IMDS for the instance role's credentials.
-            http_put_response_hop_limit=2,
+            # 1 hop (Control Tower CT.EC2.PR.2): only the host reaches IMDS and the instance role. The host does every
+            # AWS call (ECR login, S3 sync and upload, and the Docker daemon's awslogs driver); the training
+            # containers need no AWS credentials, and on the bridge network they cannot get them.
+            http_put_response_hop_limit=1,
             instance_profile=instance_profile,
             detailed_monitoring=True,
             ebs_optimized=True,

@@ -61,6 +61,12 @@ def test_unknown_environment_in_cdk_json_is_not_silently_mapped_to_dev() -> None
         ),
         pytest.param({"vpc__max_azs": "2"}, "environments.dev.vpc.max_azs: must be a valid integer.", id="wrong-type"),
         pytest.param(
+            {"logs__retention_days": 45},
+            "environments.dev.logs.retention_days: must be 7, 14, 30, 60, 90, 180, 365, 400, 545, 731, 1096, 1827 "
+            "or 3653.",
+            id="log-retention",
+        ),
+        pytest.param(
             {"removal_policy": "delete"},
             "environments.dev.removal_policy: must be 'destroy' or 'retain'.",
             id="removal-policy",
@@ -138,6 +144,21 @@ def test_unknown_environment_in_cdk_json_is_not_silently_mapped_to_dev() -> None
             "environments.dev.graviton_endpoint.model_data_key: must be a relative S3 key of letters, digits and "
             "!_.*'()/- characters.",
             id="model-key",
+        ),
+        pytest.param(
+            {"graviton_endpoint__fast_math": "fp16"},
+            "environments.dev.graviton_endpoint.fast_math: must be 'bf16' or 'off'.",
+            id="graviton-fast-math",
+        ),
+        pytest.param(
+            {"graviton_endpoint__max_request_bytes": 100},
+            "environments.dev.graviton_endpoint.max_request_bytes: must be greater than or equal to 1024.",
+            id="graviton-request-bytes",
+        ),
+        pytest.param(
+            {"graviton_endpoint__workers_per_model": 8},
+            "environments.dev.graviton_endpoint: workers_per_model (8) must not exceed the 4 vCPUs of ml.c7g.xlarge.",
+            id="graviton-workers",
         ),
         pytest.param(
             {"multi_model_endpoint__models_prefix": "multi-model"},
@@ -220,3 +241,18 @@ def test_complete_vpc_import_is_accepted() -> None:
 def test_local_nvme_types_are_recognised(instance_type: str, nvme: bool) -> None:
     settings = parse_environment("dev", dev_with(multi_model_endpoint__instance_type=instance_type))
     assert settings.multi_model_endpoint.has_local_nvme is nvme
+
+
+def test_only_one_environment_per_account_manages_the_training_job_log_group() -> None:
+    environments = copy.deepcopy(ENVIRONMENTS)
+    environments["staging"].setdefault("logs", {})["manage_training_job_log_group"] = True
+    assert environments["prod"]["logs"]["manage_training_job_log_group"] is True
+    with pytest.raises(
+        SettingsError,
+        match=r"^environments\.prod\.logs\.manage_training_job_log_group: only one environment per account and "
+        r"region may manage /aws/sagemaker/TrainingJobs, and staging already does",
+    ):
+        load_environments(environments, "dev")  # every environment counts, whichever are synthesized
+    environments["staging"]["account"] = "222222222222"
+    environments["prod"]["account"] = "333333333333"
+    assert [e.name for e in load_environments(environments, None)] == ["dev", "staging", "prod"]
