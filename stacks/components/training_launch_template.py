@@ -300,9 +300,10 @@ class TrainingLaunchTemplate(Construct):
             grantee.add_statements(*statements)
             holder: Construct = grantee
         else:
-            for statement in statements:
-                grantee.grant_principal.add_to_principal_policy(statement)
-            holder = grantee if isinstance(grantee, Construct) else self
+            added = [grantee.grant_principal.add_to_principal_policy(statement) for statement in statements]
+            # The acknowledgements go on the policy that received the statements (a role's DefaultPolicy).
+            policy = added[0].policy_dependable
+            holder = policy if isinstance(policy, Construct) else self
         reasons = {
             "RunTheConfiguredInstanceType": "RunInstances creates instances with generated ids; the launch-template, "
             "template-resource and instance-type conditions bound them.",
