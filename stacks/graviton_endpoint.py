@@ -87,7 +87,7 @@ class GravitonEndpointStack(EnvironmentStack):
             # With vendored dependencies the container needs no network at all: isolate it. Installing
             # code/requirements.txt at start-up needs egress (the private subnets' NAT) instead.
             network=ModelNetwork(
-                subnet_ids=[subnet.subnet_id for subnet in foundation.private_subnets.subnets],
+                subnet_ids=[subnet.subnet_id for subnet in foundation.private_subnets.subnets or []],
                 security_group_ids=[foundation.workload_security_group.security_group_id],
                 isolated=endpoint_settings.dependencies == "vendored",
             ),

@@ -81,7 +81,7 @@ class MultiModelEndpointStack(EnvironmentStack):
             # Archives are self-contained (dependencies vendored): the container needs no network of its own;
             # SageMaker still fetches the archives from S3 for it.
             network=ModelNetwork(
-                subnet_ids=[subnet.subnet_id for subnet in foundation.private_subnets.subnets],
+                subnet_ids=[subnet.subnet_id for subnet in foundation.private_subnets.subnets or []],
                 security_group_ids=[foundation.workload_security_group.security_group_id],
                 isolated=True,
             ),
