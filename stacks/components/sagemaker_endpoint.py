@@ -148,7 +148,11 @@ class SageMakerEndpoint(Construct):
       except for the properties in ``exclude_retained``.
     * Autoscaling tracks ``SageMakerVariantInvocationsPerInstance`` (per instance per minute).
     * ``add_alarms`` builds the alarms from one table; each notifies the KMS-encrypted, TLS-only ``alarm_topic`` on
-      alarm and on recovery.
+      alarm and on recovery; the topic policy lets this account's CloudWatch alarms publish.
+    * With ``endpoint_name`` (fixed), the endpoint's log group ``/aws/sagemaker/Endpoints/<name>`` is created first,
+      with ``log_retention_days`` and ``key``.
+    * ``eni_release_wait`` holds the stack's deletion until SageMaker has released the model's network interfaces;
+      ``shares_network_with`` names other endpoints in the same security group.
     """
 
     def __init__(
