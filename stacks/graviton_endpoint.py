@@ -15,7 +15,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
-from inference_assets.endpoint_environment import endpoint_environment, instance_vcpus
+from inference_assets.tools.endpoint_environment import instance_vcpus
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     DlcImage,
@@ -77,13 +77,7 @@ class GravitonEndpointStack(EnvironmentStack):
             image=DlcImage(endpoint_settings.image_repository, endpoint_settings.image_tag),
             model_data_url=foundation.artifacts_bucket.s3_url_for_object(endpoint_settings.model_data_key),
             mode="SingleModel",
-            environment=endpoint_environment(
-                vcpus=vcpus,
-                workers=endpoint_settings.workers_per_model,
-                batch_size=endpoint_settings.server_batch_size,
-                max_batch_delay_ms=endpoint_settings.server_max_batch_delay_ms,
-                max_request_batch=endpoint_settings.max_request_batch,
-            ),
+            environment=endpoint_settings.container_environment(),
             # With vendored dependencies the container needs no network at all: isolate it. Installing
             # code/requirements.txt at start-up needs egress (the private subnets' NAT) instead.
             network=ModelNetwork(

@@ -15,7 +15,7 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from inference_assets.endpoint_environment import instance_vcpus
+from inference_assets.tools.endpoint_environment import instance_vcpus
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     DlcImage,

@@ -22,8 +22,8 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import pipelines
 from constructs import Construct
 
-from stacks.buckets import access_logs_bucket, encrypted_bucket
 from stacks.compliance import acknowledge, acknowledge_wildcards, add_template_aspects
+from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
 from stacks.platform_stage import PlatformStage
 from stacks.settings import EnvironmentSettings, PipelineSettings, SettingsError
 
@@ -213,26 +213,19 @@ class PromotionPipelineStack(cdk.Stack):
         self._lint_clean_pipeline()
 
     def _artifact_bucket(self) -> s3.Bucket:
-        access_logs = access_logs_bucket(
-            self, "ArtifactAccessLogs", removal_policy=cdk.RemovalPolicy.RETAIN, expiration_days=365
-        )
-        artifacts = encrypted_bucket(
+        buckets = SecureBuckets(
             self,
-            "Artifacts",
+            KEEP_LOGICAL_IDS,
             key=self.key,
-            access_logs=access_logs,
             removal_policy=cdk.RemovalPolicy.RETAIN,
+            access_logs_id="ArtifactAccessLogs",
+            access_log_expiration_days=365,
             noncurrent_version_days=30,
             abort_incomplete_upload_days=1,
+            no_replication_reason="Pipeline artifacts are rebuilt from the repository on every run; replicating "
+            "them adds cost, not recoverability.",
         )
-        for bucket in (access_logs, artifacts):
-            acknowledge(
-                bucket,
-                "Pipeline artifacts are rebuilt from the repository on every run; replicating them adds cost, not "
-                "recoverability.",
-                "NIST.800.53.R5-S3BucketReplicationEnabled",
-            )
-        return artifacts
+        return buckets.add_data_bucket("Artifacts")
 
     def _approval(self, environment: EnvironmentSettings) -> pipelines.ManualApprovalStep:
         return pipelines.ManualApprovalStep(
@@ -281,7 +274,7 @@ class PromotionPipelineStack(cdk.Stack):
                     source,
                     environment,
                     env_from_cfn_outputs={"ENDPOINT_NAME": endpoint.endpoint_name_output},
-                    command="python inference_assets/endpoint_client.py smoke-test "
+                    command="python -m inference_assets.tools.endpoint_client smoke-test "
                     f'--endpoint-name "$ENDPOINT_NAME" --region {environment.region} --expect-labels {EXPECTED_LABELS}',
                 )
             )

@@ -463,7 +463,7 @@ class SageMakerEndpoint(Construct):
         if target_models is not None:
             if not target_models:
                 raise ValueError("target_models must list at least one model name, or be None for every model")
-            from inference_assets.model_names import validate_model_name
+            from inference_assets.tools.model_names import validate_model_name
 
             names = [validate_model_name(name) for name in target_models]
             conditions = {"StringEquals": {"sagemaker:TargetModel": names}}

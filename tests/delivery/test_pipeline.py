@@ -138,7 +138,7 @@ def test_smoke_test_calls_the_endpoint_client_after_the_deployment(
     assert variables["ENDPOINT_NAME"].endswith(".EndpointName}")
     commands = _buildspec(template, smoke)["phases"]["build"]["commands"]
     assert commands[-1] == (
-        "AWS_PROFILE=smoke-test python inference_assets/endpoint_client.py smoke-test "
+        "AWS_PROFILE=smoke-test python -m inference_assets.tools.endpoint_client smoke-test "
         f'--endpoint-name "$ENDPOINT_NAME" --region us-west-2 --expect-labels {EXPECTED_LABELS}'
     )
     project = template["Resources"][smoke["Configuration"]["ProjectName"]["Ref"]]

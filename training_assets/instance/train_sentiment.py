@@ -4,9 +4,9 @@ Each PyTorch 2 feature of the seed has its own switch, off by default so the bas
 ``--torch-compile`` (TorchInductor), ``--bf16`` (bfloat16 autocast) and ``--fused-adamw`` (``AdamW(fused=True)``).
 
     # one process (GPU if there is one, else CPU)
-    python training_assets/train_sentiment.py --model MODEL --dataset DATA --output-dir out --torch-compile
+    python -m training_assets.instance.train_sentiment --model MODEL --dataset DATA --output-dir out --torch-compile
     # data-parallel on every GPU of a node (NCCL), or on CPU processes (gloo)
-    torchrun --nproc_per_node=8 training_assets/train_sentiment.py ... --torch-compile --bf16 --fused-adamw
+    torchrun --nproc_per_node=8 --module training_assets.instance.train_sentiment ... --torch-compile --bf16
 
 ``--model`` is a local model directory or a Hugging Face hub id; ``--dataset`` is a local folder (``train`` and
 ``validation`` files as JSONL/CSV with text,label columns, or a ``datasets.save_to_disk`` folder) or a hub dataset
@@ -14,20 +14,23 @@ id with ``--dataset-config``. Each epoch prints loss, accuracy and macro-F1. At 
 ``<output-dir>/metrics.json`` (per-epoch metrics and throughput with the warm-up steps measured apart) and
 ``<output-dir>/saved_model/`` (model and tokenizer, safetensors).
 
-Bad input (missing files, labels outside the label set, empty splits, bf16 on hardware without it) stops the run
-before training with one clear message.
+Bad input (any dataset problem, see ``dataset.py``; a missing model; bf16 on hardware without it) stops the run
+before training: exit status 2 and one line naming the file, the row and what is wrong (``--verbose`` adds the
+traceback); anything unexpected is one line and exit status 1. Little data trains, with warnings: rows left out of
+full batches, few optimizer steps, a train split with one class. Throughput is reported when there are steps after
+the warm-up, otherwise metrics.json says why not.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import platform
 import statistics
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -45,18 +48,21 @@ from transformers import (
     TrainingArguments,
 )
 
+from training_assets.instance.dataset import (
+    CHARS_PER_TOKEN_KEPT,
+    Schema,
+    Split,
+    TrainingInputError,
+    looks_local,
+    read_splits,
+)
+
 DEFAULT_MODEL = "cardiffnlp/twitter-roberta-base-sentiment-latest"
 DEFAULT_DATASET = "tweet_eval"
 DEFAULT_DATASET_CONFIG = "sentiment"
 LABELS = ("negative", "neutral", "positive")
-SPLITS = ("train", "validation")
-DATA_SUFFIXES = (".jsonl", ".json", ".csv")
 METRICS_FILE = "metrics.json"
 SAVED_MODEL_DIR = "saved_model"
-
-
-class TrainingInputError(ValueError):
-    """The run cannot start as configured; the message says what to fix."""
 
 
 @dataclass
@@ -100,103 +106,23 @@ class TrainConfig:
 # --------------------------------------------------------------------------------------------------- input checks
 
 
-def _looks_local(reference: str) -> bool:
-    return reference.startswith(("/", "./", "../", "~")) or Path(reference).suffix in DATA_SUFFIXES
-
-
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    if path.suffix == ".csv":
-        with path.open(newline="", encoding="utf-8") as handle:
-            return list(csv.DictReader(handle))
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise TrainingInputError(f"{path}:{number}: not a JSON object ({error.msg})") from None
-            if not isinstance(row, dict):
-                raise TrainingInputError(f"{path}:{number}: not a JSON object (got {type(row).__name__})")
-            rows.append(row)
-    return rows
-
-
-def _split_file(folder: Path, split: str) -> Path:
-    candidates = [folder / f"{split}{suffix}" for suffix in DATA_SUFFIXES]
-    found = [path for path in candidates if path.is_file()]
-    if not found:
-        raise TrainingInputError(
-            f"dataset folder {folder} has no {split} split: expected one of {', '.join(p.name for p in candidates)} "
-            "or a datasets.save_to_disk folder (dataset_dict.json)"
-        )
-    return found[0]
-
-
 def load_splits(config: TrainConfig) -> dict[str, Any]:
     """Return ``{"train": Dataset, "validation": Dataset}`` with checked ``text`` and integer ``label`` columns."""
-    reference = os.path.expanduser(config.dataset)
-    folder = Path(reference)
-    if folder.is_dir() and (folder / "dataset_dict.json").is_file():
-        raw = _both_splits(datasets.load_from_disk(str(folder)), str(folder))
-        names = {split: f"{folder}[{split}]" for split in SPLITS}
-    elif folder.is_dir():
-        paths = {split: _split_file(folder, split) for split in SPLITS}
-        raw = {split: _read_rows(path) for split, path in paths.items()}
-        names = {split: str(path) for split, path in paths.items()}
-    elif folder.exists() or _looks_local(reference):
-        raise TrainingInputError(f"dataset folder {reference} does not exist (or is not a folder)")
-    else:
-        raw = _both_splits(datasets.load_dataset(reference, config.dataset_config), reference)
-        names = {split: f"{reference}:{config.dataset_config}[{split}]" for split in SPLITS}
-    return {split: _checked_split(raw[split], names[split], split, config) for split in SPLITS}
+    return {split: to_dataset(data) for split, data in read_config_splits(config).items()}
 
 
-def _both_splits(loaded: Any, name: str) -> dict[str, Any]:
-    missing = [split for split in SPLITS if split not in loaded]
-    if missing:
-        raise TrainingInputError(f"dataset {name} has splits {list(loaded)}; it needs {', '.join(SPLITS)}")
-    return {split: loaded[split] for split in SPLITS}
+def read_config_splits(config: TrainConfig) -> dict[str, Split]:
+    schema = Schema(
+        text_column=config.text_column,
+        label_column=config.label_column,
+        labels=config.labels,
+        max_text_chars=config.max_seq_length * CHARS_PER_TOKEN_KEPT,
+    )
+    return read_splits(config.dataset, config.dataset_config, schema)
 
 
-def _checked_split(rows: Any, name: str, split: str, config: TrainConfig) -> Any:
-    """Validate one split and return it as a ``datasets.Dataset`` with ``text`` and ``label`` (ids)."""
-    if len(rows) == 0:
-        raise TrainingInputError(f"{name} is empty: the {split} split needs at least one row")
-    if isinstance(rows, datasets.Dataset):
-        feature = rows.features.get(config.label_column)
-        if isinstance(feature, datasets.ClassLabel) and tuple(feature.names) != config.labels:
-            raise TrainingInputError(
-                f"{name}: its label names {feature.names} differ from the label set {list(config.labels)}"
-            )
-        missing = {config.text_column, config.label_column} - set(rows.column_names)
-        if missing:
-            raise TrainingInputError(f"{name} lacks the column(s) {sorted(missing)}; it has {rows.column_names}")
-        texts, labels = rows[config.text_column], rows[config.label_column]
-    else:
-        texts, labels = [], []
-        for number, row in enumerate(rows, start=1):
-            missing = {config.text_column, config.label_column} - set(row)
-            if missing:
-                raise TrainingInputError(f"{name}: row {number} lacks {sorted(missing)}")
-            texts.append(row[config.text_column])
-            labels.append(row[config.label_column])
-    ids = []
-    for number, (text, label) in enumerate(zip(texts, labels, strict=True), start=1):
-        if not isinstance(text, str) or not text.strip():
-            raise TrainingInputError(f"{name}: row {number} has no text (got {text!r})")
-        ids.append(_label_id(label, name, number, config.labels))
-    return datasets.Dataset.from_dict({"text": texts, "label": ids})
-
-
-def _label_id(label: Any, name: str, number: int, labels: tuple[str, ...]) -> int:
-    if isinstance(label, str) and label.strip().lstrip("-").isdigit():
-        label = int(label)  # CSV cells are strings
-    if isinstance(label, int) and not isinstance(label, bool) and 0 <= label < len(labels):
-        return label
-    if isinstance(label, str) and label.strip() in labels:
-        return labels.index(label.strip())
-    allowed = ", ".join(f"{i} ({n})" for i, n in enumerate(labels))
-    raise TrainingInputError(f"{name}: row {number} has label {label!r}, which is not in the label set: {allowed}")
+def to_dataset(split: Split) -> datasets.Dataset:
+    return datasets.Dataset.from_dict({"text": split.texts, "label": split.labels})
 
 
 def check_model(reference: str) -> str:
@@ -206,7 +132,7 @@ def check_model(reference: str) -> str:
         if not (path / "config.json").is_file():
             raise TrainingInputError(f"model directory {path} has no config.json (save it with save_pretrained)")
         return str(path)
-    if path.exists() or _looks_local(reference):
+    if path.exists() or looks_local(reference):
         raise TrainingInputError(f"model directory {reference} does not exist")
     return reference
 
@@ -283,17 +209,28 @@ class ThroughputMeter(TrainerCallback):
         self._last = now
 
     def summary(self) -> dict[str, Any]:
+        """The throughput of the steps after the warm-up; when there are none, why it was not measured.
+
+        A measurement never stops a run: a short run trains, saves its model and reports ``"measured": false``.
+        """
         warm, steady = self.step_seconds[: self.warmup_steps], self.step_seconds[self.warmup_steps :]
         if not steady:
-            raise TrainingInputError(
-                f"the run has {len(self.step_seconds)} optimizer steps, all within the {self.warmup_steps} warm-up "
-                "steps: nothing left to measure throughput on; use more data or epochs, or fewer warm-up steps"
-            )
+            return {
+                "measured": False,
+                "reason": f"the run had {len(self.step_seconds)} optimizer step(s), all within the "
+                f"{self.warmup_steps} warm-up step(s) kept apart for compilation; more data or epochs, or "
+                "--warmup-steps 0, leave steps to measure",
+                "optimizer_steps": len(self.step_seconds),
+                "warmup_steps": len(warm),
+                "warmup_seconds": round(sum(warm), 4),
+                "samples_per_step": self.samples_per_step,
+            }
         seconds = sum(steady)
         tokens_before = self.tokens_at_step[self.warmup_steps - 1] if self.warmup_steps else 0
         tokens = self.tokens_at_step[-1] - tokens_before
         median = statistics.median(steady)
         return {
+            "measured": True,
             "train_samples_per_second": round(len(steady) * self.samples_per_step / seconds, 3),
             "train_tokens_per_second": round(tokens / seconds, 3),
             "measured_steps": len(steady),
@@ -363,18 +300,85 @@ def _device_info(use_cuda: bool, world_size: int) -> dict[str, Any]:
     return info
 
 
+# Fewer optimizer steps than this in a whole run is worth a warning: the model barely moves from its start.
+FEW_OPTIMIZER_STEPS = 10
+
+
+def label_warnings(split: Split, labels: tuple[str, ...]) -> list[str]:
+    """A train split with one class teaches the model that class only; missing classes are never learned."""
+    present = sorted(set(split.labels))
+    names = ", ".join(f"{i} ({labels[i]})" for i in present)
+    if len(present) == 1:
+        return [f"{split.name}: every row has label {names}: the model can only learn to predict that class"]
+    if missing := [f"{i} ({name})" for i, name in enumerate(labels) if i not in present]:
+        return [f"{split.name}: no row has label {', '.join(missing)}: the model will not learn to predict it"]
+    return []
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    drop_last: bool
+    steps_per_epoch: int
+    samples_per_step: int
+    warnings: list[str]
+
+
+def batch_plan(rows: int, global_batch: int, world_size: int, config: TrainConfig) -> BatchPlan:
+    """How the train split falls into optimizer steps, and what a user with little data should know about it.
+
+    Training keeps full batches only (static shapes for torch.compile), so ``rows % global_batch`` rows sit out
+    each epoch; a split smaller than one global batch trains as one partial batch per epoch instead of not at all.
+    """
+    devices = global_batch // config.per_device_batch_size
+    per_device = f"{config.per_device_batch_size} per device x {devices} device(s)"
+    warnings = []
+    if rows < global_batch:
+        drop_last, steps, samples = False, 1, -(-rows // world_size) * world_size  # the sampler pads to the ranks
+        warnings.append(
+            f"the train split has {rows} row(s), fewer than one global batch of {global_batch} ({per_device}): "
+            "each epoch is one partial batch "
+            "(a smaller --per-device-batch-size gives more optimizer steps)"
+        )
+    else:
+        drop_last, steps, samples = True, rows // global_batch, global_batch
+        if dropped := rows % global_batch:
+            warnings.append(
+                f"the train split has {rows} rows and training uses full batches of {global_batch} only "
+                f"({per_device}): each epoch leaves out {dropped} row(s) ({100 * dropped / rows:.0f}%); "
+                "a --per-device-batch-size that divides the rows keeps them all"
+            )
+    total = steps * config.epochs
+    if total < FEW_OPTIMIZER_STEPS:
+        warnings.append(
+            f"the run has {total} optimizer step(s) in all ({config.epochs} epoch(s) x {steps} per epoch): too few "
+            "to learn much; add data or epochs, or lower --per-device-batch-size"
+        )
+    return BatchPlan(drop_last, steps, samples, warnings)
+
+
+def check_inputs(config: TrainConfig, use_cuda: bool) -> tuple[str, dict[str, Split]]:
+    """The model reference and the checked splits; TrainingInputError (one line) for anything that cannot train."""
+    model_reference = check_model(config.model)
+    if config.bf16:
+        check_bf16(use_cuda)
+    raw = read_config_splits(config)
+    if config.max_train_samples is not None:
+        train_split = raw["train"]
+        raw["train"] = Split(train_split.name, train_split.texts[: config.max_train_samples],
+                             train_split.labels[: config.max_train_samples], train_split.warnings)  # fmt: skip
+    return model_reference, raw
+
+
 def train(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
     """Fine-tune per ``config``; return the metrics (rank 0 also writes metrics.json and saved_model/)."""
     if isinstance(config, dict):
         config = TrainConfig(**config)
     use_cuda = torch.cuda.is_available() and not config.use_cpu
     # Everything that can be wrong with the input is checked before any process group or model is created.
-    model_reference = check_model(config.model)
-    if config.bf16:
-        check_bf16(use_cuda)
-    splits = load_splits(config)
-    if config.max_train_samples is not None:
-        splits["train"] = splits["train"].select(range(min(config.max_train_samples, len(splits["train"]))))
+    model_reference, raw = check_inputs(config, use_cuda)
+    notes = [warning for split in raw.values() for warning in split.warnings]
+    notes += label_warnings(raw["train"], config.labels)
+    splits = {name: to_dataset(split) for name, split in raw.items()}
 
     output_dir = Path(config.output_dir)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun
@@ -397,7 +401,8 @@ def train(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
         logging_strategy="epoch",
         save_strategy="no",
         report_to="none",
-        # Full training batches only and padding to max_seq_length: static shapes, so torch.compile compiles once.
+        # Full training batches only and padding to max_seq_length: static shapes, so torch.compile compiles once
+        # (off when the split is smaller than one batch: see batch_plan).
         dataloader_drop_last=True,
         include_num_input_tokens_seen="non_padding",
         disable_tqdm=True,
@@ -405,11 +410,12 @@ def train(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
     world_size = args.world_size
     # train_batch_size counts every GPU of one process (nn.DataParallel when not launched by torchrun).
     global_batch = args.train_batch_size * world_size
-    if len(splits["train"]) < global_batch:
-        raise TrainingInputError(
-            f"the train split has {len(splits['train'])} rows, fewer than one global batch "
-            f"({config.per_device_batch_size} per device x {global_batch // config.per_device_batch_size} devices)"
-        )
+    plan = batch_plan(len(splits["train"]), global_batch, world_size, config)
+    args.dataloader_drop_last = plan.drop_last
+    notes += plan.warnings
+    if int(os.environ.get("RANK", "0")) == 0:
+        for note in notes:
+            print(f"train_sentiment: warning: {note}", file=sys.stderr, flush=True)
     transformers.set_seed(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_reference)
     model = AutoModelForSequenceClassification.from_pretrained(
@@ -426,7 +432,7 @@ def train(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
 
     encoded = {split: data.map(tokenize, batched=True, remove_columns=["text"]) for split, data in splits.items()}
 
-    meter = ThroughputMeter(config.warmup_steps, global_batch)
+    meter = ThroughputMeter(config.warmup_steps, plan.samples_per_step)
     reporter = EpochReporter()
     trainer = SentimentTrainer(
         model=model,
@@ -445,6 +451,8 @@ def train(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
         "train_samples": len(splits["train"]),
         "validation_samples": len(splits["validation"]),
         "max_seq_length": max_length,
+        "optimizer_steps": len(meter.step_seconds),
+        "warnings": notes,
         "epochs": reporter.epochs,
         "throughput": meter.summary(),
         "train_runtime_seconds": round(result.metrics["train_runtime"], 3),
@@ -470,7 +478,7 @@ def _position_limit(model_config: Any, tokenizer: Any) -> int:
 # ------------------------------------------------------------------------------------------------------------ CLI
 
 
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
+def _parser() -> argparse.ArgumentParser:
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=defaults.model, help="local model directory or hub id")
@@ -503,21 +511,62 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         ("use-cpu", "train on CPU even if a GPU is present"),
     ):
         parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=False, help=text)
-    namespace = vars(parser.parse_args(argv))
-    namespace["labels"] = tuple(label.strip() for label in namespace["labels"].split(",") if label.strip())
+    parser.add_argument("--verbose", action="store_true", help="on an error, also print its traceback")
+    parser.add_argument(
+        "--check-only",
+        action="store_true",
+        help="check the model folder, --bf16 and the dataset, then exit (0: it can train, 2: it cannot); "
+        "launch_training.sh runs this once before torchrun starts a process per GPU",
+    )
+    return parser
+
+
+def _config(namespace: argparse.Namespace) -> TrainConfig:
+    values = vars(namespace)
+    values["labels"] = tuple(label.strip() for label in values["labels"].split(",") if label.strip())
     known = {f.name for f in fields(TrainConfig)}
-    return TrainConfig(**{key: value for key, value in namespace.items() if key in known})
+    return TrainConfig(**{key: value for key, value in values.items() if key in known})
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    return _config(_parser().parse_args(argv))
+
+
+def _error(message: str, *, verbose: bool) -> None:
+    """One line on stderr (the first line of ``message``); the traceback only with --verbose."""
+    lines = message.strip().splitlines() or [""]
+    print(f"train_sentiment: error: {lines[0]}", file=sys.stderr, flush=True)
+    if verbose:
+        traceback.print_exc()
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit 0 after training, 2 for input that cannot train (nothing trained), 1 for anything unexpected."""
+    namespace = _parser().parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
     try:
-        config = parse_args(argv)
+        config = _config(namespace)
+        if namespace.check_only:
+            _, splits = check_inputs(config, torch.cuda.is_available() and not config.use_cpu)
+            sizes = ", ".join(f"{len(split)} {name} rows" for name, split in splits.items())
+            print(f"train_sentiment: input checked: {config.model}, {config.dataset} ({sizes})", file=sys.stderr)
+            return 0
         metrics = train(config)
     except TrainingInputError as error:
-        print(f"train_sentiment: error: {error}", file=sys.stderr)
+        # Every rank of a torchrun finds the same problem; each says it, as torchrun stops the others at the first
+        # exit (launch_training.sh checks once with --check-only first, so only direct torchrun use sees repeats).
+        _error(str(error), verbose=namespace.verbose)
         return 2
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps({"throughput": metrics["throughput"], "last_epoch": metrics["epochs"][-1]}, indent=2))
+    except Exception as error:  # no traceback for the user unless asked: what failed, in one line
+        detail = str(error).strip().splitlines()
+        hint = "" if namespace.verbose else " (--verbose prints the traceback)"
+        _error(f"{type(error).__name__}: {detail[0] if detail else 'no message'}{hint}", verbose=namespace.verbose)
+        return 1
+    if rank == 0:
+        throughput = metrics["throughput"]
+        if not throughput["measured"]:
+            print(f"train_sentiment: throughput not measured: {throughput['reason']}", file=sys.stderr)
+        print(json.dumps({"throughput": throughput, "last_epoch": metrics["epochs"][-1]}, indent=2))
     return 0
 
 

@@ -81,15 +81,16 @@ def ship(path: Path, log_group: str, log_stream: str, region: str | None) -> int
     return sent
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log-group", required=True)
     parser.add_argument("--log-stream", required=True)
     parser.add_argument("--region")
     parser.add_argument("path", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(f"shipped {ship(args.path, args.log_group, args.log_stream, args.region)} lines to {args.log_group}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

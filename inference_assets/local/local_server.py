@@ -19,7 +19,7 @@ a private work directory and the toolkit is pointed at it with its own variables
   (which would stop the TorchServe it adopted), and then the whole process group is stopped (never a bare
   ``torchserve --stop``, which stops whatever the global pid file names).
 
-    python inference_assets/local_server.py --model model.tar.gz   # serves until Ctrl-C, prints the URL
+    python -m inference_assets.local.local_server --model model.tar.gz   # serves until Ctrl-C or SIGTERM
 """
 
 from __future__ import annotations
@@ -39,11 +39,10 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from inference_assets.endpoint_environment import endpoint_environment
+from inference_assets.local.shutdown import sigterm_as_interrupt
+from inference_assets.tools.endpoint_environment import endpoint_environment
 
 _TOOLKIT_MAIN = "from sagemaker_pytorch_serving_container import serving; serving.main()"
 _CONFIG_LOCK = Path(tempfile.gettempdir()) / "sagemaker-ts-properties.lock"
@@ -69,22 +68,15 @@ class LocalToolkitServer:
         self,
         model: Path,
         *,
-        workers: int = 1,
-        batch_size: int = 1,
-        max_batch_delay_ms: int = 100,
-        max_request_batch: int = 32,
         vcpus: int | None = None,
         environment_overrides: Mapping[str, str | None] | None = None,
         startup_timeout_s: float = 240.0,
+        **serving_options: Any,
     ) -> None:
+        """``serving_options`` are endpoint_environment()'s keywords (workers, batch_size, max_batch_delay_ms, limits,
+        fast paths); unset ones take the endpoint's defaults, so the local server runs as the endpoint does."""
         self.model = Path(model)
-        self.environment = endpoint_environment(
-            vcpus=vcpus or os.cpu_count() or 1,
-            workers=workers,
-            batch_size=batch_size,
-            max_batch_delay_ms=max_batch_delay_ms,
-            max_request_batch=max_request_batch,
-        )
+        self.environment = endpoint_environment(vcpus=vcpus or os.cpu_count() or 1, **serving_options)
         # Experiments only (e.g. the benchmark's OMP_WAIT_POLICY comparison); None removes a variable.
         overrides = dict(environment_overrides or {})
         self.environment.update({name: value for name, value in overrides.items() if value is not None})
@@ -261,23 +253,34 @@ def _group_alive(group: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True, help="model.tar.gz (or an unpacked model directory)")
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=1, help="TorchServe batch size (SAGEMAKER_TS_BATCH_SIZE)")
+    parser.add_argument("--workers", type=int, help="TorchServe workers (default: the endpoint's rule, cores / 4)")
+    parser.add_argument("--batch-size", type=int, help="TorchServe batch size (default: the endpoint's)")
+    parser.add_argument("--max-batch-delay-ms", type=int, help="TorchServe batch delay (default: the endpoint's)")
     parser.add_argument("--text", help="send this text once, print the answer and stop (instead of serving)")
     args = parser.parse_args(argv)
-    with LocalToolkitServer(args.model, workers=args.workers, batch_size=args.batch_size) as server:
-        if args.text is not None:
-            body = json.dumps({"inputs": args.text}).encode()
-            print(f"POST {server.url}/invocations {body.decode()}")
-            status, _, answer = server.invoke(body)
-            print(f"HTTP {status} {answer.decode()}")
-            return 0 if status == 200 else 1
-        print(f"serving {args.model} at {server.url} (/ping, /invocations); Ctrl-C stops it", flush=True)
-        try:
+    options = {
+        name: value
+        for name, value in (
+            ("workers", args.workers),
+            ("batch_size", args.batch_size),
+            ("max_batch_delay_ms", args.max_batch_delay_ms),
+        )
+        if value is not None
+    }
+    try:
+        with sigterm_as_interrupt(), LocalToolkitServer(args.model, **options) as server:
+            if args.text is not None:
+                body = json.dumps({"inputs": args.text}).encode()
+                print(f"POST {server.url}/invocations {body.decode()}")
+                status, _, answer = server.invoke(body)
+                print(f"HTTP {status} {answer.decode()}")
+                return 0 if status == 200 else 1
+            print(f"serving {args.model} at {server.url} (/ping, /invocations); work dir {server.workdir}", flush=True)
+            print("Ctrl-C or SIGTERM stops it", flush=True)
             while server.ping() == 200:
                 time.sleep(2)
-        except KeyboardInterrupt:
-            pass
+            return 1  # TorchServe stopped answering by itself
+    except KeyboardInterrupt:
         return 0
 
 

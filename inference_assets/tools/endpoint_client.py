@@ -1,7 +1,7 @@
 """Call the deployed sentiment endpoint: ``invoke`` for people, ``smoke-test`` for people and the promotion pipeline.
 
-    python inference_assets/endpoint_client.py invoke --endpoint-name <name> "Covid cases are increasing fast!"
-    python inference_assets/endpoint_client.py smoke-test --endpoint-name <name> --region us-west-2 \
+    python -m inference_assets.tools.endpoint_client invoke --endpoint-name <name> "Covid cases are increasing fast!"
+    python -m inference_assets.tools.endpoint_client smoke-test --endpoint-name <name> --region us-west-2 \
         --expect-labels negative,neutral,positive --exact-label negative
 
 ``smoke-test`` waits until the endpoint is InService, sends one prediction and checks the answer's shape and that

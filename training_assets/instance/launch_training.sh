@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Run train_sentiment.py in the training image with torchrun: one process per GPU, on one node or several.
+# Run training_assets.instance.train_sentiment in the training image with torchrun: one process per GPU, on one node or several.
 #
 #   launch_training.sh [options] [-- train_sentiment.py arguments]
 #
-#   --image NAME          image built from training_assets/Dockerfile (default: sentiment-training:latest)
+#   --image NAME          image built from training_assets/instance/Dockerfile (default: sentiment-training:latest)
 #   --gpus N              processes (GPUs) per node (default: the GPUs nvidia-smi lists)
 #   --nnodes N            number of nodes (default: 1); every node runs this script with the same settings
 #   --rdzv-endpoint H:P   torchrun c10d rendezvous host:port, the first node's private IP (needed when --nnodes > 1)
@@ -109,8 +109,13 @@ else
   torchrun_cmd+=(--standalone --nnodes=1)
 fi
 
-command=("${docker_cmd[@]}" "$image" "${torchrun_cmd[@]}" /opt/training/train_sentiment.py
-  "${script_args[@]}" "${train_args[@]}")
+# The image holds the code as the package it is in the repository (PYTHONPATH=/opt/training). One process checks
+# the model folder and the dataset first: a problem is one line and exit status 2, where torchrun would stop every
+# rank and print its own failure report. torchrun starts only when the check passes (same container, so a hub
+# dataset is downloaded once).
+module=training_assets.instance.train_sentiment
+inside="python -m $module --check-only \"\$@\" && exec $(printf '%q ' "${torchrun_cmd[@]}")--module $module \"\$@\""
+command=("${docker_cmd[@]}" "$image" bash -c "$inside" launch_training "${script_args[@]}" "${train_args[@]}")
 if [[ "$dry_run" == true ]]; then
   printf '%q ' "${command[@]}"
   printf '\n'

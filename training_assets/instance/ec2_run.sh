@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One training run on a GPU instance launched from the TrainingStack's launch template (the user data calls this
-# after unpacking training_assets/ and inference_assets/ into the current folder). Every node of one
+# after unpacking training_assets/instance/ and inference_assets/ into the current folder). Every node of one
 # `aws ec2 run-instances --count N` call runs it; the nodes find each other through their shared reservation:
 #
 #   1. count the instances of this reservation (N nodes) and pick the rendezvous node (lowest private IP);
-#   2. log in to the regional DLC registry and build the training image from training_assets/Dockerfile;
+#   2. log in to the regional DLC registry and build the training image from training_assets/instance/Dockerfile;
 #   3. fetch the dataset and base model when they are S3 URIs (else the script loads them from the hub);
 #   4. run launch_training.sh (torchrun, one process per GPU, c10d rendezvous and EFA on several nodes),
 #      streaming the container's output to CloudWatch Logs;
@@ -15,7 +15,7 @@
 #   AWS_REGION DLC_ACCOUNT REGISTRY_DOMAIN IMAGE_TAG LOG_GROUP ARTIFACTS_BUCKET OUTPUT_PREFIX KMS_KEY_ID
 #   DATASET (s3://... folder, or hub NAME[:CONFIG]) BASE_MODEL (s3://... folder or hub id) EFA (true|false)
 #   TRAIN_ARGS (hyper-parameter flags of train_sentiment.py)
-#   PACKAGE_ARGS (extra flags of inference_assets/package_model.py: --vendor when the endpoint takes vendored deps)
+#   PACKAGE_ARGS (extra flags of inference_assets.tools.package_model: --vendor when the endpoint takes vendored deps)
 set -euo pipefail
 
 : "${AWS_REGION:?}" "${DLC_ACCOUNT:?}" "${REGISTRY_DOMAIN:?}" "${IMAGE_TAG:?}" "${LOG_GROUP:?}"
@@ -54,7 +54,7 @@ fi
 registry="$DLC_ACCOUNT.dkr.ecr.$AWS_REGION.$REGISTRY_DOMAIN"
 aws ecr get-login-password --region "$AWS_REGION" | docker login --username AWS --password-stdin "$registry"
 docker build -t "$IMAGE" --build-arg "DLC_ACCOUNT=$DLC_ACCOUNT" --build-arg "REGION=$AWS_REGION" \
-  --build-arg "REGISTRY_DOMAIN=$REGISTRY_DOMAIN" --build-arg "BASE_TAG=$IMAGE_TAG" training_assets/
+  --build-arg "REGISTRY_DOMAIN=$REGISTRY_DOMAIN" --build-arg "BASE_TAG=$IMAGE_TAG" training_assets/instance/
 
 # --- 3. inputs ---------------------------------------------------------------------------------------------------
 read -r -a train_args <<<"$TRAIN_ARGS"
@@ -74,13 +74,13 @@ else
 fi
 
 # --- 4. training -------------------------------------------------------------------------------------------------
-bash training_assets/launch_training.sh --image "$IMAGE" "${launch_args[@]}" -- "${train_args[@]}"
+bash training_assets/instance/launch_training.sh --image "$IMAGE" "${launch_args[@]}" -- "${train_args[@]}"
 
 # --- 5. package and upload (only the node of rank 0 holds saved_model/) ------------------------------------------
 if [[ -d "$WORK/output/saved_model" ]]; then
   destination="s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX$reservation"
   docker run --rm -v "$WORK:/work" -w /work "$IMAGE" \
-    python inference_assets/package_model.py --model-dir output/saved_model --output output/model.tar.gz \
+    python -m inference_assets.tools.package_model --model-dir output/saved_model --output output/model.tar.gz \
     --upload "$destination/model.tar.gz" --kms-key-id "$KMS_KEY_ID" "${package_args[@]}"
   aws s3 cp --only-show-errors --sse aws:kms --sse-kms-key-id "$KMS_KEY_ID" \
     "$WORK/output/metrics.json" "$destination/metrics.json"

@@ -3,13 +3,15 @@
 Layout (the toolkit unpacks it to /opt/ml/model and imports ``code/inference.py``):
 
     config.json, model.safetensors, tokenizer files ...  the model directory, at the archive root
-    code/inference.py, code/sentiment_predictor.py       the handler and the shared predictor it imports
+    MAR-INF/MANIFEST.json                                names TorchServe's handler: code/inference.py:handle
+    code/inference.py                                    the handler entry TorchServe imports (container/entrypoints/)
+    code/sentiment_serving/*.py                          the ``inference_assets.container`` package
     code/requirements.txt                                only without vendoring: the toolkit pip-installs it at start-up
     code/lib/...                                         with --vendor: transformers & co. for linux/aarch64 cp312
 
 The archive is byte-for-byte reproducible: sorted entries, fixed mtime/owner/mode, gzip without name or timestamp.
 
-    python inference_assets/package_model.py --model-dir saved_model --output model.tar.gz --vendor \\
+    python -m inference_assets.tools.package_model --model-dir saved_model --output model.tar.gz --vendor \\
         --upload s3://<artifacts-bucket>/endpoints/sentiment/model-v2.tar.gz --kms-key-id <key-arn>
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -26,11 +29,13 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-ASSETS = Path(__file__).resolve().parent
-HANDLER = ASSETS / "code" / "inference.py"
-PREDICTOR = ASSETS / "sentiment_predictor.py"
-REQUIREMENTS = ASSETS / "code" / "requirements.txt"
-VENDOR_CONSTRAINTS = ASSETS / "code" / "requirements-aarch64.lock"
+CONTAINER = Path(__file__).resolve().parents[1] / "container"
+HANDLER = CONTAINER / "entrypoints" / "inference.py"
+DJL_ENTRY_POINT = CONTAINER / "entrypoints" / "model.py"
+# The package's name inside the archive (code/ is on the model server's sys.path).
+ARCHIVE_PACKAGE = "sentiment_serving"
+REQUIREMENTS = CONTAINER / "requirements.txt"
+VENDOR_CONSTRAINTS = CONTAINER / "requirements-aarch64.lock"
 
 # The image the endpoint runs (settings.graviton_endpoint.image_tag): Python 3.12 on linux/aarch64, Ubuntu 22.04
 # (glibc 2.35). pip does not widen a manylinux_2_x platform to older glibc tags by itself, so list them all.
@@ -43,6 +48,15 @@ IMAGE_PROVIDED = ("numpy",)
 VENDORED_LOCK = "requirements.lock"
 
 _MTIME = 0
+# TorchServe uses a model directory's manifest handler instead of the toolkit's default service handler
+# (ModelManager.java createModelArchive, TorchServe 0.12); "1.0" is the version the toolkit's per-model batch
+# settings are written under. createdOn is fixed so that the archive stays reproducible.
+TORCHSERVE_MANIFEST = {
+    "createdOn": "01/01/2026 00:00:00",
+    "runtime": "python",
+    "model": {"modelName": "model", "handler": "code/inference.py:handle", "modelVersion": "1.0"},
+    "archiverVersion": "0.12.0",
+}
 _FILE_MODE = 0o644
 
 
@@ -65,6 +79,11 @@ def _files_under(root: Path, prefix: str = "") -> dict[str, Path]:
     }
 
 
+def container_files() -> dict[str, Path]:
+    """The archive paths and sources of the ``inference_assets.container`` package (its modules, not entrypoints/)."""
+    return {f"code/{ARCHIVE_PACKAGE}/{path.name}": path for path in sorted(CONTAINER.glob("*.py"))}
+
+
 def _entries(
     model_dir: Path, extra_files: Mapping[str, Path | bytes], vendor_dir: Path | None
 ) -> dict[str, Path | bytes]:
@@ -73,10 +92,13 @@ def _entries(
             f"{model_dir} is not a saved model directory (no config.json); pass --model-dir saved_model"
         )
     entries: dict[str, Path | bytes] = dict(_files_under(model_dir))
-    if clash := sorted(name for name in entries if name.startswith("code/")):
-        raise PackagingError(f"{model_dir} already holds {clash[0]}; the archive's code/ folder is the handler's")
+    if clash := sorted(name for name in entries if name.startswith(("code/", "MAR-INF/"))):
+        raise PackagingError(
+            f"{model_dir} already holds {clash[0]}; the archive's code/ and MAR-INF/ are the handler's"
+        )
+    entries["MAR-INF/MANIFEST.json"] = (json.dumps(TORCHSERVE_MANIFEST, indent=2) + "\n").encode()
     entries["code/inference.py"] = HANDLER
-    entries["code/sentiment_predictor.py"] = PREDICTOR
+    entries.update(container_files())
     if vendor_dir is None:
         entries["code/requirements.txt"] = REQUIREMENTS
     else:

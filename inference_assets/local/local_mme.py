@@ -13,13 +13,12 @@ The toolkit's own multi-model start-up is not used: toolkit 2.0.25 writes a brok
 management API on the inference port (see FACTS.md), so this module writes its own properties file. Each server
 gets its own TMPDIR (TorchServe keeps a global pid file there) and free ports, and is stopped by its process group.
 
-    python inference_assets/local_mme.py   # start a server, print its addresses, serve until Ctrl-C
+    python -m inference_assets.local.local_mme   # start a server, print its addresses, serve until Ctrl-C or SIGTERM
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -39,10 +38,8 @@ from typing import Any, Self
 
 import requests
 
-if __package__ in (None, ""):  # run as a script: make `inference_assets` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from inference_assets.model_names import validate_model_name
+from inference_assets.local.shutdown import sigterm_as_interrupt
+from inference_assets.tools.model_names import validate_model_name
 
 HANDLER_SERVICE = "sagemaker_pytorch_serving_container.handler_service:handle"
 
@@ -345,13 +342,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, help="server files and logs (default: a temporary directory)")
     args = parser.parse_args(argv)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="local-mme-"))
-    with LocalModelServer(work_dir) as server:
-        print(f"inference {server.inference_url}  management {server.management_url}  logs {work_dir / 'logs'}")
-        print("load:   curl -X POST '<management>/models?url=<unpacked model dir>&model_name=m1&synchronous=true'")
-        print("invoke: curl -X POST <inference>/models/m1/invoke -H 'Content-Type: application/json' "
-              "-d '{\"inputs\": \"great\"}'")  # fmt: skip
-        with contextlib.suppress(KeyboardInterrupt):
-            signal.pause()
+    try:
+        with sigterm_as_interrupt(), LocalModelServer(work_dir) as server:
+            print(f"inference {server.inference_url}  management {server.management_url}  logs {work_dir / 'logs'}")
+            print("load:   curl -X POST '<management>/models?url=<unpacked model dir>&model_name=m1&synchronous=true'")
+            print("invoke: curl -X POST <inference>/models/m1/invoke -H 'Content-Type: application/json' "
+                  "-d '{\"inputs\": \"great\"}'", flush=True)  # fmt: skip
+            while True:
+                signal.pause()
+    except KeyboardInterrupt:
+        pass
     return 0
 
 

@@ -4,14 +4,14 @@ Every archive serves in both model servers the endpoint can run: DJL Serving (``
 ``serving.properties`` at the root) and the SageMaker PyTorch toolkit (``code/inference.py``).
 
     # one archive from a model directory (model files at the root of the directory)
-    python inference_assets/publish_models.py package --model-dir out/model --output sentiment.tar.gz
+    python -m inference_assets.tools.publish_models package --model-dir out/model --output sentiment.tar.gz
     # 1,000 copies for a load test (the seed's set-up), or one archive per tenant
-    python inference_assets/publish_models.py publish --archive sentiment.tar.gz --copies 1000 \\
+    python -m inference_assets.tools.publish_models publish --archive sentiment.tar.gz --copies 1000 \\
         --bucket BUCKET --prefix multi-model/ --kms-key KEY_ARN
-    python inference_assets/publish_models.py publish --archive tenant-a.tar.gz --name tenant-a.tar.gz \\
+    python -m inference_assets.tools.publish_models publish --archive tenant-a.tar.gz --name tenant-a.tar.gz \\
         --bucket BUCKET --prefix multi-model/ --kms-key KEY_ARN
-    python inference_assets/publish_models.py list --bucket BUCKET --prefix multi-model/
-    python inference_assets/publish_models.py remove --bucket BUCKET --prefix multi-model/ --all
+    python -m inference_assets.tools.publish_models list --bucket BUCKET --prefix multi-model/
+    python -m inference_assets.tools.publish_models remove --bucket BUCKET --prefix multi-model/ --all
 
 Publishing is idempotent: each object carries the archive's SHA-256 in its metadata, and an object that already
 holds the same digest is skipped. Copies are made inside S3 (CopyObject) after one upload.
@@ -29,13 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make `inference_assets` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from inference_assets.tools import package_model
+from inference_assets.tools.model_names import ARCHIVE_SUFFIX, validate_model_name, validate_prefix
+from inference_assets.tools.serving_properties import DjlModelSettings
 
-from inference_assets.djl.serving_properties import DjlModelSettings
-from inference_assets.model_names import ARCHIVE_SUFFIX, validate_model_name, validate_prefix
-
-DJL_MODEL_PY = Path(__file__).resolve().parent / "djl" / "model.py"
 DIGEST_KEY = "sha256"  # user metadata; an ETag is no content hash under SSE-KMS
 DEFAULT_NAME_TEMPLATE = "sentiment-{index:04d}.tar.gz"
 # Python of each model server's default image (settings.multi_model_endpoint): DJL 0.36.0 CPU runs 3.11, the
@@ -58,11 +55,9 @@ def build_archive(
     model_dir: Path, output: Path, settings: DjlModelSettings | None = None, *, vendor_dir: Path | None = None
 ) -> Path:
     """One model.tar.gz for both servers: the serving package's archive plus the DJL entry point and properties."""
-    from inference_assets.package_model import build_model_archive
-
     properties = (settings or DjlModelSettings()).render().encode()
-    extra_files = {"model.py": DJL_MODEL_PY, "serving.properties": properties}
-    return build_model_archive(model_dir, output, extra_files=extra_files, vendor_dir=vendor_dir)
+    extra_files = {"model.py": package_model.DJL_ENTRY_POINT, "serving.properties": properties}
+    return package_model.build_model_archive(model_dir, output, extra_files=extra_files, vendor_dir=vendor_dir)
 
 
 def file_digest(path: Path) -> str:
@@ -230,8 +225,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             batch_size=args.batch_size,
             max_batch_delay_ms=args.max_batch_delay,
         )
-        from inference_assets import package_model
-
         with tempfile.TemporaryDirectory() as scratch:
             vendor_dir = None
             if args.vendor:
