@@ -269,6 +269,11 @@ class SageMakerEndpoint(Construct):
         self.eni_release_wait.resource.node.add_dependency(group)
         return group
 
+    @property
+    def log_groups(self) -> list[logs.LogGroup]:
+        """The log groups this construct creates: the endpoint's (when named) and the ENI wait's."""
+        return [group for group in (self.log_group, self.eni_release_wait.log_group) if group is not None]
+
     # --- model, config ------------------------------------------------------------------------------------------
 
     def _model(

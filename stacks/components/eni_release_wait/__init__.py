@@ -18,7 +18,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks.compliance import acknowledge, acknowledge_wildcards
+from stacks.compliance import acknowledge, acknowledge_control, acknowledge_wildcards
 
 HANDLER_DIR = Path(__file__).resolve().parent
 # Lambda's limit; the handler keeps 30 s of it to answer CloudFormation, so it waits up to 14.5 minutes.
@@ -97,6 +97,12 @@ class EniReleaseWait(Construct):
             "NIST.800.53.R5-LambdaInsideVPC",
             "NIST.800.53.R5-LambdaConcurrency",
             "NIST.800.53.R5-LambdaDLQ",
+        )
+        acknowledge_control(
+            self.function,
+            "Kept out of the VPC on purpose (CT.LAMBDA.PR.3): its own network interfaces would sit in the subnets "
+            "whose release it waits for; it calls only the EC2 and SageMaker APIs.",
+            "lambda_inside_vpc_check",
         )
         self.resource = cdk.CustomResource(
             self,
