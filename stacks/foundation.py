@@ -7,11 +7,9 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
-from aws_cdk import aws_s3 as s3
 from aws_cdk import region_info
 from constructs import Construct
 
-from stacks.buckets import access_logs_bucket, encrypted_bucket
 from stacks.compliance import (
     acknowledge,
     acknowledge_control,
@@ -19,14 +17,16 @@ from stacks.compliance import (
     acknowledge_wildcards,
     log_retention,
 )
+from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
 from stacks.environment_stack import EnvironmentStack
-from stacks.settings import EnvironmentSettings
+from stacks.settings import ENDPOINT_MODELS_PREFIX, EnvironmentSettings
 
 TRAINING_OUTPUT_PREFIX = "training-output/"
 # The construct id suffix CDK gives its singleton LogRetention function (aws-logs/lib/log-retention.ts).
 _LOG_RETENTION_ID = "aae0aa3c5b4d4f87b02d85b201efdd8a"
-ENDPOINT_MODELS_PREFIX = "endpoints/"
 DATA_CAPTURE_PREFIX = "data-capture/"
+# The one log group SageMaker writes every training job's streams to (<job name>/algo-<n>-<timestamp>).
+TRAINING_JOB_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 # Interface endpoints the platform's private subnets need: image pulls, SageMaker, credentials, logs, Session Manager.
 _INTERFACE_ENDPOINTS = {
@@ -70,10 +70,21 @@ class FoundationStack(EnvironmentStack):
         )
 
         self.key = self._platform_key()
-        self.access_logs_bucket = self._access_logs_bucket()
-        self.datasets_bucket = self._data_bucket("Datasets")
-        self.artifacts_bucket = self._data_bucket("Artifacts")
-        self.remote_jobs_bucket = self._data_bucket("RemoteJobs")
+        buckets = SecureBuckets(
+            self,
+            KEEP_LOGICAL_IDS,
+            key=self.key,
+            removal_policy=self.removal_policy,
+            access_log_expiration_days=90 if settings.destroy_on_delete else 365,
+            noncurrent_version_days=30 if settings.destroy_on_delete else 90,
+            no_replication_reason="The platform is single-region by design; versioning plus the retain policy of "
+            "staging and prod protect the data, and datasets and models can be rebuilt from their sources.",
+        )
+        self.access_logs_bucket = buckets.access_logs
+        self.datasets_bucket = buckets.add_data_bucket("Datasets")
+        self.artifacts_bucket = buckets.add_data_bucket("Artifacts")
+        self.remote_jobs_bucket = buckets.add_data_bucket("RemoteJobs")
+        self._control_tower_buckets(buckets)
 
         self.vpc, self.private_subnets = self._network()
         self.workload_security_group = ec2.SecurityGroup(
@@ -146,68 +157,40 @@ class FoundationStack(EnvironmentStack):
         )
         return key
 
-    def _access_logs_bucket(self) -> s3.Bucket:
-        bucket = access_logs_bucket(
-            self,
-            "AccessLogs",
-            removal_policy=self.removal_policy,
-            expiration_days=90 if self.settings.destroy_on_delete else 365,
-        )
-        self._acknowledge_single_region(bucket)
+    def _control_tower_buckets(self, buckets: SecureBuckets) -> None:
+        """The Control Tower controls of the buckets: what is real is set, the rest acknowledged with its reason."""
         acknowledge_control(
-            bucket,
+            buckets.access_logs,
             "S3 delivers server access logs only to buckets encrypted with SSE-S3, not SSE-KMS (CT.S3.PR.10).",
             "s3_bucket_default_encryption_kms_check",
         )
         acknowledge_control(
-            bucket,
+            buckets.access_logs,
             "This bucket is the server-access-log target of the other buckets; logging it into itself would loop "
             "(CT.S3.PR.2).",
             "s3_bucket_logging_enabled_check",
         )
         acknowledge_control(
-            bucket,
+            buckets.access_logs,
             "Only S3's log delivery writes here; notifications of every delivered log object would be noise "
             "(CT.S3.PR.4).",
             "s3_event_notifications_enabled_check",
         )
-        self._acknowledge_no_object_lock(bucket)
-        return bucket
-
-    def _data_bucket(self, name: str) -> s3.Bucket:
-        bucket = encrypted_bucket(
-            self,
-            name,
-            key=self.key,
-            access_logs=self.access_logs_bucket,
-            removal_policy=self.removal_policy,
-            noncurrent_version_days=30 if self.settings.destroy_on_delete else 90,
-        )
-        self._acknowledge_single_region(bucket)
-        # Object-level events (new datasets, models, captured data) go to EventBridge, where pipelines and audits
-        # can subscribe (CT.S3.PR.4). Set on the bucket itself: CDK's event_bridge_enabled adds a custom-resource
-        # Lambda for the same setting.
-        bucket.node.default_child.add_property_override(
-            "NotificationConfiguration.EventBridgeConfiguration.EventBridgeEnabled", True
-        )
-        self._acknowledge_no_object_lock(bucket)
-        return bucket
-
-    def _acknowledge_no_object_lock(self, bucket: s3.Bucket) -> None:
-        acknowledge_control(
-            bucket,
-            "No S3 Object Lock (CT.S3.PR.9): versioning keeps overwritten and deleted objects, lifecycle rules must "
-            "expire noncurrent versions and logs, and dev is emptied on destroy; a WORM lock would block all three.",
-            "s3_bucket_object_lock_enabled_check",
-        )
-
-    def _acknowledge_single_region(self, bucket: s3.Bucket) -> None:
-        acknowledge(
-            bucket,
-            "The platform is single-region by design; versioning plus the retain policy of staging and prod protect "
-            "the data, and datasets and models can be rebuilt from their sources.",
-            "NIST.800.53.R5-S3BucketReplicationEnabled",
-        )
+        for bucket in buckets.data_buckets:
+            # Object-level events (new datasets, models, captured data) go to EventBridge, where pipelines and
+            # audits can subscribe (CT.S3.PR.4). Set on the bucket itself: CDK's event_bridge_enabled adds a
+            # custom-resource Lambda for the same setting.
+            bucket.node.default_child.add_property_override(
+                "NotificationConfiguration.EventBridgeConfiguration.EventBridgeEnabled", True
+            )
+        for bucket in [buckets.access_logs, *buckets.data_buckets]:
+            acknowledge_control(
+                bucket,
+                "No S3 Object Lock (CT.S3.PR.9): versioning keeps overwritten and deleted objects, lifecycle rules "
+                "must expire noncurrent versions and logs, and dev is emptied on destroy; a WORM lock would block "
+                "all three.",
+                "s3_bucket_object_lock_enabled_check",
+            )
 
     # --- network ------------------------------------------------------------------------------------------------
 
@@ -379,12 +362,17 @@ class FoundationStack(EnvironmentStack):
     # --- IAM ----------------------------------------------------------------------------------------------------
 
     def _dlc_pull(self, *repositories: str) -> list[tuple[iam.PolicyStatement, str | None]]:
+        """ECR login, plus the pull of ``repositories``; roles whose images grant their own pull (the endpoints':
+        ``DlcImage.bind`` in stacks/components/sagemaker_endpoint.py) pass none."""
         dlc_account = cdk.Stack.of(self).regional_fact(region_info.FactName.DLC_REPOSITORY_ACCOUNT)
+        login = (
+            iam.PolicyStatement(sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]),
+            "ecr:GetAuthorizationToken has no resource-level permissions.",
+        )
+        if not repositories:
+            return [login]
         return [
-            (
-                iam.PolicyStatement(sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]),
-                "ecr:GetAuthorizationToken has no resource-level permissions.",
-            ),
+            login,
             (
                 iam.PolicyStatement(
                     sid="PullDeepLearningContainers",
@@ -534,9 +522,9 @@ class FoundationStack(EnvironmentStack):
         model_prefixes = [ENDPOINT_MODELS_PREFIX, self.settings.multi_model_endpoint.models_prefix]
         return self._sagemaker_role(
             "EndpointExecutionRole",
-            "SageMaker execution role of the platform's endpoints: reads model archives, pulls DLC images",
+            "SageMaker execution role of the platform's endpoints: reads model archives; images grant their own pull",
             "/aws/sagemaker/Endpoints/",
-            ["pytorch-inference", "pytorch-inference-arm64", "djl-inference"],
+            [],  # each endpoint's image grants its own pull (DlcImage.bind)
             [
                 (
                     iam.PolicyStatement(
@@ -686,6 +674,21 @@ class FoundationStack(EnvironmentStack):
                         resources=[self.remote_jobs_bucket.bucket_arn, self.remote_jobs_bucket.arn_for_objects("*")],
                     ),
                     "The SDK uploads each call's function and downloads its results under generated keys.",
+                ),
+                (
+                    # job.wait() (and so every @remote call) follows the job's log streams and re-raises an access
+                    # error: DescribeLogStreams on the group, GetLogEvents on its streams (<job name>/algo-<n>-...).
+                    # The log-group ARN is used with and without the trailing ":*" (CloudWatch Logs access control).
+                    iam.PolicyStatement(
+                        sid="FollowTrainingJobLogs",
+                        actions=["logs:DescribeLogStreams", "logs:GetLogEvents"],
+                        resources=[
+                            self._arn("logs", f"log-group:{TRAINING_JOB_LOG_GROUP}"),
+                            self._arn("logs", f"log-group:{TRAINING_JOB_LOG_GROUP}:*"),
+                        ],
+                    ),
+                    "SageMaker names each job's log streams after the generated job name, in the one log group "
+                    "of all training jobs.",
                 ),
                 self._use_key("kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey"),
             ],

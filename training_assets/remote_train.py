@@ -12,11 +12,16 @@ the TrainingStack; run from the repository root so the job gets ``training_asset
 ``train`` blocks until its job ends and prints the metrics; ``sweep`` runs one job per learning rate through
 ``RemoteExecutor`` (``--max-parallel-jobs`` at a time) and prints the best. Each job's model (model and tokenizer,
 safetensors) lands in ``<S3RootUri>/<job name>/output/model.tar.gz``, encrypted with the config's KMS key.
+
+On a GPU type the job runs under torchrun with one process per GPU (DistributedDataParallel; 8 on ml.p4d.24xlarge).
+The volume key follows the instance type actually used: types with NVMe instance storage (p4d, p5, g5, ...) get
+none, as SageMaker requires; EBS-only types (p3, ...) get the config's KMS key.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import re
@@ -30,12 +35,13 @@ from typing import Any
 
 import yaml
 
-from training_assets.train_sentiment import TrainConfig, TrainingInputError, parse_args, train
+from training_assets.instance.train_sentiment import TrainConfig, TrainingInputError, parse_args, train
+from training_assets.instance_types import has_instance_storage, is_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPENDENCIES = ROOT / "training_assets" / "requirements-remote.txt"
 JOB_INPUT_DIR = Path("/opt/ml/input/remote")
-CONFIG_ENV = "SAGEMAKER_USER_CONFIG_OVERRIDE"  # where the SDK reads the user config file from
+REMOTE_FUNCTION = ("SageMaker", "PythonSDK", "Modules", "RemoteFunction")
 
 
 class RemoteSetupError(ValueError):
@@ -46,7 +52,24 @@ class RemoteSetupError(ValueError):
 
 
 def _download(uri: str, target: Path) -> Path:
-    """Copy an s3:// folder into ``target`` (the job role reads the datasets bucket)."""
+    """Copy an s3:// folder into ``target`` once per instance (the job role reads the datasets bucket).
+
+    Under torchrun every process of the instance runs this: the first to take the lock downloads, the others wait
+    for it and find the completion marker.
+    """
+    import fcntl
+
+    target.mkdir(parents=True, exist_ok=True)
+    done = target.with_name(f"{target.name}.done")  # beside the folder: the dataset reader sees only the data
+    with open(target.with_name(f"{target.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            _download_folder(uri, target)
+            done.write_text(uri)
+    return target
+
+
+def _download_folder(uri: str, target: Path) -> None:
     import boto3
 
     bucket, _, prefix = uri.removeprefix("s3://").partition("/")
@@ -61,11 +84,14 @@ def _download(uri: str, target: Path) -> Path:
                 count += 1
     if not count:
         raise TrainingInputError(f"{uri} holds no files")
-    return target
 
 
 def run_training_job(config: dict[str, Any]) -> dict[str, Any]:
-    """The job's body: fetch S3 inputs, train, leave saved_model/ in SM_MODEL_DIR for SageMaker to upload."""
+    """The job's body: fetch S3 inputs, train, leave saved_model/ in SM_MODEL_DIR for SageMaker to upload.
+
+    Under torchrun each GPU's process runs it (train() joins them in one DDP run); rank 0 writes the model, and
+    every rank returns rank 0's metrics, since each process uploads its return value to the same results key.
+    """
     settings = TrainConfig(**config)
     for field, name in (("dataset", "dataset"), ("model", "base_model")):
         value = getattr(settings, field)
@@ -73,31 +99,49 @@ def run_training_job(config: dict[str, Any]) -> dict[str, Any]:
             settings = replace(settings, **{field: str(_download(value, JOB_INPUT_DIR / name))})
     with tempfile.TemporaryDirectory() as output:
         metrics = train(replace(settings, output_dir=output))
-        model_dir = Path(os.environ.get("SM_MODEL_DIR", "/opt/ml/model"))
-        shutil.copytree(Path(output) / "saved_model", model_dir, dirs_exist_ok=True)
-        shutil.copy2(Path(output) / "metrics.json", model_dir / "metrics.json")
-    return metrics
+        if int(os.environ.get("RANK", "0")) == 0:
+            model_dir = Path(os.environ.get("SM_MODEL_DIR", "/opt/ml/model"))
+            shutil.copytree(Path(output) / "saved_model", model_dir, dirs_exist_ok=True)
+            shutil.copy2(Path(output) / "metrics.json", model_dir / "metrics.json")
+    return _rank_zero(metrics)
+
+
+def _rank_zero(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's metrics on every rank of a torchrun job (the process group train() set up); as is otherwise."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return metrics
+    shared = [metrics]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
 
 
 # ------------------------------------------------------------------------------------------------------ local side
 
 
 def only_training_code(path: str, names: list[str]) -> list[str]:
-    """``copy_workdir`` filter: upload ``training_assets/*.py`` and nothing else of the working directory."""
+    """``copy_workdir`` filter: upload the ``.py`` files of ``training_assets/`` (and its code folders, such as
+    ``instance/``) and nothing else of the working directory."""
     if Path(path).resolve() == ROOT:
         return [name for name in names if name != "training_assets"]
-    return [name for name in names if not name.endswith(".py")]
+    keep = lambda name: name.endswith(".py") or Path(path, name).is_dir()  # noqa: E731
+    return [name for name in names if name in ("__pycache__", "sample_data") or not keep(name)]
 
 
-def load_remote_settings(config_path: Path) -> dict[str, Any]:
-    """Point the SDK at ``config_path`` and return its RemoteFunction settings, checked against this machine."""
+def load_remote_config(config_path: Path, image_uri: str | None = None) -> dict[str, Any]:
+    """Read ``config_path`` (the whole SDK config), with ``image_uri`` replacing its ImageUri when given, checked
+    against this machine (the image that will run is the one whose Python version must match)."""
     if not config_path.is_file():
         raise RemoteSetupError(f"{config_path} does not exist: fetch it with the FetchRemoteFunctionConfigCommand "
                                "output of the training stack")  # fmt: skip
     try:
-        settings = yaml.safe_load(config_path.read_text())["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]
+        config = yaml.safe_load(config_path.read_text())
+        settings = _remote_section(config)
     except (yaml.YAMLError, KeyError, TypeError):
         raise RemoteSetupError(f"{config_path} is not a SageMaker SDK config with a RemoteFunction section") from None
+    if image_uri:
+        settings["ImageUri"] = image_uri
     if Path.cwd().resolve() != ROOT:
         raise RemoteSetupError(f"run from the repository root ({ROOT}): the job imports training_assets/ from there")
     image_python = re.search(r"-py(\d)(\d+)-", settings.get("ImageUri", ""))
@@ -108,13 +152,56 @@ def load_remote_settings(config_path: Path) -> dict[str, Any]:
             "@remote needs the same major.minor version on both sides (use a matching virtualenv, or an image "
             "with your version via --image-uri)"
         )
-    os.environ[CONFIG_ENV] = str(config_path.resolve())
-    return settings
+    return config
 
 
-def job_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Decorator/executor arguments; everything else (role, S3, KMS, VPC, tags) comes from config.yaml."""
+def _remote_section(config: dict[str, Any]) -> dict[str, Any]:
+    section = config
+    for key in REMOTE_FUNCTION:
+        section = section[key]
+    if not isinstance(section, dict):
+        raise TypeError("RemoteFunction is not a mapping")
+    return section
+
+
+def config_for_instance_type(config: dict[str, Any], instance_type: str | None) -> tuple[dict[str, Any], str]:
+    """The config for a job on ``instance_type`` (default: the config's), and that type.
+
+    SageMaker refuses ``VolumeKmsKeyId`` for types with NVMe instance storage (CreateTrainingJob,
+    ResourceConfig.VolumeKmsKeyId), and the SDK takes it from the config whenever the config has one: so the key is
+    dropped for those types and, for EBS-only types, set to the config's S3 KMS key (the platform key).
+    """
+    effective = copy.deepcopy(config)
+    remote = _remote_section(effective)
+    instance_type = instance_type or remote.get("InstanceType")
+    if not instance_type:
+        raise RemoteSetupError("no instance type: the config has no InstanceType; pass --instance-type")
+    try:
+        local_storage = has_instance_storage(instance_type)
+    except ValueError as error:
+        raise RemoteSetupError(str(error)) from None
+    remote["InstanceType"] = instance_type
+    key = remote.get("VolumeKmsKeyId") or remote.get("S3KmsKeyId")
+    remote.pop("VolumeKmsKeyId", None)
+    if key and not local_storage:
+        remote["VolumeKmsKeyId"] = key
+    return effective, instance_type
+
+
+def job_options(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any]:
+    """Decorator/executor arguments; the rest (role, S3, KMS, VPC, tags) comes from the config through the session.
+
+    The session carries the config adjusted to the instance type (volume key), so nothing reads config.yaml again.
+    On a GPU type, torchrun starts one process per GPU (the SDK's bootstrap sets nproc_per_node to the GPUs it
+    finds; without it the function runs in one process and train() falls back to nn.DataParallel).
+    """
+    from sagemaker.core.helper.session_helper import Session
+
+    effective, instance_type = config_for_instance_type(config, args.instance_type)
     options: dict[str, Any] = {
+        "sagemaker_session": Session(sagemaker_config=effective),
+        "instance_type": instance_type,
+        "use_torchrun": is_gpu(instance_type),
         "dependencies": str(DEPENDENCIES),
         "include_local_workdir": True,
         "custom_file_filter": only_training_code,
@@ -123,28 +210,24 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
         "max_runtime_in_seconds": args.max_runtime_hours * 3600,
         "volume_size": args.volume_gib,
     }
-    if args.instance_type:
-        options["instance_type"] = args.instance_type
-    if args.image_uri:
-        options["image_uri"] = args.image_uri
     return options
 
 
-def remote_training_job(args: argparse.Namespace) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def remote_training_job(args: argparse.Namespace, config: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
     from sagemaker.core.remote_function import remote
 
-    return remote(run_training_job, **job_options(args))
+    return remote(run_training_job, **job_options(args, config))
 
 
-def remote_executor(args: argparse.Namespace) -> Any:
+def remote_executor(args: argparse.Namespace, config: dict[str, Any]) -> Any:
     from sagemaker.core.remote_function import RemoteExecutor
 
-    return RemoteExecutor(max_parallel_jobs=args.max_parallel_jobs, **job_options(args))
+    return RemoteExecutor(max_parallel_jobs=args.max_parallel_jobs, **job_options(args, config))
 
 
-def sweep(args: argparse.Namespace, config: TrainConfig) -> list[dict[str, Any]]:
+def sweep(args: argparse.Namespace, sdk_config: dict[str, Any], config: TrainConfig) -> list[dict[str, Any]]:
     """One job per learning rate, ``max_parallel_jobs`` at a time; returns the rows best-first by macro-F1."""
-    with remote_executor(args) as executor:
+    with remote_executor(args, sdk_config) as executor:
         futures = {rate: executor.submit(run_training_job, asdict(replace(config, learning_rate=rate)))
                    for rate in args.learning_rates}  # fmt: skip
     rows = []
@@ -192,12 +275,12 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, TrainConfi
 def main(argv: list[str] | None = None) -> int:
     try:
         args, config = parse(argv)
-        load_remote_settings(args.config)
+        sdk_config = load_remote_config(args.config, args.image_uri)
         if args.command == "train":
-            metrics = remote_training_job(args)(asdict(config))
+            metrics = remote_training_job(args, sdk_config)(asdict(config))
             print(json.dumps({"epochs": metrics["epochs"], "throughput": metrics["throughput"]}, indent=2))
         else:
-            for row in sweep(args, config):
+            for row in sweep(args, sdk_config, config):
                 print(json.dumps(row))
     except (RemoteSetupError, TrainingInputError) as error:
         print(f"remote_train: error: {error}", file=sys.stderr)

@@ -4,7 +4,9 @@ function and the sweep's executor are built from the environment's config.yaml (
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,15 +23,15 @@ KEY = "arn:aws:kms:us-west-2:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890
 ROLE = "arn:aws:iam::123456789012:role/dev-Foundation-RemoteJobRole"
 
 
-def _write_config(path: Path, python: str = PYTHON) -> Path:
+def _write_config(path: Path, python: str = PYTHON, instance_type: str = "ml.p4d.24xlarge") -> Path:
     config = remote_function_config(
         role_arn=ROLE,
-        s3_root_uri="s3://dev-remote-jobs/jobs",
+        bucket_name="dev-remote-jobs",
         kms_key_id=KEY,
         security_group_ids=["sg-0123456789abcdef0"],
         subnets=["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"],
         tags={"environment": "dev"},
-        instance_type="ml.p4d.24xlarge",
+        instance_type=instance_type,
         image_uri=f"763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.10.0-gpu-{python}-cu130-ubuntu22.04-sagemaker",
     )
     path.write_text(yaml.safe_dump(config))
@@ -38,16 +40,16 @@ def _write_config(path: Path, python: str = PYTHON) -> Path:
 
 @pytest.fixture()
 def offline_sdk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """A region and dummy credentials for the SDK's session, run from the repo root, no default-bucket lookup."""
+    """A region and dummy credentials for the SDK's session, run from the repo root, no default-bucket lookup
+    (tests/training/test_remote_sdk_moto.py runs that lookup against moto)."""
     from sagemaker.core.helper.session_helper import Session
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "offline")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "offline")
-    monkeypatch.delenv(remote_train.CONFIG_ENV, raising=False)
-    # _JobSettings computes the default S3 root (an STS call) even when config.yaml sets S3RootUri.
-    monkeypatch.setattr(Session, "default_bucket", lambda self: "unused-default-bucket")
+    monkeypatch.delenv("SAGEMAKER_USER_CONFIG_OVERRIDE", raising=False)
+    monkeypatch.setattr(Session, "default_bucket", lambda self: "dev-remote-jobs")
     return _write_config(tmp_path / "config.yaml")
 
 
@@ -66,14 +68,19 @@ def test_bad_learning_rates(rates: str, capsys: pytest.CaptureFixture) -> None:
     assert "learning rates must be" in capsys.readouterr().err
 
 
+def _job_settings(job) -> object:
+    (settings,) = [c.cell_contents for c in job.__closure__ if type(c.cell_contents).__name__ == "_JobSettings"]
+    return settings
+
+
 def test_the_decorated_function_is_built_from_config_yaml(offline_sdk: Path) -> None:
     args, _ = remote_train.parse(["--config", str(offline_sdk), "train"])
-    remote_train.load_remote_settings(offline_sdk)
-    job = remote_train.remote_training_job(args)
-    (settings,) = [c.cell_contents for c in job.__closure__ if type(c.cell_contents).__name__ == "_JobSettings"]
+    settings = _job_settings(remote_train.remote_training_job(args, remote_train.load_remote_config(offline_sdk)))
     assert settings.role == ROLE
     assert settings.s3_root_uri == "s3://dev-remote-jobs/jobs"
-    assert settings.s3_kms_key == settings.volume_kms_key == KEY
+    assert settings.s3_kms_key == KEY
+    assert settings.volume_kms_key is None  # p4d has NVMe instance storage: SageMaker refuses a volume key
+    assert settings.use_torchrun is True and settings.nproc_per_node is None  # one process per GPU found
     assert settings.vpc_config == {"Subnets": ["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"],
                                    "SecurityGroupIds": ["sg-0123456789abcdef0"]}  # fmt: skip
     assert settings.instance_type == "ml.p4d.24xlarge"
@@ -85,30 +92,66 @@ def test_the_decorated_function_is_built_from_config_yaml(offline_sdk: Path) -> 
 
 
 def test_the_sweep_executor_is_built_from_config_yaml(offline_sdk: Path) -> None:
-    args, _ = remote_train.parse(["--config", str(offline_sdk), "--instance-type", "ml.g5.2xlarge", "sweep",
+    args, _ = remote_train.parse(["--config", str(offline_sdk), "--instance-type", "ml.p3.8xlarge", "sweep",
                                   "--learning-rates", "1e-5,3e-5", "--max-parallel-jobs", "2"])  # fmt: skip
-    remote_train.load_remote_settings(offline_sdk)
-    executor = remote_train.remote_executor(args)
+    executor = remote_train.remote_executor(args, remote_train.load_remote_config(offline_sdk))
     try:
         assert executor.max_parallel_jobs == 2
-        assert executor.job_settings.instance_type == "ml.g5.2xlarge"  # the flag overrides the config
+        assert executor.job_settings.instance_type == "ml.p3.8xlarge"  # the flag overrides the config
         assert executor.job_settings.role == ROLE and executor.job_settings.s3_kms_key == KEY
+        # p3 has EBS volumes only: the override gets the platform key for them, and torchrun on its 4 GPUs.
+        assert executor.job_settings.volume_kms_key == KEY
+        assert executor.job_settings.use_torchrun is True
     finally:
         executor.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("config_type", "override", "volume_key", "torchrun"),
+    [
+        ("ml.p4d.24xlarge", None, None, True),
+        ("ml.p4d.24xlarge", "ml.g5.12xlarge", None, True),
+        ("ml.p4d.24xlarge", "ml.p3.2xlarge", KEY, True),
+        ("ml.p3.16xlarge", None, KEY, True),
+        ("ml.p3.16xlarge", "ml.p5.48xlarge", None, True),  # the config's key is dropped for the NVMe type
+        ("ml.p3.16xlarge", "ml.g6.48xlarge", None, True),
+        ("ml.p3.16xlarge", "ml.m5.xlarge", KEY, False),  # a CPU type: one process, no torchrun
+        ("ml.p3.16xlarge", "ml.c5d.xlarge", None, False),
+    ],
+)
+def test_volume_key_and_torchrun_follow_the_instance_type_used(
+    offline_sdk: Path, config_type: str, override: str | None, volume_key: str | None, torchrun: bool
+) -> None:
+    config_path = _write_config(offline_sdk.with_name("typed.yaml"), instance_type=config_type)
+    argv = ["--config", str(config_path), *(["--instance-type", override] if override else []), "train"]
+    args, _ = remote_train.parse(argv)
+    config = remote_train.load_remote_config(config_path)
+    settings = _job_settings(remote_train.remote_training_job(args, config))
+    assert (settings.instance_type, settings.volume_kms_key, settings.use_torchrun) == (
+        override or config_type, volume_key, torchrun)  # fmt: skip
+    # The adjusted config is what the session carries (Session() validated it against the SDK's schema).
+    effective, _ = remote_train.config_for_instance_type(config, override)
+    assert ("VolumeKmsKeyId" in effective["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]) == bool(volume_key)
+
+
+def test_an_unknown_instance_type_is_a_setup_error(offline_sdk: Path) -> None:
+    config = remote_train.load_remote_config(offline_sdk)
+    with pytest.raises(RemoteSetupError, match=r"is not a SageMaker instance type such as ml\.g5\.2xlarge"):
+        remote_train.config_for_instance_type(config, "p4d.24xlarge")
 
 
 def test_python_version_mismatch_stops_before_any_job(offline_sdk: Path) -> None:
     other = _write_config(offline_sdk.with_name("other.yaml"), python="py27")
     with pytest.raises(RemoteSetupError, match=r"the job image runs Python 2.7 but this is Python 3\.\d+"):
-        remote_train.load_remote_settings(other)
+        remote_train.load_remote_config(other)
 
 
 def test_missing_or_foreign_config(offline_sdk: Path, tmp_path: Path) -> None:
     with pytest.raises(RemoteSetupError, match="does not exist: fetch it with the FetchRemoteFunctionConfigCommand"):
-        remote_train.load_remote_settings(tmp_path / "absent.yaml")
+        remote_train.load_remote_config(tmp_path / "absent.yaml")
     (tmp_path / "foreign.yaml").write_text("SchemaVersion: '1.0'\n")
     with pytest.raises(RemoteSetupError, match="not a SageMaker SDK config with a RemoteFunction section"):
-        remote_train.load_remote_settings(tmp_path / "foreign.yaml")
+        remote_train.load_remote_config(tmp_path / "foreign.yaml")
 
 
 def test_cli_reports_setup_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -121,7 +164,7 @@ def test_only_the_training_code_is_uploaded(tmp_path: Path, monkeypatch: pytest.
     shutil.copytree(ROOT, tmp_path / "workspace", ignore=remote_train.only_training_code)
     uploaded = sorted(str(p.relative_to(tmp_path / "workspace")) for p in (tmp_path / "workspace").rglob("*")
                       if p.is_file())  # fmt: skip
-    assert "training_assets/train_sentiment.py" in uploaded and "training_assets/remote_train.py" in uploaded
+    assert "training_assets/instance/train_sentiment.py" in uploaded and "training_assets/remote_train.py" in uploaded
     assert all(name.startswith("training_assets/") and name.endswith(".py") for name in uploaded)
 
 
@@ -135,3 +178,54 @@ def test_job_body_trains_and_leaves_the_model_for_sagemaker(tiny_model_dir: Path
     assert metrics["epochs"][0]["epoch"] == 1.0
     assert (tmp_path / "model" / "model.safetensors").is_file()
     assert json.loads((tmp_path / "model" / "metrics.json").read_text())["throughput"]["measured_steps"] == 14
+
+
+def test_image_uri_override_is_the_image_whose_python_is_checked(offline_sdk: Path) -> None:
+    """The version-check message says to pass --image-uri: that must then satisfy the check."""
+    other = _write_config(offline_sdk.with_name("other.yaml"), python="py27")
+    image = (
+        f"763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.10.0-gpu-{PYTHON}-cu130-ubuntu22.04-sagemaker"
+    )
+    config = remote_train.load_remote_config(other, image_uri=image)
+    assert config["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]["ImageUri"] == image
+
+
+def test_inputs_are_downloaded_once_per_instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun every process of an instance asks for the dataset; the first downloads, the others reuse it."""
+    downloads: list[str] = []
+    monkeypatch.setattr(remote_train, "_download_folder", lambda uri, target: downloads.append(uri))
+    for _ in range(3):
+        assert remote_train._download("s3://datasets/tweets/", tmp_path / "dataset") == tmp_path / "dataset"
+    assert downloads == ["s3://datasets/tweets/"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset", "dataset.done", "dataset.lock"]
+
+
+@pytest.mark.slow
+def test_job_body_under_torchrun_trains_one_ddp_run_and_every_rank_returns_rank_zeros_metrics(
+    tiny_model_dir: Path, sample_data: Path, tmp_path: Path
+) -> None:
+    """What the SDK's job driver does on a multi-GPU instance, on CPU: torchrun starts 2 processes that each call
+    run_training_job (gloo instead of NCCL); train() joins them in one DDP run."""
+    config = {"model": str(tiny_model_dir), "dataset": str(sample_data), "epochs": 1, "per_device_batch_size": 8,
+              "learning_rate": 5e-3, "max_seq_length": 32, "use_cpu": True}  # fmt: skip
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "from training_assets.remote_train import run_training_job\n"
+        f"metrics = run_training_job({config!r})\n"
+        f"out = os.path.join({str(tmp_path)!r}, 'rank' + os.environ['RANK'] + '.json')\n"
+        "open(out, 'w').write(json.dumps(metrics))\n"
+    )
+    environment = {
+        **os.environ,
+        "SM_MODEL_DIR": str(tmp_path / "model"),
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+    }
+    subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", "2", "--master_port", "29517",
+                    str(script)], cwd=ROOT, env=environment, check=True, timeout=900)  # fmt: skip
+    rank0, rank1 = (json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1))
+    assert rank0 == rank1  # each rank uploads its return value to the same results key
+    assert rank0["device"]["world_size"] == 2
+    assert (tmp_path / "model" / "model.safetensors").is_file()
+    assert json.loads((tmp_path / "model" / "metrics.json").read_text())["device"]["world_size"] == 2

@@ -1,0 +1,463 @@
+"""The real ``@remote`` path of sagemaker-core, run against moto with the config.yaml and the IAM policies of the
+synthesized dev templates, every API call checked against the policy of the identity that makes it.
+
+``python -m training_assets.remote_train ... train`` (and ``sweep``) run unchanged. A harness wraps botocore's
+``BaseClient._make_api_call``: each call is recorded, mapped to the IAM requests it needs (tests/training/
+iam_policy.py) and evaluated against the launcher policy (the data scientist) or, for the calls the training job
+makes, the RemoteJobRole's policies; a refused call gets the AccessDenied error IAM would send, so the SDK meets
+exactly the errors it would meet in AWS.
+
+What moto does not do, the harness does (test-only workarounds, none in product code):
+- moto enforces no IAM: the harness does, as above.
+- moto's CreateTrainingJob marks the job Completed at once and runs nothing: right after it returns, the harness
+  plays the job in-process as the job role (the SDK's own ``invoke_function`` entry point with the request's
+  container arguments and secret key), with ``train()`` replaced by a stub that writes a model, and writes the
+  job's log stream as SageMaker would.
+- The harness runs Python 3.11 while the default DLC tag is py313: it passes ``--image-uri`` with a py311 tag (the
+  version check refuses a mismatch, as it must).
+- RemoteExecutor's polling intervals (1 s / 10 s) are set to 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import io
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.client
+import pytest
+import yaml
+from botocore.exceptions import ClientError
+
+from tests.training.iam_policy import (
+    Call,
+    Request,
+    Unsupported,
+    is_allowed,
+    logical_id,
+    requests_for,
+    resolve,
+    role_policies,
+    template_exports,
+)
+from training_assets import remote_train
+
+moto = pytest.importorskip("moto")
+
+ROOT = Path(remote_train.__file__).resolve().parents[1]
+ACCOUNT, REGION = "123456789012", "us-west-2"
+IMAGE_PY311 = (
+    f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch-training:2.10.0-gpu-py311-cu130-ubuntu22.04-sagemaker"
+)
+LAUNCHER, JOB = "launcher", "job"
+# The one refusal the SDK is built to meet: boto3's Bucket.creation_date lists all buckets and treats AccessDenied as
+# "unknown" (boto3/s3/inject.py bucket_load); the SDK then checks the configured bucket with ListObjectsV2.
+TOLERATED_REFUSALS = {("s3", "ListBuckets")}
+
+
+# ------------------------------------------------------------------------------------------------- the harness
+
+
+@dataclass
+class Recorded:
+    principal: str
+    call: Call
+    requests: list[Request]
+    allowed: bool
+
+
+@dataclass
+class Platform:
+    """The dev environment's resources in moto, and what the templates say about them."""
+
+    config_path: Path
+    config: dict[str, Any]
+    policies: dict[str, list[dict[str, Any]]]
+    buckets: dict[str, str]  # RemoteJobs/Datasets/Artifacts -> bucket name
+    key_arn: str
+    role_arn: str
+    subnets: list[str]
+    security_group: str
+    calls: list[Recorded] = field(default_factory=list)
+    job_exit_codes: list[int] = field(default_factory=list)
+    create_requests: list[dict[str, Any]] = field(default_factory=list)
+
+    def refused(self, principal: str | None = None) -> list[tuple[str, str]]:
+        return [(r.call.service, r.call.operation) for r in self.calls
+                if not r.allowed and principal in (None, r.principal)]  # fmt: skip
+
+    def operations(self, principal: str) -> set[tuple[str, str]]:
+        return {(r.call.service, r.call.operation) for r in self.calls if r.principal == principal}
+
+
+_principal: contextvars.ContextVar[str | None] = contextvars.ContextVar("principal", default=None)
+
+
+def _create_platform(templates: dict[str, dict[str, dict]], tmp_path: Path) -> Platform:
+    """Create the dev resources the @remote path touches, resolve the templates against them, write config.yaml."""
+    foundation, training = templates["dev"]["Foundation"], templates["dev"]["Training"]
+    kms, s3, iam, ec2 = (boto3.client(name, region_name=REGION) for name in ("kms", "s3", "iam", "ec2"))
+    key = kms.create_key(Description="platform key")["KeyMetadata"]
+    role = iam.create_role(RoleName="dev-Foundation-RemoteJobRole", AssumeRolePolicyDocument=json.dumps(
+        foundation["Resources"][logical_id(foundation, "AWS::IAM::Role", "RemoteJobRole")]["Properties"]
+        ["AssumeRolePolicyDocument"]))["Role"]  # fmt: skip
+    vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
+    subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.40.{i}.0/24")["Subnet"]["SubnetId"] for i in (1, 2)]
+    group = ec2.create_security_group(GroupName="workload", Description="workload", VpcId=vpc)["GroupId"]
+    buckets = {}
+    for name in ("RemoteJobs", "Datasets", "Artifacts"):
+        buckets[name] = f"dev-foundation-{name.lower()}-moto"
+        s3.create_bucket(Bucket=buckets[name], CreateBucketConfiguration={"LocationConstraint": REGION})
+        default = {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": key["Arn"]}
+        s3.put_bucket_encryption(Bucket=buckets[name], ServerSideEncryptionConfiguration={
+            "Rules": [{"ApplyServerSideEncryptionByDefault": default}]})  # fmt: skip
+
+    refs: dict[str, Any] = {"AWS::AccountId": ACCOUNT, "AWS::Partition": "aws", "AWS::Region": REGION,
+                            "AWS::URLSuffix": "amazonaws.com"}  # fmt: skip
+    key_id = logical_id(foundation, "AWS::KMS::Key", "PlatformKey")
+    role_id = logical_id(foundation, "AWS::IAM::Role", "RemoteJobRole")
+    refs.update({key_id: key["KeyId"], f"{key_id}.Arn": key["Arn"], role_id: role["RoleName"],
+                 f"{role_id}.Arn": role["Arn"]})  # fmt: skip
+    for name, bucket in buckets.items():
+        bucket_id = logical_id(foundation, "AWS::S3::Bucket", name)
+        refs.update({bucket_id: bucket, f"{bucket_id}.Arn": f"arn:aws:s3:::{bucket}"})
+    for i, subnet in enumerate(subnets, start=1):
+        refs[logical_id(foundation, "AWS::EC2::Subnet", f"VpcPrivateSubnet{i}Subnet")] = subnet
+    refs[f"{logical_id(foundation, 'AWS::EC2::SecurityGroup', 'WorkloadSecurityGroup')}.GroupId"] = group
+
+    launcher_id = logical_id(foundation, "AWS::IAM::ManagedPolicy", "RemoteJobLauncherPolicy")
+    policies = {
+        LAUNCHER: [resolve(foundation["Resources"][launcher_id]["Properties"]["PolicyDocument"], refs=refs)],
+        JOB: role_policies(foundation, role_id, refs),
+    }
+    # The config.yaml as CloudFormation writes it to SSM, fetched the way the README says.
+    (parameter,) = [r for r in training["Resources"].values() if r["Type"] == "AWS::SSM::Parameter"]
+    text = resolve(parameter["Properties"]["Value"], refs=refs, exports=template_exports(foundation, refs))
+    ssm = boto3.client("ssm", region_name=REGION)
+    name = parameter["Properties"]["Name"]
+    ssm.put_parameter(Name=name, Value=text, Type="String")
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(ssm.get_parameter(Name=name)["Parameter"]["Value"])
+    return Platform(config_path=config_path, config=yaml.safe_load(text), policies=policies, buckets=buckets,
+                    key_arn=key["Arn"], role_arn=role["Arn"], subnets=subnets, security_group=group)  # fmt: skip
+
+
+def _play_job(platform: Platform, request: dict[str, Any]) -> None:
+    """What SageMaker would run for this CreateTrainingJob: the SDK's invoke_function as the job role, then logs."""
+    from sagemaker.core.remote_function import invoke_function
+
+    environment = {"REMOTE_FUNCTION_SECRET_KEY": request["Environment"]["REMOTE_FUNCTION_SECRET_KEY"]}
+    with _as(JOB), _environment(environment):
+        try:
+            invoke_function.main(request["AlgorithmSpecification"]["ContainerArguments"])
+        except SystemExit as exit_:
+            platform.job_exit_codes.append(int(exit_.code or 0))
+    with _as(None):  # SageMaker's own writes: neither the launcher's nor the job's, not checked
+        logs = boto3.client("logs", region_name=REGION)
+        group, stream = "/aws/sagemaker/TrainingJobs", f"{request['TrainingJobName']}/algo-1-{int(time.time())}"
+        with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
+            logs.create_log_group(logGroupName=group)
+        logs.create_log_stream(logGroupName=group, logStreamName=stream)
+        event = {"timestamp": int(time.time() * 1000), "message": "INFO: training finished"}
+        logs.put_log_events(logGroupName=group, logStreamName=stream, logEvents=[event])
+
+
+_job_lock = threading.Lock()  # one played job at a time: each sets its own secret key in the environment
+
+
+@contextlib.contextmanager
+def _as(principal: str | None) -> Iterator[None]:
+    token = _principal.set(principal)
+    try:
+        yield
+    finally:
+        _principal.reset(token)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+
+
+@pytest.fixture()
+def platform(
+    templates: dict[str, dict[str, dict]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Platform]:
+    """moto with the dev resources; every botocore call made by a principal is checked against its policies."""
+    from sagemaker.core.remote_function import client as remote_client
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "moto", "AWS_SECRET_ACCESS_KEY": "moto", "AWS_DEFAULT_REGION": REGION,
+                        "SM_MODEL_DIR": str(tmp_path / "job" / "model")}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    for name in ("SAGEMAKER_USER_CONFIG_OVERRIDE", "SAGEMAKER_ADMIN_CONFIG_OVERRIDE", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(remote_train, "JOB_INPUT_DIR", tmp_path / "job" / "input")
+    monkeypatch.setattr(remote_train, "train", _stub_train)
+    monkeypatch.setattr(remote_client, "_API_CALL_LIMIT", dict.fromkeys(remote_client._API_CALL_LIMIT, 0))
+    boto3.DEFAULT_SESSION = None
+    with moto.mock_aws():
+        platform = _create_platform(templates, tmp_path)
+        encrypted = {bucket: platform.key_arn for bucket in platform.buckets.values()}
+        original = botocore.client.BaseClient._make_api_call
+
+        def checked_call(client: Any, operation: str, params: dict[str, Any]) -> Any:
+            principal = _principal.get()
+            if principal is None:
+                return original(client, operation, params)
+            call = Call(client.meta.service_model.service_name, operation, dict(params), client.meta.region_name,
+                        ACCOUNT)  # fmt: skip
+            requests = requests_for(call, kms_encrypted_buckets=encrypted)
+            allowed = all(is_allowed(platform.policies[principal], request) for request in requests)
+            platform.calls.append(Recorded(principal, call, requests, allowed))
+            if not allowed:
+                raise ClientError({"Error": {"Code": "AccessDenied", "Message": f"{principal} may not {requests}"},
+                                   "ResponseMetadata": {"HTTPStatusCode": 403}}, operation)  # fmt: skip
+            response = original(client, operation, params)
+            if (call.service, operation) == ("sagemaker", "CreateTrainingJob"):
+                platform.create_requests.append(params)
+                with _job_lock:
+                    _play_job(platform, params)
+            return response
+
+        monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", checked_call)
+        _propagate_principal_to_threads(monkeypatch)
+        yield platform
+    boto3.DEFAULT_SESSION = None
+
+
+def _propagate_principal_to_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls made in worker threads belong to whoever started the work: s3transfer uploads and downloads in a
+    thread pool, RemoteExecutor submits and polls from its own threads. Without this they would go unchecked."""
+    submit, start, run = ThreadPoolExecutor.submit, threading.Thread.start, threading.Thread.run
+
+    def submit_in_context(self: ThreadPoolExecutor, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return submit(self, contextvars.copy_context().run, fn, *args, **kwargs)
+
+    def start_in_context(self: threading.Thread) -> None:
+        self._principal_context = contextvars.copy_context()  # type: ignore[attr-defined]
+        start(self)
+
+    def run_in_context(self: threading.Thread) -> None:
+        context = getattr(self, "_principal_context", None)
+        context.run(run, self) if context is not None else run(self)
+
+    monkeypatch.setattr(ThreadPoolExecutor, "submit", submit_in_context)
+    monkeypatch.setattr(threading.Thread, "start", start_in_context)
+    monkeypatch.setattr(threading.Thread, "run", run_in_context)
+
+
+def _stub_train(config: Any) -> dict[str, Any]:
+    """Stands in for train_sentiment.train inside the played job: checks the downloaded dataset, writes a model."""
+    dataset = Path(config.dataset)
+    assert (dataset / "train.csv").is_file() and (dataset / "validation.csv").is_file()
+    saved = Path(config.output_dir) / "saved_model"
+    saved.mkdir(parents=True)
+    (saved / "model.safetensors").write_bytes(b"weights")
+    metrics = {"epochs": [{"epoch": 1.0, "eval_macro_f1": 1 - config.learning_rate * 1e4, "eval_accuracy": 0.5}],
+               "throughput": {"train_samples_per_second": 100.0}}  # fmt: skip
+    (Path(config.output_dir) / "metrics.json").write_text(json.dumps(metrics))
+    return metrics
+
+
+def _upload_dataset(platform: Platform) -> str:
+    s3 = boto3.client("s3", region_name=REGION)
+    for split in ("train", "validation"):
+        s3.put_object(Bucket=platform.buckets["Datasets"], Key=f"tweets/{split}.csv", Body=b"text,label\nhi,1\n")
+    return f"s3://{platform.buckets['Datasets']}/tweets/"
+
+
+def _run(platform: Platform, *argv: str) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with _as(LAUNCHER), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = remote_train.main(["--config", str(platform.config_path), "--image-uri", IMAGE_PY311, *argv])
+    assert code == 0, err.getvalue()
+    return code, out.getvalue()
+
+
+# ------------------------------------------------------------------------------------------------------ tests
+
+
+def test_train_runs_the_real_remote_path_within_the_launcher_policy(platform: Platform) -> None:
+    dataset = _upload_dataset(platform)
+    code, out = _run(platform, "train", "--", "--dataset", dataset, "--epochs", "1")
+
+    assert code == 0, out
+    assert "INFO: training finished" in out  # job.wait() printed the job's log stream
+    assert json.loads(out[out.rindex('{\n  "epochs"') :])["epochs"][0]["epoch"] == 1.0
+    assert platform.job_exit_codes == [0]
+    # Every launcher call is allowed by the launcher policy, but the one refusal the SDK tolerates.
+    assert set(platform.refused(LAUNCHER)) <= TOLERATED_REFUSALS, platform.refused(LAUNCHER)
+    assert platform.refused(JOB) == []
+    launcher_calls = platform.operations(LAUNCHER)
+    for operation in ("CreateTrainingJob", "DescribeTrainingJob"):
+        assert ("sagemaker", operation) in launcher_calls
+    # Staged the function, arguments and workspace, read the results; job.wait() followed the job's log stream.
+    assert {("s3", "PutObject"), ("s3", "GetObject"), ("logs", "DescribeLogStreams"), ("logs", "GetLogEvents")} <= (
+        launcher_calls
+    )
+    # The job (as the RemoteJobRole) read the function and the dataset and wrote its results.
+    assert {("s3", "GetObject"), ("s3", "ListObjectsV2"), ("s3", "PutObject")} <= platform.operations(JOB)
+    # Only the RemoteJobs bucket: never the SDK's default bucket sagemaker-<region>-<account>.
+    touched = {r.call.params["Bucket"] for r in platform.calls if r.principal == LAUNCHER and "Bucket" in r.call.params}
+    assert touched == {platform.buckets["RemoteJobs"]}
+    assert ("s3", "CreateBucket") not in launcher_calls and ("s3", "HeadBucket") not in launcher_calls
+
+    (request,) = platform.create_requests
+    root = f"s3://{platform.buckets['RemoteJobs']}/jobs/"
+    assert request["RoleArn"] == platform.role_arn
+    assert request["OutputDataConfig"]["S3OutputPath"].startswith(root)
+    assert request["OutputDataConfig"]["KmsKeyId"] == platform.key_arn
+    channels = request["InputDataConfig"]
+    assert all(channel["DataSource"]["S3DataSource"]["S3Uri"].startswith(root) for channel in channels)
+    assert request["VpcConfig"] == {"Subnets": platform.subnets, "SecurityGroupIds": [platform.security_group]}
+    resources = request["ResourceConfig"]
+    assert resources["InstanceType"] == "ml.p4d.24xlarge" and resources["InstanceCount"] == 1
+    assert "VolumeKmsKeyId" not in resources  # SageMaker refuses a volume key for p4d's NVMe instance storage
+    assert {"Key": "environment", "Value": "dev"} in request["Tags"]
+    assert request["AlgorithmSpecification"]["TrainingImage"] == IMAGE_PY311
+    # The played job left the model where SageMaker packs output/model.tar.gz from.
+    assert (Path(os.environ["SM_MODEL_DIR"]) / "model.safetensors").is_file()
+
+
+def test_the_job_runs_one_process_per_gpu_under_torchrun(platform: Platform, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Issue 12.3: the job specification the SDK sends starts torchrun, which the SDK's bootstrap sizes to the GPUs."""
+    from sagemaker.core.remote_function.runtime_environment import bootstrap_runtime_environment as bootstrap
+
+    code, _ = _run(platform, "train", "--", "--dataset", _upload_dataset(platform))
+    assert code == 0
+    (request,) = platform.create_requests
+    arguments = request["AlgorithmSpecification"]["ContainerArguments"]
+    assert arguments[arguments.index("--distribution") + 1] == "torchrun"
+    assert "--user_nproc_per_node" not in arguments  # nproc_per_node: the GPUs the bootstrap finds
+    entrypoint = request["AlgorithmSpecification"]["ContainerEntrypoint"]
+    (scripts,) = [c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]
+                  if f"/opt/ml/input/data/{c['ChannelName']}/" in entrypoint[-1]]  # fmt: skip
+    bucket, _, prefix = scripts.removeprefix("s3://").partition("/")
+    driver = boto3.client("s3", region_name=REGION).get_object(Bucket=bucket, Key=f"{prefix}/job_driver.sh")
+    assert "torchrun --nnodes $SM_HOST_COUNT --nproc_per_node $SM_NPROC_PER_NODE" in driver["Body"].read().decode()
+    # The SDK's bootstrap, given the container arguments on a p4d (8 GPUs), sets SM_NPROC_PER_NODE to 8.
+    monkeypatch.setattr(bootstrap, "num_gpus", lambda: 8)
+    monkeypatch.setenv("TRAINING_JOB_NAME", request["TrainingJobName"])
+    distribution = arguments[arguments.index("--distribution") + 1]
+    bootstrap.set_env({"current_host": "algo-1", "current_instance_type": "ml.p4d.24xlarge", "hosts": ["algo-1"],
+                       "network_interface_name": "eth0"}, distribution=distribution, user_nproc_per_node=None,
+                      output_file=str(tmp_path / "sm_training.env"))  # fmt: skip
+    assert "export SM_NPROC_PER_NODE='8'" in (tmp_path / "sm_training.env").read_text().splitlines()
+
+
+def test_sweep_through_remote_executor_within_the_launcher_policy(platform: Platform) -> None:
+    dataset = _upload_dataset(platform)
+    code, out = _run(platform, "sweep", "--learning-rates", "1e-5,3e-5", "--max-parallel-jobs", "2", "--",
+                     "--dataset", dataset)  # fmt: skip
+    assert code == 0
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith('{"learning_rate"')]
+    assert [row["learning_rate"] for row in rows] == [1e-5, 3e-5]  # best macro-F1 first
+    assert platform.job_exit_codes == [0, 0]
+    assert set(platform.refused(LAUNCHER)) <= TOLERATED_REFUSALS and platform.refused(JOB) == []
+    assert len(platform.create_requests) == 2
+    for request in platform.create_requests:
+        arguments = request["AlgorithmSpecification"]["ContainerArguments"]
+        assert arguments[arguments.index("--distribution") + 1] == "torchrun"
+        assert "VolumeKmsKeyId" not in request["ResourceConfig"]
+
+
+def test_an_ebs_only_override_gets_the_volume_key_and_sagemaker_accepts_the_request(platform: Platform) -> None:
+    code, _ = _run(platform, "--instance-type", "ml.p3.16xlarge", "train", "--", "--dataset", _upload_dataset(platform))
+    assert code == 0
+    (request,) = platform.create_requests
+    assert request["ResourceConfig"]["InstanceType"] == "ml.p3.16xlarge"
+    assert request["ResourceConfig"]["VolumeKmsKeyId"] == platform.key_arn
+
+
+def test_without_the_session_bucket_the_sdk_probes_an_unmanaged_bucket_and_is_refused(platform: Platform) -> None:
+    """Why config.yaml names the SDK's default bucket: without it, @remote stops at its first S3 call."""
+    config = yaml.safe_load(platform.config_path.read_text())
+    del config["SageMaker"]["PythonSDK"]["Modules"]["Session"]
+    platform.config_path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ClientError, match="AccessDenied"):
+        _run(platform, "train", "--", "--dataset", _upload_dataset(platform))
+    refused = [r.call for r in platform.calls if not r.allowed and r.call.operation != "ListBuckets"]
+    assert [(c.operation, c.params["Bucket"]) for c in refused] == [("HeadBucket", f"sagemaker-{REGION}-{ACCOUNT}")]
+    assert platform.create_requests == []
+
+
+def test_without_the_log_statement_waiting_for_the_job_fails(platform: Platform) -> None:
+    """Why the launcher policy may read the training-job logs: job.wait() re-raises the refusal."""
+    (policy,) = platform.policies[LAUNCHER]
+    policy["Statement"] = [s for s in policy["Statement"] if s.get("Sid") != "FollowTrainingJobLogs"]
+    with pytest.raises(ClientError, match="AccessDenied"):
+        _run(platform, "train", "--", "--dataset", _upload_dataset(platform))
+    assert ("logs", "DescribeLogStreams") in platform.refused(LAUNCHER)
+
+
+# ----------------------------------------------------------------------------------------- the evaluator itself
+
+
+def _policy(*statements: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"Version": "2012-10-17", "Statement": list(statements)}]
+
+
+def test_evaluator_matches_actions_resources_and_conditions() -> None:
+    allow = _policy(
+        {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": "arn:aws:s3:::b/jobs/*"},
+        {"Effect": "Allow", "Action": "iam:PassRole", "Resource": "arn:aws:iam::1:role/r",
+         "Condition": {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}},
+        {"Effect": "Allow", "Action": "logs:Get*", "Resource": "arn:aws:logs:r:1:log-group:/g:*"},
+    )  # fmt: skip
+    assert is_allowed(allow, Request("s3:GetObject", "arn:aws:s3:::b/jobs/x/y"))
+    assert is_allowed(allow, Request("S3:getobject", "arn:aws:s3:::b/jobs/x"))  # actions are case-insensitive
+    assert not is_allowed(allow, Request("s3:GetObject", "arn:aws:s3:::b/other"))
+    assert not is_allowed(allow, Request("s3:PutObject", "arn:aws:s3:::b/jobs/x"))
+    assert is_allowed(allow, Request("iam:PassRole", "arn:aws:iam::1:role/r",
+                                     {"iam:PassedToService": "sagemaker.amazonaws.com"}))  # fmt: skip
+    assert not is_allowed(allow, Request("iam:PassRole", "arn:aws:iam::1:role/r",
+                                         {"iam:PassedToService": "ec2.amazonaws.com"}))  # fmt: skip
+    assert not is_allowed(allow, Request("iam:PassRole", "arn:aws:iam::1:role/r"))  # missing key: no match
+    assert is_allowed(allow, Request("logs:GetLogEvents", "arn:aws:logs:r:1:log-group:/g:log-stream:j/algo-1"))
+    assert not is_allowed(allow, Request("logs:GetLogEvents", "arn:aws:logs:r:1:log-group:/other:log-stream:s"))
+    deny = _policy(*allow[0]["Statement"], {"Effect": "Deny", "Action": "s3:*", "Resource": "*"})
+    assert not is_allowed(deny, Request("s3:GetObject", "arn:aws:s3:::b/jobs/x"))
+
+
+def test_evaluator_fails_closed_on_what_it_does_not_model() -> None:
+    with pytest.raises(Unsupported, match="NotAction"):
+        is_allowed(_policy({"Effect": "Allow", "NotAction": "s3:*", "Resource": "*"}), Request("a:b", "r"))
+    with pytest.raises(Unsupported, match="condition operator NumericLessThan"):
+        is_allowed(_policy({"Effect": "Allow", "Action": "a:b", "Resource": "*",
+                            "Condition": {"NumericLessThan": {"k": "1"}}}), Request("a:b", "r"))  # fmt: skip
+    with pytest.raises(Unsupported, match="no IAM mapping for sagemaker:CreateEndpoint"):
+        requests_for(Call("sagemaker", "CreateEndpoint", {}, REGION, ACCOUNT), kms_encrypted_buckets={})
+
+
+def test_calls_map_to_the_requests_aws_documents() -> None:
+    put = Call("s3", "PutObject", {"Bucket": "b", "Key": "k", "SSEKMSKeyId": "arn:key"}, REGION, ACCOUNT)
+    assert requests_for(put, kms_encrypted_buckets={"b": "arn:default"}) == [
+        Request("s3:PutObject", "arn:aws:s3:::b/k"),
+        Request("kms:GenerateDataKey", "arn:key", {"kms:ViaService": f"s3.{REGION}.amazonaws.com"}),
+    ]
+    create = Call("sagemaker", "CreateTrainingJob", {"TrainingJobName": "j", "RoleArn": "arn:role", "Tags": [{}]},
+                  REGION, ACCOUNT)  # fmt: skip
+    job_arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/j"
+    assert requests_for(create, kms_encrypted_buckets={}) == [
+        Request("sagemaker:CreateTrainingJob", job_arn),
+        Request("iam:PassRole", "arn:role", {"iam:PassedToService": "sagemaker.amazonaws.com"}),
+        Request("sagemaker:AddTags", job_arn),
+    ]
