@@ -260,6 +260,7 @@ class _Template:
             "AWS::SNS::TopicPolicy": ("Topics", "PolicyDocument"),
             "AWS::SQS::QueuePolicy": ("Queues", "PolicyDocument"),
             "AWS::ECR::Repository": (None, "RepositoryPolicyText"),
+            "AWS::EC2::VPCEndpoint": (None, "PolicyDocument"),
         }
         entries = []
         for lid, resource in self._of_type(*documents):
@@ -274,7 +275,13 @@ class _Template:
                 strict=True,
             ):
                 principals = sorted(describe(p) for p in _principals(raw.get("Principal")))
-                public = statement["effect"] == "Allow" and "*" in principals and "Condition" not in raw
+                # A VPC endpoint policy names "*" as its principal by design: only callers inside the VPC reach it.
+                public = (
+                    statement["effect"] == "Allow"
+                    and "*" in principals
+                    and "Condition" not in raw
+                    and resource["Type"] != "AWS::EC2::VPCEndpoint"
+                )
                 entries.append({"resource": target, "principals": principals, "public": public, **statement})
         return entries
 
