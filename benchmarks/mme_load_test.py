@@ -34,13 +34,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import mme_locustfile  # noqa: E402  (needs the path above)
 
-from inference_assets.local_mme import (  # noqa: E402
+from inference_assets.local.local_mme import (  # noqa: E402
     LocalModelServer,
     LocalMultiModelEndpoint,
     ModelNotFound,
     ModelServerError,
 )
-from inference_assets.publish_models import build_archive, copy_names  # noqa: E402
+from inference_assets.tools.publish_models import build_archive, copy_names  # noqa: E402
 
 PROBE_WARM_REQUESTS = 20
 STOP_TIMEOUT_S = 300
@@ -160,11 +160,19 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--users", type=int, default=8, help="concurrent Locust users")
     parser.add_argument("--spawn-rate", type=float, default=8, help="users started per second")
     parser.add_argument("--duration", type=float, default=60, help="seconds per pattern")
-    parser.add_argument("--patterns", nargs="+", choices=list(mme_locustfile.PATTERNS),
-                        default=list(mme_locustfile.PATTERNS), help="uniform must be among them (the baseline)")
+    parser.add_argument(
+        "--patterns",
+        nargs="+",
+        choices=list(mme_locustfile.PATTERNS),
+        default=list(mme_locustfile.PATTERNS),
+        help="uniform must be among them (the baseline)",
+    )
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
-    parser.add_argument("--work-dir", type=Path, help="local harness: keep models and server logs here (default: a "
-                        "temporary directory, removed at the end)")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        help="local harness: keep models and server logs here (default: a temporary directory, removed at the end)",
+    )
     args = parser.parse_args(argv)
     if args.models <= mme_locustfile.HOT_SET:
         parser.error(f"--models must exceed {mme_locustfile.HOT_SET} (the top-10 pattern needs a tail)")

@@ -40,10 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from inference_assets.endpoint_environment import endpoint_environment  # noqa: E402
-from inference_assets.local_server import LocalToolkitServer  # noqa: E402
-from inference_assets.package_model import build_model_archive  # noqa: E402
-from inference_assets.sentiment_predictor import SentimentPredictor  # noqa: E402
+from inference_assets.container.predictor import SentimentPredictor  # noqa: E402
+from inference_assets.local.local_server import LocalToolkitServer  # noqa: E402
+from inference_assets.tools.endpoint_environment import endpoint_environment  # noqa: E402
+from inference_assets.tools.package_model import build_model_archive  # noqa: E402
 from training_assets.tiny_model import SAMPLE_DATA, build_tiny_model  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

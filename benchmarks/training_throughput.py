@@ -1,16 +1,17 @@
 """Training throughput of the seed's PyTorch 2 features, side by side in one run: the baseline (eager, fp32, plain
 AdamW), each feature alone (torch.compile, bf16, fused AdamW) and all three, on the same model and data.
 
-Each variant is one run of training_assets/train_sentiment.py in its own process with a fresh TorchInductor cache,
-so the compile warm-up is measured cold. Throughput excludes the warm-up steps; the results give it apart.
+Each variant is one run of training_assets/instance/train_sentiment.py in its own process with a fresh
+TorchInductor cache, so the compile warm-up is measured cold. Throughput excludes the warm-up steps; the results
+give it apart.
 The variants run in interleaved rounds (--rounds, default 2) and each keeps its best round, so a burst of other
 work on a shared machine does not decide a ratio; on CPU each run uses one thread (--cpu-threads) for the same reason.
 The results file records every round and the machine's load average around each run.
 
     # CPU here: a small RoBERTa (4 x 256) built offline, on the shipped sample data
-    python benchmarks/training_throughput.py
+    python -m benchmarks.training_throughput
     # a GPU node, the seed's model and data (8 GPUs: DDP through torchrun)
-    python benchmarks/training_throughput.py --model cardiffnlp/twitter-roberta-base-sentiment-latest \\
+    python -m benchmarks.training_throughput --model cardiffnlp/twitter-roberta-base-sentiment-latest \\
         --dataset tweet_eval --max-train-samples 20000 --batch-size 32 --max-seq-length 128 --nproc-per-node 8 \\
         --output benchmarks/results/training_throughput_p4d.json
 """
@@ -28,12 +29,11 @@ from pathlib import Path
 
 import torch
 
+from training_assets.tiny_model import SAMPLE_DATA, build_tiny_model
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
-from training_assets.tiny_model import SAMPLE_DATA, build_tiny_model  # noqa: E402
-
-SCRIPT = ROOT / "training_assets" / "train_sentiment.py"
+TRAINING_MODULE = "training_assets.instance.train_sentiment"
 VARIANTS = {
     "baseline": (),
     "torch_compile": ("--torch-compile",),
@@ -60,7 +60,7 @@ def run_variant(name: str, flags: tuple[str, ...], args: argparse.Namespace, mod
     if args.nproc_per_node > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc_per_node}"]
     command = [
-        *launcher, str(SCRIPT), "--model", model, "--dataset", args.dataset, "--output-dir", str(output),
+        *launcher, "-m", TRAINING_MODULE, "--model", model, "--dataset", args.dataset, "--output-dir", str(output),
         "--epochs", str(args.epochs), "--per-device-batch-size", str(args.batch_size),
         "--max-seq-length", str(args.max_seq_length), "--learning-rate", str(args.learning_rate),
         "--warmup-steps", str(args.warmup_steps), *flags,
@@ -75,7 +75,7 @@ def run_variant(name: str, flags: tuple[str, ...], args: argparse.Namespace, mod
         env["OMP_NUM_THREADS"] = str(args.cpu_threads)
     print(f"[{name}] {shlex.join(command)}", flush=True)
     load_before = os.getloadavg()[0]
-    result = subprocess.run(command, env=env, check=False, capture_output=True, text=True)
+    result = subprocess.run(command, env=env, cwd=ROOT, check=False, capture_output=True, text=True)
     # Other work on the machine slows a variant down: the 1-minute load average before and after shows it.
     load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     if result.returncode != 0:
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
             for metric in ("train_samples_per_second", "median_samples_per_second"):
                 row[f"{metric}_vs_baseline"] = round(row[metric] / baseline[metric], 3)
     result = {
-        "command": shlex.join(["python", "benchmarks/training_throughput.py", *given]),
+        "command": shlex.join(["python", "-m", "benchmarks.training_throughput", *given]),
         "note": HONESTY,
         "device": baseline["device"],
         "model": args.model or f"small RoBERTa built offline {SMALL_MODEL}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ops_review.review import ENCRYPTION_RANK, is_wildcard
+from ops_review.review import ENCRYPTION_RANK, NOT_PREFIX, is_public_principal, is_wildcard
 
 Reviews = dict[str, dict[str, dict[str, Any]]]
 
@@ -35,8 +35,15 @@ def _empty_review() -> dict[str, Any]:
     return {
         "iam": {},
         "resource_policies": [],
-        "network": {"security_groups": {}, "open_ingress": [], "public_subnets": [], "vpc_endpoints": []},
+        "network": {
+            "security_groups": {},
+            "open_ingress": [],
+            "open_egress": [],
+            "public_subnets": [],
+            "vpc_endpoints": [],
+        },
         "encryption": [],
+        "guardrails": {"public_access_block": {}, "tls_only": {}, "instance_metadata": {}},
         "retention": [],
         "acknowledgements": [],
         "cost": {
@@ -62,6 +69,16 @@ def permission_grants(review: dict[str, Any]) -> set[tuple[str, str, str, str, s
         for p in review["resource_policies"]
         for action in p["actions"]
         for resource in p["resources"]
+    }
+
+
+def trust_grants(review: dict[str, Any]) -> set[tuple[str, str, str, str]]:
+    """One (role, effect, principal, conditions) per principal of every trust-policy statement."""
+    return {
+        (role, t["effect"], principal, t["conditions"] or "")
+        for role, entry in review["iam"].items()
+        for t in entry.get("trust", [])
+        for principal in t["principals"]
     }
 
 
@@ -92,15 +109,22 @@ def _stack_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, A
     exposure_before, exposure_after = _exposure(before), _exposure(after)
     acks_before = {(a["rule"], a["reason"]) for a in before["acknowledgements"]}
     acks_after = {(a["rule"], a["reason"]) for a in after["acknowledgements"]}
+    trust_before, trust_after = trust_grants(before), trust_grants(after)
     changes = {
         "permissions_added": sorted(grants_after - grants_before),
         "permissions_removed": sorted(grants_before - grants_after),
+        "trust_added": sorted(trust_after - trust_before),
+        "trust_removed": sorted(trust_before - trust_after),
         "exposure_added": sorted(exposure_after - exposure_before),
         "exposure_removed": sorted(exposure_before - exposure_after),
         "encryption": _changed(
             _by_resource(before["encryption"], ("encrypted_with", "key", "rotation")),
             _by_resource(after["encryption"], ("encrypted_with", "key", "rotation")),
         ),
+        **{
+            guardrail: _changed(before["guardrails"][guardrail], after["guardrails"][guardrail])
+            for guardrail in ("public_access_block", "tls_only", "instance_metadata")
+        },
         "retention": _changed(
             _by_resource(before["retention"], ("deletion_policy", "update_replace_policy", "retention_days")),
             _by_resource(after["retention"], ("deletion_policy", "update_replace_policy", "retention_days")),
@@ -132,10 +156,15 @@ def _stack_findings(label: str, before: dict[str, Any], after: dict[str, Any]) -
     for (principal, resource, conditions), actions in wildcards.items():
         where = f" if {conditions}" if conditions else ""
         findings.append(
-            f"{label}: wildcard permission added: {principal} may {', '.join(actions)} on {resource}{where}"
+            f"{label}: wildcard permission added: {principal} may {', '.join(map(_grant_text, actions))} "
+            f"on {_grant_text(resource)}{where}"
         )
+    findings += _trust_findings(label, before, after)
     for rule in sorted(set(after["network"]["open_ingress"]) - set(before["network"]["open_ingress"])):
         findings.append(f"{label}: ingress from the internet added: {rule}")
+    for rule in sorted(set(after["network"]["open_egress"]) - set(before["network"]["open_egress"])):
+        findings.append(f"{label}: egress to the internet on all traffic added: {rule}")
+    findings += _guardrail_findings(label, before["guardrails"], after["guardrails"])
     public_before = {p["resource"] for p in before["resource_policies"] if p["public"]}
     for resource in sorted({p["resource"] for p in after["resource_policies"] if p["public"]} - public_before):
         findings.append(f"{label}: resource policy of {resource} allows everyone")
@@ -171,4 +200,49 @@ def _stack_findings(label: str, before: dict[str, Any], after: dict[str, Any]) -
         old_cost, new_cost = before["cost"][key], after["cost"][key]
         if new_cost > old_cost:
             findings.append(f"{label}: {title} up ${new_cost - old_cost:.4f}/h (${old_cost:.4f} -> ${new_cost:.4f})")
+    return findings
+
+
+def _grant_text(value: str) -> str:
+    """'NOT iam:*' (from NotAction/NotResource) reads as what it grants: everything except iam:*."""
+    return f"everything except {value.removeprefix(NOT_PREFIX)}" if value.startswith(NOT_PREFIX) else value
+
+
+def _trust_findings(label: str, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """New ways to assume a role: anyone ('*'), or an account, role or user (service principals are not flagged:
+    a new role for a service is ordinary; its permissions are diffed separately)."""
+    findings = []
+    for role, effect, principal, conditions in sorted(trust_grants(after) - trust_grants(before)):
+        if effect != "Allow" or principal.endswith(".amazonaws.com") or principal.endswith(".amazonaws.com.cn"):
+            continue
+        where = f" if {conditions}" if conditions else ""
+        if is_public_principal(principal):
+            findings.append(f"{label}: trust policy of {role} lets anyone (*) assume it{where}")
+        else:
+            findings.append(f"{label}: trust policy of {role} now trusts {principal}{where}")
+    return findings
+
+
+def _guardrail_findings(label: str, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """A guardrail that an existing resource had and lost, or that a new resource lacks."""
+    findings = []
+    for bucket, block in after["public_access_block"].items():
+        was = before["public_access_block"].get(bucket)
+        if not block["all_blocked"] and (was is None or was["all_blocked"]):
+            off = ", ".join(k for k, on in block.items() if k != "all_blocked" and not on)
+            state = "removed" if was is not None else "missing on new bucket"
+            findings.append(f"{label}: S3 public-access block {state} on {bucket} (off: {off})")
+    for resource, tls_only in after["tls_only"].items():
+        was = before["tls_only"].get(resource)
+        if not tls_only and was:
+            findings.append(f"{label}: TLS-only statement removed from the policy of {resource}")
+        elif not tls_only and was is None and resource in after["public_access_block"]:
+            findings.append(f"{label}: new bucket {resource} accepts requests without TLS")
+    for resource, options in after["instance_metadata"].items():
+        was = before["instance_metadata"].get(resource)
+        if not options["imdsv2_required"] and (was is None or was["imdsv2_required"]):
+            findings.append(
+                f"{label}: IMDSv2 not required on {resource} (HttpTokens {options['http_tokens']}): "
+                "IMDSv1 requests can read the instance role's credentials"
+            )
     return findings

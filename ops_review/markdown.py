@@ -30,6 +30,8 @@ def _flags(statement: dict[str, Any]) -> str:
         for name, on in (
             ("WILDCARD ACTION", statement["wildcard_actions"]),
             ("WILDCARD RESOURCE", statement["wildcard_resources"]),
+            ("NOTACTION: every other action", statement.get("not_action")),
+            ("NOTRESOURCE: every other resource", statement.get("not_resource")),
         )
         if on
     ]
@@ -84,6 +86,13 @@ def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
     for principal, entry in review["iam"].items():
         trusted = f" trusted by {', '.join(entry['trusted_by'])}" if entry["trusted_by"] else ""
         lines += [f"**{principal}** ({entry['type']}{trusted})", ""]
+        conditional = [t for t in entry.get("trust", []) if t["conditions"]]
+        if conditional:
+            lines += [
+                "Trust conditions: "
+                + "; ".join(f"{', '.join(t['principals'])} if {t['conditions']}" for t in conditional),
+                "",
+            ]
         if entry["managed_policies"]:
             lines += [f"AWS managed or shared policies: {', '.join(entry['managed_policies'])}", ""]
         lines += _table(
@@ -113,7 +122,8 @@ def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
         "",
         f"Internet gateways: {network['internet_gateways']}; NAT gateways: {network['nat_gateways']}; "
         f"public subnets: {', '.join(network['public_subnets']) or 'none'}; "
-        f"ingress from the internet: {', '.join(network['open_ingress']) or 'none'}.",
+        f"ingress from the internet: {', '.join(network['open_ingress']) or 'none'}; "
+        f"egress to the internet on all traffic: {', '.join(network['open_egress']) or 'none'}.",
         "",
     ]
     lines += _table(
@@ -137,6 +147,22 @@ def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
     lines += _table(
         ["data store", "type", "encrypted with", "key", "rotation"],
         [[e["resource"], e["type"], e["encrypted_with"], e["key"], e.get("rotation")] for e in review["encryption"]],
+    )
+    guardrails = review["guardrails"]
+    lines += ["### Guardrails", ""]
+    lines += _table(
+        ["resource", "public access blocked", "TLS only"],
+        [
+            [name, guardrails["public_access_block"].get(name, {}).get("all_blocked"), guardrails["tls_only"].get(name)]
+            for name in sorted(set(guardrails["public_access_block"]) | set(guardrails["tls_only"]))
+        ],
+    )
+    lines += _table(
+        ["instance metadata of", "HttpTokens", "hop limit", "endpoint"],
+        [
+            [name, o["http_tokens"], o["hop_limit"], o["endpoint"]]
+            for name, o in guardrails["instance_metadata"].items()
+        ],
     )
     lines += ["### Deletion and retention", ""]
     lines += _table(
@@ -234,6 +260,8 @@ def diff_markdown(diff: dict[str, Any]) -> str:
                 lines += _table(["item", "old", "new"], [[k, v["old"], v["new"]] for k, v in value.items()])
             elif key.startswith("permissions"):
                 lines += _table(["principal", "effect", "action", "resource", "conditions"], [list(v) for v in value])
+            elif key.startswith("trust"):
+                lines += _table(["role", "effect", "trusted principal", "conditions"], [list(v) for v in value])
             elif key.startswith("acknowledgements"):
                 lines += _table(["rule", "reason"], [list(v) for v in value])
             else:

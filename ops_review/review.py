@@ -101,6 +101,7 @@ def review_stack(stack: StackTemplate, prices: dict[str, Any]) -> dict[str, Any]
         "resource_policies": template.resource_policies(),
         "network": template.network(),
         "encryption": template.encryption(),
+        "guardrails": template.guardrails(),
         "retention": template.retention(),
         "acknowledgements": template.acknowledgements(),
         "cost": template.cost(prices),
@@ -138,8 +139,17 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [] if value is None else [value]
 
 
+NOT_PREFIX = "NOT "
+
+
 def is_wildcard(value: str) -> bool:
-    return "*" in value
+    """A wildcard, or a NotAction/NotResource entry (an Allow of everything except it)."""
+    return "*" in value or value.startswith(NOT_PREFIX)
+
+
+def is_public_principal(principal: str) -> bool:
+    """'*' (Principal "*" or {"AWS": "*"}): anyone, in any account."""
+    return principal == "*"
 
 
 class _Template:
@@ -183,6 +193,16 @@ class _Template:
             principals[self.name(lid)] = {
                 "type": role["Type"].rsplit("::", 1)[1].lower(),
                 "trusted_by": sorted({describe(p) for s in trust for p in _principals(s.get("Principal"))}),
+                # Who may assume the role, statement by statement, with the conditions that narrow it.
+                "trust": [
+                    {
+                        "effect": s.get("Effect"),
+                        "principals": sorted(describe(p) for p in _principals(s.get("Principal"))),
+                        "actions": [describe(a) for a in _as_list(s.get("Action"))],
+                        "conditions": describe(s["Condition"]) if "Condition" in s else None,
+                    }
+                    for s in _as_list(trust)
+                ],
                 "managed_policies": [self._reference(arn) for arn in properties.get("ManagedPolicyArns", [])],
                 "statements": [
                     statement
@@ -205,8 +225,17 @@ class _Template:
     def _statements(self, document: dict[str, Any], source: str) -> list[dict[str, Any]]:
         statements = []
         for statement in _as_list(document.get("Statement")):
-            actions = [describe(a) for a in _as_list(statement.get("Action") or statement.get("NotAction"))]
-            resources = [describe(r) for r in _as_list(statement.get("Resource") or statement.get("NotResource"))]
+            # NotAction / NotResource name what is EXCLUDED: an Allow with them grants everything else. Each entry
+            # carries a "NOT " prefix so no listing or diff can mistake it for the action or resource itself.
+            not_action, not_resource = "NotAction" in statement, "NotResource" in statement
+            actions = [
+                f"{NOT_PREFIX if not_action else ''}{describe(a)}"
+                for a in _as_list(statement.get("NotAction" if not_action else "Action"))
+            ]
+            resources = [
+                f"{NOT_PREFIX if not_resource else ''}{describe(r)}"
+                for r in _as_list(statement.get("NotResource" if not_resource else "Resource"))
+            ]
             allow = statement.get("Effect") == "Allow"
             statements.append(
                 {
@@ -215,9 +244,11 @@ class _Template:
                     "effect": statement.get("Effect"),
                     "actions": actions,
                     "resources": resources,
+                    "not_action": not_action,
+                    "not_resource": not_resource,
                     "conditions": describe(statement["Condition"]) if "Condition" in statement else None,
-                    "wildcard_actions": allow and any(map(is_wildcard, actions)),
-                    "wildcard_resources": allow and any(map(is_wildcard, resources)),
+                    "wildcard_actions": allow and (not_action or any(map(is_wildcard, actions))),
+                    "wildcard_resources": allow and (not_resource or any(map(is_wildcard, resources))),
                 }
             )
         return statements
@@ -277,6 +308,13 @@ class _Template:
                 for rule in rules
                 if rule["direction"] == "ingress" and rule["peer"] in _INTERNET
             ],
+            # Egress to the internet on every protocol or every port: nothing left for the group to restrict.
+            "open_egress": [
+                f"{group}: {rule['summary']}"
+                for group, rules in groups.items()
+                for rule in rules
+                if rule["direction"] == "egress" and rule["peer"] in _INTERNET and rule["all_traffic"]
+            ],
             "public_subnets": self._public_subnets(),
             "internet_gateways": len(self._of_type("AWS::EC2::InternetGateway")),
             "nat_gateways": len(self._of_type("AWS::EC2::NatGateway")),
@@ -313,9 +351,11 @@ class _Template:
         ports = "all" if protocol == "-1" else f"{rule.get('FromPort')}-{rule.get('ToPort')}"
         towards = "from" if direction == "ingress" else "to"
         summary = f"{direction} {'all' if protocol == '-1' else protocol} {ports} {towards} {peer}"
+        all_ports = str(rule.get("FromPort")) in ("0", "-1") and str(rule.get("ToPort")) in ("65535", "-1")
         return {
             "direction": direction,
             "protocol": protocol,
+            "all_traffic": protocol == "-1" or all_ports,
             "ports": ports,
             "peer": peer,
             "description": rule.get("Description"),
@@ -349,6 +389,46 @@ class _Template:
             if status is not None:
                 stores.append({"resource": self.name(lid), "type": resource["Type"], **status})
         return stores
+
+    def guardrails(self) -> dict[str, dict[str, Any]]:
+        """The settings whose removal opens data or credentials, per resource: S3 public-access blocks, TLS-only
+        resource policies, and the instance-metadata (IMDS) options of launch templates and instances."""
+        return {
+            "public_access_block": {
+                self.name(lid): _public_access_block(bucket.get("Properties", {}))
+                for lid, bucket in self._of_type("AWS::S3::Bucket")
+            },
+            "tls_only": self._tls_only(),
+            "instance_metadata": {
+                self.name(lid): _metadata_options(resource)
+                for lid, resource in self._of_type("AWS::EC2::LaunchTemplate", "AWS::EC2::Instance")
+            },
+        }
+
+    def _tls_only(self) -> dict[str, bool]:
+        """Every bucket, topic and queue of the template (and any other its policies name): whether a resource policy
+        denies requests without TLS (Deny, everyone, aws:SecureTransport false)."""
+        policies = {
+            "AWS::S3::BucketPolicy": ("Bucket", "PolicyDocument"),
+            "AWS::SNS::TopicPolicy": ("Topics", "PolicyDocument"),
+            "AWS::SQS::QueuePolicy": ("Queues", "PolicyDocument"),
+        }
+        result = {
+            self.name(lid): False for lid, _ in self._of_type("AWS::S3::Bucket", "AWS::SNS::Topic", "AWS::SQS::Queue")
+        }
+        for _, policy in self._of_type(*policies):
+            target_key, document_key = policies[policy["Type"]]
+            properties = policy.get("Properties", {})
+            denies_plain_http = any(
+                statement.get("Effect") == "Deny"
+                and any(is_public_principal(describe(p)) for p in _principals(statement.get("Principal")))
+                and str(statement.get("Condition", {}).get("Bool", {}).get("aws:SecureTransport")).lower() == "false"
+                for statement in _as_list(properties.get(document_key, {}).get("Statement"))
+            )
+            for target in _as_list(properties.get(target_key)):
+                name = self._reference(target)
+                result[name] = result.get(name, False) or denies_plain_http
+        return dict(sorted(result.items()))
 
     def retention(self) -> list[dict[str, Any]]:
         emptied = {
@@ -486,6 +566,29 @@ def _principals(principal: Any) -> list[Any]:
     if isinstance(principal, str):
         return [principal]
     return [p for values in principal.values() for p in _as_list(values)]
+
+
+def _public_access_block(properties: dict[str, Any]) -> dict[str, Any]:
+    config = properties.get("PublicAccessBlockConfiguration", {})
+    flags = {
+        name: str(config.get(name, False)).lower() == "true"
+        for name in ("BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets")
+    }
+    return {**flags, "all_blocked": all(flags.values())}
+
+
+def _metadata_options(resource: dict[str, Any]) -> dict[str, Any]:
+    """IMDS options as EC2 applies them: HttpTokens 'optional' (IMDSv1 allowed) unless a template says 'required'."""
+    properties = resource.get("Properties", {})
+    if resource["Type"] == "AWS::EC2::LaunchTemplate":
+        properties = properties.get("LaunchTemplateData", {})
+    options = properties.get("MetadataOptions", {})
+    return {
+        "http_tokens": options.get("HttpTokens", "optional"),
+        "imdsv2_required": options.get("HttpTokens") == "required",
+        "hop_limit": options.get("HttpPutResponseHopLimit"),
+        "endpoint": options.get("HttpEndpoint", "enabled"),
+    }
 
 
 def _encryption_of(resource_type: str, properties: dict[str, Any]) -> dict[str, Any] | None:

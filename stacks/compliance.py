@@ -1,8 +1,10 @@
-"""Compliance gates that run on every synth: cdk-nag 3 rule packs registered as CDK policy-validation plugins.
+"""Compliance gates that run on every synth, registered as CDK policy-validation plugins: the cdk-nag 3 rule packs
+(AwsSolutions, NIST 800-53 R5) on the whole app, and AWS Control Tower's proactive controls (AWS's CfnGuard validator,
+``cdklabs-cdk-validator-cfnguard``, which runs its bundled ``cfn-guard`` binary) on every environment stage.
 
-Any unacknowledged finding fails ``app.synth()`` (``ValidationFailed``) and lands in
-``cdk.out/policy-validation-report.json``. Acknowledgements are scoped to one construct and carry a reason, which
-cdk-nag also writes into the template metadata so the ops review can show it.
+Any unacknowledged finding fails ``app.synth()`` (``ValidationFailed``) and lands in ``cdk.out/validation-report.json``.
+Acknowledgements are scoped to one construct and carry a reason, which is also written into the template metadata
+(``cdk_nag.rules_to_suppress``) so the ops review and ``scripts/template_gates.py`` can show it.
 """
 
 from __future__ import annotations
@@ -13,23 +15,128 @@ from typing import Any
 import aws_cdk as cdk
 import jsii
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
 from cdk_nag import AwsSolutionsChecks, NIST80053R5Checks, WriteNagSuppressionsToCloudFormationAspect
+from cdklabs.cdk_validator_cfnguard import CfnGuardValidator
 from constructs import IConstruct
+
+# The plugin name of AWS's CfnGuard validator: acknowledgements of its rules are "<this>::<rule name>".
+CONTROL_TOWER = "cdk-validator-cfnguard"
+# CT.CLOUDWATCH.PR.2: log groups keep their logs for at least a year (or never expire).
+CONTROL_TOWER_MIN_RETENTION_DAYS = 365
 
 
 def add_compliance_gates(app: cdk.App) -> None:
-    """Register the rule packs on the app; call it after every Stage exists (aspects do not cross Stage borders)."""
+    """Register the rule packs on the app and the Control Tower controls on each environment stage; call it after
+    every Stage exists (aspects do not cross Stage borders). The Control Tower controls cover what deploys into the
+    workload accounts, where an organization enables them as CloudFormation hooks; the promotion pipeline's own
+    stack lives in the tooling account and is held to cdk-nag, cfn-lint and checkov."""
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app), NIST80053R5Checks(app))
-    for scope in [app, *(child for child in app.node.children if cdk.Stage.is_stage(child))]:
+    stages = [child for child in app.node.children if cdk.Stage.is_stage(child)]
+    for stage in stages:
+        cdk.Validations.of(stage).add_plugins(control_tower_gate())
+    for scope in [app, *stages]:
         add_template_aspects(scope)
+
+
+def control_tower_gate() -> CfnGuardValidator:
+    """All of Control Tower's proactive controls that the validator bundles (rules/control-tower/cfn-guard)."""
+    return CfnGuardValidator(control_tower_rules_enabled=True)
 
 
 def add_template_aspects(stage: cdk.Stage) -> None:
     """What every template of ``stage`` needs before it is synthesized: the acknowledgements written into its metadata
     (the ops review reads them) and lint-clean handlers. CDK Pipelines synthesizes the stages it deploys as they are
     added, before ``add_compliance_gates`` runs, so the pipeline calls this for each of its stages itself."""
+    cdk.Aspects.of(stage).add(_AcknowledgeWhatControlTowerCannotSee(), priority=cdk.AspectPriority.MUTATING)
     cdk.Aspects.of(stage).add(WriteNagSuppressionsToCloudFormationAspect())
     cdk.Aspects.of(stage).add(_DropRedundantDependsOn())
+
+
+def acknowledge_control(construct: IConstruct, reason: str, *rule_names: str) -> None:
+    """Acknowledge Control Tower proactive controls (by the validator's rule name) for a reason, on the CloudFormation
+    resource of ``construct`` only (not on the bucket policy or custom resources an L2 construct also holds)."""
+    target = construct.node.default_child or construct
+    acknowledge(target, reason, *(f"{CONTROL_TOWER}::{name}" for name in rule_names))
+
+
+def log_retention(days: int) -> logs.RetentionDays:
+    """The RetentionDays member for a number of days (settings validate the number against this table)."""
+    return logs.RetentionDays[_RETENTION_NAMES[days]]
+
+
+def acknowledge_short_retention(log_group: IConstruct, days: int, setting: str) -> None:
+    """Log groups kept shorter than Control Tower's year (CT.CLOUDWATCH.PR.2) by an environment's setting: the
+    acknowledgement names the setting, so the choice stays visible and only where it is made."""
+    if days < CONTROL_TOWER_MIN_RETENTION_DAYS:
+        acknowledge_control(
+            log_group,
+            f"Retention is the environment's {setting} ({days} days): logs of a non-production environment are "
+            "kept for debugging, not audit; production keeps them for a year or more.",
+            "cloudwatch_log_group_retention_period_check",
+        )
+
+
+_RETENTION_NAMES = {
+    1: "ONE_DAY",
+    3: "THREE_DAYS",
+    5: "FIVE_DAYS",
+    7: "ONE_WEEK",
+    14: "TWO_WEEKS",
+    30: "ONE_MONTH",
+    60: "TWO_MONTHS",
+    90: "THREE_MONTHS",
+    120: "FOUR_MONTHS",
+    150: "FIVE_MONTHS",
+    180: "SIX_MONTHS",
+    365: "ONE_YEAR",
+    400: "THIRTEEN_MONTHS",
+    545: "EIGHTEEN_MONTHS",
+    731: "TWO_YEARS",
+    1096: "THREE_YEARS",
+    1827: "FIVE_YEARS",
+    2192: "SIX_YEARS",
+    2557: "SEVEN_YEARS",
+    2922: "EIGHT_YEARS",
+    3288: "NINE_YEARS",
+    3653: "TEN_YEARS",
+}
+
+
+@jsii.implements(cdk.IAspect)
+class _AcknowledgeWhatControlTowerCannotSee:
+    """Control Tower findings that are facts of how CDK builds templates, checked here resource by resource:
+
+    - CT.CLOUDWATCH.PR.3 (log group encrypted): a log group encrypted with a key of another stack refers to it with
+      Fn::ImportValue, which the rule cannot follow (it accepts a string or a reference inside the template).
+    - CT.LAMBDA.PR.3 (Lambda in a VPC): the handlers of CDK's own singleton custom-resource providers (S3 auto-delete,
+      default security group restriction) have no VPC option; they run once per deployment and call only AWS APIs.
+    """
+
+    def visit(self, node: IConstruct) -> None:
+        if isinstance(node, logs.CfnLogGroup) and node.kms_key_id is not None:
+            key = cdk.Tokenization.reverse(node.kms_key_id)
+            if isinstance(key, cdk.Reference) and cdk.Stack.of(key.target) is not cdk.Stack.of(node):
+                acknowledge_control(
+                    node,
+                    f"Encrypted with {key.target.node.path} of another stack; the reference is an Fn::ImportValue, "
+                    "which the rule cannot follow.",
+                    "cloudwatch_log_group_encrypted_check",
+                )
+        scope = node.node.scope
+        if (
+            cdk.CfnResource.is_cfn_resource(node)
+            and node.cfn_resource_type == "AWS::Lambda::Function"
+            and scope is not None
+            and scope.node.id.startswith("Custom::")
+            and scope.node.id.endswith("CustomResourceProvider")
+        ):
+            acknowledge_control(
+                node,
+                f"The handler of CDK's singleton {scope.node.id} has no VPC option; it runs once per deployment and "
+                "calls only AWS APIs.",
+                "lambda_inside_vpc_check",
+            )
 
 
 @jsii.implements(cdk.IAspect)
@@ -55,22 +162,109 @@ def acknowledge(construct: IConstruct, reason: str, *rule_ids: str) -> None:
 
 
 def acknowledge_wildcards(construct: IConstruct, *reasoned: tuple[iam.PolicyStatement, str]) -> None:
-    """Acknowledge exactly the AwsSolutions-IAM5 findings that these (statement, reason) pairs raise on ``construct``.
+    """Acknowledge the AwsSolutions-IAM5 findings of ``construct``'s policy statement by statement.
 
-    cdk-nag names each wildcard finding after the flattened action or resource (``Resource::<Bucket.Arn>/prefix/*``);
-    deriving the ids from the statements keeps the acknowledgement in step with the policy it excuses. Statements
-    that share a finding (several ``Resource::*``) share one acknowledgement carrying all their reasons.
+    cdk-nag names each wildcard finding after the flattened action or resource (``Resource::*``,
+    ``Action::s3:List*``), not after the statement, so a plain acknowledgement of ``Resource::*`` would also excuse
+    any ``iam:PassRole`` or ``s3:GetObject`` on ``*`` added to the policy later. Here the acknowledgement is decided
+    at synth, on the final policy document: a finding is acknowledged only when every (action, resource) grant that
+    raises it comes from one of these reasoned statements (conditions may only narrow them). Any other grant leaves
+    the finding unacknowledged, and cdk-nag fails synth. A reasoned statement that is not in the policy fails synth
+    too, so reasons cannot outlive their statements.
     """
-    stack = cdk.Stack.of(construct)
-    reasons: dict[str, list[str]] = {}
-    for statement, reason in reasoned:
-        resolved = stack.resolve(statement.to_statement_json())
-        findings = [f"Action::{a}" for a in _as_list(resolved.get("Action")) if "*" in a]
-        findings += [f"Resource::{r}" for r in map(_flatten, _as_list(resolved.get("Resource"))) if "*" in r]
-        for finding in findings:
-            reasons.setdefault(f"AwsSolutions-IAM5[{finding}]", []).append(reason)
-    for rule_id, texts in reasons.items():
-        acknowledge(construct, " ".join(dict.fromkeys(texts)), rule_id)
+    if not reasoned:
+        return
+    cdk.Aspects.of(construct).add(_ReasonedWildcards(construct, list(reasoned)), priority=cdk.AspectPriority.MUTATING)
+
+
+_IAM5 = "AwsSolutions-IAM5"
+
+
+@jsii.implements(cdk.IAspect)
+class _ReasonedWildcards:
+    """Acknowledges, per finding, the IAM5 wildcards of the policy resources under ``scope`` that reasoned
+    statements fully explain (runs before the aspect that writes acknowledgements into template metadata)."""
+
+    def __init__(self, scope: IConstruct, reasoned: list[tuple[iam.PolicyStatement, str]]) -> None:
+        self.scope = scope
+        self.reasoned = reasoned
+
+    def visit(self, node: IConstruct) -> None:
+        documents = _policy_documents(node)
+        if not documents:  # not a policy, or a role whose grants live in its separate (default) policy
+            return
+        stack = cdk.Stack.of(node)
+        granted = [grant for document in documents for grant in _grants(stack.resolve(document))]
+        explained: list[tuple[tuple[str, str, str], str, str]] = []  # (action, resource, effect), conditions, reason
+        for statement, reason in self.reasoned:
+            resolved = stack.resolve(statement.to_statement_json())
+            grants = _grants({"Statement": [resolved]})
+            if any(g[:3] not in {g2[:3] for g2 in granted} for g in grants):
+                raise ValueError(
+                    f"{node.node.path}: the reasoned statement {resolved.get('Sid') or resolved} is not in the "
+                    "policy (or was changed); keep acknowledge_wildcards() in step with the policy."
+                )
+            label = f"{resolved['Sid']}: " if resolved.get("Sid") else ""
+            explained += [(g[:3], g[3], f"{label}{reason}") for g in grants]
+        reasons: dict[str, list[str]] = {}
+        unexplained: set[str] = set()
+        for grant in granted:
+            findings = _findings(grant)
+            if not findings:
+                continue
+            matches = [reason for key, conditions, reason in explained if _covers(key, conditions, grant)]
+            for finding in findings:
+                if matches:
+                    reasons.setdefault(finding, []).extend(matches)
+                else:
+                    unexplained.add(finding)
+        for finding, texts in reasons.items():
+            if finding not in unexplained:
+                acknowledge(node, " ".join(dict.fromkeys(texts)), f"{_IAM5}[{finding}]")
+
+
+def _policy_documents(node: IConstruct) -> list[Any] | None:
+    """The policy documents of an IAM L1 resource (None for anything else)."""
+    if isinstance(node, iam.CfnManagedPolicy | iam.CfnPolicy):
+        return [node.policy_document]
+    if isinstance(node, iam.CfnRole):
+        policies = cdk.Stack.of(node).resolve(node.policies) or []
+        return [policy["PolicyDocument"] for policy in policies]
+    return None
+
+
+# One grant: (action, resource as JSON, effect, conditions as JSON).
+_Grant = tuple[str, str, str, str]
+
+
+def _grants(document: dict[str, Any]) -> list[_Grant]:
+    """Every Allow of ``document`` as (action, resource, effect, conditions); NotAction/NotResource are kept whole."""
+    grants = []
+    for statement in _as_list(document.get("Statement")):
+        if statement.get("Effect") != "Allow":
+            continue
+        conditions = json.dumps(statement.get("Condition", {}), sort_keys=True)
+        actions = _as_list(statement.get("Action")) or [f"NotAction:{json.dumps(statement.get('NotAction'))}"]
+        resources = _as_list(statement.get("Resource")) or [{"NotResource": statement.get("NotResource")}]
+        grants += [
+            (action, json.dumps(resource, sort_keys=True), "Allow", conditions)
+            for action in actions
+            for resource in resources
+        ]
+    return grants
+
+
+def _findings(grant: _Grant) -> list[str]:
+    """The IAM5 findings cdk-nag raises for one grant (rules/iam/IAMNoWildcardPermissions)."""
+    action, resource, _, _ = grant
+    findings = [f"Action::{action}"] if "*" in action else []
+    flat = _flatten(json.loads(resource))
+    return findings + ([f"Resource::{flat}"] if "*" in flat else [])
+
+
+def _covers(key: tuple[str, str, str], conditions: str, grant: _Grant) -> bool:
+    """A reasoned (action, resource, effect) explains a granted one with the same or narrower conditions."""
+    return key == grant[:3] and conditions in (grant[3], json.dumps({}))
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -22,8 +22,8 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import pipelines
 from constructs import Construct
 
-from stacks.buckets import access_logs_bucket, encrypted_bucket
 from stacks.compliance import acknowledge, acknowledge_wildcards, add_template_aspects
+from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
 from stacks.platform_stage import PlatformStage
 from stacks.settings import EnvironmentSettings, PipelineSettings, SettingsError
 
@@ -46,23 +46,58 @@ def smoke_test_role_name(settings: EnvironmentSettings) -> str:
 
 
 class SmokeTestAccessStack(cdk.Stack):
-    """In the environment's account: a role the pipeline's smoke-test step assumes to call the endpoint, and nothing
-    more (CodeBuild runs in the tooling account; without this role it could not reach a cross-account endpoint)."""
+    """In the environment's account: the role the pipeline's steps assume there (CodeBuild runs in the tooling
+    account; without this role it could not reach a cross-account endpoint or bucket), and nothing more:
+    look up the one model archive the endpoint will serve (pre-deploy model check) and, where ``smoke_test``,
+    describe and invoke endpoints."""
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, settings: EnvironmentSettings, tooling_account: str
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: EnvironmentSettings,
+        tooling_account: str,
+        model_bucket: s3.IBucket,
+        model_key: str,
+        smoke_test: bool = True,
     ) -> None:
         super().__init__(
-            scope, construct_id, description=f"Lets the promotion pipeline smoke-test the {settings.name} endpoint"
+            scope,
+            construct_id,
+            description=f"Lets the promotion pipeline check the model of, and smoke-test, the {settings.name} endpoint",
         )
         self.role = iam.Role(
             self,
             "SmokeTestRole",
             role_name=smoke_test_role_name(settings),
             assumed_by=iam.AccountPrincipal(tooling_account),
-            description="Assumed by the promotion pipeline's smoke-test step (tooling account) to call the endpoint",
+            description="Assumed by the promotion pipeline's model-check and smoke-test steps (tooling account)",
             max_session_duration=cdk.Duration.hours(1),
         )
+        # HeadObject needs s3:GetObject; without s3:ListBucket S3 answers a missing key with 403 instead of 404.
+        folder = model_key.rsplit("/", 1)[0] + "/"
+        model_check = iam.ManagedPolicy(
+            self,
+            "ModelCheckPolicy",
+            description="Look up the model archive the endpoint will serve",
+            statements=[
+                iam.PolicyStatement(
+                    sid="LookUpTheModelArchive",
+                    actions=["s3:GetObject"],
+                    resources=[model_bucket.arn_for_objects(model_key)],
+                ),
+                iam.PolicyStatement(
+                    sid="ListTheModelFolder",
+                    actions=["s3:ListBucket"],
+                    resources=[model_bucket.bucket_arn],
+                    conditions={"StringEquals": {"s3:prefix": folder}},
+                ),
+            ],
+        )
+        model_check.attach_to_role(self.role)
+        if not smoke_test:
+            return
         statement = iam.PolicyStatement(
             sid="DescribeAndInvokeEndpoints",
             actions=["sagemaker:DescribeEndpoint", "sagemaker:InvokeEndpoint"],
@@ -171,34 +206,27 @@ class PromotionPipelineStack(cdk.Stack):
             stage = stage_class(self, environment, construct_id=environment.name)
             add_template_aspects(stage)
             pre = [self._approval(environment)] if environment.name == "prod" else []
-            post = self._smoke_test(stage, environment, source) if environment.name != "prod" else []
-            self.pipeline.add_stage(stage, pre=pre, post=post)
+            stack_steps, post = self._endpoint_steps(stage, environment, source)
+            self.pipeline.add_stage(stage, pre=pre, post=post, stack_steps=stack_steps)
             self.stages.append(stage)
         self.pipeline.build_pipeline()
         self._acknowledge_generated()
         self._lint_clean_pipeline()
 
     def _artifact_bucket(self) -> s3.Bucket:
-        access_logs = access_logs_bucket(
-            self, "ArtifactAccessLogs", removal_policy=cdk.RemovalPolicy.RETAIN, expiration_days=365
-        )
-        artifacts = encrypted_bucket(
+        buckets = SecureBuckets(
             self,
-            "Artifacts",
+            KEEP_LOGICAL_IDS,
             key=self.key,
-            access_logs=access_logs,
             removal_policy=cdk.RemovalPolicy.RETAIN,
+            access_logs_id="ArtifactAccessLogs",
+            access_log_expiration_days=365,
             noncurrent_version_days=30,
             abort_incomplete_upload_days=1,
+            no_replication_reason="Pipeline artifacts are rebuilt from the repository on every run; replicating "
+            "them adds cost, not recoverability.",
         )
-        for bucket in (access_logs, artifacts):
-            acknowledge(
-                bucket,
-                "Pipeline artifacts are rebuilt from the repository on every run; replicating them adds cost, not "
-                "recoverability.",
-                "NIST.800.53.R5-S3BucketReplicationEnabled",
-            )
-        return artifacts
+        return buckets.add_data_bucket("Artifacts")
 
     def _approval(self, environment: EnvironmentSettings) -> pipelines.ManualApprovalStep:
         return pipelines.ManualApprovalStep(
@@ -206,32 +234,77 @@ class PromotionPipelineStack(cdk.Stack):
             comment=f"Deploy to {environment.name} the templates that were deployed and smoke-tested in staging.",
         )
 
-    def _smoke_test(
+    def _endpoint_steps(
         self, stage: cdk.Stage, environment: EnvironmentSettings, source: pipelines.CodePipelineSource
-    ) -> list[pipelines.Step]:
-        """Endpoint InService and one prediction, with the Graviton serving client; skipped while a stage has no
-        endpoint (the stage exposes ``graviton_endpoint.endpoint_name_output``, a CfnOutput of the endpoint name)."""
-        endpoint_name_output = getattr(getattr(stage, "graviton_endpoint", None), "endpoint_name_output", None)
-        if endpoint_name_output is None:
-            return []
-        SmokeTestAccessStack(stage, "SmokeTestAccess", settings=environment, tooling_account=self.account)
-        role_arn = self._smoke_role_arn(environment)
-        return [
-            pipelines.CodeBuildStep(
-                f"SmokeTest-{environment.name}",
-                input=source,
-                env={"SMOKE_TEST_ROLE_ARN": role_arn},
-                env_from_cfn_outputs={"ENDPOINT_NAME": endpoint_name_output},
-                role_policy_statements=[iam.PolicyStatement(actions=["sts:AssumeRole"], resources=[role_arn])],
-                install_commands=["pip install \"$(grep -E '^boto3==' requirements-dev.txt)\""],
-                commands=[
-                    f'aws configure set profile.{SMOKE_TEST_PROFILE}.role_arn "$SMOKE_TEST_ROLE_ARN"',
-                    f"aws configure set profile.{SMOKE_TEST_PROFILE}.credential_source EcsContainer",
-                    f"AWS_PROFILE={SMOKE_TEST_PROFILE} python inference_assets/endpoint_client.py smoke-test "
+    ) -> tuple[list[pipelines.StackSteps], list[pipelines.Step]]:
+        """Before the Graviton endpoint stack deploys: the model check (never deploy an endpoint whose archive is
+        absent); after the stage: the smoke test, except in prod. Nothing while a stage has no Graviton endpoint
+        (no model version named yet); the multi-model endpoint starts without models and needs no check."""
+        endpoint = getattr(stage, "graviton_endpoint", None)
+        if endpoint is None:
+            return [], []
+        model_key = environment.graviton_endpoint.model_data_key
+        foundation = stage.foundation
+        access = SmokeTestAccessStack(
+            stage,
+            "SmokeTestAccess",
+            settings=environment,
+            tooling_account=self.account,
+            model_bucket=foundation.artifacts_bucket,
+            model_key=model_key,
+            smoke_test=environment.name != "prod",
+        )
+        # The endpoint stack's steps (the model check included) run after the stacks it depends on: Foundation
+        # (the bucket) and this role.
+        endpoint.add_dependency(access)
+        check = self._cross_account_step(
+            f"ModelCheck-{environment.name}",
+            source,
+            environment,
+            env_from_cfn_outputs={
+                "ARTIFACTS_BUCKET": foundation.node.find_child("ArtifactsBucketName"),
+            },
+            command="python -m inference_assets.tools.model_check "
+            f'--bucket "$ARTIFACTS_BUCKET" --key {model_key} --region {environment.region}',
+        )
+        post = []
+        if environment.name != "prod":
+            post.append(
+                self._cross_account_step(
+                    f"SmokeTest-{environment.name}",
+                    source,
+                    environment,
+                    env_from_cfn_outputs={"ENDPOINT_NAME": endpoint.endpoint_name_output},
+                    command="python -m inference_assets.tools.endpoint_client smoke-test "
                     f'--endpoint-name "$ENDPOINT_NAME" --region {environment.region} --expect-labels {EXPECTED_LABELS}',
-                ],
+                )
             )
-        ]
+        return [pipelines.StackSteps(stack=endpoint, pre=[check])], post
+
+    def _cross_account_step(
+        self,
+        step_id: str,
+        source: pipelines.CodePipelineSource,
+        environment: EnvironmentSettings,
+        *,
+        env_from_cfn_outputs: dict[str, cdk.CfnOutput],
+        command: str,
+    ) -> pipelines.CodeBuildStep:
+        """A CodeBuild step that runs ``command`` as the environment account's pipeline role."""
+        role_arn = self._smoke_role_arn(environment)
+        return pipelines.CodeBuildStep(
+            step_id,
+            input=source,
+            env={"SMOKE_TEST_ROLE_ARN": role_arn},
+            env_from_cfn_outputs=env_from_cfn_outputs,
+            role_policy_statements=[iam.PolicyStatement(actions=["sts:AssumeRole"], resources=[role_arn])],
+            install_commands=["pip install \"$(grep -E '^boto3==' requirements-dev.txt)\""],
+            commands=[
+                f'aws configure set profile.{SMOKE_TEST_PROFILE}.role_arn "$SMOKE_TEST_ROLE_ARN"',
+                f"aws configure set profile.{SMOKE_TEST_PROFILE}.credential_source EcsContainer",
+                f"AWS_PROFILE={SMOKE_TEST_PROFILE} {command}",
+            ],
+        )
 
     def _smoke_role_arn(self, environment: EnvironmentSettings) -> str:
         account = environment.account or self.account

@@ -12,6 +12,16 @@ from stacks.settings import EnvironmentSettings
 from stacks.training import TrainingStack
 
 
+def no_model_yet(environment: str) -> str:
+    """What synth says while an environment names no model version for its Graviton endpoint."""
+    return (
+        f"{environment}/GravitonEndpoint is not built: environments.{environment}.graviton_endpoint.model_data_key "
+        "names no model version yet. Deploy Foundation, upload a model archive (package_model --upload) under "
+        "endpoints/ in the bucket of the Foundation output ArtifactsBucketName, set its key in cdk.json, check it "
+        f"with `make check-model ENV={environment}`, then deploy {environment}/GravitonEndpoint."
+    )
+
+
 class PlatformStage(cdk.Stage):
     def __init__(self, scope: Construct, settings: EnvironmentSettings, *, construct_id: str | None = None) -> None:
         super().__init__(
@@ -20,7 +30,11 @@ class PlatformStage(cdk.Stage):
         self.settings = settings
         self.foundation = FoundationStack(self, "Foundation", settings=settings)
         self.training = TrainingStack(self, "Training", settings=settings, foundation=self.foundation)
-        if settings.graviton_endpoint.enabled:
+        if settings.graviton_endpoint.enabled and settings.graviton_endpoint.model_data_key is None:
+            # First deploy: no model version yet. An endpoint over a missing archive fails only after many minutes of
+            # CreateEndpoint and a rollback, so the stack is left out until settings name an uploaded model.
+            cdk.Annotations.of(self.foundation).add_info(no_model_yet(settings.name))
+        elif settings.graviton_endpoint.enabled:
             self.graviton_endpoint = GravitonEndpointStack(
                 self, "GravitonEndpoint", settings=settings, foundation=self.foundation
             )
@@ -28,5 +42,12 @@ class PlatformStage(cdk.Stage):
             self.multi_model_endpoint = MultiModelEndpointStack(
                 self, "MultiModelEndpoint", settings=settings, foundation=self.foundation
             )
+        # Both endpoints' models join the workload security group: each stack's ENI wait must know the other.
+        endpoints = [getattr(self, name, None) for name in ("graviton_endpoint", "multi_model_endpoint")]
+        endpoints = [stack.sagemaker_endpoint for stack in endpoints if stack is not None]
+        for endpoint in endpoints:
+            others = [other for other in endpoints if other is not endpoint]
+            if others:
+                endpoint.shares_network_with(*others)
         for key, value in settings.resource_tags.items():
             cdk.Tags.of(self).add(key, value)

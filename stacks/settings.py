@@ -24,6 +24,10 @@ from pydantic import (
 )
 
 DEFAULT_REGION = "us-west-2"
+# Retention periods CloudWatch Logs offers that the platform's settings allow.
+LogRetentionDays = Literal[7, 14, 30, 60, 90, 180, 365, 731]
+# The prefix of the artifacts bucket that the endpoint execution role may read single-model archives from.
+ENDPOINT_MODELS_PREFIX = "endpoints/"
 ENVIRONMENT_NAMES = ("dev", "staging", "prod")
 
 # Accelerated EC2 families that run the CUDA training image (p4d = 8 x A100, the seed's choice).
@@ -180,6 +184,11 @@ class TrainingSettings(_Settings):
     # Hard stop of an EC2 training run: the instance powers off (and terminates) after this many hours at most.
     max_run_hours: Annotated[int, Field(ge=1, le=168)] = 24
     hyperparameters: HyperParameters = HyperParameters()
+    # The private subnet EC2 runs start in, by position in the Foundation's PrivateSubnetIds output (0 = first): pick
+    # the one in a zone that offers instance_type (p4d is offered only in some zones). A position, not a zone id:
+    # the VPC places its subnets by zone name at deploy and names map to zone ids differently per account, so only
+    # a position can be checked at synth (README: GPU capacity).
+    subnet_index: Annotated[int, Field(ge=0, le=15)] = 0
     remote_instance_type: str = "ml.p4d.24xlarge"
     remote_image_tag: str = "2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker"
 
@@ -242,14 +251,28 @@ class GravitonEndpointSettings(_Settings):
     initial_instance_count: Annotated[int, Field(ge=1)] = 1
     image_repository: str = "pytorch-inference-arm64"
     image_tag: str = "2.6.0-cpu-py312-ubuntu22.04-sagemaker"
-    model_data_key: str = "endpoints/sentiment/model.tar.gz"
+    # The model version to serve (a key under endpoints/ in the artifacts bucket). None until a model is uploaded:
+    # the environment then has no Graviton endpoint stack (first deploy), and synth says what to do.
+    model_data_key: str | None = None
     dependencies: Literal["vendored", "install_at_startup"] = "vendored"
+    # Request limits of the container's protocol (inference_assets/container/protocol.py): 413 above them.
     max_request_batch: Annotated[int, Field(ge=1, le=1024)] = 32
+    max_text_chars: Annotated[int, Field(ge=1, le=100_000)] = 2_000
+    max_request_bytes: Annotated[int, Field(ge=1_024, le=6_291_456)] = 262_144  # SageMaker's payload limit: 6 MB
+    # TorchServe workers and dynamic batching (README "Serving on Graviton" has the measurements).
     workers_per_model: Annotated[int, Field(ge=1, le=64)] | None = None
     server_batch_size: Annotated[int, Field(ge=1, le=256)] = 1
     server_max_batch_delay_ms: Annotated[int, Field(ge=0, le=10000)] = 100
+    # Graviton fast paths (PyTorch's Graviton inference tuning recipe) and the model's precision.
+    fast_math: Literal["bf16", "off"] = "bf16"
+    lru_cache_capacity: Annotated[int, Field(ge=0, le=65_536)] = 1024
+    transparent_huge_pages: bool = True
+    precision: Literal["fp32", "bf16_autocast"] = "fp32"
+    torch_compile: bool = False
     autoscaling: AutoscalingSettings = AutoscalingSettings()
     data_capture: DataCaptureSettings = DataCaptureSettings()
+    # The endpoint's container logs (/aws/sagemaker/Endpoints/<endpoint name>), under the platform key.
+    log_retention_days: LogRetentionDays = 30
 
     @field_validator("instance_type")
     @classmethod
@@ -261,11 +284,48 @@ class GravitonEndpointSettings(_Settings):
 
     @field_validator("model_data_key")
     @classmethod
-    def _model_key(cls, value: str) -> str:
+    def _model_key(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         _s3_key(value, prefix=False)
         if not value.endswith(".tar.gz"):
             raise ValueError("must name a model.tar.gz archive (end with .tar.gz)")
+        if not value.startswith(ENDPOINT_MODELS_PREFIX):
+            raise ValueError(
+                f"must start with {ENDPOINT_MODELS_PREFIX!r}, the prefix the endpoint execution role may read"
+            )
         return value
+
+    @model_validator(mode="after")
+    def _workers_fit_the_instance(self) -> GravitonEndpointSettings:
+        from inference_assets.tools.endpoint_environment import instance_vcpus
+
+        vcpus = instance_vcpus(self.instance_type)
+        if self.workers_per_model is not None and self.workers_per_model > vcpus:
+            raise ValueError(
+                f"workers_per_model ({self.workers_per_model}) must not exceed "
+                f"the {vcpus} vCPUs of {self.instance_type}"
+            )
+        return self
+
+    def container_environment(self) -> dict[str, str]:
+        """The serving container's environment variables (the one place that turns these settings into them)."""
+        from inference_assets.tools.endpoint_environment import endpoint_environment, instance_vcpus
+
+        return endpoint_environment(
+            vcpus=instance_vcpus(self.instance_type),
+            workers=self.workers_per_model,
+            batch_size=self.server_batch_size,
+            max_batch_delay_ms=self.server_max_batch_delay_ms,
+            max_request_batch=self.max_request_batch,
+            max_text_chars=self.max_text_chars,
+            max_request_bytes=self.max_request_bytes,
+            fast_math=self.fast_math,
+            lru_cache_capacity=self.lru_cache_capacity,
+            transparent_huge_pages=self.transparent_huge_pages,
+            precision=self.precision,
+            torch_compile=self.torch_compile,
+        )
 
 
 class MultiModelEndpointSettings(_Settings):
@@ -280,6 +340,7 @@ class MultiModelEndpointSettings(_Settings):
     models_prefix: str = "multi-model/"
     invoke_allowed_models: list[str] = []
     autoscaling: AutoscalingSettings = AutoscalingSettings(max_capacity=4)
+    log_retention_days: LogRetentionDays = 30
 
     @field_validator("instance_type")
     @classmethod
@@ -294,13 +355,24 @@ class MultiModelEndpointSettings(_Settings):
     @field_validator("invoke_allowed_models")
     @classmethod
     def _model_names(cls, value: list[str]) -> list[str]:
-        from inference_assets.model_names import validate_model_name
+        from inference_assets.tools.model_names import validate_model_name
 
         return [validate_model_name(name) for name in value]
 
     @property
     def has_local_nvme(self) -> bool:
         return has_local_nvme(self.instance_type)
+
+
+class LogSettings(_Settings):
+    """CloudWatch Logs of the platform's workloads (training runs, SageMaker jobs and endpoints)."""
+
+    # CloudWatch's retention values; Control Tower (CT.CLOUDWATCH.PR.2) wants 365 or more, shorter ones are
+    # acknowledged per log group with this setting's name.
+    retention_days: Literal[7, 14, 30, 60, 90, 180, 365, 400, 545, 731, 1096, 1827, 3653] = 365
+    # Set retention_days on /aws/sagemaker/TrainingJobs, the ONE log group SageMaker writes every training job of the
+    # account and region into (its name cannot be chosen). Only one environment per account and region may do it.
+    manage_training_job_log_group: bool = False
 
 
 class TagSettings(_Settings):
@@ -325,6 +397,7 @@ class EnvironmentSettings(_Settings):
     alarm_email: str | None = None
     tags: TagSettings
     vpc: VpcSettings = VpcSettings()
+    logs: LogSettings = LogSettings()
     training: TrainingSettings = TrainingSettings()
     graviton_endpoint: GravitonEndpointSettings = GravitonEndpointSettings()
     multi_model_endpoint: MultiModelEndpointSettings = MultiModelEndpointSettings()
@@ -335,6 +408,41 @@ class EnvironmentSettings(_Settings):
         if value is not None and not _EMAIL.match(value):
             raise ValueError("must be an e-mail address")
         return value
+
+    @model_validator(mode="after")
+    def _startup_installs_need_egress(self) -> EnvironmentSettings:
+        endpoint = self.graviton_endpoint
+        if endpoint.dependencies == "install_at_startup" and not self.vpc.imported and not self.vpc.nat_gateways:
+            raise ValueError(
+                "graviton_endpoint.dependencies: install_at_startup needs internet egress (vpc.nat_gateways >= 1) "
+                "to pip-install code/requirements.txt; use vendored archives instead"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _training_fits_the_network(self) -> EnvironmentSettings:
+        vpc, training = self.vpc, self.training
+        subnets, source = (
+            (len(vpc.private_subnet_ids), "vpc.private_subnet_ids") if vpc.imported else (vpc.max_azs, "vpc.max_azs")
+        )
+        if training.subnet_index >= subnets:
+            raise ValueError(
+                f"training.subnet_index: must be below {subnets}, the number of private subnets ({source})"
+            )
+        if not vpc.imported and vpc.nat_gateways == 0:
+            # Isolated subnets reach AWS services through the VPC endpoints only: no hub, no PyPI.
+            isolated = "vpc.nat_gateways: 0 leaves the private subnets without internet access, but EC2 training"
+            from_hub = [name for name in ("base_model", "dataset") if not getattr(training, name).startswith("s3://")]
+            if from_hub:
+                sources = " and ".join(f"training.{name}" for name in from_hub)
+                raise ValueError(
+                    f"{isolated} downloads {sources} from the Hugging Face hub; use s3:// folders or a NAT gateway"
+                )
+            raise ValueError(
+                f"{isolated} builds its image on the instance with pip from PyPI "
+                "(training_assets/instance/Dockerfile); use at least 1 NAT gateway"
+            )
+        return self
 
     @property
     def destroy_on_delete(self) -> bool:
@@ -392,6 +500,9 @@ def _describe(error: Any, root: str, model: type[BaseModel] = EnvironmentSetting
             )
         return f"{key}: unknown setting; allowed keys are {', '.join(sorted(model.model_fields))}."
     message = error["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
+    # A rule across settings names its key itself ("training.subnet_index: must be ...").
+    if cross_setting := re.match(r"^([a-z_]+(?:\.[a-z_]+)+): (.*)$", message, re.DOTALL):
+        key, message = f"{key}.{cross_setting[1]}", cross_setting[2]
     if error["type"] == "missing":
         message = "is required"
     return f"{key}: {message[0].lower()}{message[1:].rstrip('.')}."
@@ -423,8 +534,30 @@ def load_environments(environments: Any, selection: str | None) -> list[Environm
     for name in names:
         if name not in environments:
             raise SettingsError(f"env={name}: unknown environment; allowed values are {', '.join(environments)}.")
-    ordered = sorted(dict.fromkeys(names), key=ENVIRONMENT_NAMES.index)
-    return [parse_environment(name, environments[name]) for name in ordered]
+    # Every environment is validated whatever the selection: a typo in prod must not pass `cdk synth -c env=dev`.
+    parsed = {
+        name: parse_environment(name, environments[name]) for name in sorted(environments, key=ENVIRONMENT_NAMES.index)
+    }
+    _one_training_job_log_group_owner(list(parsed.values()))
+    return [settings for name, settings in parsed.items() if name in names]
+
+
+def _one_training_job_log_group_owner(environments: list[EnvironmentSettings]) -> None:
+    """/aws/sagemaker/TrainingJobs is one log group per account and region: two environments setting its retention
+    would overwrite each other on every deploy. Environments without an account deploy wherever the CLI points, so
+    they count as one account."""
+    owners: dict[tuple[str | None, str], str] = {}
+    for environment in sorted(environments, key=lambda e: ENVIRONMENT_NAMES.index(e.name)):
+        if not environment.logs.manage_training_job_log_group:
+            continue
+        where = (environment.account, environment.region)
+        if where in owners:
+            raise SettingsError(
+                f"environments.{environment.name}.logs.manage_training_job_log_group: only one environment per "
+                f"account and region may manage /aws/sagemaker/TrainingJobs, and {owners[where]} already does "
+                "(give the environments different accounts, or set it in one of them)."
+            )
+        owners[where] = environment.name
 
 
 def load_pipeline(raw: Any) -> PipelineSettings | None:

@@ -6,7 +6,6 @@ Nothing here launches an instance: a run starts with the ``aws ec2 run-instances
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +19,35 @@ from aws_cdk import aws_ssm as ssm
 from aws_cdk import region_info
 from constructs import Construct
 
-from stacks.compliance import acknowledge, acknowledge_wildcards
+from stacks.compliance import acknowledge, acknowledge_short_retention, acknowledge_wildcards, log_retention
+from stacks.components.training_launch_template import KEEP_LOGICAL_IDS, TrainingLaunchTemplate, TrainingRun
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import TRAINING_OUTPUT_PREFIX, FoundationStack
 from stacks.settings import EnvironmentSettings, HyperParameters
 from training_assets.instance_types import has_instance_storage
 
 ROOT = Path(__file__).resolve().parents[1]
-# EFA network cards per instance family (p4d.24xlarge: 4 x 100 Gbit/s); one EFA interface goes on each card.
-EFA_NETWORK_CARDS = {"p3dn": 1, "p4d": 4, "p4de": 4, "p5": 32, "p5e": 32, "p5en": 16, "p6-b200": 8, "g6e": 1}
-WORK_DIR = "/opt/sentiment-training"
-BOOTSTRAP_LOG = "/var/log/sentiment-training.log"
 # Where the data scientist's copy of the SDK config points for the job's dependencies (relative to the repo root).
 REMOTE_DEPENDENCIES = "training_assets/requirements-remote.txt"
 # Names the SDK must not upload when IncludeLocalWorkDir packs the working directory.
 REMOTE_IGNORED_NAMES = [".venv*", "node_modules", "cdk.out", ".git", "__pycache__", "tests", "benchmarks", "*.tar.gz"]
 # Key prefix of @remote jobs (S3RootUri) and of the SDK session's default bucket in the RemoteJobs bucket.
 REMOTE_JOBS_PREFIX = "jobs"
+# The code the training instances fetch (construct id -> folder under the repository root, folder-specific exclude
+# patterns): what the instance runs, and the inference package that ec2_run.sh calls to build model.tar.gz. Local
+# harnesses and test files stay out, so editing them leaves the Training stack (its asset hashes) unchanged. The
+# patterns are CDK glob patterns matched against each path and its base name (a folder name drops the folder).
+CODE_ASSETS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "TrainingAssetsCode": ("training_assets/instance", ()),
+    "InferenceAssetsCode": ("inference_assets", ("local", "tests", "test_*.py", "conftest.py", "fake_*.py")),
+}
+CODE_ASSET_EXCLUDE = ("__pycache__", "*.pyc", ".pytest_cache", ".ruff_cache", "*.egg-info")
+
+
+def code_asset(scope: Construct, construct_id: str, root: Path = ROOT) -> s3_assets.Asset:
+    """One of ``CODE_ASSETS`` as an S3 asset (``root``: the repository, or a copy of it in tests)."""
+    folder, exclude = CODE_ASSETS[construct_id]
+    return s3_assets.Asset(scope, construct_id, path=str(root / folder), exclude=[*CODE_ASSET_EXCLUDE, *exclude])
 
 
 def remote_function_config(
@@ -75,7 +86,7 @@ def remote_function_config(
                         "EnvironmentVariables": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"},
                         "IncludeLocalWorkDir": True,
                         "CustomFileFilter": {"IgnoreNamePatterns": REMOTE_IGNORED_NAMES},
-                    }
+                    },
                 }
             }
         },
@@ -126,111 +137,46 @@ class TrainingStack(EnvironmentStack):
             self,
             "TrainingLogs",
             encryption_key=foundation.key,
-            retention=logs.RetentionDays.THREE_MONTHS,
+            retention=log_retention(settings.logs.retention_days),
             removal_policy=self.removal_policy,
         )
-        self.code = {
-            name: s3_assets.Asset(self, f"{name.title().replace('_', '')}Code", path=str(ROOT / name),
-                                  exclude=["__pycache__", "*.pyc"])
-            for name in ("training_assets", "inference_assets")
-        }  # fmt: skip
-        self.security_group = self._security_group()
-        self.placement_group = (
-            ec2.PlacementGroup(self, "ClusterPlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
-            if self.multi_node
-            else None
+        acknowledge_short_retention(self.log_group, settings.logs.retention_days, "logs.retention_days")
+        # {folder on the instance: asset}; the instance unpacks each under the same path as in the repository.
+        self.code = {folder: code_asset(self, construct_id) for construct_id, (folder, _) in CODE_ASSETS.items()}
+        self.training_template = TrainingLaunchTemplate(
+            self,
+            KEEP_LOGICAL_IDS,
+            vpc=foundation.vpc,
+            subnet=self._training_subnet(),
+            instance_type=training.instance_type,
+            image_ssm_parameter=training.dlami_ssm_parameter,
+            instance_role=foundation.training_instance_role,
+            instance_profile=foundation.training_instance_profile,
+            key=foundation.key,
+            run=self._training_run(),
+            root_volume_gib=training.root_volume_gib,
+            efa=training.efa,
+            nodes=training.nodes,
+            version_description=f"{training.instance_type} sentiment fine-tuning, DLC {training.image_tag}",
         )
-        self.launch_template = self._launch_template()
+        self.security_group = self.training_template.security_group
+        self.placement_group = self.training_template.placement_group
+        self.launch_template = self.training_template.launch_template
         self.instance_policy = self._instance_policy()
         self.launcher_policy = self._launcher_policy()
         self.remote_config_parameter = self._remote_config_parameter()
         self._outputs()
 
-    # --- network ------------------------------------------------------------------------------------------------
+    # --- launch template inputs ---------------------------------------------------------------------------------
 
-    def _security_group(self) -> ec2.SecurityGroup:
-        group = ec2.SecurityGroup(
-            self,
-            "TrainingSecurityGroup",
-            vpc=self.foundation.vpc,
-            description="GPU training instances: no inbound from outside; HTTPS out (AWS APIs, DLC registry, PyPI, "
-            "Hugging Face hub)",
-            allow_all_outbound=False,
-        )
-        group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs, registries and the hub")
-        if self.multi_node:
-            # EFA requires a group that allows all traffic to and from itself (NCCL, libfabric, torchrun rendezvous).
-            group.add_ingress_rule(group, ec2.Port.all_traffic(), "EFA/NCCL and rendezvous between nodes of a run")
-            group.add_egress_rule(group, ec2.Port.all_traffic(), "EFA/NCCL and rendezvous between nodes of a run")
-            acknowledge(
-                group,
-                "The only inbound rule admits this security group itself (the nodes of one run), as EFA requires; "
-                "nothing outside the group can connect on any port.",
-                "NIST.800.53.R5-EC2RestrictedCommonPorts",
-            )
-        return group
+    def _training_subnet(self) -> ec2.ISubnet:
+        """The private subnet the runs start in (training.subnet_index: a zone that offers the instance type);
+        multi-node runs share it, as a cluster placement group needs one zone. Settings checked that it exists."""
+        subnets = self.foundation.private_subnets.subnets or []
+        return subnets[self.settings.training.subnet_index]
 
-    # --- launch template ----------------------------------------------------------------------------------------
-
-    def _launch_template(self) -> ec2.LaunchTemplate:
-        training = self.settings.training
-        template = ec2.LaunchTemplate(
-            self,
-            "TrainingLaunchTemplate",
-            version_description=f"{training.instance_type} sentiment fine-tuning, DLC {training.image_tag}",
-            instance_type=ec2.InstanceType(training.instance_type),
-            # The newest DLAMI at each launch (NVIDIA driver, CUDA, EFA, Docker + NVIDIA container toolkit).
-            machine_image=ec2.MachineImage.resolve_ssm_parameter_at_launch(
-                training.dlami_ssm_parameter, os=ec2.OperatingSystemType.LINUX
-            ),
-            block_devices=[
-                ec2.BlockDevice(
-                    device_name="/dev/sda1",  # the Ubuntu DLAMI's root device
-                    volume=ec2.BlockDeviceVolume.ebs(
-                        training.root_volume_gib,
-                        volume_type=ec2.EbsDeviceVolumeType.GP3,
-                        encrypted=True,
-                        kms_key=self.foundation.key,
-                        delete_on_termination=True,
-                        # The DLC image build and dataset sync are disk-bound minutes of a ~$30/h instance.
-                        iops=6000,
-                        throughput=500,
-                    ),
-                )
-            ],
-            require_imdsv2=True,
-            http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
-            # 2 hops: the training containers (docker bridge network) reach IMDS for the instance role's credentials.
-            http_put_response_hop_limit=2,
-            instance_profile=self.foundation.training_instance_profile,
-            detailed_monitoring=True,
-            ebs_optimized=True,
-            instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
-            placement_group=self.placement_group,
-            user_data=self._user_data(),
-        )
-        # The network interfaces carry the subnet and group, so `run-instances` needs no network arguments.
-        # Multi-node runs share one subnet (one AZ), as a cluster placement group requires.
-        subnet_id = self.foundation.private_subnets.subnets[0].subnet_id
-        cards = EFA_NETWORK_CARDS.get(training.instance_type.split(".")[0], 1) if training.efa else 1
-        interfaces = [
-            {
-                "NetworkCardIndex": card,
-                "DeviceIndex": 0 if card == 0 else 1,
-                "SubnetId": subnet_id,
-                "Groups": [self.security_group.security_group_id],
-                "DeleteOnTermination": True,
-                "AssociatePublicIpAddress": False,
-                **({"InterfaceType": "efa"} if training.efa else {}),
-            }
-            for card in range(cards)
-        ]
-        cfn_template: ec2.CfnLaunchTemplate = template.node.default_child
-        cfn_template.add_property_override("LaunchTemplateData.NetworkInterfaces", interfaces)
-        return template
-
-    def _user_data(self) -> ec2.UserData:
-        """Fetch the code, run ec2_run.sh, ship the bootstrap log, power off (terminate) whatever happens."""
+    def _training_run(self) -> TrainingRun:
+        """What the instance runs: fetch the code, run ec2_run.sh with this environment's settings."""
         training = self.settings.training
         code = {name: f"s3://{asset.s3_bucket_name}/{asset.s3_object_key}" for name, asset in self.code.items()}
         environment = {
@@ -249,29 +195,14 @@ class TrainingStack(EnvironmentStack):
             # The archive fits the Graviton endpoint: its dependencies vendored in code/lib, or installed at start-up.
             "PACKAGE_ARGS": "--vendor" if self.settings.graviton_endpoint.dependencies == "vendored" else "",
         }
-        ship_logs = (
-            f"python3 {WORK_DIR}/training_assets/ship_logs.py --region {self.region} "
-            f'--log-group {self.log_group.log_group_name} --log-stream "$(cat {WORK_DIR}/stream)" {BOOTSTRAP_LOG}'
+        return TrainingRun(
+            code=code,
+            environment=environment,
+            run_command="bash training_assets/instance/ec2_run.sh",
+            ship_logs_script="training_assets/instance/ship_logs.py",
+            log_group_name=self.log_group.log_group_name,
+            max_run_hours=training.max_run_hours,
         )
-        user_data = ec2.UserData.for_linux()
-        user_data.add_commands(
-            "set -euo pipefail",
-            f"exec > >(tee -a {BOOTSTRAP_LOG}) 2>&1",
-            # Whatever happens from here on, the instance ships its log and powers off (and so terminates).
-            f"shutdown -h +{training.max_run_hours * 60} 'training run exceeded max_run_hours'",
-            f"trap '{ship_logs} || true; shutdown -h now' EXIT",
-            f"mkdir -p {WORK_DIR} && cd {WORK_DIR}",
-            "TOKEN=$(curl -sf -X PUT http://169.254.169.254/latest/api/token "
-            "-H 'X-aws-ec2-metadata-token-ttl-seconds: 60')",
-            "meta() { curl -sf -H \"X-aws-ec2-metadata-token: $TOKEN\" http://169.254.169.254/latest/meta-data/$1; }",
-            f"echo \"$(meta reservation-id)/$(meta instance-id)/bootstrap\" > {WORK_DIR}/stream",
-            *(f"export {name}={shlex.quote(value) if not cdk.Token.is_unresolved(value) else value}"
-              for name, value in environment.items()),
-            *(f"aws s3 cp --only-show-errors {uri} {name}.zip && python3 -m zipfile -e {name}.zip {name}"
-              for name, uri in code.items()),
-            "bash training_assets/ec2_run.sh",
-        )  # fmt: skip
-        return user_data
 
     # --- IAM ----------------------------------------------------------------------------------------------------
 
@@ -311,52 +242,12 @@ class TrainingStack(EnvironmentStack):
 
     def _launcher_policy(self) -> iam.ManagedPolicy:
         """Attach to whoever starts training runs: launch from this template, and nothing broader."""
-        stack_arn = f"arn:{self.partition}:ec2:{self.region}:{self.account}"
-        template_arn = f"{stack_arn}:launch-template/{self.launch_template.launch_template_id}"
-        launched = [f"{stack_arn}:{kind}/*" for kind in ("instance", "volume", "network-interface")]
-        from_template = {"ArnLike": {"ec2:LaunchTemplate": template_arn}}
-        statements = [
-            iam.PolicyStatement(sid="RunFromTheTrainingTemplate", actions=["ec2:RunInstances"],
-                                resources=[template_arn, *launched], conditions=from_template),
-            iam.PolicyStatement(
-                sid="RunWithTheTemplatesResources",
-                actions=["ec2:RunInstances"],
-                resources=[
-                    f"arn:{self.partition}:ec2:{self.region}::image/*",
-                    f"{stack_arn}:subnet/{self.foundation.private_subnets.subnets[0].subnet_id}",
-                    f"{stack_arn}:security-group/{self.security_group.security_group_id}",
-                    *([f"{stack_arn}:placement-group/{self.placement_group.placement_group_name}"]
-                      if self.placement_group else []),
-                ],
-            ),
-            iam.PolicyStatement(sid="TagAtLaunch", actions=["ec2:CreateTags"], resources=launched,
-                                conditions={"StringEquals": {"ec2:CreateAction": "RunInstances"}}),
-            iam.PolicyStatement(sid="PassTheTrainingInstanceRole", actions=["iam:PassRole"],
-                                resources=[self.foundation.training_instance_role.role_arn],
-                                conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}),
-            iam.PolicyStatement(
-                sid="EncryptTheRootVolume",
-                actions=["kms:CreateGrant", "kms:GenerateDataKeyWithoutPlaintext", "kms:Decrypt", "kms:DescribeKey"],
-                resources=[self.foundation.key.key_arn],
-                conditions={"StringEquals": {"kms:ViaService": f"ec2.{self.region}.{self.url_suffix}"}},
-            ),
-            iam.PolicyStatement(sid="ReadTheDlamiParameter", actions=["ssm:GetParameters"],
-                                resources=[f"arn:{self.partition}:ssm:{self.region}::parameter/aws/service/*"]),
-        ]  # fmt: skip
         policy = iam.ManagedPolicy(
             self,
             "TrainingLauncherPolicy",
             description=f"Start GPU training runs of {self.settings.name} from the training launch template",
-            statements=statements,
         )
-        reasons = {
-            "RunFromTheTrainingTemplate": "RunInstances creates instances, volumes and interfaces with generated ids; "
-            "the ec2:LaunchTemplate condition allows this template only.",
-            "RunWithTheTemplatesResources": "The AMI is whichever DLAMI the public SSM parameter names at launch.",
-            "TagAtLaunch": "Tags go on the instances, volumes and interfaces a launch creates (ec2:CreateAction).",
-            "ReadTheDlamiParameter": "The AMI id comes from AWS's public DLAMI parameters under /aws/service/.",
-        }
-        acknowledge_wildcards(policy, *((s, reasons[s.sid]) for s in statements if s.sid in reasons))
+        self.training_template.grant_launch(policy)
         return policy
 
     # --- @remote ------------------------------------------------------------------------------------------------
@@ -364,7 +255,7 @@ class TrainingStack(EnvironmentStack):
     def _remote_config_parameter(self) -> ssm.StringParameter:
         """The SDK config as YAML in an SSM parameter; CloudFormation substitutes the deploy-time values."""
         foundation, training = self.foundation, self.settings.training
-        subnets = foundation.private_subnets.subnets
+        subnets = foundation.private_subnets.subnets or []
         dlc_account = cdk.Stack.of(self).regional_fact(region_info.FactName.DLC_REPOSITORY_ACCOUNT)
         values = {
             "RoleArn": foundation.remote_job_role.role_arn,
@@ -397,22 +288,35 @@ class TrainingStack(EnvironmentStack):
 
     def _outputs(self) -> None:
         training = self.settings.training
-        template = (
-            f"LaunchTemplateId={self.launch_template.launch_template_id},"
-            f"Version={self.launch_template.latest_version_number}"
-        )
-        run = f"aws ec2 run-instances --region {self.region} --launch-template {template}"
         cdk.CfnOutput(
             self,
             "LaunchTemplateId",
-            value=self.launch_template.launch_template_id,
+            value=self.training_template.launch_template_id,
             description="Launch template of GPU training runs",
+        )
+        subnet = self.training_template.subnet
+        cdk.CfnOutput(
+            self,
+            "TrainingSubnet",
+            value=f"{subnet.subnet_id} ({subnet.availability_zone})",
+            description=f"Where runs start (training.subnet_index {training.subnet_index}); check that the zone "
+            f"offers {training.instance_type} with CheckTrainingCapacityCommand",
+        )
+        cdk.CfnOutput(
+            self,
+            "CheckTrainingCapacityCommand",
+            value=f"aws ec2 describe-instance-type-offerings --region {self.region} --location-type availability-zone "
+            f"--filters Name=instance-type,Values={training.instance_type} "
+            f"Name=location,Values={subnet.availability_zone} --query 'InstanceTypeOfferings[].Location' --output text",
+            description=f"Prints the training subnet's zone if it offers {training.instance_type}, nothing if not "
+            "(then pick another training.subnet_index)",
         )
         cdk.CfnOutput(
             self,
             "RunSingleNodeTrainingCommand",
-            value=f"{run} --count 1",
-            description=f"Starts one {training.instance_type} training run; it uploads model.tar.gz and "
+            value=self.training_template.run_command(1),
+            description=f"Starts one {training.instance_type} training run in the training subnet (TrainingSubnet); "
+            "it uploads model.tar.gz and "
             f"metrics.json to the artifacts bucket under {TRAINING_OUTPUT_PREFIX}<reservation id>/ and "
             "powers off",
         )
@@ -421,7 +325,7 @@ class TrainingStack(EnvironmentStack):
             cdk.CfnOutput(
                 self,
                 "RunMultiNodeTrainingCommand",
-                value=f"{run} --count {nodes}",
+                value=self.training_template.run_command(nodes),
                 description=f"Starts a {nodes}-node training run (EFA: {training.efa})",
             )
         cdk.CfnOutput(

@@ -35,8 +35,8 @@ from typing import Any
 
 import yaml
 
+from training_assets.instance.train_sentiment import TrainConfig, TrainingInputError, parse_args, train
 from training_assets.instance_types import has_instance_storage, is_gpu
-from training_assets.train_sentiment import TrainConfig, TrainingInputError, parse_args, train
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPENDENCIES = ROOT / "training_assets" / "requirements-remote.txt"

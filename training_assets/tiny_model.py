@@ -4,7 +4,7 @@ The real base model (cardiffnlp/twitter-roberta-base-sentiment-latest) comes fro
 machine and CI cannot reach it. The tiny model has the same architecture, label set and file layout, so the
 training script, the packaging and every model server run on it unchanged, in seconds, on a CPU.
 
-    python training_assets/tiny_model.py --output /tmp/tiny-roberta
+    python -m training_assets.tiny_model --output /tmp/tiny-roberta
 """
 
 from __future__ import annotations
@@ -79,15 +79,16 @@ def build_tiny_model(
     return output
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, required=True, help="directory to write the model and tokenizer to")
     parser.add_argument(
         "--data-dir", type=Path, default=SAMPLE_DATA, help="JSONL files whose texts train the tokenizer"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(build_tiny_model(args.output, data_dir=args.data_dir))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-import types
 from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
 import pytest
 from cfnlint.api import lint_file
-from constructs import Construct
 
 from app import build_app
 from stacks.compliance import add_compliance_gates
 from stacks.pipeline import EXPECTED_LABELS, SYNTH_COMMANDS, PromotionPipelineStack, cdk_cli_version
 from stacks.platform_stage import PlatformStage
-from stacks.settings import EnvironmentSettings, SettingsError, load_environments, load_pipeline
+from stacks.settings import SettingsError, load_environments, load_pipeline
 
 TOOLING = "999999999999"
 ACCOUNTS = {"dev": "111111111111", "staging": "222222222222", "prod": "333333333333"}
@@ -29,22 +27,20 @@ PIPELINE = {
 }
 
 
-class StageWithEndpoint(PlatformStage):
-    """A platform stage that exposes an endpoint name output the way the Graviton endpoint stack does."""
-
-    def __init__(self, scope: Construct, settings: EnvironmentSettings, *, construct_id: str | None = None) -> None:
-        super().__init__(scope, settings, construct_id=construct_id)
-        stack = cdk.Stack(self, "Endpoint")
-        cdk.CfnWaitConditionHandle(stack, "Placeholder")
-        output = cdk.CfnOutput(stack, "EndpointName", value=f"sentiment-{settings.name}")
-        self.graviton_endpoint = types.SimpleNamespace(endpoint_name_output=output)
+MODEL_KEY = "endpoints/sentiment/model-v3.tar.gz"
 
 
 @pytest.fixture(scope="module")
 def assembly(tmp_path_factory: pytest.TempPathFactory, cdk_context: dict[str, Any]) -> Path:
     outdir = tmp_path_factory.mktemp("pipeline") / "cdk.out"
     environments = [
-        settings.model_copy(update={"account": ACCOUNTS[settings.name]})
+        settings.model_copy(
+            update={
+                "account": ACCOUNTS[settings.name],
+                # Every stage serves a named model version, so every stage has a Graviton endpoint.
+                "graviton_endpoint": settings.graviton_endpoint.model_copy(update={"model_data_key": MODEL_KEY}),
+            }
+        )
         for settings in load_environments(cdk_context["environments"], None)
     ]
     app = cdk.App(context=cdk_context, outdir=str(outdir))
@@ -53,7 +49,6 @@ def assembly(tmp_path_factory: pytest.TempPathFactory, cdk_context: dict[str, An
         "PromotionPipeline",
         settings=load_pipeline(PIPELINE),
         environments=environments,
-        stage_class=StageWithEndpoint,
     )
     add_compliance_gates(app)  # the synth below fails on any unacknowledged cdk-nag finding
     app.synth()
@@ -136,14 +131,14 @@ def test_manual_approval_gates_prod_only(stages: dict[str, Any]) -> None:
 def test_smoke_test_calls_the_endpoint_client_after_the_deployment(
     environment: str, template: dict[str, Any], stages: dict[str, Any]
 ) -> None:
-    (smoke,) = [a for a in stages[environment] if a["ActionTypeId"]["Provider"] == "CodeBuild"]
+    (smoke,) = _builds(stages[environment], "SmokeTest")
     assert smoke["RunOrder"] > max(a["RunOrder"] for a in _deploys(stages[environment]))
     variables = {v["name"]: v["value"] for v in json.loads(smoke["Configuration"]["EnvironmentVariables"])}
-    assert variables["ENDPOINT_NAME"].startswith(f"#{{PromotionPipeline{environment}Endpoint")
+    assert variables["ENDPOINT_NAME"].startswith(f"#{{PromotionPipeline{environment}GravitonEndpoint")
     assert variables["ENDPOINT_NAME"].endswith(".EndpointName}")
     commands = _buildspec(template, smoke)["phases"]["build"]["commands"]
     assert commands[-1] == (
-        "AWS_PROFILE=smoke-test python inference_assets/endpoint_client.py smoke-test "
+        "AWS_PROFILE=smoke-test python -m inference_assets.tools.endpoint_client smoke-test "
         f'--endpoint-name "$ENDPOINT_NAME" --region us-west-2 --expect-labels {EXPECTED_LABELS}'
     )
     project = template["Resources"][smoke["Configuration"]["ProjectName"]["Ref"]]
@@ -158,11 +153,62 @@ def test_smoke_test_calls_the_endpoint_client_after_the_deployment(
         for s in r["Properties"]["PolicyDocument"]["Statement"]
         if s["Action"] == "sts:AssumeRole" and s["Resource"] == role_arn
     ]
-    assert len(grants) == 1
+    assert len(grants) == 2, "the smoke test's and the model check's projects"
 
 
 def test_prod_has_no_smoke_test(stages: dict[str, Any]) -> None:
-    assert not [a for a in stages["prod"] if a["ActionTypeId"]["Provider"] == "CodeBuild"]
+    assert not _builds(stages["prod"], "SmokeTest")
+
+
+def _builds(actions: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [
+        a for a in actions if a["ActionTypeId"]["Provider"] == "CodeBuild" and a["Name"].split(".")[-1].startswith(name)
+    ]
+
+
+def _deploy_order(actions: list[dict[str, Any]], stack: str) -> tuple[int, int]:
+    """(first, last) RunOrder of the change-set actions of ``stack`` (e.g. "GravitonEndpoint") in a stage."""
+    orders = [a["RunOrder"] for a in _deploys(actions) if a["Name"].startswith(f"{stack}.")]
+    assert orders, [a["Name"] for a in _deploys(actions)]
+    return min(orders), max(orders)
+
+
+@pytest.mark.parametrize("environment", list(ACCOUNTS))
+def test_model_check_runs_after_foundation_and_before_the_endpoint_deploys(
+    environment: str, template: dict[str, Any], stages: dict[str, Any]
+) -> None:
+    """Never deploy an endpoint whose model is absent: the check needs the deployed bucket and role, and a failed
+    check stops the stage before the Graviton endpoint's change set is even created."""
+    actions = stages[environment]
+    (check,) = _builds(actions, "ModelCheck")
+    assert _deploy_order(actions, "Foundation")[1] < check["RunOrder"]
+    assert _deploy_order(actions, "SmokeTestAccess")[1] < check["RunOrder"]
+    assert check["RunOrder"] < _deploy_order(actions, "GravitonEndpoint")[0]
+    if environment == "prod":
+        (approval,) = [a for a in actions if a["ActionTypeId"]["Category"] == "Approval"]
+        assert approval["RunOrder"] < check["RunOrder"]
+    variables = {v["name"]: v["value"] for v in json.loads(check["Configuration"]["EnvironmentVariables"])}
+    assert variables["ARTIFACTS_BUCKET"].startswith(f"#{{PromotionPipeline{environment}Foundation")
+    assert variables["ARTIFACTS_BUCKET"].endswith(".ArtifactsBucketName}")
+    commands = _buildspec(template, check)["phases"]["build"]["commands"]
+    assert commands[-1] == (
+        "AWS_PROFILE=smoke-test python -m inference_assets.tools.model_check "
+        f'--bucket "$ARTIFACTS_BUCKET" --key {MODEL_KEY} --region us-west-2'
+    )
+
+
+@pytest.mark.parametrize("environment", list(ACCOUNTS))
+def test_model_check_role_reads_only_the_model_archive(environment: str, assembly: Path) -> None:
+    folder = assembly / f"assembly-PromotionPipeline-{environment}"
+    (template_file,) = folder.glob("*SmokeTestAccess*.template.json")
+    resources = json.loads(template_file.read_text())["Resources"]
+    (policy,) = [r for lid, r in resources.items() if lid.startswith("ModelCheckPolicy")]
+    get, listing = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert get["Action"] == "s3:GetObject" and json.dumps(get["Resource"]).endswith(f'/{MODEL_KEY}"]]}}')
+    assert listing["Action"] == "s3:ListBucket"
+    assert listing["Condition"] == {"StringEquals": {"s3:prefix": "endpoints/sentiment/"}}
+    smoke = [lid for lid in resources if lid.startswith("SmokeTestPolicy")]
+    assert bool(smoke) is (environment != "prod"), "prod's role only looks up the model"
 
 
 @pytest.mark.parametrize("environment", ["dev", "staging"])
@@ -174,7 +220,7 @@ def test_smoke_test_role_in_the_target_account_only_describes_and_invokes(enviro
     assert role["Properties"]["RoleName"] == f"pytorch-platform-{environment}-pipeline-smoke-test"
     (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
     assert json.dumps(trust["Principal"]).count(f":iam::{TOOLING}:root") == 1
-    (policy,) = [r for r in resources.values() if r["Type"] == "AWS::IAM::ManagedPolicy"]
+    (policy,) = [r for lid, r in resources.items() if lid.startswith("SmokeTestPolicy")]
     (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
     assert statement["Action"] == ["sagemaker:DescribeEndpoint", "sagemaker:InvokeEndpoint"]
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -260,7 +306,7 @@ def test_pipeline_templates_lint_clean(assembly: Path) -> None:
         assembly / "PromotionPipeline.template.json",
         *assembly.glob("assembly-*/*SmokeTestAccess*.template.json"),
     ]
-    assert len(templates) == 3
+    assert len(templates) == 4
     assert [str(match) for template in templates for match in lint_file(template)] == []
 
 

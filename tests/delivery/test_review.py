@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sagemaker as sagemaker
 
 from ops_review.__main__ import main
+from ops_review.diff import diff_reviews
 from ops_review.review import load_prices, review_assembly
 from stacks.compliance import acknowledge, add_template_aspects
 from stacks.settings import parse_environment
@@ -37,6 +40,7 @@ def synth_serving_app(outdir: Path, *, wildcard: bool, kms_bucket: bool, instanc
         encryption=s3.BucketEncryption.KMS if kms_bucket else s3.BucketEncryption.S3_MANAGED,
         encryption_key=key if kms_bucket else None,
         enforce_ssl=True,
+        block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
         removal_policy=cdk.RemovalPolicy.RETAIN,
     )
     role = iam.Role(stack, "EndpointRole", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
@@ -86,7 +90,14 @@ def synth_serving_app(outdir: Path, *, wildcard: bool, kms_bucket: bool, instanc
         min_capacity=instances,
         max_capacity=4,
     )
-    ec2.CfnLaunchTemplate(stack, "Training", launch_template_data={"instanceType": "p4d.24xlarge"})
+    ec2.CfnLaunchTemplate(
+        stack,
+        "Training",
+        launch_template_data={
+            "instanceType": "p4d.24xlarge",
+            "metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 1},
+        },
+    )
     app.synth()
     return outdir
 
@@ -220,3 +231,113 @@ def test_review_of_the_platform_writes_markdown_and_json_per_environment(
 def test_cli_explains_a_missing_cloud_assembly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(tmp_path / "nothing"), "--out", str(tmp_path / "review")]) == 2
     assert "not a cloud assembly (no manifest.json); run `make synth` first." in capsys.readouterr().err
+
+
+# --- the diff raises every weakening injected into an otherwise unchanged template --------------------------------
+
+
+def _of_type(resources: dict[str, Any], resource_type: str) -> dict[str, Any]:
+    (resource,) = (r for r in resources.values() if r["Type"] == resource_type)
+    return resource
+
+
+def _inject(resources: dict[str, Any], change: str) -> None:
+    """Weaken the template as a careless change would."""
+    if change == "trust anyone":
+        role = _of_type(resources, "AWS::IAM::Role")
+        role["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] = {"AWS": "*"}
+    elif change == "public-access block removed":
+        del _of_type(resources, "AWS::S3::Bucket")["Properties"]["PublicAccessBlockConfiguration"]
+    elif change == "IMDS optional":
+        data = _of_type(resources, "AWS::EC2::LaunchTemplate")["Properties"]["LaunchTemplateData"]
+        data["MetadataOptions"]["HttpTokens"] = "optional"
+    elif change == "TLS-only statement removed":
+        policy = _of_type(resources, "AWS::S3::BucketPolicy")["Properties"]["PolicyDocument"]
+        policy["Statement"] = [
+            s for s in policy["Statement"] if "aws:SecureTransport" not in json.dumps(s.get("Condition", {}))
+        ]
+        policy["Statement"].append({"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::111111111111:root"},
+                                    "Action": "s3:GetObject", "Resource": "arn:aws:s3:::models/m.tar.gz"})  # fmt: skip
+    elif change == "egress to all traffic":
+        group = _of_type(resources, "AWS::EC2::SecurityGroup")["Properties"]
+        group["SecurityGroupEgress"] = [{"CidrIp": "0.0.0.0/0", "IpProtocol": "-1", "Description": "all"}]
+    elif change == "NotAction grant":
+        role = _of_type(resources, "AWS::IAM::Role")
+        role["Properties"]["Policies"] = [
+            {
+                "PolicyName": "Escape",
+                "PolicyDocument": {
+                    "Version": "2012-10-17",
+                    "Statement": [{"Effect": "Allow", "NotAction": "iam:*", "NotResource": "arn:aws:s3:::audit/*"}],
+                },
+            }
+        ]
+    else:
+        raise ValueError(change)
+
+
+def _diff_with(old: Path, tmp_path: Path, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    new = tmp_path / "changed"
+    shutil.copytree(old, new)
+    (template_file,) = new.glob("assembly-dev/*.template.json")
+    template = json.loads(template_file.read_text())
+    change(template["Resources"])
+    template_file.write_text(json.dumps(template))
+    return diff_reviews(review_assembly(old), review_assembly(new))
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ("trust anyone", "dev/Serving: trust policy of EndpointRole1A3BA5E6 lets anyone (*) assume it"),
+        (
+            "public-access block removed",
+            "dev/Serving: S3 public-access block removed on ModelsC55D3500 (off: BlockPublicAcls, BlockPublicPolicy, "
+            "IgnorePublicAcls, RestrictPublicBuckets)",
+        ),
+        (
+            "IMDS optional",
+            "dev/Serving: IMDSv2 not required on Training (HttpTokens optional): IMDSv1 requests can read the "
+            "instance role's credentials",
+        ),
+        ("TLS-only statement removed", "dev/Serving: TLS-only statement removed from the policy of ModelsC55D3500"),
+        (
+            "egress to all traffic",
+            "dev/Serving: egress to the internet on all traffic added: Workload692FF5F4: egress all all to 0.0.0.0/0",
+        ),
+        (
+            "NotAction grant",
+            "dev/Serving: wildcard permission added: EndpointRole1A3BA5E6 may everything except iam:* on everything "
+            "except arn:aws:s3:::audit/*",
+        ),
+    ],
+)
+def test_diff_raises_each_injected_weakening_as_a_finding(
+    old_and_new: tuple[Path, Path], tmp_path: Path, change: str, expected: str
+) -> None:
+    diff = _diff_with(old_and_new[0], tmp_path, lambda resources: _inject(resources, change))
+    assert diff["findings"] == [expected]
+
+
+def test_not_action_and_not_resource_are_shown_as_exclusions(old_and_new: tuple[Path, Path], tmp_path: Path) -> None:
+    diff = _diff_with(old_and_new[0], tmp_path, lambda resources: _inject(resources, "NotAction grant"))
+    (grant,) = diff["stacks"]["dev/Serving"]["permissions_added"]
+    assert list(grant[1:4]) == ["Allow", "NOT iam:*", "NOT arn:aws:s3:::audit/*"]
+    new = tmp_path / "changed"
+    statement = next(s for s in _statements(review_assembly(new)["dev"]["Serving"], "EndpointRole") if s["not_action"])
+    assert statement["not_resource"] and statement["wildcard_actions"] and statement["wildcard_resources"]
+    assert main([str(new), "--out", str(tmp_path / "review")]) == 0
+    markdown = (tmp_path / "review" / "dev.md").read_text()
+    assert "NOT iam:*" in markdown and "NOTACTION: every other action" in markdown
+
+
+def test_service_trust_and_narrow_egress_are_not_findings(old_and_new: tuple[Path, Path], tmp_path: Path) -> None:
+    def change(resources: dict[str, Any]) -> None:
+        role = _of_type(resources, "AWS::IAM::Role")
+        role["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] = {"Service": "ec2.amazonaws.com"}
+        group = _of_type(resources, "AWS::EC2::SecurityGroup")["Properties"]
+        group["SecurityGroupEgress"] = [{"CidrIp": "0.0.0.0/0", "IpProtocol": "tcp", "FromPort": 443, "ToPort": 443}]
+
+    diff = _diff_with(old_and_new[0], tmp_path, change)
+    assert diff["findings"] == []
+    assert diff["stacks"]["dev/Serving"]["trust_added"] == [("EndpointRole1A3BA5E6", "Allow", "ec2.amazonaws.com", "")]

@@ -156,3 +156,80 @@ def test_no_security_group_accepts_traffic_from_outside_the_vpc(foundation: dict
         for rule in group["Properties"].get("SecurityGroupIngress", []):
             assert rule.get("CidrIp") not in ("0.0.0.0/0", None) or "SourceSecurityGroupId" in rule, name
             assert rule.get("CidrIp", "").startswith("10."), name
+
+
+def _statements_by_sid(template: dict, policy_prefix: str) -> dict[str, dict]:
+    (policy,) = (
+        r for name, r in resources(template, "AWS::IAM::ManagedPolicy").items() if name.startswith(policy_prefix)
+    )
+    return {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+
+
+@pytest.mark.parametrize("policy", ["EndpointExecutionRolePolicy", "RemoteJobRolePolicy"])
+def test_vpc_attachment_is_held_to_the_platform_vpc_subnets_and_security_group(foundation: dict, policy: str) -> None:
+    (vpc_id,) = resources(foundation, "AWS::EC2::VPC")
+    (group_id,) = [name for name in resources(foundation, "AWS::EC2::SecurityGroup") if name.startswith("Workload")]
+    statements = _statements_by_sid(foundation, policy)
+    create = statements["CreateInterfacesInThePlatformSubnets"]
+    assert create["Action"] == "ec2:CreateNetworkInterface"
+    (condition,) = create["Condition"]["ArnEquals"].items()
+    assert condition[0] == "ec2:Vpc" and condition[1]["Fn::Join"][1][-2:] == [":vpc/", {"Ref": vpc_id}]
+    resources_text = str(create["Resource"])
+    private_subnets = [
+        name for name in resources(foundation, "AWS::EC2::Subnet") if name.startswith("VpcPrivateSubnet")
+    ]
+    assert private_subnets and all(name in resources_text for name in private_subnets)
+    assert "PublicSubnet" not in resources_text and group_id in resources_text
+    assert "subnet/*" not in resources_text and "security-group/*" not in resources_text
+    manage = statements["ManageInterfacesInThePlatformVpc"]
+    assert manage["Condition"] == create["Condition"]
+    assert sorted(manage["Action"]) == ["ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"]
+    assert statements["DeleteInterfacePermissions"]["Action"] == "ec2:DeleteNetworkInterfacePermission"
+
+
+def test_key_grants_only_for_aws_resources_or_services(foundation: dict) -> None:
+    (key,) = resources(foundation, "AWS::KMS::Key").values()
+    (deny,) = [s for s in key["Properties"]["KeyPolicy"]["Statement"] if s["Effect"] == "Deny"]
+    assert deny == {
+        "Sid": "DenyGrantsExceptForAwsResources",
+        "Effect": "Deny",
+        "Principal": {"AWS": "*"},
+        "Action": "kms:CreateGrant",
+        "Resource": "*",
+        "Condition": {"BoolIfExists": {"kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "false"}},
+    }
+
+
+def test_data_buckets_send_object_events_to_eventbridge(foundation: dict) -> None:
+    buckets = resources(foundation, "AWS::S3::Bucket")
+    for name, bucket in buckets.items():
+        notifications = bucket["Properties"].get("NotificationConfiguration")
+        if name.startswith("AccessLogs"):
+            assert notifications is None, name
+        else:
+            assert notifications == {"EventBridgeConfiguration": {"EventBridgeEnabled": True}}, name
+
+
+def test_training_job_log_group_gets_retention_from_one_environment_and_is_never_owned(
+    foundation: dict, env: str
+) -> None:
+    """/aws/sagemaker/TrainingJobs is the account's: no stack creates it as a resource; prod's settings set its
+    retention through CDK's LogRetention (which keeps the group when the stack goes)."""
+    assert not [
+        r
+        for r in resources(foundation, "AWS::Logs::LogGroup").values()
+        if r["Properties"].get("LogGroupName") == "/aws/sagemaker/TrainingJobs"
+    ]
+    retention = list(resources(foundation, "Custom::LogRetention").values())
+    if env != "prod":
+        assert retention == []
+        return
+    (custom,) = retention
+    assert custom["Properties"]["LogGroupName"] == "/aws/sagemaker/TrainingJobs"
+    assert custom["Properties"]["RetentionInDays"] == 365 and custom["Properties"]["RemovalPolicy"] == "retain"
+    (policy_id,) = [name for name in resources(foundation, "AWS::IAM::ManagedPolicy") if "LogRetention" in name]
+    assert policy_id in custom["DependsOn"]
+    statements = _statements_by_sid(foundation, "TrainingJobLogRetentionPolicy")
+    scoped = statements["SetTheRetentionOfTheTrainingJobLogGroup"]["Resource"]["Fn::Join"][1]
+    assert scoped[-1] == ":log-group:/aws/sagemaker/TrainingJobs"
+    assert all("*" not in str(s["Resource"]) or s["Sid"] == "WriteOwnLogs" for s in statements.values())

@@ -56,10 +56,16 @@ def test_unknown_environment_in_cdk_json_is_not_silently_mapped_to_dev() -> None
             {"training__instnce_type": "p4d.24xlarge"},
             "environments.dev.training.instnce_type: unknown setting; allowed keys are base_model, dataset, "
             "dlami_ssm_parameter, efa, hyperparameters, image_tag, instance_type, max_run_hours, nodes, "
-            "remote_image_tag, remote_instance_type, root_volume_gib.",
+            "remote_image_tag, remote_instance_type, root_volume_gib, subnet_index.",
             id="misspelled-key",
         ),
         pytest.param({"vpc__max_azs": "2"}, "environments.dev.vpc.max_azs: must be a valid integer.", id="wrong-type"),
+        pytest.param(
+            {"logs__retention_days": 45},
+            "environments.dev.logs.retention_days: must be 7, 14, 30, 60, 90, 180, 365, 400, 545, 731, 1096, 1827 "
+            "or 3653.",
+            id="log-retention",
+        ),
         pytest.param(
             {"removal_policy": "delete"},
             "environments.dev.removal_policy: must be 'destroy' or 'retain'.",
@@ -140,6 +146,21 @@ def test_unknown_environment_in_cdk_json_is_not_silently_mapped_to_dev() -> None
             id="model-key",
         ),
         pytest.param(
+            {"graviton_endpoint__fast_math": "fp16"},
+            "environments.dev.graviton_endpoint.fast_math: must be 'bf16' or 'off'.",
+            id="graviton-fast-math",
+        ),
+        pytest.param(
+            {"graviton_endpoint__max_request_bytes": 100},
+            "environments.dev.graviton_endpoint.max_request_bytes: must be greater than or equal to 1024.",
+            id="graviton-request-bytes",
+        ),
+        pytest.param(
+            {"graviton_endpoint__workers_per_model": 8},
+            "environments.dev.graviton_endpoint: workers_per_model (8) must not exceed the 4 vCPUs of ml.c7g.xlarge.",
+            id="graviton-workers",
+        ),
+        pytest.param(
             {"multi_model_endpoint__models_prefix": "multi-model"},
             "environments.dev.multi_model_endpoint.models_prefix: must end with '/' (it is a prefix).",
             id="mme-prefix",
@@ -149,12 +170,55 @@ def test_unknown_environment_in_cdk_json_is_not_silently_mapped_to_dev() -> None
             "environments.dev.tags.cost_centre: is required.",
             id="missing-cost-centre",
         ),
+        pytest.param(
+            {"training__subnet_index": 2},
+            "environments.dev.training.subnet_index: must be below 2, the number of private subnets (vpc.max_azs).",
+            id="training-subnet-beyond-the-vpc",
+        ),
+        pytest.param(
+            {"vpc__nat_gateways": 0},
+            "environments.dev.vpc.nat_gateways: 0 leaves the private subnets without internet access, but EC2 "
+            "training downloads training.base_model and training.dataset from the Hugging Face hub; use s3:// folders "
+            "or a NAT gateway.",
+            id="isolated-vpc-with-hub-downloads",
+        ),
+        pytest.param(
+            {
+                "vpc__nat_gateways": 0,
+                "training__base_model": "s3://my-datasets/models/roberta-base/",
+                "training__dataset": "s3://my-datasets/tweets/",
+            },
+            "environments.dev.vpc.nat_gateways: 0 leaves the private subnets without internet access, but EC2 "
+            "training builds its image on the instance with pip from PyPI (training_assets/Dockerfile); use at least "
+            "1 NAT gateway.",
+            id="isolated-vpc-with-pip-install",
+        ),
     ],
 )
 def test_bad_setting_names_key_and_allowed_values(changes: dict, message: str) -> None:
     with pytest.raises(SettingsError) as error:
         parse_environment("dev", dev_with(**changes))
     assert str(error.value) == message
+
+
+def test_training_subnet_index_within_the_vpc_is_accepted() -> None:
+    assert parse_environment("dev", dev_with(vpc__max_azs=3, training__subnet_index=2)).training.subnet_index == 2
+
+
+def test_an_imported_vpc_counts_its_private_subnets() -> None:
+    imported = dev_with(
+        vpc={
+            "vpc_id": "vpc-0123456789abcdef0",
+            "private_subnet_ids": ["subnet-0123456789abcdef0"],
+            "availability_zones": ["us-west-2a"],
+            "nat_gateways": 0,  # ignored for an imported VPC: it brings its own egress
+        },
+        training__subnet_index=1,
+    )
+    with pytest.raises(
+        SettingsError, match=r"^environments\.dev\.training\.subnet_index: must be below 1, .*private_subnet_ids"
+    ):
+        parse_environment("dev", imported)
 
 
 def test_complete_vpc_import_is_accepted() -> None:
@@ -177,3 +241,18 @@ def test_complete_vpc_import_is_accepted() -> None:
 def test_local_nvme_types_are_recognised(instance_type: str, nvme: bool) -> None:
     settings = parse_environment("dev", dev_with(multi_model_endpoint__instance_type=instance_type))
     assert settings.multi_model_endpoint.has_local_nvme is nvme
+
+
+def test_only_one_environment_per_account_manages_the_training_job_log_group() -> None:
+    environments = copy.deepcopy(ENVIRONMENTS)
+    environments["staging"].setdefault("logs", {})["manage_training_job_log_group"] = True
+    assert environments["prod"]["logs"]["manage_training_job_log_group"] is True
+    with pytest.raises(
+        SettingsError,
+        match=r"^environments\.prod\.logs\.manage_training_job_log_group: only one environment per account and "
+        r"region may manage /aws/sagemaker/TrainingJobs, and staging already does",
+    ):
+        load_environments(environments, "dev")  # every environment counts, whichever are synthesized
+    environments["staging"]["account"] = "222222222222"
+    environments["prod"]["account"] = "333333333333"
+    assert [e.name for e in load_environments(environments, None)] == ["dev", "staging", "prod"]

@@ -23,10 +23,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def mme_archive(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One archive for both model servers, built by the publishing tool (DJL files + toolkit handler)."""
-    from inference_assets.djl.serving_properties import DjlModelSettings
-    from inference_assets.publish_models import build_archive
+    from inference_assets.tools.publish_models import build_archive
+    from inference_assets.tools.serving_properties import DjlModelSettings
+    from tests.serving.request_table import TEST_LIMITS
 
-    settings = DjlModelSettings(max_workers=2, max_request_batch=4)
+    settings = DjlModelSettings(
+        max_workers=2,
+        max_request_batch=TEST_LIMITS.max_request_batch,
+        max_text_chars=TEST_LIMITS.max_text_chars,
+        max_request_bytes=TEST_LIMITS.max_request_bytes,
+    )
     return build_archive(tiny_model_dir, tmp_path_factory.mktemp("archive") / "sentiment.tar.gz", settings)
 
 

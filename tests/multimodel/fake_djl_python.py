@@ -72,6 +72,10 @@ class Output:
         self.code = code
         return self
 
+    def set_message(self, message: str) -> Output:
+        self.message = message
+        return self
+
     def error(self, error: str, code: int = 424, message: str = "prediction failure") -> Output:
         self.code = code
         self.message = message

@@ -1,20 +1,21 @@
 """The DJL adapter (model.py) run as DJL's Python engine runs it, with a stand-in for ``djl_python``.
 
-model.py and serving.properties come out of the real archive; each request is also sent through the toolkit
-handler (code/inference.py) of the same archive: both model servers must give the same answers.
+model.py and serving.properties come out of the real archive; every request of the shared request table
+(tests/serving/request_table.py) is also sent through the archive's TorchServe handler, run by TorchServe's own
+worker code: both model servers must give the same status, Content-Type and body.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
 import pytest
-from sagemaker_inference.errors import BaseInferenceToolkitError
 
-from inference_assets.djl.serving_properties import DjlModelSettings, parse_properties
+from inference_assets.tools.serving_properties import DjlModelSettings, parse_properties
+from tests.serving.request_table import REQUESTS, TEST_LIMITS
+from tests.serving.torchserve_inprocess import loaded_service, predict
 
 from . import fake_djl_python
 from .fake_djl_python import Input, batched
@@ -29,102 +30,114 @@ def _import(path: Path, name: str):
 
 def _forget(*modules: str) -> None:
     """Drop modules imported from the unpacked archive, so later tests import their own copies."""
-    for name in modules:
-        sys.modules.pop(name, None)
+    for name in list(sys.modules):
+        if name in modules or name.split(".")[0] in modules:
+            sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="module")
 def djl(unpacked_mme_archive: Path):
     """model.py loaded the way DJL loads it; the first (empty) call initialises it from the properties."""
     saved_path = list(sys.path)
+    _forget("sentiment_serving")
     sys.modules["djl_python"] = fake_djl_python.module()
     model = _import(unpacked_mme_archive / "model.py", "djl_model_under_test")
-    properties = parse_properties((unpacked_mme_archive / "serving.properties").read_text())
-    # DJL hands the Python engine the model directory and the option.* settings without their prefix.
-    init = {k.removeprefix("option."): v for k, v in properties.items() if k.startswith("option.")}
-    assert model.handle(Input({**init, "model_dir": str(unpacked_mme_archive)})) is None  # the load call
+    assert model.handle(Input(_load_properties(unpacked_mme_archive))) is None  # the load call
     yield model
-    _forget("djl_python", "djl_model_under_test", "sentiment_predictor")
+    _forget("djl_python", "djl_model_under_test", "sentiment_serving")
     sys.path[:] = saved_path
+
+
+def _load_properties(model_dir: Path) -> dict[str, str]:
+    """What DJL 0.36 hands the load call: every serving.properties key without ``option.``, plus the model dir."""
+    properties = parse_properties((model_dir / "serving.properties").read_text())
+    return {**{k.removeprefix("option."): v for k, v in properties.items()}, "model_dir": str(model_dir)}
 
 
 @pytest.fixture(scope="module")
-def toolkit(unpacked_mme_archive: Path):
-    """The toolkit handler of the same archive, with the request limit the archive gives DJL (4 texts)."""
-    saved_path = list(sys.path)
-    sys.path.insert(0, str(unpacked_mme_archive / "code"))
-    handler = _import(unpacked_mme_archive / "code" / "inference.py", "toolkit_handler_under_test")
+def torchserve(unpacked_mme_archive: Path):
+    """The TorchServe handler of the same archive, run by TorchServe's worker code, with the archive's limits."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(handler.MAX_REQUEST_BATCH_ENV, "4")  # the toolkit takes it from the container environment
-        predictor = handler.model_fn(str(unpacked_mme_archive))
-    yield handler, predictor
-    _forget("toolkit_handler_under_test", "sentiment_predictor")
-    sys.path[:] = saved_path
+        patch.setenv("SENTIMENT_MAX_REQUEST_BATCH", str(TEST_LIMITS.max_request_batch))
+        patch.setenv("SENTIMENT_MAX_TEXT_CHARS", str(TEST_LIMITS.max_text_chars))
+        patch.setenv("SENTIMENT_MAX_REQUEST_BYTES", str(TEST_LIMITS.max_request_bytes))
+        with loaded_service(unpacked_mme_archive, batch_size=64) as service:
+            yield service
 
 
-def _djl_answer(djl, content_type: str, body: bytes) -> tuple[int, object]:
-    output = djl.handle(Input({"Content-Type": content_type}, body))
-    return output.code, output.json()
+def _headers(content_type: str | None, accept: str | None) -> dict[str, str]:
+    return {k: v for k, v in (("Content-Type", content_type), ("Accept", accept)) if v is not None}
 
 
-def _toolkit_answer(toolkit, content_type: str, body: bytes) -> tuple[int, object]:
-    handler, predictor = toolkit
-    try:
-        texts = handler.input_fn(body, content_type)
-        answer, _ = handler.output_fn(handler.predict_fn(texts, predictor), "application/json")
-    except BaseInferenceToolkitError as error:
-        return error.status_code, error.message
-    return 200, json.loads(answer)
+def _djl_answer(djl, body: bytes, headers: dict[str, str]) -> tuple[int, str | None, object]:
+    output = djl.handle(Input(headers, body or None))
+    return output.code, output.properties.get("Content-Type"), output.json()
 
 
-REQUESTS = [
-    ("application/json", b'{"inputs": ["great day", "awful service"]}', 200),
-    ("application/json", b'{"inputs": "just one text"}', 200),
-    ("application/json; charset=utf-8", '{"inputs": "café ☕"}'.encode(), 200),
-    ("text/plain", b"a plain text request", 200),
-    ("application/json", b'{"inputs": ', 400),
-    ("application/json", b'{"text": "wrong key"}', 400),
-    ("application/json", b'{"inputs": []}', 400),
-    ("application/json", b'{"inputs": ["ok", 7]}', 400),
-    ("application/json", b"\xff\xfe not utf-8", 400),
-    ("text/plain", b"   ", 400),
-    ("application/json", json.dumps({"inputs": ["t"] * 5}).encode(), 413),  # max_request_batch=4 in the archive
-    ("application/xml", b"<inputs>no</inputs>", 415),
-    ("application/json; charset=latin-1", b'{"inputs": "x"}', 415),
-]
+@pytest.mark.parametrize(("body", "content_type", "accept", "status", "fragment"), REQUESTS)
+def test_djl_and_torchserve_give_the_same_answer(djl, torchserve, body, content_type, accept, status, fragment):
+    headers = _headers(content_type, accept)
+    djl_status, djl_type, djl_body = _djl_answer(djl, body, headers)
+    (served,) = predict(torchserve, [(body, headers)])
+    assert djl_status == served.status == status
+    assert djl_type == served.content_type == "application/json"
+    assert djl_body == served.json()  # same predictions, same error document
+    if status != 200:
+        assert djl_body["code"] == status and fragment in djl_body["error"]
 
 
-@pytest.mark.parametrize(("content_type", "body", "status"), REQUESTS)
-def test_djl_and_toolkit_give_the_same_answer(djl, toolkit, content_type, body, status):
-    djl_status, djl_body = _djl_answer(djl, content_type, body)
-    toolkit_status, toolkit_body = _toolkit_answer(toolkit, content_type, body)
-    assert djl_status == toolkit_status == status
-    if status == 200:
-        assert djl_body == toolkit_body
-        assert [set(p) for p in djl_body] == [{"label", "score", "scores"}] * len(djl_body)
-        assert {p["label"] for p in djl_body} <= {"negative", "neutral", "positive"}
-    else:
-        assert djl_body["code"] == status and djl_body["error"]  # a JSON error that says what is wrong
+def test_the_table_as_one_torchserve_batch_matches_the_djl_answers(djl, torchserve):
+    rows = [param.values for param in REQUESTS]
+    batch = predict(torchserve, [(body, _headers(ct, accept)) for body, ct, accept, _, _ in rows])
+    for served, (body, ct, accept, status, _) in zip(batch, rows, strict=True):
+        djl_status, _, djl_body = _djl_answer(djl, body, _headers(ct, accept))
+        assert served.status == djl_status == status
+        if status != 200:
+            assert served.json() == djl_body
+        else:
+            assert [p["label"] for p in served.json()] == [p["label"] for p in djl_body]
 
 
-def test_success_is_json_and_errors_keep_the_worker_serving(djl):
+def test_errors_keep_the_worker_serving(djl):
     bad = djl.handle(Input({"Content-Type": "application/json"}, b"not json"))
-    assert (bad.code, bad.properties["content-type"]) == (400, "application/json")
+    assert (bad.code, bad.message, bad.properties["Content-Type"]) == (400, "Bad Request", "application/json")
     assert "not valid JSON" in bad.json()["error"]
     good = djl.handle(Input({"Content-Type": "application/json"}, b'{"inputs": "still here"}'))
     assert good.code == 200 and good.properties["Content-Type"] == "application/json"
     assert len(good.json()) == 1
 
 
-def test_a_dynamic_batch_answers_each_request_and_isolates_bad_ones(djl):
-    output = djl.handle(
-        batched([("application/json", b'{"inputs": ["a", "b"]}'), ("text/plain", b""), ("text/plain", b"c")])
-    )
-    assert output.code == 200
-    answers = {key: json.loads(value) for key, value in output.content}
-    assert list(answers) == ["batch_0.data", "batch_1.data", "batch_2.data"]
-    assert len(answers["batch_0.data"]) == 2 and len(answers["batch_2.data"]) == 1
-    assert answers["batch_1.data"]["code"] == 400
+def test_an_empty_request_after_the_load_call_is_a_400_not_another_load(djl):
+    output = djl.handle(Input({"Content-Type": "application/json"}))
+    assert output.code == 400 and "empty" in output.json()["error"]
+
+
+@pytest.mark.parametrize(("content_type", "body", "status"), [("text/plain", b"fine", 200), ("text/plain", b" ", 400),
+                                                             ("text/csv", b"a", 415)])  # fmt: skip
+def test_a_batch_of_one_gets_its_own_status_and_content_type(djl, content_type, body, status):
+    """With batch_size=1 in serving.properties DJL may still hand over a batch (of one request)."""
+    output = djl.handle(batched([(content_type, body)]))
+    assert (output.code, output.properties["Content-Type"]) == (status, "application/json")
+    assert isinstance(output.json(), list) == (status == 200)
+
+
+def test_a_dynamic_batch_of_several_requests_is_refused(djl):
+    with pytest.raises(RuntimeError, match="batch_size must be 1"):
+        djl.handle(batched([("text/plain", b"a"), ("text/plain", b"b")]))
+
+
+def test_the_load_call_refuses_batch_size_above_one(unpacked_mme_archive):
+    _forget("sentiment_serving")
+    sys.modules["djl_python"] = fake_djl_python.module()
+    saved_path = list(sys.path)
+    try:
+        model = _import(unpacked_mme_archive / "model.py", "djl_model_batch_test")
+        properties = {**_load_properties(unpacked_mme_archive), "batch_size": "4"}
+        with pytest.raises(ValueError, match=r"batch_size=4: DJL Serving 0\.36 gives every request"):
+            model.handle(Input(properties))
+    finally:
+        _forget("djl_python", "djl_model_batch_test", "sentiment_serving")
+        sys.path[:] = saved_path
 
 
 def test_serving_properties_in_the_archive(unpacked_mme_archive):
@@ -133,6 +146,8 @@ def test_serving_properties_in_the_archive(unpacked_mme_archive):
         "engine": "Python",
         "option.entryPoint": "model.py",
         "option.max_request_batch": "4",
+        "option.max_text_chars": "200",
+        "option.max_request_bytes": "16384",
         "max_idle_time": "600",
         "batch_size": "1",
         "max_batch_delay": "100",
@@ -143,14 +158,15 @@ def test_serving_properties_in_the_archive(unpacked_mme_archive):
 
 
 def test_serving_properties_render_every_setting():
-    text = DjlModelSettings(min_workers=1, max_workers=8, max_idle_time_seconds=60, batch_size=4,
-                            max_batch_delay_ms=20).render()  # fmt: skip
+    text = DjlModelSettings(min_workers=1, max_workers=8, max_idle_time_seconds=60, max_batch_delay_ms=20).render()
     assert parse_properties(text) == {
         "engine": "Python",
         "option.entryPoint": "model.py",
         "option.max_request_batch": "32",
+        "option.max_text_chars": "2000",
+        "option.max_request_bytes": "262144",
         "max_idle_time": "60",
-        "batch_size": "4",
+        "batch_size": "1",
         "max_batch_delay": "20",
         "minWorkers": "1",
         "maxWorkers": "8",
@@ -164,7 +180,9 @@ def test_serving_properties_render_every_setting():
         ({"min_workers": 4, "max_workers": 2}, r"min_workers \(4\) must not exceed max_workers \(2\)"),
         ({"min_workers": 0}, "min_workers must be an integer from 1 to 128, got 0"),
         ({"max_idle_time_seconds": 0}, "max_idle_time_seconds must be an integer from 1"),
-        ({"batch_size": 2.5}, "batch_size must be an integer"),
+        ({"batch_size": 2.5}, "batch_size must be 1 for DJL Serving"),
+        ({"batch_size": 4}, "batch_size must be 1 for DJL Serving, got 4: DJL 0.36 gives every request"),
+        ({"max_request_bytes": 100}, "max_request_bytes must be an integer from 1024"),
         ({"max_batch_delay_ms": -1}, "max_batch_delay_ms must be an integer from 0"),
         ({"max_workers": True}, "max_workers must be an integer"),
     ],

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from inference_assets.local_mme import LocalModelServer, LocalMultiModelEndpoint, ModelNotFound
+from inference_assets.local.local_mme import LocalModelServer, LocalMultiModelEndpoint, ModelNotFound
 
 pytestmark = pytest.mark.slow  # a real TorchServe + toolkit server
 

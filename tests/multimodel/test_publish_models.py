@@ -9,9 +9,9 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from inference_assets import package_model, publish_models
-from inference_assets.model_names import validate_model_name
-from inference_assets.publish_models import ModelStore, copy_names
+from inference_assets.tools import package_model, publish_models
+from inference_assets.tools.model_names import validate_model_name
+from inference_assets.tools.publish_models import ModelStore, copy_names
 
 BUCKET = "artifacts"
 PREFIX = "multi-model/"
@@ -157,7 +157,8 @@ def test_cli_package_builds_an_archive_for_both_servers(tiny_model_dir, tmp_path
     with tarfile.open(output) as tar:
         names = set(tar.getnames())
         properties = tar.extractfile("serving.properties").read().decode()
-    expected = {"model.py", "serving.properties", "code/inference.py", "code/sentiment_predictor.py", "config.json"}
+    expected = {"model.py", "serving.properties", "code/inference.py", "code/sentiment_serving/predictor.py",
+                "config.json"}  # fmt: skip
     assert expected <= names
     assert "maxWorkers=3" in properties.splitlines()
 

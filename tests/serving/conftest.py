@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from inference_assets.package_model import build_model_archive
+from inference_assets.tools.package_model import build_model_archive
 from training_assets.tiny_model import build_tiny_model
 
 

@@ -11,7 +11,7 @@ import pytest
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
 
-from inference_assets import endpoint_client
+from inference_assets.tools import endpoint_client
 
 ENDPOINT = "Endpoint-a1b2c3"
 GOOD = [{"label": "negative", "score": 0.8, "scores": {"negative": 0.8, "neutral": 0.15, "positive": 0.05}}]

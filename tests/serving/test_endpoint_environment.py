@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 
-from inference_assets.endpoint_environment import endpoint_environment, instance_vcpus
-
-HANDLER = Path(__file__).resolve().parents[2] / "inference_assets" / "code" / "inference.py"
+from inference_assets.container.predictor import RuntimeOptions
+from inference_assets.container.protocol import Limits
+from inference_assets.tools.endpoint_environment import endpoint_environment, instance_vcpus
 
 
 @pytest.mark.parametrize(
@@ -43,15 +40,32 @@ def test_explicit_workers_are_pinned_for_the_toolkit_model_entry() -> None:
         "OMP_NUM_THREADS": "2",
         "OMP_WAIT_POLICY": "PASSIVE",
         "SENTIMENT_MAX_REQUEST_BATCH": "64",
+        "SENTIMENT_MAX_TEXT_CHARS": "2000",
+        "SENTIMENT_MAX_REQUEST_BYTES": "262144",
+        "DNNL_DEFAULT_FPMATH_MODE": "BF16",
+        "LRU_CACHE_CAPACITY": "1024",
+        "THP_MEM_ALLOC_ENABLE": "1",
+        "SENTIMENT_PRECISION": "fp32",
+        "SENTIMENT_TORCH_COMPILE": "0",
     }
 
 
-def test_the_handler_reads_the_batch_limit_the_environment_sets() -> None:
-    """code/inference.py ships alone in the archive, so it names the variable itself: both names must agree."""
-    tree = ast.parse(HANDLER.read_text())
-    (value,) = [
-        node.value.value
-        for node in tree.body
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "MAX_REQUEST_BATCH_ENV" for t in node.targets)
-    ]
-    assert value in endpoint_environment(vcpus=1)
+def test_fast_paths_can_be_turned_off_and_compile_brings_inductor_freezing() -> None:
+    environment = endpoint_environment(vcpus=4, fast_math="off", transparent_huge_pages=False, torch_compile=True)
+    assert "DNNL_DEFAULT_FPMATH_MODE" not in environment
+    assert environment["THP_MEM_ALLOC_ENABLE"] == "0"
+    assert (environment["SENTIMENT_TORCH_COMPILE"], environment["TORCHINDUCTOR_FREEZING"]) == ("1", "1")
+
+
+def test_the_container_reads_back_what_the_environment_sets() -> None:
+    """The container package ships without the tools: its readers must understand every value the stack writes."""
+    environment = endpoint_environment(
+        vcpus=8, workers=2, max_request_batch=7, max_text_chars=99, max_request_bytes=4096, precision="bf16_autocast"
+    )
+    assert Limits.from_environment(environment) == Limits(7, 99, 4096)
+    assert RuntimeOptions.from_environment(environment) == RuntimeOptions("bf16_autocast", False, threads=4)
+
+
+def test_impossible_limits_are_refused() -> None:
+    with pytest.raises(ValueError, match="max_text_chars must be a positive integer"):
+        endpoint_environment(vcpus=4, max_text_chars=0)

@@ -11,20 +11,30 @@ import pytest
 from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Annotations, Match, Template
 
-from inference_assets.endpoint_environment import instance_vcpus
+from app import build_app
+from inference_assets.tools.endpoint_environment import instance_vcpus
 from stacks.compliance import add_compliance_gates
+from stacks.components.sagemaker_endpoint import DlcImage
 from stacks.foundation import FoundationStack
 from stacks.graviton_endpoint import GravitonEndpointStack
-from stacks.sagemaker_endpoint import dlc_image_uri
+from stacks.platform_stage import no_model_yet
 from stacks.settings import parse_environment
 from tests.conftest import cdk_context
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVIRONMENTS = ["dev", "staging", "prod"]
-SETTINGS = {
-    name: parse_environment(name, raw)
-    for name, raw in json.loads((ROOT / "cdk.json").read_text())["context"]["environments"].items()
-}
+MODEL_KEY = "endpoints/sentiment/model-v7.tar.gz"
+
+
+def _with_model(environments: dict, name: str) -> dict:
+    """An environment's settings, naming MODEL_KEY where cdk.json names no model version."""
+    raw = json.loads(json.dumps(environments[name]))
+    raw["graviton_endpoint"].setdefault("model_data_key", MODEL_KEY)
+    return raw
+
+
+RAW = json.loads((ROOT / "cdk.json").read_text())["context"]["environments"]
+SETTINGS = {name: parse_environment(name, _with_model(RAW, name)) for name in RAW}
 
 
 def resources(template: dict, resource_type: str) -> dict[str, dict]:
@@ -34,6 +44,11 @@ def resources(template: dict, resource_type: str) -> dict[str, dict]:
 def only(template: dict, resource_type: str) -> dict:
     (resource,) = resources(template, resource_type).values()
     return resource["Properties"]
+
+
+def only_resource(template: dict, resource_type: str) -> dict:
+    (resource,) = resources(template, resource_type).values()
+    return resource
 
 
 def imports(value: object, fragment: str) -> bool:
@@ -47,8 +62,22 @@ def env(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def endpoint_template(templates, env: str) -> dict:
-    return templates[env]["GravitonEndpoint"]
+def dev_with_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """dev's stacks once its settings name a model (cdk.json's dev names none: the first-deploy path)."""
+    context = cdk_context(env="dev")
+    context["environments"] = {**context["environments"], "dev": _with_model(context["environments"], "dev")}
+    (stage,) = build_app(context=context, outdir=str(tmp_path_factory.mktemp("dev-model"))).synth().nested_assemblies
+    return {stack.hierarchical_id.split("/")[-1]: stack.template for stack in stage.nested_assembly.stacks}
+
+
+@pytest.fixture(scope="module")
+def env_templates(templates, dev_with_model, env: str) -> dict[str, dict]:
+    return dev_with_model if env == "dev" else templates[env]
+
+
+@pytest.fixture(scope="module")
+def endpoint_template(env_templates: dict[str, dict]) -> dict:
+    return env_templates["GravitonEndpoint"]
 
 
 def test_model_runs_the_configured_graviton_dlc_from_the_regional_account(endpoint_template: dict, env: str) -> None:
@@ -112,9 +141,10 @@ def test_data_capture_follows_the_setting_and_is_encrypted(endpoint_template: di
     assert {option["CaptureMode"] for option in capture["CaptureOptions"]} == {"Input", "Output"}
 
 
-def test_endpoint_updates_in_place_keeping_the_scaled_instance_count(endpoint_template: dict) -> None:
+def test_endpoint_updates_in_place_keeping_the_scaled_instance_count(endpoint_template: dict, env: str) -> None:
     endpoint = only(endpoint_template, "AWS::SageMaker::Endpoint")
-    assert "EndpointName" not in endpoint
+    # A fixed name (for its log group); only a name change replaces an endpoint, config changes update it in place.
+    assert endpoint["EndpointName"] == f"{env}-GravitonEndpoint"
     assert endpoint["EndpointConfigName"] == {"Fn::GetAtt": ["EndpointConfig", "EndpointConfigName"]}
     assert endpoint["RetainAllVariantProperties"] is True
     assert endpoint["ExcludeRetainedVariantProperties"] == [{"VariantPropertyType": "DataCaptureConfig"}]
@@ -133,7 +163,9 @@ def test_scalable_target_names_the_variant_of_this_endpoint_and_comes_after_it(
     }
     assert (target["MinCapacity"], target["MaxCapacity"]) == (scaling.min_capacity, scaling.max_capacity)
     assert "RoleARN" not in target, "Application Auto Scaling uses its service-linked role"
-    assert not resources(endpoint_template, "AWS::IAM::Role")
+    roles = resources(endpoint_template, "AWS::IAM::Role").values()
+    principals = [s["Principal"] for r in roles for s in r["Properties"]["AssumeRolePolicyDocument"]["Statement"]]
+    assert principals == [{"Service": "lambda.amazonaws.com"}], "only the ENI wait's role; no autoscaling role"
 
 
 def test_target_tracking_on_invocations_per_instance(endpoint_template: dict, env: str) -> None:
@@ -174,16 +206,35 @@ def test_alarms_watch_5xx_latency_and_cpu_of_this_variant_and_notify_the_encrypt
     assert not resources(endpoint_template, "AWS::SNS::Subscription"), "no alarm_email in cdk.json"
 
 
+def test_the_endpoint_log_group_exists_first_expires_and_uses_the_platform_key(
+    endpoint_template: dict, env: str
+) -> None:
+    (group_id,) = [
+        lid
+        for lid, r in resources(endpoint_template, "AWS::Logs::LogGroup").items()
+        if "LogGroupName" in r["Properties"]
+    ]
+    group = endpoint_template["Resources"][group_id]
+    assert group["Properties"]["LogGroupName"] == f"/aws/sagemaker/Endpoints/{env}-GravitonEndpoint"
+    assert group["Properties"]["RetentionInDays"] == SETTINGS[env].graviton_endpoint.log_retention_days
+    assert imports(group["Properties"]["KmsKeyId"], "PlatformKey")
+    retain = not SETTINGS[env].destroy_on_delete
+    # A failed first creation must not leave the fixed-name group behind (it would block the retry).
+    assert group["DeletionPolicy"] == ("RetainExceptOnCreate" if retain else "Delete")
+    assert group["UpdateReplacePolicy"] == ("Retain" if retain else "Delete")
+    assert group_id in only_resource(endpoint_template, "AWS::SageMaker::Endpoint")["DependsOn"]
+
+
 def test_outputs_name_the_endpoint(endpoint_template: dict) -> None:
     outputs = endpoint_template["Outputs"]
     assert outputs["EndpointName"]["Value"] == {"Fn::GetAtt": ["Endpoint", "EndpointName"]}
-    assert outputs["EndpointArn"]["Value"] == {"Ref": "Endpoint"}
+    assert outputs["EndpointArn"]["Value"] == {"Fn::GetAtt": ["Endpoint", "EndpointArn"]}
 
 
-def test_the_execution_role_may_read_the_archive_and_pull_the_image(templates, env: str) -> None:
-    """Role scope: the foundation's endpoint role reads exactly the model prefixes and pulls the DLC repositories."""
+def test_the_execution_role_may_read_the_archive_and_pull_the_image(env_templates, env: str) -> None:
+    """Role scope: the foundation's endpoint role reads exactly the model prefixes; the image grants its own pull."""
     settings = SETTINGS[env]
-    foundation = templates[env]["Foundation"]
+    foundation = env_templates["Foundation"]
     (role_id,) = [k for k in resources(foundation, "AWS::IAM::Role") if k.startswith("EndpointExecutionRole")]
     statements = [
         statement
@@ -201,16 +252,53 @@ def test_the_execution_role_may_read_the_archive_and_pull_the_image(templates, e
     ]
     assert any(f"/{settings.graviton_endpoint.model_data_key}".startswith(p.rstrip("*")) for p in read_prefixes)
     assert all(p.endswith("/*") and p.count("/") >= 2 for p in read_prefixes), "reads only below model prefixes"
-    pull = next(s for s in statements if s.get("Sid") == "PullDeepLearningContainers")
-    assert any(
-        json.dumps(r).endswith(f'repository/{settings.graviton_endpoint.image_repository}"') for r in pull["Resource"]
+    assert not [s for s in statements if s.get("Sid") == "PullDeepLearningContainers"], "no hand-kept repository list"
+    assert any(s.get("Action") == "ecr:GetAuthorizationToken" for s in statements)
+    # The image grants its own pull, in the endpoint stack, on exactly its repository.
+    endpoint = env_templates["GravitonEndpoint"]
+    (pull_id, pull) = next(
+        (k, v) for k, v in resources(endpoint, "AWS::IAM::ManagedPolicy").items() if "ImagePull" in k
     )
+    assert imports(pull["Properties"]["Roles"][0], "EndpointExecutionRole")
+    (statement,) = pull["Properties"]["PolicyDocument"]["Statement"]
+    assert statement["Resource"] == (
+        f"arn:aws:ecr:us-west-2:763104351884:repository/{settings.graviton_endpoint.image_repository}"
+    )
+    assert pull_id in only_resource(endpoint, "AWS::SageMaker::Model")["DependsOn"]
 
 
 def test_the_endpoint_stack_deploys_after_the_foundation(cloud_assembly) -> None:
+    checked = 0
     for stage in cloud_assembly.nested_assemblies:
         stacks = {stack.hierarchical_id.split("/")[-1]: stack for stack in stage.nested_assembly.stacks}
-        assert stacks["Foundation"].id in [dependency.id for dependency in stacks["GravitonEndpoint"].dependencies]
+        if "GravitonEndpoint" in stacks:
+            assert stacks["Foundation"].id in [d.id for d in stacks["GravitonEndpoint"].dependencies]
+            checked += 1
+    assert checked
+
+
+# --- first deploy: no model version named yet --------------------------------------------------------------------
+
+
+def test_without_a_model_version_there_is_no_endpoint_stack_and_synth_says_what_to_do(cloud_assembly) -> None:
+    """cdk.json's dev names no model (a new account has none): `cdk deploy 'dev/*'` builds no Graviton endpoint."""
+    assert RAW["dev"]["graviton_endpoint"].get("model_data_key") is None
+    (dev,) = [s for s in cloud_assembly.nested_assemblies if s.directory_name == "assembly-dev"]
+    stacks = {stack.hierarchical_id.split("/")[-1]: stack for stack in dev.nested_assembly.stacks}
+    assert "GravitonEndpoint" not in stacks
+    assert "MultiModelEndpoint" in stacks, "a multi-model endpoint starts without models"
+    messages = [m.entry.data for m in stacks["Foundation"].messages if m.level.value == "INFO"]
+    assert no_model_yet("dev") in messages
+    assert "environments.dev.graviton_endpoint.model_data_key names no model version" in no_model_yet("dev")
+    assert "make check-model ENV=dev" in no_model_yet("dev")
+
+
+def test_the_stack_itself_refuses_settings_without_a_model() -> None:
+    settings = parse_environment("dev", RAW["dev"])
+    stage = cdk.Stage(cdk.App(context=cdk_context()), "bare", env=cdk.Environment(region="us-west-2"))
+    foundation = FoundationStack(stage, "Foundation", settings=settings)
+    with pytest.raises(ValueError, match=r"graviton_endpoint\.model_data_key: the endpoint stack needs a model"):
+        GravitonEndpointStack(stage, "GravitonEndpoint", settings=settings, foundation=foundation)
 
 
 # --- settings variants: one extra app, synthesized once for the module -----------------------------------------
@@ -218,7 +306,7 @@ def test_the_endpoint_stack_deploys_after_the_foundation(cloud_assembly) -> None
 
 @pytest.fixture(scope="module")
 def variant() -> tuple[GravitonEndpointStack, Template]:
-    raw = json.loads((ROOT / "cdk.json").read_text())["context"]["environments"]["dev"]
+    raw = _with_model(RAW, "dev")
     settings = parse_environment(
         "dev",
         {
@@ -278,7 +366,11 @@ def test_grant_invoke_allows_only_invoke_endpoint_on_this_endpoint(variant) -> N
         {
             "PolicyDocument": {
                 "Statement": [
-                    {"Action": "sagemaker:InvokeEndpoint", "Effect": "Allow", "Resource": {"Ref": "Endpoint"}}
+                    {
+                        "Action": "sagemaker:InvokeEndpoint",
+                        "Effect": "Allow",
+                        "Resource": {"Fn::GetAtt": ["Endpoint", "EndpointArn"]},
+                    }
                 ],
                 "Version": "2012-10-17",
             }
@@ -287,7 +379,7 @@ def test_grant_invoke_allows_only_invoke_endpoint_on_this_endpoint(variant) -> N
 
 
 def _dev_stack(graviton_endpoint: dict, **settings_overrides) -> GravitonEndpointStack:
-    raw = json.loads((ROOT / "cdk.json").read_text())["context"]["environments"]["dev"]
+    raw = _with_model(RAW, "dev")
     settings = parse_environment(
         "dev", {**raw, **settings_overrides, "graviton_endpoint": {**raw["graviton_endpoint"], **graviton_endpoint}}
     )
@@ -302,7 +394,8 @@ def test_model_data_outside_the_endpoint_prefix_is_refused() -> None:
 
 
 def test_installing_at_startup_without_egress_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"install_at_startup needs internet egress \(vpc\.nat_gateways >= 1\)"):
+    # Settings refuse an isolated VPC (EC2 training needs the hub and PyPI) before the endpoint rule is reached.
+    with pytest.raises(ValueError, match=r"vpc\.nat_gateways(: 0 leaves| >= 1)"):
         _dev_stack({"dependencies": "install_at_startup"}, vpc={"nat_gateways": 0})
 
 
@@ -329,5 +422,6 @@ def test_nvme_instance_types_get_no_kms_key_and_say_why() -> None:
 )
 def test_image_uri_uses_the_regional_dlc_account_and_domain(region: str, registry: str) -> None:
     stack = cdk.Stack(cdk.App(), "Images", env=cdk.Environment(region=region))
-    uri = stack.resolve(dlc_image_uri(stack, "pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"))
+    image = DlcImage.parse("pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker")
+    uri = stack.resolve(image.image_uri(stack))
     assert uri == f"{registry}/pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"

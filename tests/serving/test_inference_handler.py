@@ -1,89 +1,125 @@
-"""code/inference.py in-process, loaded from the unpacked archive the way the toolkit imports it (code/ on the path).
+"""The archive's TorchServe handler, loaded and called in-process by TorchServe's own worker code.
 
-The toolkit turns a BaseInferenceToolkitError into its status code and anything else into 500, so each client
-mistake must surface as a GenericInferenceToolkitError with the right 4xx (the served behaviour is checked in
-test_toolkit_server.py).
+``torchserve_inprocess`` runs ``TsModelLoader.load`` (handler taken from the archive's MAR-INF/MANIFEST.json) and
+``Service.predict`` (one batch), and decodes the worker's wire answer: what the Java frontend would send per request.
+The served behaviour behind the real toolkit + TorchServe is checked in test_toolkit_server.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
-from sagemaker_inference.errors import GenericInferenceToolkitError
+
+from .request_table import GOOD, REQUESTS, TEST_LIMITS
+from .torchserve_inprocess import WireAnswer, loaded_service, predict
+
+LEAKS = ("Traceback", 'File "', "/opt/", "/tmp/", "/work/", "site-packages", ".py")
+LIMITS_ENV = {
+    "SENTIMENT_MAX_REQUEST_BATCH": str(TEST_LIMITS.max_request_batch),
+    "SENTIMENT_MAX_TEXT_CHARS": str(TEST_LIMITS.max_text_chars),
+    "SENTIMENT_MAX_REQUEST_BYTES": str(TEST_LIMITS.max_request_bytes),
+}
 
 
 @pytest.fixture(scope="module")
-def handler(unpacked_model: Path) -> ModuleType:
-    code = str(unpacked_model / "code")
-    sys.path.insert(0, code)
+def service(unpacked_model: Path) -> Iterator:
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in LIMITS_ENV.items():
+            patch.setenv(name, value)
+        with loaded_service(unpacked_model, batch_size=64) as loaded:
+            yield loaded
+
+
+@pytest.fixture
+def forward_passes(service) -> Iterator[list[int]]:
+    """Record how many texts each forward pass of the loaded handler gets."""
+    handler = sys.modules["sentiment_serving.torchserve_handler"]._handler
+    original = handler.predictor.predict_dicts
+    sizes: list[int] = []
+
+    def counting(texts):
+        sizes.append(len(texts))
+        return original(texts)
+
+    handler.predictor.predict_dicts = counting
+    yield sizes
+    handler.predictor.predict_dicts = original
+
+
+def _headers(content_type: str | None, accept: str | None) -> dict[str, str]:
+    return {k: v for k, v in (("Content-Type", content_type), ("Accept", accept)) if v is not None}
+
+
+def test_the_manifest_names_the_handler_torchserve_loads(unpacked_model: Path, service) -> None:
+    manifest = json.loads((unpacked_model / "MAR-INF" / "MANIFEST.json").read_text())
+    assert manifest["model"] == {"modelName": "model", "handler": "code/inference.py:handle", "modelVersion": "1.0"}
+    assert sys.modules["inference"].__file__ == str(unpacked_model / "code" / "inference.py")
+
+
+@pytest.mark.parametrize(("body", "content_type", "accept", "status", "fragment"), REQUESTS)
+def test_each_request_alone(service, body, content_type, accept, status, fragment) -> None:
+    (answer,) = predict(service, [(body, _headers(content_type, accept))])
+    _check(answer, status, fragment)
+
+
+def _check(answer: WireAnswer, status: int, fragment: str) -> None:
+    assert (answer.status, answer.content_type) == (status, "application/json"), answer
+    assert b"\n" not in answer.body
+    body = answer.json()
+    if status == 200:
+        assert isinstance(body, list) and body
+        assert all(set(p) == {"label", "score", "scores"} for p in body)
+    else:
+        assert body["code"] == status and fragment in body["error"]
+        assert not [leak for leak in LEAKS if leak in answer.body.decode()]
+
+
+def test_the_whole_table_in_one_batch_is_one_forward_pass_with_per_request_answers(service, forward_passes) -> None:
+    rows = [param.values for param in REQUESTS]
+    batch = predict(service, [(body, _headers(ct, accept)) for body, ct, accept, _, _ in rows])
+    for answer, (_, _, _, status, fragment) in zip(batch, rows, strict=True):
+        _check(answer, status, fragment)
+    good_texts = sum(len(answer.json()) for answer in batch if answer.status == 200)
+    assert forward_passes == [good_texts]
+    # The same requests one by one give the same labels and (up to padding noise) the same scores.
+    for answer, (body, ct, accept, status, _) in zip(batch, rows, strict=True):
+        if status == 200:
+            (alone,) = predict(service, [(body, _headers(ct, accept))])
+            assert [p["label"] for p in answer.json()] == [p["label"] for p in alone.json()]
+            for got, want in zip(answer.json(), alone.json(), strict=True):
+                assert got["scores"] == pytest.approx(want["scores"], abs=1e-4)
+
+
+def test_a_batch_of_only_bad_requests_runs_no_forward_pass(service, forward_passes) -> None:
+    answers = predict(service, [(b"{", {"Content-Type": "application/json"}), (b"x", {"Content-Type": "text/csv"})])
+    assert [a.status for a in answers] == [400, 415]
+    assert forward_passes == []
+
+
+def test_a_request_without_a_body_parameter_is_a_client_error(service) -> None:
+    """A form or multipart POST reaches the handler with named parameters and no "body"."""
+    (answer,) = predict(service, [(None, {"Content-Type": "application/json"})])
+    assert answer.status == 400 and "empty" in answer.json()["error"]
+
+
+def test_a_failing_forward_pass_is_a_clean_500_and_the_worker_keeps_serving(service, caplog) -> None:
+    handler = sys.modules["sentiment_serving.torchserve_handler"]._handler
+    original = handler.predictor.predict_dicts
+
+    def broken(texts):
+        raise RuntimeError("out of cheese at /opt/ml/model/code/sentiment_serving/predictor.py")
+
+    handler.predictor.predict_dicts = broken
     try:
-        spec = importlib.util.spec_from_file_location("archive_inference", unpacked_model / "code" / "inference.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
+        answers = predict(service, [(b"fine", {"Content-Type": "text/plain"}), (b"", {"Content-Type": "text/plain"})])
     finally:
-        sys.path.remove(code)
-
-
-@pytest.fixture(scope="module")
-def predictor(handler: ModuleType, unpacked_model: Path):
-    return handler.model_fn(str(unpacked_model))
-
-
-def status_of(call) -> int:
-    with pytest.raises(GenericInferenceToolkitError) as error:
-        call()
-    return error.value.status_code
-
-
-def test_json_and_text_bodies_parse_to_inputs(handler: ModuleType) -> None:
-    assert handler.input_fn('{"inputs": "one"}', "application/json") == "one"
-    assert handler.input_fn(b'{"inputs": ["a", "b"]}', "application/json; charset=utf-8") == ["a", "b"]
-    assert handler.input_fn(b"plain words", "text/plain") == "plain words"
-
-
-@pytest.mark.parametrize(
-    ("body", "content_type", "status"),
-    [
-        ("{", "application/json", 400),
-        ('{"input": "x"}', "application/json", 400),
-        ("null", "application/json", 400),
-        (b"\xc3\x28", "text/plain", 400),
-        ("", "text/plain", 400),
-        ("x", "application/xml", 415),
-        ("x", None, 415),
-        ("x", "text/plain; charset=utf-16", 415),
-    ],
-)
-def test_bad_bodies_map_to_their_status(handler: ModuleType, body, content_type, status: int) -> None:
-    assert status_of(lambda: handler.input_fn(body, content_type)) == status
-
-
-def test_predict_maps_predictor_errors(handler: ModuleType, predictor) -> None:
-    assert status_of(lambda: handler.predict_fn([], predictor)) == 400
-    assert status_of(lambda: handler.predict_fn(["ok", None], predictor)) == 400
-    assert status_of(lambda: handler.predict_fn(["x"] * (predictor.max_batch_size + 1), predictor)) == 413
-    (prediction,) = handler.predict_fn("fine", predictor)
-    assert set(prediction) == {"label", "score", "scores"}
-
-
-def test_output_is_json_unless_the_client_refuses_it(handler: ModuleType) -> None:
-    body, content_type = handler.output_fn([{"label": "neutral"}], "application/json")
-    assert (json.loads(body), content_type) == ([{"label": "neutral"}], "application/json")
-    assert status_of(lambda: handler.output_fn([], "text/html, text/csv")) == 406
-
-
-def test_the_batch_limit_comes_from_the_environment(
-    handler: ModuleType, unpacked_model: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(handler.MAX_REQUEST_BATCH_ENV, "3")
-    assert handler.model_fn(str(unpacked_model)).max_batch_size == 3
-    for bad in ("0", "many"):
-        monkeypatch.setenv(handler.MAX_REQUEST_BATCH_ENV, bad)
-        with pytest.raises(ValueError, match="must be a positive integer"):
-            handler.model_fn(str(unpacked_model))
+        handler.predictor.predict_dicts = original
+    assert [a.status for a in answers] == [500, 400]
+    assert "cheese" not in answers[0].body.decode() and "request-0" in answers[0].json()["error"]
+    assert "out of cheese" in caplog.text
+    body, ct, accept, _, _ = GOOD[0].values
+    assert predict(service, [(body, _headers(ct, accept))])[0].status == 200

@@ -14,8 +14,8 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from inference_assets import package_model
-from inference_assets.package_model import (
+from inference_assets.tools import package_model
+from inference_assets.tools.package_model import (
     PackagingError,
     build_model_archive,
     upload,
@@ -37,7 +37,8 @@ def test_model_files_sit_at_the_root_and_the_handler_in_code(model_archive: Path
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(names)
     assert {
         "code/inference.py",
-        "code/sentiment_predictor.py",
+        "code/sentiment_serving/__init__.py",
+        "code/sentiment_serving/predictor.py",
         "code/requirements.txt",
     } <= set(names)
     assert not [name for name in names if name.startswith("code/lib/")]
@@ -45,11 +46,12 @@ def test_model_files_sit_at_the_root_and_the_handler_in_code(model_archive: Path
 
 
 def test_archive_code_is_the_repository_code(unpacked_model: Path) -> None:
-    assets = Path(package_model.__file__).parent
-    assert (unpacked_model / "code/inference.py").read_bytes() == (assets / "code/inference.py").read_bytes()
-    assert (unpacked_model / "code/sentiment_predictor.py").read_bytes() == (
-        assets / "sentiment_predictor.py"
-    ).read_bytes()
+    container = package_model.CONTAINER
+    assert (unpacked_model / "code/inference.py").read_bytes() == (container / "entrypoints/inference.py").read_bytes()
+    shipped = sorted(path.name for path in (unpacked_model / "code/sentiment_serving").iterdir())
+    assert shipped == sorted(path.name for path in container.glob("*.py"))
+    for name in shipped:
+        assert (unpacked_model / "code/sentiment_serving" / name).read_bytes() == (container / name).read_bytes()
     assert "transformers==" in (unpacked_model / "code/requirements.txt").read_text()
 
 

@@ -1,21 +1,31 @@
 """The archive served by the real SageMaker PyTorch toolkit + TorchServe on localhost, as in the container.
 
-One server for the module (start-up costs ~15-25 s): predictions must equal the in-process predictor's, every bad
-request must get its 4xx with a clear first line, and the server must keep answering afterwards.
+One server for the module (start-up costs ~15-25 s), with TorchServe batching on: predictions must equal the
+in-process predictor's; TorchServe must call the archive's own handler (MAR-INF/MANIFEST.json), which answers a
+batch of concurrent requests with one forward pass and a status and Content-Type per request; every request of the
+shared table (tests/serving/request_table.py) must get its status with a one-line JSON body and no traceback or
+path, and the server must keep answering afterwards.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from inference_assets.local_server import LocalToolkitServer, _group_alive
-from inference_assets.sentiment_predictor import SentimentPredictor
+from inference_assets.container.predictor import SentimentPredictor
+from inference_assets.local.local_server import LocalToolkitServer, _group_alive
 
-MAX_REQUEST_BATCH = 4
+from .request_table import REQUESTS, TEST_LIMITS
+
+MAX_REQUEST_BATCH = TEST_LIMITS.max_request_batch
+BATCH_SIZE = 4
+LEAKS = ("Traceback", 'File "', "/opt/", "/tmp/", "/work/", "site-packages", ".py")
 pytestmark = pytest.mark.slow
 
 SAMPLE_DATA = Path(__file__).resolve().parents[2] / "training_assets" / "sample_data" / "validation.jsonl"
@@ -23,7 +33,15 @@ SAMPLE_DATA = Path(__file__).resolve().parents[2] / "training_assets" / "sample_
 
 @pytest.fixture(scope="module")
 def server(model_archive: Path) -> Iterator[LocalToolkitServer]:
-    local = LocalToolkitServer(model_archive, workers=1, max_request_batch=MAX_REQUEST_BATCH)
+    local = LocalToolkitServer(
+        model_archive,
+        workers=1,
+        batch_size=BATCH_SIZE,
+        max_batch_delay_ms=300,  # long, so that concurrent test requests reliably share a batch
+        max_request_batch=TEST_LIMITS.max_request_batch,
+        max_text_chars=TEST_LIMITS.max_text_chars,
+        max_request_bytes=TEST_LIMITS.max_request_bytes,
+    )
     local.start()
     group = local._process.pid
     try:
@@ -35,7 +53,7 @@ def server(model_archive: Path) -> Iterator[LocalToolkitServer]:
 
 @pytest.fixture(scope="module")
 def predictor(tiny_model_dir: Path) -> SentimentPredictor:
-    return SentimentPredictor(tiny_model_dir, max_batch_size=MAX_REQUEST_BATCH)
+    return SentimentPredictor(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -102,40 +120,75 @@ def test_json_compatible_accept_headers_are_served(server: LocalToolkitServer, a
     assert status == 200, body
 
 
-BAD_REQUESTS = [
-    pytest.param(b"{not json", "application/json", None, 400, "not valid JSON", id="malformed-json"),
-    pytest.param(b'{"text": "hi"}', "application/json", None, 400, 'object with "inputs"', id="missing-inputs"),
-    pytest.param(b'["hi"]', "application/json", None, 400, 'object with "inputs"', id="not-an-object"),
-    pytest.param(b'{"inputs": ["ok", 3]}', "application/json", None, 400, '"inputs"[1] must be a string', id="non-str"),
-    pytest.param(b'{"inputs": 3}', "application/json", None, 400, "a string or a list of strings", id="number"),
-    pytest.param(b'{"inputs": []}', "application/json", None, 400, "must not be an empty list", id="empty-list"),
-    pytest.param(
-        json.dumps({"inputs": ["x"] * (MAX_REQUEST_BATCH + 1)}).encode(),
-        "application/json",
-        None,
-        413,
-        f"at most {MAX_REQUEST_BATCH} are allowed",
-        id="batch-above-limit",
-    ),
-    pytest.param(b"\xff\xfe", "text/plain", None, 400, "not valid UTF-8", id="bad-utf8"),
-    pytest.param(b"   ", "text/plain", None, 400, "body is empty", id="empty-text"),
-    pytest.param(b"a,b", "text/csv", None, 415, "'text/csv' is not supported", id="csv"),
-    pytest.param(b'{"inputs": "hi"}', None, None, 415, "'(none)' is not supported", id="no-content-type"),
-    pytest.param(b"hi", "text/plain; charset=latin-1", None, 415, "charset 'latin-1'", id="latin-1"),
-    pytest.param(b'{"inputs": "hi"}', "application/json", "text/csv", 406, "accept 'text/csv'", id="accept-csv"),
-]
+def _model_log(server: LocalToolkitServer) -> str:
+    return "\n".join(path.read_text(errors="replace") for path in (server.workdir / "logs").glob("model_log*.log"))
 
 
-@pytest.mark.parametrize(("body", "content_type", "accept", "status", "message"), BAD_REQUESTS)
-def test_bad_requests_get_their_4xx_and_the_server_keeps_serving(
-    server: LocalToolkitServer, body: bytes, content_type: str | None, accept: str | None, status: int, message: str
+def test_torchserve_runs_the_handler_the_manifest_names(server: LocalToolkitServer) -> None:
+    assert server.invoke(b'{"inputs": "which handler?"}')[0] == 200
+    manifest = server.workdir / "opt_ml" / "model" / "MAR-INF" / "MANIFEST.json"
+    assert json.loads(manifest.read_text())["model"]["handler"] == "code/inference.py:handle"
+    assert "batch of 1 requests answered with one forward pass" in _model_log(server)
+
+
+@pytest.mark.parametrize(("body", "content_type", "accept", "status", "fragment"), REQUESTS)
+def test_every_request_gets_its_status_and_one_line_of_json(
+    server: LocalToolkitServer, body: bytes, content_type: str | None, accept: str | None, status: int, fragment: str
 ) -> None:
-    got_status, _, answer = server.invoke(body, content_type=content_type, accept=accept)
+    got_status, headers, answer = server.invoke(body, content_type=content_type, accept=accept)
     assert got_status == status, answer
-    # The toolkit sends the exception message first, then the traceback of the raise.
-    assert message in answer.decode().splitlines()[0]
-    assert server.ping() == 200
+    assert headers["content-type"] == "application/json"
+    assert answer.count(b"\n") == 0 and not [leak for leak in LEAKS if leak in answer.decode()]
+    if status != 200:
+        assert json.loads(answer) == {"code": status, "message": json.loads(answer)["message"], "error": ANY_TEXT}
+        assert fragment in json.loads(answer)["error"]
     assert server.invoke(b'{"inputs": "still here?"}')[0] == 200
+
+
+class _AnyText:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and bool(other)
+
+
+ANY_TEXT = _AnyText()
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH"])
+def test_other_methods_on_invocations_get_a_4xx_json_answer(server: LocalToolkitServer, method: str) -> None:
+    """TorchServe hands any method on /invocations to the model; the handler sees no body and answers 4xx."""
+    for headers in ({}, {"Content-Type": "application/json"}):
+        status, answer_headers, answer = server.request(method, "/invocations", headers=headers)
+        assert 400 <= status < 500, (method, status, answer)
+        assert answer_headers["content-type"] == "application/json" and b"\n" not in answer
+    assert server.ping() == 200
+
+
+def test_a_multipart_form_is_refused_with_415(server: LocalToolkitServer) -> None:
+    body = b'--xx\r\nContent-Disposition: form-data; name="inputs"\r\n\r\nhello\r\n--xx--\r\n'
+    status, _, answer = server.invoke(body, content_type="multipart/form-data; boundary=xx")
+    assert status == 415, answer
+
+
+def test_concurrent_requests_share_one_forward_pass_and_keep_their_own_answers(
+    server: LocalToolkitServer, predictor: SentimentPredictor, texts: list[str]
+) -> None:
+    requests = [
+        (json.dumps({"inputs": texts[:2]}).encode(), "application/json", 200),
+        (b"{broken", "application/json", 400),
+        (texts[2].encode(), "text/plain", 200),
+        (b"a,b", "text/csv", 415),
+    ]
+    before = _model_log(server).count("answered with one forward pass")
+    with ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(lambda r: server.invoke(r[0], content_type=r[1]), requests))
+    for (_, _, expected_status), (status, headers, body) in zip(requests, answers, strict=True):
+        assert status == expected_status, body
+        assert headers["content-type"] == "application/json"
+    _assert_same_predictions(json.loads(answers[0][2]), _expected(predictor, texts[:2]))
+    _assert_same_predictions(json.loads(answers[2][2]), _expected(predictor, [texts[2]]))
+    time.sleep(0.5)  # the worker's log reaches the file asynchronously
+    batches = re.findall(r"batch of (\d+) requests answered", _model_log(server))[before:]
+    assert max(int(size) for size in batches) > 1, batches  # TorchServe batched them; one forward pass per batch
 
 
 def test_stopping_one_server_leaves_no_process_behind(model_archive: Path, server: LocalToolkitServer) -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from stacks.settings import TrainingSettings
 
-ASSETS = Path(__file__).resolve().parents[2] / "training_assets"
+ROOT = Path(__file__).resolve().parents[2]
+ASSETS = ROOT / "training_assets" / "instance"
 LAUNCHER = ASSETS / "launch_training.sh"
 
 
@@ -34,12 +35,15 @@ def test_dockerfile_extends_the_patched_training_dlc() -> None:
         dockerfile,
         flags=re.MULTILINE,
     )
-    assert "COPY train_sentiment.py ." in dockerfile and "-r requirements.txt" in dockerfile
+    assert "-r requirements.txt" in dockerfile and "ENV PYTHONPATH=/opt/training" in dockerfile
+    # Every Python module of the package is copied under its package path (so `python -m` finds them all).
+    copied = re.search(r"^COPY (.+) training_assets/instance/$", dockerfile, flags=re.MULTILINE)
+    assert copied and set(copied[1].split()) == {p.name for p in ASSETS.glob("*.py") if p.name != "ship_logs.py"}
 
 
 def test_container_pins_match_the_tested_versions() -> None:
     container = _pins(ASSETS / "requirements.txt")
-    tested = _pins(ASSETS.parent / "requirements-dev.txt")
+    tested = _pins(ROOT / "requirements-dev.txt")
     assert set(container) == {"transformers", "tokenizers", "safetensors", "datasets", "accelerate", "scikit-learn"}
     assert "torch" not in container, "the DLC's CUDA build of torch must not be replaced"
     for package, version in container.items():
@@ -58,10 +62,24 @@ def _command(*args: str, cwd: Path | None = None) -> list[str]:
     return shlex.split(result.stdout)
 
 
+MODULE = "training_assets.instance.train_sentiment"
+
+
+def _in_container(after_image: list[str]) -> list[str]:
+    """The container runs ``bash -c '<input check> && exec torchrun ... --module MODULE "$@"' launch_training ARGS``:
+    check that shape and return the torchrun command as it runs (its options, then ARGS)."""
+    assert after_image[:2] == ["bash", "-c"] and after_image[3] == "launch_training"
+    check, _, run = after_image[2].partition(" && exec ")
+    assert shlex.split(check) == ["python", "-m", MODULE, "--check-only", "$@"]
+    torchrun = shlex.split(run)
+    assert torchrun[-3:] == ["--module", MODULE, "$@"]
+    return [*torchrun[:-1], *after_image[4:]]
+
+
 def _split(command: list[str]) -> tuple[list[str], list[str]]:
     """(docker options, torchrun and script arguments) around the image name."""
     index = command.index("sentiment-training:latest")
-    return command[:index], command[index + 1 :]
+    return command[:index], _in_container(command[index + 1 :])
 
 
 def test_single_node_command(tmp_path: Path) -> None:
@@ -92,7 +110,8 @@ def test_single_node_command(tmp_path: Path) -> None:
         "--nproc_per_node=8",
         "--standalone",
         "--nnodes=1",
-        "/opt/training/train_sentiment.py",
+        "--module",
+        MODULE,
         "--output-dir",
         "/opt/ml/output",
         "--dataset",
@@ -160,4 +179,26 @@ def test_gpu_count_comes_from_nvidia_smi(tmp_path: Path) -> None:
         env={"PATH": f"{fake}:/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr
-    assert "--nproc_per_node=4" in shlex.split(result.stdout)
+    assert "--nproc_per_node=4" in _split(shlex.split(result.stdout))[1]
+
+
+@pytest.mark.parametrize(("check_status", "trains"), [(0, True), (2, False)])
+def test_the_input_check_runs_once_before_torchrun(tmp_path: Path, check_status: int, trains: bool) -> None:
+    """The container's bash -c script, run with stand-ins for python and torchrun: arguments with spaces and commas
+    arrive intact, and a failed input check (exit 2) is the container's exit status, with no torchrun at all."""
+    command = _command("--gpus", "2", "--", "--labels", "bad news,meh", "--epochs", "1")
+    after_image = command[command.index("sentiment-training:latest") + 1 :]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name, status in (("python", check_status), ("torchrun", 0)):
+        (fake / name).write_text(f'#!/bin/bash\nprintf "%s\\n" "{name}" "$@" >> "$CALLS"\nexit {status}\n')
+        (fake / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    result = subprocess.run(after_image, check=False, capture_output=True, text=True,
+                            env={"PATH": f"{fake}:/usr/bin:/bin", "CALLS": str(calls)})  # fmt: skip
+    assert result.returncode == check_status
+    recorded = calls.read_text().split("\n")
+    arguments = ["--output-dir", "/opt/ml/output", "--labels", "bad news,meh", "--epochs", "1"]
+    check = ["python", "-m", MODULE, "--check-only", *arguments]
+    torchrun = ["torchrun", "--nproc_per_node=2", "--standalone", "--nnodes=1", "--module", MODULE, *arguments]
+    assert recorded[:-1] == (check + torchrun if trains else check)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -13,9 +14,24 @@ from pathlib import Path
 
 import pytest
 
-from training_assets import ship_logs
+from training_assets.instance import ship_logs
 
 ROOT = Path(__file__).resolve().parents[2]
+
+MODULE = "training_assets.instance.train_sentiment"
+
+
+def _in_container(after_image: list[str]) -> list[str]:
+    """As in test_container: the container runs
+    ``bash -c '<input check> && exec torchrun ... --module MODULE "$@"' launch_training ARGS``; check that shape and
+    return the torchrun command as it runs (its options, then ARGS)."""
+    assert after_image[:2] == ["bash", "-c"] and after_image[3] == "launch_training"
+    check, _, run = after_image[2].partition(" && exec ")
+    assert shlex.split(check) == ["python", "-m", MODULE, "--check-only", "$@"]
+    torchrun = shlex.split(run)
+    assert torchrun[-3:] == ["--module", MODULE, "$@"]
+    return [*torchrun[:-1], *after_image[4:]]
+
 
 # One stand-in for every command: records its argv, answers what ec2_run.sh reads, and plays the training
 # container (rank 0 writes saved_model/ and metrics.json into the mounted output folder when SAVES_MODEL is set).
@@ -39,7 +55,7 @@ elif name == "aws" and args[:2] == ["s3", "sync"]:
     Path(args[-1]).mkdir(parents=True, exist_ok=True)
 elif name == "docker" and args[0] == "login":
     sys.stdin.read()
-elif name == "docker" and "/opt/training/train_sentiment.py" in args and os.environ.get("SAVES_MODEL"):
+elif name == "docker" and any("--check-only" in a for a in args) and os.environ.get("SAVES_MODEL"):
     output = next(a.split(":")[0] for a in args if a.endswith(":/opt/ml/output"))
     Path(output, "saved_model").mkdir(parents=True)
     Path(output, "metrics.json").write_text("{{}}")
@@ -55,7 +71,8 @@ def instance(tmp_path: Path) -> dict:
         (bin_dir / name).chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
-    for folder in ("training_assets", "inference_assets"):
+    # What the user data unpacks: the two code assets, under their repository paths.
+    for folder in ("training_assets/instance", "inference_assets"):
         shutil.copytree(ROOT / folder, work / folder)
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
@@ -80,8 +97,8 @@ def instance(tmp_path: Path) -> dict:
 
 
 def _run(instance: dict, **env: str) -> list[list[str]]:
-    result = subprocess.run(["bash", "training_assets/ec2_run.sh"], cwd=instance["work"], check=False, text=True,
-                            capture_output=True, env={**instance["env"], **env})  # fmt: skip
+    result = subprocess.run(["bash", "training_assets/instance/ec2_run.sh"], cwd=instance["work"], check=False,
+                            text=True, capture_output=True, env={**instance["env"], **env})  # fmt: skip
     assert result.returncode == 0, result.stderr
     return [json.loads(line) for line in instance["calls"].read_text().splitlines()]
 
@@ -106,21 +123,21 @@ def test_two_node_efa_run_builds_trains_packages_and_uploads(instance: dict) -> 
         ["aws", "s3", "cp"],  # metrics.json
     ]
     build = next(call for call in calls if call[:2] == ["docker", "build"])
-    assert "BASE_TAG=2.10.0-gpu-py313-cu130-ubuntu22.04-ec2" in build and build[-1] == "training_assets/"
+    assert "BASE_TAG=2.10.0-gpu-py313-cu130-ubuntu22.04-ec2" in build and build[-1] == "training_assets/instance/"
     train, package = _docker_runs(calls)
     assert "--privileged" in train and "FI_PROVIDER=efa" in train and "awslogs-group=dev-training-logs" in train
     assert "awslogs-stream=r-0123/i-0abc/train" in train
-    inside = train[train.index("sentiment-training:latest") + 1 :]
+    inside = _in_container(train[train.index("sentiment-training:latest") + 1 :])
     assert inside[:6] == ["torchrun", "--nproc_per_node=8", "--nnodes=2", "--rdzv_backend=c10d",
                           "--rdzv_endpoint=10.0.1.7:29500", "--rdzv_id=r-0123"]  # fmt: skip
-    assert inside[inside.index("/opt/training/train_sentiment.py") + 1 :] == [
+    assert inside[inside.index(MODULE) + 1 :] == [
         "--output-dir", "/opt/ml/output", "--epochs", "3", "--torch-compile", "--bf16", "--fused-adamw",
         "--dataset", "tweet_eval", "--dataset-config", "sentiment",
         "--model", "cardiffnlp/twitter-roberta-base-sentiment-latest",
     ]  # fmt: skip
     assert f"{work}/output:/opt/ml/output" in train
     assert package[package.index("sentiment-training:latest") + 1 :] == [
-        "python", "inference_assets/package_model.py", "--model-dir", "output/saved_model",
+        "python", "-m", "inference_assets.tools.package_model", "--model-dir", "output/saved_model",
         "--output", "output/model.tar.gz", "--upload", "s3://dev-artifacts/training-output/r-0123/model.tar.gz",
         "--kms-key-id", "arn:aws:kms:us-west-2:123456789012:key/k", "--vendor",
     ]  # fmt: skip
@@ -139,9 +156,9 @@ def test_single_node_with_s3_inputs_and_no_model_on_this_node(instance: dict) ->
     (train,) = _docker_runs(calls)  # no packaging: saved_model/ is on the node of rank 0
     assert "--privileged" not in train and "--network" not in train
     assert f"{work}/dataset:/opt/ml/input/data:ro" in train and f"{work}/base_model:/opt/ml/input/model:ro" in train
-    inside = train[train.index("sentiment-training:latest") + 1 :]
+    inside = _in_container(train[train.index("sentiment-training:latest") + 1 :])
     assert inside[:4] == ["torchrun", "--nproc_per_node=8", "--standalone", "--nnodes=1"]
-    assert inside[inside.index("/opt/training/train_sentiment.py") + 1 :][:6] == [
+    assert inside[inside.index(MODULE) + 1 :][:6] == [
         "--output-dir", "/opt/ml/output", "--dataset", "/opt/ml/input/data", "--model", "/opt/ml/input/model"
     ]  # fmt: skip
     assert not [call for call in calls if call[:3] == ["aws", "s3", "cp"]]
@@ -149,7 +166,7 @@ def test_single_node_with_s3_inputs_and_no_model_on_this_node(instance: dict) ->
 
 def test_missing_setting_stops_the_run(instance: dict) -> None:
     env = {key: value for key, value in instance["env"].items() if key != "ARTIFACTS_BUCKET"}
-    result = subprocess.run(["bash", "training_assets/ec2_run.sh"], cwd=instance["work"], env=env, check=False,
+    result = subprocess.run(["bash", "training_assets/instance/ec2_run.sh"], cwd=instance["work"], env=env, check=False,
                             capture_output=True, text=True)  # fmt: skip
     assert result.returncode != 0 and "ARTIFACTS_BUCKET" in result.stderr
     assert not instance["calls"].exists()
@@ -171,7 +188,7 @@ def test_ship_logs_calls_the_aws_cli(instance: dict, tmp_path: Path) -> None:
     log = tmp_path / "bootstrap.log"
     log.write_text("line one\nline two\n")
     env = {**os.environ, **instance["env"]}
-    result = subprocess.run([sys.executable, str(ROOT / "training_assets/ship_logs.py"), "--log-group", "g",
+    result = subprocess.run([sys.executable, str(ROOT / "training_assets/instance/ship_logs.py"), "--log-group", "g",
                              "--log-stream", "r-1/i-1/bootstrap", "--region", "us-west-2", str(log)],
                             env=env, check=False, capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 0, result.stderr

@@ -164,7 +164,7 @@ def test_only_the_training_code_is_uploaded(tmp_path: Path, monkeypatch: pytest.
     shutil.copytree(ROOT, tmp_path / "workspace", ignore=remote_train.only_training_code)
     uploaded = sorted(str(p.relative_to(tmp_path / "workspace")) for p in (tmp_path / "workspace").rglob("*")
                       if p.is_file())  # fmt: skip
-    assert "training_assets/train_sentiment.py" in uploaded and "training_assets/remote_train.py" in uploaded
+    assert "training_assets/instance/train_sentiment.py" in uploaded and "training_assets/remote_train.py" in uploaded
     assert all(name.startswith("training_assets/") and name.endswith(".py") for name in uploaded)
 
 

@@ -35,7 +35,7 @@ def _user_data(template: dict) -> str:
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_instances_require_imdsv2_and_reach_it_from_containers(training_templates, environment) -> None:
     options = _launch_data(training_templates[environment])["MetadataOptions"]
-    assert options == {"HttpTokens": "required", "HttpPutResponseHopLimit": 2}
+    assert options == {"HttpTokens": "required", "HttpPutResponseHopLimit": 1}
 
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
@@ -167,16 +167,19 @@ def test_user_data_trains_packages_ships_logs_and_powers_off(training_templates,
     assert "export IMAGE_TAG=2.10.0-gpu-py313-cu130-ubuntu22.04-ec2" in script
     assert "export OUTPUT_PREFIX=training-output/" in script
     assert "export PACKAGE_ARGS=--vendor" in script  # the Graviton endpoint's default: vendored dependencies
-    assert "python3 -m zipfile -e training_assets.zip training_assets" in script
-    assert "python3 -m zipfile -e inference_assets.zip inference_assets" in script
-    assert lines[-1] == "bash training_assets/ec2_run.sh"
+    assert "python3 -m zipfile -e code.zip training_assets/instance && rm code.zip" in script
+    assert "python3 -m zipfile -e code.zip inference_assets && rm code.zip" in script
+    assert lines[-1] == "bash training_assets/instance/ec2_run.sh"
 
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_training_log_group_is_encrypted_with_retention(training_templates, environment) -> None:
     Template.from_json(training_templates[environment]).has_resource_properties(
         "AWS::Logs::LogGroup",
-        {"RetentionInDays": 90, "KmsKeyId": {"Fn::ImportValue": Match.string_like_regexp("PlatformKey")}},
+        {
+            "RetentionInDays": {"dev": 30, "staging": 90, "prod": 365}[environment],  # cdk.json logs.retention_days
+            "KmsKeyId": {"Fn::ImportValue": Match.string_like_regexp("PlatformKey")},
+        },
     )
 
 
@@ -278,3 +281,36 @@ def test_config_can_be_fetched_in_one_command(training_templates, environment) -
     output = training_templates[environment]["Outputs"]["FetchRemoteFunctionConfigCommand"]["Value"]["Fn::Join"][1]
     assert output[0] == "aws ssm get-parameter --region us-west-2 --name "
     assert output[2] == " --query Parameter.Value --output text > config.yaml"
+
+
+# ------------------------------------------------------------------------------------------------- GPU capacity
+
+
+def test_runs_start_in_the_configured_subnet_and_the_outputs_say_where(training_templates) -> None:
+    import aws_cdk as cdk
+
+    from stacks.foundation import FoundationStack
+    from stacks.settings import parse_environment
+    from stacks.training import TrainingStack
+    from tests.conftest import cdk_context
+
+    raw = cdk_context()["environments"]["dev"]
+    settings = parse_environment("dev", {**raw, "training": {**raw["training"], "subnet_index": 1}})
+    stage = cdk.Stage(cdk.App(context=cdk_context()), "dev", env=cdk.Environment(region="us-west-2"))
+    foundation = FoundationStack(stage, "Foundation", settings=settings)
+    template = Template.from_stack(TrainingStack(stage, "Training", settings=settings, foundation=foundation)).to_json()
+
+    for chosen, index, subnet in ((template, 1, "PrivateSubnet2"), (training_templates["dev"], 0, "PrivateSubnet1")):
+        (interface,) = _launch_data(chosen)["NetworkInterfaces"]
+        assert subnet in interface["SubnetId"]["Fn::ImportValue"]
+        (launcher,) = _resources(chosen, "AWS::IAM::ManagedPolicy").values()
+        subnets = set(re.findall(r"ExportsOutputRefVpc\w+Subnet\w+", json.dumps(launcher["Properties"])))
+        assert {f"dev-Foundation:{name}" for name in subnets} == {interface["SubnetId"]["Fn::ImportValue"]}, (
+            "the launch grant names the same subnet only"
+        )
+        zone = {"Fn::Select": [index, {"Fn::GetAZs": ""}]}
+        outputs = chosen["Outputs"]
+        assert outputs["TrainingSubnet"]["Value"]["Fn::Join"][1] == [interface["SubnetId"], " (", zone, ")"]
+        check = outputs["CheckTrainingCapacityCommand"]["Value"]["Fn::Join"][1]
+        assert check[0].startswith("aws ec2 describe-instance-type-offerings --region us-west-2 ")
+        assert "Name=instance-type,Values=p4d.24xlarge Name=location,Values=" in check[0] and check[1] == zone

@@ -1,0 +1,127 @@
+"""The sentiment predictor every model server shares: texts in, one prediction per text out, one forward pass.
+
+It knows nothing about HTTP or request validation (``protocol.py`` does that); it labels a list of texts.
+Run-time options come from the container environment (the endpoint stack sets them from validated settings):
+
+    OMP_NUM_THREADS             intra-op threads of this worker (workers x threads = the instance's cores)
+    SENTIMENT_PRECISION         fp32 (default) or bf16_autocast: the forward pass under torch.autocast(bfloat16).
+                                On Graviton the fp32 model with DNNL_DEFAULT_FPMATH_MODE=BF16 (oneDNN's bf16
+                                fast-math GEMM kernels, read by oneDNN itself) is the recommended route; autocast
+                                is the equivalent on x86 CPUs with AVX512-BF16/AMX, used to measure accuracy here.
+    SENTIMENT_TORCH_COMPILE     1: torch.compile the model at load and warm it up (start-up cost, see README)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PRECISION_ENV = "SENTIMENT_PRECISION"
+TORCH_COMPILE_ENV = "SENTIMENT_TORCH_COMPILE"
+PRECISIONS = ("fp32", "bf16_autocast")
+WARM_UP_TEXT = "warm-up: the service is starting"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    label: str
+    score: float
+    scores: dict[str, float]
+
+    def as_dict(self) -> dict:
+        return {"label": self.label, "score": self.score, "scores": self.scores}
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How the forward pass runs; ``threads=None`` means OMP_NUM_THREADS or every core."""
+
+    precision: str = "fp32"
+    torch_compile: bool = False
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"{PRECISION_ENV} must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+    @classmethod
+    def from_environment(cls, environment: Mapping[str, str]) -> RuntimeOptions:
+        compile_flag = environment.get(TORCH_COMPILE_ENV, "0")
+        if compile_flag not in ("0", "1"):
+            raise ValueError(f"{TORCH_COMPILE_ENV} must be 0 or 1, got {compile_flag!r}")
+        threads = environment.get("OMP_NUM_THREADS")
+        return cls(
+            precision=environment.get(PRECISION_ENV) or "fp32",
+            torch_compile=compile_flag == "1",
+            threads=int(threads) if threads and threads.isdigit() and int(threads) > 0 else None,
+        )
+
+
+class SentimentPredictor:
+    """Loads a sequence-classification model and its tokenizer from a directory and labels lists of texts."""
+
+    def __init__(self, model_dir: str | os.PathLike[str], options: RuntimeOptions | None = None) -> None:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.options = options or RuntimeOptions()
+        # TorchServe runs several workers per model; each defaulting to all cores would oversubscribe the CPU.
+        torch.set_num_threads(max(1, self.options.threads or os.cpu_count() or 1))
+        self.model_dir = Path(model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.model = AutoModelForSequenceClassification.from_pretrained(self.model_dir).eval()
+        self.labels = [self.model.config.id2label[i] for i in range(self.model.config.num_labels)]
+        # The tokenizer may claim a longer limit than the position embeddings allow (RoBERTa reserves 2).
+        limits = [self.tokenizer.model_max_length]
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        if positions:
+            limits.append(positions - 2 if self.model.config.model_type in ("roberta", "xlm-roberta") else positions)
+        self.max_length = min(limits)
+        self._torch = torch
+        self._forward = self.model
+        self.warm_up_seconds = 0.0
+        if self.options.torch_compile:
+            # dynamic=True: one graph for every batch size and sequence length, instead of a recompile per shape.
+            self._forward = torch.compile(self.model, dynamic=True)
+            started = time.perf_counter()
+            for size in (1, 2, 3):  # the first calls compile; the later ones settle the dynamic-shape guards
+                self.predict([WARM_UP_TEXT] * size)
+            self.warm_up_seconds = time.perf_counter() - started
+            log.info("torch.compile warm-up took %.1f s", self.warm_up_seconds)
+
+    def _precision(self) -> contextlib.AbstractContextManager:
+        if self.options.precision == "bf16_autocast":
+            return self._torch.autocast("cpu", dtype=self._torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def predict(self, texts: str | Sequence[str]) -> list[Prediction]:
+        """One forward pass over ``texts`` (padded to the longest); one prediction per text, in order."""
+        batch = [texts] if isinstance(texts, str) else list(texts)
+        if not batch:
+            return []
+        encoded = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+        with self._torch.inference_mode(), self._precision():
+            probabilities = self._forward(**encoded).logits.float().softmax(dim=-1).tolist()
+        predictions = []
+        for row in probabilities:
+            best = max(range(len(row)), key=row.__getitem__)
+            predictions.append(
+                Prediction(
+                    label=self.labels[best],
+                    score=round(row[best], 6),
+                    scores={label: round(p, 6) for label, p in zip(self.labels, row, strict=True)},
+                )
+            )
+        return predictions
+
+    def predict_dicts(self, texts: Sequence[str]) -> list[dict]:
+        return [prediction.as_dict() for prediction in self.predict(texts)]

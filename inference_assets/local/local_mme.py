@@ -1,0 +1,359 @@
+"""A local multi-model endpoint: the real SageMaker PyTorch toolkit + TorchServe in multi-model mode on localhost.
+
+Two layers, as on SageMaker:
+
+* :class:`LocalModelServer` is the container: TorchServe with ``SAGEMAKER_MULTI_MODEL=true`` and the toolkit's
+  handler service, serving the load / invoke / unload contract of an MME container (management API
+  ``POST /models``, ``DELETE /models/<name>``; inference ``POST /models/<name>/invoke``).
+* :class:`LocalMultiModelEndpoint` is the platform in front of it: requests name a ``TargetModel`` (an archive in
+  a local "S3 prefix" directory); a model is unpacked and loaded on its first request, and the least recently used
+  model is unloaded when more than ``max_resident_models`` would be loaded, so cold loads happen as on an MME.
+
+The toolkit's own multi-model start-up is not used: toolkit 2.0.25 writes a broken properties file and puts the
+management API on the inference port (see FACTS.md), so this module writes its own properties file. Each server
+gets its own TMPDIR (TorchServe keeps a global pid file there) and free ports, and is stopped by its process group.
+
+    python -m inference_assets.local.local_mme   # start a server, print its addresses, serve until Ctrl-C or SIGTERM
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import requests
+
+from inference_assets.local.shutdown import sigterm_as_interrupt
+from inference_assets.tools.model_names import validate_model_name
+
+HANDLER_SERVICE = "sagemaker_pytorch_serving_container.handler_service:handle"
+
+
+def _shield_from_sigterm() -> None:
+    """Run in the server's process before exec: ignore SIGTERM (inherited by the JVM, which -Xrs leaves alone).
+
+    The SageMaker toolkit finds "its" TorchServe by scanning every process for the Java main class and, when it is
+    stopped, sends that process SIGTERM: a toolkit server started on the same machine while this one runs adopts
+    this Java process and kills it on exit. This server is stopped with SIGINT / SIGKILL to its process group.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: bytes
+    content_type: str
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class ModelServerError(RuntimeError):
+    """The model server refused a management call; the message carries its answer."""
+
+
+class LocalModelServer:
+    """TorchServe + the SageMaker PyTorch toolkit in multi-model mode, on two free 127.0.0.1 ports."""
+
+    def __init__(self, work_dir: Path, *, response_timeout_s: int = 60, startup_timeout_s: float = 180) -> None:
+        self.work_dir = Path(work_dir)
+        self.response_timeout_s = response_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.inference_url = ""
+        self.management_url = ""
+        self._process: subprocess.Popen | None = None
+        self._session = requests.Session()
+
+    # --- lifecycle ----------------------------------------------------------------------------------------------
+
+    def start(self) -> Self:
+        if self._process is not None:
+            raise RuntimeError("the model server is already running")
+        inference_port, management_port = free_port(), free_port()
+        self.inference_url = f"http://127.0.0.1:{inference_port}"
+        self.management_url = f"http://127.0.0.1:{management_port}"
+        logs = self.work_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        # A short private temp dir: it holds the pid file and the workers' unix sockets (paths max 107 bytes).
+        self._tmp = tmp = Path(tempfile.mkdtemp(prefix="ts-"))
+        properties = self.work_dir / "config.properties"
+        properties.write_text(
+            "\n".join(
+                [
+                    "model_store=/",  # models are registered by absolute directory path
+                    f"inference_address={self.inference_url}",
+                    f"management_address={self.management_url}",
+                    # gRPC listens too (7070/7071 by default, which a second server cannot bind): own free ports.
+                    "grpc_inference_address=127.0.0.1",
+                    f"grpc_inference_port={free_port()}",
+                    "grpc_management_address=127.0.0.1",
+                    f"grpc_management_port={free_port()}",
+                    "enable_metrics_api=false",
+                    "disable_system_metrics=true",
+                    f"default_service_handler={HANDLER_SERVICE}",
+                    "enable_model_api=true",
+                    "disable_token_authorization=true",
+                    "decode_input_request=false",
+                    "default_workers_per_model=1",
+                    f"default_response_timeout={self.response_timeout_s}",
+                    "install_py_dep_per_model=false",
+                    # Worker sockets go to java.io.tmpdir (/tmp by default, whatever TMPDIR says): two servers would
+                    # both bind /tmp/.ts.sock.9000.
+                    # -Xrs: the JVM keeps the SIGTERM disposition it inherits (ignored, see _shield_from_sigterm).
+                    f"vmargs=-Djava.io.tmpdir={tmp} -Xmx1g -Xrs",
+                ]
+            )
+            + "\n"
+        )
+        python_bin = str(Path(sys.executable).parent)
+        environment = {
+            **os.environ,
+            "SAGEMAKER_MULTI_MODEL": "true",
+            "TMPDIR": str(tmp),  # TorchServe's pid file lives here: one per server
+            "LOG_LOCATION": str(logs),
+            "METRICS_LOCATION": str(logs),
+            "PATH": f"{python_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),  # one thread per worker: no oversubscription
+        }
+        self._log = (logs / "server.out").open("ab")
+        self._process = subprocess.Popen(
+            [str(Path(python_bin) / "torchserve"), "--start", "--foreground", "--ncs",
+             "--ts-config", str(properties), "--disable-token-auth"],
+            cwd=self.work_dir,
+            env=environment,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stopped as a whole, never with `torchserve --stop`
+            preexec_fn=_shield_from_sigterm,
+        )  # fmt: skip
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"TorchServe exited with {self._process.returncode}; see {self.work_dir / 'logs'}")
+            try:
+                if self._session.get(f"{self.inference_url}/ping", timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"TorchServe did not answer /ping within {self.startup_timeout_s} s")
+
+    def stop(self, timeout_s: float = 30) -> None:
+        """End TorchServe, its Java frontend and every Python worker: the whole process group."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        for sig, wait in ((signal.SIGINT, timeout_s), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                process.wait(wait)
+                # The launcher is gone; make sure no worker of the group outlives it.
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+            break
+        self._log.close()
+        self._session.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def check_alive(self) -> None:
+        """Raise if TorchServe is gone (its Java frontend included), with the end of its log."""
+        alive = self._process is not None and self._process.poll() is None
+        if alive:
+            try:
+                alive = self._session.get(f"{self.inference_url}/ping", timeout=10).status_code == 200
+            except requests.ConnectionError:
+                alive = False
+        if not alive:
+            log = self.work_dir / "logs" / "ts_log.log"
+            tail = log.read_text(errors="replace").splitlines()[-5:] if log.exists() else []
+            raise ModelServerError("TorchServe is not running any more; last log lines:\n" + "\n".join(tail))
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None):
+        self.stop()
+
+    # --- the MME container contract -----------------------------------------------------------------------------
+
+    def load(self, name: str, model_dir: Path, *, workers: int = 1) -> None:
+        """Register an unpacked model directory under ``name`` and wait until its workers are up."""
+        answer = self._session.post(
+            f"{self.management_url}/models",
+            params={"url": str(Path(model_dir).resolve()), "model_name": name, "initial_workers": workers,
+                    "synchronous": "true"},
+            timeout=self.startup_timeout_s,
+        )  # fmt: skip
+        if answer.status_code != 200:
+            raise ModelServerError(f"loading {name} failed with {answer.status_code}: {answer.text.strip()}")
+
+    def unload(self, name: str) -> None:
+        answer = self._session.delete(f"{self.management_url}/models/{name}", timeout=self.startup_timeout_s)
+        if answer.status_code != 200:
+            raise ModelServerError(f"unloading {name} failed with {answer.status_code}: {answer.text.strip()}")
+
+    def loaded(self) -> list[str]:
+        answer = self._session.get(f"{self.management_url}/models", params={"limit": 1000}, timeout=10)
+        answer.raise_for_status()
+        return sorted(model["modelName"] for model in answer.json()["models"])
+
+    def invoke(self, name: str, body: bytes, content_type: str = "application/json") -> Answer:
+        """``POST /models/<name>/invoke``: the path SageMaker's front end calls on an MME container."""
+        answer = self._session.post(
+            f"{self.inference_url}/models/{name}/invoke",
+            data=body,
+            headers={"Content-Type": content_type, "Accept": "application/json"},
+            timeout=self.response_timeout_s + 5,
+        )
+        return Answer(answer.status_code, answer.content, answer.headers.get("Content-Type", ""))
+
+
+class ModelNotFound(LookupError):
+    """No archive of that name under the models directory (SageMaker answers 404 ``ModelError``... not found)."""
+
+
+class LocalMultiModelEndpoint:
+    """SageMaker's side of an MME on one instance: load on first use, LRU unload above ``max_resident_models``."""
+
+    def __init__(self, server: LocalModelServer, models_dir: Path, *, max_resident_models: int) -> None:
+        if max_resident_models < 1:
+            raise ValueError(f"max_resident_models must be at least 1, got {max_resident_models}")
+        self.server = server
+        self.models_dir = Path(models_dir)
+        self.max_resident_models = max_resident_models
+        self._unpacked = server.work_dir / "unpacked"
+        self._resident: OrderedDict[str, None] = OrderedDict()  # least recently used first
+        self._lock = threading.Lock()
+        self._loading: dict[str, threading.Lock] = {}
+        self.cold_loads = 0
+        self.unloads = 0
+
+    @staticmethod
+    def server_name(target_model: str) -> str:
+        """TorchServe's name of a model: the archive name without .tar.gz, '/' -> '--'."""
+        return target_model.removesuffix(".tar.gz").replace("/", "--")
+
+    def invoke(self, target_model: str, body: bytes, content_type: str = "application/json") -> tuple[Answer, bool]:
+        """Invoke ``target_model``; return the answer and whether this request had to load the model (cold)."""
+        validate_model_name(target_model)
+        cold = self._ensure_loaded(target_model)
+        answer = self.server.invoke(self.server_name(target_model), body, content_type)
+        if answer.status == 404 and target_model not in self.resident():
+            # Unloaded by a concurrent request between our load and our invoke: load it again, once.
+            cold = self._ensure_loaded(target_model) or cold
+            answer = self.server.invoke(self.server_name(target_model), body, content_type)
+        return answer, cold
+
+    def _ensure_loaded(self, target_model: str) -> bool:
+        with self._lock:
+            if target_model in self._resident:
+                self._resident.move_to_end(target_model)
+                return False
+            model_lock = self._loading.setdefault(target_model, threading.Lock())
+        with model_lock:  # concurrent first requests for one model wait for a single load
+            with self._lock:
+                if target_model in self._resident:
+                    self._resident.move_to_end(target_model)
+                    return False
+            archive = self.models_dir / target_model
+            if not archive.is_file():
+                raise ModelNotFound(f"model {target_model!r} is not under {self.models_dir}")
+            model_dir = self._unpack(target_model, archive)
+            self._make_room()
+            self.server.load(self.server_name(target_model), model_dir)
+            with self._lock:
+                self._resident[target_model] = None
+                self.cold_loads += 1
+            return True
+
+    def _unpack(self, target_model: str, archive: Path) -> Path:
+        """Unpack once to local disk (SageMaker keeps downloaded models on the instance's disk, too)."""
+        target = self._unpacked / self.server_name(target_model)
+        if not target.is_dir():
+            partial = target.with_name(target.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            with tarfile.open(archive) as tar:
+                tar.extractall(partial, filter="data")
+            partial.rename(target)
+        return target
+
+    def _make_room(self) -> None:
+        while True:
+            with self._lock:
+                if len(self._resident) < self.max_resident_models:
+                    return
+                victim, _ = self._resident.popitem(last=False)
+            self.server.unload(self.server_name(victim))
+            with self._lock:
+                self.unloads += 1
+
+    def unload_all(self) -> None:
+        """Unload every resident model (a cold start for whatever comes next)."""
+        with self._lock:
+            victims, self._resident = list(self._resident), OrderedDict()
+        for name in victims:
+            self.server.unload(self.server_name(name))
+            with self._lock:
+                self.unloads += 1
+
+    def resident(self) -> list[str]:
+        with self._lock:
+            return list(self._resident)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Serve a local multi-model endpoint until interrupted.")
+    parser.add_argument("--work-dir", type=Path, help="server files and logs (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="local-mme-"))
+    try:
+        with sigterm_as_interrupt(), LocalModelServer(work_dir) as server:
+            print(f"inference {server.inference_url}  management {server.management_url}  logs {work_dir / 'logs'}")
+            print("load:   curl -X POST '<management>/models?url=<unpacked model dir>&model_name=m1&synchronous=true'")
+            print("invoke: curl -X POST <inference>/models/m1/invoke -H 'Content-Type: application/json' "
+                  "-d '{\"inputs\": \"great\"}'", flush=True)  # fmt: skip
+            while True:
+                signal.pause()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""Turn a saved model directory into the model.tar.gz the SageMaker PyTorch serving toolkit expects, and upload it.
+
+Layout (the toolkit unpacks it to /opt/ml/model and imports ``code/inference.py``):
+
+    config.json, model.safetensors, tokenizer files ...  the model directory, at the archive root
+    MAR-INF/MANIFEST.json                                names TorchServe's handler: code/inference.py:handle
+    code/inference.py                                    the handler entry TorchServe imports (container/entrypoints/)
+    code/sentiment_serving/*.py                          the ``inference_assets.container`` package
+    code/requirements.txt                                only without vendoring: the toolkit pip-installs it at start-up
+    code/lib/...                                         with --vendor: transformers & co. for linux/aarch64 cp312
+
+The archive is byte-for-byte reproducible: sorted entries, fixed mtime/owner/mode, gzip without name or timestamp.
+
+    python -m inference_assets.tools.package_model --model-dir saved_model --output model.tar.gz --vendor \\
+        --upload s3://<artifacts-bucket>/endpoints/sentiment/model-v2.tar.gz --kms-key-id <key-arn>
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+
+CONTAINER = Path(__file__).resolve().parents[1] / "container"
+HANDLER = CONTAINER / "entrypoints" / "inference.py"
+DJL_ENTRY_POINT = CONTAINER / "entrypoints" / "model.py"
+# The package's name inside the archive (code/ is on the model server's sys.path).
+ARCHIVE_PACKAGE = "sentiment_serving"
+REQUIREMENTS = CONTAINER / "requirements.txt"
+VENDOR_CONSTRAINTS = CONTAINER / "requirements-aarch64.lock"
+
+# The image the endpoint runs (settings.graviton_endpoint.image_tag): Python 3.12 on linux/aarch64, Ubuntu 22.04
+# (glibc 2.35). pip does not widen a manylinux_2_x platform to older glibc tags by itself, so list them all.
+VENDOR_ARCH = "aarch64"
+VENDOR_GLIBC_MINOR = 35
+VENDOR_PLATFORMS = tuple(f"manylinux_2_{minor}_{VENDOR_ARCH}" for minor in range(VENDOR_GLIBC_MINOR, 16, -1))
+VENDOR_PYTHON = "3.12"
+# Left to the image: torch was built against its numpy, and a second numpy on sys.path would shadow it.
+IMAGE_PROVIDED = ("numpy",)
+VENDORED_LOCK = "requirements.lock"
+
+_MTIME = 0
+# TorchServe uses a model directory's manifest handler instead of the toolkit's default service handler
+# (ModelManager.java createModelArchive, TorchServe 0.12); "1.0" is the version the toolkit's per-model batch
+# settings are written under. createdOn is fixed so that the archive stays reproducible.
+TORCHSERVE_MANIFEST = {
+    "createdOn": "01/01/2026 00:00:00",
+    "runtime": "python",
+    "model": {"modelName": "model", "handler": "code/inference.py:handle", "modelVersion": "1.0"},
+    "archiverVersion": "0.12.0",
+}
+_FILE_MODE = 0o644
+
+
+class PackagingError(ValueError):
+    """The model directory or the extra files cannot be packaged as asked; the message says why."""
+
+
+def _archive_path(name: str) -> str:
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts or not path.parts or name.endswith("/"):
+        raise PackagingError(f"archive path {name!r} must be a relative file path without '..'")
+    return path.as_posix()
+
+
+def _files_under(root: Path, prefix: str = "") -> dict[str, Path]:
+    return {
+        prefix + path.relative_to(root).as_posix(): path
+        for path in root.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
+def container_files() -> dict[str, Path]:
+    """The archive paths and sources of the ``inference_assets.container`` package (its modules, not entrypoints/)."""
+    return {f"code/{ARCHIVE_PACKAGE}/{path.name}": path for path in sorted(CONTAINER.glob("*.py"))}
+
+
+def _entries(
+    model_dir: Path, extra_files: Mapping[str, Path | bytes], vendor_dir: Path | None
+) -> dict[str, Path | bytes]:
+    if not (model_dir / "config.json").is_file():
+        raise PackagingError(
+            f"{model_dir} is not a saved model directory (no config.json); pass --model-dir saved_model"
+        )
+    entries: dict[str, Path | bytes] = dict(_files_under(model_dir))
+    if clash := sorted(name for name in entries if name.startswith(("code/", "MAR-INF/"))):
+        raise PackagingError(
+            f"{model_dir} already holds {clash[0]}; the archive's code/ and MAR-INF/ are the handler's"
+        )
+    entries["MAR-INF/MANIFEST.json"] = (json.dumps(TORCHSERVE_MANIFEST, indent=2) + "\n").encode()
+    entries["code/inference.py"] = HANDLER
+    entries.update(container_files())
+    if vendor_dir is None:
+        entries["code/requirements.txt"] = REQUIREMENTS
+    else:
+        if not any(vendor_dir.iterdir()):
+            raise PackagingError(f"vendor directory {vendor_dir} is empty")
+        entries.update(_files_under(vendor_dir, "code/lib/"))
+    for name, source in extra_files.items():
+        name = _archive_path(name)
+        if name in entries:
+            raise PackagingError(f"extra file {name!r} would replace a file the archive already holds")
+        if not isinstance(source, bytes) and not Path(source).is_file():
+            raise PackagingError(f"extra file {name!r}: {source} is not a file")
+        entries[name] = source if isinstance(source, bytes) else Path(source)
+    return entries
+
+
+def build_model_archive(
+    model_dir: Path,
+    output: Path,
+    *,
+    extra_files: Mapping[str, Path | bytes] | None = None,
+    vendor_dir: Path | None = None,
+) -> Path:
+    """Write ``output`` (model.tar.gz) from ``model_dir`` plus the handler; return ``output``.
+
+    ``extra_files`` maps archive paths to files or contents (e.g. ``{"serving.properties": b"..."}``).
+    ``vendor_dir`` holds installed packages (see :func:`vendor_dependencies`) to ship as ``code/lib``; without it the
+    archive carries ``code/requirements.txt`` and the toolkit installs it when the container starts.
+    """
+    model_dir, output = Path(model_dir), Path(output)
+    entries = _entries(model_dir, extra_files or {}, None if vendor_dir is None else Path(vendor_dir))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(output.name + ".partial")
+    # filename="" and mtime=0 keep the gzip header free of the output name and the build time.
+    with (
+        open(partial, "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=_MTIME, compresslevel=6) as zipped,
+        tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for name in sorted(entries):
+            source = entries[name]
+            data = source if isinstance(source, bytes) else source.read_bytes()
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), _MTIME, _FILE_MODE
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(data))
+    partial.replace(output)
+    return output
+
+
+def vendor_dependencies(
+    target: Path,
+    *,
+    requirements: Path = REQUIREMENTS,
+    constraints: Path | None = VENDOR_CONSTRAINTS,
+    platforms: tuple[str, ...] = VENDOR_PLATFORMS,
+    python_version: str = VENDOR_PYTHON,
+) -> Path:
+    """Install ``requirements`` and their dependencies as binary wheels for the endpoint's platform into ``target``.
+
+    Only wheels (``--only-binary=:all:``), resolved for ``platforms``/``python_version`` rather than this machine, so a
+    linux/aarch64 Python 3.12 archive can be built on any host; ``constraints`` pins the whole closure so the same
+    bytes come out next month. Packages the image owns (numpy) are removed again.
+    Writes ``requirements.lock`` (name==version of every vendored distribution) next to the packages.
+    """
+    target = Path(target)
+    target.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+        "--target", str(target), "--python-version", python_version, "--implementation", "cp",
+        "--only-binary=:all:", "--requirement", str(requirements),
+        *(option for platform in platforms for option in ("--platform", platform)),
+        *(("--constraint", str(constraints)) if constraints else ()),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise PackagingError(f"vendoring for {platforms[0]} Python {python_version} failed:\n{result.stderr.strip()}")
+    for dist_info in target.glob("*.dist-info"):
+        name = dist_info.name.split("-")[0].lower()
+        if name in IMAGE_PROVIDED:
+            for path in (dist_info, target / name, target / f"{name}.libs"):
+                shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts: the server never runs them
+    lock = sorted(
+        "==".join(dist_info.name.removesuffix(".dist-info").rsplit("-", 1)) for dist_info in target.glob("*.dist-info")
+    )
+    (target / VENDORED_LOCK).write_text("".join(line + "\n" for line in lock))
+    return target
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    if not uri.startswith("s3://") or "/" not in uri[5:] or uri.endswith("/"):
+        raise PackagingError(f"{uri!r} is not an S3 object URI such as s3://bucket/endpoints/sentiment/model.tar.gz")
+    bucket, key = uri[5:].split("/", 1)
+    return bucket, key
+
+
+def upload(archive: Path, uri: str, *, kms_key_id: str, s3_client=None) -> str:
+    """Upload ``archive`` to ``uri`` with SSE-KMS under ``kms_key_id``, showing progress; return the S3 URI."""
+    import boto3
+    from tqdm import tqdm
+
+    bucket, key = parse_s3_uri(uri)
+    client = s3_client or boto3.client("s3")
+    size = archive.stat().st_size
+    with tqdm(
+        total=size,
+        unit="B",
+        unit_scale=True,
+        desc=f"upload {archive.name}",
+        file=sys.stderr,
+    ) as progress:
+        client.upload_file(
+            str(archive),
+            bucket,
+            key,
+            ExtraArgs={"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": kms_key_id},
+            Callback=progress.update,
+        )
+    return f"s3://{bucket}/{key}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        required=True,
+        help="saved model + tokenizer (save_pretrained)",
+    )
+    parser.add_argument("--output", type=Path, required=True, help="archive to write, e.g. model.tar.gz")
+    parser.add_argument(
+        "--vendor",
+        action="store_true",
+        help=f"ship transformers & co. for linux/{VENDOR_ARCH} Python {VENDOR_PYTHON} in code/lib "
+        '(settings.graviton_endpoint.dependencies = "vendored"); without it the image pip-installs them at start-up',
+    )
+    parser.add_argument(
+        "--upload",
+        metavar="S3_URI",
+        help="s3://<artifacts-bucket>/<key>.tar.gz to upload to",
+    )
+    parser.add_argument("--kms-key-id", help="KMS key ARN or id for SSE-KMS (required with --upload)")
+    args = parser.parse_args(argv)
+    if args.upload and not args.kms_key_id:
+        parser.error("--upload needs --kms-key-id (the platform key; the artifacts bucket only takes SSE-KMS)")
+    try:
+        if args.upload:
+            parse_s3_uri(args.upload)
+        with tempfile.TemporaryDirectory() as scratch:
+            vendor_dir = vendor_dependencies(Path(scratch) / "lib") if args.vendor else None
+            archive = build_model_archive(args.model_dir, args.output, vendor_dir=vendor_dir)
+    except PackagingError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {archive} ({archive.stat().st_size / 1e6:.1f} MB)")
+    if args.upload:
+        uri = upload(archive, args.upload, kms_key_id=args.kms_key_id)
+        print(f"uploaded {uri}")
+        print(f'set graviton_endpoint.model_data_key = "{parse_s3_uri(uri)[1]}" in cdk.json and deploy')
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""EniReleaseWait: a custom resource that, when its stack is deleted, waits until SageMaker has released the VPC
+network interfaces of a security group (the waiting logic is ``handler.py``; see there for why).
+
+Make the resources that put interfaces in the group (the SageMaker model) depend on it: CloudFormation then
+creates it first and, on delete, deletes it last, once the endpoint is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from stacks.compliance import acknowledge, acknowledge_wildcards
+
+HANDLER_DIR = Path(__file__).resolve().parent
+# Lambda's limit; the handler keeps 30 s of it to answer CloudFormation, so it waits up to 14.5 minutes.
+TIMEOUT = cdk.Duration.minutes(15)
+
+
+class EniReleaseWait(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        security_group_ids: Sequence[str],
+        key: kms.IKey,
+        log_retention_days: int = 30,
+        removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = cdk.Stack.of(self)
+        self._shared_with: list[str] = []
+        self._describe_endpoints_added = False
+        self.log_group = logs.LogGroup(self, "Logs", encryption_key=key, removal_policy=removal_policy)
+        self.log_group.node.default_child.retention_in_days = log_retention_days
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="Waits, on stack deletion, until SageMaker has released its network interfaces",
+        )
+        describe = iam.PolicyStatement(
+            sid="ListTheGroupsInterfaces", actions=["ec2:DescribeNetworkInterfaces"], resources=["*"]
+        )
+        self._describe_endpoints = iam.PolicyStatement(
+            sid="SeeWhetherOtherEndpointsStillUseTheGroup", actions=["sagemaker:DescribeEndpoint"]
+        )
+        self.policy = iam.ManagedPolicy(
+            self,
+            "Policy",
+            description="Least privilege of the ENI release wait: describe network interfaces, write its own logs",
+            roles=[self.role],
+            statements=[
+                describe,
+                iam.PolicyStatement(
+                    sid="WriteOwnLogs",
+                    actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                    resources=[self.log_group.log_group_arn],
+                ),
+            ],
+        )
+        acknowledge_wildcards(
+            self.policy, (describe, "ec2:DescribeNetworkInterfaces has no resource-level permissions.")
+        )
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            runtime=lambda_.Runtime.PYTHON_3_14,
+            handler="handler.handler",
+            code=lambda_.Code.from_asset(str(HANDLER_DIR), exclude=["__init__.py", "__pycache__", "*.pyc"]),
+            timeout=TIMEOUT,
+            memory_size=128,
+            role=self.role,
+            log_group=self.log_group,
+            description="On delete: wait until no network interface of the SageMaker security group remains",
+        )
+        # The function may not run before its permissions exist, nor lose them while it waits. CDK also makes it
+        # depend on the role its Role property already references (cfn-lint W3005): name only the policy.
+        self.function.node.default_child.add_override(
+            "DependsOn", [stack.get_logical_id(self.policy.node.default_child)]
+        )
+        acknowledge(
+            self.function,
+            "Kept out of the VPC on purpose: its own network interfaces would sit in the subnets whose release it "
+            "waits for. CloudFormation invokes it once per stack operation, so neither reserved concurrency (which "
+            "can fail in new accounts with a low concurrency quota) nor a dead-letter queue (CloudFormation gets "
+            "every answer, failure included) adds anything.",
+            "NIST.800.53.R5-LambdaInsideVPC",
+            "NIST.800.53.R5-LambdaConcurrency",
+            "NIST.800.53.R5-LambdaDLQ",
+        )
+        self.resource = cdk.CustomResource(
+            self,
+            "Resource",
+            service_token=self.function.function_arn,
+            resource_type="Custom::EniReleaseWait",
+            properties={"SecurityGroupIds": list(security_group_ids)},
+            # Give up a little after the function's own limit instead of CloudFormation's default hour.
+            service_timeout=TIMEOUT.plus(cdk.Duration.minutes(1)),
+        )
+        self.resource.node.add_dependency(self.policy, self.log_group)
+        self._stack = stack
+
+    def also_used_by(self, *endpoint_names: str) -> None:
+        """Other endpoints that put interfaces in the same group: while one of them lives, its stack's own wait
+        covers the group, so this one does not wait (it would time out on the other's interfaces)."""
+        self._shared_with.extend(endpoint_names)
+        self.resource.node.default_child.add_property_override("SharedWithEndpoints", list(self._shared_with))
+        stack = self._stack
+        # SageMaker lower-cases endpoint names in their ARNs.
+        self._describe_endpoints.add_resources(
+            *(
+                f"arn:{stack.partition}:sagemaker:{stack.region}:{stack.account}:endpoint/{name.lower()}"
+                for name in endpoint_names
+            )
+        )
+        if not self._describe_endpoints_added:
+            self.policy.add_statements(self._describe_endpoints)
+            self._describe_endpoints_added = True

@@ -1,0 +1,315 @@
+"""The GPU training launch template: security group, cluster placement group (multi-node runs), the launch template
+whose user data runs one training job and powers off, and ``grant_launch`` with RunInstances scoped to it.
+
+Nothing here launches an instance: a run starts with ``aws ec2 run-instances --launch-template ...``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+from stacks.compliance import acknowledge, acknowledge_wildcards
+
+# Give a stack's one TrainingLaunchTemplate this id: CDK leaves "Default" out of logical ids, so the security group
+# and launch template keep the ids they had as direct children of the TrainingStack (no replacement on deploy).
+KEEP_LOGICAL_IDS = "Default"
+# EFA network cards per instance family (p4d.24xlarge: 4 x 100 Gbit/s); one EFA interface goes on each card.
+EFA_NETWORK_CARDS = {"p3dn": 1, "p4d": 4, "p4de": 4, "p5": 32, "p5e": 32, "p5en": 16, "p6-b200": 8, "g6e": 1}
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """What the user data runs: download and unpack ``code``, export ``environment``, run ``run_command``; whatever
+    happens, ship the bootstrap log to ``log_group_name`` and power off (the instance terminates)."""
+
+    code: Mapping[str, str]  # name -> s3:// URI of a zip archive, unpacked into <work_dir>/<name>
+    environment: Mapping[str, str]  # exported before the run (tokens allowed)
+    run_command: str  # run from <work_dir>, e.g. "bash training_assets/ec2_run.sh"
+    ship_logs_script: str  # python script under <work_dir> that ships the bootstrap log to CloudWatch Logs
+    log_group_name: str
+    max_run_hours: int
+    work_dir: str = "/opt/sentiment-training"
+    bootstrap_log: str = "/var/log/sentiment-training.log"
+
+
+class TrainingLaunchTemplate(Construct):
+    """A launch template for GPU training runs in one subnet; ``grant_launch`` lets a principal start runs from it
+    and nothing else."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        vpc: ec2.IVpc,
+        subnet: ec2.ISubnet,
+        instance_type: str,
+        image_ssm_parameter: str,
+        instance_role: iam.IRole,
+        instance_profile: iam.IInstanceProfile,
+        key: kms.IKey,
+        run: TrainingRun,
+        root_volume_gib: int = 200,
+        efa: bool = False,
+        nodes: int = 1,
+        version_description: str | None = None,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.instance_type = instance_type
+        self.image_ssm_parameter = image_ssm_parameter
+        self.instance_role = instance_role
+        self.key = key
+        self.subnet = subnet
+        self.efa = efa
+        self.multi_node = efa or nodes > 1
+        self.security_group = self._security_group(vpc)
+        self.placement_group = (
+            ec2.PlacementGroup(self, "ClusterPlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
+            if self.multi_node
+            else None
+        )
+        self.user_data = self._user_data(run)
+        self.launch_template = ec2.LaunchTemplate(
+            self,
+            "TrainingLaunchTemplate",
+            version_description=version_description,
+            instance_type=ec2.InstanceType(instance_type),
+            # The newest DLAMI at each launch (NVIDIA driver, CUDA, EFA, Docker + NVIDIA container toolkit).
+            machine_image=ec2.MachineImage.resolve_ssm_parameter_at_launch(
+                image_ssm_parameter, os=ec2.OperatingSystemType.LINUX
+            ),
+            block_devices=[
+                ec2.BlockDevice(
+                    device_name="/dev/sda1",  # the Ubuntu DLAMI's root device
+                    volume=ec2.BlockDeviceVolume.ebs(
+                        root_volume_gib,
+                        volume_type=ec2.EbsDeviceVolumeType.GP3,
+                        encrypted=True,
+                        kms_key=key,
+                        delete_on_termination=True,
+                        # The DLC image build and dataset sync are disk-bound minutes of a ~$30/h instance.
+                        iops=6000,
+                        throughput=500,
+                    ),
+                )
+            ],
+            require_imdsv2=True,
+            http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
+            # 1 hop (Control Tower CT.EC2.PR.2): only the host reaches IMDS and the instance role. The host does every
+            # AWS call (ECR login, S3 sync and upload, and the Docker daemon's awslogs driver); the training
+            # containers need no AWS credentials, and on the bridge network they cannot get them.
+            http_put_response_hop_limit=1,
+            instance_profile=instance_profile,
+            detailed_monitoring=True,
+            ebs_optimized=True,
+            instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
+            placement_group=self.placement_group,
+            user_data=self.user_data,
+        )
+        # Instances and volumes are named after the template's path, as CDK does, without the hidden "Default".
+        name = "/".join(part for part in self.launch_template.node.path.split("/") if part != KEEP_LOGICAL_IDS)
+        cdk.Tags.of(self.launch_template).add("Name", name, priority=200)
+        # The network interfaces carry the subnet and group, so `run-instances` needs no network arguments (and must
+        # not pass any: grant_launch refuses overridden template resources). Multi-node runs share one subnet (one
+        # AZ), as a cluster placement group requires.
+        cards = EFA_NETWORK_CARDS.get(instance_type.split(".")[0], 1) if efa else 1
+        interfaces = [
+            {
+                "NetworkCardIndex": card,
+                "DeviceIndex": 0 if card == 0 else 1,
+                "SubnetId": subnet.subnet_id,
+                "Groups": [self.security_group.security_group_id],
+                "DeleteOnTermination": True,
+                "AssociatePublicIpAddress": False,
+                **({"InterfaceType": "efa"} if efa else {}),
+            }
+            for card in range(cards)
+        ]
+        cfn_template = self.launch_template.node.default_child
+        assert isinstance(cfn_template, ec2.CfnLaunchTemplate)
+        cfn_template.add_property_override("LaunchTemplateData.NetworkInterfaces", interfaces)
+
+    @property
+    def launch_template_id(self) -> str:
+        template_id = self.launch_template.launch_template_id
+        assert template_id is not None  # always set for a launch template defined in this app
+        return template_id
+
+    @property
+    def launch_template_arn(self) -> str:
+        stack = cdk.Stack.of(self)
+        return f"arn:{stack.partition}:ec2:{stack.region}:{stack.account}:launch-template/{self.launch_template_id}"
+
+    def run_command(self, count: int) -> str:
+        """The AWS CLI command that starts ``count`` instances from the template's latest version, overriding
+        nothing (an override of a template resource is refused by the grant)."""
+        template = f"LaunchTemplateId={self.launch_template_id},Version={self.launch_template.latest_version_number}"
+        return (
+            f"aws ec2 run-instances --region {cdk.Stack.of(self).region} --launch-template {template} --count {count}"
+        )
+
+    # --- network ------------------------------------------------------------------------------------------------
+
+    def _security_group(self, vpc: ec2.IVpc) -> ec2.SecurityGroup:
+        group = ec2.SecurityGroup(
+            self,
+            "TrainingSecurityGroup",
+            vpc=vpc,
+            description="GPU training instances: no inbound from outside; HTTPS out (AWS APIs, DLC registry, PyPI, "
+            "Hugging Face hub)",
+            allow_all_outbound=False,
+        )
+        group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs, registries and the hub")
+        if self.multi_node:
+            # EFA requires a group that allows all traffic to and from itself (NCCL, libfabric, torchrun rendezvous).
+            group.add_ingress_rule(group, ec2.Port.all_traffic(), "EFA/NCCL and rendezvous between nodes of a run")
+            group.add_egress_rule(group, ec2.Port.all_traffic(), "EFA/NCCL and rendezvous between nodes of a run")
+            acknowledge(
+                group,
+                "The only inbound rule admits this security group itself (the nodes of one run), as EFA requires; "
+                "nothing outside the group can connect on any port.",
+                "NIST.800.53.R5-EC2RestrictedCommonPorts",
+            )
+        return group
+
+    # --- user data ----------------------------------------------------------------------------------------------
+
+    def _user_data(self, run: TrainingRun) -> ec2.UserData:
+        """Fetch the code, run the job, ship the bootstrap log, power off (terminate) whatever happens."""
+        region = cdk.Stack.of(self).region
+        ship_logs = (
+            f"python3 {run.work_dir}/{run.ship_logs_script} --region {region} "
+            f'--log-group {run.log_group_name} --log-stream "$(cat {run.work_dir}/stream)" {run.bootstrap_log}'
+        )
+        user_data = ec2.UserData.for_linux()
+        user_data.add_commands(
+            "set -euo pipefail",
+            f"exec > >(tee -a {run.bootstrap_log}) 2>&1",
+            # Whatever happens from here on, the instance ships its log and powers off (and so terminates).
+            f"shutdown -h +{run.max_run_hours * 60} 'training run exceeded max_run_hours'",
+            f"trap '{ship_logs} || true; shutdown -h now' EXIT",
+            f"mkdir -p {run.work_dir} && cd {run.work_dir}",
+            "TOKEN=$(curl -sf -X PUT http://169.254.169.254/latest/api/token "
+            "-H 'X-aws-ec2-metadata-token-ttl-seconds: 60')",
+            "meta() { curl -sf -H \"X-aws-ec2-metadata-token: $TOKEN\" http://169.254.169.254/latest/meta-data/$1; }",
+            f"echo \"$(meta reservation-id)/$(meta instance-id)/bootstrap\" > {run.work_dir}/stream",
+            *(f"export {name}={shlex.quote(value) if not cdk.Token.is_unresolved(value) else value}"
+              for name, value in run.environment.items()),
+            *(f"aws s3 cp --only-show-errors {uri} {name}.zip && python3 -m zipfile -e {name}.zip {name}"
+              for name, uri in run.code.items()),
+            run.run_command,
+        )  # fmt: skip
+        return user_data
+
+    # --- IAM ----------------------------------------------------------------------------------------------------
+
+    def launch_statements(self) -> list[iam.PolicyStatement]:
+        """Start runs from this template and nothing broader, even when a caller overrides template parameters.
+
+        RunInstances is authorized per resource of the request (AWS EC2 User Guide, "Use launch templates to control
+        launching instances"; Service Authorization Reference, Amazon EC2 condition keys): every statement requires
+        ``ec2:LaunchTemplate`` = this template and ``ec2:IsLaunchTemplateResource`` = true, so an overridden subnet,
+        security group, image, placement group or volume is refused; the instance must be of the configured
+        ``ec2:InstanceType``; the image must be owned by Amazon (the DLAMI the public SSM parameter names); a key pair
+        or another instance profile is refused (no key-pair resource, PassRole of the instance role only). IAM has
+        no condition on user data: the instance role is what bounds a run whose user data was replaced.
+        """
+        stack = cdk.Stack.of(self)
+        ec2_arn = f"arn:{stack.partition}:ec2:{stack.region}:{stack.account}"
+        from_template = {
+            "ArnLike": {"ec2:LaunchTemplate": self.launch_template_arn},
+            "Bool": {"ec2:IsLaunchTemplateResource": "true"},
+        }
+        launched = [f"{ec2_arn}:{kind}/*" for kind in ("instance", "volume", "network-interface")]
+        placement_groups = (
+            [f"{ec2_arn}:placement-group/{self.placement_group.placement_group_name}"] if self.placement_group else []
+        )
+        return [
+            iam.PolicyStatement(
+                sid="RunFromTheTrainingTemplate",
+                actions=["ec2:RunInstances"],
+                resources=[self.launch_template_arn],
+                conditions={"ArnLike": from_template["ArnLike"]},
+            ),
+            iam.PolicyStatement(
+                sid="RunTheConfiguredInstanceType",
+                actions=["ec2:RunInstances"],
+                resources=[f"{ec2_arn}:instance/*"],
+                conditions={**from_template, "StringEquals": {"ec2:InstanceType": self.instance_type}},
+            ),
+            iam.PolicyStatement(
+                sid="CreateTheTemplatesVolumesAndInterfaces",
+                actions=["ec2:RunInstances"],
+                resources=[f"{ec2_arn}:volume/*", f"{ec2_arn}:network-interface/*"],
+                conditions=from_template,
+            ),
+            iam.PolicyStatement(
+                sid="UseThePlatformsSubnetAndSecurityGroup",
+                actions=["ec2:RunInstances"],
+                resources=[
+                    f"{ec2_arn}:subnet/{self.subnet.subnet_id}",
+                    f"{ec2_arn}:security-group/{self.security_group.security_group_id}",
+                    *placement_groups,
+                ],
+                conditions=from_template,
+            ),
+            iam.PolicyStatement(
+                sid="UseAmazonOwnedImages",
+                actions=["ec2:RunInstances"],
+                resources=[f"arn:{stack.partition}:ec2:{stack.region}::image/*"],
+                conditions={**from_template, "StringEquals": {"ec2:Owner": "amazon"}},
+            ),
+            iam.PolicyStatement(
+                sid="TagAtLaunch",
+                actions=["ec2:CreateTags"],
+                resources=launched,
+                conditions={"StringEquals": {"ec2:CreateAction": "RunInstances"}},
+            ),
+            iam.PolicyStatement(
+                sid="PassTheTrainingInstanceRole",
+                actions=["iam:PassRole"],
+                resources=[self.instance_role.role_arn],
+                conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
+            ),
+            iam.PolicyStatement(
+                sid="EncryptTheRootVolume",
+                actions=["kms:CreateGrant", "kms:GenerateDataKeyWithoutPlaintext", "kms:Decrypt", "kms:DescribeKey"],
+                resources=[self.key.key_arn],
+                conditions={"StringEquals": {"kms:ViaService": f"ec2.{stack.region}.{stack.url_suffix}"}},
+            ),
+            iam.PolicyStatement(
+                sid="ReadTheDlamiParameter",
+                actions=["ssm:GetParameters"],
+                resources=[f"arn:{stack.partition}:ssm:{stack.region}::parameter{self.image_ssm_parameter}"],
+            ),
+        ]
+
+    def grant_launch(self, grantee: iam.IGrantable | iam.ManagedPolicy) -> None:
+        """Let ``grantee`` start training runs from this template (see ``launch_statements``). A managed policy
+        (for people and pipelines) gets the statements directly; any other grantee in its principal policy."""
+        statements = self.launch_statements()
+        if isinstance(grantee, iam.ManagedPolicy):
+            grantee.add_statements(*statements)
+            holder: Construct = grantee
+        else:
+            for statement in statements:
+                grantee.grant_principal.add_to_principal_policy(statement)
+            holder = grantee if isinstance(grantee, Construct) else self
+        reasons = {
+            "RunTheConfiguredInstanceType": "RunInstances creates instances with generated ids; the launch-template, "
+            "template-resource and instance-type conditions bound them.",
+            "CreateTheTemplatesVolumesAndInterfaces": "RunInstances creates volumes and interfaces with generated "
+            "ids; only those the template specifies are allowed (ec2:IsLaunchTemplateResource).",
+            "UseAmazonOwnedImages": "The AMI is whichever DLAMI the public SSM parameter names at launch; "
+            "ec2:Owner=amazon and ec2:IsLaunchTemplateResource limit it to that image.",
+            "TagAtLaunch": "Tags go on the instances, volumes and interfaces a launch creates (ec2:CreateAction).",
+        }
+        acknowledge_wildcards(holder, *((s, reasons[s.sid]) for s in statements if s.sid in reasons))

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Run training_assets.instance.train_sentiment in the training image with torchrun: one process per GPU, on one node or several.
+#
+#   launch_training.sh [options] [-- train_sentiment.py arguments]
+#
+#   --image NAME          image built from training_assets/instance/Dockerfile (default: sentiment-training:latest)
+#   --gpus N              processes (GPUs) per node (default: the GPUs nvidia-smi lists)
+#   --nnodes N            number of nodes (default: 1); every node runs this script with the same settings
+#   --rdzv-endpoint H:P   torchrun c10d rendezvous host:port, the first node's private IP (needed when --nnodes > 1)
+#   --rdzv-id ID          run id shared by the nodes of one run (default: sentiment)
+#   --efa                 NCCL over EFA (p4d: 4 x 100 Gbit/s): privileged container on the host network
+#   --data-dir DIR        host folder with the dataset, mounted read-only and passed as --dataset
+#   --model-dir DIR       host folder with the base model, mounted read-only and passed as --model
+#   --output-dir DIR      host folder that receives metrics.json and saved_model/ (default: ./output)
+#   --shm-size SIZE       shared memory for the data loaders (default: 16g)
+#   --log-group NAME      send the container's output to this CloudWatch Logs group (docker awslogs driver)
+#   --log-stream NAME     stream within --log-group (default: the host name)
+#   --dry-run             print the docker command instead of running it
+#
+# Docker flags follow the AWS DLC and NVIDIA recommendations for deep-learning training: --gpus all --ipc=host
+# --shm-size, --ulimit memlock=-1 (pinned memory, NCCL/EFA registration) and --ulimit stack=67108864.
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
+fail() { echo "launch_training.sh: error: $*" >&2; exit 2; }
+
+image="sentiment-training:latest"
+gpus=""
+nnodes=1
+rdzv_endpoint=""
+rdzv_id="sentiment"
+efa=false
+data_dir=""
+model_dir=""
+output_dir="./output"
+shm_size="16g"
+log_group=""
+log_stream="$(hostname)"
+dry_run=false
+train_args=()
+
+while (($#)); do
+  case "$1" in
+    --image) image="${2:?--image needs a value}"; shift 2 ;;
+    --gpus) gpus="${2:?--gpus needs a value}"; shift 2 ;;
+    --nnodes) nnodes="${2:?--nnodes needs a value}"; shift 2 ;;
+    --rdzv-endpoint) rdzv_endpoint="${2:?--rdzv-endpoint needs a value}"; shift 2 ;;
+    --rdzv-id) rdzv_id="${2:?--rdzv-id needs a value}"; shift 2 ;;
+    --efa) efa=true; shift ;;
+    --data-dir) data_dir="${2:?--data-dir needs a value}"; shift 2 ;;
+    --model-dir) model_dir="${2:?--model-dir needs a value}"; shift 2 ;;
+    --output-dir) output_dir="${2:?--output-dir needs a value}"; shift 2 ;;
+    --shm-size) shm_size="${2:?--shm-size needs a value}"; shift 2 ;;
+    --log-group) log_group="${2:?--log-group needs a value}"; shift 2 ;;
+    --log-stream) log_stream="${2:?--log-stream needs a value}"; shift 2 ;;
+    --dry-run) dry_run=true; shift ;;
+    -h|--help) usage ;;
+    --) shift; train_args=("$@"); break ;;
+    *) fail "unknown option $1 (train_sentiment.py arguments go after --)" ;;
+  esac
+done
+
+if [[ -z "$gpus" ]]; then
+  command -v nvidia-smi >/dev/null || fail "nvidia-smi not found: pass --gpus N"
+  gpus="$(nvidia-smi --list-gpus | grep -c '^GPU')"
+fi
+[[ "$gpus" =~ ^[1-9][0-9]*$ ]] || fail "--gpus must be a positive number, got '$gpus'"
+[[ "$nnodes" =~ ^[1-9][0-9]*$ ]] || fail "--nnodes must be a positive number, got '$nnodes'"
+if ((nnodes > 1)); then
+  [[ "$rdzv_endpoint" =~ ^[A-Za-z0-9.-]+:[0-9]+$ ]] || fail "--nnodes $nnodes needs --rdzv-endpoint HOST:PORT"
+fi
+for dir in "$data_dir" "$model_dir"; do
+  [[ -z "$dir" || -d "$dir" || "$dry_run" == true ]] || fail "folder $dir does not exist"
+done
+# Docker mounts need absolute paths (a dry run prints folders that do not exist yet as given).
+host_path() { if [[ -d "$1" ]]; then (cd "$1" && pwd); else printf '%s' "$1"; fi; }
+[[ "$dry_run" == true ]] || mkdir -p "$output_dir"
+
+docker_cmd=(docker run --rm --gpus all --ipc=host "--shm-size=$shm_size"
+  --ulimit memlock=-1 --ulimit stack=67108864
+  -e TOKENIZERS_PARALLELISM=false)
+if ((nnodes > 1)) || [[ "$efa" == true ]]; then
+  # torchrun's rendezvous store and NCCL connect node to node: the container uses the host's addresses.
+  docker_cmd+=(--network host)
+fi
+if [[ "$efa" == true ]]; then
+  # libfabric opens the EFA devices (/dev/infiniband/uverbs*); aws-ofi-nccl in the DLC routes NCCL over them.
+  docker_cmd+=(--privileged -e FI_PROVIDER=efa -e FI_EFA_USE_DEVICE_RDMA=1 -e FI_EFA_FORK_SAFE=1)
+fi
+if [[ -n "$log_group" ]]; then
+  docker_cmd+=(--log-driver awslogs --log-opt "awslogs-group=$log_group" --log-opt "awslogs-stream=$log_stream")
+fi
+
+script_args=(--output-dir /opt/ml/output)
+docker_cmd+=(-v "$(host_path "$output_dir"):/opt/ml/output")
+if [[ -n "$data_dir" ]]; then
+  docker_cmd+=(-v "$(host_path "$data_dir"):/opt/ml/input/data:ro")
+  script_args+=(--dataset /opt/ml/input/data)
+fi
+if [[ -n "$model_dir" ]]; then
+  docker_cmd+=(-v "$(host_path "$model_dir"):/opt/ml/input/model:ro")
+  script_args+=(--model /opt/ml/input/model)
+fi
+
+torchrun_cmd=(torchrun "--nproc_per_node=$gpus")
+if ((nnodes > 1)); then
+  torchrun_cmd+=("--nnodes=$nnodes" --rdzv_backend=c10d "--rdzv_endpoint=$rdzv_endpoint" "--rdzv_id=$rdzv_id")
+else
+  torchrun_cmd+=(--standalone --nnodes=1)
+fi
+
+# The image holds the code as the package it is in the repository (PYTHONPATH=/opt/training). One process checks
+# the model folder and the dataset first: a problem is one line and exit status 2, where torchrun would stop every
+# rank and print its own failure report. torchrun starts only when the check passes (same container, so a hub
+# dataset is downloaded once).
+module=training_assets.instance.train_sentiment
+inside="python -m $module --check-only \"\$@\" && exec $(printf '%q ' "${torchrun_cmd[@]}")--module $module \"\$@\""
+command=("${docker_cmd[@]}" "$image" bash -c "$inside" launch_training "${script_args[@]}" "${train_args[@]}")
+if [[ "$dry_run" == true ]]; then
+  printf '%q ' "${command[@]}"
+  printf '\n'
+else
+  exec "${command[@]}"
+fi

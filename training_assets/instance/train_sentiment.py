@@ -1,0 +1,574 @@
+"""Fine-tune a sequence-classification model for tweet sentiment with the Hugging Face Trainer (seed 000).
+
+Each PyTorch 2 feature of the seed has its own switch, off by default so the baseline is plain eager fp32 AdamW:
+``--torch-compile`` (TorchInductor), ``--bf16`` (bfloat16 autocast) and ``--fused-adamw`` (``AdamW(fused=True)``).
+
+    # one process (GPU if there is one, else CPU)
+    python -m training_assets.instance.train_sentiment --model MODEL --dataset DATA --output-dir out --torch-compile
+    # data-parallel on every GPU of a node (NCCL), or on CPU processes (gloo)
+    torchrun --nproc_per_node=8 --module training_assets.instance.train_sentiment ... --torch-compile --bf16
+
+``--model`` is a local model directory or a Hugging Face hub id; ``--dataset`` is a local folder (``train`` and
+``validation`` files as JSONL/CSV with text,label columns, or a ``datasets.save_to_disk`` folder) or a hub dataset
+id with ``--dataset-config``. Each epoch prints loss, accuracy and macro-F1. At the end rank 0 writes
+``<output-dir>/metrics.json`` (per-epoch metrics and throughput with the warm-up steps measured apart) and
+``<output-dir>/saved_model/`` (model and tokenizer, safetensors).
+
+Bad input (any dataset problem, see ``dataset.py``; a missing model; bf16 on hardware without it) stops the run
+before training: exit status 2 and one line naming the file, the row and what is wrong (``--verbose`` adds the
+traceback); anything unexpected is one line and exit status 1. Little data trains, with warnings: rows left out of
+full batches, few optimizer steps, a train split with one class. Throughput is reported when there are steps after
+the warm-up, otherwise metrics.json says why not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+import transformers
+from sklearn.metrics import accuracy_score, f1_score
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+from training_assets.instance.dataset import (
+    CHARS_PER_TOKEN_KEPT,
+    Schema,
+    Split,
+    TrainingInputError,
+    looks_local,
+    read_splits,
+)
+
+DEFAULT_MODEL = "cardiffnlp/twitter-roberta-base-sentiment-latest"
+DEFAULT_DATASET = "tweet_eval"
+DEFAULT_DATASET_CONFIG = "sentiment"
+LABELS = ("negative", "neutral", "positive")
+METRICS_FILE = "metrics.json"
+SAVED_MODEL_DIR = "saved_model"
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs; the CLI flags map one-to-one onto these fields."""
+
+    model: str = DEFAULT_MODEL
+    dataset: str = DEFAULT_DATASET
+    dataset_config: str | None = DEFAULT_DATASET_CONFIG
+    output_dir: str = "output"
+    labels: tuple[str, ...] = LABELS
+    text_column: str = "text"
+    label_column: str = "label"
+    epochs: int = 3
+    per_device_batch_size: int = 32
+    learning_rate: float = 2e-5
+    max_seq_length: int = 128
+    seed: int = 42
+    torch_compile: bool = False
+    bf16: bool = False
+    fused_adamw: bool = False
+    use_cpu: bool = False
+    max_train_samples: int | None = None
+    warmup_steps: int = 1
+
+    def __post_init__(self) -> None:
+        self.labels = tuple(self.labels)
+        for name in ("epochs", "per_device_batch_size", "warmup_steps"):
+            if getattr(self, name) < (0 if name == "warmup_steps" else 1):
+                raise TrainingInputError(f"{name} must be at least {0 if name == 'warmup_steps' else 1}")
+        if not 0 < self.learning_rate < 1:
+            raise TrainingInputError(f"learning_rate must be between 0 and 1, got {self.learning_rate}")
+        if not 8 <= self.max_seq_length <= 4096:
+            raise TrainingInputError(f"max_seq_length must be between 8 and 4096, got {self.max_seq_length}")
+        if len(self.labels) < 2 or len(set(self.labels)) != len(self.labels):
+            raise TrainingInputError(f"labels must be at least two distinct names, got {list(self.labels)}")
+        if self.max_train_samples is not None and self.max_train_samples < 1:
+            raise TrainingInputError("max_train_samples must be at least 1")
+
+
+# --------------------------------------------------------------------------------------------------- input checks
+
+
+def load_splits(config: TrainConfig) -> dict[str, Any]:
+    """Return ``{"train": Dataset, "validation": Dataset}`` with checked ``text`` and integer ``label`` columns."""
+    return {split: to_dataset(data) for split, data in read_config_splits(config).items()}
+
+
+def read_config_splits(config: TrainConfig) -> dict[str, Split]:
+    schema = Schema(
+        text_column=config.text_column,
+        label_column=config.label_column,
+        labels=config.labels,
+        max_text_chars=config.max_seq_length * CHARS_PER_TOKEN_KEPT,
+    )
+    return read_splits(config.dataset, config.dataset_config, schema)
+
+
+def to_dataset(split: Split) -> datasets.Dataset:
+    return datasets.Dataset.from_dict({"text": split.texts, "label": split.labels})
+
+
+def check_model(reference: str) -> str:
+    """A local model directory must exist and hold config.json; hub ids pass through."""
+    path = Path(os.path.expanduser(reference))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise TrainingInputError(f"model directory {path} has no config.json (save it with save_pretrained)")
+        return str(path)
+    if path.exists() or looks_local(reference):
+        raise TrainingInputError(f"model directory {reference} does not exist")
+    return reference
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    flags = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return flags
+
+
+def _cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    names = [line.partition(":")[2].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or platform.machine()
+
+
+def check_bf16(use_cuda: bool) -> None:
+    """bf16 needs native support: Ampere or newer GPUs, or CPUs with AVX512-BF16/AMX (x86) or BF16 (Arm)."""
+    if use_cuda:
+        if not torch.cuda.is_bf16_supported(including_emulation=False):
+            major, minor = torch.cuda.get_device_capability()
+            raise TrainingInputError(
+                f"--bf16 needs a GPU with native bfloat16 (compute capability 8.0+, e.g. A100 on p4d); "
+                f"{torch.cuda.get_device_name()} has {major}.{minor}. Run without --bf16."
+            )
+        return
+    native = {"avx512_bf16", "amx_bf16", "bf16"} & _cpu_flags()
+    if not native:
+        raise TrainingInputError(
+            f"--bf16 needs native bfloat16 on this CPU ({platform.machine()} without avx512_bf16/amx_bf16/bf16 "
+            "flags in /proc/cpuinfo) or a GPU with compute capability 8.0+. Run without --bf16."
+        )
+
+
+# ------------------------------------------------------------------------------------------------------- training
+
+
+class ThroughputMeter(TrainerCallback):
+    """Times optimizer steps as a ``TrainerCallback``; the first ``warmup_steps`` (compilation) are kept apart.
+
+    A step lasts from the previous step's end (or its epoch's start, so evaluation is never counted) to its own end,
+    and so includes data loading. On CUDA the clock reads follow a synchronize, so queued kernels are counted.
+    """
+
+    def __init__(self, warmup_steps: int, samples_per_step: int) -> None:
+        self.warmup_steps = warmup_steps
+        self.samples_per_step = samples_per_step
+        self.step_seconds: list[float] = []
+        self.tokens_at_step: list[int] = []
+        self._last = 0.0
+
+    def _now(self) -> float:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._last = self._now()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        now = self._now()
+        self.step_seconds.append(now - self._last)
+        self.tokens_at_step.append(int(state.num_input_tokens_seen))
+        self._last = now
+
+    def summary(self) -> dict[str, Any]:
+        """The throughput of the steps after the warm-up; when there are none, why it was not measured.
+
+        A measurement never stops a run: a short run trains, saves its model and reports ``"measured": false``.
+        """
+        warm, steady = self.step_seconds[: self.warmup_steps], self.step_seconds[self.warmup_steps :]
+        if not steady:
+            return {
+                "measured": False,
+                "reason": f"the run had {len(self.step_seconds)} optimizer step(s), all within the "
+                f"{self.warmup_steps} warm-up step(s) kept apart for compilation; more data or epochs, or "
+                "--warmup-steps 0, leave steps to measure",
+                "optimizer_steps": len(self.step_seconds),
+                "warmup_steps": len(warm),
+                "warmup_seconds": round(sum(warm), 4),
+                "samples_per_step": self.samples_per_step,
+            }
+        seconds = sum(steady)
+        tokens_before = self.tokens_at_step[self.warmup_steps - 1] if self.warmup_steps else 0
+        tokens = self.tokens_at_step[-1] - tokens_before
+        median = statistics.median(steady)
+        return {
+            "measured": True,
+            "train_samples_per_second": round(len(steady) * self.samples_per_step / seconds, 3),
+            "train_tokens_per_second": round(tokens / seconds, 3),
+            "measured_steps": len(steady),
+            "measured_seconds": round(seconds, 4),
+            "median_step_seconds": round(median, 6),
+            "warmup_steps": len(warm),
+            "warmup_seconds": round(sum(warm), 4),
+            # What the warm-up steps cost beyond ordinary steps: compilation (and, on CUDA, context set-up).
+            "compile_warmup_seconds": round(max(0.0, sum(warm) - len(warm) * median), 4),
+            "samples_per_step": self.samples_per_step,
+            "tokens": "non-padding input tokens, summed over all ranks",
+        }
+
+
+class EpochReporter(TrainerCallback):
+    """Prints one line per epoch on rank 0 and keeps the rows for metrics.json."""
+
+    def __init__(self) -> None:
+        self.epochs: list[dict[str, float]] = []
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float], **kwargs: Any) -> None:
+        train_losses = [row["loss"] for row in state.log_history if "loss" in row]
+        row = {
+            "epoch": round(state.epoch or 0.0, 3),
+            "train_loss": round(train_losses[-1], 6) if train_losses else float("nan"),
+            "eval_loss": round(metrics["eval_loss"], 6),
+            "eval_accuracy": round(metrics["eval_accuracy"], 6),
+            "eval_macro_f1": round(metrics["eval_macro_f1"], 6),
+        }
+        self.epochs.append(row)
+        if state.is_world_process_zero:
+            print(
+                "epoch {epoch}: train_loss={train_loss} eval_loss={eval_loss} accuracy={eval_accuracy} "
+                "macro_f1={eval_macro_f1}".format(**row),
+                flush=True,
+            )
+
+
+class SentimentTrainer(Trainer):
+    """Drops the last partial batch in training only (static shapes for torch.compile); evaluation sees every row."""
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        drop_last, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
+        try:
+            return super().get_eval_dataloader(eval_dataset)
+        finally:
+            self.args.dataloader_drop_last = drop_last
+
+
+def compute_metrics(prediction: Any) -> dict[str, float]:
+    logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+    predicted = np.asarray(logits).argmax(axis=-1)
+    labels = np.asarray(prediction.label_ids)
+    return {
+        "accuracy": float(accuracy_score(labels, predicted)),
+        "macro_f1": float(f1_score(labels, predicted, average="macro", zero_division=0)),
+    }
+
+
+def _device_info(use_cuda: bool, world_size: int) -> dict[str, Any]:
+    info: dict[str, Any] = {"type": "cuda" if use_cuda else "cpu", "world_size": world_size, "torch": torch.__version__}
+    if use_cuda:
+        capability = ".".join(map(str, torch.cuda.get_device_capability()))
+        info.update(name=torch.cuda.get_device_name(), capability=capability)
+    else:
+        info.update(name=_cpu_model(), threads=torch.get_num_threads())
+    return info
+
+
+# Fewer optimizer steps than this in a whole run is worth a warning: the model barely moves from its start.
+FEW_OPTIMIZER_STEPS = 10
+
+
+def label_warnings(split: Split, labels: tuple[str, ...]) -> list[str]:
+    """A train split with one class teaches the model that class only; missing classes are never learned."""
+    present = sorted(set(split.labels))
+    names = ", ".join(f"{i} ({labels[i]})" for i in present)
+    if len(present) == 1:
+        return [f"{split.name}: every row has label {names}: the model can only learn to predict that class"]
+    if missing := [f"{i} ({name})" for i, name in enumerate(labels) if i not in present]:
+        return [f"{split.name}: no row has label {', '.join(missing)}: the model will not learn to predict it"]
+    return []
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    drop_last: bool
+    steps_per_epoch: int
+    samples_per_step: int
+    warnings: list[str]
+
+
+def batch_plan(rows: int, global_batch: int, world_size: int, config: TrainConfig) -> BatchPlan:
+    """How the train split falls into optimizer steps, and what a user with little data should know about it.
+
+    Training keeps full batches only (static shapes for torch.compile), so ``rows % global_batch`` rows sit out
+    each epoch; a split smaller than one global batch trains as one partial batch per epoch instead of not at all.
+    """
+    devices = global_batch // config.per_device_batch_size
+    per_device = f"{config.per_device_batch_size} per device x {devices} device(s)"
+    warnings = []
+    if rows < global_batch:
+        drop_last, steps, samples = False, 1, -(-rows // world_size) * world_size  # the sampler pads to the ranks
+        warnings.append(
+            f"the train split has {rows} row(s), fewer than one global batch of {global_batch} ({per_device}): "
+            "each epoch is one partial batch "
+            "(a smaller --per-device-batch-size gives more optimizer steps)"
+        )
+    else:
+        drop_last, steps, samples = True, rows // global_batch, global_batch
+        if dropped := rows % global_batch:
+            warnings.append(
+                f"the train split has {rows} rows and training uses full batches of {global_batch} only "
+                f"({per_device}): each epoch leaves out {dropped} row(s) ({100 * dropped / rows:.0f}%); "
+                "a --per-device-batch-size that divides the rows keeps them all"
+            )
+    total = steps * config.epochs
+    if total < FEW_OPTIMIZER_STEPS:
+        warnings.append(
+            f"the run has {total} optimizer step(s) in all ({config.epochs} epoch(s) x {steps} per epoch): too few "
+            "to learn much; add data or epochs, or lower --per-device-batch-size"
+        )
+    return BatchPlan(drop_last, steps, samples, warnings)
+
+
+def check_inputs(config: TrainConfig, use_cuda: bool) -> tuple[str, dict[str, Split]]:
+    """The model reference and the checked splits; TrainingInputError (one line) for anything that cannot train."""
+    model_reference = check_model(config.model)
+    if config.bf16:
+        check_bf16(use_cuda)
+    raw = read_config_splits(config)
+    if config.max_train_samples is not None:
+        train_split = raw["train"]
+        raw["train"] = Split(train_split.name, train_split.texts[: config.max_train_samples],
+                             train_split.labels[: config.max_train_samples], train_split.warnings)  # fmt: skip
+    return model_reference, raw
+
+
+def train(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
+    """Fine-tune per ``config``; return the metrics (rank 0 also writes metrics.json and saved_model/)."""
+    if isinstance(config, dict):
+        config = TrainConfig(**config)
+    use_cuda = torch.cuda.is_available() and not config.use_cpu
+    # Everything that can be wrong with the input is checked before any process group or model is created.
+    model_reference, raw = check_inputs(config, use_cuda)
+    notes = [warning for split in raw.values() for warning in split.warnings]
+    notes += label_warnings(raw["train"], config.labels)
+    splits = {name: to_dataset(split) for name, split in raw.items()}
+
+    output_dir = Path(config.output_dir)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun
+    args = TrainingArguments(
+        output_dir=str(output_dir),
+        num_train_epochs=config.epochs,
+        per_device_train_batch_size=config.per_device_batch_size,
+        per_device_eval_batch_size=config.per_device_batch_size,
+        learning_rate=config.learning_rate,
+        seed=config.seed,
+        torch_compile=config.torch_compile,
+        torch_compile_backend="inductor" if config.torch_compile else None,
+        bf16=config.bf16,
+        # transformers 5 defaults to the fused AdamW: name the plain one for the baseline.
+        optim="adamw_torch_fused" if config.fused_adamw else "adamw_torch",
+        use_cpu=not use_cuda,
+        ddp_backend=("nccl" if use_cuda else "gloo") if distributed else None,
+        ddp_find_unused_parameters=False,  # every parameter takes part in the classifier's forward pass
+        eval_strategy="epoch",
+        logging_strategy="epoch",
+        save_strategy="no",
+        report_to="none",
+        # Full training batches only and padding to max_seq_length: static shapes, so torch.compile compiles once
+        # (off when the split is smaller than one batch: see batch_plan).
+        dataloader_drop_last=True,
+        include_num_input_tokens_seen="non_padding",
+        disable_tqdm=True,
+    )
+    world_size = args.world_size
+    # train_batch_size counts every GPU of one process (nn.DataParallel when not launched by torchrun).
+    global_batch = args.train_batch_size * world_size
+    plan = batch_plan(len(splits["train"]), global_batch, world_size, config)
+    args.dataloader_drop_last = plan.drop_last
+    notes += plan.warnings
+    if int(os.environ.get("RANK", "0")) == 0:
+        for note in notes:
+            print(f"train_sentiment: warning: {note}", file=sys.stderr, flush=True)
+    transformers.set_seed(config.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_reference)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_reference,
+        num_labels=len(config.labels),
+        id2label=dict(enumerate(config.labels)),
+        label2id={label: i for i, label in enumerate(config.labels)},
+        ignore_mismatched_sizes=True,  # a base model with another head gets a fresh one of the right size
+    )
+    max_length = min(config.max_seq_length, _position_limit(model.config, tokenizer))
+
+    def tokenize(batch: dict[str, list]) -> dict[str, list]:
+        return tokenizer(batch["text"], truncation=True, padding="max_length", max_length=max_length)
+
+    encoded = {split: data.map(tokenize, batched=True, remove_columns=["text"]) for split, data in splits.items()}
+
+    meter = ThroughputMeter(config.warmup_steps, plan.samples_per_step)
+    reporter = EpochReporter()
+    trainer = SentimentTrainer(
+        model=model,
+        args=args,
+        train_dataset=encoded["train"],
+        eval_dataset=encoded["validation"],
+        processing_class=tokenizer,
+        compute_metrics=compute_metrics,
+        callbacks=[meter, reporter],
+    )
+    result = trainer.train()
+
+    metrics = {
+        "config": {**asdict(config), "labels": list(config.labels)},
+        "device": _device_info(use_cuda, world_size),
+        "train_samples": len(splits["train"]),
+        "validation_samples": len(splits["validation"]),
+        "max_seq_length": max_length,
+        "optimizer_steps": len(meter.step_seconds),
+        "warnings": notes,
+        "epochs": reporter.epochs,
+        "throughput": meter.summary(),
+        "train_runtime_seconds": round(result.metrics["train_runtime"], 3),
+        "saved_model": str(output_dir / SAVED_MODEL_DIR),
+    }
+    if trainer.is_world_process_zero():
+        saved = output_dir / SAVED_MODEL_DIR
+        trainer.save_model(str(saved))
+        (saved / "training_args.bin").unlink(missing_ok=True)  # a pickle the served model does not need
+        (output_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+    trainer.accelerator.wait_for_everyone()
+    return metrics
+
+
+def _position_limit(model_config: Any, tokenizer: Any) -> int:
+    limits = [tokenizer.model_max_length]
+    positions = getattr(model_config, "max_position_embeddings", None)
+    if positions:  # RoBERTa reserves two positions (padding_idx + 1 offset)
+        limits.append(positions - 2 if model_config.model_type in ("roberta", "xlm-roberta") else positions)
+    return min(limits)
+
+
+# ------------------------------------------------------------------------------------------------------------ CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    defaults = TrainConfig()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=defaults.model, help="local model directory or hub id")
+    parser.add_argument(
+        "--dataset",
+        default=defaults.dataset,
+        help="local folder (train/validation JSONL or CSV, or a save_to_disk folder) or hub id",
+    )
+    parser.add_argument("--dataset-config", default=defaults.dataset_config, help="hub dataset configuration")
+    parser.add_argument("--output-dir", default=defaults.output_dir, help="metrics.json and saved_model/ go here")
+    parser.add_argument("--labels", default=",".join(defaults.labels), help="comma-separated label names, id order")
+    parser.add_argument("--text-column", default=defaults.text_column)
+    parser.add_argument("--label-column", default=defaults.label_column)
+    parser.add_argument("--epochs", type=int, default=defaults.epochs)
+    parser.add_argument("--per-device-batch-size", type=int, default=defaults.per_device_batch_size)
+    parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
+    parser.add_argument("--max-seq-length", type=int, default=defaults.max_seq_length)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--max-train-samples", type=int, default=None, help="train on the first N rows only")
+    parser.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=defaults.warmup_steps,
+        help="optimizer steps excluded from the throughput (they hold the compilation)",
+    )
+    for flag, text in (
+        ("torch-compile", "torch.compile with TorchInductor"),
+        ("bf16", "bfloat16 mixed precision"),
+        ("fused-adamw", "fused AdamW optimizer"),
+        ("use-cpu", "train on CPU even if a GPU is present"),
+    ):
+        parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=False, help=text)
+    parser.add_argument("--verbose", action="store_true", help="on an error, also print its traceback")
+    parser.add_argument(
+        "--check-only",
+        action="store_true",
+        help="check the model folder, --bf16 and the dataset, then exit (0: it can train, 2: it cannot); "
+        "launch_training.sh runs this once before torchrun starts a process per GPU",
+    )
+    return parser
+
+
+def _config(namespace: argparse.Namespace) -> TrainConfig:
+    values = vars(namespace)
+    values["labels"] = tuple(label.strip() for label in values["labels"].split(",") if label.strip())
+    known = {f.name for f in fields(TrainConfig)}
+    return TrainConfig(**{key: value for key, value in values.items() if key in known})
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    return _config(_parser().parse_args(argv))
+
+
+def _error(message: str, *, verbose: bool) -> None:
+    """One line on stderr (the first line of ``message``); the traceback only with --verbose."""
+    lines = message.strip().splitlines() or [""]
+    print(f"train_sentiment: error: {lines[0]}", file=sys.stderr, flush=True)
+    if verbose:
+        traceback.print_exc()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit 0 after training, 2 for input that cannot train (nothing trained), 1 for anything unexpected."""
+    namespace = _parser().parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        config = _config(namespace)
+        if namespace.check_only:
+            _, splits = check_inputs(config, torch.cuda.is_available() and not config.use_cpu)
+            sizes = ", ".join(f"{len(split)} {name} rows" for name, split in splits.items())
+            print(f"train_sentiment: input checked: {config.model}, {config.dataset} ({sizes})", file=sys.stderr)
+            return 0
+        metrics = train(config)
+    except TrainingInputError as error:
+        # Every rank of a torchrun finds the same problem; each says it, as torchrun stops the others at the first
+        # exit (launch_training.sh checks once with --check-only first, so only direct torchrun use sees repeats).
+        _error(str(error), verbose=namespace.verbose)
+        return 2
+    except Exception as error:  # no traceback for the user unless asked: what failed, in one line
+        detail = str(error).strip().splitlines()
+        hint = "" if namespace.verbose else " (--verbose prints the traceback)"
+        _error(f"{type(error).__name__}: {detail[0] if detail else 'no message'}{hint}", verbose=namespace.verbose)
+        return 1
+    if rank == 0:
+        throughput = metrics["throughput"]
+        if not throughput["measured"]:
+            print(f"train_sentiment: throughput not measured: {throughput['reason']}", file=sys.stderr)
+        print(json.dumps({"throughput": throughput, "last_epoch": metrics["epochs"][-1]}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
