@@ -203,7 +203,8 @@ class TrainingLaunchTemplate(Construct):
             f"echo \"$(meta reservation-id)/$(meta instance-id)/bootstrap\" > {run.work_dir}/stream",
             *(f"export {name}={shlex.quote(value) if not cdk.Token.is_unresolved(value) else value}"
               for name, value in run.environment.items()),
-            *(f"aws s3 cp --only-show-errors {uri} {name}.zip && python3 -m zipfile -e {name}.zip {name}"
+            # A name may be a nested folder (training_assets/instance): download to one flat file, unpack, remove it.
+            *(f"aws s3 cp --only-show-errors {uri} code.zip && python3 -m zipfile -e code.zip {name} && rm code.zip"
               for name, uri in run.code.items()),
             run.run_command,
         )  # fmt: skip
