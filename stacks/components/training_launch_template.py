@@ -30,7 +30,7 @@ class TrainingRun:
     """What the user data runs: download and unpack ``code``, export ``environment``, run ``run_command``; whatever
     happens, ship the bootstrap log to ``log_group_name`` and power off (the instance terminates)."""
 
-    code: Mapping[str, str]  # name -> s3:// URI of a zip archive, unpacked into <work_dir>/<name>
+    code: Mapping[str, str]  # folder -> s3:// URI of a zip archive, unpacked into <work_dir>/<folder>
     environment: Mapping[str, str]  # exported before the run (tokens allowed)
     run_command: str  # run from <work_dir>, e.g. "bash training_assets/ec2_run.sh"
     ship_logs_script: str  # python script under <work_dir> that ships the bootstrap log to CloudWatch Logs
@@ -203,9 +203,9 @@ class TrainingLaunchTemplate(Construct):
             f"echo \"$(meta reservation-id)/$(meta instance-id)/bootstrap\" > {run.work_dir}/stream",
             *(f"export {name}={shlex.quote(value) if not cdk.Token.is_unresolved(value) else value}"
               for name, value in run.environment.items()),
-            # A name may be a nested folder (training_assets/instance): download to one flat file, unpack, remove it.
-            *(f"aws s3 cp --only-show-errors {uri} code.zip && python3 -m zipfile -e code.zip {name} && rm code.zip"
-              for name, uri in run.code.items()),
+            # One archive at a time, unpacked under the same path as in the repository (folders may be nested).
+            *(f"aws s3 cp --only-show-errors {uri} code.zip && python3 -m zipfile -e code.zip {folder} && rm code.zip"
+              for folder, uri in run.code.items()),
             run.run_command,
         )  # fmt: skip
         return user_data
