@@ -160,11 +160,19 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--users", type=int, default=8, help="concurrent Locust users")
     parser.add_argument("--spawn-rate", type=float, default=8, help="users started per second")
     parser.add_argument("--duration", type=float, default=60, help="seconds per pattern")
-    parser.add_argument("--patterns", nargs="+", choices=list(mme_locustfile.PATTERNS),
-                        default=list(mme_locustfile.PATTERNS), help="uniform must be among them (the baseline)")
+    parser.add_argument(
+        "--patterns",
+        nargs="+",
+        choices=list(mme_locustfile.PATTERNS),
+        default=list(mme_locustfile.PATTERNS),
+        help="uniform must be among them (the baseline)",
+    )
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
-    parser.add_argument("--work-dir", type=Path, help="local harness: keep models and server logs here (default: a "
-                        "temporary directory, removed at the end)")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        help="local harness: keep models and server logs here (default: a temporary directory, removed at the end)",
+    )
     args = parser.parse_args(argv)
     if args.models <= mme_locustfile.HOT_SET:
         parser.error(f"--models must exceed {mme_locustfile.HOT_SET} (the top-10 pattern needs a tail)")

@@ -28,7 +28,6 @@ DEFAULT_NAME_TEMPLATE = "sentiment-{index:04d}.tar.gz"
 HOT_SET = 10
 
 
-
 class InvokeError(RuntimeError):
     """A request that failed: an error answer or a refused call (counted, never retried)."""
 

@@ -74,12 +74,6 @@ class GravitonEndpointStack(EnvironmentStack):
                 f"environments.{settings.name}.graviton_endpoint.dependencies: install_at_startup needs internet "
                 "egress (vpc.nat_gateways >= 1) to pip-install code/requirements.txt; use vendored archives instead."
             )
-        if endpoint_settings.server_batch_size > 1:
-            cdk.Annotations.of(self).add_warning_v2(
-                "graviton-endpoint:server-batching",
-                "server_batch_size > 1: the SageMaker PyTorch toolkit runs the requests of a TorchServe batch one by "
-                "one and answers every request of the batch with the error of any one of them. Keep 1 unless measured.",
-            )
 
         self.model = self._model()
         self.endpoint_config = self._endpoint_config()
