@@ -62,12 +62,6 @@ class GravitonEndpointStack(EnvironmentStack):
                 f"environments.{settings.name}.graviton_endpoint.model_data_key: the endpoint stack needs a model "
                 "version; PlatformStage leaves the stack out until one is named."
             )
-        if endpoint_settings.server_batch_size > 1:
-            cdk.Annotations.of(self).add_warning_v2(
-                "graviton-endpoint:server-batching",
-                "server_batch_size > 1: the SageMaker PyTorch toolkit runs the requests of a TorchServe batch one by "
-                "one and answers every request of the batch with the error of any one of them. Keep 1 unless measured.",
-            )
         vcpus = instance_vcpus(endpoint_settings.instance_type)
         # Construct id "Default": CDK leaves it out of logical ids, so Model, EndpointConfig, Endpoint, ... keep the
         # ids they had when this stack built them itself, and deployed endpoints are updated, not replaced.
