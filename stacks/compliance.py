@@ -238,7 +238,7 @@ class _ReasonedWildcards:
         if node is self.scope:
             self._check_reasons_are_in_the_policies()
         documents = _policy_documents(node)
-        if documents is None:
+        if not documents:  # not a policy, or a role whose grants live in its separate (default) policy
             return
         stack = cdk.Stack.of(node)
         granted = [grant for document in documents for grant in _grants(stack.resolve(document))]

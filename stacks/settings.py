@@ -24,8 +24,6 @@ from pydantic import (
 )
 
 DEFAULT_REGION = "us-west-2"
-# Retention periods CloudWatch Logs offers that the platform's settings allow.
-LogRetentionDays = Literal[7, 14, 30, 60, 90, 180, 365, 731]
 # The prefix of the artifacts bucket that the endpoint execution role may read single-model archives from.
 ENDPOINT_MODELS_PREFIX = "endpoints/"
 ENVIRONMENT_NAMES = ("dev", "staging", "prod")
@@ -271,8 +269,6 @@ class GravitonEndpointSettings(_Settings):
     torch_compile: bool = False
     autoscaling: AutoscalingSettings = AutoscalingSettings()
     data_capture: DataCaptureSettings = DataCaptureSettings()
-    # The endpoint's container logs (/aws/sagemaker/Endpoints/<endpoint name>), under the platform key.
-    log_retention_days: LogRetentionDays = 30
 
     @field_validator("instance_type")
     @classmethod
@@ -340,7 +336,6 @@ class MultiModelEndpointSettings(_Settings):
     models_prefix: str = "multi-model/"
     invoke_allowed_models: list[str] = []
     autoscaling: AutoscalingSettings = AutoscalingSettings(max_capacity=4)
-    log_retention_days: LogRetentionDays = 30
 
     @field_validator("instance_type")
     @classmethod

@@ -188,6 +188,32 @@ def config_for_instance_type(config: dict[str, Any], instance_type: str | None) 
     return effective, instance_type
 
 
+def self_contained_requirements(path: Path, *, into: Path | None = None) -> Path:
+    """A copy of the requirements file ``path`` with its ``-r`` includes inlined, as the job needs it.
+
+    The SDK uploads the dependency file alone and the job runs ``pip install -r <workspace>/<file name>``: an
+    include such as ``-r requirements.txt`` would point at a file the job does not have.
+    """
+    target = (into or Path(tempfile.mkdtemp(prefix="remote-train-"))) / path.name
+    target.write_text("".join(f"{line}\n" for line in _inlined(path, seen=())))
+    return target
+
+
+def _inlined(path: Path, seen: tuple[Path, ...]) -> list[str]:
+    if path.resolve() in seen:
+        raise RemoteSetupError(f"{path} includes itself")
+    if not path.is_file():
+        raise RemoteSetupError(f"dependencies file {path} does not exist")
+    lines: list[str] = []
+    for line in path.read_text().splitlines():
+        include = re.match(r"^\s*(-r|--requirement)[\s=]+(\S+)", line)
+        if include:
+            lines += _inlined(path.parent / include[2], (*seen, path.resolve()))
+        elif line.strip() and not line.lstrip().startswith("#"):
+            lines.append(line.strip())
+    return lines
+
+
 def job_options(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any]:
     """Decorator/executor arguments; the rest (role, S3, KMS, VPC, tags) comes from the config through the session.
 
@@ -202,7 +228,7 @@ def job_options(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, A
         "sagemaker_session": Session(sagemaker_config=effective),
         "instance_type": instance_type,
         "use_torchrun": is_gpu(instance_type),
-        "dependencies": str(DEPENDENCIES),
+        "dependencies": str(self_contained_requirements(DEPENDENCIES)),
         "include_local_workdir": True,
         "custom_file_filter": only_training_code,
         "job_name_prefix": args.job_name_prefix,

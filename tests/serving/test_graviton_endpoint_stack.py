@@ -216,7 +216,7 @@ def test_the_endpoint_log_group_exists_first_expires_and_uses_the_platform_key(
     ]
     group = endpoint_template["Resources"][group_id]
     assert group["Properties"]["LogGroupName"] == f"/aws/sagemaker/Endpoints/{env}-GravitonEndpoint"
-    assert group["Properties"]["RetentionInDays"] == SETTINGS[env].graviton_endpoint.log_retention_days
+    assert group["Properties"]["RetentionInDays"] == SETTINGS[env].logs.retention_days
     assert imports(group["Properties"]["KmsKeyId"], "PlatformKey")
     retain = not SETTINGS[env].destroy_on_delete
     # A failed first creation must not leave the fixed-name group behind (it would block the retry).

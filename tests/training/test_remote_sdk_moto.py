@@ -27,6 +27,7 @@ import json
 import os
 import threading
 import time
+import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -134,6 +135,7 @@ def _create_platform(templates: dict[str, dict[str, dict]], tmp_path: Path) -> P
     for i, subnet in enumerate(subnets, start=1):
         refs[logical_id(foundation, "AWS::EC2::Subnet", f"VpcPrivateSubnet{i}Subnet")] = subnet
     refs[f"{logical_id(foundation, 'AWS::EC2::SecurityGroup', 'WorkloadSecurityGroup')}.GroupId"] = group
+    refs[logical_id(foundation, "AWS::EC2::VPC", "Vpc")] = vpc  # the ec2:Vpc condition of the VPC attachment
 
     launcher_id = logical_id(foundation, "AWS::IAM::ManagedPolicy", "RemoteJobLauncherPolicy")
     policies = {
@@ -223,7 +225,11 @@ def platform(
                 return original(client, operation, params)
             call = Call(client.meta.service_model.service_name, operation, dict(params), client.meta.region_name,
                         ACCOUNT)  # fmt: skip
-            requests = requests_for(call, kms_encrypted_buckets=encrypted)
+            try:
+                requests = requests_for(call, kms_encrypted_buckets=encrypted)
+            except Unsupported:  # recorded as refused: a call in a thread that swallows errors still fails the test
+                platform.calls.append(Recorded(principal, call, [], allowed=False))
+                raise
             allowed = all(is_allowed(platform.policies[principal], request) for request in requests)
             platform.calls.append(Recorded(principal, call, requests, allowed))
             if not allowed:
@@ -334,6 +340,32 @@ def test_train_runs_the_real_remote_path_within_the_launcher_policy(platform: Pl
     assert request["AlgorithmSpecification"]["TrainingImage"] == IMAGE_PY311
     # The played job left the model where SageMaker packs output/model.tar.gz from.
     assert (Path(os.environ["SM_MODEL_DIR"]) / "model.safetensors").is_file()
+
+
+def test_the_uploaded_workspace_holds_the_training_code_and_a_self_contained_dependency_file(
+    platform: Platform,
+) -> None:
+    """The job runs `pip install -r <workspace>/requirements-remote.txt`: an `-r` include would point at a file the
+    workspace does not have (the job's bootstrap would stop there)."""
+    _run(platform, "train", "--", "--dataset", _upload_dataset(platform))
+    (request,) = platform.create_requests
+    (uri,) = [c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]
+              if c["ChannelName"] == "sm_rf_user_ws"]  # fmt: skip
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    s3 = boto3.client("s3", region_name=REGION)
+    objects = s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]
+    (key,) = [o["Key"] for o in objects if o["Key"].endswith(".zip")]
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"]
+    with zipfile.ZipFile(io.BytesIO(body.read())) as archive:
+        names = set(archive.namelist())
+        requirements = archive.read("sagemaker_remote_function_workspace/requirements-remote.txt").decode()
+    code = {name.removeprefix("sagemaker_remote_function_workspace/") for name in names if name.endswith(".py")}
+    assert {"training_assets/remote_train.py", "training_assets/instance_types.py"} <= code
+    assert any(name.endswith("train_sentiment.py") for name in code)
+    assert all(name.startswith("training_assets/") for name in code), code
+    lines = requirements.splitlines()
+    assert not [line for line in lines if line.startswith(("-r", "--requirement"))]
+    assert "sagemaker-core==2.27.0" in lines and any(line.startswith("transformers==") for line in lines)
 
 
 def test_the_job_runs_one_process_per_gpu_under_torchrun(platform: Platform, tmp_path: Path,

@@ -86,7 +86,7 @@ def test_the_decorated_function_is_built_from_config_yaml(offline_sdk: Path) -> 
     assert settings.instance_type == "ml.p4d.24xlarge"
     assert settings.image_uri.endswith(f"pytorch-training:2.10.0-gpu-{PYTHON}-cu130-ubuntu22.04-sagemaker")
     assert {"Key": "environment", "Value": "dev"} in settings.tags
-    assert settings.dependencies == str(ROOT / "training_assets" / "requirements-remote.txt")
+    assert Path(settings.dependencies).name == "requirements-remote.txt"  # a self-contained copy of it
     assert settings.include_local_workdir is True
     assert settings.environment_variables["TOKENIZERS_PARALLELISM"] == "false"
 
@@ -229,3 +229,19 @@ def test_job_body_under_torchrun_trains_one_ddp_run_and_every_rank_returns_rank_
     assert rank0["device"]["world_size"] == 2
     assert (tmp_path / "model" / "model.safetensors").is_file()
     assert json.loads((tmp_path / "model" / "metrics.json").read_text())["device"]["world_size"] == 2
+
+
+def test_dependencies_are_made_self_contained_for_the_job(tmp_path: Path) -> None:
+    (tmp_path / "instance").mkdir()
+    (tmp_path / "instance" / "requirements.txt").write_text("# pins\ntransformers==5.23.0\n-r more.txt\n")
+    (tmp_path / "instance" / "more.txt").write_text("datasets==5.2.0\n")
+    (tmp_path / "requirements-remote.txt").write_text("-r instance/requirements.txt\nsagemaker-core==2.27.0\n")
+    (tmp_path / "out").mkdir()
+    flat = remote_train.self_contained_requirements(tmp_path / "requirements-remote.txt", into=tmp_path / "out")
+    assert flat.name == "requirements-remote.txt"  # the job looks the file up by this name
+    assert flat.read_text().splitlines() == ["transformers==5.23.0", "datasets==5.2.0", "sagemaker-core==2.27.0"]
+    (tmp_path / "loop.txt").write_text("-r loop.txt\n")
+    with pytest.raises(RemoteSetupError, match="includes itself"):
+        remote_train.self_contained_requirements(tmp_path / "loop.txt", into=tmp_path / "out")
+    # The repository's own file resolves: every include exists.
+    assert "sagemaker-core==2.27.0" in remote_train.self_contained_requirements(remote_train.DEPENDENCIES).read_text()
