@@ -282,7 +282,15 @@ class _Template:
                     and "Condition" not in raw
                     and resource["Type"] != "AWS::EC2::VPCEndpoint"
                 )
-                entries.append({"resource": target, "principals": principals, "public": public, **statement})
+                entries.append(
+                    {
+                        "resource": target,
+                        "policy_type": resource["Type"],
+                        "principals": principals,
+                        "public": public,
+                        **statement,
+                    }
+                )
         return entries
 
     # --- network ------------------------------------------------------------------------------------------------
@@ -332,6 +340,8 @@ class _Template:
                     "type": endpoint["Properties"].get("VpcEndpointType", "Gateway"),
                     "private_dns": endpoint["Properties"].get("PrivateDnsEnabled", False),
                     "subnets": len(endpoint["Properties"].get("SubnetIds", [])),
+                    # Without a policy an endpoint lets any principal reach any resource of its service.
+                    "policy": "PolicyDocument" in endpoint["Properties"],
                 }
                 for lid, endpoint in self._of_type("AWS::EC2::VPCEndpoint")
             ],
