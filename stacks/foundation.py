@@ -28,6 +28,13 @@ DATA_CAPTURE_PREFIX = "data-capture/"
 # The one log group SageMaker writes every training job's streams to (<job name>/algo-<n>-<timestamp>).
 TRAINING_JOB_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
+
+def remote_config_parameter_name(settings: EnvironmentSettings) -> str:
+    """The SSM parameter holding the environment's @remote config.yaml (written by the TrainingStack, read by the
+    launcher policy's holders)."""
+    return f"/{settings.tags.project}/{settings.name}/sagemaker/remote-function-config"
+
+
 # Interface endpoints the platform's private subnets need: image pulls, SageMaker, credentials, logs, Session Manager.
 _INTERFACE_ENDPOINTS = {
     "EcrApi": ec2.InterfaceVpcEndpointAwsService.ECR,
@@ -689,6 +696,15 @@ class FoundationStack(EnvironmentStack):
                     ),
                     "SageMaker names each job's log streams after the generated job name, in the one log group "
                     "of all training jobs.",
+                ),
+                (
+                    # The README's first step (the FetchRemoteFunctionConfigCommand output): fetch config.yaml.
+                    iam.PolicyStatement(
+                        sid="ReadTheRemoteFunctionConfig",
+                        actions=["ssm:GetParameter"],
+                        resources=[self._arn("ssm", f"parameter{remote_config_parameter_name(self.settings)}")],
+                    ),
+                    None,
                 ),
                 self._use_key("kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey"),
             ],

@@ -22,7 +22,7 @@ from constructs import Construct
 from stacks.compliance import acknowledge, acknowledge_short_retention, acknowledge_wildcards, log_retention
 from stacks.components.training_launch_template import KEEP_LOGICAL_IDS, TrainingLaunchTemplate, TrainingRun
 from stacks.environment_stack import EnvironmentStack
-from stacks.foundation import TRAINING_OUTPUT_PREFIX, FoundationStack
+from stacks.foundation import TRAINING_OUTPUT_PREFIX, FoundationStack, remote_config_parameter_name
 from stacks.settings import EnvironmentSettings, HyperParameters
 from training_assets.instance_types import has_instance_storage
 
@@ -279,7 +279,7 @@ class TrainingStack(EnvironmentStack):
         return ssm.StringParameter(
             self,
             "RemoteFunctionConfig",
-            parameter_name=f"/{self.settings.tags.project}/{self.settings.name}/sagemaker/remote-function-config",
+            parameter_name=remote_config_parameter_name(self.settings),
             description="SageMaker Python SDK config.yaml for @remote training jobs of this environment",
             string_value=cdk.Fn.sub(yaml.safe_dump(config, sort_keys=False), values),
         )

@@ -217,6 +217,10 @@ OPERATIONS: dict[tuple[str, str], list[tuple[str, Callable[[Call], str]]]] = {
     ("logs", "GetLogEvents"): [
         ("logs:GetLogEvents", lambda c: f"{_log_group(c)}:log-stream:{c.params['logStreamName']}")
     ],
+    # Parameter ARNs drop the name's leading slash: arn:aws:ssm:<region>:<account>:parameter/a/b.
+    ("ssm", "GetParameter"): [
+        ("ssm:GetParameter", lambda c: _arn(c, "ssm", f"parameter/{c.params['Name'].lstrip('/')}"))
+    ],
     # "No permissions are required to perform this operation" (STS API reference, GetCallerIdentity).
     ("sts", "GetCallerIdentity"): [],
 }
