@@ -29,8 +29,11 @@ $(SYNTH_INSTALLED): requirements.txt | $(BIN)/python
 	$(PIP) --no-compile -r requirements.txt
 	touch $@
 
-$(DEV_INSTALLED): requirements-dev.txt $(SYNTH_INSTALLED)
+# Everything else (requirements-dev.txt), then the project itself, editable and without dependencies (the requirements
+# files pin them): the `pytorch-platform` command.
+$(DEV_INSTALLED): requirements-dev.txt pyproject.toml $(SYNTH_INSTALLED)
 	$(PIP) -r requirements-dev.txt
+	$(PIP) --no-deps --no-build-isolation -e .
 	touch $@
 
 # checkov pins its own boto3/botocore: keep it apart from the app's virtualenv.
@@ -72,7 +75,7 @@ clean:
 ## Local demo: tiny model -> a short CPU fine-tune -> model.tar.gz -> real SageMaker toolkit + TorchServe on localhost.
 DEMO_DIR ?= build/demo
 DEMO_TEXT ?= Covid cases are increasing fast!
-demo: $(VENV)/.installed
+demo: $(DEV_INSTALLED)
 	rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR)
 	$(BIN)/python -m training_assets.tiny_model --output $(DEMO_DIR)/tiny-model
 	$(BIN)/python -m training_assets.instance.train_sentiment --model $(DEMO_DIR)/tiny-model --dataset training_assets/sample_data \
@@ -83,5 +86,5 @@ demo: $(VENV)/.installed
 
 ## Before deploying an endpoint: stop with one sentence if the model archive it names is not in S3 (ENV=dev|staging|prod).
 .PHONY: check-model
-check-model: $(VENV)/.installed
+check-model: $(DEV_INSTALLED)
 	$(BIN)/python -m inference_assets.tools.model_check --env $(or $(ENV),dev)

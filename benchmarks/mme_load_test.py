@@ -5,8 +5,8 @@ starts TorchServe + the SageMaker toolkit in multi-model mode and loads models o
 recently used above ``--max-resident-models`` (so cold loads happen, as on an MME). Every pattern starts with no
 model loaded. Deployed endpoint: ``--endpoint-name`` (models published with publish_models.py).
 
-    python benchmarks/mme_load_test.py --models 24 --max-resident-models 6 --users 8 --spawn-rate 8 --duration 60
-    python benchmarks/mme_load_test.py --endpoint-name <EndpointName> --models 1000 --users 200 --duration 300
+    python -m benchmarks.mme_load_test --models 24 --max-resident-models 6 --users 8 --spawn-rate 8 --duration 60
+    python -m benchmarks.mme_load_test --endpoint-name <EndpointName> --models 1000 --users 200 --duration 300
 
 Writes, per pattern, TPS (and its ratio to uniform), p50/p95/p99 latency, cold and warm latency and errors, to
 ``<output-dir>/mme_<target>_patterns.csv`` (first line: the command) and a plot ``mme_<target>_patterns.png``.
@@ -29,18 +29,16 @@ from typing import Any
 import gevent
 from locust.env import Environment
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-
-import mme_locustfile  # noqa: E402  (needs the path above)
-
-from inference_assets.local.local_mme import (  # noqa: E402
+from benchmarks import mme_locustfile
+from inference_assets.local.local_mme import (
     LocalModelServer,
     LocalMultiModelEndpoint,
     ModelNotFound,
     ModelServerError,
 )
-from inference_assets.tools.publish_models import build_archive, copy_names  # noqa: E402
+from inference_assets.tools.publish_models import build_archive, copy_names
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PROBE_WARM_REQUESTS = 20
 STOP_TIMEOUT_S = 300
@@ -188,7 +186,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
-    command = "python benchmarks/mme_load_test.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks.mme_load_test " + shlex.join(sys.argv[1:] if argv is None else argv)
     mme_locustfile.models, mme_locustfile.name_template = args.models, args.name_template
     target_kind = "sagemaker" if args.endpoint_name else "local"
     host = f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} before the run"

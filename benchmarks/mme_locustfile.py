@@ -9,7 +9,7 @@ Against a deployed endpoint (boto3 ``invoke_endpoint`` with ``TargetModel``, no 
     locust -f benchmarks/mme_locustfile.py --headless -u 50 -r 10 -t 5m --csv out/hot \\
         --endpoint-name <EndpointName output> --models 1000 HotModelUser
 
-Against the local harness, run ``benchmarks/mme_load_test.py`` (it starts the server and sets ``target``).
+Against the local harness, run ``python -m benchmarks.mme_load_test`` (it starts the server and sets ``target``).
 """
 
 from __future__ import annotations

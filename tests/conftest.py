@@ -21,6 +21,15 @@ def cdk_context(**overrides: object) -> dict:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny offline RoBERTa classifier (built once per session: the training, serving and multi-model tests
+    all start from it)."""
+    from training_assets.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "model")
+
+
+@pytest.fixture(scope="session")
 def cloud_assembly(tmp_path_factory: pytest.TempPathFactory):
     """Every environment of cdk.json, synthesized with the compliance gates (a violation fails the session)."""
     from app import build_app

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import cdk_context as load_cdk_context
 
 
 @pytest.fixture(scope="session")
 def cdk_context() -> dict[str, Any]:
     """cdk.json's context without pipeline settings: the pipeline tests bring their own."""
-    context = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+    context = load_cdk_context()
     context.pop("pipeline", None)
     return context
 

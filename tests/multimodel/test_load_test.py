@@ -18,10 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent(
     """
     import collections, json, sys, time
-    sys.path[:0] = [{root!r}, {root!r} + "/benchmarks"]
     import gevent
-    import mme_load_test, mme_locustfile
-    from mme_locustfile import InvokeError
+    from benchmarks import mme_load_test, mme_locustfile
+    from benchmarks.mme_locustfile import InvokeError
 
     calls, seen = collections.Counter(), set()
     def fake(model):
@@ -46,8 +45,10 @@ SCRIPT = textwrap.dedent(
 
 
 def _run(pattern: str, fail: bool = False) -> dict:
-    script = SCRIPT.format(root=str(ROOT), pattern=pattern, fail=fail)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    script = SCRIPT.format(pattern=pattern, fail=fail)
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -79,7 +80,7 @@ def test_runner_refuses_settings_without_cold_loads_or_baseline():
         (["--patterns", "hot-model"], "must include uniform"),
     ]:
         result = subprocess.run(
-            [sys.executable, str(ROOT / "benchmarks" / "mme_load_test.py"), *argv],
-            capture_output=True, text=True, timeout=120, check=False,
+            [sys.executable, "-m", "benchmarks.mme_load_test", *argv],
+            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         assert result.returncode == 2 and message in result.stderr, result.stderr

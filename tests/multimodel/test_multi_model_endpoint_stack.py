@@ -14,9 +14,10 @@ from stacks.compliance import acknowledge, add_compliance_gates
 from stacks.foundation import FoundationStack
 from stacks.multi_model_endpoint import MultiModelEndpointStack
 from stacks.settings import SettingsError, parse_environment
+from tests.conftest import cdk_context
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTEXT = json.loads((ROOT / "cdk.json").read_text())["context"]
+CONTEXT = cdk_context()
 ENVIRONMENTS = CONTEXT["environments"]
 ALLOWED = ["tenant-a.tar.gz", "team/tenant-b.tar.gz"]
 

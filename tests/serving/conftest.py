@@ -8,12 +8,6 @@ from pathlib import Path
 import pytest
 
 from inference_assets.tools.package_model import build_model_archive
-from training_assets.tiny_model import build_tiny_model
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "model")
 
 
 @pytest.fixture(scope="session")

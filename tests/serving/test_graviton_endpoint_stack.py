@@ -33,7 +33,7 @@ def _with_model(environments: dict, name: str) -> dict:
     return raw
 
 
-RAW = json.loads((ROOT / "cdk.json").read_text())["context"]["environments"]
+RAW = cdk_context()["environments"]
 SETTINGS = {name: parse_environment(name, _with_model(RAW, name)) for name in RAW}
 
 

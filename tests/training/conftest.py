@@ -6,12 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from training_assets.tiny_model import SAMPLE_DATA, build_tiny_model
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+from training_assets.tiny_model import SAMPLE_DATA
 
 
 @pytest.fixture(scope="session")
