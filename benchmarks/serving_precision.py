@@ -29,6 +29,7 @@ from pathlib import Path
 from benchmarks.serving_latency import RESULTS, _cpu_name, build_model
 from inference_assets.container.predictor import RuntimeOptions, SentimentPredictor
 from inference_assets.container.protocol import Limits
+from inference_assets.tools.endpoint_environment import endpoint_environment
 from training_assets.tiny_model import SAMPLE_DATA
 
 
@@ -76,11 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-size", choices=("base", "tiny"), default="base")
     parser.add_argument("--calls", type=int, default=20, help="forward passes per latency measurement")
     parser.add_argument("--skip-compile", action="store_true")
+    parser.add_argument("--worker-environment", action="store_true", help="run with a default worker's environment")
     parser.add_argument("--output", type=Path, default=RESULTS / "serving_precision")
     args = parser.parse_args(argv)
     command = "python -m benchmarks.serving_precision " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     texts = all_texts()
     load_before = [round(x, 2) for x in os.getloadavg()]
+    if args.worker_environment:
+        # A default worker's environment (threads, OMP_WAIT_POLICY=PASSIVE, allocator) before torch loads.
+        defaults = endpoint_environment(vcpus=os.cpu_count() or 1)
+        os.environ.update({k: v for k, v in defaults.items() if not k.startswith("SAGEMAKER_")})
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="serving-precision-") as scratch:
         model_dir = build_model(Path(scratch) / "model", args.model_size)
@@ -103,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             "texts": len(largest),
             "chars_per_text": per_text,
             "tokens_per_text": len(long_model.tokenizer(largest[0], truncation=True, max_length=512)["input_ids"]),
-            "latency_ms_fp32": round(latency_ms(long_model, largest, len(largest), 3), 1),
+            "latency_ms_fp32": round(latency_ms(long_model, largest, len(largest), 1), 1),
             "typical_request_latency_ms_fp32": round(latency_ms(long_model, texts, 1, args.calls), 2),
         }
         if not args.skip_compile:

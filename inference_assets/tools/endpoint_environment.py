@@ -97,4 +97,7 @@ def endpoint_environment(
         environment["DNNL_DEFAULT_FPMATH_MODE"] = "BF16"
     if torch_compile:
         environment["TORCHINDUCTOR_FREEZING"] = "1"
+        # Compile + warm-up took 150 s per worker on a loaded 2-core host; TorchServe gives a worker 120 s to start
+        # (default_startup_timeout, ConfigManager.java 0.12; the toolkit's config turns enable_envvars_config on).
+        environment["TS_DEFAULT_STARTUP_TIMEOUT"] = "600"
     return environment

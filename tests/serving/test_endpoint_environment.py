@@ -55,6 +55,7 @@ def test_fast_paths_can_be_turned_off_and_compile_brings_inductor_freezing() -> 
     assert "DNNL_DEFAULT_FPMATH_MODE" not in environment
     assert environment["THP_MEM_ALLOC_ENABLE"] == "0"
     assert (environment["SENTIMENT_TORCH_COMPILE"], environment["TORCHINDUCTOR_FREEZING"]) == ("1", "1")
+    assert environment["TS_DEFAULT_STARTUP_TIMEOUT"] == "600"  # compile + warm-up outlasts TorchServe's 120 s
 
 
 def test_the_container_reads_back_what_the_environment_sets() -> None:
