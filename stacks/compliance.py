@@ -273,6 +273,8 @@ class _ReasonedWildcards:
             for document in _policy_documents(node) or []
             for grant in _grants(stack.resolve(document))
         }
+        if not granted:  # no policy under the scope (statements that went nowhere): nothing to excuse
+            return
         for statement, _ in self.reasoned:
             resolved = stack.resolve(statement.to_statement_json())
             if any(g[:3] not in granted for g in _grants({"Statement": [resolved]})):
