@@ -1,23 +1,29 @@
-"""Local serving benchmark: the real SageMaker PyTorch toolkit + TorchServe against the raw in-process predictor.
+"""Local serving benchmark: the archive behind the real SageMaker PyTorch toolkit + TorchServe, against the raw
+batch-1 forward pass in this process, on the same cores, with the same model and texts (one tweet per request).
 
-Same host, same cores, same model, same texts (one tweet per request, the real-time case). For each concurrency
-level it measures throughput and p50/p99 latency of
+For 1, 8, 16 and 32 concurrent single-text clients it measures throughput and p50/p99 latency of each served setup,
+and reports them as ratios to ``raw``: ``SentimentPredictor.predict([text])`` called back to back in a process of
+its own, started like a server worker (batch 1, no HTTP, no server). Served setups (``--set main``) use the
+endpoint's defaults (``endpoint_environment()``, i.e. the settings' defaults) with batching and bf16 on and off:
 
-- ``raw``: ``SentimentPredictor.predict([text])`` called from N threads in this process, one call at a time as in
-  one server worker (no HTTP, no server, no serialisation);
-- ``served, batching off``: POST /invocations to the toolkit server (SAGEMAKER_TS_BATCH_SIZE=1);
-- ``served, batching on``: the same with TorchServe batching (SAGEMAKER_TS_BATCH_SIZE, SAGEMAKER_TS_MAX_BATCH_DELAY);
-- ``served, ... OMP_WAIT_POLICY unset``: batching off without the endpoint's ``OMP_WAIT_POLICY=PASSIVE``;
+- ``defaults``: TorchServe dynamic batching as the endpoint configures it, fp32 (on Graviton the endpoint also sets
+  DNNL_DEFAULT_FPMATH_MODE=BF16, which does nothing on x86, hence the autocast rows);
+- ``batching off``: ``SAGEMAKER_TS_BATCH_SIZE=1``;
+- ``bf16 autocast`` (batching on / off): the forward pass under ``torch.autocast(bfloat16)``, x86's equivalent of
+  Graviton's bf16 fast-math kernels (needs AVX512-BF16 or AMX to be fast).
 
-and reports the serving overhead as ratios to ``raw`` at the same concurrency. The model is RoBERTa-base shaped
-(12 layers, hidden 768, ~90M parameters, randomly initialised: the hub is out of reach) with the tiny model's
-tokenizer, so the compute per request is that of the seed's model; ``--model-size tiny`` runs the 2-layer test model.
+``--set grid`` compares workers x threads x batch size x delay instead (to choose the defaults). ``raw batch N``
+rows give the in-process ceiling: texts per second of one forward pass over N texts.
 
-The load generator runs on the same cores as the server, as a client on the endpoint host would not: served numbers
-are a lower bound. Setups are measured interleaved, round after round, so background load on a shared machine
-falls on all of them alike. Results go to benchmarks/results/serving_latency.{md,json} with the command at the top.
+The model is RoBERTa-base shaped (12 layers, hidden 768, random weights: the hub is out of reach) with the tiny
+model's tokenizer; ``--model-size tiny`` runs the 2-layer test model. The load generator shares the cores with the
+server, as a client on the endpoint host would not: served numbers are a lower bound. Setups are measured
+interleaved, round after round, so background load on a shared machine falls on all of them alike; the load
+average is recorded. Results go to benchmarks/results/serving_latency[_grid].{md,json} with the command at the top.
 
-    .venv/bin/python benchmarks/serving_latency.py --concurrency 1,2,4,8 --rounds 3 --duration 5
+    .venv/bin/python -m benchmarks.serving_latency --rounds 2 --duration 6
+    .venv/bin/python -m benchmarks.serving_latency --set grid --concurrency 1,32
+    .venv/bin/python -m benchmarks.serving_latency --set grid --grid-workers 2,4 --concurrency 1,16,32,64  # on a c7g
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
 import os
 import platform
 import shlex
@@ -34,31 +41,45 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from inference_assets.container.predictor import RuntimeOptions, SentimentPredictor
+from inference_assets.local.local_server import LocalToolkitServer
+from inference_assets.tools.endpoint_environment import endpoint_environment
+from inference_assets.tools.package_model import build_model_archive
+from training_assets.tiny_model import SAMPLE_DATA, build_tiny_model
 
-from inference_assets.container.predictor import SentimentPredictor  # noqa: E402
-from inference_assets.local.local_server import LocalToolkitServer  # noqa: E402
-from inference_assets.tools.endpoint_environment import endpoint_environment  # noqa: E402
-from inference_assets.tools.package_model import build_model_archive  # noqa: E402
-from training_assets.tiny_model import SAMPLE_DATA, build_tiny_model  # noqa: E402
+RESULTS = Path(__file__).resolve().parent / "results"
+SETS: dict[str, dict[str, dict]] = {
+    "main": {
+        "defaults (batching on, fp32)": {},
+        "batching off, fp32": {"batch_size": 1},
+        "batching on, bf16 autocast": {"precision": "bf16_autocast"},
+        "batching off, bf16 autocast": {"batch_size": 1, "precision": "bf16_autocast"},
+    },
+    "grid": {
+        "1 worker x 2 threads, batch 1": {"workers": 1, "batch_size": 1},
+        "1 worker x 2 threads, batch 8, delay 2 ms": {"workers": 1, "batch_size": 8, "max_batch_delay_ms": 2},
+        "1 worker x 2 threads, batch 16, delay 2 ms": {"workers": 1, "batch_size": 16, "max_batch_delay_ms": 2},
+        "1 worker x 2 threads, batch 8, delay 20 ms": {"workers": 1, "batch_size": 8, "max_batch_delay_ms": 20},
+        "2 workers x 1 thread, batch 8, delay 2 ms": {"workers": 2, "batch_size": 8, "max_batch_delay_ms": 2},
+    },
+}
 
-RESULTS = ROOT / "benchmarks" / "results"
 
-
-def build_model(directory: Path, size: str) -> Path:
-    """The tiny model's tokenizer with a RoBERTa-base shaped classifier (``base``) or the tiny one (``tiny``)."""
+def build_model(directory: Path, size: str, positions: int | None = None) -> Path:
+    """The tiny model's tokenizer with a RoBERTa-base shaped classifier (``base``) or the tiny one (``tiny``);
+    ``positions`` widens the position embeddings (RoBERTa-base: 514) for long-text measurements."""
     model_dir = build_tiny_model(directory)
-    if size == "base":
+    if size == "base" or positions:
         import torch
         from transformers import RobertaConfig, RobertaForSequenceClassification
 
         tiny = RobertaConfig.from_pretrained(model_dir)
         config = RobertaConfig(
-            **{key: getattr(tiny, key) for key in ("vocab_size", "max_position_embeddings", "pad_token_id")},
+            **{key: getattr(tiny, key) for key in ("vocab_size", "pad_token_id")},
+            max_position_embeddings=positions or tiny.max_position_embeddings,
             bos_token_id=tiny.bos_token_id,
             eos_token_id=tiny.eos_token_id,
             num_labels=tiny.num_labels,
@@ -143,86 +164,172 @@ def http_caller(port: int) -> Callable[[str], bool]:
     return call
 
 
-def measure(
-    setups: dict[str, Callable[[str], bool]], texts: list[str], levels: list[int], rounds: int, duration_s: float
-) -> list[dict]:
+Runner = Callable[[int, float], dict]  # (concurrent clients, seconds) -> one run_load() result
+
+
+def measure(setups: dict[str, Runner], levels: list[int], rounds: int, duration_s: float) -> list[dict]:
     """Interleave the setups (round after round, level by level) so that background load on a shared host hits
     them alike, then pool each (setup, level)'s rounds."""
-    for call in setups.values():
-        for text in texts[:10]:  # warm-up: first requests pay for lazy initialisation
-            call(text)
+    for runner in setups.values():
+        runner(1, 2.0)  # warm-up: first requests pay for lazy initialisation
     runs: dict[tuple[str, int], list[dict]] = {}
     for round_number in range(1, rounds + 1):
         for level in levels:
-            for name, call in setups.items():
-                run = run_load(call, texts, level, duration_s)
+            for name, runner in setups.items():
+                if name.startswith("raw") and level != 1:
+                    continue  # the raw forward pass is measured as one client: the batch-1 baseline
+                run = runner(level, duration_s)
                 runs.setdefault((name, level), []).append(run)
                 print(f"round {round_number} {name} x{level}: {len(run['latencies_ms'])} requests", flush=True)
-    return [summarise(name, level, runs[(name, level)]) for name in setups for level in levels]
+    return [summarise(name, level, runs[(name, level)]) for name in setups for level in levels if (name, level) in runs]
+
+
+class RawWorker:
+    """The raw predictor in its own process and session, started like a server worker: same environment, and
+    the same share of a shared host's CPU (Linux gives each session's autogroup an equal share, so a predictor
+    inside this benchmark's process would compete on other terms than the servers' workers, which run in sessions
+    of their own)."""
+
+    def __init__(self, model_dir: Path, precision: str, threads: int, environment: dict[str, str]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._connection, child = context.Pipe()
+        self._process = context.Process(
+            target=_raw_worker, args=(child, str(model_dir), precision, threads, environment), daemon=True
+        )
+        self._process.start()
+        assert self._connection.recv() == "ready"
+
+    def run(self, level: int, duration_s: float) -> dict:
+        self._connection.send(("load", duration_s))
+        return self._connection.recv()
+
+    def batch_rate(self, size: int, duration_s: float) -> float:
+        self._connection.send(("batch", (size, duration_s)))
+        return self._connection.recv()
+
+    def close(self) -> None:
+        self._connection.send(None)
+        self._process.join(timeout=30)
+
+
+def _raw_worker(connection, model_dir: str, precision: str, threads: int, environment: dict[str, str]) -> None:
+    os.setsid()
+    os.environ.update(environment)  # before torch loads (SentimentPredictor imports it)
+    predictor = SentimentPredictor(model_dir, RuntimeOptions(precision=precision, threads=threads))
+    texts = sample_texts()
+    connection.send("ready")
+    while (command := connection.recv()) is not None:
+        kind, argument = command
+        if kind == "load":
+            connection.send(run_load(lambda text: bool(predictor.predict([text])), texts, 1, argument))
+        else:
+            connection.send(raw_batch_rate(predictor, texts, *argument))
+
+
+def raw_batch_rate(predictor: SentimentPredictor, texts: list[str], size: int, duration_s: float) -> float:
+    """Texts per second of back-to-back forward passes over ``size`` texts (the in-process ceiling)."""
+    done, began = 0, time.perf_counter()
+    while time.perf_counter() - began < duration_s:
+        batch = [texts[(done + i) % len(texts)] for i in range(size)]
+        predictor.predict(batch)
+        done += size
+    return done / (time.perf_counter() - began)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated concurrency levels")
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds of load per setup, level and round")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds over all setups and levels")
+    parser.add_argument("--set", choices=sorted(SETS), default="main", help="which served setups to compare")
+    parser.add_argument("--concurrency", default="1,8,16,32", help="comma-separated numbers of concurrent clients")
+    parser.add_argument("--duration", type=float, default=6.0, help="seconds of load per setup, level and round")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds over all setups and levels")
     parser.add_argument("--model-size", choices=("base", "tiny"), default="base")
-    parser.add_argument("--batch-size", type=int, default=4, help="TorchServe batch size of the 'batching on' run")
-    parser.add_argument("--max-batch-delay-ms", type=int, default=20)
-    parser.add_argument("--output", type=Path, default=RESULTS / "serving_latency")
+    parser.add_argument(
+        "--grid-workers", help="with --set grid on another machine: comma-separated worker counts, e.g. 2,4"
+    )
+    parser.add_argument("--grid-batch", default="1,8,16", help="with --grid-workers: batch sizes (delay 2 ms)")
+    parser.add_argument("--output", type=Path, help="results path without suffix (default: results/serving_latency)")
     args = parser.parse_args(argv)
-    levels = [int(level) for level in args.concurrency.split(",")]
-    command = "python " + " ".join(shlex.quote(part) for part in [str(Path(sys.argv[0])), *sys.argv[1:]])
+    levels = sorted({1, *(int(level) for level in args.concurrency.split(","))})  # 1 client: the baseline
+    output = args.output or RESULTS / ("serving_latency" if args.set == "main" else f"serving_latency_{args.set}")
+    command = "python -m benchmarks.serving_latency " + " ".join(shlex.quote(part) for part in (argv or sys.argv[1:]))
     cores = os.cpu_count() or 1
     texts = sample_texts()
     load_before = [round(x, 2) for x in os.getloadavg()]
-    # The raw predictor runs with the thread settings of the one server worker (OpenMP reads them when torch loads).
-    worker_environment = endpoint_environment(vcpus=cores, workers=1)
-    os.environ.update({name: worker_environment[name] for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")})
+    defaults = endpoint_environment(vcpus=cores)
+    # The raw predictor runs with the environment of one default worker (threads, OpenMP wait policy, allocator).
+    worker_environment = {name: value for name, value in defaults.items() if not name.startswith("SAGEMAKER_")}
+    threads = int(defaults["OMP_NUM_THREADS"])
 
-    with tempfile.TemporaryDirectory(prefix="serving-bench-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="serving-bench-") as scratch, ExitStack() as servers:
         model_dir = build_model(Path(scratch) / "model", args.model_size)
         archive = build_model_archive(model_dir, Path(scratch) / "model.tar.gz")
-        predictor = SentimentPredictor(model_dir)
-        one_at_a_time = threading.Lock()  # like one TorchServe worker (and the fast tokenizer is not re-entrant)
-
-        def predict(text: str) -> bool:
-            with one_at_a_time:
-                return bool(predictor.predict([text]))
-
-        server_options = {"workers": 1, "max_batch_delay_ms": args.max_batch_delay_ms, "vcpus": cores}
-        with (
-            LocalToolkitServer(archive, batch_size=1, **server_options) as unbatched,
-            LocalToolkitServer(archive, batch_size=args.batch_size, **server_options) as batched,
-            LocalToolkitServer(
-                archive, batch_size=1, environment_overrides={"OMP_WAIT_POLICY": None}, **server_options
-            ) as spinning,
-        ):
-            setups = {
-                "raw in-process": predict,
-                "served, batching off": http_caller(unbatched.port),
-                f"served, batching on ({args.batch_size})": http_caller(batched.port),
-                "served, batching off, OMP_WAIT_POLICY unset": http_caller(spinning.port),
+        raw = {
+            label: RawWorker(model_dir, precision, threads, worker_environment)
+            for label, precision in (("fp32", "fp32"), ("bf16 autocast", "bf16_autocast"))
+        }
+        for worker in raw.values():
+            servers.callback(worker.close)
+        setups: dict[str, Runner] = {f"raw batch 1, {label}": worker.run for label, worker in raw.items()}
+        configurations: dict[str, dict] = {name: {} for name in setups}
+        chosen = SETS[args.set]
+        if args.set == "grid" and args.grid_workers:
+            chosen = {
+                f"{w} workers x {cores // w} threads, batch {b}": {
+                    "workers": w,
+                    "batch_size": b,
+                    "max_batch_delay_ms": 2,
+                }
+                for w in (int(x) for x in args.grid_workers.split(","))
+                for b in (int(x) for x in args.grid_batch.split(","))
             }
-            rows = measure(setups, texts, levels, args.rounds, args.duration)
+        for name, options in chosen.items():
+            server = servers.enter_context(LocalToolkitServer(archive, vcpus=cores, **options))
+            caller = http_caller(server.port)
+            setups[name] = lambda level, duration, caller=caller: run_load(caller, texts, level, duration)
+            configurations[name] = {
+                key: server.environment[key]
+                for key in ("SAGEMAKER_MODEL_SERVER_WORKERS", "OMP_NUM_THREADS", "SAGEMAKER_TS_BATCH_SIZE",
+                            "SAGEMAKER_TS_MAX_BATCH_DELAY", "SENTIMENT_PRECISION")
+            }  # fmt: skip
+        rows = measure(setups, levels, args.rounds, args.duration)
+        ceilings = {
+            f"raw batch {size}, {label}": round(worker.batch_rate(size, args.duration), 2)
+            for size in (8, 16)
+            for label, worker in raw.items()
+        }
 
-    raw = {row["concurrency"]: row for row in rows if row["setup"] == "raw in-process"}
+    raw_rows = [row for row in rows if row["setup"] == "raw batch 1, fp32"]  # one client: the baseline
+    base_rps = (
+        raw_rows[0]["throughput_rps"] if raw_rows[0]["concurrency"] == 1 else max(r["throughput_rps"] for r in raw_rows)
+    )
+    base_p50 = next(r["p50_ms"] for r in raw_rows if r["concurrency"] == min(levels))
     for row in rows:
-        base = raw[row["concurrency"]]
-        row["throughput_vs_raw"] = round(row["throughput_rps"] / base["throughput_rps"], 3)
-        row["p50_vs_raw"] = round(row["p50_ms"] / base["p50_ms"], 3)
+        row["throughput_vs_raw_b1"] = round(row["throughput_rps"] / base_rps, 3)
+        row["p50_vs_raw_b1"] = round(row["p50_ms"] / base_p50, 3)
     environment = {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": _cpu_name(),
         "cores": cores,
         "python": platform.python_version(),
-        "model": f"RoBERTa-{args.model_size} shaped, random weights, tiny tokenizer (max 64 tokens)",
-        "server": f"1 TorchServe worker; batching on = batch {args.batch_size}, max delay {args.max_batch_delay_ms} ms",
-        "worker_environment": worker_environment,
+        "model": f"RoBERTa-{args.model_size} shaped, random weights, tiny tokenizer",
+        "baseline": f"raw batch 1, fp32, 1 client: {base_rps} texts/s, p50 {base_p50} ms ({threads} threads)",
+        "raw_ceilings_texts_per_s": ceilings,
+        "configurations": configurations,
         "load_average_before": load_before,
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
     }
-    write_results(args.output, command, environment, rows)
+    write_results(output, command, environment, rows)
+    print(output.with_suffix(".md").read_text())
     return 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + f" ({platform.machine()})"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def write_results(output: Path, command: str, environment: dict, rows: list[dict]) -> None:
@@ -230,11 +337,11 @@ def write_results(output: Path, command: str, environment: dict, rows: list[dict
     output.with_suffix(".json").write_text(
         json.dumps({"command": command, "environment": environment, "results": rows}, indent=2) + "\n"
     )
-    header = "| setup | concurrency | requests | errors | req/s | p50 ms | p99 ms | req/s vs raw | p50 vs raw |"
+    header = "| setup | clients | requests | errors | req/s | p50 ms | p99 ms | req/s vs raw b1 | p50 vs raw b1 |"
     lines = [
         f"Command: `{command}`",
         "",
-        "# Local serving latency: SageMaker PyTorch toolkit + TorchServe vs the in-process predictor",
+        "# Local serving (toolkit + TorchServe + the archive's handler) vs raw batch-1 forward passes",
         "",
         *(f"- {key}: {value}" for key, value in environment.items()),
         "",
@@ -242,7 +349,7 @@ def write_results(output: Path, command: str, environment: dict, rows: list[dict
         "|" + "---|" * (header.count("|") - 1),
         *(
             f"| {r['setup']} | {r['concurrency']} | {r['requests']} | {r['errors']} | {r['throughput_rps']} | "
-            f"{r['p50_ms']} | {r['p99_ms']} | {r['throughput_vs_raw']} | {r['p50_vs_raw']} |"
+            f"{r['p50_ms']} | {r['p99_ms']} | {r['throughput_vs_raw_b1']} | {r['p50_vs_raw_b1']} |"
             for r in rows
         ),
         "",

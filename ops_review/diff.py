@@ -150,7 +150,15 @@ def _cost_summary(review: dict[str, Any]) -> dict[str, Any]:
 def _stack_findings(label: str, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     findings = []
     wildcards: dict[tuple[str, str, str], list[str]] = {}
+    # A VPC endpoint policy narrows what passes the endpoint (none allows everything): its "*"s are no new grant.
+    endpoint_policies = {
+        f"{p['resource']} <- {', '.join(p['principals'])}"
+        for p in after["resource_policies"]
+        if p.get("policy_type") == "AWS::EC2::VPCEndpoint"
+    }
     for principal, effect, action, resource, conditions in sorted(permission_grants(after) - permission_grants(before)):
+        if principal in endpoint_policies:
+            continue
         if effect == "Allow" and (is_wildcard(action) or is_wildcard(resource)):
             wildcards.setdefault((principal, resource, conditions), []).append(action)
     for (principal, resource, conditions), actions in wildcards.items():
@@ -165,6 +173,13 @@ def _stack_findings(label: str, before: dict[str, Any], after: dict[str, Any]) -
     for rule in sorted(set(after["network"]["open_egress"]) - set(before["network"]["open_egress"])):
         findings.append(f"{label}: egress to the internet on all traffic added: {rule}")
     findings += _guardrail_findings(label, before["guardrails"], after["guardrails"])
+    had_policy = {e["endpoint"] for e in before["network"]["vpc_endpoints"] if e.get("policy")}
+    for endpoint in after["network"]["vpc_endpoints"]:
+        if endpoint["endpoint"] in had_policy and not endpoint.get("policy"):
+            findings.append(
+                f"{label}: VPC endpoint {endpoint['endpoint']} lost its endpoint policy (it now passes any principal "
+                "to any resource)"
+            )
     public_before = {p["resource"] for p in before["resource_policies"] if p["public"]}
     for resource in sorted({p["resource"] for p in after["resource_policies"] if p["public"]} - public_before):
         findings.append(f"{label}: resource policy of {resource} allows everyone")

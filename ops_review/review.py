@@ -260,6 +260,7 @@ class _Template:
             "AWS::SNS::TopicPolicy": ("Topics", "PolicyDocument"),
             "AWS::SQS::QueuePolicy": ("Queues", "PolicyDocument"),
             "AWS::ECR::Repository": (None, "RepositoryPolicyText"),
+            "AWS::EC2::VPCEndpoint": (None, "PolicyDocument"),
         }
         entries = []
         for lid, resource in self._of_type(*documents):
@@ -274,8 +275,22 @@ class _Template:
                 strict=True,
             ):
                 principals = sorted(describe(p) for p in _principals(raw.get("Principal")))
-                public = statement["effect"] == "Allow" and "*" in principals and "Condition" not in raw
-                entries.append({"resource": target, "principals": principals, "public": public, **statement})
+                # A VPC endpoint policy names "*" as its principal by design: only callers inside the VPC reach it.
+                public = (
+                    statement["effect"] == "Allow"
+                    and "*" in principals
+                    and "Condition" not in raw
+                    and resource["Type"] != "AWS::EC2::VPCEndpoint"
+                )
+                entries.append(
+                    {
+                        "resource": target,
+                        "policy_type": resource["Type"],
+                        "principals": principals,
+                        "public": public,
+                        **statement,
+                    }
+                )
         return entries
 
     # --- network ------------------------------------------------------------------------------------------------
@@ -325,6 +340,8 @@ class _Template:
                     "type": endpoint["Properties"].get("VpcEndpointType", "Gateway"),
                     "private_dns": endpoint["Properties"].get("PrivateDnsEnabled", False),
                     "subnets": len(endpoint["Properties"].get("SubnetIds", [])),
+                    # Without a policy an endpoint lets any principal reach any resource of its service.
+                    "policy": "PolicyDocument" in endpoint["Properties"],
                 }
                 for lid, endpoint in self._of_type("AWS::EC2::VPCEndpoint")
             ],

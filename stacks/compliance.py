@@ -39,9 +39,54 @@ def add_compliance_gates(app: cdk.App) -> None:
         add_template_aspects(scope)
 
 
-def control_tower_gate() -> CfnGuardValidator:
+def control_tower_gate() -> cdk.IPolicyValidationPluginBeta1:
     """All of Control Tower's proactive controls that the validator bundles (rules/control-tower/cfn-guard)."""
-    return CfnGuardValidator(control_tower_rules_enabled=True)
+    return _ErrorSeverity(CfnGuardValidator(control_tower_rules_enabled=True))
+
+
+@jsii.implements(cdk.IPolicyValidationPluginBeta1)
+class _ErrorSeverity:
+    """The validator's report with every violation marked as an error.
+
+    The validator (0.0.62) leaves a violation's severity unset. When any finding of a stage is acknowledged,
+    aws-cdk-lib (2.275, private/synthesis-validation) recomputes the plugin's success as "no violation has severity
+    error or fatal", so a single acknowledgement would let every other Control Tower finding of the stage pass
+    synth unnoticed (seen here: the report said 'success' next to ten open findings).
+    """
+
+    def __init__(self, plugin: CfnGuardValidator) -> None:
+        self._plugin = plugin
+
+    @property
+    def name(self) -> str:
+        return self._plugin.name
+
+    @property
+    def version(self) -> str | None:
+        return self._plugin.version
+
+    @property
+    def rule_ids(self) -> list[str] | None:
+        return self._plugin.rule_ids
+
+    def validate(self, context: cdk.IPolicyValidationContextBeta1) -> cdk.PolicyValidationPluginReportBeta1:
+        report = self._plugin.validate(context)
+        return cdk.PolicyValidationPluginReportBeta1(
+            success=report.success,
+            violations=[
+                cdk.PolicyViolationBeta1(
+                    rule_name=violation.rule_name,
+                    description=violation.description,
+                    violating_resources=violation.violating_resources,
+                    fix=violation.fix,
+                    rule_metadata=violation.rule_metadata,
+                    severity=violation.severity or "error",
+                )
+                for violation in report.violations
+            ],
+            metadata=report.metadata,
+            plugin_version=report.plugin_version,
+        )
 
 
 def add_template_aspects(stage: cdk.Stage) -> None:
@@ -71,8 +116,8 @@ def acknowledge_short_retention(log_group: IConstruct, days: int, setting: str) 
     if days < CONTROL_TOWER_MIN_RETENTION_DAYS:
         acknowledge_control(
             log_group,
-            f"Retention is the environment's {setting} ({days} days): logs of a non-production environment are "
-            "kept for debugging, not audit; production keeps them for a year or more.",
+            f"Retention is the environment's {setting} ({days} days), chosen per environment for cost; set it to 365 "
+            "or more where an audit needs a year of these logs.",
             "cloudwatch_log_group_retention_period_check",
         )
 
@@ -190,6 +235,8 @@ class _ReasonedWildcards:
         self.reasoned = reasoned
 
     def visit(self, node: IConstruct) -> None:
+        if node is self.scope:
+            self._check_reasons_are_in_the_policies()
         documents = _policy_documents(node)
         if not documents:  # not a policy, or a role whose grants live in its separate (default) policy
             return
@@ -198,14 +245,8 @@ class _ReasonedWildcards:
         explained: list[tuple[tuple[str, str, str], str, str]] = []  # (action, resource, effect), conditions, reason
         for statement, reason in self.reasoned:
             resolved = stack.resolve(statement.to_statement_json())
-            grants = _grants({"Statement": [resolved]})
-            if any(g[:3] not in {g2[:3] for g2 in granted} for g in grants):
-                raise ValueError(
-                    f"{node.node.path}: the reasoned statement {resolved.get('Sid') or resolved} is not in the "
-                    "policy (or was changed); keep acknowledge_wildcards() in step with the policy."
-                )
             label = f"{resolved['Sid']}: " if resolved.get("Sid") else ""
-            explained += [(g[:3], g[3], f"{label}{reason}") for g in grants]
+            explained += [(g[:3], g[3], f"{label}{reason}") for g in _grants({"Statement": [resolved]})]
         reasons: dict[str, list[str]] = {}
         unexplained: set[str] = set()
         for grant in granted:
@@ -221,6 +262,24 @@ class _ReasonedWildcards:
         for finding, texts in reasons.items():
             if finding not in unexplained:
                 acknowledge(node, " ".join(dict.fromkeys(texts)), f"{_IAM5}[{finding}]")
+
+    def _check_reasons_are_in_the_policies(self) -> None:
+        """Every reasoned statement must be granted by some IAM resource under the scope (a role's statements live
+        in its default policy, a child of the role)."""
+        stack = cdk.Stack.of(self.scope)
+        granted = {
+            grant[:3]
+            for node in self.scope.node.find_all()
+            for document in _policy_documents(node) or []
+            for grant in _grants(stack.resolve(document))
+        }
+        for statement, _ in self.reasoned:
+            resolved = stack.resolve(statement.to_statement_json())
+            if any(g[:3] not in granted for g in _grants({"Statement": [resolved]})):
+                raise ValueError(
+                    f"{self.scope.node.path}: the reasoned statement {resolved.get('Sid') or resolved} is not in the "
+                    "policy (or was changed); keep acknowledge_wildcards() in step with the policy."
+                )
 
 
 def _policy_documents(node: IConstruct) -> list[Any] | None:

@@ -48,6 +48,12 @@ _INTERFACE_ENDPOINTS = {
     "Ec2Messages": ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
 }
 
+# Interface endpoints that take the identity-perimeter policy. They support endpoint policies (ECR, SageMaker,
+# STS, CloudWatch Logs and SSM user guides). Left with the default (full access) policy: ECR's Docker endpoint,
+# whose registry protocol starts with unauthenticated requests, and the Session Manager channels (ssmmessages,
+# ec2messages).
+_ENDPOINTS_WITH_IDENTITY_PERIMETER = ("EcrApi", "SageMakerApi", "SageMakerRuntime", "Sts", "Logs", "Ssm")
+
 # What SageMaker needs to attach a job's or a model's containers to the VPC.
 _SAGEMAKER_VPC_DESCRIBE_ACTIONS = [
     "ec2:DescribeNetworkInterfaces",
@@ -237,10 +243,26 @@ class FoundationStack(EnvironmentStack):
             removal_policy=self.removal_policy,
         )
         acknowledge_short_retention(flow_log_group, vpc_settings.flow_log_retention_days, "vpc.flow_log_retention_days")
-        flow_log = vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group))
+        # The delivery role trusts VPC Flow Logs only for this account's flow logs (confused deputy; condition block
+        # from the VPC user guide, "IAM role for publishing flow logs to CloudWatch Logs").
+        flow_log_role = iam.Role(
+            self,
+            "FlowLogRole",
+            assumed_by=iam.ServicePrincipal(
+                "vpc-flow-logs.amazonaws.com",
+                conditions={
+                    "StringEquals": {"aws:SourceAccount": self.account},
+                    "ArnLike": {"aws:SourceArn": self._arn("ec2", "vpc-flow-log/*")},
+                },
+            ),
+            description="VPC Flow Logs delivery into the flow-log group",
+        )
+        vpc.add_flow_log(
+            "FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group, flow_log_role)
+        )
         acknowledge(
-            flow_log,
-            "CDK generates this flow-log delivery role with one policy scoped to its own log group.",
+            flow_log_role,
+            "CDK grants this flow-log delivery role one policy scoped to its own log group.",
             "NIST.800.53.R5-IAMNoInlinePolicy",
         )
         for subnet in vpc.public_subnets:
@@ -252,7 +274,9 @@ class FoundationStack(EnvironmentStack):
             )
 
         private = ec2.SubnetSelection(subnets=vpc.select_subnets(subnet_type=private_type).subnets)
-        vpc.add_gateway_endpoint("S3", service=ec2.GatewayVpcEndpointAwsService.S3, subnets=[private])
+        s3_endpoint = vpc.add_gateway_endpoint("S3", service=ec2.GatewayVpcEndpointAwsService.S3, subnets=[private])
+        for statement in self._s3_endpoint_policy():
+            s3_endpoint.add_to_policy(statement)
         # One security group for all interface endpoints; its rule names the CIDR literally so checks can read it.
         endpoint_security_group = ec2.SecurityGroup(
             self,
@@ -265,7 +289,7 @@ class FoundationStack(EnvironmentStack):
             ec2.Peer.ipv4(vpc_settings.cidr), ec2.Port.tcp(443), "HTTPS from the VPC"
         )
         for name, service in _INTERFACE_ENDPOINTS.items():
-            vpc.add_interface_endpoint(
+            endpoint = vpc.add_interface_endpoint(
                 name,
                 service=service,
                 subnets=private,
@@ -273,7 +297,74 @@ class FoundationStack(EnvironmentStack):
                 security_groups=[endpoint_security_group],
                 open=False,
             )
+            if name in _ENDPOINTS_WITH_IDENTITY_PERIMETER:
+                for statement in self._identity_perimeter():
+                    endpoint.add_to_policy(statement)
         return vpc, private
+
+    def _identity_perimeter(self) -> list[iam.PolicyStatement]:
+        """Interface endpoint policy: only this account's principals (and AWS services on their behalf) may call the
+        service through the platform's VPC, so credentials brought from elsewhere cannot move data out through it.
+        After aws-samples/data-perimeter-policy-examples (vpc_endpoint_policies), with the account for the org."""
+        return [
+            iam.PolicyStatement(
+                sid="AllowThisAccountsPrincipals",
+                principals=[iam.AnyPrincipal()],
+                actions=["*"],
+                resources=["*"],
+                conditions={"StringEquals": {"aws:PrincipalAccount": self.account}},
+            ),
+            iam.PolicyStatement(
+                sid="AllowAwsServicePrincipals",
+                principals=[iam.AnyPrincipal()],
+                actions=["*"],
+                resources=["*"],
+                conditions={"Bool": {"aws:PrincipalIsAWSService": "true"}},
+            ),
+        ]
+
+    def _s3_endpoint_policy(self) -> list[iam.PolicyStatement]:
+        """S3 gateway endpoint policy: this account's principals to this account's buckets (the platform's buckets and
+        the CDK asset bucket the training code comes from), plus the AWS-owned buckets the workloads read: ECR image
+        layers (ECR user guide, "Minimum Amazon S3 bucket permissions for Amazon ECR") and what SSM Agent needs for
+        Session Manager (Systems Manager user guide, "SSM Agent communications with AWS managed S3 buckets"). Any
+        other bucket, in particular one of another account, is out of reach from the private subnets."""
+        region = self.region
+        aws_owned = [
+            f"prod-{region}-starport-layer-bucket",
+            f"aws-ssm-{region}",
+            f"aws-windows-downloads-{region}",
+            f"amazon-ssm-{region}",
+            f"amazon-ssm-packages-{region}",
+            f"{region}-birdwatcher-prod",
+            f"aws-ssm-distributor-file-{region}",
+            f"aws-ssm-document-attachments-{region}",
+            f"patch-baseline-snapshot-{region}",
+        ]
+        return [
+            iam.PolicyStatement(
+                sid="AllowThisAccountsPrincipalsToThisAccountsBuckets",
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:*"],
+                resources=["*"],
+                conditions={
+                    "StringEquals": {"aws:PrincipalAccount": self.account, "aws:ResourceAccount": self.account}
+                },
+            ),
+            iam.PolicyStatement(
+                sid="AllowReadsOfAwsOwnedBuckets",
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:GetObject"],
+                resources=[f"arn:{self.partition}:s3:::{bucket}/*" for bucket in aws_owned],
+            ),
+            iam.PolicyStatement(
+                sid="AllowAwsServicePrincipals",
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:*"],
+                resources=["*"],
+                conditions={"Bool": {"aws:PrincipalIsAWSService": "true"}},
+            ),
+        ]
 
     # --- IAM ----------------------------------------------------------------------------------------------------
 
@@ -370,8 +461,15 @@ class FoundationStack(EnvironmentStack):
         log_group_prefix: str,
         repositories: list[str],
         statements: list[tuple[iam.PolicyStatement, str | None]],
+        *,
+        source_arn: str,
     ) -> iam.Role:
-        role = iam.Role(self, name, assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"), description=description)
+        # Confused deputy: SageMaker may assume the role only for this account's resources in this region (the
+        # aws:SourceArn templates of the SageMaker developer guide, "Cross-service confused deputy prevention").
+        principal = iam.ServicePrincipal(
+            "sagemaker.amazonaws.com", conditions={"ArnLike": {"aws:SourceArn": source_arn}}
+        )
+        role = iam.Role(self, name, assumed_by=principal, description=description)
         policy = self._policy(
             f"{name}Policy",
             f"Least-privilege permissions of the {name}",
@@ -461,6 +559,8 @@ class FoundationStack(EnvironmentStack):
                     "Data capture writes one object per captured batch under the data-capture prefix.",
                 ),
             ],
+            # Inference: the guide's template must stay "<account>:*", never a model or endpoint ARN.
+            source_arn=self._arn("sagemaker", "*"),
         )
 
     def _remote_job_role(self) -> iam.Role:
@@ -491,6 +591,7 @@ class FoundationStack(EnvironmentStack):
                     None,
                 ),
             ],
+            source_arn=self._arn("sagemaker", "training-job/*"),
         )
 
     def _read_datasets(self) -> tuple[iam.PolicyStatement, str]:

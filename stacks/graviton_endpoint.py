@@ -16,6 +16,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from inference_assets.tools.endpoint_environment import instance_vcpus
+from stacks.compliance import acknowledge_short_retention
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     DlcImage,
@@ -61,12 +62,6 @@ class GravitonEndpointStack(EnvironmentStack):
                 f"environments.{settings.name}.graviton_endpoint.model_data_key: the endpoint stack needs a model "
                 "version; PlatformStage leaves the stack out until one is named."
             )
-        if endpoint_settings.server_batch_size > 1:
-            cdk.Annotations.of(self).add_warning_v2(
-                "graviton-endpoint:server-batching",
-                "server_batch_size > 1: the SageMaker PyTorch toolkit runs the requests of a TorchServe batch one by "
-                "one and answers every request of the batch with the error of any one of them. Keep 1 unless measured.",
-            )
         vcpus = instance_vcpus(endpoint_settings.instance_type)
         # Construct id "Default": CDK leaves it out of logical ids, so Model, EndpointConfig, Endpoint, ... keep the
         # ids they had when this stack built them itself, and deployed endpoints are updated, not replaced.
@@ -81,7 +76,7 @@ class GravitonEndpointStack(EnvironmentStack):
             # With vendored dependencies the container needs no network at all: isolate it. Installing
             # code/requirements.txt at start-up needs egress (the private subnets' NAT) instead.
             network=ModelNetwork(
-                subnet_ids=[subnet.subnet_id for subnet in foundation.private_subnets.subnets],
+                subnet_ids=[subnet.subnet_id for subnet in foundation.private_subnets.subnets or []],
                 security_group_ids=[foundation.workload_security_group.security_group_id],
                 isolated=endpoint_settings.dependencies == "vendored",
             ),
@@ -95,11 +90,13 @@ class GravitonEndpointStack(EnvironmentStack):
             alarm_email=settings.alarm_email,
             # A fixed name, so that the endpoint's log group can be created (with retention and key) before it.
             endpoint_name=endpoint_name_for(self),
-            log_retention_days=endpoint_settings.log_retention_days,
+            log_retention_days=settings.logs.retention_days,
             removal_policy=self.removal_policy,
             alarm_topic_display_name=f"Sentiment endpoint alarms ({settings.name})",
         )
         endpoint = self.sagemaker_endpoint
+        for log_group in endpoint.log_groups:
+            acknowledge_short_retention(log_group, settings.logs.retention_days, "logs.retention_days")
         self.model, self.endpoint_config, self.endpoint = endpoint.model, endpoint.endpoint_config, endpoint.endpoint
         self.endpoint_name, self.endpoint_arn = endpoint.endpoint_name, endpoint.endpoint_arn
         self.scalable_target, self.alarm_topic = endpoint.scalable_target, endpoint.alarm_topic

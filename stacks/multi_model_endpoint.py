@@ -16,6 +16,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from inference_assets.tools.endpoint_environment import instance_vcpus
+from stacks.compliance import acknowledge_short_retention
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     DlcImage,
@@ -81,7 +82,7 @@ class MultiModelEndpointStack(EnvironmentStack):
             # Archives are self-contained (dependencies vendored): the container needs no network of its own;
             # SageMaker still fetches the archives from S3 for it.
             network=ModelNetwork(
-                subnet_ids=[subnet.subnet_id for subnet in foundation.private_subnets.subnets],
+                subnet_ids=[subnet.subnet_id for subnet in foundation.private_subnets.subnets or []],
                 security_group_ids=[foundation.workload_security_group.security_group_id],
                 isolated=True,
             ),
@@ -94,10 +95,12 @@ class MultiModelEndpointStack(EnvironmentStack):
             alarm_email=settings.alarm_email,
             # A fixed name, so that the endpoint's log group can be created (with retention and key) before it.
             endpoint_name=endpoint_name_for(self),
-            log_retention_days=mme.log_retention_days,
+            log_retention_days=settings.logs.retention_days,
             removal_policy=self.removal_policy,
         )
         endpoint = self.sagemaker_endpoint
+        for log_group in endpoint.log_groups:
+            acknowledge_short_retention(log_group, settings.logs.retention_days, "logs.retention_days")
         self.model, self.endpoint_config, self.endpoint = endpoint.model, endpoint.endpoint_config, endpoint.endpoint
         self.endpoint_name, self.endpoint_arn = endpoint.endpoint_name, endpoint.endpoint_arn
         self.scalable_target, self.alarm_topic = endpoint.scalable_target, endpoint.alarm_topic

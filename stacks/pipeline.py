@@ -48,8 +48,8 @@ def smoke_test_role_name(settings: EnvironmentSettings) -> str:
 class SmokeTestAccessStack(cdk.Stack):
     """In the environment's account: the role the pipeline's steps assume there (CodeBuild runs in the tooling
     account; without this role it could not reach a cross-account endpoint or bucket), and nothing more:
-    look up the one model archive the endpoint will serve (pre-deploy model check) and, where ``smoke_test``,
-    describe and invoke endpoints."""
+    look up the one model archive the endpoint will serve (pre-deploy model check) and, given ``endpoint_name``,
+    describe and invoke that endpoint (smoke test)."""
 
     def __init__(
         self,
@@ -60,7 +60,7 @@ class SmokeTestAccessStack(cdk.Stack):
         tooling_account: str,
         model_bucket: s3.IBucket,
         model_key: str,
-        smoke_test: bool = True,
+        endpoint_name: str | None = None,
     ) -> None:
         super().__init__(
             scope,
@@ -96,26 +96,25 @@ class SmokeTestAccessStack(cdk.Stack):
             ],
         )
         model_check.attach_to_role(self.role)
-        if not smoke_test:
+        if endpoint_name is None:
             return
-        statement = iam.PolicyStatement(
-            sid="DescribeAndInvokeEndpoints",
-            actions=["sagemaker:DescribeEndpoint", "sagemaker:InvokeEndpoint"],
-            resources=[f"arn:{self.partition}:sagemaker:{self.region}:{self.account}:endpoint/*"],
-        )
+        # Endpoint names are fixed (the stack name), so the role names its endpoint; SageMaker lower-cases names in
+        # endpoint ARNs.
         policy = iam.ManagedPolicy(
-            self, "SmokeTestPolicy", description="Describe and invoke endpoints", statements=[statement]
+            self,
+            "SmokeTestPolicy",
+            description="Describe and invoke the endpoint",
+            statements=[
+                iam.PolicyStatement(
+                    sid="DescribeAndInvokeTheEndpoint",
+                    actions=["sagemaker:DescribeEndpoint", "sagemaker:InvokeEndpoint"],
+                    resources=[
+                        f"arn:{self.partition}:sagemaker:{self.region}:{self.account}:endpoint/{endpoint_name.lower()}"
+                    ],
+                )
+            ],
         )
         policy.attach_to_role(self.role)
-        acknowledge_wildcards(
-            policy,
-            (
-                statement,
-                "CloudFormation generates the endpoint name and SageMaker lower-cases it in the endpoint ARN, so the "
-                "name cannot be written into the policy; the role only describes and invokes, and only the tooling "
-                "account can assume it.",
-            ),
-        )
 
 
 class PromotionPipelineStack(cdk.Stack):
@@ -252,7 +251,7 @@ class PromotionPipelineStack(cdk.Stack):
             tooling_account=self.account,
             model_bucket=foundation.artifacts_bucket,
             model_key=model_key,
-            smoke_test=environment.name != "prod",
+            endpoint_name=endpoint.sagemaker_endpoint.fixed_name if environment.name != "prod" else None,
         )
         # The endpoint stack's steps (the model check included) run after the stacks it depends on: Foundation
         # (the bucket) and this role.

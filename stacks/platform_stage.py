@@ -43,8 +43,8 @@ class PlatformStage(cdk.Stage):
                 self, "MultiModelEndpoint", settings=settings, foundation=self.foundation
             )
         # Both endpoints' models join the workload security group: each stack's ENI wait must know the other.
-        endpoints = [getattr(self, name, None) for name in ("graviton_endpoint", "multi_model_endpoint")]
-        endpoints = [stack.sagemaker_endpoint for stack in endpoints if stack is not None]
+        stacks = [getattr(self, name, None) for name in ("graviton_endpoint", "multi_model_endpoint")]
+        endpoints = [stack.sagemaker_endpoint for stack in stacks if stack is not None]
         for endpoint in endpoints:
             others = [other for other in endpoints if other is not endpoint]
             if others:

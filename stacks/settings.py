@@ -24,8 +24,6 @@ from pydantic import (
 )
 
 DEFAULT_REGION = "us-west-2"
-# Retention periods CloudWatch Logs offers that the platform's settings allow.
-LogRetentionDays = Literal[7, 14, 30, 60, 90, 180, 365, 731]
 # The prefix of the artifacts bucket that the endpoint execution role may read single-model archives from.
 ENDPOINT_MODELS_PREFIX = "endpoints/"
 ENVIRONMENT_NAMES = ("dev", "staging", "prod")
@@ -258,11 +256,11 @@ class GravitonEndpointSettings(_Settings):
     # Request limits of the container's protocol (inference_assets/container/protocol.py): 413 above them.
     max_request_batch: Annotated[int, Field(ge=1, le=1024)] = 32
     max_text_chars: Annotated[int, Field(ge=1, le=100_000)] = 2_000
-    max_request_bytes: Annotated[int, Field(ge=1_024, le=6_291_456)] = 262_144  # SageMaker's payload limit: 6 MB
+    max_request_bytes: Annotated[int, Field(ge=1_024, le=6_291_456)] = 16_384  # bounds a request's work
     # TorchServe workers and dynamic batching (README "Serving on Graviton" has the measurements).
     workers_per_model: Annotated[int, Field(ge=1, le=64)] | None = None
-    server_batch_size: Annotated[int, Field(ge=1, le=256)] = 1
-    server_max_batch_delay_ms: Annotated[int, Field(ge=0, le=10000)] = 100
+    server_batch_size: Annotated[int, Field(ge=1, le=256)] = 8
+    server_max_batch_delay_ms: Annotated[int, Field(ge=0, le=10000)] = 2
     # Graviton fast paths (PyTorch's Graviton inference tuning recipe) and the model's precision.
     fast_math: Literal["bf16", "off"] = "bf16"
     lru_cache_capacity: Annotated[int, Field(ge=0, le=65_536)] = 1024
@@ -271,8 +269,6 @@ class GravitonEndpointSettings(_Settings):
     torch_compile: bool = False
     autoscaling: AutoscalingSettings = AutoscalingSettings()
     data_capture: DataCaptureSettings = DataCaptureSettings()
-    # The endpoint's container logs (/aws/sagemaker/Endpoints/<endpoint name>), under the platform key.
-    log_retention_days: LogRetentionDays = 30
 
     @field_validator("instance_type")
     @classmethod
@@ -340,7 +336,6 @@ class MultiModelEndpointSettings(_Settings):
     models_prefix: str = "multi-model/"
     invoke_allowed_models: list[str] = []
     autoscaling: AutoscalingSettings = AutoscalingSettings(max_capacity=4)
-    log_retention_days: LogRetentionDays = 30
 
     @field_validator("instance_type")
     @classmethod

@@ -295,12 +295,15 @@ class TrainingStack(EnvironmentStack):
             description="Launch template of GPU training runs",
         )
         subnet = self.training_template.subnet
+        # The zone only: the subnet id is an import from the Foundation (cfn-lint W6001 refuses re-exporting imports);
+        # it is entry training.subnet_index of the Foundation's PrivateSubnetIds output.
         cdk.CfnOutput(
             self,
-            "TrainingSubnet",
-            value=f"{subnet.subnet_id} ({subnet.availability_zone})",
-            description=f"Where runs start (training.subnet_index {training.subnet_index}); check that the zone "
-            f"offers {training.instance_type} with CheckTrainingCapacityCommand",
+            "TrainingAvailabilityZone",
+            value=subnet.availability_zone,
+            description=f"Zone of the training subnet (entry {training.subnet_index} of the Foundation's "
+            f"PrivateSubnetIds, training.subnet_index) where runs start; CheckTrainingCapacityCommand checks that it "
+            f"offers {training.instance_type}",
         )
         cdk.CfnOutput(
             self,
@@ -315,7 +318,8 @@ class TrainingStack(EnvironmentStack):
             self,
             "RunSingleNodeTrainingCommand",
             value=self.training_template.run_command(1),
-            description=f"Starts one {training.instance_type} training run in the training subnet (TrainingSubnet); "
+            description=f"Starts one {training.instance_type} training run in the training subnet's zone "
+            "(TrainingAvailabilityZone); "
             "it uploads model.tar.gz and "
             f"metrics.json to the artifacts bucket under {TRAINING_OUTPUT_PREFIX}<reservation id>/ and "
             "powers off",

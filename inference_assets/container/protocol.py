@@ -54,7 +54,7 @@ class Limits:
 
     max_request_batch: int = 32  # texts per request
     max_text_chars: int = 2_000  # characters per text (RoBERTa reads 512 tokens, ~2,000 characters of English)
-    max_request_bytes: int = 262_144  # body bytes (SageMaker itself allows 6 MB)
+    max_request_bytes: int = 16_384  # body bytes: 32 tweets fit; it bounds the tokens of one forward pass
 
     def __post_init__(self) -> None:
         for name in ("max_request_batch", "max_text_chars", "max_request_bytes"):

@@ -24,7 +24,7 @@ class DjlModelSettings:
     max_batch_delay_ms: int = 100
     max_request_batch: int = 32  # texts one request may carry (container/protocol.py Limits)
     max_text_chars: int = 2_000  # characters per text
-    max_request_bytes: int = 262_144  # request body bytes
+    max_request_bytes: int = 16_384  # request body bytes
 
     def __post_init__(self) -> None:
         _check_range("min_workers", self.min_workers, 1, 128)

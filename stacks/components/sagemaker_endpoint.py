@@ -12,7 +12,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, cast
 
 import aws_cdk as cdk
 from aws_cdk import aws_applicationautoscaling as appscaling
@@ -148,7 +148,11 @@ class SageMakerEndpoint(Construct):
       except for the properties in ``exclude_retained``.
     * Autoscaling tracks ``SageMakerVariantInvocationsPerInstance`` (per instance per minute).
     * ``add_alarms`` builds the alarms from one table; each notifies the KMS-encrypted, TLS-only ``alarm_topic`` on
-      alarm and on recovery.
+      alarm and on recovery; the topic policy lets this account's CloudWatch alarms publish.
+    * With ``endpoint_name`` (fixed), the endpoint's log group ``/aws/sagemaker/Endpoints/<name>`` is created first,
+      with ``log_retention_days`` and ``key``.
+    * ``eni_release_wait`` holds the stack's deletion until SageMaker has released the model's network interfaces;
+      ``shares_network_with`` names other endpoints in the same security group.
     """
 
     def __init__(
@@ -256,12 +260,19 @@ class SageMakerEndpoint(Construct):
             if removal_policy == cdk.RemovalPolicy.RETAIN
             else removal_policy,
         )
-        group.node.default_child.retention_in_days = retention_days  # any value CloudWatch Logs offers
+        cast(
+            logs.CfnLogGroup, group.node.default_child
+        ).retention_in_days = retention_days  # any value CloudWatch Logs offers
         self.endpoint.node.add_dependency(group)
         # Deleted only after the ENI wait: once the endpoint's interfaces are gone its instances are too, and no late
         # log write can recreate the group (which would block the next deploy with "already exists").
         self.eni_release_wait.resource.node.add_dependency(group)
         return group
+
+    @property
+    def log_groups(self) -> list[logs.LogGroup]:
+        """The log groups this construct creates: the endpoint's (when named) and the ENI wait's."""
+        return [group for group in (self.log_group, self.eni_release_wait.log_group) if group is not None]
 
     # --- model, config ------------------------------------------------------------------------------------------
 
@@ -349,7 +360,7 @@ class SageMakerEndpoint(Construct):
         )
         # Application Auto Scaling acts for SageMaker through its service-linked role, which it creates on first use
         # when RoleARN is left out; the imported ARN above only stops CDK from creating an unused role of its own.
-        target.node.default_child.add_property_deletion_override("RoleARN")
+        cast(appscaling.CfnScalableTarget, target.node.default_child).add_property_deletion_override("RoleARN")
         # One target-tracking policy per metric: keep this construct id stable (a renamed policy fails on update).
         target.scale_to_track_metric(
             "InvocationsPerInstance",
@@ -379,40 +390,40 @@ class SageMakerEndpoint(Construct):
             period=period or cdk.Duration.minutes(5),
         )
 
-    def metric_invocations(self, **props) -> cloudwatch.Metric:
+    def metric_invocations(self, **props: Any) -> cloudwatch.Metric:
         return self.metric(INVOCATION_METRICS, "Invocations", **{"statistic": "Sum", **props})
 
-    def metric_invocations_per_instance(self, **props) -> cloudwatch.Metric:
+    def metric_invocations_per_instance(self, **props: Any) -> cloudwatch.Metric:
         return self.metric(INVOCATION_METRICS, "InvocationsPerInstance", **{"statistic": "Sum", **props})
 
-    def metric_invocation4xx_errors(self, **props) -> cloudwatch.Metric:
+    def metric_invocation4xx_errors(self, **props: Any) -> cloudwatch.Metric:
         return self.metric(INVOCATION_METRICS, "Invocation4XXErrors", **{"statistic": "Sum", **props})
 
-    def metric_invocation5xx_errors(self, **props) -> cloudwatch.Metric:
+    def metric_invocation5xx_errors(self, **props: Any) -> cloudwatch.Metric:
         return self.metric(INVOCATION_METRICS, "Invocation5XXErrors", **{"statistic": "Sum", **props})
 
-    def metric_model_latency(self, **props) -> cloudwatch.Metric:
+    def metric_model_latency(self, **props: Any) -> cloudwatch.Metric:
         """Microseconds the model container took to answer."""
         return self.metric(INVOCATION_METRICS, "ModelLatency", **props)
 
-    def metric_overhead_latency(self, **props) -> cloudwatch.Metric:
+    def metric_overhead_latency(self, **props: Any) -> cloudwatch.Metric:
         return self.metric(INVOCATION_METRICS, "OverheadLatency", **props)
 
-    def metric_cpu_utilization(self, **props) -> cloudwatch.Metric:
+    def metric_cpu_utilization(self, **props: Any) -> cloudwatch.Metric:
         """Percent summed over vCPUs (100 per vCPU)."""
         return self.metric(INSTANCE_METRICS, "CPUUtilization", **props)
 
-    def metric_mem_utilization(self, **props) -> cloudwatch.Metric:
+    def metric_mem_utilization(self, **props: Any) -> cloudwatch.Metric:
         return self.metric(INSTANCE_METRICS, "MemoryUtilization", **props)
 
-    def metric_disk_utilization(self, **props) -> cloudwatch.Metric:
+    def metric_disk_utilization(self, **props: Any) -> cloudwatch.Metric:
         return self.metric(INSTANCE_METRICS, "DiskUtilization", **props)
 
     # Multi-model endpoints only (SageMaker publishes them per variant for MMEs).
-    def metric_model_loading_wait_time(self, **props) -> cloudwatch.Metric:
+    def metric_model_loading_wait_time(self, **props: Any) -> cloudwatch.Metric:
         return self.metric(INVOCATION_METRICS, "ModelLoadingWaitTime", **props)
 
-    def metric_model_cache_hit(self, **props) -> cloudwatch.Metric:
+    def metric_model_cache_hit(self, **props: Any) -> cloudwatch.Metric:
         return self.metric(INVOCATION_METRICS, "ModelCacheHit", **props)
 
     # --- alarms -------------------------------------------------------------------------------------------------
@@ -443,8 +454,8 @@ class SageMakerEndpoint(Construct):
     def shares_network_with(self, *others: SageMakerEndpoint) -> None:
         """Other endpoints whose models join the same security group: this endpoint's ENI wait does not wait while
         one of them lives (their interfaces stay); theirs covers the group. Needs their fixed names."""
-        names = [other.fixed_name for other in others]
-        if None in names:
+        names = [other.fixed_name for other in others if other.fixed_name is not None]
+        if len(names) != len(others):
             raise ValueError("endpoints that share a network need fixed names (endpoint_name)")
         self.eni_release_wait.also_used_by(*names)
 

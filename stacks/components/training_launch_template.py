@@ -30,7 +30,7 @@ class TrainingRun:
     """What the user data runs: download and unpack ``code``, export ``environment``, run ``run_command``; whatever
     happens, ship the bootstrap log to ``log_group_name`` and power off (the instance terminates)."""
 
-    code: Mapping[str, str]  # name -> s3:// URI of a zip archive, unpacked into <work_dir>/<name>
+    code: Mapping[str, str]  # folder -> s3:// URI of a zip archive, unpacked into <work_dir>/<folder>
     environment: Mapping[str, str]  # exported before the run (tokens allowed)
     run_command: str  # run from <work_dir>, e.g. "bash training_assets/ec2_run.sh"
     ship_logs_script: str  # python script under <work_dir> that ships the bootstrap log to CloudWatch Logs
@@ -203,8 +203,9 @@ class TrainingLaunchTemplate(Construct):
             f"echo \"$(meta reservation-id)/$(meta instance-id)/bootstrap\" > {run.work_dir}/stream",
             *(f"export {name}={shlex.quote(value) if not cdk.Token.is_unresolved(value) else value}"
               for name, value in run.environment.items()),
-            *(f"aws s3 cp --only-show-errors {uri} {name}.zip && python3 -m zipfile -e {name}.zip {name}"
-              for name, uri in run.code.items()),
+            # One archive at a time, unpacked under the same path as in the repository (folders may be nested).
+            *(f"aws s3 cp --only-show-errors {uri} code.zip && python3 -m zipfile -e code.zip {folder} && rm code.zip"
+              for folder, uri in run.code.items()),
             run.run_command,
         )  # fmt: skip
         return user_data
@@ -300,9 +301,10 @@ class TrainingLaunchTemplate(Construct):
             grantee.add_statements(*statements)
             holder: Construct = grantee
         else:
-            for statement in statements:
-                grantee.grant_principal.add_to_principal_policy(statement)
-            holder = grantee if isinstance(grantee, Construct) else self
+            added = [grantee.grant_principal.add_to_principal_policy(statement) for statement in statements]
+            # The acknowledgements go on the policy that received the statements (a role's DefaultPolicy).
+            policy = added[0].policy_dependable
+            holder = policy if isinstance(policy, Construct) else self
         reasons = {
             "RunTheConfiguredInstanceType": "RunInstances creates instances with generated ids; the launch-template, "
             "template-resource and instance-type conditions bound them.",

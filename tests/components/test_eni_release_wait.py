@@ -4,6 +4,7 @@ construct on a bare Stack (ordering, least privilege)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
@@ -269,3 +270,18 @@ def test_every_endpoint_stack_waits_for_the_workload_group_after_its_endpoint(te
             assert wait["Properties"].get("SharedWithEndpoints", []) == others, (environment, stack)
             checked += 1
     assert checked >= 5  # dev has only the multi-model endpoint until a model version is named
+
+
+def test_endpoint_stacks_leave_no_control_tower_finding_unacknowledged(cloud_assembly) -> None:
+    """The Control Tower validator can report violations and still conclude 'success' (synth then passes): read the
+    report itself. Every finding in an endpoint stack must be acknowledged with a reason."""
+    report_file = Path(cloud_assembly.directory) / "validation-report.json"
+    report = json.loads(report_file.read_text()) if report_file.exists() else {"pluginReports": []}
+    unacknowledged = [
+        (violation["ruleName"], construct["constructPath"])
+        for plugin in report["pluginReports"]
+        for violation in plugin.get("violations", [])
+        for construct in violation["violatingConstructs"]
+        if "Endpoint/" in construct["constructPath"]
+    ]
+    assert not unacknowledged

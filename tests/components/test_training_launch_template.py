@@ -81,7 +81,10 @@ def test_the_template_pins_image_type_volume_imds_and_subnet(single: dict[str, A
     data = _launch_data(single)
     assert data["ImageId"] == f"resolve:ssm:{DLAMI}"
     assert data["InstanceType"] == "g5.2xlarge"
-    assert data["MetadataOptions"] == {"HttpTokens": "required", "HttpPutResponseHopLimit": 1}
+    assert data["MetadataOptions"] == {
+        "HttpTokens": "required",
+        "HttpPutResponseHopLimit": 1,
+    }  # host only (CT.EC2.PR.2)
     assert data["InstanceInitiatedShutdownBehavior"] == "terminate"
     (volume,) = data["BlockDeviceMappings"]
     assert volume["Ebs"]["Encrypted"] is True and volume["Ebs"]["KmsKeyId"]["Fn::GetAtt"][0].startswith("Key")

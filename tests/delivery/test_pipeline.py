@@ -223,6 +223,10 @@ def test_smoke_test_role_in_the_target_account_only_describes_and_invokes(enviro
     (policy,) = [r for lid, r in resources.items() if lid.startswith("SmokeTestPolicy")]
     (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
     assert statement["Action"] == ["sagemaker:DescribeEndpoint", "sagemaker:InvokeEndpoint"]
+    # Only the stage's endpoint (fixed name, lower-cased in its ARN), no wildcard.
+    assert statement["Resource"] == (
+        f"arn:aws:sagemaker:us-west-2:{ACCOUNTS[environment]}:endpoint/{environment}-gravitonendpoint"
+    )
     manifest = json.loads((folder / "manifest.json").read_text())
     environments = {a["environment"] for a in manifest["artifacts"].values() if a["type"] == "aws:cloudformation:stack"}
     assert environments == {f"aws://{ACCOUNTS[environment]}/us-west-2"}

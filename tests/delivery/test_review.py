@@ -55,6 +55,15 @@ def synth_serving_app(outdir: Path, *, wildcard: bool, kms_bucket: bool, instanc
         nat_gateways=0,
         subnet_configuration=[ec2.SubnetConfiguration(name="Private", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)],
     )
+    s3_endpoint = vpc.add_gateway_endpoint("S3", service=ec2.GatewayVpcEndpointAwsService.S3)
+    s3_endpoint.add_to_policy(
+        iam.PolicyStatement(
+            principals=[iam.AnyPrincipal()],
+            actions=["s3:*"],
+            resources=["*"],
+            conditions={"StringEquals": {"aws:PrincipalAccount": "111111111111"}},
+        )
+    )
     group = ec2.SecurityGroup(stack, "Workload", vpc=vpc, allow_all_outbound=False)
     group.add_ingress_rule(ec2.Peer.ipv4("10.0.0.0/16"), ec2.Port.tcp(443), "HTTPS from the VPC")
     model = sagemaker.CfnModel(
@@ -261,6 +270,8 @@ def _inject(resources: dict[str, Any], change: str) -> None:
     elif change == "egress to all traffic":
         group = _of_type(resources, "AWS::EC2::SecurityGroup")["Properties"]
         group["SecurityGroupEgress"] = [{"CidrIp": "0.0.0.0/0", "IpProtocol": "-1", "Description": "all"}]
+    elif change == "endpoint policy removed":
+        del _of_type(resources, "AWS::EC2::VPCEndpoint")["Properties"]["PolicyDocument"]
     elif change == "NotAction grant":
         role = _of_type(resources, "AWS::IAM::Role")
         role["Properties"]["Policies"] = [
@@ -306,6 +317,11 @@ def _diff_with(old: Path, tmp_path: Path, change: Callable[[dict[str, Any]], Non
             "dev/Serving: egress to the internet on all traffic added: Workload692FF5F4: egress all all to 0.0.0.0/0",
         ),
         (
+            "endpoint policy removed",
+            "dev/Serving: VPC endpoint VpcS3A5408339 lost its endpoint policy (it now passes any principal to any "
+            "resource)",
+        ),
+        (
             "NotAction grant",
             "dev/Serving: wildcard permission added: EndpointRole1A3BA5E6 may everything except iam:* on everything "
             "except arn:aws:s3:::audit/*",
@@ -341,3 +357,10 @@ def test_service_trust_and_narrow_egress_are_not_findings(old_and_new: tuple[Pat
     diff = _diff_with(old_and_new[0], tmp_path, change)
     assert diff["findings"] == []
     assert diff["stacks"]["dev/Serving"]["trust_added"] == [("EndpointRole1A3BA5E6", "Allow", "ec2.amazonaws.com", "")]
+
+
+def test_endpoint_policies_are_reviewed_but_their_stars_are_not_grants(old_review: dict[str, Any]) -> None:
+    (policy,) = [p for p in old_review["resource_policies"] if p["policy_type"] == "AWS::EC2::VPCEndpoint"]
+    assert policy["actions"] == ["s3:*"] and policy["public"] is False  # "*" is the endpoint policy's own principal
+    (endpoint,) = old_review["network"]["vpc_endpoints"]
+    assert endpoint["policy"] is True

@@ -51,3 +51,12 @@ def test_build_app_still_raises_for_tests() -> None:
 def test_a_typo_in_an_unselected_environment_fails_synth(selection: str) -> None:
     with pytest.raises(SettingsError, match=r"^environments\.prod\."):
         build_app(context={**_with_typo_in_prod(), "env": selection})
+
+
+def test_synthesis_imports_nothing_outside_requirements_txt() -> None:
+    """`make synth` installs only requirements.txt: app.py must not import the test stack (torch, the SDKs, ...)."""
+    heavy = ["torch", "transformers", "datasets", "sagemaker", "boto3", "botocore", "moto", "numpy", "sklearn"]
+    probe = f"import sys, app; print(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"

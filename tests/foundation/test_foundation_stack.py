@@ -233,3 +233,70 @@ def test_training_job_log_group_gets_retention_from_one_environment_and_is_never
     scoped = statements["SetTheRetentionOfTheTrainingJobLogGroup"]["Resource"]["Fn::Join"][1]
     assert scoped[-1] == ":log-group:/aws/sagemaker/TrainingJobs"
     assert all("*" not in str(s["Resource"]) or s["Sid"] == "WriteOwnLogs" for s in statements.values())
+
+
+def _role(template: dict, prefix: str) -> dict:
+    (role,) = [r for name, r in resources(template, "AWS::IAM::Role").items() if name.startswith(prefix)]
+    return role
+
+
+def _arn_suffix(value: dict) -> str:
+    """The literal tail of an Fn::Join ARN (what follows the account)."""
+    return value["Fn::Join"][1][-1]
+
+
+@pytest.mark.parametrize(
+    ("role", "source_arn_tail"), [("EndpointExecutionRole", ":*"), ("RemoteJobRole", ":training-job/*")]
+)
+def test_sagemaker_trusts_name_this_accounts_resources(foundation: dict, role: str, source_arn_tail: str) -> None:
+    (statement,) = _role(foundation, role)["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert statement["Principal"] == {"Service": "sagemaker.amazonaws.com"}
+    (source_arn,) = statement["Condition"]["ArnLike"].values()
+    assert list(statement["Condition"]["ArnLike"]) == ["aws:SourceArn"]
+    assert _arn_suffix(source_arn) == source_arn_tail
+    assert {"Ref": "AWS::AccountId"} in source_arn["Fn::Join"][1] and ":sagemaker:" in source_arn["Fn::Join"][1][0]
+
+
+def test_flow_log_role_trusts_only_this_accounts_flow_logs(foundation: dict) -> None:
+    (statement,) = _role(foundation, "FlowLogRole")["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert statement["Principal"] == {"Service": "vpc-flow-logs.amazonaws.com"}
+    assert statement["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+    assert _arn_suffix(statement["Condition"]["ArnLike"]["aws:SourceArn"]) == ":vpc-flow-log/*"
+    (flow_log,) = resources(foundation, "AWS::EC2::FlowLog").values()
+    assert flow_log["Properties"]["DeliverLogsPermissionArn"]["Fn::GetAtt"][0].startswith("FlowLogRole")
+
+
+def _endpoint(template: dict, name: str) -> dict:
+    (endpoint,) = [e for lid, e in resources(template, "AWS::EC2::VPCEndpoint").items() if lid[:-8] == f"Vpc{name}"]
+    return endpoint["Properties"]
+
+
+def test_s3_gateway_endpoint_reaches_only_this_accounts_buckets_and_the_aws_owned_ones_it_needs(
+    foundation: dict,
+) -> None:
+    statements = {s["Sid"]: s for s in _endpoint(foundation, "S3")["PolicyDocument"]["Statement"]}
+    assert set(statements) == {
+        "AllowThisAccountsPrincipalsToThisAccountsBuckets",
+        "AllowReadsOfAwsOwnedBuckets",
+        "AllowAwsServicePrincipals",
+    }
+    account = {"Ref": "AWS::AccountId"}
+    assert statements["AllowThisAccountsPrincipalsToThisAccountsBuckets"]["Condition"] == {
+        "StringEquals": {"aws:PrincipalAccount": account, "aws:ResourceAccount": account}
+    }
+    owned = statements["AllowReadsOfAwsOwnedBuckets"]
+    assert owned["Action"] == "s3:GetObject" and "Condition" not in owned
+    assert "arn:aws:s3:::prod-us-west-2-starport-layer-bucket/*" in owned["Resource"]  # ECR image layers
+    assert "arn:aws:s3:::us-west-2-birdwatcher-prod/*" in owned["Resource"]  # SSM Agent (Session Manager)
+    assert all(r.endswith("/*") and "*" not in r[:-2] for r in owned["Resource"])
+
+
+def test_interface_endpoints_admit_only_this_accounts_principals_where_policies_apply(foundation: dict) -> None:
+    for name in ("EcrApi", "SageMakerApi", "SageMakerRuntime", "Sts", "Logs", "Ssm"):
+        statements = _endpoint(foundation, name)["PolicyDocument"]["Statement"]
+        assert [s["Condition"] for s in statements] == [
+            {"StringEquals": {"aws:PrincipalAccount": {"Ref": "AWS::AccountId"}}},
+            {"Bool": {"aws:PrincipalIsAWSService": "true"}},
+        ], name
+    for name in ("EcrDocker", "SsmMessages", "Ec2Messages"):
+        assert "PolicyDocument" not in _endpoint(foundation, name), name

@@ -189,8 +189,8 @@ def test_unknown_environment_in_cdk_json_is_not_silently_mapped_to_dev() -> None
                 "training__dataset": "s3://my-datasets/tweets/",
             },
             "environments.dev.vpc.nat_gateways: 0 leaves the private subnets without internet access, but EC2 "
-            "training builds its image on the instance with pip from PyPI (training_assets/Dockerfile); use at least "
-            "1 NAT gateway.",
+            "training builds its image on the instance with pip from PyPI (training_assets/instance/Dockerfile); use "
+            "at least 1 NAT gateway.",
             id="isolated-vpc-with-pip-install",
         ),
     ],

@@ -164,7 +164,7 @@ def test_serving_properties_render_every_setting():
         "option.entryPoint": "model.py",
         "option.max_request_batch": "32",
         "option.max_text_chars": "2000",
-        "option.max_request_bytes": "262144",
+        "option.max_request_bytes": "16384",
         "max_idle_time": "60",
         "batch_size": "1",
         "max_batch_delay": "20",

@@ -41,7 +41,7 @@ def test_explicit_workers_are_pinned_for_the_toolkit_model_entry() -> None:
         "OMP_WAIT_POLICY": "PASSIVE",
         "SENTIMENT_MAX_REQUEST_BATCH": "64",
         "SENTIMENT_MAX_TEXT_CHARS": "2000",
-        "SENTIMENT_MAX_REQUEST_BYTES": "262144",
+        "SENTIMENT_MAX_REQUEST_BYTES": "16384",
         "DNNL_DEFAULT_FPMATH_MODE": "BF16",
         "LRU_CACHE_CAPACITY": "1024",
         "THP_MEM_ALLOC_ENABLE": "1",

@@ -9,7 +9,7 @@ from pathlib import Path
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_iam as iam
-from aws_cdk.assertions import Annotations, Match, Template
+from aws_cdk.assertions import Match, Template
 
 from app import build_app
 from inference_assets.tools.endpoint_environment import instance_vcpus
@@ -216,7 +216,7 @@ def test_the_endpoint_log_group_exists_first_expires_and_uses_the_platform_key(
     ]
     group = endpoint_template["Resources"][group_id]
     assert group["Properties"]["LogGroupName"] == f"/aws/sagemaker/Endpoints/{env}-GravitonEndpoint"
-    assert group["Properties"]["RetentionInDays"] == SETTINGS[env].graviton_endpoint.log_retention_days
+    assert group["Properties"]["RetentionInDays"] == SETTINGS[env].logs.retention_days
     assert imports(group["Properties"]["KmsKeyId"], "PlatformKey")
     retain = not SETTINGS[env].destroy_on_delete
     # A failed first creation must not leave the fixed-name group behind (it would block the retry).
@@ -352,11 +352,6 @@ def test_explicit_workers_split_the_cores(variant) -> None:
             )
         },
     )
-
-
-def test_server_batching_warns_about_the_toolkit(variant) -> None:
-    stack, _ = variant
-    Annotations.from_stack(stack).has_warning("*", Match.string_like_regexp("runs the requests of a TorchServe batch"))
 
 
 def test_grant_invoke_allows_only_invoke_endpoint_on_this_endpoint(variant) -> None:

@@ -136,7 +136,7 @@ def _create_platform(templates: dict[str, dict[str, dict]], tmp_path: Path) -> P
     for i, subnet in enumerate(subnets, start=1):
         refs[logical_id(foundation, "AWS::EC2::Subnet", f"VpcPrivateSubnet{i}Subnet")] = subnet
     refs[f"{logical_id(foundation, 'AWS::EC2::SecurityGroup', 'WorkloadSecurityGroup')}.GroupId"] = group
-    refs[logical_id(foundation, "AWS::EC2::VPC", "Vpc")] = vpc
+    refs[logical_id(foundation, "AWS::EC2::VPC", "Vpc")] = vpc  # the ec2:Vpc condition of the VPC attachment
 
     launcher_id = logical_id(foundation, "AWS::IAM::ManagedPolicy", "RemoteJobLauncherPolicy")
     policies = {

@@ -310,7 +310,7 @@ def test_runs_start_in_the_configured_subnet_and_the_outputs_say_where(training_
         )
         zone = {"Fn::Select": [index, {"Fn::GetAZs": ""}]}
         outputs = chosen["Outputs"]
-        assert outputs["TrainingSubnet"]["Value"]["Fn::Join"][1] == [interface["SubnetId"], " (", zone, ")"]
+        assert outputs["TrainingAvailabilityZone"]["Value"] == zone
         check = outputs["CheckTrainingCapacityCommand"]["Value"]["Fn::Join"][1]
         assert check[0].startswith("aws ec2 describe-instance-type-offerings --region us-west-2 ")
         assert "Name=instance-type,Values=p4d.24xlarge Name=location,Values=" in check[0] and check[1] == zone

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
@@ -17,7 +18,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks.compliance import acknowledge, acknowledge_wildcards
+from stacks.compliance import acknowledge, acknowledge_control, acknowledge_wildcards
 
 HANDLER_DIR = Path(__file__).resolve().parent
 # Lambda's limit; the handler keeps 30 s of it to answer CloudFormation, so it waits up to 14.5 minutes.
@@ -40,7 +41,7 @@ class EniReleaseWait(Construct):
         self._shared_with: list[str] = []
         self._describe_endpoints_added = False
         self.log_group = logs.LogGroup(self, "Logs", encryption_key=key, removal_policy=removal_policy)
-        self.log_group.node.default_child.retention_in_days = log_retention_days
+        cast(logs.CfnLogGroup, self.log_group.node.default_child).retention_in_days = log_retention_days
         self.role = iam.Role(
             self,
             "Role",
@@ -84,8 +85,8 @@ class EniReleaseWait(Construct):
         )
         # The function may not run before its permissions exist, nor lose them while it waits. CDK also makes it
         # depend on the role its Role property already references (cfn-lint W3005): name only the policy.
-        self.function.node.default_child.add_override(
-            "DependsOn", [stack.get_logical_id(self.policy.node.default_child)]
+        cast(lambda_.CfnFunction, self.function.node.default_child).add_override(
+            "DependsOn", [stack.get_logical_id(cast(iam.CfnManagedPolicy, self.policy.node.default_child))]
         )
         acknowledge(
             self.function,
@@ -96,6 +97,12 @@ class EniReleaseWait(Construct):
             "NIST.800.53.R5-LambdaInsideVPC",
             "NIST.800.53.R5-LambdaConcurrency",
             "NIST.800.53.R5-LambdaDLQ",
+        )
+        acknowledge_control(
+            self.function,
+            "Kept out of the VPC on purpose (CT.LAMBDA.PR.3): its own network interfaces would sit in the subnets "
+            "whose release it waits for; it calls only the EC2 and SageMaker APIs.",
+            "lambda_inside_vpc_check",
         )
         self.resource = cdk.CustomResource(
             self,
@@ -113,7 +120,9 @@ class EniReleaseWait(Construct):
         """Other endpoints that put interfaces in the same group: while one of them lives, its stack's own wait
         covers the group, so this one does not wait (it would time out on the other's interfaces)."""
         self._shared_with.extend(endpoint_names)
-        self.resource.node.default_child.add_property_override("SharedWithEndpoints", list(self._shared_with))
+        cast(cdk.CfnResource, self.resource.node.default_child).add_property_override(
+            "SharedWithEndpoints", list(self._shared_with)
+        )
         stack = self._stack
         # SageMaker lower-cases endpoint names in their ARNs.
         self._describe_endpoints.add_resources(
