@@ -89,6 +89,7 @@ class Platform:
     role_arn: str
     subnets: list[str]
     security_group: str
+    parameter_name: str
     calls: list[Recorded] = field(default_factory=list)
     job_exit_codes: list[int] = field(default_factory=list)
     create_requests: list[dict[str, Any]] = field(default_factory=list)
@@ -142,16 +143,21 @@ def _create_platform(templates: dict[str, dict[str, dict]], tmp_path: Path) -> P
         LAUNCHER: [resolve(foundation["Resources"][launcher_id]["Properties"]["PolicyDocument"], refs=refs)],
         JOB: role_policies(foundation, role_id, refs),
     }
-    # The config.yaml as CloudFormation writes it to SSM, fetched the way the README says.
+    # The config.yaml as CloudFormation writes it to SSM (fetched by the launcher in _fetch_config).
     (parameter,) = [r for r in training["Resources"].values() if r["Type"] == "AWS::SSM::Parameter"]
     text = resolve(parameter["Properties"]["Value"], refs=refs, exports=template_exports(foundation, refs))
-    ssm = boto3.client("ssm", region_name=REGION)
-    name = parameter["Properties"]["Name"]
-    ssm.put_parameter(Name=name, Value=text, Type="String")
-    config_path = tmp_path / "config.yaml"
-    config_path.write_text(ssm.get_parameter(Name=name)["Parameter"]["Value"])
-    return Platform(config_path=config_path, config=yaml.safe_load(text), policies=policies, buckets=buckets,
-                    key_arn=key["Arn"], role_arn=role["Arn"], subnets=subnets, security_group=group)  # fmt: skip
+    boto3.client("ssm", region_name=REGION).put_parameter(Name=parameter["Properties"]["Name"], Value=text,
+                                                          Type="String")  # fmt: skip
+    return Platform(config_path=tmp_path / "config.yaml", config=yaml.safe_load(text), policies=policies,
+                    buckets=buckets, key_arn=key["Arn"], role_arn=role["Arn"], subnets=subnets, security_group=group,
+                    parameter_name=parameter["Properties"]["Name"])  # fmt: skip
+
+
+def _fetch_config(platform: Platform) -> None:
+    """The README's first step, as the launcher: `aws ssm get-parameter ... > config.yaml`."""
+    with _as(LAUNCHER):
+        value = boto3.client("ssm", region_name=REGION).get_parameter(Name=platform.parameter_name)["Parameter"]
+    platform.config_path.write_text(value["Value"])
 
 
 def _play_job(platform: Platform, request: dict[str, Any]) -> None:
@@ -244,6 +250,7 @@ def platform(
 
         monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", checked_call)
         _propagate_principal_to_threads(monkeypatch)
+        _fetch_config(platform)
         yield platform
     boto3.DEFAULT_SESSION = None
 
@@ -305,6 +312,7 @@ def test_train_runs_the_real_remote_path_within_the_launcher_policy(platform: Pl
     code, out = _run(platform, "train", "--", "--dataset", dataset, "--epochs", "1")
 
     assert code == 0, out
+    assert ("ssm", "GetParameter") in platform.operations(LAUNCHER)  # config.yaml fetched under the launcher policy
     assert "INFO: training finished" in out  # job.wait() printed the job's log stream
     assert json.loads(out[out.rindex('{\n  "epochs"') :])["epochs"][0]["epoch"] == 1.0
     assert platform.job_exit_codes == [0]
