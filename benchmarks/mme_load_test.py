@@ -1,4 +1,4 @@
-"""Run the seed's three traffic patterns one after another and compare them side by side.
+"""Run the three multi-model traffic patterns (uniform, hot model, top 10) one after another, side by side.
 
 Local harness (default): builds the tiny model's archive, puts ``--models`` copies in a local "S3 prefix",
 starts TorchServe + the SageMaker toolkit in multi-model mode and loads models on first use, unloading the least

@@ -1,8 +1,8 @@
-"""Locust users for the multi-model endpoint: the seed's three traffic patterns over N models.
+"""Locust users for the multi-model endpoint: the three traffic patterns of AWS's multi-model blog post over N models.
 
     UniformUser   every model equally often
-    HotModelUser  one hot model takes 90% (task weights 9:1, as in the seed)
-    TopTenUser    the top 10 models take 8/9 ~ 89% (task weights 8:1, as in the seed)
+    HotModelUser  one hot model takes 90% (task weights 9:1)
+    TopTenUser    the top 10 models take 8/9 ~ 89% (task weights 8:1)
 
 Against a deployed endpoint (boto3 ``invoke_endpoint`` with ``TargetModel``, no SDK retries: they hide failures):
 
@@ -108,7 +108,7 @@ class _PatternUser(User):
 
 
 class UniformUser(_PatternUser):
-    """Every model equally often (the seed's ``locust_distributed.py``)."""
+    """Every model equally often (the blog post's ``locust_distributed.py``)."""
 
     pattern = "uniform"
 
@@ -118,7 +118,7 @@ class UniformUser(_PatternUser):
 
 
 class HotModelUser(_PatternUser):
-    """Model 0 takes 9 of 10 requests (the seed's ``locust_script_one.py``)."""
+    """Model 0 takes 9 of 10 requests (the blog post's ``locust_script_one.py``)."""
 
     pattern = "hot-model"
 
@@ -132,7 +132,7 @@ class HotModelUser(_PatternUser):
 
 
 class TopTenUser(_PatternUser):
-    """Models 0-9 take 8 of 9 requests (the seed's ``locust_top_n.py``)."""
+    """Models 0-9 take 8 of 9 requests (the blog post's ``locust_top_n.py``)."""
 
     pattern = "top-10"
 

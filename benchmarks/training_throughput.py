@@ -1,4 +1,4 @@
-"""Training throughput of the seed's PyTorch 2 features, side by side in one run: the baseline (eager, fp32, plain
+"""Training throughput of the PyTorch 2 features, side by side in one run: the baseline (eager, fp32, plain
 AdamW), each feature alone (torch.compile, bf16, fused AdamW) and all three, on the same model and data.
 
 Each variant is one run of training_assets/instance/train_sentiment.py in its own process with a fresh
@@ -10,7 +10,7 @@ The results file records every round and the machine's load average around each 
 
     # CPU here: a small RoBERTa (4 x 256) built offline, on the shipped sample data
     python -m benchmarks.training_throughput
-    # a GPU node, the seed's model and data (8 GPUs: DDP through torchrun)
+    # a GPU node, the RoBERTa-base model and tweet_eval data (8 GPUs: DDP through torchrun)
     python -m benchmarks.training_throughput --model cardiffnlp/twitter-roberta-base-sentiment-latest \\
         --dataset tweet_eval --max-train-samples 20000 --batch-size 32 --max-seq-length 128 --nproc-per-node 8 \\
         --output benchmarks/results/training_throughput_p4d.json
@@ -45,8 +45,9 @@ VARIANTS = {
 SMALL_MODEL = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024}
 PER_RUN_ONLY = ("device", "load_average_1m_before_after")  # in the results once, or per round
 HONESTY = (
-    "Seed 000 reports +42% fine-tuning speed from torch.compile + bf16 + fused AdamW on one p4d.24xlarge "
-    "(8 x A100, RoBERTa-base). CPU numbers say nothing about that claim: what the three features save on an A100 "
+    "AWS's PyTorch 2.0 blog post reports +42% fine-tuning speed from torch.compile + bf16 + fused AdamW on one "
+    "p4d.24xlarge (8 x A100, RoBERTa-base). CPU numbers say nothing about that claim: what the three features save "
+    "on an A100 "
     "(kernel launches, tensor-core math, optimizer kernels over GPU memory) is not what limits a small model on a "
     "CPU thread, and a shared machine adds noise (see the rounds and load averages). Run this script unchanged on "
     "the GPU instance to check the claim."

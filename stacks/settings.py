@@ -28,7 +28,7 @@ DEFAULT_REGION = "us-west-2"
 ENDPOINT_MODELS_PREFIX = "endpoints/"
 ENVIRONMENT_NAMES = ("dev", "staging", "prod")
 
-# Accelerated EC2 families that run the CUDA training image (p4d = 8 x A100, the seed's choice).
+# Accelerated EC2 families that run the CUDA training image (p4d = 8 x A100, the default training instance).
 GPU_TRAINING_FAMILIES = ("p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "g4dn", "g5", "g6", "g6e")
 # Families with EFA that the multi-node launch template supports.
 EFA_FAMILIES = ("p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "g6e")
@@ -165,7 +165,7 @@ class HyperParameters(_Settings):
 
 
 class TrainingSettings(_Settings):
-    """The p4d launch template (EC2) and the SageMaker ``@remote`` jobs (seed 001)."""
+    """The p4d launch template (EC2) and the SageMaker ``@remote`` jobs (the SDK's remote function)."""
 
     instance_type: str = "p4d.24xlarge"
     nodes: Annotated[int, Field(ge=1, le=16)] = 1
@@ -242,7 +242,7 @@ class DataCaptureSettings(_Settings):
 
 
 class GravitonEndpointSettings(_Settings):
-    """The real-time endpoint on Graviton (seed 000)."""
+    """The real-time endpoint on Graviton."""
 
     enabled: bool = True
     instance_type: str = "ml.c7g.4xlarge"
@@ -325,7 +325,7 @@ class GravitonEndpointSettings(_Settings):
 
 
 class MultiModelEndpointSettings(_Settings):
-    """The multi-model endpoint (seed 002): DJL Serving by default, TorchServe as the alternative."""
+    """The multi-model endpoint : DJL Serving by default, TorchServe as the alternative."""
 
     enabled: bool = True
     instance_type: str = "ml.c5.2xlarge"

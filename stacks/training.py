@@ -1,4 +1,4 @@
-"""GPU training (seeds 000 and 001): the p4d launch template that runs one training job and powers off, and the
+"""GPU training: the p4d launch template that runs one training job and powers off, and the
 SageMaker SDK ``config.yaml`` that sends ``@remote`` functions to this environment's training jobs.
 
 Nothing here launches an instance: a run starts with the ``aws ec2 run-instances`` command in the stack outputs.

@@ -1,4 +1,4 @@
-"""Run the sentiment fine-tuning as SageMaker training jobs with the SDK's ``@remote`` decorator (seed 001).
+"""Run the sentiment fine-tuning as SageMaker training jobs with the SDK's ``@remote`` decorator.
 
 The environment's SDK config (``config.yaml``: role, S3 root, KMS key, VPC, image, instance type, tags) comes from
 the TrainingStack; run from the repository root so the job gets ``training_assets/`` and the dependencies file:

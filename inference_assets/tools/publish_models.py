@@ -5,7 +5,7 @@ Every archive serves in both model servers the endpoint can run: DJL Serving (``
 
     # one archive from a model directory (model files at the root of the directory)
     python -m inference_assets.tools.publish_models package --model-dir out/model --output sentiment.tar.gz
-    # 1,000 copies for a load test (the seed's set-up), or one archive per tenant
+    # 1,000 copies for a load test (as in AWS's multi-model load-test set-up), or one archive per tenant
     python -m inference_assets.tools.publish_models publish --archive sentiment.tar.gz --copies 1000 \\
         --bucket BUCKET --prefix multi-model/ --kms-key KEY_ARN
     python -m inference_assets.tools.publish_models publish --archive tenant-a.tar.gz --name tenant-a.tar.gz \\

@@ -15,11 +15,11 @@ ENTRY_POINT = "model.py"
 
 @dataclass(frozen=True)
 class DjlModelSettings:
-    """Per-model DJL settings; ``None`` leaves DJL's default (the seed leaves the worker bounds unset)."""
+    """Per-model DJL settings; ``None`` leaves DJL's default (AWS's MME example sets no worker bounds)."""
 
     min_workers: int | None = None
     max_workers: int | None = None
-    max_idle_time_seconds: int = 600  # the seed's value: shrink a model's workers slowly
+    max_idle_time_seconds: int = 600  # AWS's multi-model example's value: shrink a model's workers slowly
     batch_size: int = 1  # must stay 1: see __post_init__
     max_batch_delay_ms: int = 100
     max_request_batch: int = 32  # texts one request may carry (container/protocol.py Limits)

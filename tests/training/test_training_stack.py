@@ -271,7 +271,7 @@ def test_the_schema_check_rejects_the_seeds_flat_vpc_keys() -> None:
     )
     jsonschema.validate(config, SAGEMAKER_PYTHON_SDK_CONFIG_SCHEMA)
     remote = config["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]
-    remote.update(remote.pop("VpcConfig"))  # the seed's flat SecurityGroupIds/Subnets
+    remote.update(remote.pop("VpcConfig"))  # the flat SecurityGroupIds/Subnets of AWS's @remote blog post
     with pytest.raises(jsonschema.ValidationError, match="Additional properties are not allowed"):
         jsonschema.validate(config, SAGEMAKER_PYTHON_SDK_CONFIG_SCHEMA)
 

@@ -1,6 +1,6 @@
-"""Fine-tune a sequence-classification model for tweet sentiment with the Hugging Face Trainer (seed 000).
+"""Fine-tune a sequence-classification model for tweet sentiment with the Hugging Face Trainer.
 
-Each PyTorch 2 feature of the seed has its own switch, off by default so the baseline is plain eager fp32 AdamW:
+Each PyTorch 2 feature has its own switch, off by default so the baseline is plain eager fp32 AdamW:
 ``--torch-compile`` (TorchInductor), ``--bf16`` (bfloat16 autocast) and ``--fused-adamw`` (``AdamW(fused=True)``).
 
     # one process (GPU if there is one, else CPU)
