@@ -1,0 +1,345 @@
+"""The promotion pipeline: CDK Pipelines in the tooling account deploys one cloud assembly dev -> staging -> prod.
+
+One synth step builds and tests the app and writes ``cdk.out``; every stage deploys the templates of that same
+assembly, so what reaches prod is byte for byte what was deployed and smoke-tested in staging. The pipeline updates
+itself first (self-mutation) whenever the pipeline definition changes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import aws_cdk as cdk
+from aws_cdk import aws_codebuild as codebuild
+from aws_cdk import aws_codepipeline as codepipeline
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
+from aws_cdk import pipelines
+from constructs import Construct
+
+from stacks.compliance import acknowledge, acknowledge_wildcards, add_template_aspects
+from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
+from stacks.settings import EnvironmentSettings, PipelineSettings, SettingsError
+
+# What the README tells a contributor to run; the pipeline runs exactly that (both create .venv themselves).
+SYNTH_COMMANDS = ("make test", "make synth")
+EXPECTED_LABELS = "negative,neutral,positive"
+# cdk-assets publishes the stages' file and image assets; pinned like the CLI (npm dist-tag latest in December 2026).
+CDK_ASSETS_VERSION = "4.7.3"
+SMOKE_TEST_PROFILE = "smoke-test"
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cdk_cli_version() -> str:
+    """The CDK CLI pinned in package.json: the pipeline's self-mutation and deploy steps use the same CLI."""
+    return json.loads((_REPO_ROOT / "package.json").read_text())["devDependencies"]["aws-cdk"]
+
+
+def smoke_test_role_name(settings: EnvironmentSettings) -> str:
+    """The role, in the environment's account, that the model-check and smoke-test steps assume (by name: the
+    pipeline stack cannot reference a resource of another account's stack)."""
+    return f"{settings.tags.project}-{settings.name}-pipeline-smoke-test"[:64]
+
+
+def smoke_tested(environment: EnvironmentSettings) -> bool:
+    """Every environment but prod: the pipeline does not send test traffic to prod, which waits for an approval
+    instead (the templates it deploys were smoke-tested in staging)."""
+    return environment.name != "prod"
+
+
+@dataclass(frozen=True)
+class ModelEndpoint:
+    """What the pipeline checks in a stage that serves a model: ``stack`` deploys the endpoint, ``model_key`` is the
+    archive it will serve in the bucket named by ``bucket_name``, ``endpoint_name`` is the endpoint's name output.
+    The stage must also deploy, before ``stack``, the role named ``smoke_test_role_name()``: it may look up the
+    archive and, where ``smoke_tested()``, describe and invoke the endpoint."""
+
+    stack: cdk.Stack
+    model_key: str
+    bucket_name: cdk.CfnOutput
+    endpoint_name: cdk.CfnOutput
+
+
+@dataclass(frozen=True)
+class PromotionStage:
+    """An environment's stage, and its model endpoint (None while the stage serves no named model version)."""
+
+    stage: cdk.Stage
+    endpoint: ModelEndpoint | None = None
+
+
+# Builds an environment's stage in the given scope, with the environment's name as its id.
+StageFactory = Callable[[Construct, EnvironmentSettings], PromotionStage]
+
+
+class PromotionPipeline(Construct):
+    """Self-mutating CDK pipeline: source -> synth (tests + gates) -> one stage per environment, in promotion order.
+
+    Prod waits for a manual approval; before a stage's endpoint stack deploys, a model check looks up its archive;
+    after every stage but prod, a smoke test invokes the endpoint. Give it the id ``KEEP_LOGICAL_IDS``."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: PipelineSettings,
+        environments: Sequence[EnvironmentSettings],
+        stage_factory: StageFactory,
+    ) -> None:
+        _check_regions(settings, environments)
+        super().__init__(scope, construct_id)
+        stack = cdk.Stack.of(self)
+        self.settings = settings
+        self.key = kms.Key(
+            self,
+            "ArtifactsKey",
+            description="Encrypts the promotion pipeline's artifacts, build logs and cross-account deployments",
+            enable_key_rotation=True,
+        )
+        self.key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowCodeBuildLogGroups",
+                principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
+                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
+                resources=["*"],
+                conditions={
+                    "ArnLike": {
+                        "kms:EncryptionContext:aws:logs:arn": stack.format_arn(
+                            service="logs", resource="*", arn_format=cdk.ArnFormat.NO_RESOURCE_NAME
+                        )
+                    }
+                },
+            )
+        )
+        buckets = SecureBuckets(
+            self,
+            KEEP_LOGICAL_IDS,
+            key=self.key,
+            removal_policy=cdk.RemovalPolicy.RETAIN,
+            access_logs_id="ArtifactAccessLogs",
+            access_log_expiration_days=365,
+            noncurrent_version_days=30,
+            abort_incomplete_upload_days=1,
+            no_replication_reason="Pipeline artifacts are rebuilt from the repository on every run; replicating "
+            "them adds cost, not recoverability.",
+        )
+        self.artifact_bucket = buckets.add_data_bucket("Artifacts")
+        self.build_logs = logs.LogGroup(
+            self, "BuildLogs", encryption_key=self.key, retention=logs.RetentionDays.THREE_MONTHS
+        )
+
+        self.source = pipelines.CodePipelineSource.connection(
+            settings.repository, settings.branch, connection_arn=settings.connection_arn
+        )
+        self.synth_step = pipelines.CodeBuildStep(
+            "Synth", input=self.source, commands=list(SYNTH_COMMANDS), primary_output_directory="cdk.out"
+        )
+        self.pipeline = pipelines.CodePipeline(
+            self,
+            "Pipeline",
+            synth=self.synth_step,
+            self_mutation=True,
+            # Deployments into other accounts read the artifacts: the bucket needs a customer-managed key.
+            cross_account_keys=True,
+            artifact_bucket=self.artifact_bucket,
+            cli_version=cdk_cli_version(),
+            cdk_assets_cli_version=CDK_ASSETS_VERSION,
+            code_build_defaults=pipelines.CodeBuildOptions(
+                build_environment=codebuild.BuildEnvironment(
+                    build_image=codebuild.LinuxBuildImage.STANDARD_7_0, compute_type=codebuild.ComputeType.MEDIUM
+                ),
+                partial_build_spec=codebuild.BuildSpec.from_object(
+                    {"phases": {"install": {"runtime-versions": {"python": "3.11"}}}}
+                ),
+                logging=codebuild.LoggingOptions(
+                    cloud_watch=codebuild.CloudWatchLoggingOptions(log_group=self.build_logs)
+                ),
+            ),
+        )
+        self.stages: list[cdk.Stage] = []
+        for environment in environments:
+            # In the stack, beside this construct, not under it: a stage's construct path names its cloud assembly
+            # (assembly-<stack>-<env>), which should not change when the pipeline's code is reorganized.
+            promotion = stage_factory(stack, environment)
+            add_template_aspects(promotion.stage)
+            pre = [self._approval(environment)] if environment.name == "prod" else []
+            stack_steps, post = self._endpoint_steps(environment, promotion.endpoint)
+            self.pipeline.add_stage(promotion.stage, pre=pre, post=post, stack_steps=stack_steps)
+            self.stages.append(promotion.stage)
+        self.pipeline.build_pipeline()
+        self._acknowledge_generated()
+        self._lint_clean_pipeline()
+
+    def _approval(self, environment: EnvironmentSettings) -> pipelines.ManualApprovalStep:
+        return pipelines.ManualApprovalStep(
+            "PromoteToProd",
+            comment=f"Deploy to {environment.name} the templates that were deployed and smoke-tested in staging.",
+        )
+
+    def _endpoint_steps(
+        self, environment: EnvironmentSettings, endpoint: ModelEndpoint | None
+    ) -> tuple[list[pipelines.StackSteps], list[pipelines.Step]]:
+        """Before the endpoint stack deploys: the model check (never deploy an endpoint whose archive is absent);
+        after the stage: the smoke test, except in prod. Nothing while a stage has no model endpoint (no model
+        version named yet); the multi-model endpoint starts without models and needs no check."""
+        if endpoint is None:
+            return [], []
+        check = self._cross_account_step(
+            f"ModelCheck-{environment.name}",
+            environment,
+            env_from_cfn_outputs={"ARTIFACTS_BUCKET": endpoint.bucket_name},
+            command="python -m inference_assets.tools.model_check "
+            f'--bucket "$ARTIFACTS_BUCKET" --key {endpoint.model_key} --region {environment.region}',
+        )
+        post: list[pipelines.Step] = []
+        if smoke_tested(environment):
+            post.append(
+                self._cross_account_step(
+                    f"SmokeTest-{environment.name}",
+                    environment,
+                    env_from_cfn_outputs={"ENDPOINT_NAME": endpoint.endpoint_name},
+                    command="python -m inference_assets.tools.endpoint_client smoke-test "
+                    f'--endpoint-name "$ENDPOINT_NAME" --region {environment.region} --expect-labels {EXPECTED_LABELS}',
+                )
+            )
+        return [pipelines.StackSteps(stack=endpoint.stack, pre=[check])], post
+
+    def _cross_account_step(
+        self,
+        step_id: str,
+        environment: EnvironmentSettings,
+        *,
+        env_from_cfn_outputs: dict[str, cdk.CfnOutput],
+        command: str,
+    ) -> pipelines.CodeBuildStep:
+        """A CodeBuild step that runs ``command`` as the environment account's pipeline role."""
+        role_arn = self._smoke_role_arn(environment)
+        return pipelines.CodeBuildStep(
+            step_id,
+            input=self.source,
+            env={"SMOKE_TEST_ROLE_ARN": role_arn},
+            env_from_cfn_outputs=env_from_cfn_outputs,
+            role_policy_statements=[iam.PolicyStatement(actions=["sts:AssumeRole"], resources=[role_arn])],
+            install_commands=["pip install \"$(grep -E '^boto3==' requirements-dev.txt)\""],
+            commands=[
+                f'aws configure set profile.{SMOKE_TEST_PROFILE}.role_arn "$SMOKE_TEST_ROLE_ARN"',
+                f"aws configure set profile.{SMOKE_TEST_PROFILE}.credential_source EcsContainer",
+                f"AWS_PROFILE={SMOKE_TEST_PROFILE} {command}",
+            ],
+        )
+
+    def _smoke_role_arn(self, environment: EnvironmentSettings) -> str:
+        stack = cdk.Stack.of(self)
+        account = environment.account or stack.account
+        return f"arn:{stack.partition}:iam::{account}:role/{smoke_test_role_name(environment)}"
+
+    def _acknowledge_generated(self) -> None:
+        """CDK Pipelines generates the roles of its actions and CodeBuild projects, each with one inline policy.
+        Acknowledge each wildcard statement with the reason that applies to its kind; an unknown kind stops synth,
+        so a new wildcard from a CDK upgrade gets reviewed instead of slipping through."""
+        stack = cdk.Stack.of(self)
+        for policy in self.pipeline.node.find_all():
+            if policy.node.id != "DefaultPolicy" or not isinstance(policy, iam.Policy):
+                continue
+            acknowledge(
+                policy,
+                "CDK Pipelines generates one role per action or CodeBuild project, its grants in one inline policy.",
+                "NIST.800.53.R5-IAMNoInlinePolicy",
+            )
+            document = stack.resolve(policy.document.to_json())
+            reasoned: list[tuple[iam.PolicyStatement, str]] = []
+            for statement in document["Statement"]:
+                if "*" not in json.dumps(statement):
+                    continue
+                reason = _generated_wildcard_reason(statement)
+                if reason is None:
+                    raise ValueError(f"{policy.node.path}: unreviewed wildcard statement {json.dumps(statement)}")
+                if statement["Resource"] == "*" and "codebuild:StartBuild" in _as_list(statement["Action"]):
+                    # checkov reads its exceptions from the template metadata of the resource they excuse.
+                    policy.node.default_child.add_metadata(  # type: ignore[union-attr]
+                        "checkov", {"skip": [{"id": "CKV_AWS_111", "comment": _ASSET_BUILDS_REASON}]}
+                    )
+                # Rebuilt from the resolved JSON (intrinsics as tokens) so the finding ids match the synthesized policy.
+                rebuilt = iam.PolicyStatement(
+                    actions=_as_list(statement["Action"]),
+                    resources=[cdk.Token.as_string(r) for r in _as_list(statement["Resource"])],
+                )
+                reasoned.append((rebuilt, reason))
+            acknowledge_wildcards(policy, *reasoned)
+
+    def _lint_clean_pipeline(self) -> None:
+        """cfn-lint (1.58) reports the deploy actions' Fn::Join role ARNs as E3703 and the pipeline's DependsOn on its
+        role, which its RoleArn already references, as W3005; write the same ARNs as Fn::Sub and drop the duplicate."""
+        stack = cdk.Stack.of(self)
+        cfn_pipeline = cast(codepipeline.CfnPipeline, self.pipeline.pipeline.node.default_child)
+        for s, stage in enumerate(stack.resolve(cfn_pipeline.stages)):
+            for a, action in enumerate(stage["actions"]):
+                for key, value in action.get("configuration", {}).items():
+                    as_sub = _join_as_sub(value) if key == "RoleArn" and "Fn::Join" in value else None
+                    if as_sub:
+                        cfn_pipeline.add_property_override(f"Stages.{s}.Actions.{a}.Configuration.RoleArn", as_sub)
+        # CDK Pipelines makes the pipeline depend on its role construct (role and policy); keep only the policy.
+        role_policy = cast(
+            cdk.CfnElement, self.pipeline.pipeline.role.node.find_child("DefaultPolicy").node.default_child
+        )
+        cfn_pipeline.add_override("DependsOn", [stack.get_logical_id(role_policy)])
+
+
+def _check_regions(settings: PipelineSettings, environments: Sequence[EnvironmentSettings]) -> None:
+    """The pipeline deploys within its own region: other regions need replication buckets (and their own
+    compliance) in the tooling account."""
+    for environment in environments:
+        if environment.region != settings.region:
+            raise SettingsError(
+                f"environments.{environment.name}.region: the promotion pipeline deploys within its own region "
+                f"({settings.region}); set pipeline.region to {environment.region} or deploy {environment.name} "
+                "with cdk deploy."
+            )
+
+
+def _join_as_sub(value: dict[str, Any]) -> dict[str, str] | None:
+    """An Fn::Join of strings and Refs as the equivalent Fn::Sub (None for anything else)."""
+    delimiter, parts = value["Fn::Join"]
+    if not all(isinstance(part, str) or set(part) == {"Ref"} for part in parts):
+        return None
+    return {"Fn::Sub": delimiter.join(part if isinstance(part, str) else "${" + part["Ref"] + "}" for part in parts)}
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+_ASSET_BUILDS_REASON = (
+    "CDK Pipelines' asset-publishing role (AssetSingletonRole) starts, watches and stops the builds of the asset "
+    "projects it generates, and grants that on every project; only CodeBuild can assume the role."
+)
+# Why each kind of wildcard statement that CDK Pipelines generates is needed (keyed by the services it names).
+_GENERATED_WILDCARD_REASONS = {
+    frozenset({"s3"}): "CDK's grant on the pipeline's own artifact bucket: every execution writes and reads artifacts "
+    "under generated keys; s3:GetObject*/List*/DeleteObject* are the read/write grant's action groups.",
+    frozenset({"kms"}): "CDK's grant on the pipeline's own artifact key; GenerateDataKey* and ReEncrypt* are the "
+    "variants S3 uses to encrypt artifacts with it.",
+    frozenset({"logs"}): "CodeBuild writes one log stream per build, named by the build id, in its project's log "
+    "group.",
+    frozenset({"codebuild"}): "CodeBuild creates test-report groups and reports per build under generated names; "
+    + _ASSET_BUILDS_REASON,
+    frozenset({"sts"}): "Self-mutation assumes only CDK bootstrap roles (condition on the aws-cdk:bootstrap-role tag); "
+    "their names end in the bootstrap qualifier, account and region.",
+}
+_BOOTSTRAP_LOOKUP_REASON = (
+    "cdk deploy looks up the bootstrap stack (cloudformation:DescribeStacks) and its staging bucket (s3:ListBucket) "
+    "by name before it knows their ARNs."
+)
+
+
+def _generated_wildcard_reason(statement: dict[str, Any]) -> str | None:
+    services = frozenset(action.split(":")[0] for action in _as_list(statement["Action"]))
+    if statement["Resource"] == "*" and services <= {"cloudformation", "s3"}:
+        return _BOOTSTRAP_LOOKUP_REASON
+    return _GENERATED_WILDCARD_REASONS.get(services)
