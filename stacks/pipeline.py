@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aws_cdk as cdk
 from aws_cdk import aws_codebuild as codebuild
@@ -234,7 +234,7 @@ class PromotionPipelineStack(cdk.Stack):
         )
 
     def _endpoint_steps(
-        self, stage: cdk.Stage, environment: EnvironmentSettings, source: pipelines.CodePipelineSource
+        self, stage: PlatformStage, environment: EnvironmentSettings, source: pipelines.CodePipelineSource
     ) -> tuple[list[pipelines.StackSteps], list[pipelines.Step]]:
         """Before the Graviton endpoint stack deploys: the model check (never deploy an endpoint whose archive is
         absent); after the stage: the smoke test, except in prod. Nothing while a stage has no Graviton endpoint
@@ -243,6 +243,8 @@ class PromotionPipelineStack(cdk.Stack):
         if endpoint is None:
             return [], []
         model_key = environment.graviton_endpoint.model_data_key
+        if model_key is None:  # PlatformStage builds the endpoint only once a model version is named
+            raise RuntimeError(f"{stage.node.path}: a Graviton endpoint without graviton_endpoint.model_data_key")
         foundation = stage.foundation
         access = SmokeTestAccessStack(
             stage,
@@ -261,12 +263,12 @@ class PromotionPipelineStack(cdk.Stack):
             source,
             environment,
             env_from_cfn_outputs={
-                "ARTIFACTS_BUCKET": foundation.node.find_child("ArtifactsBucketName"),
+                "ARTIFACTS_BUCKET": cast(cdk.CfnOutput, foundation.node.find_child("ArtifactsBucketName")),
             },
             command="python -m inference_assets.tools.model_check "
             f'--bucket "$ARTIFACTS_BUCKET" --key {model_key} --region {environment.region}',
         )
-        post = []
+        post: list[pipelines.Step] = []
         if environment.name != "prod":
             post.append(
                 self._cross_account_step(
@@ -331,7 +333,7 @@ class PromotionPipelineStack(cdk.Stack):
                     raise ValueError(f"{policy.node.path}: unreviewed wildcard statement {json.dumps(statement)}")
                 if statement["Resource"] == "*" and "codebuild:StartBuild" in _as_list(statement["Action"]):
                     # checkov reads its exceptions from the template metadata of the resource they excuse.
-                    policy.node.default_child.add_metadata(
+                    cast(cdk.CfnResource, policy.node.default_child).add_metadata(
                         "checkov", {"skip": [{"id": "CKV_AWS_111", "comment": _ASSET_BUILDS_REASON}]}
                     )
                 # Rebuilt from the resolved JSON (intrinsics as tokens) so the finding ids match the synthesized policy.
@@ -345,7 +347,7 @@ class PromotionPipelineStack(cdk.Stack):
     def _lint_clean_pipeline(self) -> None:
         """cfn-lint (1.58) reports the deploy actions' Fn::Join role ARNs as E3703 and the pipeline's DependsOn on its
         role, which its RoleArn already references, as W3005; write the same ARNs as Fn::Sub and drop the duplicate."""
-        cfn_pipeline: codepipeline.CfnPipeline = self.pipeline.pipeline.node.default_child
+        cfn_pipeline = cast(codepipeline.CfnPipeline, self.pipeline.pipeline.node.default_child)
         for s, stage in enumerate(self.resolve(cfn_pipeline.stages)):
             for a, action in enumerate(stage["actions"]):
                 for key, value in action.get("configuration", {}).items():
@@ -353,7 +355,9 @@ class PromotionPipelineStack(cdk.Stack):
                     if as_sub:
                         cfn_pipeline.add_property_override(f"Stages.{s}.Actions.{a}.Configuration.RoleArn", as_sub)
         # CDK Pipelines makes the pipeline depend on its role construct (role and policy); keep only the policy.
-        role_policy = self.pipeline.pipeline.role.node.find_child("DefaultPolicy").node.default_child
+        role_policy = cast(
+            iam.CfnPolicy, self.pipeline.pipeline.role.node.find_child("DefaultPolicy").node.default_child
+        )
         cfn_pipeline.add_override("DependsOn", [self.get_logical_id(role_policy)])
 
 
