@@ -207,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                 loads_before, unloads_before = (endpoint.cold_loads, endpoint.unloads) if endpoint else (0, 0)
                 row = run_pattern(pattern, args)
                 if endpoint:
+                    if server is None:
+                        raise RuntimeError("a local endpoint without its TorchServe server")
                     server.check_alive()  # a dead server would pass for a slow one
                     row["model_loads"] = endpoint.cold_loads - loads_before
                     row["model_unloads"] = endpoint.unloads - unloads_before

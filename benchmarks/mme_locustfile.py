@@ -90,6 +90,8 @@ class _PatternUser(User):
     pattern = ""
 
     def _invoke(self, index: int) -> None:
+        if target is None:
+            raise RuntimeError("mme_locustfile.target is not set: benchmarks.mme_load_test sets it before a run")
         name = model_name(index)
         started = time.perf_counter()
         cold, size, error = None, 0, None

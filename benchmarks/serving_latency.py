@@ -29,6 +29,7 @@ average is recorded. Results go to benchmarks/results/serving_latency[_grid].{md
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import json
 import multiprocessing
@@ -82,8 +83,7 @@ def build_model(directory: Path, size: str, positions: int | None = None) -> Pat
             max_position_embeddings=positions or tiny.max_position_embeddings,
             bos_token_id=tiny.bos_token_id,
             eos_token_id=tiny.eos_token_id,
-            num_labels=tiny.num_labels,
-            id2label=tiny.id2label,
+            id2label=tiny.id2label,  # also sets num_labels (a property over id2label)
             label2id=tiny.label2id,
         )  # RobertaConfig's defaults are roberta-base: 12 layers, hidden 768, 12 heads, FFN 3072
         torch.manual_seed(0)
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, options in chosen.items():
             server = servers.enter_context(LocalToolkitServer(archive, vcpus=cores, **options))
             caller = http_caller(server.port)
-            setups[name] = lambda level, duration, caller=caller: run_load(caller, texts, level, duration)
+            setups[name] = functools.partial(run_load, caller, texts)
             configurations[name] = {
                 key: server.environment[key]
                 for key in ("SAGEMAKER_MODEL_SERVER_WORKERS", "OMP_NUM_THREADS", "SAGEMAKER_TS_BATCH_SIZE",

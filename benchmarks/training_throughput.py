@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
@@ -41,8 +42,24 @@ VARIANTS = {
     "fused_adamw": ("--fused-adamw",),
     "all_three": ("--torch-compile", "--bf16", "--fused-adamw"),
 }
+
+
+class ModelSize(TypedDict):
+    """The size arguments of build_tiny_model()."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+
+
 # The benchmark's CPU model: RoBERTa-shaped like the real one, small enough for a few minutes on two cores.
-SMALL_MODEL = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024}
+SMALL_MODEL: ModelSize = {
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "intermediate_size": 1024,
+}
 PER_RUN_ONLY = ("device", "load_average_1m_before_after")  # in the results once, or per round
 HONESTY = (
     "AWS's PyTorch 2.0 blog post reports +42% fine-tuning speed from torch.compile + bf16 + fused AdamW on one "
@@ -153,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(folder)
         model = args.model or str(build_tiny_model(work / "small-roberta", **SMALL_MODEL))
         # Rounds interleave the variants, so a burst of other work on the machine hits them alike.
-        runs = {name: [] for name in names}
+        runs: dict[str, list[dict]] = {name: [] for name in names}
         for round_number in range(args.rounds):
             for name in names:
                 runs[name].append(run_variant(name, VARIANTS[name], args, model, work / f"round-{round_number}"))

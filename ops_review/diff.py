@@ -21,7 +21,7 @@ def diff_reviews(old: Reviews, new: Reviews) -> dict[str, Any]:
         if before is None or after is None:
             stacks[label] = {"status": "added" if before is None else "removed"}
             findings.append(f"{label}: stack {stacks[label]['status']}")
-            if before is None:
+            if after is not None:  # an added stack: all its findings are new
                 findings += _stack_findings(label, _empty_review(), after)
             continue
         changes = _stack_changes(before, after)

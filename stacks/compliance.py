@@ -10,7 +10,7 @@ Acknowledgements are scoped to one construct and carry a reason, which is also w
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import aws_cdk as cdk
 import jsii
@@ -32,16 +32,18 @@ def add_compliance_gates(app: cdk.App) -> None:
     workload accounts, where an organization enables them as CloudFormation hooks; the promotion pipeline's own
     stack lives in the tooling account and is held to cdk-nag, cfn-lint and checkov."""
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app), NIST80053R5Checks(app))
-    stages = [child for child in app.node.children if cdk.Stage.is_stage(child)]
+    stages = [cast(cdk.Stage, child) for child in app.node.children if cdk.Stage.is_stage(child)]
     for stage in stages:
         cdk.Validations.of(stage).add_plugins(control_tower_gate())
     for scope in [app, *stages]:
         add_template_aspects(scope)
 
 
-def control_tower_gate() -> cdk.IPolicyValidationPluginBeta1:
+def control_tower_gate() -> cdk.IPolicyValidationPlugin:
     """All of Control Tower's proactive controls that the validator bundles (rules/control-tower/cfn-guard)."""
-    return _ErrorSeverity(CfnGuardValidator(control_tower_rules_enabled=True))
+    # The validator (0.0.62) implements the deprecated Beta1 plugin interface, which add_plugins still takes: in
+    # TypeScript both have the same members and jsii passes the structs by value, but their Python classes differ.
+    return cast(cdk.IPolicyValidationPlugin, _ErrorSeverity(CfnGuardValidator(control_tower_rules_enabled=True)))
 
 
 @jsii.implements(cdk.IPolicyValidationPluginBeta1)
@@ -169,9 +171,10 @@ class _AcknowledgeWhatControlTowerCannotSee:
                     "cloudwatch_log_group_encrypted_check",
                 )
         scope = node.node.scope
+        resource = _cfn_resource(node)
         if (
-            cdk.CfnResource.is_cfn_resource(node)
-            and node.cfn_resource_type == "AWS::Lambda::Function"
+            resource is not None
+            and resource.cfn_resource_type == "AWS::Lambda::Function"
             and scope is not None
             and scope.node.id.startswith("Custom::")
             and scope.node.id.endswith("CustomResourceProvider")
@@ -190,15 +193,23 @@ class _DropRedundantDependsOn:
     cfn-lint warns (W3005). Drop the duplicate so every template lints without warnings, ignores or overrides."""
 
     def visit(self, node: IConstruct) -> None:
-        if node.node.id != "Handler" or not cdk.CfnResource.is_cfn_resource(node):
+        handler = _cfn_resource(node) if node.node.id == "Handler" else None
+        if handler is None or node.node.scope is None:  # (only the App has no scope)
             return
-        role = node.node.scope.node.try_find_child("Role")
+        role = _cfn_resource(node.node.scope.node.try_find_child("Role"))
         if (
-            node.cfn_resource_type == "AWS::Lambda::Function"
-            and cdk.CfnResource.is_cfn_resource(role)
-            and any(d.node.path == role.node.path for d in node.obtain_dependencies())
+            handler.cfn_resource_type == "AWS::Lambda::Function"
+            and role is not None
+            and any(d.node.path == role.node.path for d in handler.obtain_dependencies())
         ):
-            node.remove_resource_dependency(role)
+            handler.remove_resource_dependency(role)
+
+
+def _cfn_resource(construct: IConstruct | None) -> cdk.CfnResource | None:
+    """``construct`` as a CfnResource when CDK's check says it is one (is_cfn_resource is no type guard), else None."""
+    if construct is None or not cdk.CfnResource.is_cfn_resource(construct):
+        return None
+    return cast(cdk.CfnResource, construct)
 
 
 def acknowledge(construct: IConstruct, reason: str, *rule_ids: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -187,7 +189,7 @@ class FoundationStack(EnvironmentStack):
             # Object-level events (new datasets, models, captured data) go to EventBridge, where pipelines and
             # audits can subscribe (CT.S3.PR.4). Set on the bucket itself: CDK's event_bridge_enabled adds a
             # custom-resource Lambda for the same setting.
-            bucket.node.default_child.add_property_override(
+            cast(cdk.CfnResource, bucket.node.default_child).add_property_override(
                 "NotificationConfiguration.EventBridgeConfiguration.EventBridgeEnabled", True
             )
         for bucket in [buckets.access_logs, *buckets.data_buckets]:
@@ -203,7 +205,7 @@ class FoundationStack(EnvironmentStack):
 
     def _network(self) -> tuple[ec2.IVpc, ec2.SubnetSelection]:
         vpc_settings = self.settings.vpc
-        if vpc_settings.imported:
+        if vpc_settings.vpc_id is not None:  # imported
             # Explicit ids, no lookup: synth stays offline; the imported VPC brings its own endpoints and flow logs.
             vpc = ec2.Vpc.from_vpc_attributes(
                 self,
@@ -406,7 +408,10 @@ class FoundationStack(EnvironmentStack):
                     sid="CreateInterfacesInThePlatformSubnets",
                     actions=["ec2:CreateNetworkInterface"],
                     resources=[
-                        *(self._arn("ec2", f"subnet/{subnet.subnet_id}") for subnet in self.private_subnets.subnets),
+                        *(
+                            self._arn("ec2", f"subnet/{subnet.subnet_id}")
+                            for subnet in self.private_subnets.subnets or []
+                        ),
                         self._arn("ec2", f"security-group/{self.workload_security_group.security_group_id}"),
                         self._arn("ec2", "network-interface/*"),
                     ],
@@ -510,7 +515,7 @@ class FoundationStack(EnvironmentStack):
             roles=[role],
         )
         # checkov reads its exceptions from the template metadata of the resource they excuse.
-        policy.node.default_child.add_metadata(
+        cast(cdk.CfnResource, policy.node.default_child).add_metadata(
             "checkov",
             {
                 "skip": [
@@ -788,7 +793,7 @@ class FoundationStack(EnvironmentStack):
                 "Attach to users of @remote",
             ),
             "PrivateSubnetIds": (
-                cdk.Fn.join(",", [s.subnet_id for s in self.private_subnets.subnets]),
+                cdk.Fn.join(",", [s.subnet_id for s in self.private_subnets.subnets or []]),
                 "Private subnets",
             ),
             "WorkloadSecurityGroupId": (

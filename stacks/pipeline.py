@@ -145,7 +145,8 @@ class PromotionPipelineStack(cdk.Stack):
         if endpoint is None:
             return PromotionStage(stage)
         model_key = environment.graviton_endpoint.model_data_key
-        assert model_key is not None  # PlatformStage builds the Graviton endpoint only once a model version is named
+        if model_key is None:  # PlatformStage builds the endpoint only once a model version is named
+            raise RuntimeError(f"{stage.node.path}: a Graviton endpoint without graviton_endpoint.model_data_key")
         foundation = stage.foundation
         access = SmokeTestAccessStack(
             stage,

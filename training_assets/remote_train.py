@@ -96,7 +96,8 @@ def run_training_job(config: dict[str, Any]) -> dict[str, Any]:
     for field, name in (("dataset", "dataset"), ("model", "base_model")):
         value = getattr(settings, field)
         if value.startswith("s3://"):
-            settings = replace(settings, **{field: str(_download(value, JOB_INPUT_DIR / name))})
+            local: dict[str, Any] = {field: str(_download(value, JOB_INPUT_DIR / name))}
+            settings = replace(settings, **local)
     with tempfile.TemporaryDirectory() as output:
         metrics = train(replace(settings, output_dir=output))
         if int(os.environ.get("RANK", "0")) == 0:

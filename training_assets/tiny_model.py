@@ -71,8 +71,7 @@ def build_tiny_model(
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        num_labels=len(LABELS),
-        id2label=dict(enumerate(LABELS)),
+        id2label=dict(enumerate(LABELS)),  # also sets num_labels (a property over id2label)
         label2id={label: i for i, label in enumerate(LABELS)},
     )
     RobertaForSequenceClassification(config).save_pretrained(output, safe_serialization=True)

@@ -158,6 +158,8 @@ class LocalModelServer:
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
+            if self._process is None:
+                raise RuntimeError("TorchServe was stopped while waiting for it to start")
             if self._process.poll() is not None:
                 raise RuntimeError(f"TorchServe exited with {self._process.returncode}; see {self.work_dir / 'logs'}")
             try:
@@ -214,12 +216,13 @@ class LocalModelServer:
 
     def load(self, name: str, model_dir: Path, *, workers: int = 1) -> None:
         """Register an unpacked model directory under ``name`` and wait until its workers are up."""
-        answer = self._session.post(
-            f"{self.management_url}/models",
-            params={"url": str(Path(model_dir).resolve()), "model_name": name, "initial_workers": workers,
-                    "synchronous": "true"},
-            timeout=self.startup_timeout_s,
-        )  # fmt: skip
+        params: dict[str, str | int] = {
+            "url": str(Path(model_dir).resolve()),
+            "model_name": name,
+            "initial_workers": workers,
+            "synchronous": "true",
+        }
+        answer = self._session.post(f"{self.management_url}/models", params=params, timeout=self.startup_timeout_s)
         if answer.status_code != 200:
             raise ModelServerError(f"loading {name} failed with {answer.status_code}: {answer.text.strip()}")
 

@@ -56,7 +56,7 @@ def build_archive(
 ) -> Path:
     """One model.tar.gz for both servers: the serving package's archive plus the DJL entry point and properties."""
     properties = (settings or DjlModelSettings()).render().encode()
-    extra_files = {"model.py": package_model.DJL_ENTRY_POINT, "serving.properties": properties}
+    extra_files: dict[str, Path | bytes] = {"model.py": package_model.DJL_ENTRY_POINT, "serving.properties": properties}
     return package_model.build_model_archive(model_dir, output, extra_files=extra_files, vendor_dir=vendor_dir)
 
 

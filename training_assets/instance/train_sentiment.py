@@ -251,7 +251,8 @@ class EpochReporter(TrainerCallback):
     def __init__(self) -> None:
         self.epochs: list[dict[str, float]] = []
 
-    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float], **kwargs: Any) -> None:
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        metrics: dict[str, float] = kwargs["metrics"]  # the Trainer passes them as a keyword argument
         train_losses = [row["loss"] for row in state.log_history if "loss" in row]
         row = {
             "epoch": round(state.epoch or 0.0, 3),
