@@ -3,7 +3,7 @@
 Local harness (default): builds the tiny model's archive, puts ``--models`` copies in a local "S3 prefix",
 starts TorchServe + the SageMaker toolkit in multi-model mode and loads models on first use, unloading the least
 recently used above ``--max-resident-models`` (so cold loads happen, as on an MME). Every pattern starts with no
-model loaded. Deployed endpoint: ``--endpoint-name`` (models published with publish_models.py).
+model loaded. Deployed endpoint: ``--endpoint-name`` (models published with ``pytorch-platform publish``).
 
     python -m benchmarks.mme_load_test --models 24 --max-resident-models 6 --users 8 --spawn-rate 8 --duration 60
     python -m benchmarks.mme_load_test --endpoint-name <EndpointName> --models 1000 --users 200 --duration 300

@@ -1,7 +1,7 @@
 """The real-time sentiment endpoint on Graviton: one ``SageMakerEndpoint`` serving the model version that
 ``graviton_endpoint.model_data_key`` names, with the PyTorch inference DLC.
 
-A new model version is a settings change: upload the archive (``inference_assets/package_model.py --upload``), set
+A new model version is a settings change: upload the archive (``pytorch-platform package --upload``), set
 ``graviton_endpoint.model_data_key`` and deploy. CloudFormation then replaces the model and the endpoint config
 (generated names, both immutable) and updates the endpoint in place; ``retain_all_variant_properties`` keeps the
 instance count that autoscaling chose instead of resetting it to ``initial_instance_count``.

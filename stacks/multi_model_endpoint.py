@@ -2,7 +2,7 @@
 
 DJL Serving (default) scales each model's workers with its own queue; the PyTorch CPU inference DLC (TorchServe,
 multi-model) is the alternative. Instances scale on invocations per instance; alarms watch model loading, the
-model cache, server errors, CPU and memory. Publish models with ``inference_assets/publish_models.py`` under the
+model cache, server errors, CPU and memory. Publish models with ``pytorch-platform publish`` under the
 artifacts bucket's ``ModelsPrefix`` and invoke them with ``TargetModel=<name>``.
 """
 

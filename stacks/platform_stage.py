@@ -16,8 +16,8 @@ def no_model_yet(environment: str) -> str:
     """What synth says while an environment names no model version for its Graviton endpoint."""
     return (
         f"{environment}/GravitonEndpoint is not built: environments.{environment}.graviton_endpoint.model_data_key "
-        "names no model version yet. Deploy Foundation, upload a model archive (package_model --upload) under "
-        "endpoints/ in the bucket of the Foundation output ArtifactsBucketName, set its key in cdk.json, check it "
+        "names no model version yet. Deploy Foundation, upload a model archive (`pytorch-platform package --upload`) "
+        "under endpoints/ in the bucket of the Foundation output ArtifactsBucketName, set its key in cdk.json, check it "
         f"with `make check-model ENV={environment}`, then deploy {environment}/GravitonEndpoint."
     )
 
