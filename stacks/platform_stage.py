@@ -17,8 +17,8 @@ def no_model_yet(environment: str) -> str:
     return (
         f"{environment}/GravitonEndpoint is not built: environments.{environment}.graviton_endpoint.model_data_key "
         "names no model version yet. Deploy Foundation, upload a model archive (`pytorch-platform package --upload`) "
-        "under endpoints/ in the bucket of the Foundation output ArtifactsBucketName, set its key in cdk.json, check it "
-        f"with `make check-model ENV={environment}`, then deploy {environment}/GravitonEndpoint."
+        "under endpoints/ in the bucket of the Foundation output ArtifactsBucketName, set its key in cdk.json, check "
+        f"it with `make check-model ENV={environment}`, then deploy {environment}/GravitonEndpoint."
     )
 
 
