@@ -16,7 +16,6 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from inference_assets.tools.endpoint_environment import instance_vcpus
-from stacks.compliance import acknowledge_short_retention
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     DlcImage,
@@ -96,11 +95,10 @@ class MultiModelEndpointStack(EnvironmentStack):
             # A fixed name, so that the endpoint's log group can be created (with retention and key) before it.
             endpoint_name=endpoint_name_for(self),
             log_retention_days=settings.logs.retention_days,
+            retention_setting="logs.retention_days",
             removal_policy=self.removal_policy,
         )
         endpoint = self.sagemaker_endpoint
-        for log_group in endpoint.log_groups:
-            acknowledge_short_retention(log_group, settings.logs.retention_days, "logs.retention_days")
         self.model, self.endpoint_config, self.endpoint = endpoint.model, endpoint.endpoint_config, endpoint.endpoint
         self.endpoint_name, self.endpoint_arn = endpoint.endpoint_name, endpoint.endpoint_arn
         self.scalable_target, self.alarm_topic = endpoint.scalable_target, endpoint.alarm_topic

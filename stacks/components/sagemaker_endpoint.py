@@ -27,7 +27,7 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import region_info
 from constructs import Construct
 
-from stacks.compliance import acknowledge
+from stacks.compliance import acknowledge, acknowledge_short_retention
 from stacks.components.eni_release_wait import EniReleaseWait
 from stacks.settings import AutoscalingSettings, has_local_nvme
 
@@ -150,7 +150,8 @@ class SageMakerEndpoint(Construct):
     * ``add_alarms`` builds the alarms from one table; each notifies the KMS-encrypted, TLS-only ``alarm_topic`` on
       alarm and on recovery; the topic policy lets this account's CloudWatch alarms publish.
     * With ``endpoint_name`` (fixed), the endpoint's log group ``/aws/sagemaker/Endpoints/<name>`` is created first,
-      with ``log_retention_days`` and ``key``.
+      with ``log_retention_days`` and ``key``. ``retention_setting`` names the setting that chose the days: below a
+      year, the construct acknowledges Control Tower's retention control for its log groups with that name.
     * ``eni_release_wait`` holds the stack's deletion until SageMaker has released the model's network interfaces;
       ``shares_network_with`` names other endpoints in the same security group.
     """
@@ -176,6 +177,7 @@ class SageMakerEndpoint(Construct):
         alarm_topic_display_name: str | None = None,
         endpoint_name: str | None = None,
         log_retention_days: int = 30,
+        retention_setting: str | None = None,
         removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -212,6 +214,9 @@ class SageMakerEndpoint(Construct):
         self.log_group = None
         if endpoint_name is not None:
             self.log_group = self._log_group(endpoint_name, key, log_retention_days, removal_policy)
+        if retention_setting is not None:
+            for group in self.log_groups:
+                acknowledge_short_retention(group, log_retention_days, retention_setting)
         self.scalable_target = self._track_invocations(autoscaling)
         self.alarm_topic = sns.Topic(
             self, "AlarmTopic", display_name=alarm_topic_display_name, master_key=key, enforce_ssl=True
