@@ -1,0 +1,112 @@
+"""What the fleet simulation needs to know about instances and models, and where each number comes from.
+
+* Instance types: vCPUs and memory from EC2's DescribeInstanceTypes data (``instance_types.json``; an ``ml.<type>``
+  has the hardware of the EC2 ``<type>``).
+* Model costs: measured on the local multi-model server by ``python -m benchmarks.mme_model_cost`` and read from its
+  results file (``benchmarks/results/mme_model_cost.json``), so a new measurement changes every prediction:
+  a worker's memory is the worker runtime (the fit's intercept) plus the model's weights times the fit's slope;
+  loading a model into a worker takes the reload fit at the archive's size.
+* What cannot be measured here is a setting with a stated default: the S3 download rate and the warm latency of
+  the real model on one core of the real instance (``multi_model_endpoint.sizing`` in cdk.json).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from mme_sizing.simulation import Fleet, ModelCost, ModelServer
+
+ROOT = Path(__file__).resolve().parents[1]
+INSTANCE_TYPES_FILE = Path(__file__).with_name("instance_types.json")
+MEASURED_COSTS_FILE = ROOT / "benchmarks" / "results" / "mme_model_cost.json"
+# Plan to stay below the endpoint's MemoryUtilization alarm (stacks/multi_model_endpoint.py): above it models are
+# evicted under pressure and the alarm fires.
+MEMORY_PLANNING_SHARE = 0.85
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    name: str
+    vcpus: int
+    memory_mib: int
+
+
+@cache
+def _instance_types() -> dict[str, Any]:
+    return json.loads(INSTANCE_TYPES_FILE.read_text())["types"]
+
+
+def instance_type(name: str) -> InstanceType:
+    """vCPUs and memory of a SageMaker CPU instance type such as ``ml.c5d.18xlarge``."""
+    known = _instance_types()
+    if name not in known:
+        raise ValueError(f"no vCPU and memory facts for {name!r} in {INSTANCE_TYPES_FILE.name}")
+    return InstanceType(name, known[name]["vcpus"], known[name]["memory_mib"])
+
+
+@cache
+def measured_costs(path: Path = MEASURED_COSTS_FILE) -> dict[str, Any]:
+    """The last measurement of the local multi-model server (see benchmarks/mme_model_cost.py)."""
+    return json.loads(path.read_text())
+
+
+def worker_memory_mib(weights_mib: float, measured: dict[str, Any] | None = None) -> float:
+    """Memory one more worker holding the model takes: its unique pages (USS) by the measured fit."""
+    fit = (measured or measured_costs())["fits"]["worker_uss_mib"]
+    return fit["intercept"] + fit["per_weights_mib"] * weights_mib
+
+
+def model_cost(
+    *,
+    weights_mib: float,
+    warm_latency_ms: float,
+    download_mib_per_second: float,
+    archive_mib: float | None = None,
+    measured: dict[str, Any] | None = None,
+) -> ModelCost:
+    """The simulation's costs of one model of ``weights_mib`` (archive about the same size: weights barely compress)."""
+    measured = measured or measured_costs()
+    archive = weights_mib if archive_mib is None else archive_mib
+    fits = measured["fits"]
+    reload_s = fits["reload_s"]["intercept"] + fits["reload_s"]["per_archive_mib"] * archive
+    first_load_s = fits["first_load_s"]["intercept"] + fits["first_load_s"]["per_archive_mib"] * archive
+    unpack_s = max(0.0, first_load_s - reload_s)
+    return ModelCost(
+        worker_memory_mib=worker_memory_mib(weights_mib, measured),
+        download_s=archive / download_mib_per_second + unpack_s,
+        load_s=max(reload_s, 0.0),
+        service_s=warm_latency_ms / 1000,
+        unload_s=_median(size["unload_s"] for size in measured["sizes"]),
+    )
+
+
+def fleet(
+    instance_type_name: str,
+    instances: int,
+    model_server: ModelServer,
+    *,
+    workers_per_model: int = 1,
+    max_idle_s: float = 600.0,
+    measured: dict[str, Any] | None = None,
+) -> Fleet:
+    """``instances`` of a type, with the memory left for model workers once the model server's frontend runs."""
+    kind = instance_type(instance_type_name)
+    frontend = (measured or measured_costs())["frontend_rss_mib"]
+    return Fleet(
+        instances=instances,
+        vcpus=kind.vcpus,
+        memory_mib=kind.memory_mib * MEMORY_PLANNING_SHARE - frontend,
+        model_server=model_server,
+        workers_per_model=workers_per_model,
+        max_idle_s=max_idle_s,
+    )
+
+
+def _median(values: Any) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

@@ -1,0 +1,485 @@
+"""A discrete-event model of a SageMaker multi-model endpoint's fleet.
+
+What it models, per instance: a memory budget that holds loaded models (each worker holds one copy of its model),
+least-recently-used unloading of idle models when a load or a new worker needs room, a disk cache (a model
+downloaded once is reloaded from disk), and the CPU as processor sharing over the vCPUs: a request in service and a
+model being loaded each want one core (one intra-op thread per worker, as the endpoint sets ``OMP_NUM_THREADS=1``),
+and when more want one than there are cores, all slow down alike.
+
+Per model, the model server decides how many requests run at once:
+
+* ``torchserve``: a fixed number of workers per loaded model (``SAGEMAKER_MODEL_SERVER_WORKERS``).
+* ``djl``: one worker at first; another starts while the model's queue holds more than twice its batch size (1),
+  up to ``max_workers_per_model`` (DJL's default: vCPUs / OMP threads); a worker idle for ``max_idle_s`` stops.
+  (DJL Serving's WorkLoadManager rule, https://docs.djl.ai/docs/serving/serving/docs/configurations_model.html.)
+
+Routing, as AWS describes it for multi-model endpoints ("Invoke a multi-model endpoint"; the blog post in
+../shared/seeds/002): a request goes to an instance that already holds its model (the one with the fewest of that
+model's requests outstanding); a model's requests spill to another instance, which loads it, when every holder
+already has more than twice the model's worker limit outstanding; a model nobody holds is loaded on the instance with
+the fewest outstanding requests. SageMaker does not publish its exact algorithm: these rules are this model's
+assumptions, and only the single-instance part is checked against measurements (benchmarks/mme_fleet_validation.py).
+
+Traffic is either open (Poisson arrivals at a rate: what an operator plans for) or closed (N clients that send the
+next request when the last returns: what a load test does). Everything is deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import math
+import random
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+ModelServer = Literal["djl", "torchserve"]
+PATTERNS = ("uniform", "hot-model", "top-10")
+HOT_SHARE = 0.9  # hot-model: one model takes 9 of 10 requests (the blog post's Locust task weights 9:1)
+HOT_SET, HOT_SET_SHARE = 10, 8 / 9  # top-10: ten models take 8 of 9 requests (weights 8:1)
+DJL_BATCH_SIZE = 1  # serving.properties batch_size (must stay 1, see inference_assets/tools/serving_properties.py)
+SAGEMAKER_TIMEOUT_S = 60.0  # InvokeEndpoint gives the container 60 s to answer
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The endpoint's instances and its model server's worker rules."""
+
+    instances: int
+    vcpus: int
+    memory_mib: float  # per instance, for model workers (the OS and the server's frontend already taken off)
+    model_server: ModelServer = "djl"
+    workers_per_model: int = 1  # torchserve: every loaded model's workers; djl: its minimum
+    max_workers_per_model: int | None = None  # djl: None = vcpus (DJL's default with OMP_NUM_THREADS=1)
+    max_idle_s: float = 600.0  # djl: a worker idle this long stops (serving.properties max_idle_time)
+
+    def __post_init__(self) -> None:
+        if self.instances < 1 or self.vcpus < 1 or self.workers_per_model < 1:
+            raise ValueError(f"instances, vcpus and workers_per_model must be at least 1: {self}")
+        if self.memory_mib <= 0:
+            raise ValueError(f"memory_mib must be positive, got {self.memory_mib}")
+
+    @property
+    def worker_limit(self) -> int:
+        """The most workers one model may have on one instance."""
+        if self.model_server == "torchserve":
+            return self.workers_per_model
+        return max(self.workers_per_model, self.max_workers_per_model or self.vcpus)
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """What one model costs on an instance (see mme_sizing/costs.py for where the numbers come from)."""
+
+    worker_memory_mib: float  # one worker process holding one copy of the model
+    download_s: float  # S3 -> the instance's disk, once per instance (then the disk copy is reused)
+    load_s: float  # start a worker and load the model into it: one core busy
+    service_s: float  # one warm request on one core
+    unload_s: float = 0.0  # stopping an evicted model's workers, before the load that needed the room
+
+    def __post_init__(self) -> None:
+        if self.worker_memory_mib <= 0 or self.service_s <= 0 or min(self.download_s, self.load_s, self.unload_s) < 0:
+            raise ValueError(f"model costs must be positive (times may be 0): {self}")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Which models the requests name and how fast they come."""
+
+    pattern: str  # uniform | hot-model | top-10 | zipf
+    models: int
+    requests_per_second: float | None = None  # open loop (Poisson arrivals)
+    clients: int | None = None  # closed loop: each client sends its next request when the last one returns
+    zipf_exponent: float = 1.0  # zipf: model i (from 0) is requested in proportion to 1 / (i + 1) ** exponent
+
+    def __post_init__(self) -> None:
+        if self.pattern not in (*PATTERNS, "zipf"):
+            raise ValueError(f"pattern must be one of {', '.join((*PATTERNS, 'zipf'))}, got {self.pattern!r}")
+        if (self.requests_per_second is None) == (self.clients is None):
+            raise ValueError("give either requests_per_second (open loop) or clients (closed loop)")
+        minimum = HOT_SET + 1 if self.pattern == "top-10" else 2 if self.pattern == "hot-model" else 1
+        if self.models < minimum:
+            raise ValueError(f"the {self.pattern} pattern needs at least {minimum} models, got {self.models}")
+
+    def weights(self) -> list[float]:
+        """Each model's share of the requests (they sum to 1)."""
+        n = self.models
+        if self.pattern == "uniform":
+            return [1 / n] * n
+        if self.pattern == "hot-model":
+            return [HOT_SHARE] + [(1 - HOT_SHARE) / (n - 1)] * (n - 1)
+        if self.pattern == "top-10":
+            return [HOT_SET_SHARE / HOT_SET] * HOT_SET + [(1 - HOT_SET_SHARE) / (n - HOT_SET)] * (n - HOT_SET)
+        raw = [1 / (i + 1) ** self.zipf_exponent for i in range(n)]
+        total = sum(raw)
+        return [w / total for w in raw]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the fleet does with a workload over the measured window."""
+
+    pattern: str
+    requests: int  # requests that arrived in the window (closed loop: all of them)
+    throughput_rps: float  # answered within the timeout, per second of the window
+    hit_ratio: float  # found their model loaded on the instance they were routed to (SageMaker's ModelCacheHit)
+    p50_ms: float
+    p99_ms: float
+    cold_loads_per_minute: float  # loads started in the window (first loads and reloads)
+    loads: int
+    timeouts: int  # answered after the timeout (SageMaker would have failed them)
+    rejected: int  # found no instance with room for their model (every loaded model busy): answered an error
+    elapsed_s: float  # the window (closed loop: until the last request returned)
+
+
+class _Model:
+    __slots__ = ("busy", "id", "idle_since", "loading", "queue", "starting", "workers")
+
+    def __init__(self, model_id: int) -> None:
+        self.id = model_id
+        self.workers = 0
+        self.starting = 0
+        self.busy = 0
+        self.loading = True
+        self.queue: deque[list[Any]] = deque()
+        self.idle_since = 0.0
+
+    @property
+    def outstanding(self) -> int:
+        return self.busy + len(self.queue)
+
+    @property
+    def idle(self) -> bool:
+        return not self.loading and self.busy == 0 and not self.queue and self.starting == 0
+
+
+class _Instance:
+    """One instance: models in LRU order, a memory budget, and processor sharing over its cores."""
+
+    def __init__(self, sim: _Simulation, index: int) -> None:
+        self.sim, self.index = sim, index
+        self.cores = sim.fleet.vcpus
+        self.memory_free = sim.fleet.memory_mib
+        self.models: OrderedDict[int, _Model] = OrderedDict()  # least recently used first
+        self.on_disk: set[int] = set()
+        self.outstanding = 0
+        # Processor sharing with a virtual clock: every job advances at min(1, cores / jobs) core-seconds per second.
+        self.virtual = 0.0
+        self.updated_at = 0.0
+        self.jobs: list[tuple[float, int, Callable[[], None]]] = []
+        self.version = 0
+
+    # --- processor sharing --------------------------------------------------------------------------------------
+
+    def _rate(self) -> float:
+        return min(1.0, self.cores / len(self.jobs)) if self.jobs else 1.0
+
+    def _advance(self) -> None:
+        now = self.sim.now
+        self.virtual += (now - self.updated_at) * self._rate()
+        self.updated_at = now
+
+    def run(self, work_s: float, done: Callable[[], None]) -> None:
+        """Give ``work_s`` seconds of one core to a job; ``done`` runs when it has had them."""
+        self._advance()
+        heapq.heappush(self.jobs, (self.virtual + work_s, next(self.sim.sequence), done))
+        self._reschedule()
+
+    def _reschedule(self) -> None:
+        self.version += 1
+        if self.jobs:
+            due = self.sim.now + max(0.0, self.jobs[0][0] - self.virtual) / self._rate()
+            self.sim.at(due, self._complete, self.version)
+
+    def _complete(self, version: int) -> None:
+        if version != self.version:
+            return  # a later arrival or completion rescheduled this instance
+        self._advance()
+        finished = []
+        while self.jobs and self.jobs[0][0] <= self.virtual + 1e-12:
+            finished.append(heapq.heappop(self.jobs)[2])
+        for done in finished:
+            done()
+        self._reschedule()
+
+    # --- memory -------------------------------------------------------------------------------------------------
+
+    def make_room(self, need_mib: float, keep: int) -> int | None:
+        """Unload idle models, least recently used first, until ``need_mib`` fits; return how many were unloaded,
+        or None (and unload nothing) when even unloading every idle model would not be enough."""
+        if self.memory_free < need_mib:
+            idle = [m for m in self.models.values() if m.idle and m.id != keep]
+            worker = self.sim.cost.worker_memory_mib
+            if self.memory_free + sum(m.workers for m in idle) * worker < need_mib:
+                return None
+            unloaded = 0
+            for victim in idle:  # least recently used first
+                if self.memory_free >= need_mib:
+                    break
+                self.unload(victim)
+                unloaded += 1
+            return unloaded
+        return 0
+
+    def unload(self, model: _Model) -> None:
+        del self.models[model.id]
+        self.memory_free += (model.workers + model.starting) * self.sim.cost.worker_memory_mib
+        self.sim.holders[model.id].remove(self)
+
+
+class _Simulation:
+    def __init__(self, fleet: Fleet, cost: ModelCost, workload: Workload, seed: int) -> None:
+        self.fleet, self.cost, self.workload = fleet, cost, workload
+        self.random = random.Random(seed)
+        self.now = 0.0
+        self.events: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self.sequence = itertools.count()
+        self.instances = [_Instance(self, i) for i in range(fleet.instances)]
+        self.holders: dict[int, list[_Instance]] = {m: [] for m in range(workload.models)}
+        weights = workload.weights()
+        self.cumulative = list(itertools.accumulate(weights))
+        self.weights = weights
+        # statistics of the measured window
+        self.window = (0.0, math.inf)
+        self.latencies: list[float] = []
+        self.requests = self.hits = self.timeouts = self.loads = self.rejected = 0
+        self.last_done = 0.0
+
+    def at(self, time: float, action: Callable[..., None], *args: Any) -> None:
+        heapq.heappush(self.events, (time, next(self.sequence), action, args))
+
+    def pick_model(self) -> int:
+        index = bisect.bisect_left(self.cumulative, self.random.random() * self.cumulative[-1])
+        return min(index, self.workload.models - 1)
+
+    def in_window(self, time: float) -> bool:
+        return self.window[0] <= time < self.window[1]
+
+    # --- requests -----------------------------------------------------------------------------------------------
+
+    def arrive(self, model_id: int, client: int | None) -> None:
+        request = [self.now, model_id, client, False]  # arrival, model, client, counted
+        if self.in_window(self.now):
+            request[3] = True
+            self.requests += 1
+        instance = self.route(model_id)
+        model = instance.models.get(model_id)
+        if model is None:
+            placed = self.load(instance, model_id)
+            if placed is None:
+                # No instance can make room (every loaded model is busy): SageMaker answers an error at once.
+                self.rejected += request[3]
+                if client is not None:
+                    self.at(self.now, self.next_request, client)
+                return
+            instance, model = placed
+        elif request[3] and not model.loading:
+            self.hits += 1
+        instance.outstanding += 1
+        instance.models.move_to_end(model_id)
+        model.queue.append(request)
+        self.dispatch(instance, model)
+        if self.fleet.model_server == "djl" and not model.loading:
+            self.maybe_add_worker(instance, model)
+
+    def route(self, model_id: int) -> _Instance:
+        holders = self.holders[model_id]
+        limit = 2 * self.fleet.worker_limit
+        if holders:
+            best = min(holders, key=lambda i: (i.models[model_id].outstanding, i.outstanding))
+            if best.models[model_id].outstanding <= limit or len(holders) == len(self.instances):
+                return best
+            others = [i for i in self.instances if model_id not in i.models]
+            return min(others, key=lambda i: (i.outstanding, -i.memory_free))
+        return min(self.instances, key=lambda i: (i.outstanding, -i.memory_free))
+
+    def load(self, chosen: _Instance, model_id: int) -> tuple[_Instance, _Model] | None:
+        """Load the model on ``chosen``, or on the least busy instance that can make room for it."""
+        model = _Model(model_id)
+        workers = self.fleet.workers_per_model
+        need = workers * self.cost.worker_memory_mib
+        candidates = [chosen] + sorted((i for i in self.instances if i is not chosen and model_id not in i.models),
+                                       key=lambda i: (i.outstanding, -i.memory_free))  # fmt: skip
+        for instance in candidates:
+            unloaded = instance.make_room(need, keep=model_id)
+            if unloaded is not None:
+                break
+        else:
+            return None
+        instance.memory_free -= need
+        instance.models[model_id] = model
+        self.holders[model_id].append(instance)
+        if self.in_window(self.now):
+            self.loads += 1
+        delay = unloaded * self.cost.unload_s
+        if model_id not in instance.on_disk:
+            delay += self.cost.download_s
+
+        def start_workers() -> None:
+            remaining = [workers]
+
+            def worker_ready() -> None:
+                remaining[0] -= 1
+                if remaining[0] == 0 and instance.models.get(model_id) is model:
+                    instance.on_disk.add(model_id)
+                    model.loading = False
+                    model.workers = workers
+                    self.dispatch(instance, model)
+
+            for _ in range(workers):
+                instance.run(self.cost.load_s, worker_ready)
+
+        if delay > 0:
+            self.at(self.now + delay, start_workers)
+        else:
+            start_workers()
+        return instance, model
+
+    def maybe_add_worker(self, instance: _Instance, model: _Model) -> None:
+        """DJL: add a worker while the queue holds more than twice the batch size per worker being started."""
+        if len(model.queue) <= 2 * DJL_BATCH_SIZE * (model.starting + 1):
+            return
+        if model.workers + model.starting >= self.fleet.worker_limit:
+            return
+        if instance.make_room(self.cost.worker_memory_mib, keep=model.id) is None:
+            return  # no room without evicting a busy model: DJL would fail to start the worker
+        instance.memory_free -= self.cost.worker_memory_mib
+        model.starting += 1
+
+        def worker_ready() -> None:
+            model.starting -= 1
+            if instance.models.get(model.id) is model:
+                model.workers += 1
+                self.dispatch(instance, model)
+
+        instance.run(self.cost.load_s, worker_ready)
+
+    def dispatch(self, instance: _Instance, model: _Model) -> None:
+        while not model.loading and model.queue and model.busy < model.workers:
+            request = model.queue.popleft()
+            model.busy += 1
+            instance.run(self.cost.service_s, lambda r=request: self.finish(instance, model, r))
+
+    def finish(self, instance: _Instance, model: _Model, request: list[Any]) -> None:
+        model.busy -= 1
+        instance.outstanding -= 1
+        latency = self.now - request[0]
+        if request[3]:
+            self.latencies.append(latency)
+            self.timeouts += latency > SAGEMAKER_TIMEOUT_S
+            self.last_done = max(self.last_done, self.now)
+        self.dispatch(instance, model)
+        if model.idle or (model.busy < model.workers and not model.queue):
+            model.idle_since = self.now
+            if self.fleet.model_server == "djl" and model.workers > self.fleet.workers_per_model:
+                self.at(self.now + self.fleet.max_idle_s, self.retire_worker, instance, model)
+        if request[2] is not None:
+            self.next_request(request[2])
+
+    def retire_worker(self, instance: _Instance, model: _Model) -> None:
+        """DJL: a worker that has had nothing to do for max_idle_s stops and frees its memory."""
+        if instance.models.get(model.id) is not model or model.workers <= self.fleet.workers_per_model:
+            return
+        if model.busy < model.workers and not model.queue and self.now - model.idle_since >= self.fleet.max_idle_s:
+            model.workers -= 1
+            instance.memory_free += self.cost.worker_memory_mib
+
+    # --- traffic ------------------------------------------------------------------------------------------------
+
+    def next_request(self, client: int) -> None:
+        if self.now < self.window[1]:
+            self.arrive(self.pick_model(), client)
+
+    def open_arrivals(self, rate: float, until: float) -> None:
+        def arrival() -> None:
+            self.arrive(self.pick_model(), None)
+            following = self.now + self.random.expovariate(rate)
+            if following < until:
+                self.at(following, arrival)
+
+        self.at(self.random.expovariate(rate), arrival)
+
+    def prewarm(self) -> None:
+        """Start from a steady state: the most requested models already loaded, spread over the instances."""
+        order = sorted(range(self.workload.models), key=lambda m: -self.weights[m])
+        need = self.fleet.workers_per_model * self.cost.worker_memory_mib
+        for rank, model_id in enumerate(order):
+            instance = self.instances[rank % len(self.instances)]
+            if instance.memory_free < need:
+                if all(i.memory_free < need for i in self.instances):
+                    break
+                continue
+            model = _Model(model_id)
+            model.loading, model.workers = False, self.fleet.workers_per_model
+            instance.memory_free -= need
+            instance.models[model_id] = model
+            instance.models.move_to_end(model_id, last=False)  # popular models were used last: end of the LRU
+            instance.on_disk.add(model_id)
+            self.holders[model_id].append(instance)
+
+    def run(self, until: float) -> None:
+        events = self.events
+        while events and events[0][0] <= until:
+            time, _, action, args = heapq.heappop(events)
+            self.now = time
+            action(*args)
+
+
+def simulate(
+    fleet: Fleet,
+    cost: ModelCost,
+    workload: Workload,
+    *,
+    duration_s: float,
+    warmup_s: float = 0.0,
+    prewarm: bool = True,
+    seed: int = 0,
+) -> Prediction:
+    """Run the workload on the fleet and measure ``duration_s`` seconds after ``warmup_s``.
+
+    Open loop: arrivals at ``requests_per_second``; requests that arrive in the window are counted, and the
+    simulation runs on until they are answered (or a timeout past the window). ``prewarm`` starts from the most
+    requested models already loaded (steady state); without it every instance starts empty.
+    Closed loop: ``clients`` send requests from time 0 until ``warmup_s + duration_s``, then finish what they have
+    in flight; throughput is over the whole run until the last answer (as a load test measures it).
+    """
+    if duration_s <= 0 or warmup_s < 0:
+        raise ValueError("duration_s must be positive and warmup_s not negative")
+    sim = _Simulation(fleet, cost, workload, seed)
+    end = warmup_s + duration_s
+    sim.window = (warmup_s, end)
+    if prewarm:
+        sim.prewarm()
+    if workload.requests_per_second is not None:
+        sim.open_arrivals(workload.requests_per_second, end)
+        sim.run(end + SAGEMAKER_TIMEOUT_S)
+        elapsed = duration_s
+    else:
+        for client in range(workload.clients or 0):
+            sim.at(0.0, sim.next_request, client)
+        sim.run(math.inf)
+        elapsed = max(sim.last_done, end) - warmup_s
+    latencies = sorted(sim.latencies)
+    answered = sum(1 for latency in latencies if latency <= SAGEMAKER_TIMEOUT_S)
+    return Prediction(
+        pattern=workload.pattern,
+        requests=sim.requests,
+        throughput_rps=answered / elapsed,
+        hit_ratio=sim.hits / sim.requests if sim.requests else 0.0,
+        p50_ms=_percentile(latencies, 0.50) * 1000,
+        p99_ms=_percentile(latencies, 0.99) * 1000,
+        cold_loads_per_minute=sim.loads / (elapsed / 60),
+        loads=sim.loads,
+        timeouts=sim.timeouts,
+        rejected=sim.rejected,
+        elapsed_s=elapsed,
+    )
+
+
+def _percentile(ordered: Sequence[float], share: float) -> float:
+    if not ordered:
+        return math.nan
+    return ordered[min(len(ordered) - 1, math.ceil(share * len(ordered)) - 1)]
