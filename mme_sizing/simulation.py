@@ -27,6 +27,7 @@ next request when the last returns: what a load test does). Everything is determ
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import itertools
 import math
@@ -135,6 +136,13 @@ class Prediction:
     elapsed_s: float  # the window (closed loop: until the last request returned)
 
 
+class _Request:
+    __slots__ = ("arrival", "client", "counted")
+
+    def __init__(self, arrival: float, client: int | None, counted: bool) -> None:
+        self.arrival, self.client, self.counted = arrival, client, counted
+
+
 class _Model:
     __slots__ = ("busy", "id", "idle_since", "loading", "queue", "starting", "workers")
 
@@ -144,7 +152,7 @@ class _Model:
         self.starting = 0
         self.busy = 0
         self.loading = True
-        self.queue: deque[list[Any]] = deque()
+        self.queue: deque[_Request] = deque()
         self.idle_since = 0.0
 
     @property
@@ -261,22 +269,20 @@ class _Simulation:
     # --- requests -----------------------------------------------------------------------------------------------
 
     def arrive(self, model_id: int, client: int | None) -> None:
-        request = [self.now, model_id, client, False]  # arrival, model, client, counted
-        if self.in_window(self.now):
-            request[3] = True
-            self.requests += 1
+        request = _Request(self.now, client, self.in_window(self.now))
+        self.requests += request.counted
         instance = self.route(model_id)
         model = instance.models.get(model_id)
         if model is None:
             placed = self.load(instance, model_id)
             if placed is None:
                 # No instance can make room (every loaded model is busy): SageMaker answers an error at once.
-                self.rejected += request[3]
+                self.rejected += request.counted
                 if client is not None:
                     self.at(self.now, self.next_request, client)
                 return
             instance, model = placed
-        elif request[3] and not model.loading:
+        elif request.counted and not model.loading:
             self.hits += 1
         instance.outstanding += 1
         instance.models.move_to_end(model_id)
@@ -301,8 +307,8 @@ class _Simulation:
         model = _Model(model_id)
         workers = self.fleet.workers_per_model
         need = workers * self.cost.worker_memory_mib
-        candidates = [chosen] + sorted((i for i in self.instances if i is not chosen and model_id not in i.models),
-                                       key=lambda i: (i.outstanding, -i.memory_free))  # fmt: skip
+        others = (i for i in self.instances if i is not chosen and model_id not in i.models)
+        candidates = [chosen, *sorted(others, key=lambda i: (i.outstanding, -i.memory_free))]
         for instance in candidates:
             unloaded = instance.make_room(need, keep=model_id)
             if unloaded is not None:
@@ -361,13 +367,13 @@ class _Simulation:
         while not model.loading and model.queue and model.busy < model.workers:
             request = model.queue.popleft()
             model.busy += 1
-            instance.run(self.cost.service_s, lambda r=request: self.finish(instance, model, r))
+            instance.run(self.cost.service_s, functools.partial(self.finish, instance, model, request))
 
-    def finish(self, instance: _Instance, model: _Model, request: list[Any]) -> None:
+    def finish(self, instance: _Instance, model: _Model, request: _Request) -> None:
         model.busy -= 1
         instance.outstanding -= 1
-        latency = self.now - request[0]
-        if request[3]:
+        latency = self.now - request.arrival
+        if request.counted:
             self.latencies.append(latency)
             self.timeouts += latency > SAGEMAKER_TIMEOUT_S
             self.last_done = max(self.last_done, self.now)
@@ -376,8 +382,8 @@ class _Simulation:
             model.idle_since = self.now
             if self.fleet.model_server == "djl" and model.workers > self.fleet.workers_per_model:
                 self.at(self.now + self.fleet.max_idle_s, self.retire_worker, instance, model)
-        if request[2] is not None:
-            self.next_request(request[2])
+        if request.client is not None:
+            self.next_request(request.client)
 
     def retire_worker(self, instance: _Instance, model: _Model) -> None:
         """DJL: a worker that has had nothing to do for max_idle_s stops and frees its memory."""

@@ -30,7 +30,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -252,7 +252,8 @@ class ModelNotFound(LookupError):
 
 
 class LocalMultiModelEndpoint:
-    """SageMaker's side of an MME on one instance: load on first use, LRU unload above ``max_resident_models``."""
+    """SageMaker's side of an MME on one instance: load on first use; above ``max_resident_models`` (models loaded or
+    loading), unload the least recently used model that no request is using, as SageMaker unloads unused models."""
 
     def __init__(self, server: LocalModelServer, models_dir: Path, *, max_resident_models: int) -> None:
         if max_resident_models < 1:
@@ -261,9 +262,10 @@ class LocalMultiModelEndpoint:
         self.models_dir = Path(models_dir)
         self.max_resident_models = max_resident_models
         self._unpacked = server.work_dir / "unpacked"
-        self._resident: OrderedDict[str, None] = OrderedDict()  # least recently used first
+        self._resident: OrderedDict[str, None] = OrderedDict()  # loaded or loading, least recently used first
+        self._loading: dict[str, threading.Event] = {}  # set when the load ends (either way)
+        self._in_flight: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._loading: dict[str, threading.Lock] = {}
         self.cold_loads = 0
         self.unloads = 0
 
@@ -275,35 +277,70 @@ class LocalMultiModelEndpoint:
     def invoke(self, target_model: str, body: bytes, content_type: str = "application/json") -> tuple[Answer, bool]:
         """Invoke ``target_model``; return the answer and whether this request had to load the model (cold)."""
         validate_model_name(target_model)
-        cold = self._ensure_loaded(target_model)
-        answer = self.server.invoke(self.server_name(target_model), body, content_type)
-        if answer.status == 404 and target_model not in self.resident():
-            # Unloaded by a concurrent request between our load and our invoke: load it again, once.
-            cold = self._ensure_loaded(target_model) or cold
-            answer = self.server.invoke(self.server_name(target_model), body, content_type)
-        return answer, cold
+        with self._lock:
+            self._in_flight[target_model] += 1  # from here on the model is not unloaded under this request
+        try:
+            cold = self._ensure_loaded(target_model)
+            return self.server.invoke(self.server_name(target_model), body, content_type), cold
+        finally:
+            with self._lock:
+                self._in_flight[target_model] -= 1
 
     def _ensure_loaded(self, target_model: str) -> bool:
         with self._lock:
+            pending = self._loading.get(target_model)
             if target_model in self._resident:
                 self._resident.move_to_end(target_model)
-                return False
-            model_lock = self._loading.setdefault(target_model, threading.Lock())
-        with model_lock:  # concurrent first requests for one model wait for a single load
-            with self._lock:
-                if target_model in self._resident:
-                    self._resident.move_to_end(target_model)
+                if pending is None:
                     return False
-            archive = self.models_dir / target_model
-            if not archive.is_file():
-                raise ModelNotFound(f"model {target_model!r} is not under {self.models_dir}")
-            model_dir = self._unpack(target_model, archive)
-            self._make_room()
-            self.server.load(self.server_name(target_model), model_dir)
+            else:
+                archive = self.models_dir / target_model
+                if not archive.is_file():
+                    raise ModelNotFound(f"model {target_model!r} is not under {self.models_dir}")
+                victims = self._choose_victims(target_model)
+                self._resident[target_model] = None  # counts against the limit while it loads
+                self._loading[target_model] = done = threading.Event()
+        if pending is not None:  # another request is loading it: wait for that load
+            pending.wait()
             with self._lock:
-                self._resident[target_model] = None
+                if target_model not in self._resident:
+                    raise ModelServerError(f"loading {target_model} failed (see the request that loaded it)")
+            return False
+        try:
+            for victim in victims:
+                self.server.unload(self.server_name(victim))
+                with self._lock:
+                    self.unloads += 1
+            self.server.load(self.server_name(target_model), self._unpack(target_model, archive))
+            with self._lock:
                 self.cold_loads += 1
-            return True
+        except BaseException:
+            with self._lock:
+                self._resident.pop(target_model, None)
+            raise
+        finally:
+            with self._lock:
+                del self._loading[target_model]
+            done.set()
+        return True
+
+    def _choose_victims(self, target_model: str) -> list[str]:
+        """Under the lock: take least recently used idle models off the resident set until one more fits."""
+        victims: list[str] = []
+        while len(self._resident) >= self.max_resident_models:
+            victim = next(
+                (name for name in self._resident if not self._in_flight[name] and name not in self._loading), None
+            )
+            if victim is None:
+                for name in victims:  # put them back: nothing is unloaded
+                    self._resident[name] = None
+                    self._resident.move_to_end(name, last=False)
+                raise ModelServerError(
+                    f"cannot load {target_model}: all {self.max_resident_models} resident models are in use"
+                )
+            del self._resident[victim]
+            victims.append(victim)
+        return victims
 
     def _unpack(self, target_model: str, archive: Path) -> Path:
         """Unpack once to local disk (SageMaker keeps downloaded models on the instance's disk, too)."""
@@ -316,18 +353,8 @@ class LocalMultiModelEndpoint:
             partial.rename(target)
         return target
 
-    def _make_room(self) -> None:
-        while True:
-            with self._lock:
-                if len(self._resident) < self.max_resident_models:
-                    return
-                victim, _ = self._resident.popitem(last=False)
-            self.server.unload(self.server_name(victim))
-            with self._lock:
-                self.unloads += 1
-
     def unload_all(self) -> None:
-        """Unload every resident model (a cold start for whatever comes next)."""
+        """Unload every resident model (a cold start for whatever comes next); call it with no request in flight."""
         with self._lock:
             victims, self._resident = list(self._resident), OrderedDict()
         for name in victims:
