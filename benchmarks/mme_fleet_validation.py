@@ -1,0 +1,218 @@
+"""Check the fleet simulation against the local multi-model harness: predicted against measured, side by side, one run.
+
+For each configuration (``--models`` models, each of ``--resident`` models resident at most) the three traffic
+patterns run on the real harness (TorchServe + the SageMaker toolkit in multi-model mode, Locust closed-loop users,
+every pattern starting with nothing loaded), and the simulation predicts the same run from costs measured on the
+same server just before (sequential probes, nothing else running): the first load of a model (unpack + load), a
+reload from disk, an unload, a warm request. Nothing in the prediction is fitted to the pattern runs.
+
+    python -m benchmarks.mme_fleet_validation --models 16 --resident 4 8 16 --users 4 --duration 60
+
+Writes ``<output-dir>/mme_fleet_validation.json`` and ``.md``: per configuration and pattern, measured and predicted
+throughput and hit ratio (1 - model loads / requests, the same count on both sides) and their errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from inference_assets.local.local_mme import LocalModelServer, LocalMultiModelEndpoint
+from mme_sizing.simulation import HOT_SET, PATTERNS, Fleet, ModelCost, Workload, simulate
+
+# benchmarks.mme_locustfile and mme_load_test import Locust, which monkey-patches the interpreter with gevent on import:
+# they are imported only by the run itself (main), so the prediction and report functions import cleanly.
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE_REPEATS = 3
+WARM_REQUESTS = 20
+ACCEPTABLE_ERROR = 0.20  # the issue's bar: predictions within 20% of the measurement
+
+
+def _timed(action: Any) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def measure_costs(
+    server: LocalModelServer, prefix: Path, names: list[str], repeats: int, body: bytes
+) -> dict[str, float]:
+    """Sequential probes on the harness's own server: medians of first load, reload, unload and warm requests."""
+    endpoint = LocalMultiModelEndpoint(server, prefix, max_resident_models=len(names))
+    first, reload, unload, warm = [], [], [], []
+    for name in names[:repeats]:
+        first.append(_timed(lambda n=name: endpoint.invoke(n, body)))  # unpack + load + one request
+        for _ in range(WARM_REQUESTS):
+            warm.append(_timed(lambda n=name: endpoint.invoke(n, body)))
+        unload.append(_timed(endpoint.unload_all))
+        reload.append(_timed(lambda n=name: endpoint.invoke(n, body)))  # load from the unpacked copy + one request
+        endpoint.unload_all()
+    service = statistics.median(warm)
+    return {
+        "first_load_s": statistics.median(first) - service,
+        "reload_s": statistics.median(reload) - service,
+        "unload_s": statistics.median(unload),
+        "warm_request_s": service,
+    }
+
+
+def predict(costs: dict[str, float], *, cpus: int, models: int, resident: int, pattern: str, users: int,
+            duration_s: float) -> dict[str, float]:  # fmt: skip
+    cost = ModelCost(
+        worker_memory_mib=1.0,  # the harness limits models by count: one unit of memory per model
+        download_s=max(0.0, costs["first_load_s"] - costs["reload_s"]),  # unpacking, once per model
+        load_s=costs["reload_s"],
+        service_s=costs["warm_request_s"],
+        unload_s=costs["unload_s"],
+    )
+    fleet = Fleet(instances=1, vcpus=cpus, memory_mib=float(resident), model_server="torchserve")
+    prediction = simulate(fleet, cost, Workload(pattern, models, clients=users), duration_s=duration_s, prewarm=False)
+    return {
+        "tps": prediction.throughput_rps,
+        "requests": prediction.requests,
+        "loads": prediction.loads,
+        "hit_ratio": 1 - prediction.loads / prediction.requests if prediction.requests else 0.0,
+    }
+
+
+def _error(predicted: float, measured: float) -> float:
+    return (predicted - measured) / measured if measured else float("nan")
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=int, default=16)
+    parser.add_argument("--resident", type=int, nargs="+", default=[4, 8, 16], help="configurations to run")
+    parser.add_argument("--users", type=int, default=4, help="concurrent closed-loop Locust users")
+    parser.add_argument("--duration", type=float, default=60, help="seconds per pattern")
+    parser.add_argument("--patterns", nargs="+", choices=PATTERNS, default=list(PATTERNS))
+    parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args(argv)
+    args.spawn_rate = args.users  # every user starts at once, as the simulation's clients do
+    if args.models <= HOT_SET:
+        parser.error(f"--models must exceed {HOT_SET} (the top-10 pattern needs a tail)")
+    if any(not 1 <= resident <= args.models for resident in args.resident):
+        parser.error(f"--resident values must be between 1 and --models ({args.models})")
+    if args.users < 1 or args.duration <= 0:
+        parser.error("--users and --duration must be positive")
+    if min(args.resident) < args.users:
+        parser.error("--resident must be at least --users, or a load can find every resident model in use")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    from benchmarks import mme_locustfile
+    from benchmarks.mme_load_test import run_pattern
+    from inference_assets.tools.publish_models import build_archive, copy_names
+    from training_assets.tiny_model import build_tiny_model
+
+    command = "python -m benchmarks.mme_fleet_validation " + shlex.join(sys.argv[1:] if argv is None else argv)
+    cpus = os.cpu_count() or 1
+    host = {"cpus": cpus, "load_average_before": round(os.getloadavg()[0], 2)}
+    mme_locustfile.models, mme_locustfile.name_template = args.models, mme_locustfile.DEFAULT_NAME_TEMPLATE
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="mme-validation-") as scratch:
+        work = Path(scratch)
+        archive = build_archive(build_tiny_model(work / "tiny-model"), work / "sentiment.tar.gz")
+        prefix = work / "prefix"
+        prefix.mkdir()
+        names = copy_names(args.models + PROBE_REPEATS, mme_locustfile.DEFAULT_NAME_TEMPLATE)
+        for name in names:
+            shutil.copy(archive, prefix / name)
+        with LocalModelServer(work / "server") as server:
+            # Probe models the patterns never name.
+            probes = names[args.models :]
+            costs = measure_costs(server, prefix, probes, PROBE_REPEATS, mme_locustfile.REQUEST_BODY)
+            print("measured costs: " + ", ".join(f"{k} {v:.3f}" for k, v in costs.items()), flush=True)
+            for resident in args.resident:
+                endpoint = LocalMultiModelEndpoint(server, prefix, max_resident_models=resident)
+
+                def invoke(model: str, endpoint: LocalMultiModelEndpoint = endpoint) -> tuple[bool | None, int]:
+                    answer, cold = endpoint.invoke(model, mme_locustfile.REQUEST_BODY)
+                    if answer.status != 200:
+                        raise mme_locustfile.InvokeError(f"{model} answered {answer.status}")
+                    return cold, len(answer.body)
+
+                mme_locustfile.target = invoke
+                for pattern in args.patterns:
+                    loads_before = endpoint.cold_loads
+                    measured = run_pattern(pattern, args)
+                    server.check_alive()
+                    loads = endpoint.cold_loads - loads_before
+                    endpoint.unload_all()  # the next pattern starts cold, as the prediction assumes
+                    predicted = predict(costs, cpus=cpus, models=args.models, resident=resident, pattern=pattern,
+                                        users=args.users, duration_s=args.duration)  # fmt: skip
+                    row = {
+                        "models": args.models,
+                        "resident": resident,
+                        "pattern": pattern,
+                        "measured_tps": measured["tps"],
+                        "predicted_tps": predicted["tps"],
+                        "tps_error": _error(predicted["tps"], measured["tps"]),
+                        "measured_hit_ratio": 1 - loads / measured["requests"] if measured["requests"] else 0.0,
+                        "predicted_hit_ratio": predicted["hit_ratio"],
+                        "measured_requests": measured["requests"],
+                        "measured_errors": measured["errors"],
+                        "measured_loads": loads,
+                        "predicted_loads": predicted["loads"],
+                    }
+                    row["hit_ratio_error"] = _error(row["predicted_hit_ratio"], row["measured_hit_ratio"])
+                    rows.append(row)
+                    print(f"{resident} resident, {pattern}: measured {row['measured_tps']:.2f} TPS "
+                          f"hit {row['measured_hit_ratio']:.2f}; predicted {row['predicted_tps']:.2f} TPS "
+                          f"hit {row['predicted_hit_ratio']:.2f}", flush=True)  # fmt: skip
+    result = {"command": command, "host": host, "costs": costs, "users": args.users, "duration_s": args.duration,
+              "rows": rows}  # fmt: skip
+    write_results(result, args.output_dir)
+    return 0
+
+
+def write_results(result: dict[str, Any], output_dir: Path) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "mme_fleet_validation.json").write_text(json.dumps(result, indent=1) + "\n")
+    rows = result["rows"]
+    worst_tps = max(abs(row["tps_error"]) for row in rows)
+    worst_hit = max(abs(row["hit_ratio_error"]) for row in rows)
+    within = sum(abs(row["tps_error"]) <= ACCEPTABLE_ERROR for row in rows)
+    costs = result["costs"]
+    lines = [
+        "# Fleet simulation against the local multi-model harness",
+        "",
+        f"```\n{result['command']}\n```",
+        "",
+        f"Host: {result['host']['cpus']} CPUs, load average {result['host']['load_average_before']} before the run. "
+        f"{result['users']} closed-loop users, {result['duration_s']:.0f} s per pattern, every pattern starting cold. "
+        "Inputs of the prediction, measured on the same server just before (sequential, medians): first load "
+        f"{costs['first_load_s']:.2f} s, reload {costs['reload_s']:.2f} s, unload {costs['unload_s']:.2f} s, warm "
+        f"request {costs['warm_request_s'] * 1000:.1f} ms. Hit ratio here = 1 - model loads / requests on both sides.",
+        "",
+        "| models | resident | pattern | measured TPS | predicted TPS | error | measured hits | predicted | error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['models']} | {row['resident']} | {row['pattern']} | {row['measured_tps']:.2f} | "
+            f"{row['predicted_tps']:.2f} | {row['tps_error']:+.0%} | {row['measured_hit_ratio']:.2f} | "
+            f"{row['predicted_hit_ratio']:.2f} | {row['hit_ratio_error']:+.0%} |"
+        )
+    lines += [
+        "",
+        f"Throughput within {ACCEPTABLE_ERROR:.0%} in {within} of {len(rows)} runs; largest throughput error "
+        f"{worst_tps:.0%}, largest hit-ratio error {worst_hit:.0%}.",
+    ]
+    (output_dir / "mme_fleet_validation.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
