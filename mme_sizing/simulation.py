@@ -9,9 +9,9 @@ and when more want one than there are cores, all slow down alike.
 Per model, the model server decides how many requests run at once:
 
 * ``torchserve``: a fixed number of workers per loaded model (``SAGEMAKER_MODEL_SERVER_WORKERS``).
-* ``djl``: one worker at first; another starts while the model's queue holds more than twice its batch size (1),
-  up to ``max_workers_per_model`` (DJL's default: vCPUs / OMP threads); a worker idle for ``max_idle_s`` stops.
-  (DJL Serving's WorkLoadManager rule, https://docs.djl.ai/docs/serving/serving/docs/configurations_model.html.)
+* ``djl``: one worker at first; each request that finds more than twice the batch size (1) queued starts another, up
+  to ``max_workers_per_model`` (DJL's default: vCPUs / OMP threads); a worker idle for ``max_idle_s`` stops
+  (``WorkLoadManager.runJob`` in djl-serving v0.36.0; https://docs.djl.ai/docs/serving/serving/docs/configurations_model.html).
 
 Routing, as AWS describes it for multi-model endpoints ("Invoke a multi-model endpoint"; the blog post in
 ../shared/seeds/002): a request goes to an instance that already holds its model (the one with the fewest of that
@@ -345,8 +345,9 @@ class _Simulation:
         return instance, model
 
     def maybe_add_worker(self, instance: _Instance, model: _Model) -> None:
-        """DJL: add a worker while the queue holds more than twice the batch size per worker being started."""
-        if len(model.queue) <= 2 * DJL_BATCH_SIZE * (model.starting + 1):
+        """DJL: on each arrival, one more worker while the queue holds more than twice the batch size and the workers
+        (those still starting included) are below the limit (WorkLoadManager.runJob, djl-serving v0.36.0)."""
+        if len(model.queue) <= 2 * DJL_BATCH_SIZE:
             return
         if model.workers + model.starting >= self.fleet.worker_limit:
             return
