@@ -4,8 +4,9 @@
   has the hardware of the EC2 ``<type>``).
 * Model costs: measured on the local multi-model server by ``python -m benchmarks.mme_model_cost`` and read from its
   results file (``benchmarks/results/mme_model_cost.json``), so a new measurement changes every prediction:
-  a worker's memory is the worker runtime (the fit's intercept) plus the model's weights times the fit's slope;
-  loading a model into a worker takes the reload fit at the archive's size.
+  a loaded model's memory is its weights times the fit's slope, once per instance (its workers share the mapped
+  weights), plus the worker runtime (the fit's intercept) for every worker; loading a model into a worker takes the
+  reload fit at the archive's size (measured up to ~100 MiB archives: larger ones are an extrapolation).
 * What cannot be measured here is a setting with a stated default: the S3 download rate and the warm latency of
   the real model on one core of the real instance (``multi_model_endpoint.sizing`` in cdk.json).
 """
@@ -54,10 +55,10 @@ def measured_costs(path: Path = MEASURED_COSTS_FILE) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def worker_memory_mib(weights_mib: float, measured: dict[str, Any] | None = None) -> float:
-    """Memory one more worker holding the model takes: its unique pages (USS) by the measured fit."""
+def model_memory_mib(weights_mib: float, workers: int = 1, measured: dict[str, Any] | None = None) -> float:
+    """Memory of a model with ``workers`` workers on one instance, by the measured fit of a worker's own pages (USS)."""
     fit = (measured or measured_costs())["fits"]["worker_uss_mib"]
-    return fit["intercept"] + fit["per_weights_mib"] * weights_mib
+    return fit["per_weights_mib"] * weights_mib + workers * fit["intercept"]
 
 
 def model_cost(
@@ -76,7 +77,8 @@ def model_cost(
     first_load_s = fits["first_load_s"]["intercept"] + fits["first_load_s"]["per_archive_mib"] * archive
     unpack_s = max(0.0, first_load_s - reload_s)
     return ModelCost(
-        worker_memory_mib=worker_memory_mib(weights_mib, measured),
+        worker_memory_mib=fits["worker_uss_mib"]["intercept"],
+        model_memory_mib=fits["worker_uss_mib"]["per_weights_mib"] * weights_mib,
         download_s=archive / download_mib_per_second + unpack_s,
         load_s=max(reload_s, 0.0),
         service_s=warm_latency_ms / 1000,

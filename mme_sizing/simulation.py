@@ -75,14 +75,22 @@ class Fleet:
 class ModelCost:
     """What one model costs on an instance (see mme_sizing/costs.py for where the numbers come from)."""
 
-    worker_memory_mib: float  # one worker process holding one copy of the model
+    worker_memory_mib: float  # one worker process: the Python runtime, its own for every worker
     download_s: float  # S3 -> the instance's disk, once per instance (then the disk copy is reused)
     load_s: float  # start a worker and load the model into it: one core busy
     service_s: float  # one warm request on one core
     unload_s: float = 0.0  # stopping an evicted model's workers, before the load that needed the room
+    # The weights, once per instance: its workers map the same safetensors file and share those pages
+    # (benchmarks/results/mme_model_cost.md: a second worker adds the runtime only, whatever the model's size).
+    model_memory_mib: float = 0.0
+
+    def footprint_mib(self, workers: int) -> float:
+        """Memory of one model with ``workers`` workers on one instance."""
+        return self.model_memory_mib + workers * self.worker_memory_mib
 
     def __post_init__(self) -> None:
-        if self.worker_memory_mib <= 0 or self.service_s <= 0 or min(self.download_s, self.load_s, self.unload_s) < 0:
+        times = (self.download_s, self.load_s, self.unload_s)
+        if self.worker_memory_mib <= 0 or self.service_s <= 0 or min(*times, self.model_memory_mib) < 0:
             raise ValueError(f"model costs must be positive (times may be 0): {self}")
 
 
@@ -220,8 +228,8 @@ class _Instance:
         or None (and unload nothing) when even unloading every idle model would not be enough."""
         if self.memory_free < need_mib:
             idle = [m for m in self.models.values() if m.idle and m.id != keep]
-            worker = self.sim.cost.worker_memory_mib
-            if self.memory_free + sum(m.workers for m in idle) * worker < need_mib:
+            footprint = self.sim.cost.footprint_mib
+            if self.memory_free + sum(footprint(m.workers) for m in idle) < need_mib:
                 return None
             unloaded = 0
             for victim in idle:  # least recently used first
@@ -234,7 +242,7 @@ class _Instance:
 
     def unload(self, model: _Model) -> None:
         del self.models[model.id]
-        self.memory_free += (model.workers + model.starting) * self.sim.cost.worker_memory_mib
+        self.memory_free += self.sim.cost.footprint_mib(model.workers + model.starting)
         self.sim.holders[model.id].remove(self)
 
 
@@ -306,7 +314,7 @@ class _Simulation:
         """Load the model on ``chosen``, or on the least busy instance that can make room for it."""
         model = _Model(model_id)
         workers = self.fleet.workers_per_model
-        need = workers * self.cost.worker_memory_mib
+        need = self.cost.footprint_mib(workers)
         others = (i for i in self.instances if i is not chosen and model_id not in i.models)
         candidates = [chosen, *sorted(others, key=lambda i: (i.outstanding, -i.memory_free))]
         for instance in candidates:
@@ -412,7 +420,7 @@ class _Simulation:
     def prewarm(self) -> None:
         """Start from a steady state: the most requested models already loaded, spread over the instances."""
         order = sorted(range(self.workload.models), key=lambda m: -self.weights[m])
-        need = self.fleet.workers_per_model * self.cost.worker_memory_mib
+        need = self.cost.footprint_mib(self.fleet.workers_per_model)
         for rank, model_id in enumerate(order):
             instance = self.instances[rank % len(self.instances)]
             if instance.memory_free < need:
