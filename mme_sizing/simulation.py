@@ -43,6 +43,7 @@ HOT_SHARE = 0.9  # hot-model: one model takes 9 of 10 requests (the blog post's 
 HOT_SET, HOT_SET_SHARE = 10, 8 / 9  # top-10: ten models take 8 of 9 requests (weights 8:1)
 DJL_BATCH_SIZE = 1  # serving.properties batch_size (must stay 1, see inference_assets/tools/serving_properties.py)
 SAGEMAKER_TIMEOUT_S = 60.0  # InvokeEndpoint gives the container 60 s to answer
+PREWARM_UTILIZATION = 0.7  # a steady state's workers are busy this share of the time
 
 
 @dataclass(frozen=True)
@@ -135,11 +136,11 @@ class Prediction:
     requests: int  # requests that arrived in the window (closed loop: all of them)
     throughput_rps: float  # answered within the timeout, per second of the window
     hit_ratio: float  # found their model loaded on the instance they were routed to (SageMaker's ModelCacheHit)
-    p50_ms: float
-    p99_ms: float
+    p50_ms: float  # over every request of the window; inf when more than half timed out
+    p99_ms: float  # inf when more than 1% timed out
     cold_loads_per_minute: float  # loads started in the window (first loads and reloads)
     loads: int
-    timeouts: int  # answered after the timeout (SageMaker would have failed them)
+    timeouts: int  # not answered within the timeout (SageMaker fails them), or never answered
     rejected: int  # found no instance with room for their model (every loaded model busy): answered an error
     elapsed_s: float  # the window (closed loop: until the last request returned)
 
@@ -261,7 +262,7 @@ class _Simulation:
         # statistics of the measured window
         self.window = (0.0, math.inf)
         self.latencies: list[float] = []
-        self.requests = self.hits = self.timeouts = self.loads = self.rejected = 0
+        self.requests = self.hits = self.loads = self.rejected = 0
         self.last_done = 0.0
 
     def at(self, time: float, action: Callable[..., None], *args: Any) -> None:
@@ -384,7 +385,6 @@ class _Simulation:
         latency = self.now - request.arrival
         if request.counted:
             self.latencies.append(latency)
-            self.timeouts += latency > SAGEMAKER_TIMEOUT_S
             self.last_done = max(self.last_done, self.now)
         self.dispatch(instance, model)
         if model.idle or (model.busy < model.workers and not model.queue):
@@ -418,22 +418,28 @@ class _Simulation:
         self.at(self.random.expovariate(rate), arrival)
 
     def prewarm(self) -> None:
-        """Start from a steady state: the most requested models already loaded, spread over the instances."""
+        """Start from a steady state: the most requested models already loaded, each with the workers (and, past one
+        instance's worth, the instances) its share of an open-loop rate keeps below PREWARM_UTILIZATION."""
         order = sorted(range(self.workload.models), key=lambda m: -self.weights[m])
-        need = self.cost.footprint_mib(self.fleet.workers_per_model)
-        for rank, model_id in enumerate(order):
-            instance = self.instances[rank % len(self.instances)]
-            if instance.memory_free < need:
-                if all(i.memory_free < need for i in self.instances):
-                    break
-                continue
-            model = _Model(model_id)
-            model.loading, model.workers = False, self.fleet.workers_per_model
-            instance.memory_free -= need
-            instance.models[model_id] = model
-            instance.models.move_to_end(model_id, last=False)  # popular models were used last: end of the LRU
-            instance.on_disk.add(model_id)
-            self.holders[model_id].append(instance)
+        rate = self.workload.requests_per_second or 0.0
+        per_instance = self.fleet.worker_limit
+        for model_id in order:
+            busy = rate * self.weights[model_id] * self.cost.service_s / PREWARM_UTILIZATION
+            needed = max(self.fleet.workers_per_model, math.ceil(busy))
+            replicas = min(len(self.instances), math.ceil(needed / per_instance))
+            workers = min(per_instance, max(self.fleet.workers_per_model, math.ceil(needed / replicas)))
+            need = self.cost.footprint_mib(workers)
+            roomy = sorted((i for i in self.instances if i.memory_free >= need), key=lambda i: -i.memory_free)
+            if not roomy:
+                return
+            for instance in roomy[:replicas]:
+                model = _Model(model_id)
+                model.loading, model.workers = False, workers
+                instance.memory_free -= need
+                instance.models[model_id] = model
+                instance.models.move_to_end(model_id, last=False)  # popular models were used last: end of the LRU
+                instance.on_disk.add(model_id)
+                self.holders[model_id].append(instance)
 
     def run(self, until: float) -> None:
         events = self.events
@@ -477,18 +483,19 @@ def simulate(
             sim.at(0.0, sim.next_request, client)
         sim.run(math.inf)
         elapsed = max(sim.last_done, end) - warmup_s
-    latencies = sorted(sim.latencies)
-    answered = sum(1 for latency in latencies if latency <= SAGEMAKER_TIMEOUT_S)
+    answered = [latency for latency in sim.latencies if latency <= SAGEMAKER_TIMEOUT_S]
+    served = sim.requests - sim.rejected  # a refused request has no latency: it is an error at once
+    latencies = sorted(answered) + [math.inf] * (served - len(answered))
     return Prediction(
         pattern=workload.pattern,
         requests=sim.requests,
-        throughput_rps=answered / elapsed,
+        throughput_rps=len(answered) / elapsed,
         hit_ratio=sim.hits / sim.requests if sim.requests else 0.0,
         p50_ms=_percentile(latencies, 0.50) * 1000,
         p99_ms=_percentile(latencies, 0.99) * 1000,
         cold_loads_per_minute=sim.loads / (elapsed / 60),
         loads=sim.loads,
-        timeouts=sim.timeouts,
+        timeouts=served - len(answered),
         rejected=sim.rejected,
         elapsed_s=elapsed,
     )

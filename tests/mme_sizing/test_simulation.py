@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 
@@ -74,6 +75,7 @@ def test_fixed_workers_starve_a_hot_model_that_djl_scales_out() -> None:
     torchserve = simulate(one_instance(60, vcpus=8), COST, workload, duration_s=60, warmup_s=10)
     djl = simulate(one_instance(60, vcpus=8, server="djl"), COST, workload, duration_s=60, warmup_s=10)
     assert torchserve.throughput_rps < 0.5 * 400
+    assert torchserve.timeouts > 0.5 * torchserve.requests and torchserve.p99_ms == math.inf  # failed, not fast
     assert djl.throughput_rps == pytest.approx(400, rel=0.1)
     assert djl.p99_ms < 1000
 
@@ -99,3 +101,11 @@ def test_the_same_seed_gives_the_same_prediction() -> None:
     first, second = (simulate(fleet, COST, workload, duration_s=20, seed=7) for _ in range(2))
     assert first == second
     assert simulate(fleet, COST, workload, duration_s=20, seed=8) != first
+
+
+def test_a_prewarmed_fleet_starts_with_the_workers_and_replicas_its_hot_model_needs() -> None:
+    # 360 rps to a 10 ms model needs ~5 busy workers at 70%: DJL gets them on one instance without a transient.
+    fleet = Fleet(instances=2, vcpus=8, memory_mib=50 * COST.worker_memory_mib, model_server="djl")
+    prediction = simulate(fleet, COST, Workload("hot-model", 20, requests_per_second=400), duration_s=30)
+    assert prediction.loads == 0 and prediction.hit_ratio == 1.0
+    assert prediction.p99_ms < 100
