@@ -56,6 +56,7 @@ SERVED_SHARE = 0.9
 # The parity search looks up to this multiple of max_capacity.
 SEARCH_FACTOR = 2
 METADATA_KEY = "pytorch-platform:mme-sizing"
+NOTHING_TO_CHANGE = "Nothing to change: every pattern keeps up."
 SETTINGS_PREFIX = "multi_model_endpoint"
 
 
@@ -401,7 +402,7 @@ def text_table(headers: tuple[str, ...], rows: list[list[str]]) -> list[str]:
 def format_plan(name: str, plan: EndpointPlan) -> list[str]:
     lines = [f"{name}: {summary(plan)}", *("  " + line for line in text_table(TABLE_HEADERS, table_rows(plan)))]
     lines.append(parity_line(plan))
-    lines += [f"- {line}" for line in plan.advice] or ["- Nothing to change: every pattern keeps up."]
+    lines += [f"- {line}" for line in plan.advice] or [f"- {NOTHING_TO_CHANGE}"]
     return lines
 
 
