@@ -14,7 +14,7 @@ SYNTH_INSTALLED := $(VENV)/.synth-installed
 # ... and everything else on top (requirements-dev.txt).
 DEV_INSTALLED := $(VENV)/.installed
 
-.PHONY: install install-synth synth gates templates test lint clean demo
+.PHONY: install install-synth synth gates templates test lint clean demo mme-plan
 
 install: $(DEV_INSTALLED) .venv-checkov/.installed node_modules/.installed
 install-synth: $(SYNTH_INSTALLED) .venv-checkov/.installed node_modules/.installed
@@ -57,6 +57,10 @@ gates: templates .venv-checkov/.installed
 templates: $(SYNTH_INSTALLED) node_modules/.installed
 	rm -rf cdk.out
 	time cdk synth --quiet -c env=$(ENVS)
+
+## Predicted behaviour of each environment's multi-model endpoint (ENV=prod for one); needs only the synth install.
+mme-plan: $(SYNTH_INSTALLED)
+	$(BIN)/python -m mme_sizing.plan $(if $(ENV),--env $(ENV))
 
 ## Lint, format check and type check, then the whole test suite (templates, settings, assets, real local model servers).
 test: install

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mme_sizing.plan import NOTHING_TO_CHANGE
+
 
 def _cell(value: Any) -> str:
     if value is None:
@@ -183,6 +185,7 @@ def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
     lines += _table(
         ["rule", "reason", "resources"], [[a["rule"], a["reason"], a["resources"]] for a in review["acknowledgements"]]
     )
+    lines += _sizing_markdown(review.get("multi_model_sizing", []))
     lines += [f"### On-demand cost (prices as of {cost['prices_as_of']}, region {cost['region']})", ""]
     lines += _table(
         ["runs", "resource", "kind", "instance type", "count", "max count", "$/h each", "$/h", "$/h at max"],
@@ -224,6 +227,23 @@ def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
     ]
     if cost["unpriced"]:
         lines += [f"Not in the price table (not counted): {', '.join(cost['unpriced'])}.", ""]
+    return lines
+
+
+def _sizing_markdown(entries: list[dict[str, Any]]) -> list[str]:
+    """The multi-model endpoint's predicted patterns (`pytorch-platform mme-plan` prints the same)."""
+    if not entries:
+        return []
+    lines = ["### Multi-model endpoint sizing", ""]
+    for entry in entries:
+        if "error" in entry:
+            lines += [f"**{entry['endpoint']}**: {entry['error']}", ""]
+            continue
+        lines += [f"**{entry['endpoint']}**: {entry['summary']}", ""]
+        lines += _table(entry["headers"], entry["rows"])
+        lines += [entry["parity"], ""]
+        lines += [f"- {line}" for line in entry["advice"]] or [f"- {NOTHING_TO_CHANGE}"]
+        lines.append("")
     return lines
 
 

@@ -3,7 +3,9 @@
 It reads only the templates and manifests (no AWS calls, no CDK import), so it reviews any synthesized app: the
 resources, every IAM principal with its actions and resources (wildcards flagged), network exposure, encryption of
 each data store, deletion/retention policy of each data-bearing resource, the cdk-nag acknowledgements (the compliance
-gates write them into the template metadata) and the On-Demand hourly cost of the instances the stack would run.
+gates write them into the template metadata), the On-Demand hourly cost of the instances the stack would run, and the
+predicted behaviour of a multi-model endpoint (from the sizing inputs its stack writes into the endpoint's metadata;
+the same plan as `pytorch-platform mme-plan`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from mme_sizing import plan as mme_plan
 
 PRICES_FILE = Path(__file__).with_name("prices.json")
 
@@ -105,6 +109,7 @@ def review_stack(stack: StackTemplate, prices: dict[str, Any]) -> dict[str, Any]
         "retention": template.retention(),
         "acknowledgements": template.acknowledgements(),
         "cost": template.cost(prices),
+        "multi_model_sizing": template.multi_model_sizing(),
     }
 
 
@@ -477,6 +482,34 @@ class _Template:
             {"rule": rule, "reason": reason, "resources": sorted(resources)}
             for (rule, reason), resources in sorted(grouped.items())
         ]
+
+    # --- multi-model endpoint sizing ------------------------------------------------------------------------------
+
+    def multi_model_sizing(self) -> list[dict[str, Any]]:
+        """The plan of every endpoint that carries sizing inputs: the table, parity count and advice of mme-plan."""
+        entries = []
+        for lid, endpoint in self._of_type("AWS::SageMaker::Endpoint"):
+            metadata = endpoint.get("Metadata", {}).get(mme_plan.METADATA_KEY)
+            if metadata is None:
+                continue
+            entry: dict[str, Any] = {"endpoint": self.name(lid)}
+            try:
+                plan = mme_plan.predict(mme_plan.SizingInputs.from_metadata(metadata))
+            except (KeyError, TypeError, ValueError) as error:  # inputs of another version, a type without facts
+                entries.append({**entry, "error": f"cannot predict: {error}"})
+                continue
+            entries.append(
+                {
+                    **entry,
+                    "summary": mme_plan.summary(plan),
+                    "headers": list(mme_plan.TABLE_HEADERS),
+                    "rows": mme_plan.table_rows(plan),
+                    "parity": mme_plan.parity_line(plan),
+                    "advice": list(plan.advice),
+                    "plan": plan.as_dict(),
+                }
+            )
+        return entries
 
     # --- cost ---------------------------------------------------------------------------------------------------
 

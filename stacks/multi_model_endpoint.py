@@ -16,6 +16,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from inference_assets.tools.endpoint_environment import instance_vcpus
+from mme_sizing.plan import METADATA_KEY, WORKERS_PER_MODEL, SizingInputs, hot_set_resident
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     DlcImage,
@@ -39,7 +40,7 @@ CONTAINER_ENVIRONMENT = {
     "djl": {"OMP_NUM_THREADS": "1"},
     "torchserve": {
         "SAGEMAKER_MULTI_MODEL": "true",
-        "SAGEMAKER_MODEL_SERVER_WORKERS": "1",
+        "SAGEMAKER_MODEL_SERVER_WORKERS": str(WORKERS_PER_MODEL),
         "OMP_NUM_THREADS": "1",
         "SENTIMENT_MAX_REQUEST_BATCH": "32",  # code/inference.py (DJL reads option.max_request_batch instead)
     },
@@ -103,6 +104,7 @@ class MultiModelEndpointStack(EnvironmentStack):
         self.endpoint_name, self.endpoint_arn = endpoint.endpoint_name, endpoint.endpoint_arn
         self.scalable_target, self.alarm_topic = endpoint.scalable_target, endpoint.alarm_topic
         self.alarms = endpoint.add_alarms(self._alarm_table())
+        self._sizing()
         self.invoke_policy = iam.ManagedPolicy(
             self,
             "InvokePolicy",
@@ -142,6 +144,14 @@ class MultiModelEndpointStack(EnvironmentStack):
             )
             for alarm_id, meaning, metric, threshold, comparison in rows
         ]
+
+    def _sizing(self) -> None:
+        """Record what the endpoint is sized for (the ops review predicts it from the template alone) and warn at
+        synth when its minimum capacity cannot keep the hot set loaded (`pytorch-platform mme-plan` tells more)."""
+        inputs = SizingInputs.from_settings(self.settings.multi_model_endpoint)
+        self.endpoint.add_metadata(METADATA_KEY, inputs.as_metadata())
+        if warning := hot_set_resident(inputs):
+            cdk.Annotations.of(self).add_warning_v2("pytorch-platform:mme-hot-set", f"{self.settings.name}: {warning}")
 
     # --- access -------------------------------------------------------------------------------------------------
 

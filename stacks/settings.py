@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from inference_assets.tools.serving_properties import DjlModelSettings
+
 DEFAULT_REGION = "us-west-2"
 # The prefix of the artifacts bucket that the endpoint execution role may read single-model archives from.
 ENDPOINT_MODELS_PREFIX = "endpoints/"
@@ -324,6 +326,26 @@ class GravitonEndpointSettings(_Settings):
         )
 
 
+class MultiModelSizingSettings(_Settings):
+    """What the multi-model endpoint is sized for (``pytorch-platform mme-plan`` predicts how it behaves).
+
+    ``warm_latency_ms`` is one request on one core of the instance type: the operator's number to measure with the
+    Serving benchmark on the real instance type (100 ms is a planning default; RoBERTa-base measured 63.7 ms at 2
+    threads on a local x86 machine, benchmarks/results/serving_latency.md). ``download_mib_per_second`` (S3 to the
+    instance) is an assumption: compare the endpoint's ModelDownloadingTime metric. ``p99_objective_ms`` is what
+    "fast" means for the prediction; ``max_idle_time_seconds`` is the DJL worker idle stop the models are published
+    with (serving.properties ``max_idle_time``).
+    """
+
+    models: Annotated[int, Field(ge=11)] = 16  # the top-10 pattern needs more than ten models
+    requests_per_second: Annotated[float, Field(gt=0)] = 5.0  # planned peak, all models together
+    model_weights_mib: Annotated[float, Field(gt=0)] = 476.0  # RoBERTa-base fp32, the platform's sentiment model
+    warm_latency_ms: Annotated[float, Field(gt=0)] = 100.0
+    download_mib_per_second: Annotated[float, Field(gt=0)] = 100.0
+    p99_objective_ms: Annotated[float, Field(gt=0)] = 1000.0
+    max_idle_time_seconds: Annotated[int, Field(ge=1, le=86_400)] = DjlModelSettings.max_idle_time_seconds
+
+
 class MultiModelEndpointSettings(_Settings):
     """The multi-model endpoint : DJL Serving by default, TorchServe as the alternative."""
 
@@ -336,6 +358,7 @@ class MultiModelEndpointSettings(_Settings):
     models_prefix: str = "multi-model/"
     invoke_allowed_models: list[str] = []
     autoscaling: AutoscalingSettings = AutoscalingSettings(max_capacity=4)
+    sizing: MultiModelSizingSettings = MultiModelSizingSettings()
 
     @field_validator("instance_type")
     @classmethod

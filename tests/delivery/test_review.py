@@ -17,6 +17,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sagemaker as sagemaker
 
+from mme_sizing.plan import SizingInputs, predict, table_rows
 from ops_review.__main__ import main
 from ops_review.diff import diff_reviews
 from ops_review.review import load_prices, review_assembly
@@ -235,6 +236,25 @@ def test_review_of_the_platform_writes_markdown_and_json_per_environment(
         markdown = (tmp_path / f"{environment}.md").read_text()
         assert markdown.startswith(f"# Ops review: {environment}") and "### cdk-nag acknowledgements" in markdown
     assert "[dev](dev.md)" in (tmp_path / "index.md").read_text()
+
+
+def test_review_predicts_each_multi_model_endpoint_like_mme_plan(
+    platform_assembly: Path, cdk_context: dict[str, Any], tmp_path: Path
+) -> None:
+    assert main([str(platform_assembly), "--out", str(tmp_path)]) == 0
+    for environment in ("dev", "staging", "prod"):
+        review = json.loads((tmp_path / f"{environment}.json").read_text())
+        (entry,) = review["stacks"]["MultiModelEndpoint"]["multi_model_sizing"]
+        assert [row[0] for row in entry["rows"]] == ["uniform", "hot-model", "top-10"]
+        # The inputs come from the template alone, and the plan is the one the command prints from cdk.json.
+        settings = parse_environment(environment, cdk_context["environments"][environment]).multi_model_endpoint
+        plan = predict(SizingInputs.from_settings(settings))
+        assert entry["rows"] == table_rows(plan) and entry["advice"] == list(plan.advice)
+        markdown = (tmp_path / f"{environment}.md").read_text()
+        section = markdown.split("### Multi-model endpoint sizing\n", 1)[1].split("\n### ", 1)[0]
+        pattern_rows = [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| ")][1:]
+        assert pattern_rows == ["| uniform", "| hot-model", "| top-10"]
+        assert review["stacks"]["Foundation"]["multi_model_sizing"] == []  # only endpoints with sizing inputs
 
 
 def test_cli_explains_a_missing_cloud_assembly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

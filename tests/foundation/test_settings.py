@@ -166,6 +166,23 @@ def test_unknown_environment_in_cdk_json_is_not_silently_mapped_to_dev() -> None
             id="mme-prefix",
         ),
         pytest.param(
+            {"multi_model_endpoint__sizing__models": 10},
+            "environments.dev.multi_model_endpoint.sizing.models: must be greater than or equal to 11.",
+            id="mme-sizing-models",
+        ),
+        pytest.param(
+            {"multi_model_endpoint__sizing__requests_per_second": 0},
+            "environments.dev.multi_model_endpoint.sizing.requests_per_second: must be greater than 0.",
+            id="mme-sizing-rate",
+        ),
+        pytest.param(
+            {"multi_model_endpoint__sizing__rps": 100},
+            "environments.dev.multi_model_endpoint.sizing.rps: unknown setting; allowed keys are "
+            "download_mib_per_second, max_idle_time_seconds, model_weights_mib, models, p99_objective_ms, "
+            "requests_per_second, warm_latency_ms.",
+            id="mme-sizing-unknown-key",
+        ),
+        pytest.param(
             {"tags": {"project": "pytorch-platform"}},
             "environments.dev.tags.cost_centre: is required.",
             id="missing-cost-centre",
@@ -256,3 +273,11 @@ def test_only_one_environment_per_account_manages_the_training_job_log_group() -
     environments["staging"]["account"] = "222222222222"
     environments["prod"]["account"] = "333333333333"
     assert [e.name for e in load_environments(environments, None)] == ["dev", "staging", "prod"]
+
+
+def test_mme_sizing_defaults_describe_the_sentiment_model_and_djl() -> None:
+    from inference_assets.tools.serving_properties import DjlModelSettings
+
+    sizing = parse_environment("dev", dev_with(multi_model_endpoint__sizing={})).multi_model_endpoint.sizing
+    assert (sizing.model_weights_mib, sizing.warm_latency_ms, sizing.p99_objective_ms) == (476.0, 100.0, 1000.0)
+    assert sizing.max_idle_time_seconds == DjlModelSettings().max_idle_time_seconds  # what models are published with

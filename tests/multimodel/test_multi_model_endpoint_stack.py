@@ -8,8 +8,9 @@ from pathlib import Path
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_iam as iam
-from aws_cdk.assertions import Template
+from aws_cdk.assertions import Annotations, Match, Template
 
+from mme_sizing.plan import METADATA_KEY, SizingInputs, hot_set_resident
 from stacks.compliance import acknowledge, add_compliance_gates
 from stacks.foundation import FoundationStack
 from stacks.multi_model_endpoint import MultiModelEndpointStack
@@ -212,3 +213,51 @@ def test_settings_refuse_bad_allowed_models():
     raw["multi_model_endpoint"]["invoke_allowed_models"] = ["../other.tar.gz"]
     with pytest.raises(SettingsError, match=r"multi_model_endpoint\.invoke_allowed_models.*model name"):
         parse_environment("dev", raw)
+
+
+# --- sizing: what the endpoint is sized for travels in the template; synth warns when the hot set cannot stay loaded
+
+HOT_SET_WARNING = Match.string_like_regexp(r"hot (set|model)")
+
+
+def test_endpoint_records_its_sizing_inputs_for_the_review(synthesized, templates):
+    stacks, _ = synthesized
+    endpoint = _one(templates["prod"], "AWS::SageMaker::Endpoint")
+    recorded = SizingInputs.from_metadata(endpoint["Metadata"][METADATA_KEY])
+    assert recorded == SizingInputs.from_settings(stacks["prod"].settings.multi_model_endpoint)
+    assert (recorded.instance_type, recorded.models, recorded.requests_per_second) == ("ml.c5d.18xlarge", 1000, 1000)
+
+
+def test_cdk_json_environments_keep_the_hot_set_resident(synthesized):
+    stacks, _ = synthesized
+    for name in ("dev", "prod"):
+        assert hot_set_resident(stacks[name].settings.multi_model_endpoint) is None
+        Annotations.from_stack(stacks[name]).has_no_warning("*", HOT_SET_WARNING)
+
+
+def test_torchserve_warns_that_one_worker_cannot_serve_the_hot_model(synthesized):
+    stacks, _ = synthesized  # staging variant: TorchServe at 100 requests/s needs 9 busy workers for the hot model
+    Annotations.from_stack(stacks["staging"]).has_warning(
+        "/staging/MultiModelEndpoint", Match.string_like_regexp(r"TorchServe gives it at most 2 .*model_server to djl")
+    )
+
+
+def test_synth_warns_when_min_capacity_cannot_hold_the_hot_set():
+    raw = json.loads(json.dumps(ENVIRONMENTS["prod"]))
+    raw["multi_model_endpoint"].update(
+        instance_type="ml.c5.large",
+        initial_instance_count=1,
+        autoscaling={"min_capacity": 1, "max_capacity": 2},
+        sizing={"models": 1000, "requests_per_second": 2000},
+    )
+    settings = parse_environment("prod", raw)
+    app = cdk.App(context={k: v for k, v in CONTEXT.items() if k != "environments"})
+    stage = cdk.Stage(app, "prod", env=cdk.Environment(account=settings.account, region=settings.region))
+    foundation = FoundationStack(stage, "Foundation", settings=settings)
+    stack = MultiModelEndpointStack(stage, "MultiModelEndpoint", settings=settings, foundation=foundation)
+    Annotations.from_stack(stack).has_warning(
+        "/prod/MultiModelEndpoint",
+        Match.string_like_regexp(
+            r"min_capacity 1 x ml\.c5\.large .* raise multi_model_endpoint\.autoscaling\.min_capacity"
+        ),
+    )
