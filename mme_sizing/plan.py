@@ -258,18 +258,24 @@ def hot_set_resident(endpoint: SizingInputs | MultiModelEndpointSettings) -> str
                 f"{available} ({inputs.workers_per_model} per model x min_capacity {inputs.min_capacity}); "
                 f"set {SETTINGS_PREFIX}.model_server to djl, which adds workers to a busy model."
             )
-    worker_mib = costs.worker_memory_mib(inputs.model_weights_mib)
     per_instance_mib = _fleet(inputs, 1).memory_mib
-    pattern, workers = max(hot_set_workers(inputs).items(), key=lambda item: item[1])
-    need_mib = workers * worker_mib
+    models = {"hot-model": 1, "top-10": HOT_SET}
+
+    weights_mib, runtime_mib = costs.model_memory_mib(inputs.model_weights_mib, 0), costs.model_memory_mib(0, 1)
+
+    def need(pattern: str, workers: int) -> float:  # the weights once per model, the runtime once per worker
+        return models[pattern] * weights_mib + workers * runtime_mib
+
+    pattern, workers = max(hot_set_workers(inputs).items(), key=lambda item: need(*item))
+    need_mib = need(pattern, workers)
     have_mib = inputs.min_capacity * per_instance_mib
     if need_mib <= have_mib:
         return None
     instances = math.ceil(need_mib / per_instance_mib)
     return (
-        f"At {per_rate} the {pattern} hot set keeps {workers} workers of {worker_mib:,.0f} MiB busy "
-        f"({need_mib:,.0f} MiB), but min_capacity {inputs.min_capacity} x {inputs.instance_type} hold "
-        f"{have_mib:,.0f} MiB for model workers; raise {SETTINGS_PREFIX}.autoscaling.min_capacity to {instances} "
+        f"At {per_rate} the {pattern} hot set keeps {workers} workers busy on {models[pattern]} model(s) "
+        f"({need_mib:,.0f} MiB with their weights), but min_capacity {inputs.min_capacity} x {inputs.instance_type} "
+        f"hold {have_mib:,.0f} MiB for models; raise {SETTINGS_PREFIX}.autoscaling.min_capacity to {instances} "
         f"or choose a {SETTINGS_PREFIX}.instance_type with more memory."
     )
 

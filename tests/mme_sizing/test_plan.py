@@ -87,12 +87,14 @@ def test_advice_sends_a_lagging_hot_model_from_torchserve_to_djl() -> None:
 
 def test_hot_set_that_does_not_fit_min_capacity_names_the_numbers_and_the_key() -> None:
     inputs = sizing(instance_type="ml.c5.large", min_capacity=1, max_capacity=2, requests_per_second=2000)
-    workers = max(hot_set_workers(inputs).values())
+    workers = hot_set_workers(inputs)["top-10"]  # ten models' weights: the larger hot set
     budget = costs.fleet("ml.c5.large", 1, "djl").memory_mib
-    needed = math.ceil(workers * costs.worker_memory_mib(inputs.model_weights_mib) / budget)
+    need = 10 * costs.model_memory_mib(inputs.model_weights_mib, 0) + workers * costs.model_memory_mib(0, 1)
+    needed = math.ceil(need / budget)
     warning = hot_set_resident(inputs)
     assert warning is not None and warning.count(".") >= 1 and "\n" not in warning
-    assert f"keeps {workers} workers" in warning and "min_capacity 1 x ml.c5.large" in warning
+    assert f"top-10 hot set keeps {workers} workers busy on 10 model(s)" in warning
+    assert "min_capacity 1 x ml.c5.large" in warning
     assert f"raise multi_model_endpoint.autoscaling.min_capacity to {needed}" in warning
     assert hot_set_resident(dataclasses.replace(inputs, instance_type="ml.c5.4xlarge", requests_per_second=1)) is None
 
