@@ -124,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="mme-validation-") as scratch:
         work = Path(scratch)
-        archive = build_archive(build_tiny_model(work / "tiny-model"), work / "sentiment.tar.gz")
+        archive = build_archive(  # the local harness is TorchServe
+            build_tiny_model(work / "tiny-model"), work / "sentiment.tar.gz", model_server="torchserve"
+        )
         prefix = work / "prefix"
         prefix.mkdir()
         names = copy_names(args.models + PROBE_REPEATS, mme_locustfile.DEFAULT_NAME_TEMPLATE)

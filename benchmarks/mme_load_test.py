@@ -1,6 +1,6 @@
 """Run the three multi-model traffic patterns (uniform, hot model, top 10) one after another, side by side.
 
-Local harness (default): builds the tiny model's archive, puts ``--models`` copies in a local "S3 prefix",
+Local harness (default): builds the tiny model's TorchServe archive, puts ``--models`` copies in a local "S3 prefix",
 starts TorchServe + the SageMaker toolkit in multi-model mode and loads models on first use, unloading the least
 recently used above ``--max-resident-models`` (so cold loads happen, as on an MME). Every pattern starts with no
 model loaded. Deployed endpoint: ``--endpoint-name`` (models published with ``pytorch-platform publish``).
@@ -49,7 +49,9 @@ COLUMNS = ["pattern", "requests", "errors", "tps", "tps_vs_uniform", "p50_ms", "
 def _local_endpoint(args: argparse.Namespace, work: Path) -> tuple[LocalModelServer, LocalMultiModelEndpoint]:
     from training_assets.tiny_model import build_tiny_model
 
-    archive = args.archive or build_archive(build_tiny_model(work / "tiny-model"), work / "sentiment.tar.gz")
+    archive = args.archive or build_archive(
+        build_tiny_model(work / "tiny-model"), work / "sentiment.tar.gz", model_server="torchserve"
+    )
     prefix = work / "prefix"
     prefix.mkdir(parents=True)
     for name in copy_names(args.models, args.name_template):
@@ -154,7 +156,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--models", type=int, default=24, help="number of models (TargetModel names from the template)")
     parser.add_argument("--name-template", default=mme_locustfile.DEFAULT_NAME_TEMPLATE)
     parser.add_argument("--max-resident-models", type=int, default=6, help="local harness: models loaded at once")
-    parser.add_argument("--archive", type=Path, help="local harness: archive to copy (default: the tiny model)")
+    parser.add_argument(
+        "--archive",
+        type=Path,
+        help="local harness: a --model-server torchserve archive to copy (default: the tiny model's)",
+    )
     parser.add_argument("--users", type=int, default=8, help="concurrent Locust users")
     parser.add_argument("--spawn-rate", type=float, default=8, help="users started per second")
     parser.add_argument("--duration", type=float, default=60, help="seconds per pattern")

@@ -168,7 +168,7 @@ def _build(size: ModelSize, work: Path) -> tuple[Path, float, float]:
         intermediate_size=size.intermediate_size,
     )
     weights = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
-    archive = build_archive(model_dir, work / f"{size.label}.tar.gz")
+    archive = build_archive(model_dir, work / f"{size.label}.tar.gz", model_server="torchserve")  # the local harness
     return archive, weights / MIB, archive.stat().st_size / MIB
 
 
@@ -337,7 +337,11 @@ def _export_real_djl_python(target: Path) -> Path | None:
     return target / Path(DJL_PACKAGE).parent
 
 
-def _djl_worker(archive: Path, work: Path) -> dict[str, Any]:
+def _djl_worker(size: ModelSize, work: Path) -> dict[str, Any]:
+    """The DJL row: ``size``'s model (built by _build) packaged as a DJL archive, loaded by its model.py."""
+    from inference_assets.tools.publish_models import build_archive
+
+    archive = build_archive(work / f"model-{size.label}", work / f"{size.label}-djl.tar.gz", model_server="djl")
     model_dir = _unpack(archive, work / "unpacked" / "djl")
     environment = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     attempts: list[tuple[str, str, str]] = []
@@ -435,7 +439,7 @@ def measure(
     saturated["size"] = smallest.label
     print(f"saturated: {saturated['throughput_rps']:.1f} rps with {saturation_clients} clients, "
           f"{saturated['parallelism']:.2f}x the sequential rate", flush=True)  # fmt: skip
-    djl = _djl_worker(work_dir / f"{smallest.label}.tar.gz", work_dir)
+    djl = _djl_worker(smallest, work_dir)
     import torch
     import ts  # type: ignore[import-untyped]
 

@@ -35,9 +35,10 @@ import random
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-ModelServer = Literal["djl", "torchserve"]
+from inference_assets.tools.model_servers import ModelServer
+
 PATTERNS = ("uniform", "hot-model", "top-10")
 HOT_SHARE = 0.9  # hot-model: one model takes 9 of 10 requests (the blog post's Locust task weights 9:1)
 HOT_SET, HOT_SET_SHARE = 10, 8 / 9  # top-10: ten models take 8 of 9 requests (weights 8:1)

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from inference_assets.tools.model_servers import DEFAULT_MODEL_SERVER, ModelServer
 from inference_assets.tools.serving_properties import DjlModelSettings
 
 DEFAULT_REGION = "us-west-2"
@@ -352,7 +353,7 @@ class MultiModelEndpointSettings(_Settings):
     enabled: bool = True
     instance_type: str = "ml.c5.2xlarge"
     initial_instance_count: Annotated[int, Field(ge=1)] = 1
-    model_server: Literal["djl", "torchserve"] = "djl"
+    model_server: ModelServer = DEFAULT_MODEL_SERVER
     djl_image: str = "djl-inference:0.36.0-cpu-full"
     torchserve_image: str = "pytorch-inference:2.6.0-cpu-py312-ubuntu22.04-sagemaker"
     models_prefix: str = "multi-model/"

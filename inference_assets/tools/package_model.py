@@ -5,6 +5,8 @@ Layout (the toolkit unpacks it to /opt/ml/model and imports ``code/inference.py`
     config.json, model.safetensors, tokenizer files ...  the model directory, at the archive root
     MAR-INF/MANIFEST.json                                names TorchServe's handler: code/inference.py:handle
     code/inference.py                                    the handler entry TorchServe imports (container/entrypoints/)
+                                                         (both left out of archives for DJL Serving: see
+                                                         build_model_archive's ``torchserve_handler``)
     code/sentiment_serving/*.py                          the ``inference_assets.container`` package
     code/requirements.txt                                only without vendoring: the toolkit pip-installs it at start-up
     code/lib/...                                         with --vendor: transformers & co. for linux/aarch64 cp312
@@ -85,7 +87,7 @@ def container_files() -> dict[str, Path]:
 
 
 def _entries(
-    model_dir: Path, extra_files: Mapping[str, Path | bytes], vendor_dir: Path | None
+    model_dir: Path, extra_files: Mapping[str, Path | bytes], vendor_dir: Path | None, torchserve_handler: bool
 ) -> dict[str, Path | bytes]:
     if not (model_dir / "config.json").is_file():
         raise PackagingError(
@@ -96,8 +98,9 @@ def _entries(
         raise PackagingError(
             f"{model_dir} already holds {clash[0]}; the archive's code/ and MAR-INF/ are the handler's"
         )
-    entries["MAR-INF/MANIFEST.json"] = (json.dumps(TORCHSERVE_MANIFEST, indent=2) + "\n").encode()
-    entries["code/inference.py"] = HANDLER
+    if torchserve_handler:
+        entries["MAR-INF/MANIFEST.json"] = (json.dumps(TORCHSERVE_MANIFEST, indent=2) + "\n").encode()
+        entries["code/inference.py"] = HANDLER
     entries.update(container_files())
     if vendor_dir is None:
         entries["code/requirements.txt"] = REQUIREMENTS
@@ -121,15 +124,19 @@ def build_model_archive(
     *,
     extra_files: Mapping[str, Path | bytes] | None = None,
     vendor_dir: Path | None = None,
+    torchserve_handler: bool = True,
 ) -> Path:
     """Write ``output`` (model.tar.gz) from ``model_dir`` plus the handler; return ``output``.
 
     ``extra_files`` maps archive paths to files or contents (e.g. ``{"serving.properties": b"..."}``).
     ``vendor_dir`` holds installed packages (see :func:`vendor_dependencies`) to ship as ``code/lib``; without it the
     archive carries ``code/requirements.txt`` and the toolkit installs it when the container starts.
+    ``torchserve_handler=False`` leaves out ``MAR-INF/MANIFEST.json`` and ``code/inference.py`` (archives for DJL
+    Serving, which must not see a manifest: see publish_models.build_archive); ``code/sentiment_serving`` stays.
     """
     model_dir, output = Path(model_dir), Path(output)
-    entries = _entries(model_dir, extra_files or {}, None if vendor_dir is None else Path(vendor_dir))
+    vendor = None if vendor_dir is None else Path(vendor_dir)
+    entries = _entries(model_dir, extra_files or {}, vendor, torchserve_handler)
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + ".partial")
     # filename="" and mtime=0 keep the gzip header free of the output name and the build time.

@@ -1,4 +1,4 @@
-"""Shared fixtures of the multi-model tests: the tiny model's archive for both model servers, unpacked."""
+"""Shared fixtures of the multi-model tests: the tiny model's archive for each model server, unpacked."""
 
 from __future__ import annotations
 
@@ -8,9 +8,16 @@ from pathlib import Path
 import pytest
 
 
+def _unpack(archive: Path, target: Path) -> Path:
+    with tarfile.open(archive) as tar:
+        tar.extractall(target, filter="data")
+    return target
+
+
 @pytest.fixture(scope="session")
-def mme_archive(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One archive for both model servers, built by the publishing tool (DJL files + toolkit handler)."""
+def djl_archive(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The archive for DJL Serving (model.py + serving.properties, no TorchServe manifest), built by the publishing
+    tool with the request table's limits."""
     from inference_assets.tools.publish_models import build_archive
     from inference_assets.tools.serving_properties import DjlModelSettings
     from tests.serving.request_table import TEST_LIMITS
@@ -21,13 +28,26 @@ def mme_archive(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         max_text_chars=TEST_LIMITS.max_text_chars,
         max_request_bytes=TEST_LIMITS.max_request_bytes,
     )
-    return build_archive(tiny_model_dir, tmp_path_factory.mktemp("archive") / "sentiment.tar.gz", settings)
+    output = tmp_path_factory.mktemp("djl-archive") / "sentiment.tar.gz"
+    return build_archive(tiny_model_dir, output, model_server="djl", settings=settings)
 
 
 @pytest.fixture(scope="session")
-def unpacked_mme_archive(mme_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The archive unpacked into its own directory, as DJL Serving and SageMaker lay out each model."""
-    target = tmp_path_factory.mktemp("models") / "sentiment"
-    with tarfile.open(mme_archive) as tar:
-        tar.extractall(target, filter="data")
-    return target
+def torchserve_archive(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The archive for TorchServe (MAR-INF/MANIFEST.json + code/inference.py), which the local harness serves."""
+    from inference_assets.tools.publish_models import build_archive
+
+    output = tmp_path_factory.mktemp("torchserve-archive") / "sentiment.tar.gz"
+    return build_archive(tiny_model_dir, output, model_server="torchserve")
+
+
+@pytest.fixture(scope="session")
+def unpacked_djl_archive(djl_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The DJL archive unpacked into its own directory, as DJL Serving lays out each model."""
+    return _unpack(djl_archive, tmp_path_factory.mktemp("djl-models") / "sentiment")
+
+
+@pytest.fixture(scope="session")
+def unpacked_torchserve_archive(torchserve_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The TorchServe archive unpacked into its own directory, as SageMaker lays out each model."""
+    return _unpack(torchserve_archive, tmp_path_factory.mktemp("models") / "sentiment")

@@ -1,14 +1,16 @@
 """The DJL adapter (model.py) run as DJL's Python engine runs it, with a stand-in for ``djl_python``.
 
-model.py and serving.properties come out of the real archive; every request of the shared request table
-(tests/serving/request_table.py) is also sent through the archive's TorchServe handler, run by TorchServe's own
+model.py and serving.properties come out of the real DJL archive; every request of the shared request table
+(tests/serving/request_table.py) is also sent through the TorchServe archive's handler, run by TorchServe's own
 worker code: both model servers must give the same status, Content-Type and body.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -36,13 +38,13 @@ def _forget(*modules: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def djl(unpacked_mme_archive: Path):
+def djl(unpacked_djl_archive: Path):
     """model.py loaded the way DJL loads it; the first (empty) call initialises it from the properties."""
     saved_path = list(sys.path)
     _forget("sentiment_serving")
     sys.modules["djl_python"] = fake_djl_python.module()
-    model = _import(unpacked_mme_archive / "model.py", "djl_model_under_test")
-    assert model.handle(Input(_load_properties(unpacked_mme_archive))) is None  # the load call
+    model = _import(unpacked_djl_archive / "model.py", "djl_model_under_test")
+    assert model.handle(Input(_load_properties(unpacked_djl_archive))) is None  # the load call
     yield model
     _forget("djl_python", "djl_model_under_test", "sentiment_serving")
     sys.path[:] = saved_path
@@ -55,13 +57,13 @@ def _load_properties(model_dir: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def torchserve(unpacked_mme_archive: Path):
-    """The TorchServe handler of the same archive, run by TorchServe's worker code, with the archive's limits."""
+def torchserve(unpacked_torchserve_archive: Path):
+    """The TorchServe archive's handler, run by TorchServe's worker code, with the DJL archive's limits."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SENTIMENT_MAX_REQUEST_BATCH", str(TEST_LIMITS.max_request_batch))
         patch.setenv("SENTIMENT_MAX_TEXT_CHARS", str(TEST_LIMITS.max_text_chars))
         patch.setenv("SENTIMENT_MAX_REQUEST_BYTES", str(TEST_LIMITS.max_request_bytes))
-        with loaded_service(unpacked_mme_archive, batch_size=64) as service:
+        with loaded_service(unpacked_torchserve_archive, batch_size=64) as service:
             yield service
 
 
@@ -126,13 +128,13 @@ def test_a_dynamic_batch_of_several_requests_is_refused(djl):
         djl.handle(batched([("text/plain", b"a"), ("text/plain", b"b")]))
 
 
-def test_the_load_call_refuses_batch_size_above_one(unpacked_mme_archive):
+def test_the_load_call_refuses_batch_size_above_one(unpacked_djl_archive):
     _forget("sentiment_serving")
     sys.modules["djl_python"] = fake_djl_python.module()
     saved_path = list(sys.path)
     try:
-        model = _import(unpacked_mme_archive / "model.py", "djl_model_batch_test")
-        properties = {**_load_properties(unpacked_mme_archive), "batch_size": "4"}
+        model = _import(unpacked_djl_archive / "model.py", "djl_model_batch_test")
+        properties = {**_load_properties(unpacked_djl_archive), "batch_size": "4"}
         with pytest.raises(ValueError, match=r"batch_size=4: DJL Serving 0\.36 gives every request"):
             model.handle(Input(properties))
     finally:
@@ -140,8 +142,8 @@ def test_the_load_call_refuses_batch_size_above_one(unpacked_mme_archive):
         sys.path[:] = saved_path
 
 
-def test_serving_properties_in_the_archive(unpacked_mme_archive):
-    properties = parse_properties((unpacked_mme_archive / "serving.properties").read_text())
+def test_serving_properties_in_the_archive(unpacked_djl_archive):
+    properties = parse_properties((unpacked_djl_archive / "serving.properties").read_text())
     assert properties == {
         "engine": "Python",
         "option.entryPoint": "model.py",
@@ -153,8 +155,27 @@ def test_serving_properties_in_the_archive(unpacked_mme_archive):
         "max_batch_delay": "100",
         "maxWorkers": "2",
     }
-    assert (unpacked_mme_archive / "code" / "inference.py").is_file()
-    assert (unpacked_mme_archive / "config.json").is_file()
+    assert (unpacked_djl_archive / "code" / "sentiment_serving" / "djl_adapter.py").is_file()
+    assert (unpacked_djl_archive / "config.json").is_file()
+
+
+def test_the_djl_archive_has_no_torchserve_manifest(djl_archive):
+    """DJL Serving 0.36's Python engine (djl_python/service_loader.py load_model_service, tag v0.36.0) imports the
+    entry point model.py only when the model directory has no MAR-INF/MANIFEST.json; with one it loads the
+    manifest's handler through TorchServe's ts.model_loader instead, so a DJL archive must carry no MAR-INF/."""
+    with tarfile.open(djl_archive) as tar:
+        names = tar.getnames()
+    assert {"model.py", "serving.properties"} <= set(names)
+    assert [name for name in names if name.split("/")[0] == "MAR-INF"] == []
+    assert "code/inference.py" not in names  # TorchServe's handler entry: nothing to name it without the manifest
+
+
+def test_the_torchserve_archive_has_the_manifest_and_no_djl_files(torchserve_archive):
+    with tarfile.open(torchserve_archive) as tar:
+        names = set(tar.getnames())
+        manifest = json.loads(tar.extractfile("MAR-INF/MANIFEST.json").read())
+    assert manifest["model"]["handler"] == "code/inference.py:handle" and "code/inference.py" in names
+    assert not names & {"model.py", "serving.properties"}
 
 
 def test_serving_properties_render_every_setting():

@@ -27,16 +27,16 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
-def models_dir(mme_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def models_dir(torchserve_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A local stand-in for the endpoint's S3 prefix: three copies of the archive, as publish_models.py names them."""
     models = tmp_path_factory.mktemp("prefix")
     for index in range(3):
-        shutil.copy(mme_archive, models / f"sentiment-{index:04d}.tar.gz")
+        shutil.copy(torchserve_archive, models / f"sentiment-{index:04d}.tar.gz")
     return models
 
 
-def test_load_invoke_by_name_and_unload(server, unpacked_mme_archive):
-    server.load("tenant-a", unpacked_mme_archive)
+def test_load_invoke_by_name_and_unload(server, unpacked_torchserve_archive):
+    server.load("tenant-a", unpacked_torchserve_archive)
     assert "tenant-a" in server.loaded()
     answer = server.invoke("tenant-a", GOOD)
     assert answer.status == 200 and answer.content_type.startswith("application/json")
@@ -56,8 +56,8 @@ def test_unknown_model_is_a_clear_not_found(server):
     assert "no-such-model" in answer.json()["message"]
 
 
-def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, unpacked_mme_archive):
-    server.load("tenant-b", unpacked_mme_archive)
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, unpacked_torchserve_archive):
+    server.load("tenant-b", unpacked_torchserve_archive)
     try:
         bad = {
             (b'{"inputs": ', "application/json"): 400,

@@ -40,11 +40,11 @@ class StandInServer:
 
 
 @pytest.fixture
-def models_dir(tmp_path: Path, mme_archive: Path) -> Path:
+def models_dir(tmp_path: Path, torchserve_archive: Path) -> Path:
     directory = tmp_path / "prefix"
     directory.mkdir()
     for name in ("a", "b", "c"):
-        (directory / f"{name}.tar.gz").write_bytes(mme_archive.read_bytes())
+        (directory / f"{name}.tar.gz").write_bytes(torchserve_archive.read_bytes())
     return directory
 
 

@@ -49,6 +49,7 @@ def test_every_key_is_present_and_positive(result):
     djl = result["djl_python_worker"]
     assert "adapter" in djl["how"] and "Java frontend is not measured" in djl["how"]
     assert djl["rss_mib"] > 0 and djl["uss_mib"] > 0 and djl["load_s"] > 0
+    assert djl["archive_has_torchserve_manifest"] is False  # a DJL archive: DJL 0.36 imports its model.py
 
 
 def test_a_larger_model_costs_its_worker_at_least_half_its_extra_weights(result):

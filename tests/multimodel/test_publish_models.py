@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tarfile
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from moto import mock_aws
 from inference_assets.tools import package_model, publish_models
 from inference_assets.tools.model_names import validate_model_name
 from inference_assets.tools.publish_models import ModelStore, copy_names
+from inference_assets.tools.serving_properties import DjlModelSettings
 
 BUCKET = "artifacts"
 PREFIX = "multi-model/"
@@ -145,25 +147,93 @@ def test_cli_publish_list_remove_all(aws, archive, capsys):
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix=PREFIX)["KeyCount"] == 0
 
 
-def test_cli_package_builds_an_archive_for_both_servers(tiny_model_dir, tmp_path, capsys):
+def _package(tiny_model_dir: Path, output: Path, *options: str) -> int:
+    return publish_models.main(["package", "--model-dir", str(tiny_model_dir), "--output", str(output), *options])
+
+
+def _names(archive: Path) -> set[str]:
+    with tarfile.open(archive) as tar:
+        return set(tar.getnames())
+
+
+def test_cli_package_builds_a_djl_archive_by_default(tiny_model_dir, tmp_path, capsys):
     output = tmp_path / "sentiment.tar.gz"
-    assert (
-        publish_models.main(
-            ["package", "--model-dir", str(tiny_model_dir), "--output", str(output), "--max-workers", "3"]
-        )
-        == 0
-    )
+    assert _package(tiny_model_dir, output, "--max-workers", "3") == 0
     assert capsys.readouterr().out.strip() == str(output)
     with tarfile.open(output) as tar:
         names = set(tar.getnames())
         properties = tar.extractfile("serving.properties").read().decode()
-    expected = {"model.py", "serving.properties", "code/inference.py", "code/sentiment_serving/predictor.py",
-                "config.json"}  # fmt: skip
+    expected = {"model.py", "serving.properties", "code/sentiment_serving/predictor.py", "config.json"}
     assert expected <= names
+    # DJL Serving 0.36 (djl_python/service_loader.py load_model_service, tag v0.36.0) imports model.py only when the
+    # model directory has no MAR-INF/MANIFEST.json; with one it loads TorchServe's handler instead.
+    assert not [name for name in names if name.startswith("MAR-INF/")]
     assert "maxWorkers=3" in properties.splitlines()
 
 
-def test_cli_package_vendors_for_the_chosen_server(tiny_model_dir, tmp_path, monkeypatch):
+def test_the_cli_default_is_the_settings_default():
+    from stacks.settings import MultiModelEndpointSettings
+
+    args = publish_models._parser().parse_args(["package", "--model-dir", "m", "--output", "o.tar.gz"])
+    assert args.model_server == MultiModelEndpointSettings().model_server == "djl"
+
+
+def test_cli_package_model_server_torchserve_builds_the_torchserve_archive(tiny_model_dir, tmp_path):
+    output = tmp_path / "sentiment.tar.gz"
+    assert _package(tiny_model_dir, output, "--model-server", "torchserve") == 0
+    with tarfile.open(output) as tar:
+        names = set(tar.getnames())
+        manifest = json.loads(tar.extractfile("MAR-INF/MANIFEST.json").read())
+    assert manifest["model"]["handler"] == "code/inference.py:handle"
+    assert {"code/inference.py", "code/sentiment_serving/predictor.py", "config.json"} <= names
+    assert not names & {"model.py", "serving.properties"}  # DJL's files: not needed by TorchServe
+
+
+def test_cli_package_refuses_an_unknown_model_server_with_the_allowed_ones(tiny_model_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _package(tiny_model_dir, tmp_path / "x.tar.gz", "--model-server", "tgi")
+    assert exit_info.value.code == 2
+    assert "argument --model-server: invalid choice: 'tgi' (choose from 'djl', 'torchserve')" in capsys.readouterr().err
+    assert not (tmp_path / "x.tar.gz").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--model-server", "torchserve", "--max-workers", "2"], "--max-workers sets DJL's serving.properties"),
+        (["--model-server", "torchserve", "--max-idle-time", "60"], "--max-idle-time sets DJL's serving.properties"),
+        (["--model-server", "torchserve", "--vendor", "djl"], "--vendor djl ships wheels for the djl image"),
+        (["--vendor", "torchserve"], "but --model-server is djl"),
+    ],
+)
+def test_cli_package_refuses_options_of_the_other_server(tiny_model_dir, tmp_path, capsys, options, message):
+    with pytest.raises(SystemExit) as exit_info:
+        _package(tiny_model_dir, tmp_path / "x.tar.gz", *options)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("usage: ") and " package " in error.splitlines()[0]  # the package command's usage
+    assert message in error
+    assert not (tmp_path / "x.tar.gz").exists()
+
+
+def test_build_archive_refuses_djl_settings_for_torchserve(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="do not apply to a TorchServe archive"):
+        publish_models.build_archive(
+            tiny_model_dir, tmp_path / "x.tar.gz", model_server="torchserve", settings=DjlModelSettings()
+        )
+
+
+@pytest.mark.parametrize(
+    ("options", "python_version", "entry"),
+    [
+        (["--vendor", "djl"], "3.11", "model.py"),
+        (["--vendor"], "3.11", "model.py"),
+        (["--model-server", "torchserve", "--vendor"], "3.12", "MAR-INF/MANIFEST.json"),
+        (["--model-server", "torchserve", "--vendor", "torchserve"], "3.12", "MAR-INF/MANIFEST.json"),
+    ],
+)
+def test_cli_package_vendors_for_the_chosen_server(tiny_model_dir, tmp_path, monkeypatch, options, python_version,
+                                                   entry):  # fmt: skip
     calls = []
 
     def fake_vendor(target, *, platforms, python_version):
@@ -174,10 +244,9 @@ def test_cli_package_vendors_for_the_chosen_server(tiny_model_dir, tmp_path, mon
 
     monkeypatch.setattr(package_model, "vendor_dependencies", fake_vendor)
     output = tmp_path / "vendored.tar.gz"
-    publish_models.main(["package", "--model-dir", str(tiny_model_dir), "--output", str(output), "--vendor", "djl"])
-    assert calls == [("manylinux_2_35_x86_64", "3.11")]
-    with tarfile.open(output) as tar:
-        assert "code/lib/vendored_marker.py" in tar.getnames()
+    assert _package(tiny_model_dir, output, *options) == 0
+    assert calls == [("manylinux_2_35_x86_64", python_version)]
+    assert {"code/lib/vendored_marker.py", entry} <= _names(output)
 
 
 def test_cli_package_refuses_bad_worker_bounds(tiny_model_dir, tmp_path):

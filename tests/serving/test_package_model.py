@@ -92,6 +92,18 @@ def test_extra_files_land_at_their_archive_paths(tiny_model_dir: Path, tmp_path:
         assert tar.extractfile("code/model.py").read() == model_py.read_bytes()
 
 
+def test_the_handler_and_its_manifest_can_be_left_out(
+    model_archive: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """For DJL Serving archives (publish_models.build_archive): the serving package stays, TorchServe's files go."""
+    handler_files = {"MAR-INF/MANIFEST.json", "code/inference.py"}
+    assert handler_files <= {member.name for member in _members(model_archive)}
+    archive = build_model_archive(tiny_model_dir, tmp_path / "model.tar.gz", torchserve_handler=False)
+    names = {member.name for member in _members(archive)}
+    assert not handler_files & names
+    assert {"config.json", "code/sentiment_serving/predictor.py", "code/requirements.txt"} <= names
+
+
 @pytest.mark.parametrize(
     ("extra_files", "message"),
     [
