@@ -15,7 +15,6 @@ throughput and hit ratio (1 - model loads / requests, the same count on both sid
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -26,16 +25,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Locust (through the load test) first: it monkey-patches the interpreter with gevent, which must happen before
+# requests imports ssl.
+from benchmarks import mme_locustfile
+from benchmarks.mme_load_test import run_pattern
 from inference_assets.local.local_mme import LocalModelServer, LocalMultiModelEndpoint
-from mme_sizing.simulation import HOT_SET, PATTERNS, Fleet, ModelCost, Workload, simulate
-
-# benchmarks.mme_locustfile and mme_load_test import Locust, which monkey-patches the interpreter with gevent on import:
-# they are imported only by the run itself (main), so the prediction and report functions import cleanly.
+from inference_assets.tools.publish_models import build_archive, copy_names
+from mme_sizing.simulation import HOT_SET, PATTERNS
+from mme_sizing.validation import predict, relative_error, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE_REPEATS = 3
 WARM_REQUESTS = 20
-ACCEPTABLE_ERROR = 0.20  # the bar: predictions within 20% of the measurement
 
 
 def _timed(action: Any) -> float:
@@ -66,29 +67,6 @@ def measure_costs(
     }
 
 
-def predict(costs: dict[str, float], *, cpus: int, models: int, resident: int, pattern: str, users: int,
-            duration_s: float) -> dict[str, float]:  # fmt: skip
-    cost = ModelCost(
-        worker_memory_mib=1.0,  # the harness limits models by count: one unit of memory per model
-        download_s=max(0.0, costs["first_load_s"] - costs["reload_s"]),  # unpacking, once per model
-        load_s=costs["reload_s"],
-        service_s=costs["warm_request_s"],
-        unload_s=costs["unload_s"],
-    )
-    fleet = Fleet(instances=1, vcpus=cpus, memory_mib=float(resident), model_server="torchserve")
-    prediction = simulate(fleet, cost, Workload(pattern, models, clients=users), duration_s=duration_s, prewarm=False)
-    return {
-        "tps": prediction.throughput_rps,
-        "requests": prediction.requests,
-        "loads": prediction.loads,
-        "hit_ratio": 1 - prediction.loads / prediction.requests if prediction.requests else 0.0,
-    }
-
-
-def _error(predicted: float, measured: float) -> float:
-    return (predicted - measured) / measured if measured else float("nan")
-
-
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=int, default=16)
@@ -112,10 +90,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
-    from benchmarks import mme_locustfile
-    from benchmarks.mme_load_test import run_pattern
-    from inference_assets.tools.publish_models import build_archive, copy_names
-    from training_assets.tiny_model import build_tiny_model
+    from training_assets.tiny_model import build_tiny_model  # torch: only once the arguments are good
 
     command = "python -m benchmarks.mme_fleet_validation " + shlex.join(sys.argv[1:] if argv is None else argv)
     cpus = os.cpu_count() or 1
@@ -161,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                         "pattern": pattern,
                         "measured_tps": measured["tps"],
                         "predicted_tps": predicted["tps"],
-                        "tps_error": _error(predicted["tps"], measured["tps"]),
+                        "tps_error": relative_error(predicted["tps"], measured["tps"]),
                         "measured_hit_ratio": 1 - loads / measured["requests"] if measured["requests"] else 0.0,
                         "predicted_hit_ratio": predicted["hit_ratio"],
                         "measured_requests": measured["requests"],
@@ -169,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                         "measured_loads": loads,
                         "predicted_loads": predicted["loads"],
                     }
-                    row["hit_ratio_error"] = _error(row["predicted_hit_ratio"], row["measured_hit_ratio"])
+                    row["hit_ratio_error"] = relative_error(row["predicted_hit_ratio"], row["measured_hit_ratio"])
                     rows.append(row)
                     print(f"{resident} resident, {pattern}: measured {row['measured_tps']:.2f} TPS "
                           f"hit {row['measured_hit_ratio']:.2f}; predicted {row['predicted_tps']:.2f} TPS "
@@ -178,42 +153,6 @@ def main(argv: list[str] | None = None) -> int:
               "rows": rows}  # fmt: skip
     write_results(result, args.output_dir)
     return 0
-
-
-def write_results(result: dict[str, Any], output_dir: Path) -> None:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "mme_fleet_validation.json").write_text(json.dumps(result, indent=1) + "\n")
-    rows = result["rows"]
-    worst_tps = max(abs(row["tps_error"]) for row in rows)
-    worst_hit = max(abs(row["hit_ratio_error"]) for row in rows)
-    within = sum(abs(row["tps_error"]) <= ACCEPTABLE_ERROR for row in rows)
-    costs = result["costs"]
-    lines = [
-        "# Fleet simulation against the local multi-model harness",
-        "",
-        f"```\n{result['command']}\n```",
-        "",
-        f"Host: {result['host']['cpus']} CPUs, load average {result['host']['load_average_before']} before the run. "
-        f"{result['users']} closed-loop users, {result['duration_s']:.0f} s per pattern, every pattern starting cold. "
-        "Inputs of the prediction, measured on the same server just before (sequential, medians): first load "
-        f"{costs['first_load_s']:.2f} s, reload {costs['reload_s']:.2f} s, unload {costs['unload_s']:.2f} s, warm "
-        f"request {costs['warm_request_s'] * 1000:.1f} ms. Hit ratio here = 1 - model loads / requests on both sides.",
-        "",
-        "| models | resident | pattern | measured TPS | predicted TPS | error | measured hits | predicted | error |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        lines.append(
-            f"| {row['models']} | {row['resident']} | {row['pattern']} | {row['measured_tps']:.2f} | "
-            f"{row['predicted_tps']:.2f} | {row['tps_error']:+.0%} | {row['measured_hit_ratio']:.2f} | "
-            f"{row['predicted_hit_ratio']:.2f} | {row['hit_ratio_error']:+.0%} |"
-        )
-    lines += [
-        "",
-        f"Throughput within {ACCEPTABLE_ERROR:.0%} in {within} of {len(rows)} runs; largest throughput error "
-        f"{worst_tps:.0%}, largest hit-ratio error {worst_hit:.0%}.",
-    ]
-    (output_dir / "mme_fleet_validation.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.mme_fleet_validation import predict, write_results
+from mme_sizing.validation import predict, write_results
 
 ROOT = Path(__file__).resolve().parents[2]
 COSTS = {"first_load_s": 4.2, "reload_s": 4.0, "unload_s": 0.03, "warm_request_s": 0.015}
