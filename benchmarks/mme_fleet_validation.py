@@ -21,6 +21,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from mme_sizing.validation import predict, relative_error, write_results
 ROOT = Path(__file__).resolve().parents[1]
 PROBE_REPEATS = 3
 WARM_REQUESTS = 20
+SATURATION_S = 8.0
 
 
 def _timed(action: Any) -> float:
@@ -45,10 +47,35 @@ def _timed(action: Any) -> float:
     return time.perf_counter() - started
 
 
+def _closed_loop_rps(endpoint: LocalMultiModelEndpoint, models: list[str], body: bytes, seconds: float) -> float:
+    """Warm requests per second of one closed-loop client per entry of ``models`` (a name may repeat)."""
+    done = [0] * len(models)
+    deadline = time.perf_counter() + seconds
+
+    def client(index: int) -> None:
+        while time.perf_counter() < deadline:
+            endpoint.invoke(models[index], body)
+            done[index] += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(models))]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(done) / (time.perf_counter() - started)
+
+
 def measure_costs(
-    server: LocalModelServer, prefix: Path, names: list[str], repeats: int, body: bytes
+    server: LocalModelServer, prefix: Path, names: list[str], *, repeats: int, clients: int, cpus: int, body: bytes
 ) -> dict[str, float]:
-    """Sequential probes on the harness's own server: medians of first load, reload, unload and warm requests."""
+    """Probes on the harness's own server, none of them a pattern run.
+
+    Sequential (medians): first load, reload, unload, warm request. Saturated (``clients`` closed-loop clients, warm):
+    all on one model, whose single worker is then the bottleneck (the time a request holds the worker), and each on
+    its own model, where the cores are (the CPU a request takes in all: worker, TorchServe's front end and this
+    process's client); what the second adds to the first is the CPU a request needs outside the worker.
+    """
     endpoint = LocalMultiModelEndpoint(server, prefix, max_resident_models=len(names))
     first, reload, unload, warm = [], [], [], []
     for name in names[:repeats]:
@@ -59,11 +86,22 @@ def measure_costs(
         reload.append(_timed(lambda n=name: endpoint.invoke(n, body)))  # load from the unpacked copy + one request
         endpoint.unload_all()
     service = statistics.median(warm)
+    own_models = names[:clients]
+    for name in own_models:
+        endpoint.invoke(name, body)
+    one_model_rps = _closed_loop_rps(endpoint, [own_models[0]] * clients, body, SATURATION_S)
+    own_models_rps = _closed_loop_rps(endpoint, own_models, body, SATURATION_S)
+    endpoint.unload_all()
+    worker_s = 1 / one_model_rps
     return {
         "first_load_s": statistics.median(first) - service,
         "reload_s": statistics.median(reload) - service,
         "unload_s": statistics.median(unload),
         "warm_request_s": service,
+        "one_model_rps": one_model_rps,
+        "own_models_rps": own_models_rps,
+        "worker_s": worker_s,
+        "frontend_s": max(0.0, cpus / own_models_rps - worker_s),
     }
 
 
@@ -104,13 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         prefix = work / "prefix"
         prefix.mkdir()
-        names = copy_names(args.models + PROBE_REPEATS, mme_locustfile.DEFAULT_NAME_TEMPLATE)
+        names = copy_names(args.models + max(PROBE_REPEATS, args.users), mme_locustfile.DEFAULT_NAME_TEMPLATE)
         for name in names:
             shutil.copy(archive, prefix / name)
         with LocalModelServer(work / "server") as server:
             # Probe models the patterns never name.
             probes = names[args.models :]
-            costs = measure_costs(server, prefix, probes, PROBE_REPEATS, mme_locustfile.REQUEST_BODY)
+            costs = measure_costs(server, prefix, probes, repeats=PROBE_REPEATS, clients=args.users, cpus=cpus,
+                                  body=mme_locustfile.REQUEST_BODY)  # fmt: skip
             print("measured costs: " + ", ".join(f"{k} {v:.3f}" for k, v in costs.items()), flush=True)
             for resident in args.resident:
                 endpoint = LocalMultiModelEndpoint(server, prefix, max_resident_models=resident)

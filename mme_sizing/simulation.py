@@ -80,19 +80,22 @@ class ModelCost:
     worker_memory_mib: float  # one worker process: the Python runtime, its own for every worker
     download_s: float  # S3 -> the instance's disk, once per instance (then the disk copy is reused)
     load_s: float  # start a worker and load the model into it: one core busy
-    service_s: float  # one warm request on one core
+    service_s: float  # one warm request in a worker, on one core
     unload_s: float = 0.0  # stopping an evicted model's workers, before the load that needed the room
     # The weights, once per instance: its workers map the same safetensors file and share those pages
     # (benchmarks/results/mme_model_cost.md: a second worker adds the runtime only, whatever the model's size).
     model_memory_mib: float = 0.0
+    # CPU a request takes outside the model's workers before it queues (the server's front end; on the local harness
+    # also the load-test client on the same host). It needs no worker, so it overlaps with a busy worker.
+    frontend_s: float = 0.0
 
     def footprint_mib(self, workers: int) -> float:
         """Memory of one model with ``workers`` workers on one instance."""
         return self.model_memory_mib + workers * self.worker_memory_mib
 
     def __post_init__(self) -> None:
-        times = (self.download_s, self.load_s, self.unload_s)
-        if self.worker_memory_mib <= 0 or self.service_s <= 0 or min(*times, self.model_memory_mib) < 0:
+        may_be_zero = (self.download_s, self.load_s, self.unload_s, self.model_memory_mib, self.frontend_s)
+        if self.worker_memory_mib <= 0 or self.service_s <= 0 or min(may_be_zero) < 0:
             raise ValueError(f"model costs must be positive (times may be 0): {self}")
 
 
@@ -154,7 +157,7 @@ class _Request:
 
 
 class _Model:
-    __slots__ = ("busy", "id", "idle_since", "loading", "queue", "starting", "workers")
+    __slots__ = ("busy", "id", "idle_since", "in_front", "loading", "queue", "starting", "workers")
 
     def __init__(self, model_id: int) -> None:
         self.id = model_id
@@ -163,15 +166,16 @@ class _Model:
         self.busy = 0
         self.loading = True
         self.queue: deque[_Request] = deque()
+        self.in_front = 0  # requests still in the server's front end, on their way to the queue
         self.idle_since = 0.0
 
     @property
     def outstanding(self) -> int:
-        return self.busy + len(self.queue)
+        return self.busy + len(self.queue) + self.in_front
 
     @property
     def idle(self) -> bool:
-        return not self.loading and self.busy == 0 and not self.queue and self.starting == 0
+        return not self.loading and self.outstanding == 0 and self.starting == 0
 
 
 class _Instance:
@@ -296,6 +300,14 @@ class _Simulation:
             self.hits += 1
         instance.outstanding += 1
         instance.models.move_to_end(model_id)
+        if self.cost.frontend_s > 0:
+            model.in_front += 1
+            instance.run(self.cost.frontend_s, functools.partial(self.enqueue, instance, model, request, True))
+        else:
+            self.enqueue(instance, model, request, False)
+
+    def enqueue(self, instance: _Instance, model: _Model, request: _Request, from_front: bool) -> None:
+        model.in_front -= from_front
         model.queue.append(request)
         self.dispatch(instance, model)
         if self.fleet.model_server == "djl" and not model.loading:

@@ -2,8 +2,9 @@
 what the model predicts for one harness run, and the side-by-side report of predicted against measured.
 
 The harness is one instance whose TorchServe starts one worker per model, with the host's cores, limited to a number
-of resident models (not memory): each model counts one unit of memory. Its costs (first load, reload, unload, warm
-request) are measured on the same server just before the runs, so nothing here is fitted to the pattern runs.
+of resident models (not memory): each model counts one unit of memory. Its costs (first load, reload, unload, the
+time a request holds the worker, the CPU it takes outside the worker) are measured by probes on the same server just
+before the runs (benchmarks/mme_fleet_validation.measure_costs), so nothing here is fitted to the pattern runs.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ def predict(costs: dict[str, float], *, cpus: int, models: int, resident: int, p
         worker_memory_mib=1.0,  # the harness limits models by count: one unit of memory per model
         download_s=max(0.0, costs["first_load_s"] - costs["reload_s"]),  # unpacking, once per model
         load_s=costs["reload_s"],
-        service_s=costs["warm_request_s"],
+        service_s=costs["worker_s"],
         unload_s=costs["unload_s"],
+        frontend_s=costs["frontend_s"],
     )
     fleet = Fleet(instances=1, vcpus=cpus, memory_mib=float(resident), model_server="torchserve")
     prediction = simulate(fleet, cost, Workload(pattern, models, clients=users), duration_s=duration_s, prewarm=False)
@@ -55,9 +57,13 @@ def write_results(result: dict[str, Any], output_dir: Path) -> None:
         "",
         f"Host: {result['host']['cpus']} CPUs, load average {result['host']['load_average_before']} before the run. "
         f"{result['users']} closed-loop users, {result['duration_s']:.0f} s per pattern, every pattern starting cold. "
-        "Inputs of the prediction, measured on the same server just before (sequential, medians): first load "
-        f"{costs['first_load_s']:.2f} s, reload {costs['reload_s']:.2f} s, unload {costs['unload_s']:.2f} s, warm "
-        f"request {costs['warm_request_s'] * 1000:.1f} ms. Hit ratio here = 1 - model loads / requests on both sides.",
+        "Inputs of the prediction, measured on the same server just before by probes that are not pattern runs: "
+        f"first load {costs['first_load_s']:.2f} s, reload {costs['reload_s']:.2f} s, unload {costs['unload_s']:.2f} s "
+        f"(sequential medians; a warm request alone {costs['warm_request_s'] * 1000:.1f} ms); a request holds its "
+        f"model's worker {costs['worker_s'] * 1000:.1f} ms ({result['users']} clients on one model: "
+        f"{costs['one_model_rps']:.0f} rps) and takes {costs['frontend_s'] * 1000:.1f} ms of CPU outside it "
+        f"({result['users']} clients on their own models: {costs['own_models_rps']:.0f} rps on "
+        f"{result['host']['cpus']} CPUs). Hit ratio here = 1 - model loads / requests on both sides.",
         "",
         "| models | resident | pattern | measured TPS | predicted TPS | error | measured hits | predicted | error |",
         "|---|---|---|---|---|---|---|---|---|",
