@@ -15,6 +15,7 @@ throughput and hit ratio (1 - model loads / requests, the same count on both sid
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shlex
 import shutil
@@ -23,11 +24,14 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 # Locust (through the load test) first: it monkey-patches the interpreter with gevent, which must happen before
 # requests imports ssl.
+from locust import task
+
 from benchmarks import mme_locustfile
 from benchmarks.mme_load_test import run_pattern
 from inference_assets.local.local_mme import LocalModelServer, LocalMultiModelEndpoint
@@ -47,38 +51,62 @@ def _timed(action: Any) -> float:
     return time.perf_counter() - started
 
 
-def _closed_loop_rps(endpoint: LocalMultiModelEndpoint, models: list[str], body: bytes, seconds: float) -> float:
-    """Warm requests per second of one closed-loop client per entry of ``models`` (a name may repeat)."""
-    done = [0] * len(models)
-    deadline = time.perf_counter() + seconds
+class _ProbeUser(mme_locustfile.PatternUser):
+    abstract = True
+    first_probe = 0  # the name-template index of the first probe model
 
-    def client(index: int) -> None:
-        while time.perf_counter() < deadline:
-            endpoint.invoke(models[index], body)
-            done[index] += 1
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(models))]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return sum(done) / (time.perf_counter() - started)
+class _OneModelUser(_ProbeUser):
+    """Every user on the first probe model: its single worker is the bottleneck."""
+
+    pattern = "one-model"
+
+    @task
+    def same_model(self) -> None:
+        self._invoke(self.first_probe)
+
+
+class _OwnModelUser(_ProbeUser):
+    """User i on probe model i: the cores are the bottleneck."""
+
+    pattern = "own-model"
+    numbering = itertools.count()
+
+    def on_start(self) -> None:
+        self.index = self.first_probe + next(self.numbering)
+
+    @task
+    def own_model(self) -> None:
+        self._invoke(self.index)
+
+
+def _saturated_rps(user_class: type[_ProbeUser], first_probe: int, args: argparse.Namespace) -> float:
+    """Warm requests per second of ``args.users`` Locust users, through the same client path as the pattern runs."""
+    user_class.first_probe = first_probe
+    _OwnModelUser.numbering = itertools.count()
+    probe_args = argparse.Namespace(**{**vars(args), "duration": SATURATION_S})
+    row = run_pattern(user_class.pattern, probe_args, user_class=user_class)
+    if row["errors"]:
+        raise RuntimeError(f"the {user_class.pattern} probe had errors: {row['error_examples']}")
+    return row["tps"]
 
 
 def measure_costs(
-    server: LocalModelServer, prefix: Path, names: list[str], *, repeats: int, clients: int, cpus: int, body: bytes
+    server: LocalModelServer, prefix: Path, names: list[str], first_probe: int, args: argparse.Namespace, cpus: int
 ) -> dict[str, float]:
-    """Probes on the harness's own server, none of them a pattern run.
+    """Probes on the harness's own server, none of them a pattern run (``names``: the probe models, from index
+    ``first_probe`` of the name template).
 
-    Sequential (medians): first load, reload, unload, warm request. Saturated (``clients`` closed-loop clients, warm):
+    Sequential (medians): first load, reload, unload, warm request. Concurrent: ``args.users`` reloads at once (the
+    CPU work of a reload when loads share the cores). Saturated (``args.users`` Locust users, warm):
     all on one model, whose single worker is then the bottleneck (the time a request holds the worker), and each on
-    its own model, where the cores are (the CPU a request takes in all: worker, TorchServe's front end and this
-    process's client); what the second adds to the first is the CPU a request needs outside the worker.
+    its own model, where the cores are (the CPU a request takes in all: worker, TorchServe's front end and the
+    Locust client in this process); what the second adds to the first is the CPU a request needs outside the worker.
     """
+    body = mme_locustfile.REQUEST_BODY
     endpoint = LocalMultiModelEndpoint(server, prefix, max_resident_models=len(names))
     first, reload, unload, warm = [], [], [], []
-    for name in names[:repeats]:
+    for name in names[:PROBE_REPEATS]:
         first.append(_timed(lambda n=name: endpoint.invoke(n, body)))  # unpack + load + one request
         for _ in range(WARM_REQUESTS):
             warm.append(_timed(lambda n=name: endpoint.invoke(n, body)))
@@ -86,14 +114,21 @@ def measure_costs(
         reload.append(_timed(lambda n=name: endpoint.invoke(n, body)))  # load from the unpacked copy + one request
         endpoint.unload_all()
     service = statistics.median(warm)
-    own_models = names[:clients]
-    for name in own_models:
+    for name in names[: args.users]:  # unpacked and loaded: the saturated probes find them warm
         endpoint.invoke(name, body)
-    one_model_rps = _closed_loop_rps(endpoint, [own_models[0]] * clients, body, SATURATION_S)
-    own_models_rps = _closed_loop_rps(endpoint, own_models, body, SATURATION_S)
+    concurrent_reload_s = _concurrent_reload_s(endpoint, names[: args.users], body) - service
+    for name in names[: args.users]:
+        endpoint.invoke(name, body)
+    mme_locustfile.target = _invoker(endpoint)
+    one_model_rps = _saturated_rps(_OneModelUser, first_probe, args)
+    own_models_rps = _saturated_rps(_OwnModelUser, first_probe, args)
     endpoint.unload_all()
     worker_s = 1 / one_model_rps
+    users = args.users
     return {
+        # The CPU work of one reload as processor sharing sees it: k reloads at once on c cores end after k x W / c.
+        "load_work_s": concurrent_reload_s * min(cpus, users) / users,
+        "concurrent_reload_s": concurrent_reload_s,
         "first_load_s": statistics.median(first) - service,
         "reload_s": statistics.median(reload) - service,
         "unload_s": statistics.median(unload),
@@ -103,6 +138,28 @@ def measure_costs(
         "worker_s": worker_s,
         "frontend_s": max(0.0, cpus / own_models_rps - worker_s),
     }
+
+
+def _concurrent_reload_s(endpoint: LocalMultiModelEndpoint, names: list[str], body: bytes) -> float:
+    """Unload ``names`` (already unpacked), then reload them all at once: seconds until the last one answered."""
+    endpoint.unload_all()
+    threads = [threading.Thread(target=endpoint.invoke, args=(name, body)) for name in names]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started
+
+
+def _invoker(endpoint: LocalMultiModelEndpoint) -> Callable[[str], tuple[bool | None, int]]:
+    def invoke(model: str) -> tuple[bool | None, int]:
+        answer, cold = endpoint.invoke(model, mme_locustfile.REQUEST_BODY)
+        if answer.status != 200:
+            raise mme_locustfile.InvokeError(f"{model} answered {answer.status}")
+        return cold, len(answer.body)
+
+    return invoke
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -148,19 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         with LocalModelServer(work / "server") as server:
             # Probe models the patterns never name.
             probes = names[args.models :]
-            costs = measure_costs(server, prefix, probes, repeats=PROBE_REPEATS, clients=args.users, cpus=cpus,
-                                  body=mme_locustfile.REQUEST_BODY)  # fmt: skip
+            costs = measure_costs(server, prefix, probes, args.models, args, cpus)
             print("measured costs: " + ", ".join(f"{k} {v:.3f}" for k, v in costs.items()), flush=True)
             for resident in args.resident:
                 endpoint = LocalMultiModelEndpoint(server, prefix, max_resident_models=resident)
-
-                def invoke(model: str, endpoint: LocalMultiModelEndpoint = endpoint) -> tuple[bool | None, int]:
-                    answer, cold = endpoint.invoke(model, mme_locustfile.REQUEST_BODY)
-                    if answer.status != 200:
-                        raise mme_locustfile.InvokeError(f"{model} answered {answer.status}")
-                    return cold, len(answer.body)
-
-                mme_locustfile.target = invoke
+                mme_locustfile.target = _invoker(endpoint)
                 for pattern in args.patterns:
                     loads_before = endpoint.cold_loads
                     measured = run_pattern(pattern, args)

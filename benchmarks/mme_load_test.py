@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+from locust import User
 from locust.env import Environment
 
 from benchmarks import mme_locustfile
@@ -91,10 +92,13 @@ def probe_cold_and_warm(endpoint: LocalMultiModelEndpoint) -> dict[str, float]:
     return {"cold_first_invoke_ms": first, "warm_median_ms": statistics.median(warm)}
 
 
-def run_pattern(pattern: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_pattern(pattern: str, args: argparse.Namespace, user_class: type[User] | None = None) -> dict[str, Any]:
+    """Run ``args.users`` users of the pattern (or of ``user_class``) for ``args.duration`` seconds and measure."""
     # stop_timeout: at the end, users finish the request in flight (a model load, say) instead of being killed.
     environment = Environment(
-        user_classes=[mme_locustfile.PATTERNS[pattern]], events=mme_locustfile.events, stop_timeout=STOP_TIMEOUT_S
+        user_classes=[user_class or mme_locustfile.PATTERNS[pattern]],
+        events=mme_locustfile.events,
+        stop_timeout=STOP_TIMEOUT_S,
     )
     runner = environment.create_local_runner()
     started = time.perf_counter()

@@ -84,7 +84,7 @@ def model_name(index: int) -> str:
     return name_template.format(index=index)
 
 
-class _PatternUser(User):
+class PatternUser(User):
     abstract = True
     wait_time = between(0, 0)  # closed loop: each user sends its next request when the last one returns
     pattern = ""
@@ -109,7 +109,7 @@ class _PatternUser(User):
         )
 
 
-class UniformUser(_PatternUser):
+class UniformUser(PatternUser):
     """Every model equally often (the blog post's ``locust_distributed.py``)."""
 
     pattern = "uniform"
@@ -119,7 +119,7 @@ class UniformUser(_PatternUser):
         self._invoke(random.randrange(models))
 
 
-class HotModelUser(_PatternUser):
+class HotModelUser(PatternUser):
     """Model 0 takes 9 of 10 requests (the blog post's ``locust_script_one.py``)."""
 
     pattern = "hot-model"
@@ -133,7 +133,7 @@ class HotModelUser(_PatternUser):
         self._invoke(random.randrange(1, models))
 
 
-class TopTenUser(_PatternUser):
+class TopTenUser(PatternUser):
     """Models 0-9 take 8 of 9 requests (the blog post's ``locust_top_n.py``)."""
 
     pattern = "top-10"
@@ -147,4 +147,4 @@ class TopTenUser(_PatternUser):
         self._invoke(random.randrange(HOT_SET, models) if models > HOT_SET else random.randrange(models))
 
 
-PATTERNS: dict[str, type[_PatternUser]] = {cls.pattern: cls for cls in (UniformUser, HotModelUser, TopTenUser)}
+PATTERNS: dict[str, type[PatternUser]] = {cls.pattern: cls for cls in (UniformUser, HotModelUser, TopTenUser)}

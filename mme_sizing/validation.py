@@ -23,7 +23,7 @@ def predict(costs: dict[str, float], *, cpus: int, models: int, resident: int, p
     cost = ModelCost(
         worker_memory_mib=1.0,  # the harness limits models by count: one unit of memory per model
         download_s=max(0.0, costs["first_load_s"] - costs["reload_s"]),  # unpacking, once per model
-        load_s=costs["reload_s"],
+        load_s=costs["load_work_s"],  # measured with loads sharing the cores, as they do in the pattern runs
         service_s=costs["worker_s"],
         unload_s=costs["unload_s"],
         frontend_s=costs["frontend_s"],
@@ -49,7 +49,7 @@ def write_results(result: dict[str, Any], output_dir: Path) -> None:
     worst_tps = max(abs(row["tps_error"]) for row in rows)
     worst_hit = max(abs(row["hit_ratio_error"]) for row in rows)
     within = sum(abs(row["tps_error"]) <= ACCEPTABLE_ERROR for row in rows)
-    costs = result["costs"]
+    costs, users = result["costs"], result["users"]
     lines = [
         "# Fleet simulation against the local multi-model harness",
         "",
@@ -58,12 +58,14 @@ def write_results(result: dict[str, Any], output_dir: Path) -> None:
         f"Host: {result['host']['cpus']} CPUs, load average {result['host']['load_average_before']} before the run. "
         f"{result['users']} closed-loop users, {result['duration_s']:.0f} s per pattern, every pattern starting cold. "
         "Inputs of the prediction, measured on the same server just before by probes that are not pattern runs: "
-        f"first load {costs['first_load_s']:.2f} s, reload {costs['reload_s']:.2f} s, unload {costs['unload_s']:.2f} s "
-        f"(sequential medians; a warm request alone {costs['warm_request_s'] * 1000:.1f} ms); a request holds its "
-        f"model's worker {costs['worker_s'] * 1000:.1f} ms ({result['users']} clients on one model: "
-        f"{costs['one_model_rps']:.0f} rps) and takes {costs['frontend_s'] * 1000:.1f} ms of CPU outside it "
-        f"({result['users']} clients on their own models: {costs['own_models_rps']:.0f} rps on "
-        f"{result['host']['cpus']} CPUs). Hit ratio here = 1 - model loads / requests on both sides.",
+        f"first load {costs['first_load_s']:.2f} s, reload {costs['reload_s']:.2f} s, "
+        f"unload {costs['unload_s']:.2f} s, a warm request alone {costs['warm_request_s'] * 1000:.1f} ms "
+        f"(sequential medians); {users} reloads at once took {costs['concurrent_reload_s']:.2f} s, so a reload's "
+        f"CPU work is {costs['load_work_s']:.2f} s; a request holds its model's worker {costs['worker_s'] * 1000:.1f} "
+        f"ms ({users} clients on one model: {costs['one_model_rps']:.0f} rps) and takes "
+        f"{costs['frontend_s'] * 1000:.1f} ms of CPU outside it ({users} clients on their own models: "
+        f"{costs['own_models_rps']:.0f} rps on {result['host']['cpus']} CPUs). "
+        "Hit ratio here = 1 - model loads / requests on both sides.",
         "",
         "| models | resident | pattern | measured TPS | predicted TPS | error | measured hits | predicted | error |",
         "|---|---|---|---|---|---|---|---|---|",

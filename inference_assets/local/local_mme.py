@@ -264,6 +264,7 @@ class LocalMultiModelEndpoint:
         self._unpacked = server.work_dir / "unpacked"
         self._resident: OrderedDict[str, None] = OrderedDict()  # loaded or loading, least recently used first
         self._loading: dict[str, threading.Event] = {}  # set when the load ends (either way)
+        self._unloading: dict[str, threading.Event] = {}  # set when TorchServe has unregistered the model
         self._in_flight: Counter[str] = Counter()
         self._lock = threading.Lock()
         self.cold_loads = 0
@@ -298,6 +299,10 @@ class LocalMultiModelEndpoint:
                 if not archive.is_file():
                     raise ModelNotFound(f"model {target_model!r} is not under {self.models_dir}")
                 victims = self._choose_victims(target_model)
+                for victim in victims:
+                    self._unloading[victim] = threading.Event()
+                # Unloaded a moment ago by another request: TorchServe refuses (409) to register it until that ends.
+                still_unloading = self._unloading.get(target_model)
                 self._resident[target_model] = None  # counts against the limit while it loads
                 self._loading[target_model] = done = threading.Event()
         if pending is not None:  # another request is loading it: wait for that load
@@ -308,9 +313,15 @@ class LocalMultiModelEndpoint:
             return False
         try:
             for victim in victims:
-                self.server.unload(self.server_name(victim))
-                with self._lock:
-                    self.unloads += 1
+                try:
+                    self.server.unload(self.server_name(victim))
+                    with self._lock:
+                        self.unloads += 1
+                finally:
+                    with self._lock:
+                        self._unloading.pop(victim).set()
+            if still_unloading is not None:
+                still_unloading.wait()
             self.server.load(self.server_name(target_model), self._unpack(target_model, archive))
             with self._lock:
                 self.cold_loads += 1

@@ -12,7 +12,8 @@ from mme_sizing.validation import predict, write_results
 
 ROOT = Path(__file__).resolve().parents[2]
 COSTS = {"first_load_s": 4.2, "reload_s": 4.0, "unload_s": 0.03, "warm_request_s": 0.007, "one_model_rps": 250.0,
-         "own_models_rps": 180.0, "worker_s": 0.004, "frontend_s": 0.007}  # fmt: skip
+         "own_models_rps": 180.0, "worker_s": 0.004, "frontend_s": 0.007, "concurrent_reload_s": 9.0,
+         "load_work_s": 4.5}  # fmt: skip
 
 
 def test_prediction_with_every_model_resident_loads_each_model_once() -> None:

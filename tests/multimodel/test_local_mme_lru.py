@@ -21,13 +21,19 @@ class StandInServer:
         self.hold: set[str] = set()
         self.release = threading.Event()
         self.entered = threading.Event()
+        self.slow_unload: threading.Event | None = None  # when set: unloads wait for it
 
     def load(self, name: str, model_dir: Path, *, workers: int = 1) -> None:
         assert model_dir.is_dir()
+        if name in self.loaded:  # TorchServe answers 409 ConflictStatusException
+            raise AssertionError(f"{name} registered twice")
         self.loaded.append(name)
         self.calls.append(f"load {name}")
 
     def unload(self, name: str) -> None:
+        self.calls.append(f"unloading {name}")
+        if self.slow_unload is not None:
+            assert self.slow_unload.wait(10)
         self.loaded.remove(name)
         self.calls.append(f"unload {name}")
 
@@ -54,7 +60,7 @@ def test_the_least_recently_used_idle_model_is_unloaded(tmp_path: Path, models_d
     for name in ("a.tar.gz", "b.tar.gz", "a.tar.gz", "c.tar.gz"):
         endpoint.invoke(name, b"{}")
     assert endpoint.resident() == ["a.tar.gz", "c.tar.gz"]
-    assert server.calls == ["load a", "load b", "unload b", "load c"]
+    assert server.calls == ["load a", "load b", "unloading b", "unload b", "load c"]
 
 
 def test_a_model_in_use_is_not_unloaded_and_a_full_busy_endpoint_refuses(tmp_path: Path, models_dir: Path) -> None:
@@ -73,4 +79,27 @@ def test_a_model_in_use_is_not_unloaded_and_a_full_busy_endpoint_refuses(tmp_pat
         server.release.set()
         worker.join(10)
     endpoint.invoke("b.tar.gz", b"{}")  # a is idle now
-    assert server.calls == ["load a", "unload a", "load b"]
+    assert server.calls == ["load a", "unloading a", "unload a", "load b"]
+
+
+def test_a_model_requested_while_it_is_being_unloaded_waits_for_the_unload_before_loading_again(
+    tmp_path: Path, models_dir: Path
+) -> None:
+    server = StandInServer(tmp_path)
+    endpoint = LocalMultiModelEndpoint(server, models_dir, max_resident_models=2)
+    endpoint.invoke("a.tar.gz", b"{}")
+    endpoint.invoke("c.tar.gz", b"{}")
+    server.slow_unload = threading.Event()
+    loading_b = threading.Thread(target=endpoint.invoke, args=("b.tar.gz", b"{}"))
+    loading_b.start()  # unloads a (least recently used), slowly
+    while "unloading a" not in server.calls:
+        threading.Event().wait(0.01)
+    asking_a = threading.Thread(target=endpoint.invoke, args=("a.tar.gz", b"{}"))
+    asking_a.start()  # a is no longer resident: it evicts c, then must wait for a's unload (TorchServe: 409)
+    threading.Event().wait(0.2)
+    server.slow_unload.set()
+    loading_b.join(10)
+    asking_a.join(10)
+    reloaded_a = len(server.calls) - 1 - server.calls[::-1].index("load a")
+    assert server.calls.index("unload a") < reloaded_a
+    assert sorted(endpoint.resident()) == ["a.tar.gz", "b.tar.gz"]
