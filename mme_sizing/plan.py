@@ -283,8 +283,15 @@ def hot_set_resident(endpoint: SizingInputs | MultiModelEndpointSettings) -> str
 # --- the plan --------------------------------------------------------------------------------------------------------
 
 
-def advice(inputs: SizingInputs, plan_rows: tuple[PatternPlan, ...], autoscaled: int, parity: int | None) -> list[str]:
-    """One sentence per change that would let the patterns keep up, each naming the cdk.json key and value."""
+def advice(
+    inputs: SizingInputs,
+    plan_rows: tuple[PatternPlan, ...],
+    autoscaled: int,
+    parity: int | None,
+    simulated: int | None = None,
+) -> list[str]:
+    """One sentence per change that would let the patterns keep up, each naming the cdk.json key and value
+    (``simulated``: the instance count of ``plan_rows`` when it was chosen instead of the autoscaled one)."""
     lines = []
     hot_model = next(row for row in plan_rows if row.pattern == "hot-model")
     if inputs.model_server == "torchserve" and not hot_model.keeps_up:
@@ -313,6 +320,11 @@ def advice(inputs: SizingInputs, plan_rows: tuple[PatternPlan, ...], autoscaled:
             f"Autoscaling settles on {_instances(autoscaled)} at {inputs.requests_per_second:g} requests/s: lower "
             f"{SETTINGS_PREFIX}.autoscaling.target_invocations_per_instance to {target} so that it reaches {parity}."
         )
+    if simulated is not None and simulated < parity and not all(row.keeps_up for row in plan_rows):
+        lines.append(
+            f"On {_instances(simulated)} a pattern falls behind until autoscaling adds instances: if this rate can "
+            f"arrive at a fleet of that size, raise {SETTINGS_PREFIX}.autoscaling.min_capacity to {parity}."
+        )
     return lines
 
 
@@ -335,7 +347,7 @@ def predict(inputs: SizingInputs, instances: int | None = None) -> EndpointPlan:
         patterns=rows,
         parity_instances=parity,
         search_limit=SEARCH_FACTOR * inputs.max_capacity,
-        advice=tuple(advice(inputs, rows, autoscaled, parity)),
+        advice=tuple(advice(inputs, rows, autoscaled, parity, None if instances is None else count)),
     )
 
 

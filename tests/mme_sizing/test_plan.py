@@ -188,3 +188,12 @@ def test_bad_arguments_exit_with_status_2() -> None:
     with pytest.raises(SystemExit) as exit_:
         run("--instances", "0")
     assert exit_.value.code == 2
+
+
+def test_a_chosen_count_below_parity_says_what_keeps_the_patterns_up() -> None:
+    inputs = sizing(max_capacity=4)
+    lines = advice(inputs, rows(hot_model_keeps_up=False), autoscaled=2, parity=2, simulated=1)
+    assert lines == [
+        "On 1 instance a pattern falls behind until autoscaling adds instances: if this rate can arrive at a fleet "
+        "of that size, raise multi_model_endpoint.autoscaling.min_capacity to 2."
+    ]
