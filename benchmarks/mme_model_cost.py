@@ -43,7 +43,9 @@ WARM_REQUESTS = 20
 # The request of benchmarks/mme_locustfile.REQUEST_BODY, repeated: importing locust monkey-patches the process (gevent).
 REQUEST_BODY = json.dumps({"inputs": ["the delivery was quick and the staff were lovely"]}).encode()
 CONTENT_TYPE = "application/json"
-DJL_MIRROR = Path("/work/.mirror/deepjavalibrary+djl-serving/repo")
+# A git directory of deepjavalibrary/djl-serving (a clone or a bare mirror) to export the real djl_python from; without
+# one the DJL row runs the adapter on the tests' stand-in for djl_python (and says so).
+DJL_MIRROR = Path(os.environ.get("DJL_SERVING_GIT_DIR", "/work/.mirror/deepjavalibrary+djl-serving/repo"))
 DJL_TAG = "v0.36.0"
 DJL_PACKAGE = "engines/python/setup/djl_python"
 FAKE_DJL = ROOT / "tests" / "multimodel" / "fake_djl_python.py"
