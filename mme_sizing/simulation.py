@@ -181,8 +181,8 @@ class _Model:
 class _Instance:
     """One instance: models in LRU order, a memory budget, and processor sharing over its cores."""
 
-    def __init__(self, sim: _Simulation, index: int) -> None:
-        self.sim, self.index = sim, index
+    def __init__(self, sim: _Simulation) -> None:
+        self.sim = sim
         self.cores = sim.fleet.vcpus
         self.memory_free = sim.fleet.memory_mib
         self.models: OrderedDict[int, _Model] = OrderedDict()  # least recently used first
@@ -259,7 +259,7 @@ class _Simulation:
         self.now = 0.0
         self.events: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self.sequence = itertools.count()
-        self.instances = [_Instance(self, i) for i in range(fleet.instances)]
+        self.instances = [_Instance(self) for _ in range(fleet.instances)]
         self.holders: dict[int, list[_Instance]] = {m: [] for m in range(workload.models)}
         weights = workload.weights()
         self.cumulative = list(itertools.accumulate(weights))
