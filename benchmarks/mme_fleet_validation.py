@@ -15,6 +15,7 @@ throughput and hit ratio (1 - model loads / requests, the same count on both sid
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import os
 import shlex
@@ -34,6 +35,7 @@ from locust import task
 
 from benchmarks import mme_locustfile
 from benchmarks.mme_load_test import run_pattern
+from benchmarks.mme_model_cost import timed
 from inference_assets.local.local_mme import LocalModelServer, LocalMultiModelEndpoint
 from inference_assets.tools.publish_models import build_archive, copy_names
 from mme_sizing.simulation import HOT_SET, PATTERNS
@@ -43,12 +45,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE_REPEATS = 3
 WARM_REQUESTS = 20
 SATURATION_S = 8.0
-
-
-def _timed(action: Any) -> float:
-    started = time.perf_counter()
-    action()
-    return time.perf_counter() - started
 
 
 class _ProbeUser(mme_locustfile.PatternUser):
@@ -107,11 +103,12 @@ def measure_costs(
     endpoint = LocalMultiModelEndpoint(server, prefix, max_resident_models=len(names))
     first, reload, unload, warm = [], [], [], []
     for name in names[:PROBE_REPEATS]:
-        first.append(_timed(lambda n=name: endpoint.invoke(n, body)))  # unpack + load + one request
+        invoke = functools.partial(endpoint.invoke, name, body)
+        first.append(timed(invoke))  # unpack + load + one request
         for _ in range(WARM_REQUESTS):
-            warm.append(_timed(lambda n=name: endpoint.invoke(n, body)))
-        unload.append(_timed(endpoint.unload_all))
-        reload.append(_timed(lambda n=name: endpoint.invoke(n, body)))  # load from the unpacked copy + one request
+            warm.append(timed(invoke))
+        unload.append(timed(endpoint.unload_all))
+        reload.append(timed(invoke))  # load from the unpacked copy + one request
         endpoint.unload_all()
     service = statistics.median(warm)
     for name in names[: args.users]:  # unpacked and loaded: the saturated probes find them warm

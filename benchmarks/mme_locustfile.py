@@ -14,7 +14,6 @@ Against the local harness, run ``python -m benchmarks.mme_load_test`` (it starts
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable
@@ -22,8 +21,8 @@ from typing import Any
 
 from locust import User, between, events, task
 
-REQUEST_BODY = json.dumps({"inputs": ["the delivery was quick and the staff were lovely"]}).encode()
-CONTENT_TYPE = "application/json"
+from benchmarks.mme_request import CONTENT_TYPE, REQUEST_BODY
+
 DEFAULT_NAME_TEMPLATE = "sentiment-{index:04d}.tar.gz"
 HOT_SET = 10
 

@@ -35,14 +35,12 @@ from typing import Any
 import psutil
 import requests
 
+from benchmarks.mme_request import CONTENT_TYPE, REQUEST_BODY
 from inference_assets.local.local_mme import LocalModelServer, ModelServerError
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
 WARM_REQUESTS = 20
-# The request of benchmarks/mme_locustfile.REQUEST_BODY, repeated: importing locust monkey-patches the process (gevent).
-REQUEST_BODY = json.dumps({"inputs": ["the delivery was quick and the staff were lovely"]}).encode()
-CONTENT_TYPE = "application/json"
 # A git directory of deepjavalibrary/djl-serving (a clone or a bare mirror) to export the real djl_python from; without
 # one the DJL row runs the adapter on the tests' stand-in for djl_python (and says so).
 DJL_MIRROR = Path(os.environ.get("DJL_SERVING_GIT_DIR", "/work/.mirror/deepjavalibrary+djl-serving/repo"))
@@ -117,7 +115,8 @@ def _new_worker(server: LocalModelServer, before: set[int]) -> psutil.Process:
 # --- server calls ---------------------------------------------------------------------------------------------------
 
 
-def _timed(call: Callable[[], object]) -> float:
+def timed(call: Callable[[], object]) -> float:
+    """Seconds ``call`` takes."""
     started = time.perf_counter()
     call()
     return time.perf_counter() - started
@@ -151,7 +150,7 @@ def _warm_latency_ms(server: LocalModelServer, name: str) -> float:
     _invoke_ok(server, name)  # the first request of a worker is not a warm one
     times = []
     for _ in range(WARM_REQUESTS):
-        times.append(_timed(lambda: _invoke_ok(server, name)) * 1000)
+        times.append(timed(lambda: _invoke_ok(server, name)) * 1000)
     return statistics.median(times)
 
 
@@ -180,11 +179,11 @@ def _measure_size(server: LocalModelServer, size: ModelSize, work: Path, repeats
     unpacked = work / "unpacked" / name
     first, reload, unload = [], [], []
     for _ in range(repeats):  # first load: the archive unpacked, then registered
-        first.append(_timed(lambda: server.load(name, _unpack(archive, unpacked))))
-        unload.append(_timed(lambda: server.unload(name)))
+        first.append(timed(lambda: server.load(name, _unpack(archive, unpacked))))
+        unload.append(timed(lambda: server.unload(name)))
     for _ in range(repeats):  # reload: already unpacked on local disk, registered again
-        reload.append(_timed(lambda: server.load(name, unpacked)))
-        unload.append(_timed(lambda: server.unload(name)))
+        reload.append(timed(lambda: server.load(name, unpacked)))
+        unload.append(timed(lambda: server.unload(name)))
 
     frontend = _frontend(server)
     workers_before = set(_workers(server))
@@ -196,7 +195,7 @@ def _measure_size(server: LocalModelServer, size: ModelSize, work: Path, repeats
     frontend_delta = _memory(frontend)["rss"] - frontend_before
 
     workers_one = set(_workers(server))
-    add_worker_s = _timed(lambda: _scale(server, name, 2))
+    add_worker_s = timed(lambda: _scale(server, name, 2))
     second = _new_worker(server, workers_one)
     for _ in range(4):  # give the second worker requests too (TorchServe spreads them over idle workers)
         _invoke_ok(server, name)
