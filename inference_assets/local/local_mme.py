@@ -38,20 +38,22 @@ from typing import Any, Self
 
 import requests
 
-from inference_assets.local.shutdown import sigterm_as_interrupt
+from inference_assets.local.shutdown import default_stop_signals, stop_signals_as_interrupt
 from inference_assets.tools.model_names import validate_model_name
 
 HANDLER_SERVICE = "sagemaker_pytorch_serving_container.handler_service:handle"
 
 
 def _shield_from_sigterm() -> None:
-    """Run in the server's process before exec: ignore SIGTERM (inherited by the JVM, which -Xrs leaves alone).
+    """Run in the server's process before exec: ignore SIGTERM (inherited by the JVM, which -Xrs leaves alone) and
+    give SIGINT its default action back (the way this server is stopped, even when the harness inherited it ignored).
 
     The SageMaker toolkit finds "its" TorchServe by scanning every process for the Java main class and, when it is
     stopped, sends that process SIGTERM: a toolkit server started on the same machine while this one runs adopts
     this Java process and kills it on exit. This server is stopped with SIGINT / SIGKILL to its process group.
     """
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    default_stop_signals()
 
 
 def free_port() -> int:
@@ -384,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="local-mme-"))
     try:
-        with sigterm_as_interrupt(), LocalModelServer(work_dir) as server:
+        with stop_signals_as_interrupt(), LocalModelServer(work_dir) as server:
             print(f"inference {server.inference_url}  management {server.management_url}  logs {work_dir / 'logs'}")
             print("load:   curl -X POST '<management>/models?url=<unpacked model dir>&model_name=m1&synchronous=true'")
             print("invoke: curl -X POST <inference>/models/m1/invoke -H 'Content-Type: application/json' "

@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from inference_assets.local.shutdown import sigterm_as_interrupt
+from inference_assets.local.shutdown import default_stop_signals, stop_signals_as_interrupt
 from inference_assets.tools.endpoint_environment import endpoint_environment
 
 _TOOLKIT_MAIN = "from sagemaker_pytorch_serving_container import serving; serving.main()"
@@ -145,6 +145,7 @@ class LocalToolkitServer:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # its own process group: TorchServe, java and workers stop together
+                    preexec_fn=default_stop_signals,
                 )
             try:
                 self._wait_until_healthy()
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None
     }
     try:
-        with sigterm_as_interrupt(), LocalToolkitServer(args.model, **options) as server:
+        with stop_signals_as_interrupt(), LocalToolkitServer(args.model, **options) as server:
             if args.text is not None:
                 body = json.dumps({"inputs": args.text}).encode()
                 print(f"POST {server.url}/invocations {body.decode()}")

@@ -1,8 +1,10 @@
-"""``kill <pid>`` (SIGTERM) on a local harness stops its TorchServe as Ctrl-C (SIGINT) does: nothing keeps serving.
+"""``kill -INT <pid>`` and ``kill <pid>`` on a local harness stop its TorchServe: nothing keeps serving.
 
-Each harness runs as its command (``python -m inference_assets.local.<name>``) in its own session, like a user's
-shell job; the test waits for its "serving" line, sends the signal and checks that the process exits, the port
-stops answering and no process of the harness's process tree is left.
+Each harness runs as its command (``python -m inference_assets.local.<name>``) in its own session, started the way
+a shell script's background job (``pytorch-platform serve ... &``) or a supervisor starts it: with SIGINT ignored,
+which is what POSIX shells without job control do to asynchronous commands. The test waits for its "serving" line,
+sends the signal to the harness's own pid (not to its group, as a terminal's Ctrl-C would) and checks that the
+process exits, the port stops answering and no process of the harness's process tree is left.
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ def _start(args: list[str], ready: re.Pattern[str], tmp_path: Path) -> tuple[sub
     log = tmp_path / "harness.out"
     stream = log.open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", *args], cwd=ROOT, stdout=stream, stderr=subprocess.STDOUT, start_new_session=True
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        stdout=stream,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_as_background_job,
     )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
@@ -39,6 +46,11 @@ def _start(args: list[str], ready: re.Pattern[str], tmp_path: Path) -> tuple[sub
         time.sleep(0.5)
     process.kill()
     pytest.fail(f"harness did not come up:\n{log.read_text()[-3000:]}")
+
+
+def _as_background_job() -> None:
+    """What ``sh -c 'command &'`` does before exec: the command inherits SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -95,10 +107,11 @@ def test_local_server_stops_its_torchserve(model_archive: Path, tmp_path: Path, 
     _stop_and_check(process, int(match[1]), sig)
 
 
-def test_local_mme_stops_its_torchserve_on_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_local_mme_stops_its_torchserve(tmp_path: Path, sig: signal.Signals) -> None:
     process, match = _start(
         ["inference_assets.local.local_mme", "--work-dir", str(tmp_path / "mme")],
         re.compile(r"inference http://127\.0\.0\.1:(\d+) .*\n.*\n.*invoke"),
         tmp_path,
     )
-    _stop_and_check(process, int(match[1]), signal.SIGTERM)
+    _stop_and_check(process, int(match[1]), sig)
