@@ -46,17 +46,23 @@ node_modules/.installed: package.json package-lock.json $(SYNTH_INSTALLED)
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-## Synthesize every environment (or ENVS=dev,...) with cdk-nag, then cfn-lint and checkov, and print a summary.
+## Synthesize every environment (or ENVS=dev,...) with cdk-nag, then cfn-lint and checkov: one line per gate and per
+## stack; every acknowledgement with its reason goes to cdk.out/gates-report.json (VERBOSE=1 prints it too).
 ## Installs only what synthesis and the gates need; checkov's virtualenv installs while the app's installs and synthesizes.
 synth:
 	$(MAKE) --no-print-directory -j3 --output-sync=target gates
 
 gates: templates .venv-checkov/.installed
-	$(BIN)/python -m scripts.template_gates cdk.out
+	@$(BIN)/python -m scripts.template_gates cdk.out $(if $(VERBOSE),--verbose)
 
+# cdk's own chatter (feature flags, "Successfully synthesized") only when it fails or VERBOSE=1: a failing synth
+# (a settings error, an unacknowledged cdk-nag finding) prints in full.
 templates: $(SYNTH_INSTALLED) node_modules/.installed
-	rm -rf cdk.out
-	time cdk synth --quiet -c env=$(ENVS)
+	@rm -rf cdk.out
+	@start=$$(date +%s); log=$$(mktemp); \
+	if cdk synth --quiet -c env=$(ENVS) >$$log 2>&1; then \
+		$(if $(VERBOSE),cat $$log;) echo "cdk synth: $(ENVS) in $$(( $$(date +%s) - start )) s"; rm -f $$log; \
+	else status=$$?; cat $$log; rm -f $$log; exit $$status; fi
 
 ## Predicted behaviour of each environment's multi-model endpoint (ENV=prod for one); needs only the synth install.
 mme-plan: $(SYNTH_INSTALLED)

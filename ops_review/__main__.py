@@ -10,12 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from ops_review.diff import diff_reviews
-from ops_review.markdown import diff_markdown, environment_markdown, index_markdown
-from ops_review.review import PRICES_FILE, load_prices, review_assembly
+from ops_review.markdown import diff_markdown, environment_markdown, gates_markdown, index_markdown
+from ops_review.review import PRICES_FILE, load_gates_report, load_prices, review_assembly
 
 
-def write_review(reviews: dict[str, dict[str, dict[str, Any]]], out: Path) -> list[Path]:
-    """One Markdown and one JSON file per environment (a section/key per stack) and an index.md."""
+def write_review(
+    reviews: dict[str, dict[str, dict[str, Any]]], out: Path, gates: dict[str, Any] | None = None
+) -> list[Path]:
+    """One Markdown and one JSON file per environment (a section/key per stack), gates.md when the assembly has a
+    gates report, and an index.md."""
     out.mkdir(parents=True, exist_ok=True)
     files = {environment: re.sub(r"[^A-Za-z0-9_.-]+", "-", environment).strip("-") or "app" for environment in reviews}
     written = []
@@ -24,7 +27,10 @@ def write_review(reviews: dict[str, dict[str, dict[str, Any]]], out: Path) -> li
         json_file.write_text(json.dumps({"environment": environment, "stacks": stacks}, indent=2) + "\n")
         markdown_file.write_text(environment_markdown(environment, stacks))
         written += [json_file, markdown_file]
-    (out / "index.md").write_text(index_markdown(reviews, files))
+    if gates is not None:
+        (out / "gates.md").write_text(gates_markdown(gates))
+        written.append(out / "gates.md")
+    (out / "index.md").write_text(index_markdown(reviews, files, gates))
     return [*written, out / "index.md"]
 
 
@@ -57,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             written = write_diff(diff, args.out)
             print("\n".join(diff["findings"]) or "no riskier permissions, exposure, encryption, retention or cost")
         else:
-            written = write_review(review_assembly(args.cdk_out, prices), args.out)
+            written = write_review(review_assembly(args.cdk_out, prices), args.out, load_gates_report(args.cdk_out))
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

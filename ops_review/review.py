@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mme_sizing import plan as mme_plan
+from ops_review import GATES_REPORT
 
 PRICES_FILE = Path(__file__).with_name("prices.json")
 
@@ -79,6 +80,12 @@ def load_assembly(cdk_out: Path) -> list[StackTemplate]:
 def _environment(uri: str) -> tuple[str | None, str | None]:
     account, _, region = uri.removeprefix("aws://").partition("/")
     return (None if account.startswith("unknown") else account), (None if region.startswith("unknown") else region)
+
+
+def load_gates_report(cdk_out: Path) -> dict[str, Any] | None:
+    """The gates' report in the assembly (every acknowledged finding with its reason), if `make synth` wrote one."""
+    report = Path(cdk_out) / GATES_REPORT
+    return json.loads(report.read_text()) if report.is_file() else None
 
 
 def load_prices(path: Path = PRICES_FILE) -> dict[str, Any]:

@@ -1,9 +1,11 @@
-"""Post-synth gates over a cloud assembly: cdk-nag + Control Tower report, cfn-lint, checkov; a summary per stack.
+"""Post-synth gates over a cloud assembly: cdk-nag + Control Tower report, cfn-lint, checkov; one line per gate and
+per stack, and the full report (every acknowledged finding with its reason) in ``cdk.out/gates-report.json``, which
+``pytorch-platform review`` shows.
 
-    python -m scripts.template_gates cdk.out
+    python -m scripts.template_gates cdk.out [--verbose]
 
 cdk-nag already failed `cdk synth` on any unacknowledged finding; this re-reads its report so the gates also hold for
-an assembly made elsewhere. Exit status 1 when any gate fails.
+an assembly made elsewhere. A failing gate prints in full; exit status 1 when any gate fails.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+from ops_review import GATES_REPORT
 from stacks.settings import ENVIRONMENT_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,21 +94,6 @@ def nag_violations(assembly: Path) -> list[str]:
 CONTROL_TOWER = "cdk-validator-cfnguard::"
 
 
-def control_tower_acknowledgements(paths: list[Path]) -> list[str]:
-    """Every acknowledged Control Tower proactive control, as '<stage>/<stack> <resource>: <rule>: <reason>'; read
-    from the template metadata the compliance gates write (synth already failed on any unacknowledged one)."""
-    lines = []
-    for path in paths:
-        stage = path.parent.name.removeprefix("assembly-") if path.parent.name.startswith("assembly-") else "-"
-        for logical_id, resource in json.loads(path.read_text()).get("Resources", {}).items():
-            for rule in resource.get("Metadata", {}).get("cdk_nag", {}).get("rules_to_suppress", []):
-                if rule["id"].startswith(CONTROL_TOWER):
-                    name = rule["id"].removeprefix(CONTROL_TOWER)
-                    where = f"{stage}/{path.name.removesuffix('.template.json')} {logical_id}"
-                    lines.append(f"{where}: {name}: {rule['reason']}")
-    return lines
-
-
 def cfn_lint(paths: list[Path]) -> subprocess.CompletedProcess:
     executable = shutil.which("cfn-lint", path=str(Path(sys.executable).parent)) or "cfn-lint"
     return subprocess.run([executable, *map(str, paths)], capture_output=True, text=True)
@@ -120,18 +109,122 @@ def checkov(assembly: Path) -> subprocess.CompletedProcess:
     )
 
 
-def summary(named_templates: list[tuple[str, Path]]) -> str:
+def stack_lines(named_templates: list[tuple[str, Path]]) -> list[str]:
+    """One line per stack: resources (the most common types), retained resources, outputs."""
     lines = []
     for name, path in named_templates:
         template = json.loads(path.read_text())
-        counts = collections.Counter(r["Type"] for r in template.get("Resources", {}).values())
-        retained = sum(r.get("DeletionPolicy") == "Retain" for r in template.get("Resources", {}).values())
+        resources = template.get("Resources", {}).values()
+        counts = collections.Counter(r["Type"] for r in resources)
+        retained = sum(r.get("DeletionPolicy") == "Retain" for r in resources)
+        top = ", ".join(f"{n} {t.removeprefix('AWS::')}" for t, n in counts.most_common(4))
         lines.append(
-            f"{name}: {sum(counts.values())} resources, {retained} retained, {len(template.get('Outputs', {}))} outputs"
+            f"{name}: {sum(counts.values())} resources ({top}, ...), {retained} retained, "
+            f"{len(template.get('Outputs', {}))} outputs"
         )
-        top = ", ".join(f"{n} {t.removeprefix('AWS::')}" for t, n in counts.most_common(6))
-        lines.append(f"    {top}")
+    return lines
+
+
+def acknowledged_findings(named_templates: list[tuple[str, Path]]) -> list[dict[str, str]]:
+    """Every acknowledged cdk-nag and Control Tower finding, read from the template metadata the compliance gates
+    write (synth already failed on any unacknowledged one)."""
+    findings = []
+    for name, path in named_templates:
+        for logical_id, resource in json.loads(path.read_text()).get("Resources", {}).items():
+            for rule in resource.get("Metadata", {}).get("cdk_nag", {}).get("rules_to_suppress", []):
+                control_tower = rule["id"].startswith(CONTROL_TOWER)
+                findings.append(
+                    {
+                        "gate": "control-tower" if control_tower else "cdk-nag",
+                        "stack": name,
+                        "resource": logical_id,
+                        "rule": rule["id"].removeprefix(CONTROL_TOWER),
+                        "reason": rule.get("reason", ""),
+                    }
+                )
+    return findings
+
+
+def checkov_counts(stdout: str) -> dict[str, int]:
+    match = re.search(r"Passed checks: (\d+), Failed checks: (\d+), Skipped checks: (\d+)", stdout)
+    passed, failed, skipped = (int(n) for n in match.groups()) if match else (0, 0, 0)
+    return {"passed": passed, "failed": failed, "skipped": skipped}
+
+
+def run_gates(assembly: Path) -> dict[str, Any]:
+    """Run every gate over the assembly and return the report (also written to ``<assembly>/gates-report.json``)."""
+    named_templates = stacks(assembly) if (assembly / "manifest.json").exists() else []
+    paths = [path for _, path in named_templates]
+    if not paths:
+        raise SystemExit(f"no templates under {assembly}; run `cdk synth` first.")
+    # cfn-lint and checkov are independent processes of ~10-20 s each: run them side by side.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        linting = pool.submit(cfn_lint, paths)
+        scanning = pool.submit(checkov, assembly)
+        lint, scan = linting.result(), scanning.result()
+    violations = nag_violations(assembly)
+    acknowledged = acknowledged_findings(named_templates)
+    skips = checkov_skips()
+    counts = checkov_counts(scan.stdout)
+    by_gate = collections.Counter(finding["gate"] for finding in acknowledged)
+    gates = {
+        "cdk-nag (AwsSolutions, NIST 800-53 R5)": (
+            not violations,
+            f"{len(violations)} unacknowledged, {by_gate['cdk-nag']} acknowledged",
+        ),
+        "Control Tower proactive controls": (
+            not violations,
+            f"{len(violations)} unacknowledged, {by_gate['control-tower']} acknowledged",
+        ),
+        "cfn-lint": (lint.returncode == 0, f"{'clean' if lint.returncode == 0 else 'FAILED'} ({len(paths)} templates)"),
+        "checkov": (
+            scan.returncode == 0,
+            f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
+            f"({sum(len(ids) for ids, _ in skips)} checks skipped in .checkov.yaml, each with its reason)",
+        ),
+    }
+    report = {
+        "gates": {name: {"passed": passed, "summary": text} for name, (passed, text) in gates.items()},
+        "unacknowledged": violations,
+        "acknowledged": acknowledged,
+        "checkov_skips": [{"checks": ids, "reason": reason} for ids, reason in skips],
+        "cfn_lint_output": lint.stdout,
+        "checkov_output": "" if scan.returncode == 0 else scan.stdout[-6000:],
+        "stacks": stack_lines(named_templates),
+    }
+    (assembly / GATES_REPORT).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def render(report: dict[str, Any], *, verbose: bool = False, report_file: Path | None = None) -> str:
+    """What fails in full; what passes as one line per gate and per stack; every acknowledgement only if verbose."""
+    lines: list[str] = []
+    if report["unacknowledged"]:
+        lines += ["cdk-nag / Control Tower: unacknowledged findings:", *(f"  {v}" for v in report["unacknowledged"])]
+    if report["cfn_lint_output"].strip():
+        lines.append(report["cfn_lint_output"].rstrip())
+    if report["checkov_output"]:
+        lines.append(report["checkov_output"].rstrip())
+    for name, gate in report["gates"].items():
+        lines.append(f"{'ok  ' if gate['passed'] else 'FAIL'} {name}: {gate['summary']}")
+    lines += [f"     {line}" for line in report["stacks"]]
+    if verbose:
+        lines.append("acknowledged findings:")
+        lines += [f"  {f['stack']} {f['resource']}: {f['rule']}: {f['reason']}" for f in report["acknowledged"]]
+        lines.append(skips_summary([(skip["checks"], skip["reason"]) for skip in report["checkov_skips"]]))
+    elif report_file is not None:
+        lines.append(f"every acknowledgement with its reason: {report_file} (`pytorch-platform review`; VERBOSE=1)")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("assembly", type=Path, nargs="?", default=ROOT / "cdk.out")
+    parser.add_argument("--verbose", action="store_true", help="also print every acknowledged finding and skip")
+    args = parser.parse_args(argv)
+    report = run_gates(args.assembly)
+    print(render(report, verbose=args.verbose, report_file=args.assembly / GATES_REPORT))
+    return 0 if all(gate["passed"] for gate in report["gates"].values()) else 1
 
 
 def skips_summary(groups: list[tuple[list[str], str]]) -> str:
@@ -139,40 +232,6 @@ def skips_summary(groups: list[tuple[list[str], str]]) -> str:
     for ids, reason in groups:
         lines.append(f"  {', '.join(ids)}: {reason or 'NO REASON GIVEN'}")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("assembly", type=Path, nargs="?", default=ROOT / "cdk.out")
-    args = parser.parse_args(argv)
-    named_templates = stacks(args.assembly) if (args.assembly / "manifest.json").exists() else []
-    paths = [path for _, path in named_templates]
-    if not paths:
-        raise SystemExit(f"no templates under {args.assembly}; run `cdk synth` first.")
-    failed = False
-    if violations := nag_violations(args.assembly):
-        failed = True
-        print("cdk-nag: unacknowledged findings:\n  " + "\n  ".join(violations))
-    else:
-        print(f"cdk-nag (AwsSolutions, NIST 800-53 R5): no unacknowledged findings in {len(paths)} templates")
-        acknowledged = control_tower_acknowledgements(paths)
-        print(
-            "Control Tower proactive controls (cdk-validator-cfnguard): no unacknowledged findings; "
-            f"{len(acknowledged)} acknowledged:" + "".join(f"\n  {line}" for line in acknowledged)
-        )
-    # cfn-lint and checkov are independent processes of ~10-20 s each: run them side by side.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        linting = pool.submit(cfn_lint, paths)
-        scanning = pool.submit(checkov, args.assembly)
-        lint, scan = linting.result(), scanning.result()
-    failed |= lint.returncode != 0
-    print(f"cfn-lint: {'clean' if lint.returncode == 0 else 'FAILED'}\n{lint.stdout}".rstrip())
-    failed |= scan.returncode != 0
-    result = next((line for line in scan.stdout.splitlines() if line.startswith("Passed checks")), scan.stdout[-2000:])
-    print(f"checkov: {result}" + ("" if scan.returncode == 0 else f"\n{scan.stdout[-6000:]}"))
-    print(skips_summary(checkov_skips()))
-    print("\n" + summary(named_templates))
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":
