@@ -320,7 +320,7 @@ assert output.code == 200, output.code
 import psutil
 info = psutil.Process().memory_full_info()
 print(json.dumps({"load_s": load_s, "rss_mib": info.rss / 2**20, "uss_mib": info.uss / 2**20,
-                  "djl_python_file": djl_python.__file__ or "stand-in"}))
+                  "djl_python_file": getattr(djl_python, "__file__", None) or "stand-in"}))
 """
 
 
