@@ -6,6 +6,7 @@ import argparse
 import json
 import re
 import sys
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -53,17 +54,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, required=True, help="folder for the Markdown and JSON files")
     parser.add_argument("--prices", type=Path, default=PRICES_FILE, help="price table (default: %(default)s)")
+    parser.add_argument(
+        "--today",
+        type=date.fromisoformat,
+        default=None,
+        help="count the images' days of patching left from this date, YYYY-MM-DD (default: the clock's)",
+    )
     args = parser.parse_args(argv)
     if (args.cdk_out is None) == (args.diff is None):
         parser.error("give either one cloud assembly or --diff OLD NEW")
     prices = load_prices(args.prices)
     try:
         if args.diff:
-            diff = diff_reviews(*(review_assembly(path, prices) for path in args.diff))
+            diff = diff_reviews(*(review_assembly(path, prices, args.today) for path in args.diff))
             written = write_diff(diff, args.out)
             print("\n".join(diff["findings"]) or "no riskier permissions, exposure, encryption, retention or cost")
         else:
-            written = write_review(review_assembly(args.cdk_out, prices), args.out, load_gates_report(args.cdk_out))
+            reviews = review_assembly(args.cdk_out, prices, args.today)
+            written = write_review(reviews, args.out, load_gates_report(args.cdk_out))
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -69,9 +69,31 @@ def environment_markdown(environment: str, stacks: dict[str, dict[str, Any]]) ->
             for name, review in stacks.items()
         ],
     )
+    lines += _images_markdown(stacks)
     for name, review in stacks.items():
         lines += stack_markdown(name, review)
     return "\n".join(lines)
+
+
+def _images_markdown(stacks: dict[str, dict[str, Any]]) -> list[str]:
+    """Every image the environment runs, with its days of patching left (negative: ended) and any accepted risk."""
+    rows = [
+        [
+            image["image"],
+            name,
+            image["setting"],
+            image["architecture"],
+            image["end_of_patching"] or "none declared",
+            "n/a" if image["days_left"] is None else image["days_left"],
+            image["accepted_risk"],
+        ]
+        for name, review in stacks.items()
+        for image in review.get("images", [])
+    ]
+    if not rows:
+        return []
+    headers = ["image", "stack", "setting", "arch", "end of patching", "days left", "risk accepted because"]
+    return ["## Images and their patch windows", "", *_table(headers, rows)]
 
 
 def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:

@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 from mme_sizing import plan as mme_plan
 from ops_review import GATES_REPORT
+from platform_facts.images import METADATA_KEY as IMAGES_METADATA_KEY
 
 PRICES_FILE = Path(__file__).with_name("prices.json")
 
@@ -92,16 +94,18 @@ def load_prices(path: Path = PRICES_FILE) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
 
 
-def review_assembly(cdk_out: Path, prices: dict[str, Any] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-    """{environment: {stack: review}} for every stack of the assembly."""
+def review_assembly(
+    cdk_out: Path, prices: dict[str, Any] | None = None, today: date | None = None
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """{environment: {stack: review}} for every stack of the assembly; images' days left counted from ``today``."""
     prices = prices or load_prices()
     reviews: dict[str, dict[str, dict[str, Any]]] = {}
     for stack in load_assembly(cdk_out):
-        reviews.setdefault(stack.environment, {})[stack.stack] = review_stack(stack, prices)
+        reviews.setdefault(stack.environment, {})[stack.stack] = review_stack(stack, prices, today)
     return reviews
 
 
-def review_stack(stack: StackTemplate, prices: dict[str, Any]) -> dict[str, Any]:
+def review_stack(stack: StackTemplate, prices: dict[str, Any], today: date | None = None) -> dict[str, Any]:
     template = _Template(stack)
     return {
         "stack_name": stack.stack_name,
@@ -117,7 +121,30 @@ def review_stack(stack: StackTemplate, prices: dict[str, Any]) -> dict[str, Any]
         "acknowledgements": template.acknowledgements(),
         "cost": template.cost(prices),
         "multi_model_sizing": template.multi_model_sizing(),
+        "images": images(stack.template, today or date.today()),
     }
+
+
+def images(template: dict[str, Any], today: date) -> list[dict[str, Any]]:
+    """The images a stack runs, from its metadata, with the days of patching left on ``today`` (None: no end
+    declared; negative: ended) and the reason an environment gave for running an ended one."""
+    entries = []
+    for image in template.get("Metadata", {}).get(IMAGES_METADATA_KEY, []):
+        end = image.get("end_of_patching")  # CDK drops null values from metadata
+        entries.append(
+            {
+                "image": image["image"],
+                "setting": image["setting"],
+                "architecture": image.get("architecture"),
+                "end_of_patching": end,
+                "days_left": None if end is None else (date.fromisoformat(end) - today).days,
+                "accepted_risk": image.get("accepted_risk"),
+                "replacement": image.get("replacement"),
+                "source": image.get("source"),
+                "checked": image.get("checked"),
+            }
+        )
+    return entries
 
 
 def describe(value: Any) -> str:

@@ -8,6 +8,7 @@ stages.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import date
 from typing import Any, cast
 
 import aws_cdk as cdk
@@ -116,6 +117,7 @@ class PromotionPipelineStack(cdk.Stack):
         settings: PipelineSettings,
         environments: Sequence[EnvironmentSettings],
         stage_class: type[PlatformStage] = PlatformStage,
+        today: date | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -127,6 +129,7 @@ class PromotionPipelineStack(cdk.Stack):
         )
         self.settings = settings
         self.stage_class = stage_class
+        self.today = today  # the date the stages check their images' patch windows against (None: the clock's)
         self.promotion = PromotionPipeline(
             self, KEEP_LOGICAL_IDS, settings=settings, environments=environments, stage_factory=self._stage
         )
@@ -140,7 +143,7 @@ class PromotionPipelineStack(cdk.Stack):
     def _stage(self, scope: Construct, environment: EnvironmentSettings) -> PromotionStage:
         """The environment's PlatformStage; once it serves a named model version, also the role the pipeline's model
         check and smoke test assume there."""
-        stage = self.stage_class(scope, environment, construct_id=environment.name)
+        stage = self.stage_class(scope, environment, construct_id=environment.name, today=self.today)
         endpoint = getattr(stage, "graviton_endpoint", None)
         if endpoint is None:
             return PromotionStage(stage)

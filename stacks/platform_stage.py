@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import date
+
 import aws_cdk as cdk
 from constructs import Construct
 
 from stacks.foundation import FoundationStack
 from stacks.graviton_endpoint import GravitonEndpointStack
+from stacks.image_patching import check_images, record_images
 from stacks.multi_model_endpoint import MultiModelEndpointStack
 from stacks.settings import EnvironmentSettings
 from stacks.training import TrainingStack
@@ -23,7 +26,18 @@ def no_model_yet(environment: str) -> str:
 
 
 class PlatformStage(cdk.Stage):
-    def __init__(self, scope: Construct, settings: EnvironmentSettings, *, construct_id: str | None = None) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        settings: EnvironmentSettings,
+        *,
+        construct_id: str | None = None,
+        today: date | None = None,
+    ) -> None:
+        """``today``: the date the images' patch windows are checked against (the clock's date when None)."""
+        today = today or date.today()
+        # Before any resource: an image past its end of patching stops synth with one sentence.
+        images = check_images(settings, today)
         super().__init__(
             scope, construct_id or settings.name, env=cdk.Environment(account=settings.account, region=settings.region)
         )
@@ -49,5 +63,9 @@ class PlatformStage(cdk.Stage):
             others = [other for other in endpoints if other is not endpoint]
             if others:
                 endpoint.shares_network_with(*others)
+        for stack_id in {image.use.stack for image in images}:
+            stack = self.node.try_find_child(stack_id)
+            if isinstance(stack, cdk.Stack):  # an endpoint without a model version is not built: nothing runs
+                record_images(stack, [image for image in images if image.use.stack == stack_id], today)
         for key, value in settings.resource_tags.items():
             cdk.Tags.of(self).add(key, value)

@@ -420,6 +420,20 @@ class EnvironmentSettings(_Settings):
     training: TrainingSettings = TrainingSettings()
     graviton_endpoint: GravitonEndpointSettings = GravitonEndpointSettings()
     multi_model_endpoint: MultiModelEndpointSettings = MultiModelEndpointSettings()
+    # repository:tag -> why this environment runs the image although its publisher no longer patches it
+    # (platform_facts/images.json). Synth refuses such an image without an entry; the reason goes into the template
+    # metadata and `pytorch-platform review`.
+    accept_unpatched_images: dict[str, str] = {}
+
+    @field_validator("accept_unpatched_images")
+    @classmethod
+    def _reasons(cls, value: dict[str, str]) -> dict[str, str]:
+        for image, reason in value.items():
+            if not re.match(r"^[a-z0-9][a-z0-9._/-]*:[A-Za-z0-9_.-]+$", image):
+                raise ValueError(f"key {image!r} must be an image as repository:tag")
+            if len(reason.strip()) < 20:
+                raise ValueError(f"{image} needs a reason of at least 20 characters: why the risk is acceptable")
+        return value
 
     @field_validator("alarm_email")
     @classmethod

@@ -1,0 +1,175 @@
+"""Images are facts with patch windows: synth refuses an image past its publisher's end of patching unless the
+environment accepts the risk with a reason, warns 60 days ahead, and the ops review lists every image with its days
+left. Every date is injected: nothing here depends on the clock."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from datetime import date, timedelta
+from pathlib import Path
+
+import pytest
+
+from app import build_app
+from ops_review.__main__ import main as review_main
+from ops_review.review import review_assembly
+from platform_facts.images import WARN_DAYS, PatchStatus, image_facts
+from stacks.image_patching import check_images
+from stacks.settings import SettingsError, parse_environment
+from tests.conftest import ROOT, cdk_context
+
+GRAVITON_TORCHSERVE = "pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"
+TRAINING = "pytorch-training:2.10.0-gpu-py313-cu130-ubuntu22.04-ec2"
+CHECKED_ON = date(2026, 12, 4)
+
+
+def _raw(name: str) -> dict:
+    return copy.deepcopy(cdk_context()["environments"][name])
+
+
+def _without_acceptance(name: str) -> dict:
+    raw = _raw(name)
+    raw.pop("accept_unpatched_images", None)
+    return raw
+
+
+def test_every_entry_has_a_source_a_checked_date_and_a_replacement() -> None:
+    for image, fact in image_facts().items():
+        assert ":" in image and fact.architecture in ("x86_64", "arm64"), image
+        assert fact.source.startswith("https://"), image
+        assert fact.replacement and fact.checked <= CHECKED_ON, image
+
+
+@pytest.mark.parametrize(
+    ("image", "today", "status", "days"),
+    [
+        (TRAINING, date(2026, 11, 1), PatchStatus.PATCHED, 81),
+        (TRAINING, date(2027, 1, 21) - timedelta(days=WARN_DAYS), PatchStatus.ENDING, 60),
+        (TRAINING, date(2027, 1, 21), PatchStatus.ENDING, 0),
+        (TRAINING, date(2027, 1, 22), PatchStatus.ENDED, -1),
+        (GRAVITON_TORCHSERVE, CHECKED_ON, PatchStatus.ENDED, -157),
+        ("djl-inference:0.36.0-cpu-full", CHECKED_ON, PatchStatus.UNDECLARED, None),
+    ],
+)
+def test_patch_status_by_date(image: str, today: date, status: PatchStatus, days: int | None) -> None:
+    fact = image_facts()[image]
+    assert fact.status(today) is status
+    assert fact.days_left(today) == days
+
+
+def test_an_ended_image_without_acceptance_stops_synth_with_one_sentence() -> None:
+    settings = parse_environment("prod", _without_acceptance("prod"))
+    with pytest.raises(SettingsError) as error:
+        check_images(settings, CHECKED_ON)
+    message = str(error.value)
+    assert message.startswith(f"environments.prod.graviton_endpoint.image_tag: {GRAVITON_TORCHSERVE} ended patching")
+    assert "2026-06-30" in message and "environments.prod.accept_unpatched_images" in message
+    assert message.count(". ") == 0 and message.endswith(".")
+
+
+def test_the_same_image_passes_before_its_end() -> None:
+    settings = parse_environment("prod", _without_acceptance("prod"))
+    assert {c.use.image for c in check_images(settings, date(2026, 6, 30))} >= {GRAVITON_TORCHSERVE, TRAINING}
+
+
+def test_an_accepted_risk_passes_and_carries_its_reason() -> None:
+    (graviton,) = [
+        c
+        for c in check_images(parse_environment("prod", _raw("prod")), CHECKED_ON)
+        if c.use.stack == "GravitonEndpoint"
+    ]
+    assert graviton.accepted_risk == _raw("prod")["accept_unpatched_images"][GRAVITON_TORCHSERVE]
+    assert graviton.metadata()["accepted_risk"] == graviton.accepted_risk
+
+
+def test_the_training_image_stops_synth_the_day_after_its_end() -> None:
+    with pytest.raises(SettingsError, match=r"^environments\.prod\.training\.image_tag: pytorch-training:2\.10"):
+        check_images(parse_environment("prod", _raw("prod")), date(2027, 1, 22))
+
+
+def test_the_torchserve_multi_model_option_is_refused_without_acceptance() -> None:
+    raw = _raw("staging")
+    raw["multi_model_endpoint"]["model_server"] = "torchserve"
+    with pytest.raises(SettingsError, match=r"^environments\.staging\.multi_model_endpoint\.torchserve_image: "):
+        check_images(parse_environment("staging", raw), CHECKED_ON)
+
+
+def test_an_acceptance_for_an_image_nobody_chooses_is_refused() -> None:
+    raw = _raw("dev")
+    raw["graviton_endpoint"]["enabled"] = False
+    with pytest.raises(SettingsError, match=r"^environments\.dev\.accept_unpatched_images: accepts the risk of"):
+        check_images(parse_environment("dev", raw), CHECKED_ON)
+
+
+def test_an_image_without_a_fact_is_refused() -> None:
+    raw = _raw("dev")
+    raw["training"]["image_tag"] = "2.99.0-gpu-py313-cu130-ubuntu22.04-ec2"
+    with pytest.raises(SettingsError, match=r"^environments\.dev\.training\.image_tag: .* platform_facts/images\.json"):
+        check_images(parse_environment("dev", raw), CHECKED_ON)
+
+
+@pytest.mark.parametrize("reason", ["", "   because   "])
+def test_an_acceptance_needs_a_real_reason(reason: str) -> None:
+    raw = _raw("dev")
+    raw["accept_unpatched_images"] = {GRAVITON_TORCHSERVE: reason}
+    with pytest.raises(SettingsError, match=r"^environments\.dev\.accept_unpatched_images: .*reason of at least 20"):
+        parse_environment("dev", raw)
+
+
+def test_cdk_synth_prints_the_sentence_and_exits_1(tmp_path: Path) -> None:
+    context = cdk_context(env="prod", today="2027-01-22")
+    result = subprocess.run(
+        [sys.executable, "app.py"],
+        cwd=ROOT,
+        env={**os.environ, "CDK_CONTEXT_JSON": json.dumps(context), "CDK_OUTDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("cdk.json: environments.prod.training.image_tag: pytorch-training:2.10.0")
+    assert "ended patching on 2027-01-21" in line
+
+
+@pytest.fixture(scope="module")
+def prod_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    outdir = tmp_path_factory.mktemp("prod-images")
+    build_app(context=cdk_context(env="prod", today=CHECKED_ON.isoformat()), outdir=str(outdir)).synth()
+    return outdir
+
+
+@pytest.mark.slow
+def test_synth_records_the_images_and_warns(prod_assembly: Path) -> None:
+    (graviton,) = (prod_assembly / "assembly-prod").glob("prodGravitonEndpoint*.template.json")
+    (recorded,) = json.loads(graviton.read_text())["Metadata"]["PytorchPlatformImages"]
+    assert recorded["image"] == GRAVITON_TORCHSERVE and recorded["end_of_patching"] == "2026-06-30"
+    assert "network-isolated" in recorded["accepted_risk"]
+    warnings = {
+        path.name: [
+            e["data"] for es in json.loads(path.read_text()).values() for e in es if e["type"] == "aws:cdk:warning"
+        ]
+        for path in (prod_assembly / "assembly-prod").glob("*.metadata.json")
+    }
+    training = next(w for name, w in warnings.items() if name.startswith("prodTraining"))
+    assert any("training.image_tag" in w and "(48 days left)" in w for w in training)
+    endpoint = next(w for name, w in warnings.items() if name.startswith("prodGravitonEndpoint"))
+    assert any("ended patching on 2026-06-30; running it anyway because" in w for w in endpoint)
+
+
+@pytest.mark.slow
+def test_the_review_lists_every_image_with_its_days_left(prod_assembly: Path, tmp_path: Path) -> None:
+    reviews = review_assembly(prod_assembly, today=CHECKED_ON)["prod"]
+    listed = {i["image"]: i for review in reviews.values() for i in review["images"]}
+    assert listed[GRAVITON_TORCHSERVE]["days_left"] == -157 and listed[GRAVITON_TORCHSERVE]["accepted_risk"]
+    assert listed[TRAINING]["days_left"] == 48
+    assert listed["djl-inference:0.36.0-cpu-full"]["days_left"] is None
+    assert review_main([str(prod_assembly), "--out", str(tmp_path), "--today", "2027-01-01"]) == 0
+    markdown = (tmp_path / "prod.md").read_text()
+    assert "## Images and their patch windows" in markdown
+    row = next(line for line in markdown.splitlines() if line.startswith(f"| {TRAINING} "))
+    assert "| 20 |" in row  # days left counted from --today, not from the clock
