@@ -128,7 +128,9 @@ class TrainingLaunchTemplate(Construct):
                 "SubnetId": subnet.subnet_id,
                 "Groups": [self.security_group.security_group_id],
                 "DeleteOnTermination": True,
-                "AssociatePublicIpAddress": False,
+                # EC2 refuses AssociatePublicIpAddress, even false, with more than one interface
+                # (InvalidParameterCombination; RunInstances InstanceNetworkInterfaceSpecification).
+                **({"AssociatePublicIpAddress": False} if cards == 1 else {}),
                 **({"InterfaceType": "efa"} if efa else {}),
             }
             for card in range(cards)
