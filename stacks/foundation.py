@@ -749,7 +749,14 @@ class FoundationStack(EnvironmentStack):
                 (
                     iam.PolicyStatement(
                         sid="WriteOwnLogs",
-                        actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
+                        # On Create the handler also creates its own group and gives it a 1-day retention (aws-cdk
+                        # custom-resource-handlers/lib/aws-logs/log-retention-handler/index.ts).
+                        actions=[
+                            "logs:CreateLogGroup",
+                            "logs:CreateLogStream",
+                            "logs:PutLogEvents",
+                            "logs:PutRetentionPolicy",
+                        ],
                         resources=[handler_logs, f"{handler_logs}:log-stream:*"],
                     ),
                     "The handler's own log group is named after the function name CloudFormation generates.",

@@ -16,7 +16,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
-from stacks.compliance import acknowledge, acknowledge_wildcards
+from stacks.compliance import acknowledge, acknowledge_control, acknowledge_wildcards
 
 # Give a stack's one TrainingLaunchTemplate this id: CDK leaves "Default" out of logical ids, so the security group
 # and launch template keep the ids they had as direct children of the TrainingStack (no replacement on deploy).
@@ -128,7 +128,9 @@ class TrainingLaunchTemplate(Construct):
                 "SubnetId": subnet.subnet_id,
                 "Groups": [self.security_group.security_group_id],
                 "DeleteOnTermination": True,
-                "AssociatePublicIpAddress": False,
+                # EC2 refuses AssociatePublicIpAddress, even false, with more than one interface
+                # (InvalidParameterCombination; RunInstances InstanceNetworkInterfaceSpecification).
+                **({"AssociatePublicIpAddress": False} if cards == 1 else {}),
                 **({"InterfaceType": "efa"} if efa else {}),
             }
             for card in range(cards)
@@ -136,6 +138,13 @@ class TrainingLaunchTemplate(Construct):
         cfn_template = self.launch_template.node.default_child
         assert isinstance(cfn_template, ec2.CfnLaunchTemplate)
         cfn_template.add_property_override("LaunchTemplateData.NetworkInterfaces", interfaces)
+        if cards > 1:
+            acknowledge_control(
+                self.launch_template,
+                "EC2 refuses AssociatePublicIpAddress (even false) with several network interfaces, and an instance "
+                "with several interfaces gets no public address: the subnet is private.",
+                "ec2_launch_template_public_ip_disabled_check",
+            )
 
     @property
     def launch_template_id(self) -> str:

@@ -108,6 +108,23 @@ def test_efa_puts_an_interface_on_each_card_in_one_subnet_and_a_cluster_group(ef
     assert ingress["Properties"]["SourceSecurityGroupId"] == {"Fn::GetAtt": [sg_id, "GroupId"]}
 
 
+def _ec2_refuses(interfaces: list[dict[str, Any]]) -> str | None:
+    """EC2's rule for RunInstances network interfaces (API reference, InstanceNetworkInterfaceSpecification
+    AssociatePublicIpAddress: "You cannot specify more than one network interface in the request"): with several
+    interfaces the parameter, even false, is an InvalidParameterCombination."""
+    if len(interfaces) > 1 and any("AssociatePublicIpAddress" in i for i in interfaces):
+        return "InvalidParameterCombination"
+    return None
+
+
+@pytest.mark.parametrize("build", ["single", "efa"])
+def test_ec2_accepts_the_network_interfaces(build: str, request: pytest.FixtureRequest) -> None:
+    interfaces = _launch_data(request.getfixturevalue(build))["NetworkInterfaces"]
+    assert _ec2_refuses(interfaces) is None
+    # No public address either way: one interface says so, several cannot have one (private subnet).
+    assert all(i.get("AssociatePublicIpAddress", False) is False for i in interfaces)
+
+
 def test_user_data_arms_power_off_before_anything_can_fail(single: dict[str, Any]) -> None:
     parts = _launch_data(single)["UserData"]["Fn::Base64"]
     script = parts if isinstance(parts, str) else "".join(p for p in parts["Fn::Join"][1] if isinstance(p, str))

@@ -8,8 +8,9 @@
 #   3. fetch the dataset and base model when they are S3 URIs (else the script loads them from the hub);
 #   4. run launch_training.sh (torchrun, one process per GPU, c10d rendezvous and EFA on several nodes),
 #      streaming the container's output to CloudWatch Logs;
-#   5. on the node that ran rank 0: package saved_model/ into model.tar.gz and upload it with metrics.json to
-#      s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX<reservation id>/ (SSE-KMS with $KMS_KEY_ID).
+#   5. on the node that ran rank 0: package saved_model/ into model.tar.gz (in the image, no AWS calls) and upload
+#      it with metrics.json from the host to s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX<reservation id>/ (SSE-KMS with
+#      $KMS_KEY_ID).
 #
 # Settings come from the environment the user data exports:
 #   AWS_REGION DLC_ACCOUNT REGISTRY_DOMAIN IMAGE_TAG LOG_GROUP ARTIFACTS_BUCKET OUTPUT_PREFIX KMS_KEY_ID
@@ -79,10 +80,14 @@ bash training_assets/instance/launch_training.sh --image "$IMAGE" "${launch_args
 # --- 5. package and upload (only the node of rank 0 holds saved_model/) ------------------------------------------
 if [[ -d "$WORK/output/saved_model" ]]; then
   destination="s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX$reservation"
+  # The container only writes the archive: on its bridge network the metadata hop limit of 1 (launch template)
+  # keeps the instance role's credentials from it, so every AWS call runs here on the host.
   docker run --rm -v "$WORK:/work" -w /work "$IMAGE" \
     python -m inference_assets.tools.package_model --model-dir output/saved_model --output output/model.tar.gz \
-    --upload "$destination/model.tar.gz" --kms-key-id "$KMS_KEY_ID" "${package_args[@]}"
-  aws s3 cp --only-show-errors --sse aws:kms --sse-kms-key-id "$KMS_KEY_ID" \
-    "$WORK/output/metrics.json" "$destination/metrics.json"
+    "${package_args[@]}"
+  for file in model.tar.gz metrics.json; do
+    aws s3 cp --only-show-errors --sse aws:kms --sse-kms-key-id "$KMS_KEY_ID" \
+      "$WORK/output/$file" "$destination/$file"
+  done
   echo "model: $destination/model.tar.gz"
 fi
