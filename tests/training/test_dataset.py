@@ -15,7 +15,7 @@ import pytest
 
 from training_assets.instance import dataset, train_sentiment
 from training_assets.instance.dataset import DatasetError, Schema, read_splits
-from training_assets.instance.train_sentiment import ThroughputMeter, TrainConfig, batch_plan, label_warnings
+from training_assets.instance.train_sentiment import TrainConfig, batch_plan, label_warnings, throughput_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_ROWS = [("what a great day", 2), ("it is raining", 1), ("worst update ever", 0)]
@@ -370,14 +370,13 @@ def test_single_class_and_missing_class_warnings() -> None:
 
 
 def test_throughput_without_steps_after_the_warmup_says_why() -> None:
-    meter = ThroughputMeter(warmup_steps=1, samples_per_step=32)
-    meter.step_seconds, meter.tokens_at_step = [2.5], [300]
-    summary = meter.summary()
+    counts = {"warmup_steps": 1, "samples_per_step": 32, "tokens": (300, 300), "positions": (512, 512)}
+    summary = throughput_summary([2.5], **counts)
     assert summary["measured"] is False and summary["optimizer_steps"] == 1
     assert "1 optimizer step(s), all within the 1 warm-up step(s)" in summary["reason"]
-    meter.step_seconds, meter.tokens_at_step = [2.5, 0.5, 0.5], [300, 600, 900]
-    measured = meter.summary()
+    measured = throughput_summary([2.5, 0.5, 0.5], **{**counts, "tokens": (300, 900), "positions": (512, 1536)})
     assert measured["measured"] is True and measured["train_samples_per_second"] == 64.0
+    assert measured["non_padding_tokens_per_second"] == 600.0 and measured["padding_fraction"] == 0.4141
 
 
 @pytest.mark.slow

@@ -81,8 +81,11 @@ def test_throughput_excludes_the_compile_warmup(compiled_run: Path) -> None:
         throughput["measured_steps"] * 8 / throughput["measured_seconds"], rel=1e-3
     )
     # Non-padding tokens: more than the two special tokens per sample, fewer than the padded length.
-    tokens_per_sample = throughput["train_tokens_per_second"] / throughput["train_samples_per_second"]
+    tokens_per_sample = throughput["non_padding_tokens_per_second"] / throughput["train_samples_per_second"]
     assert 2 < tokens_per_sample < 32
+    # Bucketed padding (the default): positions computed per sample stay well under max_seq_length.
+    assert throughput["positions_per_second"] / throughput["train_samples_per_second"] < 16
+    assert 0 < throughput["padding_fraction"] <= 0.4
     assert throughput["warmup_seconds"] >= throughput["compile_warmup_seconds"] >= 0
 
 

@@ -1,7 +1,12 @@
 """Fine-tune a sequence-classification model for tweet sentiment with the Hugging Face Trainer.
 
-Each PyTorch 2 feature has its own switch, off by default so the baseline is plain eager fp32 AdamW:
-``--torch-compile`` (TorchInductor), ``--bf16`` (bfloat16 autocast) and ``--fused-adamw`` (``AdamW(fused=True)``).
+The defaults are the fast path: batches padded to their own longest text rounded up to a few bucket lengths, with
+texts of similar length batched together (``--padding bucketed``, ``--group-by-length``); fused AdamW; and with a
+GPU, torch.compile in "reduce-overhead" mode (CUDA graphs, one per bucket length), bf16 autocast, DataLoader worker
+processes with pinned memory, and no host-device synchronisation between optimizer steps (tokens are counted and
+steps timed on the device; values are read when a log line needs them). Each feature has its own switch, so the
+seed's baseline stays reproducible: ``--no-torch-compile --no-bf16 --no-fused-adamw --padding max_length
+--no-group-by-length`` is plain eager fp32 AdamW on texts padded to max_seq_length.
 
     # one process (GPU if there is one, else CPU)
     python -m training_assets.instance.train_sentiment --model MODEL --dataset DATA --output-dir out --torch-compile
@@ -31,7 +36,8 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +54,13 @@ from transformers import (
     TrainingArguments,
 )
 
+from training_assets.instance.batching import (
+    PADDING_MODES,
+    BucketCollator,
+    TokenCounter,
+    bucket_lengths,
+    read_counts,
+)
 from training_assets.instance.dataset import (
     CHARS_PER_TOKEN_KEPT,
     Schema,
@@ -63,6 +76,12 @@ DEFAULT_DATASET_CONFIG = "sentiment"
 LABELS = ("negative", "neutral", "positive")
 METRICS_FILE = "metrics.json"
 SAVED_MODEL_DIR = "saved_model"
+# torch.compile's modes (torch.compile docstring); "reduce-overhead" and "max-autotune" capture CUDA graphs.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+# DataLoader workers per GPU process: collating a batch of token lists takes well under a millisecond each, so a
+# few keep ahead of a step; more only take cores from the other ranks' host threads.
+MAX_WORKERS_PER_GPU = 4
 
 
 @dataclass
@@ -81,12 +100,21 @@ class TrainConfig:
     learning_rate: float = 2e-5
     max_seq_length: int = 128
     seed: int = 42
-    torch_compile: bool = False
-    bf16: bool = False
-    fused_adamw: bool = False
+    # None: on with a GPU, off on CPU (see resolve()).
+    torch_compile: bool | None = None
+    bf16: bool | None = None
+    fused_adamw: bool = True
     use_cpu: bool = False
     max_train_samples: int | None = None
     warmup_steps: int = 1
+    padding: str = "bucketed"
+    group_by_length: bool = True
+    # None: "reduce-overhead" (CUDA graphs) with a GPU, "default" on CPU, where there are no CUDA graphs.
+    torch_compile_mode: str | None = None
+    # None: a few worker processes with a GPU, none on CPU (where they would compete with the model for cores).
+    dataloader_workers: int | None = None
+    # 0: log the train loss once per epoch; N: every N optimizer steps (each log line reads the loss from the device).
+    logging_steps: int = 0
 
     def __post_init__(self) -> None:
         self.labels = tuple(self.labels)
@@ -101,6 +129,16 @@ class TrainConfig:
             raise TrainingInputError(f"labels must be at least two distinct names, got {list(self.labels)}")
         if self.max_train_samples is not None and self.max_train_samples < 1:
             raise TrainingInputError("max_train_samples must be at least 1")
+        if self.padding not in PADDING_MODES:
+            raise TrainingInputError(f"padding must be one of {', '.join(PADDING_MODES)}, got {self.padding!r}")
+        if self.torch_compile_mode is not None and self.torch_compile_mode not in COMPILE_MODES:
+            raise TrainingInputError(
+                f"torch_compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.torch_compile_mode!r}"
+            )
+        for name in ("dataloader_workers", "logging_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise TrainingInputError(f"{name} must be 0 or more, got {value}")
 
 
 # --------------------------------------------------------------------------------------------------- input checks
@@ -159,6 +197,12 @@ def _cpu_model() -> str:
     return names[0] if names else platform.processor() or platform.machine()
 
 
+def bf16_native(use_cuda: bool) -> bool:
+    if use_cuda:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & _cpu_flags())
+
+
 def check_bf16(use_cuda: bool) -> None:
     """bf16 needs native support: Ampere or newer GPUs, or CPUs with AVX512-BF16/AMX (x86) or BF16 (Arm)."""
     if use_cuda:
@@ -184,65 +228,106 @@ class ThroughputMeter(TrainerCallback):
     """Times optimizer steps as a ``TrainerCallback``; the first ``warmup_steps`` (compilation) are kept apart.
 
     A step lasts from the previous step's end (or its epoch's start, so evaluation is never counted) to its own end,
-    and so includes data loading. On CUDA the clock reads follow a synchronize, so queued kernels are counted.
+    and so includes data loading. Nothing here waits for the device while training runs: on CUDA each step end
+    records a CUDA event in the stream (timed by the GPU, read once after training), on CPU it reads the host clock
+    (the work is done when the step returns). Tokens come from the ``TokenCounter`` the trainer fills on the device.
     """
 
-    def __init__(self, warmup_steps: int, samples_per_step: int) -> None:
+    def __init__(self, warmup_steps: int, samples_per_step: int, counter: TokenCounter, use_cuda: bool) -> None:
         self.warmup_steps = warmup_steps
         self.samples_per_step = samples_per_step
-        self.step_seconds: list[float] = []
-        self.tokens_at_step: list[int] = []
-        self._last = 0.0
+        self.counter = counter
+        self.use_cuda = use_cuda
+        self.steps: list[tuple[Any, Any]] = []  # (start mark, end mark) per optimizer step
+        self._start: Any = None
+        self._warm_counts: tuple[torch.Tensor | None, int] = (None, 0)
 
-    def _now(self) -> float:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
+    def _mark(self) -> Any:
+        if self.use_cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
         return time.perf_counter()
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._last = self._now()
+        self._start = self._mark()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        now = self._now()
-        self.step_seconds.append(now - self._last)
-        self.tokens_at_step.append(int(state.num_input_tokens_seen))
-        self._last = now
+        end = self._mark()
+        self.steps.append((self._start, end))
+        self._start = end
+        if len(self.steps) == self.warmup_steps:
+            self._warm_counts = self.counter.snapshot()
+
+    def step_seconds(self) -> list[float]:
+        if self.use_cuda:
+            torch.cuda.synchronize()  # once, after training: every event has been reached
+            return [start.elapsed_time(end) / 1000 for start, end in self.steps]
+        return [end - start for start, end in self.steps]
 
     def summary(self) -> dict[str, Any]:
-        """The throughput of the steps after the warm-up; when there are none, why it was not measured.
+        """Read the clocks and counters once (summed over the ranks of a torchrun: every rank must call this)."""
+        (warm_tokens, warm_positions), (tokens, positions) = read_counts([self._warm_counts, self.counter.snapshot()])
+        return throughput_summary(
+            self.step_seconds(),
+            warmup_steps=self.warmup_steps,
+            samples_per_step=self.samples_per_step,
+            tokens=(warm_tokens, tokens),
+            positions=(warm_positions, positions),
+        )
 
-        A measurement never stops a run: a short run trains, saves its model and reports ``"measured": false``.
-        """
-        warm, steady = self.step_seconds[: self.warmup_steps], self.step_seconds[self.warmup_steps :]
-        if not steady:
-            return {
-                "measured": False,
-                "reason": f"the run had {len(self.step_seconds)} optimizer step(s), all within the "
-                f"{self.warmup_steps} warm-up step(s) kept apart for compilation; more data or epochs, or "
-                "--warmup-steps 0, leave steps to measure",
-                "optimizer_steps": len(self.step_seconds),
-                "warmup_steps": len(warm),
-                "warmup_seconds": round(sum(warm), 4),
-                "samples_per_step": self.samples_per_step,
-            }
-        seconds = sum(steady)
-        tokens_before = self.tokens_at_step[self.warmup_steps - 1] if self.warmup_steps else 0
-        tokens = self.tokens_at_step[-1] - tokens_before
-        median = statistics.median(steady)
+
+def throughput_summary(
+    step_seconds: list[float],
+    *,
+    warmup_steps: int,
+    samples_per_step: int,
+    tokens: tuple[int, int],
+    positions: tuple[int, int],
+) -> dict[str, Any]:
+    """The throughput of the steps after the warm-up; when there are none, why it was not measured.
+
+    ``tokens`` and ``positions`` are (at the end of the warm-up, at the end) counts of non-padding tokens and of
+    positions computed (padding included). A measurement never stops a run: a short run trains, saves its model and
+    reports ``"measured": false``.
+    """
+    warm, steady = step_seconds[:warmup_steps], step_seconds[warmup_steps:]
+    padding = {
+        # Padded positions / positions computed, over every training step (warm-up included).
+        "padding_fraction": round(1 - tokens[1] / positions[1], 4) if positions[1] else None,
+        "non_padding_tokens": tokens[1],
+        "positions_computed": positions[1],
+    }
+    if not steady:
         return {
-            "measured": True,
-            "train_samples_per_second": round(len(steady) * self.samples_per_step / seconds, 3),
-            "train_tokens_per_second": round(tokens / seconds, 3),
-            "measured_steps": len(steady),
-            "measured_seconds": round(seconds, 4),
-            "median_step_seconds": round(median, 6),
+            "measured": False,
+            "reason": f"the run had {len(step_seconds)} optimizer step(s), all within the "
+            f"{warmup_steps} warm-up step(s) kept apart for compilation; more data or epochs, or "
+            "--warmup-steps 0, leave steps to measure",
+            "optimizer_steps": len(step_seconds),
             "warmup_steps": len(warm),
             "warmup_seconds": round(sum(warm), 4),
-            # What the warm-up steps cost beyond ordinary steps: compilation (and, on CUDA, context set-up).
-            "compile_warmup_seconds": round(max(0.0, sum(warm) - len(warm) * median), 4),
-            "samples_per_step": self.samples_per_step,
-            "tokens": "non-padding input tokens, summed over all ranks",
+            "samples_per_step": samples_per_step,
+            **padding,
         }
+    seconds = sum(steady)
+    median = statistics.median(steady)
+    return {
+        "measured": True,
+        "train_samples_per_second": round(len(steady) * samples_per_step / seconds, 3),
+        "non_padding_tokens_per_second": round((tokens[1] - tokens[0]) / seconds, 3),
+        "positions_per_second": round((positions[1] - positions[0]) / seconds, 3),
+        "measured_steps": len(steady),
+        "measured_seconds": round(seconds, 4),
+        "median_step_seconds": round(median, 6),
+        "warmup_steps": len(warm),
+        "warmup_seconds": round(sum(warm), 4),
+        # What the warm-up steps cost beyond ordinary steps: compilation (and, on CUDA, context set-up).
+        "compile_warmup_seconds": round(max(0.0, sum(warm) - len(warm) * median), 4),
+        "samples_per_step": samples_per_step,
+        **padding,
+        "tokens": "non-padding input tokens and positions computed, summed over all ranks",
+    }
 
 
 class EpochReporter(TrainerCallback):
@@ -271,7 +356,27 @@ class EpochReporter(TrainerCallback):
 
 
 class SentimentTrainer(Trainer):
-    """Drops the last partial batch in training only (static shapes for torch.compile); evaluation sees every row."""
+    """Counts non-padding tokens on the device; drops the last partial batch in training only (evaluation sees every
+    row); with CUDA graphs, copies evaluation outputs out of the graph's memory before the next batch reuses it."""
+
+    def __init__(self, *args: Any, token_counter: TokenCounter, clone_eval_outputs: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.token_counter = token_counter
+        self.clone_eval_outputs = clone_eval_outputs
+
+    def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        # The Trainer's own count (include_num_input_tokens_seen) reads it back with .item() every step.
+        self.token_counter.add(inputs["attention_mask"])
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
+        outputs = super().prediction_step(*args, **kwargs)
+        if not self.clone_eval_outputs:
+            return outputs
+        # CUDA graph trees reuse a graph's output memory on its next replay, and the evaluation loop keeps the first
+        # batch's logits while the next batch runs; "clone the tensor outside of torch.compile()" is the fix the
+        # error message and https://docs.pytorch.org/docs/stable/torch.compiler_cudagraph_trees.html give.
+        return torch.utils._pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, outputs)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         drop_last, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
@@ -357,10 +462,34 @@ def batch_plan(rows: int, global_batch: int, world_size: int, config: TrainConfi
     return BatchPlan(drop_last, steps, samples, warnings)
 
 
+def resolve(config: TrainConfig, use_cuda: bool) -> TrainConfig:
+    """The config with every automatic setting decided for this machine (what metrics.json records).
+
+    With a GPU the fast path is on; on CPU, torch.compile and bf16 stay off unless asked for: the project's CPU
+    benchmark measured compile slower than eager there, and not every CPU has native bf16.
+    """
+    compile_on = use_cuda if config.torch_compile is None else config.torch_compile
+    if config.torch_compile_mode is not None:
+        mode = config.torch_compile_mode
+    else:
+        mode = "reduce-overhead" if use_cuda else "default"
+    workers = config.dataloader_workers
+    if workers is None:
+        cpus_per_gpu = (os.cpu_count() or 1) // max(1, torch.cuda.device_count() if use_cuda else 1)
+        workers = max(1, min(MAX_WORKERS_PER_GPU, cpus_per_gpu - 1)) if use_cuda else 0
+    return replace(
+        config,
+        torch_compile=compile_on,
+        bf16=(use_cuda and bf16_native(use_cuda)) if config.bf16 is None else config.bf16,
+        torch_compile_mode=mode if compile_on else None,
+        dataloader_workers=workers,
+    )
+
+
 def check_inputs(config: TrainConfig, use_cuda: bool) -> tuple[str, dict[str, Split]]:
     """The model reference and the checked splits; TrainingInputError (one line) for anything that cannot train."""
     model_reference = check_model(config.model)
-    if config.bf16:
+    if config.bf16:  # asked for explicitly (None, automatic, is on only where it is native)
         check_bf16(use_cuda)
     raw = read_config_splits(config)
     if config.max_train_samples is not None:
@@ -370,13 +499,17 @@ def check_inputs(config: TrainConfig, use_cuda: bool) -> tuple[str, dict[str, Sp
     return model_reference, raw
 
 
-def train(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
-    """Fine-tune per ``config``; return the metrics (rank 0 also writes metrics.json and saved_model/)."""
+def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
+    """Fine-tune per ``config``; return the metrics (rank 0 also writes metrics.json and saved_model/).
+
+    ``callbacks`` join the run's own (``TrainerCallback`` instances: a caller's hooks into the train loop)."""
     if isinstance(config, dict):
         config = TrainConfig(**config)
     use_cuda = torch.cuda.is_available() and not config.use_cpu
     # Everything that can be wrong with the input is checked before any process group or model is created.
     model_reference, raw = check_inputs(config, use_cuda)
+    config = resolve(config, use_cuda)
+    assert config.dataloader_workers is not None  # resolved
     notes = [warning for split in raw.values() for warning in split.warnings]
     notes += label_warnings(raw["train"], config.labels)
     splits = {name: to_dataset(split) for name, split in raw.items()}
@@ -390,22 +523,34 @@ def train(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
         per_device_eval_batch_size=config.per_device_batch_size,
         learning_rate=config.learning_rate,
         seed=config.seed,
-        torch_compile=config.torch_compile,
+        torch_compile=bool(config.torch_compile),
         torch_compile_backend="inductor" if config.torch_compile else None,
-        bf16=config.bf16,
+        torch_compile_mode=config.torch_compile_mode,
+        bf16=bool(config.bf16),
         # transformers 5 defaults to the fused AdamW: name the plain one for the baseline.
         optim="adamw_torch_fused" if config.fused_adamw else "adamw_torch",
         use_cpu=not use_cuda,
         ddp_backend=("nccl" if use_cuda else "gloo") if distributed else None,
         ddp_find_unused_parameters=False,  # every parameter takes part in the classifier's forward pass
         eval_strategy="epoch",
-        logging_strategy="epoch",
+        logging_strategy="steps" if config.logging_steps else "epoch",
+        logging_steps=config.logging_steps or 500,
         save_strategy="no",
         report_to="none",
-        # Full training batches only and padding to max_seq_length: static shapes, so torch.compile compiles once
+        # Full training batches only: the batch dimension stays static for torch.compile and CUDA graphs
         # (off when the split is smaller than one batch: see batch_plan).
         dataloader_drop_last=True,
-        include_num_input_tokens_seen="non_padding",
+        # Texts of similar length share a batch (LengthGroupedSampler), so a batch pads little.
+        train_sampling_strategy="group_by_length" if config.group_by_length else "random",
+        # Both default to reading a device value every step: the token count (.item()) and the NaN check of the loss
+        # (a Python `if` on a tensor; transformers#33693). Tokens are counted on the device instead (TokenCounter).
+        include_num_input_tokens_seen="no",
+        logging_nan_inf_filter=False,
+        # Batches are collated in worker processes into pinned memory and copied to the GPU without blocking.
+        dataloader_num_workers=config.dataloader_workers,
+        dataloader_persistent_workers=config.dataloader_workers > 0,
+        dataloader_pin_memory=use_cuda,
+        accelerator_config={"non_blocking": use_cuda},
         disable_tqdm=True,
     )
     world_size = args.world_size
@@ -427,22 +572,32 @@ def train(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
         ignore_mismatched_sizes=True,  # a base model with another head gets a fresh one of the right size
     )
     max_length = min(config.max_seq_length, _position_limit(model.config, tokenizer))
+    buckets = bucket_lengths(max_length)
+    if config.torch_compile:
+        # One graph per bucket length, for training and for evaluation, plus the last partial evaluation batch:
+        # more than torch._dynamo's default of 8 recompilations, after which it would fall back to eager.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * len(buckets) + 4)
 
     def tokenize(batch: dict[str, list]) -> dict[str, list]:
-        return tokenizer(batch["text"], truncation=True, padding="max_length", max_length=max_length)
+        # No padding here: the collator pads each batch (to its bucket, or to max_length with --padding max_length).
+        return tokenizer(batch["text"], truncation=True, max_length=max_length, return_attention_mask=False)
 
     encoded = {split: data.map(tokenize, batched=True, remove_columns=["text"]) for split, data in splits.items()}
 
-    meter = ThroughputMeter(config.warmup_steps, plan.samples_per_step)
+    counter = TokenCounter()
+    meter = ThroughputMeter(config.warmup_steps, plan.samples_per_step, counter, use_cuda)
     reporter = EpochReporter()
     trainer = SentimentTrainer(
         model=model,
         args=args,
+        data_collator=BucketCollator(tokenizer.pad_token_id, buckets, config.padding),
         train_dataset=encoded["train"],
         eval_dataset=encoded["validation"],
         processing_class=tokenizer,
         compute_metrics=compute_metrics,
-        callbacks=[meter, reporter],
+        callbacks=[meter, reporter, *callbacks],
+        token_counter=counter,
+        clone_eval_outputs=bool(config.torch_compile) and config.torch_compile_mode in CUDA_GRAPH_MODES,
     )
     result = trainer.train()
 
@@ -452,9 +607,14 @@ def train(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
         "train_samples": len(splits["train"]),
         "validation_samples": len(splits["validation"]),
         "max_seq_length": max_length,
-        "optimizer_steps": len(meter.step_seconds),
+        "padding": {"mode": config.padding, "bucket_lengths": list(buckets), "group_by_length": config.group_by_length},
+        "optimizer_steps": len(meter.steps),
         "warnings": notes,
         "epochs": reporter.epochs,
+        # The train loss of every logging window (--logging-steps N: every N optimizer steps).
+        "train_loss_log": [
+            {"step": row["step"], "loss": row["loss"]} for row in trainer.state.log_history if "loss" in row
+        ],
         "throughput": meter.summary(),
         "train_runtime_seconds": round(result.metrics["train_runtime"], 3),
         "saved_model": str(output_dir / SAVED_MODEL_DIR),
@@ -505,13 +665,39 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.warmup_steps,
         help="optimizer steps excluded from the throughput (they hold the compilation)",
     )
-    for flag, text in (
-        ("torch-compile", "torch.compile with TorchInductor"),
-        ("bf16", "bfloat16 mixed precision"),
-        ("fused-adamw", "fused AdamW optimizer"),
-        ("use-cpu", "train on CPU even if a GPU is present"),
+    parser.add_argument(
+        "--padding",
+        choices=PADDING_MODES,
+        default=defaults.padding,
+        help="bucketed: each batch to its longest text, rounded up to a few bucket lengths; max_length: every batch "
+        "to --max-seq-length (the seed's way)",
+    )
+    parser.add_argument(
+        "--torch-compile-mode",
+        choices=COMPILE_MODES,
+        default=None,
+        help="torch.compile mode (default: reduce-overhead, i.e. CUDA graphs, with a GPU; default on CPU)",
+    )
+    parser.add_argument(
+        "--dataloader-workers",
+        type=int,
+        default=None,
+        help=f"DataLoader worker processes per GPU process (default: up to {MAX_WORKERS_PER_GPU} with a GPU, 0 on CPU)",
+    )
+    parser.add_argument(
+        "--logging-steps",
+        type=int,
+        default=defaults.logging_steps,
+        help="log the train loss every N optimizer steps (default 0: once per epoch)",
+    )
+    for flag, default, text in (
+        ("torch-compile", None, "torch.compile with TorchInductor (default: on with a GPU, off on CPU)"),
+        ("bf16", None, "bfloat16 mixed precision (default: on with a GPU that has it natively, off on CPU)"),
+        ("fused-adamw", True, "fused AdamW optimizer (default: on)"),
+        ("group-by-length", True, "batch texts of similar length together (default: on)"),
+        ("use-cpu", False, "train on CPU even if a GPU is present"),
     ):
-        parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=False, help=text)
+        parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=default, help=text)
     parser.add_argument("--verbose", action="store_true", help="on an error, also print its traceback")
     parser.add_argument(
         "--check-only",
