@@ -624,12 +624,6 @@ class FoundationStack(EnvironmentStack):
             "TrainingInstanceRole",
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             description="GPU training instances: Session Manager, DLC pulls, read datasets, write model artifacts",
-            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")],
-        )
-        acknowledge(
-            role,
-            "AmazonSSMManagedInstanceCore is the AWS-maintained minimum for Session Manager, which replaces SSH.",
-            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore]",
         )
         self._policy(
             "TrainingInstancePolicy",
@@ -647,6 +641,26 @@ class FoundationStack(EnvironmentStack):
                     None,
                 ),
                 self._use_key("kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey"),
+                (
+                    # Exactly the Session Manager actions of the Systems Manager user guide, "Create a custom IAM
+                    # instance profile for Session Manager" (no session logging to S3 or CloudWatch and no session
+                    # KMS key are configured, so none of its optional s3/logs/kms statements). Unlike
+                    # AmazonSSMManagedInstanceCore: no ssm:GetParameter(s), ssm:GetDocument, ec2messages (Run
+                    # Command) or s3:GetEncryptionConfiguration.
+                    iam.PolicyStatement(
+                        sid="SessionManagerOnly",
+                        actions=[
+                            "ssm:UpdateInstanceInformation",
+                            "ssmmessages:CreateControlChannel",
+                            "ssmmessages:CreateDataChannel",
+                            "ssmmessages:OpenControlChannel",
+                            "ssmmessages:OpenDataChannel",
+                        ],
+                        resources=["*"],
+                    ),
+                    "The Session Manager channel actions have no resource-level permissions (the AWS guide's "
+                    "custom instance profile names *); Session Manager replaces SSH.",
+                ),
             ],
             roles=[role],
         )
