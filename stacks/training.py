@@ -25,14 +25,13 @@ from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import TRAINING_OUTPUT_PREFIX, FoundationStack, remote_config_parameter_name
 from stacks.settings import EnvironmentSettings, HyperParameters
 from training_assets.instance_types import has_instance_storage
+from training_assets.remote_jobs import REMOTE_JOBS_PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where the data scientist's copy of the SDK config points for the job's dependencies (relative to the repo root).
 REMOTE_DEPENDENCIES = "training_assets/requirements-remote.txt"
 # Names the SDK must not upload when IncludeLocalWorkDir packs the working directory.
 REMOTE_IGNORED_NAMES = [".venv*", "node_modules", "cdk.out", ".git", "__pycache__", "tests", "benchmarks", "*.tar.gz"]
-# Key prefix of @remote jobs (S3RootUri) and of the SDK session's default bucket in the RemoteJobs bucket.
-REMOTE_JOBS_PREFIX = "jobs"
 # The code the training instances fetch (construct id -> folder under the repository root, folder-specific exclude
 # patterns): what the instance runs, and the inference package that ec2_run.sh calls to build model.tar.gz. Local
 # harnesses and test files stay out, so editing them leaves the Training stack (its asset hashes) unchanged. The

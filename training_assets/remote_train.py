@@ -37,6 +37,7 @@ import yaml
 
 from training_assets.instance.train_sentiment import TrainConfig, TrainingInputError, parse_args, train
 from training_assets.instance_types import has_instance_storage, is_gpu
+from training_assets.remote_jobs import OWNER_TAG_KEY, caller_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPENDENCIES = ROOT / "training_assets" / "requirements-remote.txt"
@@ -189,6 +190,32 @@ def config_for_instance_type(config: dict[str, Any], instance_type: str | None) 
     return effective, instance_type
 
 
+def caller_id() -> str:
+    """IAM's ``aws:userid`` of the credentials in use (``sts:GetCallerIdentity`` needs no permission)."""
+    import boto3
+
+    return str(boto3.client("sts").get_caller_identity()["UserId"])
+
+
+def config_for_caller(config: dict[str, Any], caller: str) -> dict[str, Any]:
+    """The config with the caller's own S3 root and owner tag: the launcher policy lets a caller stage objects only
+    under ``jobs/<aws:userid>/`` and start, describe or stop only jobs tagged ``remote-job-owner=<aws:userid>``
+    (training_assets/remote_jobs.py). The shared config.yaml names the bucket; this adds the caller's part."""
+    personal = copy.deepcopy(config)
+    remote = _remote_section(personal)
+    bucket = remote["S3RootUri"].removeprefix("s3://").partition("/")[0]
+    try:
+        prefix = caller_prefix(caller)
+    except ValueError as error:
+        raise RemoteSetupError(str(error)) from None
+    remote["S3RootUri"] = f"s3://{bucket}/{prefix}"
+    session = personal["SageMaker"]["PythonSDK"]["Modules"].setdefault("Session", {})
+    session.update({"DefaultS3Bucket": bucket, "DefaultS3ObjectKeyPrefix": prefix})
+    tags = [tag for tag in remote.get("Tags", []) if tag["Key"] != OWNER_TAG_KEY]
+    remote["Tags"] = [*tags, {"Key": OWNER_TAG_KEY, "Value": caller}]
+    return personal
+
+
 def self_contained_requirements(path: Path, *, into: Path | None = None) -> Path:
     """A copy of the requirements file ``path`` with its ``-r`` includes inlined, as the job needs it.
 
@@ -224,7 +251,7 @@ def job_options(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, A
     """
     from sagemaker.core.helper.session_helper import Session
 
-    effective, instance_type = config_for_instance_type(config, args.instance_type)
+    effective, instance_type = config_for_instance_type(config_for_caller(config, caller_id()), args.instance_type)
     options: dict[str, Any] = {
         "sagemaker_session": Session(sagemaker_config=effective),
         "instance_type": instance_type,

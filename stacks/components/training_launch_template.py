@@ -103,9 +103,10 @@ class TrainingLaunchTemplate(Construct):
             ],
             require_imdsv2=True,
             http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
-            # 1 hop (Control Tower CT.EC2.PR.2): only the host reaches IMDS and the instance role. The host does every
-            # AWS call (ECR login, S3 sync and upload, and the Docker daemon's awslogs driver); the training
-            # containers need no AWS credentials, and on the bridge network they cannot get them.
+            # 1 hop (Control Tower CT.EC2.PR.2): a container on Docker's bridge network (single-node runs) cannot
+            # reach IMDS, so it gets no credentials; the host does every AWS call. It does NOT protect multi-node EFA
+            # runs: their container uses the host network (--network host --privileged), adds no hop and reaches
+            # IMDS and the instance role like the host (README, "What a training container can reach").
             http_put_response_hop_limit=1,
             instance_profile=instance_profile,
             detailed_monitoring=True,

@@ -1,21 +1,27 @@
-"""A small IAM evaluator for identity policies from synthesized templates, and the API-call-to-action map it needs.
+"""A small IAM evaluator for the policies of synthesized templates, and the API-call-to-action map it needs.
 
-Scope (fails closed on anything else): Allow and Deny statements with ``Action`` / ``Resource`` (strings or lists,
-``*`` and ``?`` wildcards, which in IAM resource matching also span ``:`` and ``/``), and the condition operators
-``StringEquals``, ``StringLike``, ``ArnEquals``, ``ArnLike`` (a key missing from the request context fails the
-condition). ``NotAction``, ``NotResource``, other operators or an API operation with no entry in ``OPERATIONS``
-raise ``Unsupported``, so a policy or a call this evaluator does not understand can never pass silently.
+Scope (fails closed on anything else): Allow and Deny statements with ``Action``/``NotAction`` and
+``Resource``/``NotResource`` (strings or lists, ``*`` and ``?`` wildcards, which in IAM resource matching also span
+``:`` and ``/``), policy variables (``${aws:userid}``: a variable missing from the request context makes the element
+match nothing), ``Principal`` in resource policies, and the condition operators ``String(Not)Equals``,
+``String(Not)Like``, ``Arn(Not)Equals``, ``Arn(Not)Like``, ``Bool``, ``Numeric*``, ``Null``, each with ``...IfExists``
+and the ``ForAllValues:`` / ``ForAnyValue:`` set qualifiers. Semantics follow the IAM User Guide, "IAM JSON policy
+elements: Condition operators" (a key missing from the context fails a positive operator and satisfies a negated one;
+``...IfExists`` is true without the key; ``ForAllValues`` is true for an empty set, ``ForAnyValue`` false) and
+"Policy evaluation logic" (an explicit Deny in any policy wins; a same-account request is allowed by an Allow in the
+identity policy or in a resource policy naming the principal; a KMS key policy must allow, itself or by delegating to
+the account's IAM policies; a VPC endpoint policy must also allow what passes through it). ``NotPrincipal``, other
+operators or an API operation with no entry in ``OPERATIONS`` raise ``Unsupported``, so a policy or a call this
+evaluator does not understand can never pass silently.
 
-It answers one question: is every request an identity makes allowed by its own policies? It ignores what a real
-account adds on top (SCPs, permission boundaries, resource policies, session policies); the platform uses none that
-grant more, so a call this evaluator refuses is one IAM refuses too.
+It does not model SCPs, permission boundaries or session policies: the platform uses none.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,13 +30,16 @@ class Unsupported(ValueError):
     """A policy element or API operation outside what this evaluator models."""
 
 
+ContextValue = str | list[str]
+
+
 @dataclass(frozen=True)
 class Request:
     """One IAM authorization request: an action on a resource with its condition context."""
 
     action: str
     resource: str
-    context: dict[str, str] = field(default_factory=dict)
+    context: Mapping[str, ContextValue] = field(default_factory=dict)
 
 
 def _wildcard(pattern: str, value: str, *, case_sensitive: bool = True) -> bool:
@@ -38,46 +47,181 @@ def _wildcard(pattern: str, value: str, *, case_sensitive: bool = True) -> bool:
     return re.fullmatch(regex, value, 0 if case_sensitive else re.IGNORECASE) is not None
 
 
-def _as_list(value: str | list[str]) -> list[str]:
-    return [value] if isinstance(value, str) else list(value)
+def _as_list(value: Any) -> list[Any]:
+    return [value] if isinstance(value, str | bool | int | float) else list(value)
 
 
-_OPERATORS: dict[str, Callable[[str, str], bool]] = {
+def _substitute(pattern: str, context: Mapping[str, ContextValue]) -> str | None:
+    """``pattern`` with its policy variables replaced from ``context`` (None when one is missing or multivalued)."""
+    missing = False
+
+    def value(match: re.Match[str]) -> str:
+        nonlocal missing
+        name = match[1]
+        if name in ("*", "?", "$"):  # IAM's escapes for literal characters
+            return name
+        found = context.get(name)
+        if not isinstance(found, str):
+            missing = True
+            return ""
+        return found
+
+    result = re.sub(r"\$\{([^}]+)\}", value, pattern)
+    return None if missing else result
+
+
+def _number(value: str) -> float:
+    return float(value)
+
+
+_BASE_OPERATORS: dict[str, Callable[[str, str], bool]] = {
     "StringEquals": lambda pattern, value: pattern == value,
+    "StringEqualsIgnoreCase": lambda pattern, value: pattern.lower() == value.lower(),
     "StringLike": _wildcard,
     "ArnEquals": lambda pattern, value: pattern == value,
     "ArnLike": _wildcard,
+    "Bool": lambda pattern, value: pattern.lower() == value.lower(),
+    "NumericEquals": lambda pattern, value: _number(value) == _number(pattern),
+    "NumericLessThan": lambda pattern, value: _number(value) < _number(pattern),
+    "NumericLessThanEquals": lambda pattern, value: _number(value) <= _number(pattern),
+    "NumericGreaterThan": lambda pattern, value: _number(value) > _number(pattern),
+    "NumericGreaterThanEquals": lambda pattern, value: _number(value) >= _number(pattern),
 }
+_NEGATED = {"StringNotEquals": "StringEquals", "StringNotLike": "StringLike", "ArnNotEquals": "ArnEquals",
+            "ArnNotLike": "ArnLike", "NumericNotEquals": "NumericEquals"}  # fmt: skip
 
 
-def _conditions_hold(conditions: dict[str, dict[str, Any]], context: dict[str, str]) -> bool:
-    for operator, keys in conditions.items():
-        if operator not in _OPERATORS:
-            raise Unsupported(f"condition operator {operator}")
-        for key, patterns in keys.items():
-            value = context.get(key)
-            if value is None or not any(_OPERATORS[operator](p, value) for p in _as_list(patterns)):
-                return False
-    return True
+def _condition_holds(operator: str, key: str, patterns: list[str], context: Mapping[str, ContextValue]) -> bool:
+    qualifier, _, operator = operator.rpartition(":")
+    if qualifier not in ("", "ForAllValues", "ForAnyValue"):
+        raise Unsupported(f"condition qualifier {qualifier}")
+    value = context.get(key)
+    if operator == "Null":
+        if qualifier:
+            raise Unsupported("Null with a set qualifier")
+        return any(str(p).lower() == ("false" if value not in (None, []) else "true") for p in patterns)
+    if_exists = operator.endswith("IfExists")
+    operator = operator.removesuffix("IfExists")
+    negated = operator in _NEGATED
+    base = _NEGATED.get(operator, operator)
+    if base not in _BASE_OPERATORS:
+        raise Unsupported(f"condition operator {operator}")
+    test = _BASE_OPERATORS[base]
+    resolved = [_substitute(str(p), context) for p in patterns]
+    usable = [p for p in resolved if p is not None]
+
+    def one(item: str) -> bool:
+        matched = any(test(p, item) for p in usable)
+        return not matched if negated else matched
+
+    if qualifier == "ForAllValues":
+        return all(one(item) for item in _as_list(value or []))
+    if qualifier == "ForAnyValue":
+        return any(one(item) for item in _as_list(value or []))
+    if value is None:
+        return if_exists or negated
+    if isinstance(value, list):
+        raise Unsupported(f"multivalued key {key} without ForAllValues/ForAnyValue")
+    return one(value)
 
 
-def _matches(statement: dict[str, Any], request: Request) -> bool:
-    for unsupported in ("NotAction", "NotResource", "NotPrincipal"):
-        if unsupported in statement:
-            raise Unsupported(unsupported)
-    if not any(_wildcard(a, request.action, case_sensitive=False) for a in _as_list(statement["Action"])):
+def _conditions_hold(conditions: dict[str, dict[str, Any]], context: Mapping[str, ContextValue]) -> bool:
+    return all(
+        _condition_holds(operator, key, [str(p) for p in _as_list(patterns)], context)
+        for operator, keys in conditions.items()
+        for key, patterns in keys.items()
+    )
+
+
+def _element_matches(patterns: Any, value: str, context: Mapping[str, ContextValue], *, action: bool) -> bool:
+    for pattern in _as_list(patterns):
+        resolved = pattern if action else _substitute(pattern, context)
+        if resolved is not None and _wildcard(resolved, value, case_sensitive=not action):
+            return True
+    return False
+
+
+def _principal_matches(principal: Any, context: Mapping[str, ContextValue]) -> str | None:
+    """How a resource policy's ``Principal`` names the caller: "direct", "account" (the account root, which only
+    delegates to the account's IAM policies), or None."""
+    if principal == "*" or principal == {"AWS": "*"}:
+        return "direct"
+    if not isinstance(principal, dict):
+        raise Unsupported(f"principal {principal!r}")
+    for arn in _as_list(principal.get("AWS", [])):
+        if arn in (context.get("aws:PrincipalArn"), context.get("aws:userid")):
+            return "direct"
+        account = context.get("aws:PrincipalAccount")
+        if arn in (f"arn:aws:iam::{account}:root", account):
+            return "account"
+    for service in _as_list(principal.get("Service", [])):
+        if context.get("aws:PrincipalServiceName") == service:
+            return "direct"
+    return None
+
+
+def _matches(statement: dict[str, Any], request: Request, *, resource_policy: bool = False) -> str | None:
+    """None if ``statement`` does not apply to ``request``; else how it names the principal ("identity" for
+    identity policies)."""
+    if "NotPrincipal" in statement:
+        raise Unsupported("NotPrincipal")
+    context = request.context
+    if "Action" in statement:
+        if not _element_matches(statement["Action"], request.action, context, action=True):
+            return None
+    elif "NotAction" in statement:
+        if _element_matches(statement["NotAction"], request.action, context, action=True):
+            return None
+    else:
+        raise Unsupported("statement without Action or NotAction")
+    if "Resource" in statement:
+        if not _element_matches(statement["Resource"], request.resource, context, action=False):
+            return None
+    elif "NotResource" in statement:
+        if _element_matches(statement["NotResource"], request.resource, context, action=False):
+            return None
+    elif not resource_policy:
+        raise Unsupported("identity statement without Resource or NotResource")
+    if not _conditions_hold(statement.get("Condition", {}), context):
+        return None
+    if not resource_policy:
+        return "identity"
+    return _principal_matches(statement.get("Principal"), context)
+
+
+def _statements(policies: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [s for policy in policies for s in _as_list_of_statements(policy)]
+
+
+def is_allowed(
+    policies: Iterable[dict[str, Any]],
+    request: Request,
+    *,
+    resource_policies: Sequence[dict[str, Any]] = (),
+    key_policy: dict[str, Any] | None = None,
+    endpoint_policies: Sequence[dict[str, Any]] = (),
+) -> bool:
+    """The decision for ``request`` made by a principal of the resource's account.
+
+    ``policies``: the principal's identity policies; ``resource_policies``: the resource's own (bucket policy, ...);
+    ``key_policy``: for KMS requests, the key's policy (required: KMS refuses without one); ``endpoint_policies``:
+    the VPC endpoints the request passes through, each of which must allow it.
+    """
+    identity = _statements(policies)
+    resource = _statements(resource_policies) + (_statements([key_policy]) if key_policy else [])
+    boundaries = [_statements([policy]) for policy in endpoint_policies]
+    every = [(s, False) for s in identity] + [(s, True) for s in resource]
+    every += [(s, True) for boundary in boundaries for s in boundary]
+    if any(s["Effect"] == "Deny" and _matches(s, request, resource_policy=rp) for s, rp in every):
         return False
-    if not any(_wildcard(r, request.resource) for r in _as_list(statement["Resource"])):
-        return False
-    return _conditions_hold(statement.get("Condition", {}), request.context)
-
-
-def is_allowed(policies: Iterable[dict[str, Any]], request: Request) -> bool:
-    """An explicit Deny wins; otherwise an Allow is needed (default deny)."""
-    statements = [s for policy in policies for s in _as_list_of_statements(policy)]
-    if any(s["Effect"] == "Deny" and _matches(s, request) for s in statements):
-        return False
-    return any(s["Effect"] == "Allow" and _matches(s, request) for s in statements)
+    for boundary in boundaries:
+        if not any(s["Effect"] == "Allow" and _matches(s, request, resource_policy=True) for s in boundary):
+            return False
+    identity_allows = any(s["Effect"] == "Allow" and _matches(s, request) for s in identity)
+    grants = {_matches(s, request, resource_policy=True) for s in resource if s["Effect"] == "Allow"}
+    if key_policy is not None:
+        return "direct" in grants or ("account" in grants and identity_allows)
+    return identity_allows or "direct" in grants
 
 
 def _as_list_of_statements(policy: dict[str, Any]) -> list[dict[str, Any]]:
@@ -205,6 +349,7 @@ OPERATIONS: dict[tuple[str, str], list[tuple[str, Callable[[Call], str]]]] = {
     ("sagemaker", "DescribeTrainingJob"): [
         ("sagemaker:DescribeTrainingJob", lambda c: _arn(c, "sagemaker", f"training-job/{c.params['TrainingJobName']}"))
     ],
+    ("sagemaker", "AddTags"): [("sagemaker:AddTags", lambda c: c.params["ResourceArn"])],
     ("sagemaker", "StopTrainingJob"): [
         ("sagemaker:StopTrainingJob", lambda c: _arn(c, "sagemaker", f"training-job/{c.params['TrainingJobName']}"))
     ],
@@ -226,27 +371,83 @@ OPERATIONS: dict[tuple[str, str], list[tuple[str, Callable[[Call], str]]]] = {
 }
 
 
-def requests_for(call: Call, *, kms_encrypted_buckets: dict[str, str]) -> list[Request]:
+def _tags(tags: list[dict[str, str]] | None) -> dict[str, ContextValue]:
+    tags = tags or []
+    return {**{f"aws:RequestTag/{t['Key']}": t["Value"] for t in tags}, "aws:TagKeys": [t["Key"] for t in tags]}
+
+
+def _create_training_job_context(params: dict[str, Any]) -> dict[str, ContextValue]:
+    """The condition keys SageMaker fills for CreateTrainingJob from the request (Service Authorization Reference,
+    "Actions, resources, and condition keys for Amazon SageMaker": CreateTrainingJob)."""
+    context: dict[str, ContextValue] = {"sagemaker:InstanceTypes": [params["ResourceConfig"]["InstanceType"]]}
+    vpc = params.get("VpcConfig") or {}
+    if vpc:
+        context["sagemaker:VpcSubnets"] = list(vpc["Subnets"])
+        context["sagemaker:VpcSecurityGroupIds"] = list(vpc["SecurityGroupIds"])
+    if params["ResourceConfig"].get("VolumeKmsKeyId"):
+        context["sagemaker:VolumeKmsKey"] = params["ResourceConfig"]["VolumeKmsKeyId"]
+    if params.get("OutputDataConfig", {}).get("KmsKeyId"):
+        context["sagemaker:OutputKmsKey"] = params["OutputDataConfig"]["KmsKeyId"]
+    if "MaxRuntimeInSeconds" in params.get("StoppingCondition", {}):
+        context["sagemaker:MaxRuntimeInSeconds"] = str(params["StoppingCondition"]["MaxRuntimeInSeconds"])
+    for parameter, key in (("EnableInterContainerTrafficEncryption", "sagemaker:InterContainerTrafficEncryption"),
+                           ("EnableNetworkIsolation", "sagemaker:NetworkIsolation")):  # fmt: skip
+        if parameter in params:
+            context[key] = str(bool(params[parameter])).lower()
+    return context
+
+
+def _s3_context(params: dict[str, Any]) -> dict[str, ContextValue]:
+    """The S3 condition keys the platform's policies use (Amazon S3 condition key reference)."""
+    names = {"Prefix": "s3:prefix", "ServerSideEncryption": "s3:x-amz-server-side-encryption",
+             "SSEKMSKeyId": "s3:x-amz-server-side-encryption-aws-kms-key-id",
+             "SSECustomerAlgorithm": "s3:x-amz-server-side-encryption-customer-algorithm"}  # fmt: skip
+    return {key: str(params[name]) for name, key in names.items() if name in params}
+
+
+def requests_for(
+    call: Call,
+    *,
+    kms_encrypted_buckets: dict[str, str],
+    principal: Mapping[str, ContextValue] | None = None,
+    resource_tags: Callable[[str], dict[str, str]] | None = None,
+) -> list[Request]:
     """The IAM requests one API call needs, including the ones a service makes with the caller's permissions.
 
     ``kms_encrypted_buckets`` maps bucket names to the KMS key ARN of their default SSE-KMS encryption: S3 calls
     KMS as the caller (kms:GenerateDataKey to write, kms:Decrypt to read; S3 user guide, "Using SSE-KMS").
     CreateTrainingJob also needs iam:PassRole on its role (passed to sagemaker.amazonaws.com) and, with tags,
-    sagemaker:AddTags (SageMaker developer guide, "Tag-based access control").
+    sagemaker:AddTags (SageMaker developer guide, "Tag-based access control"). ``principal``: the caller's global
+    condition keys (aws:userid, aws:PrincipalArn, aws:PrincipalAccount); ``resource_tags``: the tags of an existing
+    resource by ARN (aws:ResourceTag/<key> of Describe and Stop).
     """
     key = (call.service, call.operation)
     if key not in OPERATIONS:
         raise Unsupported(f"no IAM mapping for {call.service}:{call.operation}")
-    requests = [Request(action, arn(call)) for action, arn in OPERATIONS[key]]
+    base: dict[str, ContextValue] = dict(principal or {})
+    specific: dict[str, ContextValue] = {}
+    if call.service == "s3":
+        specific = _s3_context(call.params)
+    if key == ("sagemaker", "CreateTrainingJob"):
+        specific = {**_create_training_job_context(call.params), **_tags(call.params.get("Tags"))}
+    requests = [Request(action, arn(call), {**base, **specific}) for action, arn in OPERATIONS[key]]
+    if key == ("sagemaker", "AddTags"):
+        specific = _tags(call.params.get("Tags"))
+        requests = [Request(r.action, r.resource, {**r.context, **specific}) for r in requests]
+    tagged = (("sagemaker", "DescribeTrainingJob"), ("sagemaker", "StopTrainingJob"), ("sagemaker", "AddTags"))
+    if key in tagged and resource_tags:
+        tags = resource_tags(requests[0].resource)
+        requests = [Request(r.action, r.resource, {**r.context, **{f"aws:ResourceTag/{k}": v for k, v in tags.items()}})
+                    for r in requests]  # fmt: skip
     if call.service == "s3" and "Key" in call.params and call.params.get("Bucket") in kms_encrypted_buckets:
         kms_key = call.params.get("SSEKMSKeyId") or kms_encrypted_buckets[call.params["Bucket"]]
-        via = {"kms:ViaService": f"s3.{call.region}.amazonaws.com"}
+        via = {**base, "kms:ViaService": f"s3.{call.region}.amazonaws.com"}
         writes = call.operation in ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload")
         requests.append(Request("kms:GenerateDataKey" if writes else "kms:Decrypt", kms_key, via))
     if key == ("sagemaker", "CreateTrainingJob"):
         requests.append(
-            Request("iam:PassRole", call.params["RoleArn"], {"iam:PassedToService": "sagemaker.amazonaws.com"})
+            Request("iam:PassRole", call.params["RoleArn"], {**base, "iam:PassedToService": "sagemaker.amazonaws.com"})
         )
         if call.params.get("Tags"):
-            requests.append(Request("sagemaker:AddTags", requests[0].resource))
+            requests.append(Request("sagemaker:AddTags", requests[0].resource, {**base, **_tags(call.params["Tags"])}))
     return requests

@@ -60,7 +60,18 @@ ACCOUNT, REGION = "123456789012", "us-west-2"
 IMAGE_PY311 = (
     f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch-training:2.10.0-gpu-py311-cu130-ubuntu22.04-sagemaker"
 )
-LAUNCHER, JOB = "launcher", "job"
+LAUNCHER, OTHER_LAUNCHER, JOB = "launcher", "other-launcher", "job"
+# Two data scientists sharing one role (sessions of the same role: the hardest case to keep apart) and the job role
+# as SageMaker assumes it: the global condition keys IAM sets for each (IAM User Guide, "AWS global condition context
+# keys"). sts:GetCallerIdentity answers each principal's own UserId, as STS does.
+IDENTITIES = {
+    LAUNCHER: {"aws:userid": "AROADATASCIENTIST:alice@example.com",
+               "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/data-scientist"},
+    OTHER_LAUNCHER: {"aws:userid": "AROADATASCIENTIST:bob@example.com",
+                     "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/data-scientist"},
+    JOB: {"aws:userid": "AROAREMOTEJOBROLE:SageMaker",
+          "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/dev-Foundation-RemoteJobRole"},
+}  # fmt: skip
 # The one refusal the SDK is built to meet: boto3's Bucket.creation_date lists all buckets and treats AccessDenied as
 # "unknown" (boto3/s3/inject.py bucket_load); the SDK then checks the configured bucket with ListObjectsV2.
 TOLERATED_REFUSALS = {("s3", "ListBuckets")}
@@ -139,10 +150,8 @@ def _create_platform(templates: dict[str, dict[str, dict]], tmp_path: Path) -> P
     refs[logical_id(foundation, "AWS::EC2::VPC", "Vpc")] = vpc  # the ec2:Vpc condition of the VPC attachment
 
     launcher_id = logical_id(foundation, "AWS::IAM::ManagedPolicy", "RemoteJobLauncherPolicy")
-    policies = {
-        LAUNCHER: [resolve(foundation["Resources"][launcher_id]["Properties"]["PolicyDocument"], refs=refs)],
-        JOB: role_policies(foundation, role_id, refs),
-    }
+    launcher = [resolve(foundation["Resources"][launcher_id]["Properties"]["PolicyDocument"], refs=refs)]
+    policies = {LAUNCHER: launcher, OTHER_LAUNCHER: launcher, JOB: role_policies(foundation, role_id, refs)}
     # The config.yaml as CloudFormation writes it to SSM (fetched by the launcher in _fetch_config).
     (parameter,) = [r for r in training["Resources"].values() if r["Type"] == "AWS::SSM::Parameter"]
     text = resolve(parameter["Properties"]["Value"], refs=refs, exports=template_exports(foundation, refs))
@@ -231,8 +240,10 @@ def platform(
                 return original(client, operation, params)
             call = Call(client.meta.service_model.service_name, operation, dict(params), client.meta.region_name,
                         ACCOUNT)  # fmt: skip
+            identity = {**IDENTITIES[principal], "aws:PrincipalAccount": ACCOUNT}
             try:
-                requests = requests_for(call, kms_encrypted_buckets=encrypted)
+                requests = requests_for(call, kms_encrypted_buckets=encrypted, principal=identity,
+                                        resource_tags=_tags_in_moto)  # fmt: skip
             except Unsupported:  # recorded as refused: a call in a thread that swallows errors still fails the test
                 platform.calls.append(Recorded(principal, call, [], allowed=False))
                 raise
@@ -241,6 +252,8 @@ def platform(
             if not allowed:
                 raise ClientError({"Error": {"Code": "AccessDenied", "Message": f"{principal} may not {requests}"},
                                    "ResponseMetadata": {"HTTPStatusCode": 403}}, operation)  # fmt: skip
+            if (call.service, operation) == ("sts", "GetCallerIdentity"):
+                return {"UserId": identity["aws:userid"], "Account": ACCOUNT, "Arn": identity["aws:PrincipalArn"]}
             response = original(client, operation, params)
             if (call.service, operation) == ("sagemaker", "CreateTrainingJob"):
                 platform.create_requests.append(params)
@@ -253,6 +266,16 @@ def platform(
         _fetch_config(platform)
         yield platform
     boto3.DEFAULT_SESSION = None
+
+
+def _tags_in_moto(arn: str) -> dict[str, str]:
+    """A training job's tags as SageMaker holds them (read outside any principal: IAM's own lookup)."""
+    with _as(None):
+        sagemaker = boto3.client("sagemaker", region_name=REGION)
+        try:
+            return {t["Key"]: t["Value"] for t in sagemaker.list_tags(ResourceArn=arn)["Tags"]}
+        except ClientError:  # no such job: no tags
+            return {}
 
 
 def _propagate_principal_to_threads(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -296,9 +319,9 @@ def _upload_dataset(platform: Platform) -> str:
     return f"s3://{platform.buckets['Datasets']}/tweets/"
 
 
-def _run(platform: Platform, *argv: str) -> tuple[int, str]:
+def _run(platform: Platform, *argv: str, principal: str = LAUNCHER) -> tuple[int, str]:
     out, err = io.StringIO(), io.StringIO()
-    with _as(LAUNCHER), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with _as(principal), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = remote_train.main(["--config", str(platform.config_path), "--image-uri", IMAGE_PY311, *argv])
     assert code == 0, err.getvalue()
     return code, out.getvalue()
@@ -334,7 +357,8 @@ def test_train_runs_the_real_remote_path_within_the_launcher_policy(platform: Pl
     assert ("s3", "CreateBucket") not in launcher_calls and ("s3", "HeadBucket") not in launcher_calls
 
     (request,) = platform.create_requests
-    root = f"s3://{platform.buckets['RemoteJobs']}/jobs/"
+    caller = IDENTITIES[LAUNCHER]["aws:userid"]
+    root = f"s3://{platform.buckets['RemoteJobs']}/jobs/{caller}/"  # the caller's own prefix
     assert request["RoleArn"] == platform.role_arn
     assert request["OutputDataConfig"]["S3OutputPath"].startswith(root)
     assert request["OutputDataConfig"]["KmsKeyId"] == platform.key_arn
@@ -345,6 +369,7 @@ def test_train_runs_the_real_remote_path_within_the_launcher_policy(platform: Pl
     assert resources["InstanceType"] == "ml.p4d.24xlarge" and resources["InstanceCount"] == 1
     assert "VolumeKmsKeyId" not in resources  # SageMaker refuses a volume key for p4d's NVMe instance storage
     assert {"Key": "environment", "Value": "dev"} in request["Tags"]
+    assert {"Key": "remote-job-owner", "Value": caller} in request["Tags"]
     assert request["AlgorithmSpecification"]["TrainingImage"] == IMAGE_PY311
     # The played job left the model where SageMaker packs output/model.tar.gz from.
     assert (Path(os.environ["SM_MODEL_DIR"]) / "model.safetensors").is_file()
@@ -427,16 +452,59 @@ def test_an_ebs_only_override_gets_the_volume_key_and_sagemaker_accepts_the_requ
     assert request["ResourceConfig"]["VolumeKmsKeyId"] == platform.key_arn
 
 
-def test_without_the_session_bucket_the_sdk_probes_an_unmanaged_bucket_and_is_refused(platform: Platform) -> None:
-    """Why config.yaml names the SDK's default bucket: without it, @remote stops at its first S3 call."""
-    config = yaml.safe_load(platform.config_path.read_text())
-    del config["SageMaker"]["PythonSDK"]["Modules"]["Session"]
-    platform.config_path.write_text(yaml.safe_dump(config))
+def test_without_the_callers_prefix_the_sdk_is_refused_at_its_first_upload(
+    platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Why remote_train puts the caller's id into S3RootUri: the shared root (jobs/) is nobody's to write."""
+    monkeypatch.setattr(remote_train, "config_for_caller", lambda config, caller: config)
     with pytest.raises(ClientError, match="AccessDenied"):
         _run(platform, "train", "--", "--dataset", _upload_dataset(platform))
     refused = [r.call for r in platform.calls if not r.allowed and r.call.operation != "ListBuckets"]
-    assert [(c.operation, c.params["Bucket"]) for c in refused] == [("HeadBucket", f"sagemaker-{REGION}-{ACCOUNT}")]
+    caller = f"jobs/{IDENTITIES[LAUNCHER]['aws:userid']}/"
+    keys = [c.params.get("Key", c.params.get("Prefix", "")) for c in refused]
+    assert keys and all(key.startswith("jobs") and not key.startswith(caller) for key in keys), keys
     assert platform.create_requests == []
+
+
+def test_another_data_scientist_cannot_touch_a_callers_jobs_or_objects(platform: Platform) -> None:
+    """Issue 22.1: B holds the same launcher policy (even the same role) as A. Every way B could read A's job
+    environment, stop A's job, replace A's results (which A's client unpickles after checking only a SHA-256 stored
+    next to them: sagemaker-core 2.27 client.py, serialization.deserialize_obj_from_s3 without a key) or pass a job
+    off as A's is refused; the same requests as A, or as B on B's own job, are allowed."""
+    _run(platform, "train", "--", "--dataset", _upload_dataset(platform))
+    (request,) = platform.create_requests
+    name, bucket = request["TrainingJobName"], platform.buckets["RemoteJobs"]
+    prefix = f"jobs/{IDENTITIES[LAUNCHER]['aws:userid']}/"
+    results = f"{prefix}{name}/results/payload.pkl"
+    sagemaker, s3 = boto3.client("sagemaker", region_name=REGION), boto3.client("s3", region_name=REGION)
+    job_arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/{name}"
+    attacks = {
+        "describe A's job": lambda: sagemaker.describe_training_job(TrainingJobName=name),
+        "stop A's job": lambda: sagemaker.stop_training_job(TrainingJobName=name),
+        "read A's results": lambda: s3.get_object(Bucket=bucket, Key=results),
+        "replace A's results": lambda: s3.put_object(Bucket=bucket, Key=results, Body=b"evil"),
+        "list A's prefix": lambda: s3.list_objects_v2(Bucket=bucket, Prefix=prefix),
+        "re-tag A's job as B's": lambda: sagemaker.add_tags(
+            ResourceArn=job_arn, Tags=[{"Key": "remote-job-owner", "Value": IDENTITIES[OTHER_LAUNCHER]["aws:userid"]}]),
+        "start a job tagged as A's": lambda: sagemaker.create_training_job(**{**request, "TrainingJobName": "b-as-a"}),
+    }  # fmt: skip
+    for attack, call in attacks.items():
+        with _as(OTHER_LAUNCHER), pytest.raises(ClientError, match="AccessDenied"):
+            call()
+            pytest.fail(f"B could {attack}")
+    # The same describe as A, and B's own job (A's recorded request with B's owner tag) are allowed.
+    with _as(LAUNCHER):
+        sagemaker.describe_training_job(TrainingJobName=name)
+        s3.get_object(Bucket=bucket, Key=results)
+    tags = [t for t in request["Tags"] if t["Key"] != "remote-job-owner"]
+    own = {
+        **request,
+        "TrainingJobName": "b-own",
+        "Tags": [*tags, {"Key": "remote-job-owner", "Value": IDENTITIES[OTHER_LAUNCHER]["aws:userid"]}],
+    }
+    with _as(OTHER_LAUNCHER):
+        sagemaker.create_training_job(**own)
+        sagemaker.describe_training_job(TrainingJobName="b-own")
 
 
 def test_without_the_log_statement_waiting_for_the_job_fails(platform: Platform) -> None:
@@ -478,11 +546,17 @@ def test_evaluator_matches_actions_resources_and_conditions() -> None:
 
 
 def test_evaluator_fails_closed_on_what_it_does_not_model() -> None:
-    with pytest.raises(Unsupported, match="NotAction"):
-        is_allowed(_policy({"Effect": "Allow", "NotAction": "s3:*", "Resource": "*"}), Request("a:b", "r"))
-    with pytest.raises(Unsupported, match="condition operator NumericLessThan"):
+    with pytest.raises(Unsupported, match="NotPrincipal"):
+        is_allowed([], Request("a:b", "r"), resource_policies=_policy(
+            {"Effect": "Deny", "NotPrincipal": {"AWS": "x"}, "Action": "a:b", "Resource": "*"}))  # fmt: skip
+    with pytest.raises(Unsupported, match="condition operator IpAddress"):
         is_allowed(_policy({"Effect": "Allow", "Action": "a:b", "Resource": "*",
-                            "Condition": {"NumericLessThan": {"k": "1"}}}), Request("a:b", "r"))  # fmt: skip
+                            "Condition": {"IpAddress": {"aws:SourceIp": "10.0.0.0/8"}}}),
+                   Request("a:b", "r"))  # fmt: skip
+    with pytest.raises(Unsupported, match="multivalued key aws:TagKeys"):
+        is_allowed(_policy({"Effect": "Allow", "Action": "a:b", "Resource": "*",
+                            "Condition": {"StringEquals": {"aws:TagKeys": "k"}}}),
+                   Request("a:b", "r", {"aws:TagKeys": ["k"]}))  # fmt: skip
     with pytest.raises(Unsupported, match="no IAM mapping for sagemaker:CreateEndpoint"):
         requests_for(Call("sagemaker", "CreateEndpoint", {}, REGION, ACCOUNT), kms_encrypted_buckets={})
 
@@ -490,14 +564,24 @@ def test_evaluator_fails_closed_on_what_it_does_not_model() -> None:
 def test_calls_map_to_the_requests_aws_documents() -> None:
     put = Call("s3", "PutObject", {"Bucket": "b", "Key": "k", "SSEKMSKeyId": "arn:key"}, REGION, ACCOUNT)
     assert requests_for(put, kms_encrypted_buckets={"b": "arn:default"}) == [
-        Request("s3:PutObject", "arn:aws:s3:::b/k"),
+        Request("s3:PutObject", "arn:aws:s3:::b/k", {"s3:x-amz-server-side-encryption-aws-kms-key-id": "arn:key"}),
         Request("kms:GenerateDataKey", "arn:key", {"kms:ViaService": f"s3.{REGION}.amazonaws.com"}),
     ]
-    create = Call("sagemaker", "CreateTrainingJob", {"TrainingJobName": "j", "RoleArn": "arn:role", "Tags": [{}]},
-                  REGION, ACCOUNT)  # fmt: skip
+    tags = [{"Key": "owner", "Value": "me"}]
+    create = Call("sagemaker", "CreateTrainingJob", {
+        "TrainingJobName": "j", "RoleArn": "arn:role", "Tags": tags,
+        "ResourceConfig": {"InstanceType": "ml.p3.2xlarge", "VolumeKmsKeyId": "arn:v"},
+        "OutputDataConfig": {"KmsKeyId": "arn:o"}, "StoppingCondition": {"MaxRuntimeInSeconds": 3600},
+        "VpcConfig": {"Subnets": ["s1"], "SecurityGroupIds": ["g1"]}, "EnableInterContainerTrafficEncryption": True,
+    }, REGION, ACCOUNT)  # fmt: skip
     job_arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/j"
-    assert requests_for(create, kms_encrypted_buckets={}) == [
-        Request("sagemaker:CreateTrainingJob", job_arn),
-        Request("iam:PassRole", "arn:role", {"iam:PassedToService": "sagemaker.amazonaws.com"}),
-        Request("sagemaker:AddTags", job_arn),
-    ]
+    tag_context = {"aws:RequestTag/owner": "me", "aws:TagKeys": ["owner"]}
+    assert requests_for(create, kms_encrypted_buckets={}, principal={"aws:userid": "u"}) == [
+        Request("sagemaker:CreateTrainingJob", job_arn, {
+            "aws:userid": "u", "sagemaker:InstanceTypes": ["ml.p3.2xlarge"], "sagemaker:VpcSubnets": ["s1"],
+            "sagemaker:VpcSecurityGroupIds": ["g1"], "sagemaker:VolumeKmsKey": "arn:v",
+            "sagemaker:OutputKmsKey": "arn:o", "sagemaker:MaxRuntimeInSeconds": "3600",
+            "sagemaker:InterContainerTrafficEncryption": "true", **tag_context}),
+        Request("iam:PassRole", "arn:role", {"aws:userid": "u", "iam:PassedToService": "sagemaker.amazonaws.com"}),
+        Request("sagemaker:AddTags", job_arn, {"aws:userid": "u", **tag_context}),
+    ]  # fmt: skip

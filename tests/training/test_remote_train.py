@@ -50,6 +50,8 @@ def offline_sdk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "offline")
     monkeypatch.delenv("SAGEMAKER_USER_CONFIG_OVERRIDE", raising=False)
     monkeypatch.setattr(Session, "default_bucket", lambda self: "dev-remote-jobs")
+    # Offline: the caller's id that sts:GetCallerIdentity would return (the moto test asks STS through the harness).
+    monkeypatch.setattr(remote_train, "caller_id", lambda: "AROAEXAMPLE:alice@example.com")
     return _write_config(tmp_path / "config.yaml")
 
 
@@ -77,7 +79,7 @@ def test_the_decorated_function_is_built_from_config_yaml(offline_sdk: Path) -> 
     args, _ = remote_train.parse(["--config", str(offline_sdk), "train"])
     settings = _job_settings(remote_train.remote_training_job(args, remote_train.load_remote_config(offline_sdk)))
     assert settings.role == ROLE
-    assert settings.s3_root_uri == "s3://dev-remote-jobs/jobs"
+    assert settings.s3_root_uri == "s3://dev-remote-jobs/jobs/AROAEXAMPLE:alice@example.com"  # the caller's prefix
     assert settings.s3_kms_key == KEY
     assert settings.volume_kms_key is None  # p4d has NVMe instance storage: SageMaker refuses a volume key
     assert settings.use_torchrun is True and settings.nproc_per_node is None  # one process per GPU found
@@ -245,3 +247,16 @@ def test_dependencies_are_made_self_contained_for_the_job(tmp_path: Path) -> Non
         remote_train.self_contained_requirements(tmp_path / "loop.txt", into=tmp_path / "out")
     # The repository's own file resolves: every include exists.
     assert "sagemaker-core==2.27.0" in remote_train.self_contained_requirements(remote_train.DEPENDENCIES).read_text()
+
+
+def test_the_callers_config_holds_its_own_prefix_and_owner_tag(offline_sdk: Path) -> None:
+    config = remote_train.load_remote_config(offline_sdk)
+    personal = remote_train.config_for_caller(config, "AROAEXAMPLE:alice@example.com")
+    remote = personal["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]
+    bucket = config["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]["S3RootUri"].split("/")[2]
+    assert remote["S3RootUri"] == f"s3://{bucket}/jobs/AROAEXAMPLE:alice@example.com"
+    assert personal["SageMaker"]["PythonSDK"]["Modules"]["Session"]["DefaultS3ObjectKeyPrefix"] == (
+        "jobs/AROAEXAMPLE:alice@example.com")  # fmt: skip
+    assert remote["Tags"][-1] == {"Key": "remote-job-owner", "Value": "AROAEXAMPLE:alice@example.com"}
+    with pytest.raises(RemoteSetupError, match="cannot be a SageMaker tag value"):
+        remote_train.config_for_caller(config, "bad|id")

@@ -1,0 +1,157 @@
+"""Attacks on the principals of the synthesized dev templates, evaluated by tests/training/iam_policy.py: each must
+be denied, while the legitimate request next to it is allowed (the recorded SDK flows are in
+tests/training/test_remote_sdk_moto.py). The evaluator itself is checked against AWS's documented examples."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.training.iam_policy import Request, is_allowed, logical_id, role_policies
+
+ACCOUNT, REGION = "123456789012", "us-west-2"
+BUCKETS = {"Artifacts": "artifacts-bucket", "RemoteJobs": "remote-jobs-bucket", "Datasets": "datasets-bucket"}
+
+
+@pytest.fixture(scope="module")
+def foundation(templates: dict[str, dict[str, dict]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    template = templates["dev"]["Foundation"]
+    refs: dict[str, Any] = {"AWS::AccountId": ACCOUNT, "AWS::Partition": "aws", "AWS::Region": REGION,
+                            "AWS::URLSuffix": "amazonaws.com"}  # fmt: skip
+    for name, bucket in BUCKETS.items():
+        bucket_id = logical_id(template, "AWS::S3::Bucket", name)
+        refs.update({bucket_id: bucket, f"{bucket_id}.Arn": f"arn:aws:s3:::{bucket}"})
+    key_id = logical_id(template, "AWS::KMS::Key", "PlatformKey")
+    refs.update({key_id: "key-id", f"{key_id}.Arn": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/key-id"})
+    for name in template["Resources"]:  # every other name resolves to a placeholder of its own
+        refs.setdefault(name, f"{name}-ref")
+        for attribute in ("Arn", "GroupId", "RoleId"):
+            refs.setdefault(f"{name}.{attribute}", f"arn:aws:placeholder::{ACCOUNT}:{name}")
+    return template, refs
+
+
+def _role(foundation: tuple[dict[str, Any], dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
+    template, refs = foundation
+    return role_policies(template, logical_id(template, "AWS::IAM::Role", prefix), refs)
+
+
+def test_the_training_instance_role_holds_session_manager_and_no_parameter_reads(foundation: Any) -> None:
+    """Issue 22.2: AmazonSSMManagedInstanceCore granted ssm:GetParameter(s) on every parameter (and Run Command's
+    ec2messages); the role now holds exactly the Session Manager actions AWS documents."""
+    role = _role(foundation, "TrainingInstanceRole")
+    any_parameter = f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/other-team/db-password"
+    for action in ("ssm:GetParameter", "ssm:GetParameters", "ssm:GetDocument", "ec2messages:GetMessages",
+                   "ssm:SendCommand"):  # fmt: skip
+        assert not is_allowed(role, Request(action, any_parameter)), action
+    for action in ("ssm:UpdateInstanceInformation", "ssmmessages:CreateControlChannel",
+                   "ssmmessages:OpenDataChannel"):  # fmt: skip
+        assert is_allowed(role, Request(action, "*")), action
+
+
+@pytest.mark.parametrize("role", ["TrainingInstanceRole", "RemoteJobRole", "EndpointExecutionRole"])
+def test_only_the_promotion_path_writes_what_endpoints_read(foundation: Any, role: str) -> None:
+    """Training instances and @remote jobs write candidates under training-output/ (or the remote-jobs bucket);
+    no workload role writes the endpoints' model prefixes (endpoints/, multi-model/)."""
+    policies = _role(foundation, role)
+    for prefix in ("endpoints/", "multi-model/"):
+        assert not is_allowed(policies, Request("s3:PutObject", f"arn:aws:s3:::artifacts-bucket/{prefix}m.tar.gz"))
+    writes_candidates = is_allowed(
+        policies, Request("s3:PutObject", "arn:aws:s3:::artifacts-bucket/training-output/r/m")
+    )
+    assert writes_candidates == (role != "EndpointExecutionRole")
+
+
+# ------------------------------------------------------------------ the evaluator against AWS's documented examples
+
+
+def _doc(*statements: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"Version": "2012-10-17", "Statement": list(statements)}]
+
+
+def test_an_explicit_deny_wins_over_any_allow() -> None:
+    """IAM User Guide, "Policy evaluation logic": an explicit deny in any policy overrides any allow."""
+    policies = _doc({"Effect": "Allow", "Action": "s3:*", "Resource": "*"},
+                    {"Effect": "Deny", "Action": "s3:DeleteObject", "Resource": "arn:aws:s3:::b/*"})  # fmt: skip
+    assert is_allowed(policies, Request("s3:GetObject", "arn:aws:s3:::b/k"))
+    assert not is_allowed(policies, Request("s3:DeleteObject", "arn:aws:s3:::b/k"))
+    bucket = _doc({"Effect": "Deny", "Principal": "*", "Action": "s3:*", "Resource": "arn:aws:s3:::b/*",
+                   "Condition": {"Bool": {"aws:SecureTransport": "false"}}})  # fmt: skip
+    assert not is_allowed(policies, Request("s3:GetObject", "arn:aws:s3:::b/k", {"aws:SecureTransport": "false"}),
+                          resource_policies=bucket)  # fmt: skip
+    assert is_allowed(policies, Request("s3:GetObject", "arn:aws:s3:::b/k", {"aws:SecureTransport": "true"}),
+                      resource_policies=bucket)  # fmt: skip
+
+
+def test_not_action_with_allow_and_deny() -> None:
+    """IAM User Guide, "IAM JSON policy elements: NotAction": Deny with NotAction denies everything not listed."""
+    policies = _doc({"Effect": "Allow", "Action": "*", "Resource": "*"},
+                    {"Effect": "Deny", "NotAction": "iam:*", "Resource": "*",
+                     "Condition": {"BoolIfExists": {"aws:MultiFactorAuthPresent": "false"}}})  # fmt: skip
+    assert not is_allowed(policies, Request("s3:GetObject", "r"))  # no MFA key: IfExists -> the deny applies
+    assert is_allowed(policies, Request("iam:ListUsers", "r"))
+    assert is_allowed(policies, Request("s3:GetObject", "r", {"aws:MultiFactorAuthPresent": "true"}))
+
+
+def test_set_operators_and_if_exists_as_documented() -> None:
+    """IAM User Guide, "Multivalued context keys": ForAllValues is true for an empty set, ForAnyValue false;
+    "...IfExists": true without the key; a negated operator is true without the key."""
+    tags = _doc(
+        {
+            "Effect": "Allow",
+            "Action": "ec2:CreateTags",
+            "Resource": "*",
+            "Condition": {"ForAllValues:StringEquals": {"aws:TagKeys": ["environment", "cost-center"]}},
+        }
+    )
+    assert is_allowed(tags, Request("ec2:CreateTags", "r", {"aws:TagKeys": ["environment"]}))
+    assert not is_allowed(tags, Request("ec2:CreateTags", "r", {"aws:TagKeys": ["environment", "owner"]}))
+    assert is_allowed(tags, Request("ec2:CreateTags", "r"))  # the documented pitfall: no keys at all passes
+    any_value = _doc(
+        {
+            "Effect": "Allow",
+            "Action": "a:b",
+            "Resource": "*",
+            "Condition": {"ForAnyValue:StringEquals": {"aws:TagKeys": ["environment"]}},
+        }
+    )
+    assert not is_allowed(any_value, Request("a:b", "r"))
+    instance = _doc(
+        {
+            "Effect": "Allow",
+            "Action": "ec2:*",
+            "Resource": "*",
+            "Condition": {"StringEqualsIfExists": {"ec2:InstanceType": ["t2.micro"]}},
+        }
+    )
+    assert is_allowed(instance, Request("ec2:RunInstances", "r"))
+    assert not is_allowed(instance, Request("ec2:RunInstances", "r", {"ec2:InstanceType": "p4d.24xlarge"}))
+    negated = _doc(
+        {
+            "Effect": "Allow",
+            "Action": "a:b",
+            "Resource": "*",
+            "Condition": {"StringNotEquals": {"aws:PrincipalTag/team": "red"}},
+        }
+    )
+    assert is_allowed(negated, Request("a:b", "r"))
+    assert not is_allowed(negated, Request("a:b", "r", {"aws:PrincipalTag/team": "red"}))
+    home = _doc({"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::b/home/${aws:username}/*"})
+    assert is_allowed(home, Request("s3:GetObject", "arn:aws:s3:::b/home/alice/x", {"aws:username": "alice"}))
+    assert not is_allowed(home, Request("s3:GetObject", "arn:aws:s3:::b/home/bob/x", {"aws:username": "alice"}))
+    assert not is_allowed(home, Request("s3:GetObject", "arn:aws:s3:::b/home//x"))  # variable missing: no match
+
+
+def test_a_key_policy_must_allow_itself_or_delegate_to_iam() -> None:
+    """KMS developer guide, "Key policies": without a key-policy allow (directly or via the account root), an IAM
+    policy alone grants nothing."""
+    identity = _doc({"Effect": "Allow", "Action": "kms:Decrypt", "Resource": "*"})
+    context = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/r"}
+    request = Request("kms:Decrypt", "arn:aws:kms:r:1:key/k", context)
+    delegating = {"Statement": [{"Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:root"},
+                                 "Action": "kms:*", "Resource": "*"}]}  # fmt: skip
+    closed = {"Statement": [{"Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:role/admin"},
+                             "Action": "kms:*", "Resource": "*"}]}  # fmt: skip
+    assert is_allowed(identity, request, key_policy=delegating)
+    assert not is_allowed(identity, request, key_policy=closed)
+    assert not is_allowed([], request, key_policy=delegating)
