@@ -35,7 +35,13 @@ from typing import Any
 
 import yaml
 
-from training_assets.instance.train_sentiment import TrainConfig, TrainingInputError, parse_args, train
+from training_assets.instance.train_sentiment import (
+    TrainConfig,
+    TrainingInputError,
+    end_distributed,
+    parse_args,
+    train,
+)
 from training_assets.instance_types import has_instance_storage, is_gpu
 from training_assets.remote_jobs import OWNER_TAG_KEY, caller_prefix
 
@@ -105,7 +111,9 @@ def run_training_job(config: dict[str, Any]) -> dict[str, Any]:
             model_dir = Path(os.environ.get("SM_MODEL_DIR", "/opt/ml/model"))
             shutil.copytree(Path(output) / "saved_model", model_dir, dirs_exist_ok=True)
             shutil.copy2(Path(output) / "metrics.json", model_dir / "metrics.json")
-    return _rank_zero(metrics)
+    shared = _rank_zero(metrics)
+    end_distributed()
+    return shared
 
 
 def _rank_zero(metrics: dict[str, Any]) -> dict[str, Any]:

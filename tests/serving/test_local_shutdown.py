@@ -53,11 +53,18 @@ def _as_background_job() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _tree(pid: int) -> list[psutil.Process]:
-    """The harness, its children, and every process in their process groups (``torchserve --start`` daemonises
-    its Java frontend, which leaves the child tree but stays in the harness's TorchServe process group)."""
+def _tree(pid: int, port: int) -> list[psutil.Process]:
+    """The harness, its children, the process serving its port, and every process in their process groups
+    (``torchserve --start`` daemonises its Java frontend, which leaves the child tree but stays in the harness's
+    TorchServe process group; and the toolkit's supervisor exits after 10 s when another TorchServe runs on the host,
+    leaving its TorchServe serving, so the port finds the group even then)."""
     parent = psutil.Process(pid)
     family = [parent, *parent.children(recursive=True)]
+    family += [
+        psutil.Process(connection.pid)
+        for connection in psutil.net_connections(kind="tcp")
+        if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port and connection.pid
+    ]
     groups = {os.getpgid(p.pid) for p in family if p.is_running()}
     members = []
     for candidate in psutil.process_iter():
@@ -83,7 +90,7 @@ def _port_open(port: int) -> bool:
 
 
 def _stop_and_check(process: subprocess.Popen, port: int, sig: signal.Signals) -> None:
-    tree = _tree(process.pid)
+    tree = _tree(process.pid, port)
     try:
         assert any("org.pytorch.serve.ModelServer" in _cmdline(p) for p in tree), [_cmdline(p) for p in tree]
         os.kill(process.pid, sig)

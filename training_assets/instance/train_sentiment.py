@@ -727,6 +727,14 @@ def _error(message: str, *, verbose: bool) -> None:
         traceback.print_exc()
 
 
+def end_distributed() -> None:
+    """Destroy the torchrun process group the Trainer set up, if any: a gloo/NCCL group left to the interpreter's
+    exit can abort the process after training ("terminate called without an active exception", exit -6), which
+    torchrun reports as a failed run."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit 0 after training, 2 for input that cannot train (nothing trained), 1 for anything unexpected."""
     namespace = _parser().parse_args(argv)
@@ -739,6 +747,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"train_sentiment: input checked: {config.model}, {config.dataset} ({sizes})", file=sys.stderr)
             return 0
         metrics = train(config)
+        end_distributed()
     except TrainingInputError as error:
         # Every rank of a torchrun finds the same problem; each says it, as torchrun stops the others at the first
         # exit (launch_training.sh checks once with --check-only first, so only direct torchrun use sees repeats).
