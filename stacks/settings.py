@@ -25,14 +25,22 @@ from pydantic import (
 
 from inference_assets.tools.model_servers import DEFAULT_MODEL_SERVER, ModelServer
 from inference_assets.tools.serving_properties import DjlModelSettings
+from platform_facts.instances import (
+    BF16_MIN_COMPUTE_CAPABILITY,
+    CUDA13_MIN_COMPUTE_CAPABILITY,
+    gpu_fact,
+    gpu_families,
+    has_local_nvme,
+)
 
 DEFAULT_REGION = "us-west-2"
 # The prefix of the artifacts bucket that the endpoint execution role may read single-model archives from.
 ENDPOINT_MODELS_PREFIX = "endpoints/"
 ENVIRONMENT_NAMES = ("dev", "staging", "prod")
 
-# Accelerated EC2 families that run the CUDA training image (p4d = 8 x A100, the default training instance).
-GPU_TRAINING_FAMILIES = ("p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "g4dn", "g5", "g6", "g6e")
+# Accelerated EC2 families with an NVIDIA GPU (p4d = 8 x A100, the default training instance); which of them the
+# training images and precision can use is checked against each family's compute capability.
+GPU_TRAINING_FAMILIES = tuple(gpu_families())
 # Families with EFA that the multi-node launch template supports.
 EFA_FAMILIES = ("p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "g6e")
 # Graviton (arm64) SageMaker hosting families: generation 6 and later with a "g" processor letter.
@@ -51,10 +59,33 @@ _REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _BRANCH = re.compile(r"^(?!/)(?!.*(\.\.|//|@\{))[A-Za-z0-9._/-]+(?<![/.])$")
 
 
-def has_local_nvme(instance_type: str) -> bool:
-    """SageMaker types with instance-store NVMe (c5d, c6gd, m5d, g5, ...) refuse an endpoint-config KMS key."""
-    family = instance_type.split(".")[1]
-    return family.endswith("d") or family.startswith(("g4dn", "g5", "g6", "p"))
+_CUDA_IN_TAG = re.compile(r"-cu(?P<major>\d+)\d-")  # 2.10.0-gpu-py313-cu130-... -> CUDA 13
+
+
+def _gpu_runs_the_image(type_key: str, instance_type: str, tag_key: str, image_tag: str, bf16: bool) -> None:
+    """Refuse a GPU the training image or bf16 cannot use, naming the key and the families that can."""
+    gpu = gpu_fact(instance_type)
+    if gpu is None:
+        return
+    cuda = _CUDA_IN_TAG.search(image_tag)
+    needs = [
+        (minimum, why)
+        for minimum, why, applies in (
+            (CUDA13_MIN_COMPUTE_CAPABILITY, f"the CUDA {cuda and cuda['major']} image of {tag_key}",
+             bool(cuda and int(cuda["major"]) >= 13)),
+            (BF16_MIN_COMPUTE_CAPABILITY, "training.hyperparameters.bf16", bf16),
+        )
+        if applies and gpu.compute_capability < minimum
+    ]  # fmt: skip
+    if needs:
+        minimum = max(need[0] for need in needs)
+        allowed = ", ".join(f.family for f in gpu_families().values() if f.compute_capability >= minimum)
+        bf16_only = [why for _, why in needs] == ["training.hyperparameters.bf16"]
+        raise ValueError(
+            f"{type_key}: {instance_type} has an NVIDIA {gpu.gpu} (compute capability {gpu.capability_text}), which "
+            f"{' and '.join(why for _, why in needs)} cannot use; use a type of the families {allowed}"
+            + (" or set training.hyperparameters.bf16 to false" if bf16_only else "")
+        )
 
 
 def _matching(pattern: re.Pattern[str], message: str) -> AfterValidator:
@@ -151,7 +182,7 @@ class AutoscalingSettings(_Settings):
 def _autoscaled_type(value: str) -> str:
     if not _SAGEMAKER_TYPE.match(value):
         raise ValueError("must be a SageMaker instance type such as ml.c7g.4xlarge")
-    if value.startswith("ml.t"):
+    if re.match(r"^ml\.t\d", value):  # t2, t3, t4g; not trn1
         raise ValueError("burstable ml.t* types cannot be autoscaled; use a c, m or r type")
     return value
 
@@ -450,6 +481,16 @@ class EnvironmentSettings(_Settings):
                 "graviton_endpoint.dependencies: install_at_startup needs internet egress (vpc.nat_gateways >= 1) "
                 "to pip-install code/requirements.txt; use vendored archives instead"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _training_gpus_run_the_images(self) -> EnvironmentSettings:
+        training = self.training
+        bf16 = training.hyperparameters.bf16
+        _gpu_runs_the_image("training.instance_type", training.instance_type, "training.image_tag",
+                            training.image_tag, bf16)  # fmt: skip
+        _gpu_runs_the_image("training.remote_instance_type", training.remote_instance_type,
+                            "training.remote_image_tag", training.remote_image_tag, bf16)  # fmt: skip
         return self
 
     @model_validator(mode="after")

@@ -1,20 +1,12 @@
 """What a SageMaker training instance type implies for a job's request.
 
-No dependencies, so the TrainingStack (which writes ``config.yaml``) and ``remote_train`` (which may override the
-config's instance type at call time) share one rule.
+The TrainingStack (which writes ``config.yaml``) and ``remote_train`` (which may override the config's instance type
+at call time) share one rule, read from the platform's instance facts (platform_facts/instances.json). Those are
+imported inside the functions: the ``@remote`` job's workspace holds only ``training_assets/``, and the job imports
+this module (through remote_train) without ever calling these functions.
 """
 
 from __future__ import annotations
-
-import re
-
-# GPU families SageMaker trains on: a job on one of them runs one process per GPU under torchrun.
-GPU_FAMILIES = ("p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "g4dn", "g5", "g6", "g6e")
-# Families whose instances carry NVMe instance-store volumes although their name has no "d" attribute letter
-# (EC2 User Guide, "Instance store volumes": g5, g6, g6e, p5, p5e, p5en, p6-b200; trn1/trn2 likewise).
-_NVME_WITHOUT_D = ("g5", "g6", "g6e", "p5", "p5e", "p5en", "p6-b200", "trn1", "trn1n", "trn2")
-# <letters><generation>[attribute letters]: the "d" attribute marks instance storage (c5d, m5dn, g4dn, p3dn, p4d).
-_FAMILY = re.compile(r"^(?P<series>[a-z]+)(?P<generation>\d+)(?P<attributes>[a-z-]*)")
 
 
 def family(instance_type: str) -> str:
@@ -32,12 +24,14 @@ def has_instance_storage(instance_type: str) -> bool:
     ... encrypted using a hardware module on the instance. You can't request a VolumeKmsKeyId when using an
     instance type with local storage." p3 (EBS only) takes a key; p3dn, p4d, g4dn, g5, ... do not.
     """
-    name = family(instance_type)
-    if name in _NVME_WITHOUT_D:
-        return True
-    match = _FAMILY.match(name)
-    return bool(match and "d" in match["attributes"].split("-")[0])
+    from platform_facts.instances import has_local_nvme
+
+    family(instance_type)  # refuses what is not an ml. type
+    return has_local_nvme(instance_type)
 
 
 def is_gpu(instance_type: str) -> bool:
-    return family(instance_type) in GPU_FAMILIES
+    from platform_facts.instances import gpu_fact
+
+    family(instance_type)
+    return gpu_fact(instance_type) is not None

@@ -27,9 +27,10 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import region_info
 from constructs import Construct
 
+from platform_facts.instances import has_local_nvme
 from stacks.compliance import acknowledge, acknowledge_short_retention
 from stacks.components.eni_release_wait import EniReleaseWait
-from stacks.settings import AutoscalingSettings, has_local_nvme
+from stacks.settings import AutoscalingSettings
 
 VARIANT_NAME = "AllTraffic"
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"

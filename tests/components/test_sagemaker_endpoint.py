@@ -153,10 +153,22 @@ def test_config_is_encrypted_and_the_endpoint_keeps_scaled_counts(single) -> Non
     )
 
 
-@pytest.mark.parametrize("instance_type", ["ml.c6gd.2xlarge", "ml.c5d.xlarge", "ml.g5.xlarge"])
+@pytest.mark.parametrize(
+    "instance_type", ["ml.c6gd.2xlarge", "ml.c5d.xlarge", "ml.g5.xlarge", "ml.m5dn.xlarge", "ml.r5dn.xlarge"]
+)
 def test_types_with_local_nvme_get_no_config_key(instance_type: str) -> None:
     stack, _ = _endpoint(instance_type)
     Template.from_stack(stack).has_resource_properties("AWS::SageMaker::EndpointConfig", {"KmsKeyId": Match.absent()})
+
+
+# p3 is "EBS only" in AWS's instance-store table (https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html).
+@pytest.mark.parametrize("instance_type", ["ml.p3.2xlarge", "ml.c5.xlarge"])
+def test_ebs_only_types_get_the_platform_key(instance_type: str) -> None:
+    stack, _ = _endpoint(instance_type)
+    template = Template.from_stack(stack)
+    template.has_resource_properties(
+        "AWS::SageMaker::EndpointConfig", {"KmsKeyId": {"Fn::GetAtt": [_id(template, "AWS::KMS::Key"), "Arn"]}}
+    )
 
 
 def test_autoscaling_tracks_invocations_after_the_endpoint(single) -> None:

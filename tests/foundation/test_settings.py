@@ -252,9 +252,13 @@ def test_complete_vpc_import_is_accepted() -> None:
     assert settings.vpc.imported
 
 
+# AWS's instance-store tables (https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html, gp.html, co.html,
+# mo.html): p3 is "EBS only"; c5d, g5, m5dn, r5dn, c6gdn and trn1 have NVMe SSDs.
 @pytest.mark.parametrize(
-    ("instance_type", "nvme"), [("ml.c5d.18xlarge", True), ("ml.g5.xlarge", True), ("ml.c5.2xlarge", False)]
-)
+    ("instance_type", "nvme"),
+    [("ml.c5d.18xlarge", True), ("ml.g5.xlarge", True), ("ml.m5dn.xlarge", True), ("ml.r5dn.xlarge", True),
+     ("ml.c6gdn.xlarge", True), ("ml.trn1.2xlarge", True), ("ml.c5.2xlarge", False), ("ml.p3.2xlarge", False)],
+)  # fmt: skip
 def test_local_nvme_types_are_recognised(instance_type: str, nvme: bool) -> None:
     settings = parse_environment("dev", dev_with(multi_model_endpoint__instance_type=instance_type))
     assert settings.multi_model_endpoint.has_local_nvme is nvme
@@ -281,3 +285,68 @@ def test_mme_sizing_defaults_describe_the_sentiment_model_and_djl() -> None:
     sizing = parse_environment("dev", dev_with(multi_model_endpoint__sizing={})).multi_model_endpoint.sizing
     assert (sizing.model_weights_mib, sizing.warm_latency_ms, sizing.p99_objective_ms) == (476.0, 100.0, 1000.0)
     assert sizing.max_idle_time_seconds == DjlModelSettings().max_idle_time_seconds  # what models are published with
+
+
+# CUDA 13 (the cu130 training images) supports Turing (7.5) and newer, not Volta (V100, 7.0):
+# https://docs.nvidia.com/cuda/cuda-features-archive/index.html. bf16 needs compute capability 8.0 (Ampere) or newer;
+# capabilities from https://developer.nvidia.com/cuda-gpus. Families: AWS's accelerated-computing instance types.
+_FOR_BF16 = "p4d, p4de, p5, p5e, p5en, p6-b200, g5, g6, g6e"
+_FOR_CUDA13 = "p4d, p4de, p5, p5e, p5en, p6-b200, g4dn, g5, g6, g6e"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        pytest.param(
+            {"training__instance_type": "p3.16xlarge"},
+            "environments.dev.training.instance_type: p3.16xlarge has an NVIDIA V100 (compute capability 7.0), which "
+            f"the CUDA 13 image of training.image_tag and training.hyperparameters.bf16 cannot use; use a type of the "
+            f"families {_FOR_BF16}.",
+            id="p3-ec2",
+        ),
+        pytest.param(
+            {"training__instance_type": "p3dn.24xlarge", "training__hyperparameters__bf16": False},
+            "environments.dev.training.instance_type: p3dn.24xlarge has an NVIDIA V100 (compute capability 7.0), "
+            f"which the CUDA 13 image of training.image_tag cannot use; use a type of the families {_FOR_CUDA13}.",
+            id="p3dn-ec2-fp32",
+        ),
+        pytest.param(
+            {"training__remote_instance_type": "ml.p3.2xlarge", "training__hyperparameters__bf16": False},
+            "environments.dev.training.remote_instance_type: ml.p3.2xlarge has an NVIDIA V100 (compute capability "
+            "7.0), which the CUDA 13 image of training.remote_image_tag cannot use; use a type of the families "
+            f"{_FOR_CUDA13}.",
+            id="p3-remote-fp32",
+        ),
+        pytest.param(
+            {"training__instance_type": "g4dn.12xlarge"},
+            "environments.dev.training.instance_type: g4dn.12xlarge has an NVIDIA T4 (compute capability 7.5), which "
+            f"training.hyperparameters.bf16 cannot use; use a type of the families {_FOR_BF16} or set "
+            "training.hyperparameters.bf16 to false.",
+            id="g4dn-ec2-bf16",
+        ),
+        pytest.param(
+            {"training__remote_instance_type": "ml.g4dn.xlarge"},
+            "environments.dev.training.remote_instance_type: ml.g4dn.xlarge has an NVIDIA T4 (compute capability "
+            f"7.5), which training.hyperparameters.bf16 cannot use; use a type of the families {_FOR_BF16} or set "
+            "training.hyperparameters.bf16 to false.",
+            id="g4dn-remote-bf16",
+        ),
+    ],
+)
+def test_gpus_the_training_images_cannot_use_are_refused(changes: dict, message: str) -> None:
+    with pytest.raises(SettingsError) as error:
+        parse_environment("dev", dev_with(**changes))
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize("family", ["p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "g5", "g6", "g6e"])
+def test_gpus_with_bf16_and_cuda13_are_accepted(family: str) -> None:
+    remote = {"training__remote_instance_type": f"ml.{family}.48xlarge"}
+    settings = parse_environment("dev", dev_with(training__instance_type=f"{family}.48xlarge", **remote))
+    assert settings.training.instance_type == f"{family}.48xlarge"
+
+
+def test_turing_trains_without_bf16() -> None:
+    changes = {"training__hyperparameters__bf16": False, "training__remote_instance_type": "ml.g4dn.xlarge"}
+    settings = parse_environment("dev", dev_with(training__instance_type="g4dn.12xlarge", **changes))
+    assert settings.training.remote_instance_type == "ml.g4dn.xlarge"
