@@ -145,6 +145,28 @@ def acknowledged_findings(named_templates: list[tuple[str, Path]]) -> list[dict[
     return findings
 
 
+def synth_warnings(assembly: Path) -> dict[str, list[str]]:
+    """{warning: [stack paths]} of every CDK warning annotation (image patch windows among them), read from the
+    metadata of each stack: the CDK CLI does not print them for the stacks of nested stages."""
+    found: dict[str, list[str]] = {}
+    manifest = json.loads((assembly / "manifest.json").read_text())
+    for artifact in manifest.get("artifacts", {}).values():
+        properties = artifact.get("properties", {})
+        if artifact["type"] == "cdk:cloud-assembly":
+            for message, paths in synth_warnings(assembly / properties["directoryName"]).items():
+                found.setdefault(message, []).extend(paths)
+            continue
+        metadata = dict(artifact.get("metadata", {}))
+        if extra := artifact.get("additionalMetadataFile"):
+            metadata.update(json.loads((assembly / extra).read_text()))
+        for path, entries in metadata.items():
+            for entry in entries:
+                if entry.get("type") == "aws:cdk:warning":
+                    message = re.sub(r" \[ack: [^\]]*\]$", "", str(entry["data"]))
+                    found.setdefault(message, []).append(path.strip("/"))
+    return found
+
+
 def checkov_counts(stdout: str) -> dict[str, int]:
     match = re.search(r"Passed checks: (\d+), Failed checks: (\d+), Skipped checks: (\d+)", stdout)
     passed, failed, skipped = (int(n) for n in match.groups()) if match else (0, 0, 0)
@@ -185,6 +207,7 @@ def run_gates(assembly: Path) -> dict[str, Any]:
     }
     report = {
         "gates": {name: {"passed": passed, "summary": text} for name, (passed, text) in gates.items()},
+        "warnings": synth_warnings(assembly),
         "unacknowledged": violations,
         "acknowledged": acknowledged,
         "checkov_skips": [{"checks": ids, "reason": reason} for ids, reason in skips],
@@ -208,6 +231,9 @@ def render(report: dict[str, Any], *, verbose: bool = False, report_file: Path |
     for name, gate in report["gates"].items():
         lines.append(f"{'ok  ' if gate['passed'] else 'FAIL'} {name}: {gate['summary']}")
     lines += [f"     {line}" for line in report["stacks"]]
+    # Warnings are few and each asks for an action (an image near its end of patching): always in full.
+    for message, paths in report["warnings"].items():
+        lines.append(f"warn {message} ({', '.join(sorted(set(paths)))})")
     if verbose:
         lines.append("acknowledged findings:")
         lines += [f"  {f['stack']} {f['resource']}: {f['rule']}: {f['reason']}" for f in report["acknowledged"]]

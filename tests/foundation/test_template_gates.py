@@ -45,7 +45,7 @@ def test_the_report_holds_every_acknowledgement_of_every_template(cloud_assembly
 def test_quiet_output_is_one_line_per_gate_and_per_stack(gates_report: dict, tmp_path: Path) -> None:
     text = template_gates.render(gates_report, report_file=tmp_path / "gates-report.json")
     lines = text.splitlines()
-    assert len(lines) == len(gates_report["gates"]) + len(gates_report["stacks"]) + 1
+    assert len(lines) == len(gates_report["gates"]) + len(gates_report["stacks"]) + len(gates_report["warnings"]) + 1
     assert all(line.startswith("ok   ") for line in lines[: len(gates_report["gates"])])
     assert not any(finding["reason"] in text for finding in gates_report["acknowledged"])
     verbose = template_gates.render(gates_report, verbose=True)
@@ -103,3 +103,18 @@ def test_the_review_shows_the_gates_report_of_the_assembly(cloud_assembly, gates
     for finding in gates_report["acknowledged"]:
         assert f"| {finding['resource']} | {finding['rule']} |" in gates_page
     assert "[Gates](gates.md)" in (tmp_path / "index.md").read_text()
+
+
+def test_synth_warnings_reach_the_output_with_their_stacks(gates_report: dict) -> None:
+    """CDK warning annotations of stacks in stages (the image patch-window warnings among them) are printed, since
+    the CDK CLI leaves them in the assembly's metadata."""
+    from aws_cdk import Annotations, App, Stack, Stage
+
+    app = App()
+    stack = Stack(Stage(app, "dev"), "Training")
+    Annotations.of(stack).add_warning_v2("test:warning", "training.image_tag: ends patching soon")
+    assembly = Path(app.synth().directory)
+    warnings = template_gates.synth_warnings(assembly)
+    assert warnings == {"training.image_tag: ends patching soon": ["dev/Training"]}
+    text = template_gates.render({**gates_report, "warnings": warnings})
+    assert "warn training.image_tag: ends patching soon (dev/Training)" in text.splitlines()
