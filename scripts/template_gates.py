@@ -51,10 +51,6 @@ def stacks(assembly: Path) -> list[tuple[str, Path]]:
     return staged + found
 
 
-def templates(assembly: Path) -> list[Path]:
-    return [path for _, path in stacks(assembly)]
-
-
 def checkov_skips(config: Path = CHECKOV_CONFIG) -> list[tuple[list[str], str]]:
     """The checks .checkov.yaml skips, grouped with the reason written in the comment above them."""
     groups: list[tuple[list[str], str]] = []
