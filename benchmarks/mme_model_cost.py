@@ -71,10 +71,7 @@ QUICK_SIZES = (DEFAULT_SIZES[0], DEFAULT_SIZES[2])
 
 
 def _launcher(server: LocalModelServer) -> psutil.Process:
-    process = server._process  # the launcher leads the server's process group
-    if process is None:
-        raise RuntimeError("the model server is not running")
-    return psutil.Process(process.pid)
+    return psutil.Process(server.process_group)  # the launcher leads the server's process group
 
 
 def _server_processes(server: LocalModelServer) -> list[psutil.Process]:

@@ -23,13 +23,10 @@ import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tarfile
 import tempfile
 import threading
-import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +35,7 @@ from typing import Any, Self
 
 import requests
 
+from inference_assets.local.server_process import ServerCommand, ServerProcess, StopStep, free_port
 from inference_assets.local.shutdown import default_stop_signals, stop_signals_as_interrupt
 from inference_assets.tools.model_names import validate_model_name
 
@@ -54,12 +52,6 @@ def _shield_from_sigterm() -> None:
     """
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     default_stop_signals()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @dataclass(frozen=True)
@@ -85,13 +77,13 @@ class LocalModelServer:
         self.startup_timeout_s = startup_timeout_s
         self.inference_url = ""
         self.management_url = ""
-        self._process: subprocess.Popen | None = None
+        self._server: ServerProcess | None = None
         self._session = requests.Session()
 
     # --- lifecycle ----------------------------------------------------------------------------------------------
 
     def start(self) -> Self:
-        if self._process is not None:
+        if self._server is not None:
             raise RuntimeError("the model server is already running")
         inference_port, management_port = free_port(), free_port()
         self.inference_url = f"http://127.0.0.1:{inference_port}"
@@ -139,65 +131,53 @@ class LocalModelServer:
             "PATH": f"{python_bin}{os.pathsep}{os.environ.get('PATH', '')}",
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),  # one thread per worker: no oversubscription
         }
-        self._log = (logs / "server.out").open("ab")
-        self._process = subprocess.Popen(
-            [str(Path(python_bin) / "torchserve"), "--start", "--foreground", "--ncs",
-             "--ts-config", str(properties), "--disable-token-auth"],
-            cwd=self.work_dir,
-            env=environment,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stopped as a whole, never with `torchserve --stop`
-            preexec_fn=_shield_from_sigterm,
-        )  # fmt: skip
+        self._server = ServerProcess(
+            ServerCommand(
+                argv=[
+                    str(Path(python_bin) / "torchserve"),
+                    "--start",
+                    "--foreground",
+                    "--ncs",
+                    "--ts-config",
+                    str(properties),
+                    "--disable-token-auth",
+                ],
+                ready=lambda: self._session.get(f"{self.inference_url}/ping", timeout=2).status_code == 200,
+                environment=environment,
+                cwd=self.work_dir,
+                log_path=logs / "server.out",
+                startup_timeout_s=self.startup_timeout_s,
+                # SIGINT: TorchServe's own shutdown (the JVM ignores SIGTERM here, see _shield_from_sigterm).
+                stop_steps=(StopStep(signal.SIGINT, 30.0), StopStep(signal.SIGKILL, 10.0)),
+                preexec=_shield_from_sigterm,
+            )
+        )
         try:
-            self._wait_until_ready()
+            self._server.start()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait_until_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self._process is None:
-                raise RuntimeError("TorchServe was stopped while waiting for it to start")
-            if self._process.poll() is not None:
-                raise RuntimeError(f"TorchServe exited with {self._process.returncode}; see {self.work_dir / 'logs'}")
-            try:
-                if self._session.get(f"{self.inference_url}/ping", timeout=2).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"TorchServe did not answer /ping within {self.startup_timeout_s} s")
+    @property
+    def process_group(self) -> int:
+        """The server's process group: the torchserve launcher, its Java frontend and the model workers."""
+        if self._server is None:
+            raise RuntimeError("the model server is not running")
+        return self._server.group
 
-    def stop(self, timeout_s: float = 30) -> None:
+    def stop(self) -> None:
         """End TorchServe, its Java frontend and every Python worker: the whole process group."""
-        process, self._process = self._process, None
-        if process is None:
+        server, self._server = self._server, None
+        if server is None:
             return
-        for sig, wait in ((signal.SIGINT, timeout_s), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                process.wait(wait)
-                # The launcher is gone; make sure no worker of the group outlives it.
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
-            break
-        self._log.close()
+        server.stop()
         self._session.close()
         shutil.rmtree(self._tmp, ignore_errors=True)
 
     def check_alive(self) -> None:
         """Raise if TorchServe is gone (its Java frontend included), with the end of its log."""
-        alive = self._process is not None and self._process.poll() is None
+        alive = self._server is not None and self._server.running()
         if alive:
             try:
                 alive = self._session.get(f"{self.inference_url}/ping", timeout=10).status_code == 200

@@ -30,9 +30,6 @@ import http.client
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -41,21 +38,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from inference_assets.local.shutdown import default_stop_signals, stop_signals_as_interrupt
+from inference_assets.local.server_process import ServerCommand, ServerProcess, free_port
+from inference_assets.local.shutdown import stop_signals_as_interrupt
 from inference_assets.tools.endpoint_environment import endpoint_environment
 
 _TOOLKIT_MAIN = "from sagemaker_pytorch_serving_container import serving; serving.main()"
 _CONFIG_LOCK = Path(tempfile.gettempdir()) / "sagemaker-ts-properties.lock"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class ServerError(RuntimeError):
-    """The local server did not come up; the message carries the tail of its log."""
 
 
 class LocalToolkitServer:
@@ -85,7 +73,7 @@ class LocalToolkitServer:
         self.port = 0
         self.management_port = 0
         self.workdir: Path | None = None
-        self._process: subprocess.Popen | None = None
+        self._server: ServerProcess | None = None
 
     @property
     def url(self) -> str:
@@ -135,40 +123,28 @@ class LocalToolkitServer:
         environment.pop("PYTHONPATH", None)  # the toolkit sets it to the model's code dir, as in the container
         for name in self._unset:
             environment.pop(name, None)
+        self._server = ServerProcess(
+            ServerCommand(
+                argv=[sys.executable, "-c", _TOOLKIT_MAIN],
+                # /ping answers 200 as soon as the frontend is up; the model is ready when all its workers are.
+                ready=lambda: self.ping() == 200 and self.workers_ready(),
+                environment=environment,
+                cwd=self.workdir,
+                log_path=self.log_path,
+                startup_timeout_s=self.startup_timeout_s,
+                # The toolkit's supervisor looks for "the" TorchServe host-wide and, on SIGTERM, kills what it found,
+                # which can be another server's TorchServe: it is killed outright, then our own group stopped.
+                kill_leader_first=True,
+            )
+        )
         with open(_CONFIG_LOCK, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            with open(self.log_path, "wb") as log:
-                self._process = subprocess.Popen(
-                    [sys.executable, "-c", _TOOLKIT_MAIN],
-                    cwd=self.workdir,
-                    env=environment,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own process group: TorchServe, java and workers stop together
-                    preexec_fn=default_stop_signals,
-                )
             try:
-                self._wait_until_healthy()
+                self._server.start()
             except BaseException:
                 self.stop()
                 raise
         return self
-
-    def _wait_until_healthy(self) -> None:
-        # /ping answers 200 as soon as the frontend is up; the model is ready when all its workers are.
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if self.ping() == 200 and self.workers_ready():
-                    return
-            except OSError:
-                pass
-            if self._process is not None and self._process.poll() is not None and not _group_alive(self._process.pid):
-                break  # the toolkit exited and nothing it started is left: TorchServe is not coming
-            time.sleep(0.5)
-        raise ServerError(
-            f"model not ready at {self.url} after {self.startup_timeout_s:.0f} s; server log:\n{self.log_tail()}"
-        )
 
     def workers_ready(self) -> bool:
         """Whether every worker of the toolkit's model ("model") is READY (TorchServe management API)."""
@@ -185,29 +161,18 @@ class LocalToolkitServer:
         return len(workers) >= description.get("minWorkers", 1) and all(w.get("status") == "READY" for w in workers)
 
     def log_tail(self, lines: int = 40) -> str:
-        if self.workdir is None or not self.log_path.exists():
-            return "(no log)"
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return self._server.log_tail(lines) if self._server is not None else "(no log)"
+
+    @property
+    def process_group(self) -> int:
+        """The server's process group (TorchServe, its Java frontend and workers, and the toolkit's supervisor)."""
+        assert self._server is not None, "the server is not running"
+        return self._server.group
 
     def stop(self) -> None:
-        if self._process is not None:
-            group = self._process.pid  # start_new_session: the group id is the supervisor's pid
-            # The toolkit's supervisor looks for "the" TorchServe host-wide and, on SIGTERM, kills what it found,
-            # which can be another server's TorchServe. Kill it outright first, then stop our own group gracefully.
-            if self._process.poll() is None:
-                self._process.kill()
-            self._process.wait(timeout=10)  # reaped, so that the group check below sees only what is left
-            for sig, grace_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-                try:
-                    os.killpg(group, sig)
-                except ProcessLookupError:
-                    break
-                deadline = time.monotonic() + grace_s
-                while time.monotonic() < deadline and _group_alive(group):
-                    time.sleep(0.2)
-                if not _group_alive(group):
-                    break
-            self._process = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
@@ -241,14 +206,6 @@ class LocalToolkitServer:
         if accept is not None:
             headers["Accept"] = accept
         return self.request("POST", "/invocations", body, headers)
-
-
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from inference_assets.container.predictor import SentimentPredictor
-from inference_assets.local.local_server import LocalToolkitServer, _group_alive
+from inference_assets.local.local_server import LocalToolkitServer
+from inference_assets.local.server_process import group_alive
 
 from .request_table import REQUESTS, TEST_LIMITS
 
@@ -43,12 +44,12 @@ def server(model_archive: Path) -> Iterator[LocalToolkitServer]:
         max_request_bytes=TEST_LIMITS.max_request_bytes,
     )
     local.start()
-    group = local._process.pid
+    group = local.process_group
     try:
         yield local
     finally:
         local.stop()
-    assert not _group_alive(group), "TorchServe, java or a worker outlived stop()"
+    assert not group_alive(group), "TorchServe, java or a worker outlived stop()"
 
 
 @pytest.fixture(scope="module")
@@ -196,6 +197,6 @@ def test_stopping_one_server_leaves_no_process_behind(model_archive: Path, serve
     with LocalToolkitServer(model_archive, workers=1) as other:
         assert other.port != server.port
         assert other.invoke(b'{"inputs": "two servers"}')[0] == 200
-        group = other._process.pid  # start_new_session: the group id is the supervisor pid
-    assert not _group_alive(group)
+        group = other.process_group  # start_new_session: the group id is the supervisor pid
+    assert not group_alive(group)
     assert server.ping() == 200
