@@ -297,6 +297,16 @@ def _render_section(section: Section, root: str) -> list[str]:
     return lines
 
 
+def _strictness(model: type[BaseModel]) -> str:
+    """What the model's configuration refuses besides bad values (unknown keys, values of the wrong JSON type)."""
+    sentences = []
+    if model.model_config.get("extra") == "forbid":
+        sentences.append(" A key the model does not know (a misspelling) is refused too.")
+    if model.model_config.get("strict"):
+        sentences.append(' Types are strict: `"2"` is not the number 2, `1` is not `true`.')
+    return "".join(sentences)
+
+
 def render(
     environment_model: type[BaseModel] | None = None,
     pipeline_model: type[BaseModel] | None = None,
@@ -317,10 +327,9 @@ def render(
         "# Settings reference",
         "",
         f"Every setting the platform reads, rendered from the settings model (`{module}`) and `cdk.json`. Settings are "
-        "validated once, before any stack is built: an unknown environment, a misspelled key, a wrong type or a value "
-        "that cannot work stops `cdk synth` with one sentence naming the key and what is allowed. Values are strict: "
-        '`"2"` is not the number 2. Regenerate this page after changing either file: '
-        f"`{REGENERATE}`.",
+        "validated once, before any stack is built: a setting that cannot work stops `cdk synth` with one sentence "
+        f"naming the key and what is allowed.{_strictness(environment_model)} Regenerate this page after changing "
+        f"either file: `{REGENERATE}`.",
         "",
         "## cdk.json",
         "",

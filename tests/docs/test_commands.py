@@ -48,6 +48,13 @@ def test_ci_runs_the_readmes_test_command() -> None:
     assert ".ci/run" in quick_start
 
 
+def test_the_pipeline_builds_with_the_readmes_commands() -> None:
+    from stacks.components.promotion_pipeline import SYNTH_COMMANDS
+
+    quick_start = README.read_text(encoding="utf-8").split("## Quick start")[1].split("\n## ")[0]
+    assert {command.removeprefix("make ") for command in SYNTH_COMMANDS} <= _make_commands(code(quick_start))
+
+
 def test_the_readme_lists_every_make_target_people_run() -> None:
     _, phony = _makefile_targets()
     assert phony - _make_commands(code(README.read_text(encoding="utf-8"))) == set()

@@ -165,6 +165,12 @@ def test_bounds_lists_and_maps(toy: str) -> None:
     assert _row(toy, "reasons")[1] == "map of string to string"
 
 
+def test_what_the_model_config_refuses_is_said_only_when_configured(toy: str) -> None:
+    assert "A key the model does not know (a misspelling) is refused too." in toy  # extra="forbid"
+    assert "Types are strict" not in toy  # the toy is not strict; the platform's settings are
+    assert "Types are strict" in settings_reference.render()
+
+
 def test_model_validators_are_named_with_their_docstring(toy: str) -> None:
     assert "`_Limits._ordered`: low must not exceed high." in toy
 
