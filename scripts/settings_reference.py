@@ -183,6 +183,11 @@ def _allowed(schema: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _dump(value: Any) -> Any:
+    """A default as JSON data (a model default as its fields' values)."""
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+
+
 def _validators(model: type[BaseModel]) -> tuple[dict[str, list[str]], list[str]]:
     """Field validators by field name, and the model validators' one-line descriptions."""
     decorators = model.__pydantic_decorators__
@@ -217,13 +222,15 @@ def _sections(
     for name, prop in schema["properties"].items():
         key = prefix + name
         branches, nullable = _branches(prop)
-        sub = next((models[_resolve(b, defs)["title"]] for b in branches if "$ref" in b), None)
+        sub = next((models[b["$ref"].rsplit("/", 1)[1]] for b in branches if "$ref" in b), None)
         if default is not None and name in default:
             value: Any = default[name]
         elif "default" in prop:
             value = prop["default"]
-        else:
-            value = None if name not in required else ...
+        elif name in required:
+            value = ...
+        else:  # a default_factory, which the JSON schema leaves out
+            value = _dump(model.model_fields[name].get_default(call_default_factory=True))
         if sub is not None:
             nested += _sections(sub, key + ".", value if isinstance(value, dict) else None, models, nullable)
             continue
@@ -253,12 +260,11 @@ def _flatten(
     raw: dict[str, Any], model: type[BaseModel], models: dict[str, type[BaseModel]], prefix: str = ""
 ) -> dict[str, str]:
     """An environment's cdk.json object as key -> shown value, descending only into nested settings models."""
-    defs = model.model_json_schema().get("$defs", {})
     props = model.model_json_schema()["properties"]
     flat: dict[str, str] = {}
     for name, value in raw.items():
         branches, _ = _branches(props.get(name, {}))
-        sub = next((models[_resolve(b, defs)["title"]] for b in branches if "$ref" in b), None)
+        sub = next((models[b["$ref"].rsplit("/", 1)[1]] for b in branches if "$ref" in b), None)
         if sub is not None and isinstance(value, dict):
             flat.update(_flatten(value, sub, models, f"{prefix}{name}."))
         elif isinstance(value, dict):  # a map such as accept_unpatched_images: its keys (the values are prose)

@@ -112,6 +112,8 @@ class _Toy(BaseModel):
     reasons: dict[str, str] = {}
     limits: _Limits = _Limits(high=7)
     optional_limits: _Limits | None = None
+    factory_limits: _Limits = Field(default_factory=lambda: _Limits(low=5))
+    factory_items: list[str] = Field(default_factory=lambda: ["a"])
 
     @field_validator("owner")
     @classmethod
@@ -154,6 +156,8 @@ def test_descriptions_come_from_the_field_then_from_comments(toy: str) -> None:
 def test_nested_defaults_are_the_ones_the_parent_sets(toy: str) -> None:
     assert _row(toy, "limits.high")[2] == "`7`"
     assert _row(toy, "optional_limits.high")[2] == "`2`"
+    assert _row(toy, "factory_limits.low")[2] == "`5`"  # a default_factory, which the JSON schema leaves out
+    assert _row(toy, "factory_items")[2] == '`["a"]`'
     assert "Optional (absent by default). Limits of something." in toy
 
 
