@@ -98,3 +98,8 @@ demo: $(DEV_INSTALLED)
 .PHONY: check-model
 check-model: $(DEV_INSTALLED)
 	$(BIN)/python -m inference_assets.tools.model_check --env $(or $(ENV),dev)
+
+## Regenerate docs/settings.md from the settings model and cdk.json (tests/docs fails while it is stale).
+.PHONY: docs
+docs: $(SYNTH_INSTALLED)
+	$(BIN)/python -m scripts.settings_reference
