@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -31,10 +33,30 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def cloud_assembly(tmp_path_factory: pytest.TempPathFactory):
-    """Every environment of cdk.json, synthesized with the compliance gates (a violation fails the session)."""
+    """Every environment of cdk.json, synthesized with the compliance gates (a violation fails the session).
+
+    Synthesized once per test run, not once per pytest-xdist worker: the first worker to get here synthesizes into
+    a directory all workers share (the parent of each worker's temp dir) while holding a lock, the others wait for it
+    and read the assembly from disk. A synthesis error is written next to it, so that every worker fails with it."""
+    from aws_cdk import cx_api
+
     from app import build_app
 
-    return build_app(context=cdk_context(), outdir=str(tmp_path_factory.mktemp("cdk.out"))).synth()
+    # Under xdist each worker's temp dir is <run's temp dir>/popen-gw<N>; without it, the run's own temp dir.
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    outdir, failure = shared / "cdk.out", shared / "cdk.out.error"
+    with (shared / "cdk.out.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if failure.exists():
+            pytest.fail(f"the app did not synthesize (in another worker):\n{failure.read_text()}")
+        if (outdir / "manifest.json").exists():
+            return cx_api.CloudAssembly(str(outdir))
+        try:
+            return build_app(context=cdk_context(), outdir=str(outdir)).synth()
+        except BaseException:
+            failure.write_text(traceback.format_exc())
+            raise
 
 
 @pytest.fixture(scope="session")
