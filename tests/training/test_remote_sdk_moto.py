@@ -15,13 +15,14 @@ What moto does not do, the harness does (test-only workarounds, none in product 
   job's log stream as SageMaker would.
 - The harness runs Python 3.11 while the default DLC tag is py313: it passes ``--image-uri`` with a py311 tag (the
   version check refuses a mismatch, as it must).
-- RemoteExecutor's polling intervals (1 s / 10 s) are set to 0.
+- RemoteExecutor's polling intervals (1 s / 10 s) and the job waiter's first sleep (5 s) are set to 0.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import io
 import json
 import os
@@ -218,6 +219,7 @@ def platform(
 ) -> Iterator[Platform]:
     """moto with the dev resources; every botocore call made by a principal is checked against its policies."""
     from sagemaker.core.remote_function import client as remote_client
+    from sagemaker.core.remote_function import job as remote_job
 
     for name, value in {"AWS_ACCESS_KEY_ID": "moto", "AWS_SECRET_ACCESS_KEY": "moto", "AWS_DEFAULT_REGION": REGION,
                         "SM_MODEL_DIR": str(tmp_path / "job" / "model")}.items():  # fmt: skip
@@ -228,6 +230,8 @@ def platform(
     monkeypatch.setattr(remote_train, "JOB_INPUT_DIR", tmp_path / "job" / "input")
     monkeypatch.setattr(remote_train, "train", _stub_train)
     monkeypatch.setattr(remote_client, "_API_CALL_LIMIT", dict.fromkeys(remote_client._API_CALL_LIMIT, 0))
+    # The SDK sleeps 5 s before its first DescribeTrainingJob; moto's job is complete at once.
+    monkeypatch.setattr(remote_job, "_wait_until", functools.partial(remote_job._wait_until, poll=0))
     boto3.DEFAULT_SESSION = None
     with moto.mock_aws():
         platform = _create_platform(templates, tmp_path)
