@@ -259,7 +259,7 @@ class PromotionPipelineStack(cdk.Stack):
         )
         # The endpoint stack's steps (the model check included) run after the stacks it depends on: Foundation
         # (the bucket) and this role.
-        endpoint.add_dependency(access)
+        endpoint.add_stack_dependency(access)
         return PromotionStage(
             stage,
             access=access,

@@ -218,6 +218,18 @@ class ImageBuild(Construct):
                     actions=list(PULL_ACTIONS),
                 )
             )
+        cast(cdk.CfnResource, self.repository.node.default_child).add_metadata(
+            "checkov",
+            {
+                "skip": [
+                    {
+                        "id": "CKV_AWS_32",
+                        "comment": "The policy's only '*' principal is in a Deny (every ECR action for principals "
+                        "outside the platform's accounts); its only Allow names the environment accounts.",
+                    }
+                ]
+            },
+        )
         self.repository.add_to_resource_policy(
             iam.PolicyStatement(
                 sid="DenyOutsideThePlatformAccounts",

@@ -251,7 +251,7 @@ class PromotionPipeline(Construct):
             )
         for stack in promotion.stage.node.children:
             if isinstance(stack, cdk.Stack) and stack is not access and built_images(stack):
-                stack.add_dependency(access, "reads the image digests the pipeline publishes after this stack")
+                stack.add_stack_dependency(access, "reads the image digests the pipeline publishes after this stack")
         publish = self._cross_account_step(
             f"PublishImages-{environment.name}",
             environment,
