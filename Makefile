@@ -73,11 +73,12 @@ test: install
 	$(MAKE) --no-print-directory lint
 	$(BIN)/pytest
 
-## ruff (lint rules and formatting) and mypy (configured in pyproject.toml).
+## ruff (lint rules and formatting), mypy (configured in pyproject.toml) and hadolint on every Dockerfile.
 lint: $(DEV_INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/hadolint --no-color $(wildcard *_assets/*/Dockerfile)
 
 clean:
 	rm -rf cdk.out .pytest_cache

@@ -1,8 +1,8 @@
 """The promotion pipeline stack (tooling account) and the stack it deploys into each environment for its checks.
 
-The pipeline itself (source, synth, self-mutation, stages, model check, smoke test, approval) is the
+The pipeline itself (source, synth, self-mutation, image builds, stages, model check, smoke test, approval) is the
 PromotionPipeline construct (stacks/components/promotion_pipeline.py); this module composes it with the platform's
-stages.
+stages and the platform's images (``platform_images``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,11 @@ from typing import Any, cast
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
+from aws_cdk import region_info
 from constructs import Construct
 
+from platform_facts.images import ImageFact, PatchStatus, image_facts
+from stacks.components.image_builds import Architecture, BaseRegistry, ImageDefinition, image_parameter_name
 from stacks.components.promotion_pipeline import (
     EXPECTED_LABELS,
     KEEP_LOGICAL_IDS,
@@ -27,18 +30,72 @@ from stacks.components.promotion_pipeline import (
     smoke_test_role_name,
     smoke_tested,
 )
+from stacks.image_patching import CheckedImage, ImageUse, record_images
 from stacks.platform_stage import PlatformStage
-from stacks.settings import EnvironmentSettings, PipelineSettings
+from stacks.settings import EnvironmentSettings, PipelineSettings, SettingsError
 
 # The pipeline's commands and versions live with the construct; named here too for the stack's readers and tests.
 __all__ = ["EXPECTED_LABELS", "SYNTH_COMMANDS", "PromotionPipelineStack", "SmokeTestAccessStack", "cdk_cli_version"]
+
+TRAINING_IMAGE = "training"
+SERVING_IMAGE = "graviton-serving"
+# The DLC repository the training image extends (its tag: training_base() from platform_facts/images.json).
+TRAINING_DLC_REPOSITORY = "pytorch-training"
+
+
+def training_base(today: date) -> ImageFact:
+    """The training image's base: the EC2 flavour of the PyTorch training DLC with the latest end of patching in
+    platform_facts/images.json (the table is the one place a DLC tag is chosen). Past its end, synth stops."""
+    candidates = [
+        fact
+        for fact in image_facts().values()
+        if fact.repository == TRAINING_DLC_REPOSITORY and fact.tag.endswith("-ec2") and fact.end_of_patching
+    ]
+    if not candidates:
+        raise SettingsError(f"platform_facts/images.json: no {TRAINING_DLC_REPOSITORY} image of the EC2 flavour.")
+    newest = max(candidates, key=lambda fact: cast(date, fact.end_of_patching))
+    if newest.status(today) is PatchStatus.ENDED:
+        raise SettingsError(
+            f"platform_facts/images.json: the newest {TRAINING_DLC_REPOSITORY} image, {newest.image}, ended patching "
+            f"on {newest.end_of_patching}, so the training image would get no security fixes; add its successor "
+            f"({newest.replacement})."
+        )
+    return newest
+
+
+def platform_images(scope: Construct, today: date) -> list[ImageDefinition]:
+    """The images the pipeline builds: the training image every node pulls by digest (x86_64, on the training DLC)
+    and the Graviton serving image (arm64, on Amazon Linux 2023). Paths are relative to the repository root."""
+    stack = cdk.Stack.of(scope)
+    dlc_account = stack.regional_fact(region_info.FactName.DLC_REPOSITORY_ACCOUNT)
+    base = training_base(today)
+    return [
+        ImageDefinition(
+            name=TRAINING_IMAGE,
+            context="training_assets",
+            dockerfile="training_assets/image/Dockerfile",
+            architecture=Architecture.X86_64,
+            build_args={
+                "DLC_REGISTRY": f"{dlc_account}.dkr.ecr.{stack.region}.{stack.url_suffix}",
+                "BASE_TAG": base.tag,
+            },
+            base_registries=[BaseRegistry(account=dlc_account, repository=TRAINING_DLC_REPOSITORY)],
+        ),
+        ImageDefinition(
+            name=SERVING_IMAGE,
+            context="inference_assets",
+            dockerfile="inference_assets/image/Dockerfile",
+            architecture=Architecture.ARM64,
+        ),
+    ]
 
 
 class SmokeTestAccessStack(cdk.Stack):
     """In the environment's account: the role the pipeline's steps assume there (CodeBuild runs in the tooling
     account; without this role it could not reach a cross-account endpoint or bucket), and nothing more:
-    look up the one model archive the endpoint will serve (pre-deploy model check) and, given ``endpoint_name``,
-    describe and invoke that endpoint (smoke test)."""
+    write the digests of the ``images`` the pipeline built into their parameters, look up the one model archive the
+    endpoint will serve (pre-deploy model check, given ``model_bucket`` and ``model_key``) and, given
+    ``endpoint_name``, describe and invoke that endpoint (smoke test)."""
 
     def __init__(
         self,
@@ -47,9 +104,10 @@ class SmokeTestAccessStack(cdk.Stack):
         *,
         settings: EnvironmentSettings,
         tooling_account: str,
-        model_bucket: s3.IBucket,
-        model_key: str,
+        model_bucket: s3.IBucket | None = None,
+        model_key: str | None = None,
         endpoint_name: str | None = None,
+        images: Sequence[str] = (),
     ) -> None:
         super().__init__(
             scope,
@@ -64,6 +122,29 @@ class SmokeTestAccessStack(cdk.Stack):
             description="Assumed by the promotion pipeline's model-check and smoke-test steps (tooling account)",
             max_session_duration=cdk.Duration.hours(1),
         )
+        if images:
+            publish = iam.ManagedPolicy(
+                self,
+                "ImagePromotionPolicy",
+                description="Write the digests of the images the pipeline promotes to this environment",
+                statements=[
+                    iam.PolicyStatement(
+                        sid="WriteTheImageParameters",
+                        actions=["ssm:PutParameter"],
+                        resources=[
+                            self.format_arn(
+                                service="ssm",
+                                resource="parameter",
+                                resource_name=image_parameter_name(settings.tags.project, image).lstrip("/"),
+                            )
+                            for image in images
+                        ],
+                    )
+                ],
+            )
+            publish.attach_to_role(self.role)
+        if model_bucket is None or model_key is None:
+            return
         # HeadObject needs s3:GetObject; without s3:ListBucket S3 answers a missing key with 403 instead of 404.
         folder = model_key.rsplit("/", 1)[0] + "/"
         model_check = iam.ManagedPolicy(
@@ -130,9 +211,21 @@ class PromotionPipelineStack(cdk.Stack):
         self.settings = settings
         self.stage_class = stage_class
         self.today = today  # the date the stages check their images' patch windows against (None: the clock's)
+        checked_on = today or date.today()
+        images = platform_images(self, checked_on)
+        self.image_names = [image.name for image in images]
         self.promotion = PromotionPipeline(
-            self, KEEP_LOGICAL_IDS, settings=settings, environments=environments, stage_factory=self._stage
+            self,
+            KEEP_LOGICAL_IDS,
+            settings=settings,
+            environments=environments,
+            stage_factory=self._stage,
+            images=images,
         )
+        # The base the platform's training image extends, with its patch window, as the stages record theirs.
+        base = training_base(checked_on)
+        use = ImageUse(self.node.id, f"images.{TRAINING_IMAGE} (base)", base.image)
+        record_images(self, [CheckedImage(use, base, None)], checked_on)
         self.key = self.promotion.key
         self.artifact_bucket = self.promotion.artifact_bucket
         self.build_logs = self.promotion.build_logs
@@ -141,12 +234,15 @@ class PromotionPipelineStack(cdk.Stack):
         self.stages = self.promotion.stages
 
     def _stage(self, scope: Construct, environment: EnvironmentSettings) -> PromotionStage:
-        """The environment's PlatformStage; once it serves a named model version, also the role the pipeline's model
-        check and smoke test assume there."""
+        """The environment's PlatformStage and the role the pipeline's steps assume there (publishing the images'
+        digests; once the stage serves a named model version, also its model check and smoke test)."""
         stage = self.stage_class(scope, environment, construct_id=environment.name, today=self.today)
         endpoint = getattr(stage, "graviton_endpoint", None)
         if endpoint is None:
-            return PromotionStage(stage)
+            access = SmokeTestAccessStack(
+                stage, "SmokeTestAccess", settings=environment, tooling_account=self.account, images=self.image_names
+            )
+            return PromotionStage(stage, access=access)
         model_key = environment.graviton_endpoint.model_data_key
         if model_key is None:  # PlatformStage builds the endpoint only once a model version is named
             raise RuntimeError(f"{stage.node.path}: a Graviton endpoint without graviton_endpoint.model_data_key")
@@ -159,13 +255,15 @@ class PromotionPipelineStack(cdk.Stack):
             model_bucket=foundation.artifacts_bucket,
             model_key=model_key,
             endpoint_name=endpoint.sagemaker_endpoint.fixed_name if smoke_tested(environment) else None,
+            images=self.image_names,
         )
         # The endpoint stack's steps (the model check included) run after the stacks it depends on: Foundation
         # (the bucket) and this role.
-        endpoint.add_dependency(access)
+        endpoint.add_stack_dependency(access)
         return PromotionStage(
             stage,
-            ModelEndpoint(
+            access=access,
+            endpoint=ModelEndpoint(
                 stack=endpoint,
                 model_key=model_key,
                 bucket_name=cast(cdk.CfnOutput, foundation.node.find_child("ArtifactsBucketName")),

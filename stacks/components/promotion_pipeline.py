@@ -3,6 +3,11 @@
 One synth step builds and tests the app and writes ``cdk.out``; every stage deploys the templates of that same
 assembly, so what reaches prod is byte for byte what was deployed and smoke-tested in staging. The pipeline updates
 itself first (self-mutation) whenever the pipeline definition changes.
+
+The platform's own images (stacks/components/image_builds.py) are built the same way: once per execution, in the
+``Images`` wave after self-mutation, each pushed by digest; before a stage's stacks read them, a step in that stage
+writes the digests of this execution into the environment's SSM parameters, so prod runs the digest staging ran.
+A weekly schedule starts the pipeline, so patched base images are promoted like a commit.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from aws_cdk import pipelines
 from constructs import Construct
 
 from stacks.compliance import acknowledge, acknowledge_wildcards, add_template_aspects
+from stacks.components.image_builds import ImageBuilds, ImageDefinition, built_images, publish_commands
 from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
 from stacks.settings import EnvironmentSettings, PipelineSettings, SettingsError
 
@@ -67,10 +73,13 @@ class ModelEndpoint:
 
 @dataclass(frozen=True)
 class PromotionStage:
-    """An environment's stage, and its model endpoint (None while the stage serves no named model version)."""
+    """An environment's stage, its model endpoint (None while the stage serves no named model version) and the stack
+    that deploys the role named ``smoke_test_role_name()`` there (needed whenever the pipeline builds images: the
+    role publishes their digests, after ``access`` deploys and before any stack that reads a ``BuiltImage``)."""
 
     stage: cdk.Stage
     endpoint: ModelEndpoint | None = None
+    access: cdk.Stack | None = None
 
 
 # Builds an environment's stage in the given scope, with the environment's name as its id.
@@ -81,7 +90,8 @@ class PromotionPipeline(Construct):
     """Self-mutating CDK pipeline: source -> synth (tests + gates) -> one stage per environment, in promotion order.
 
     Prod waits for a manual approval; before a stage's endpoint stack deploys, a model check looks up its archive;
-    after every stage but prod, a smoke test invokes the endpoint. Give it the id ``KEEP_LOGICAL_IDS``."""
+    after every stage but prod, a smoke test invokes the endpoint. ``images`` are built once per execution before
+    the first stage and promoted with it (module docstring). Give it the id ``KEEP_LOGICAL_IDS``."""
 
     def __init__(
         self,
@@ -91,8 +101,10 @@ class PromotionPipeline(Construct):
         settings: PipelineSettings,
         environments: Sequence[EnvironmentSettings],
         stage_factory: StageFactory,
+        images: Sequence[ImageDefinition] = (),
     ) -> None:
         _check_regions(settings, environments)
+        project = _one_project(environments) if images else ""
         super().__init__(scope, construct_id)
         stack = cdk.Stack.of(self)
         self.settings = settings
@@ -162,6 +174,19 @@ class PromotionPipeline(Construct):
                 ),
             ),
         )
+        self.images: ImageBuilds | None = None
+        if images:
+            self.images = ImageBuilds(
+                self,
+                "Images",
+                project=project,
+                images=images,
+                source_root=_REPO_ROOT,
+                key=self.key,
+                log_group=self.build_logs,
+                pull_accounts=[environment.account for environment in environments if environment.account],
+            )
+            self.pipeline.add_wave("Images", pre=self.images.steps(self.source))
         self.stages: list[cdk.Stage] = []
         for environment in environments:
             # In the stack, beside this construct, not under it: a stage's construct path names its cloud assembly
@@ -170,9 +195,12 @@ class PromotionPipeline(Construct):
             add_template_aspects(promotion.stage)
             pre = [self._approval(environment)] if environment.name == "prod" else []
             stack_steps, post = self._endpoint_steps(environment, promotion.endpoint)
+            stack_steps += self._image_steps(environment, promotion)
             self.pipeline.add_stage(promotion.stage, pre=pre, post=post, stack_steps=stack_steps)
             self.stages.append(promotion.stage)
         self.pipeline.build_pipeline()
+        if self.images is not None:
+            self.images.rebuild_weekly(self.pipeline.pipeline)
         self._acknowledge_generated()
         self._lint_clean_pipeline()
 
@@ -210,27 +238,52 @@ class PromotionPipeline(Construct):
             )
         return [pipelines.StackSteps(stack=endpoint.stack, pre=[check])], post
 
+    def _image_steps(self, environment: EnvironmentSettings, promotion: PromotionStage) -> list[pipelines.StackSteps]:
+        """Right after the stage's access stack deploys its role: write this execution's image digests into the
+        environment's parameters; every stack of the stage that reads a BuiltImage deploys after that."""
+        if self.images is None:
+            return []
+        access = promotion.access
+        if access is None:
+            raise ValueError(
+                f"{promotion.stage.node.path}: the pipeline builds images, so the stage must deploy the role named "
+                "smoke_test_role_name() in a stack given as PromotionStage.access"
+            )
+        for stack in promotion.stage.node.children:
+            if isinstance(stack, cdk.Stack) and stack is not access and built_images(stack):
+                stack.add_stack_dependency(access, "reads the image digests the pipeline publishes after this stack")
+        publish = self._cross_account_step(
+            f"PublishImages-{environment.name}",
+            environment,
+            env=self.images.promotion_env(),
+            env_from_cfn_outputs={},
+            command=publish_commands(self.images.project, list(self.images.builds), environment.region),
+        )
+        return [pipelines.StackSteps(stack=access, post=[publish])]
+
     def _cross_account_step(
         self,
         step_id: str,
         environment: EnvironmentSettings,
         *,
         env_from_cfn_outputs: dict[str, cdk.CfnOutput],
-        command: str,
+        command: str | Sequence[str],
+        env: dict[str, str] | None = None,
     ) -> pipelines.CodeBuildStep:
-        """A CodeBuild step that runs ``command`` as the environment account's pipeline role."""
+        """A CodeBuild step that runs ``command`` (or each of several) as the environment account's pipeline role."""
         role_arn = self._smoke_role_arn(environment)
+        commands = [command] if isinstance(command, str) else list(command)
         return pipelines.CodeBuildStep(
             step_id,
             input=self.source,
-            env={"SMOKE_TEST_ROLE_ARN": role_arn},
+            env={"SMOKE_TEST_ROLE_ARN": role_arn, **(env or {})},
             env_from_cfn_outputs=env_from_cfn_outputs,
             role_policy_statements=[iam.PolicyStatement(actions=["sts:AssumeRole"], resources=[role_arn])],
             install_commands=["pip install \"$(grep -E '^boto3==' requirements-dev.txt)\""],
             commands=[
                 f'aws configure set profile.{SMOKE_TEST_PROFILE}.role_arn "$SMOKE_TEST_ROLE_ARN"',
                 f"aws configure set profile.{SMOKE_TEST_PROFILE}.credential_source EcsContainer",
-                f"AWS_PROFILE={SMOKE_TEST_PROFILE} {command}",
+                *(f"AWS_PROFILE={SMOKE_TEST_PROFILE} {line}" for line in commands),
             ],
         )
 
@@ -244,34 +297,40 @@ class PromotionPipeline(Construct):
         Acknowledge each wildcard statement with the reason that applies to its kind; an unknown kind stops synth,
         so a new wildcard from a CDK upgrade gets reviewed instead of slipping through."""
         stack = cdk.Stack.of(self)
-        for policy in self.pipeline.node.find_all():
-            if policy.node.id != "DefaultPolicy" or not isinstance(policy, iam.Policy):
+        inline = {
+            "CDK Pipelines generates one role per action or CodeBuild project, its grants in one inline policy.": (
+                self.pipeline
+            ),
+            "An image build's role: CDK writes its grants (own repository, the pipeline action's artifact bucket and "
+            "key, build logs) into the role's one inline policy.": self.images,
+        }
+        for reason, scope in inline.items():
+            for policy in scope.node.find_all() if scope is not None else []:
+                if policy.node.id == "DefaultPolicy" and isinstance(policy, iam.Policy):
+                    self._acknowledge_generated_policy(stack, policy, reason)
+
+    def _acknowledge_generated_policy(self, stack: cdk.Stack, policy: iam.Policy, inline_reason: str) -> None:
+        acknowledge(policy, inline_reason, "NIST.800.53.R5-IAMNoInlinePolicy")
+        document = stack.resolve(policy.document.to_json())
+        reasoned: list[tuple[iam.PolicyStatement, str]] = []
+        for statement in document["Statement"]:
+            if "*" not in json.dumps(statement):
                 continue
-            acknowledge(
-                policy,
-                "CDK Pipelines generates one role per action or CodeBuild project, its grants in one inline policy.",
-                "NIST.800.53.R5-IAMNoInlinePolicy",
-            )
-            document = stack.resolve(policy.document.to_json())
-            reasoned: list[tuple[iam.PolicyStatement, str]] = []
-            for statement in document["Statement"]:
-                if "*" not in json.dumps(statement):
-                    continue
-                reason = _generated_wildcard_reason(statement)
-                if reason is None:
-                    raise ValueError(f"{policy.node.path}: unreviewed wildcard statement {json.dumps(statement)}")
-                if statement["Resource"] == "*" and "codebuild:StartBuild" in _as_list(statement["Action"]):
-                    # checkov reads its exceptions from the template metadata of the resource they excuse.
-                    policy.node.default_child.add_metadata(
-                        "checkov", {"skip": [{"id": "CKV_AWS_111", "comment": _ASSET_BUILDS_REASON}]}
-                    )
-                # Rebuilt from the resolved JSON (intrinsics as tokens) so the finding ids match the synthesized policy.
-                rebuilt = iam.PolicyStatement(
-                    actions=_as_list(statement["Action"]),
-                    resources=[cdk.Token.as_string(r) for r in _as_list(statement["Resource"])],
+            reason = _generated_wildcard_reason(statement)
+            if reason is None:
+                raise ValueError(f"{policy.node.path}: unreviewed wildcard statement {json.dumps(statement)}")
+            if statement["Resource"] == "*" and "codebuild:StartBuild" in _as_list(statement["Action"]):
+                # checkov reads its exceptions from the template metadata of the resource they excuse.
+                policy.node.default_child.add_metadata(
+                    "checkov", {"skip": [{"id": "CKV_AWS_111", "comment": _ASSET_BUILDS_REASON}]}
                 )
-                reasoned.append((rebuilt, reason))
-            acknowledge_wildcards(policy, *reasoned)
+            # Rebuilt from the resolved JSON (intrinsics as tokens) so the finding ids match the synthesized policy.
+            rebuilt = iam.PolicyStatement(
+                actions=_as_list(statement["Action"]),
+                resources=[cdk.Token.as_string(r) for r in _as_list(statement["Resource"])],
+            )
+            reasoned.append((rebuilt, reason))
+        acknowledge_wildcards(policy, *reasoned)
 
     def _lint_clean_pipeline(self) -> None:
         """cfn-lint (1.58) reports the deploy actions' Fn::Join role ARNs as E3703 and the pipeline's DependsOn on its
@@ -289,6 +348,19 @@ class PromotionPipeline(Construct):
             cdk.CfnElement, self.pipeline.pipeline.role.node.find_child("DefaultPolicy").node.default_child
         )
         cfn_pipeline.add_override("DependsOn", [stack.get_logical_id(role_policy)])
+
+
+def _one_project(environments: Sequence[EnvironmentSettings]) -> str:
+    """The project name the image repositories and parameters carry: one for every environment the pipeline
+    promotes through (each environment reads the repository the pipeline pushes to)."""
+    projects = {environment.tags.project for environment in environments}
+    if len(projects) != 1:
+        names = ", ".join(f"{e.name}: {e.tags.project}" for e in environments)
+        raise SettingsError(
+            f"environments.*.tags.project: the promotion pipeline builds one set of images, so every environment "
+            f"needs the same project name (now {names})."
+        )
+    return projects.pop()
 
 
 def _check_regions(settings: PipelineSettings, environments: Sequence[EnvironmentSettings]) -> None:
@@ -329,6 +401,8 @@ _GENERATED_WILDCARD_REASONS = {
     "group.",
     frozenset({"codebuild"}): "CodeBuild creates test-report groups and reports per build under generated names; "
     + _ASSET_BUILDS_REASON,
+    frozenset({"ecr"}): "ecr:GetAuthorizationToken has no resource-level permissions (Service Authorization "
+    "Reference); an image build logs in to ECR with it, and may push only to its own repository.",
     frozenset({"sts"}): "Self-mutation assumes only CDK bootstrap roles (condition on the aws-cdk:bootstrap-role tag); "
     "their names end in the bootstrap qualifier, account and region.",
 }

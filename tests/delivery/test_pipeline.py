@@ -153,7 +153,7 @@ def test_smoke_test_calls_the_endpoint_client_after_the_deployment(
         for s in r["Properties"]["PolicyDocument"]["Statement"]
         if s["Action"] == "sts:AssumeRole" and s["Resource"] == role_arn
     ]
-    assert len(grants) == 2, "the smoke test's and the model check's projects"
+    assert len(grants) == 3, "the smoke test's, the model check's and the image publication's projects"
 
 
 def test_prod_has_no_smoke_test(stages: dict[str, Any]) -> None:

@@ -1,0 +1,184 @@
+"""Every Dockerfile of the repository: hadolint finds nothing, every pip install reads only pinned requirements files
+of the repository (the versions the tests run on), and the images the pipeline builds start from the bases the
+platform's facts choose."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import shlex
+import subprocess
+import sys
+from datetime import date
+from pathlib import Path
+
+import aws_cdk as cdk
+import pytest
+from packaging.version import Version
+
+from stacks.components.image_builds import Architecture
+from stacks.pipeline import SERVING_IMAGE, TRAINING_IMAGE, platform_images, training_base
+
+ROOT = Path(__file__).resolve().parents[2]
+HADOLINT = Path(sys.executable).parent / "hadolint"
+TODAY = date(2026, 12, 5)
+
+
+STACK = cdk.Stack(cdk.App(), "Images", env=cdk.Environment(account="999999999999", region="us-west-2"))
+DEFINITIONS = {definition.name: definition for definition in platform_images(STACK, TODAY)}
+# Dockerfile -> its build context: the pipeline's images, and the one each training node still builds itself
+# (training_assets/instance/ec2_run.sh: docker build ... training_assets/instance/).
+CONTEXTS = {
+    **{ROOT / d.dockerfile: ROOT / d.context for d in DEFINITIONS.values()},  # type: ignore[attr-defined]
+    ROOT / "training_assets/instance/Dockerfile": ROOT / "training_assets/instance",
+}
+DOCKERFILES = sorted(path for path in ROOT.glob("*_assets/**/Dockerfile"))
+
+
+def test_every_dockerfile_has_a_known_context() -> None:
+    assert DOCKERFILES and set(DOCKERFILES) == set(CONTEXTS)
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_hadolint_finds_nothing(dockerfile: Path) -> None:
+    result = subprocess.run([str(HADOLINT), "--no-color", str(dockerfile)], capture_output=True, text=True, check=False)
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+def test_hadolint_reports_what_it_finds(tmp_path: Path) -> None:
+    """The lint above can fail: the same binary and flags report a Dockerfile that changes directory with cd."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM public.ecr.aws/amazonlinux/amazonlinux:2023\nRUN cd /tmp && touch x\n")
+    result = subprocess.run([str(HADOLINT), "--no-color", str(bad)], capture_output=True, text=True, check=False)
+    assert result.returncode == 1 and "DL3003" in result.stdout
+
+
+def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    joined, current = [], ""
+    for line in dockerfile.read_text().splitlines():
+        if line.strip().startswith("#") and not current:
+            continue
+        if line.rstrip().endswith("\\"):
+            current += line.rstrip()[:-1] + " "
+            continue
+        current += line
+        if current.strip():
+            joined.append(current.strip())
+        current = ""
+    return [(text.split(None, 1)[0].upper(), text.split(None, 1)[1] if " " in text else "") for text in joined]
+
+
+def _pip_requirement_files(dockerfile: Path) -> list[Path]:
+    """The repository files every ``pip install`` of ``dockerfile`` reads with -r/-c, found through the COPY
+    instructions that put them where the RUN reads them (WORKDIR-relative); fails on a package named directly."""
+    context = CONTEXTS[dockerfile]
+    workdir, copied, files = "/", {}, []
+    for instruction, arguments in _instructions(dockerfile):
+        if instruction == "WORKDIR":
+            workdir = arguments if arguments.startswith("/") else f"{workdir.rstrip('/')}/{arguments}"
+        elif instruction == "COPY":
+            *sources, destination = shlex.split(arguments)
+            folder = destination in (".", "./") or destination.endswith("/") or len(sources) > 1
+            target = destination if destination.startswith("/") else f"{workdir.rstrip('/')}/{destination}"
+            target = target.removesuffix("/.").rstrip("/")
+            for source in sources:
+                copied[f"{target}/{Path(source).name}" if folder else target] = context / source
+        elif instruction == "RUN":
+            words_of_run = shlex.split(arguments)
+            commands: list[list[str]] = [[]]
+            for word in words_of_run:
+                if word in ("&&", ";", "||"):
+                    commands.append([])
+                else:
+                    commands[-1].append(word)
+            for words in commands:
+                if "pip" not in words or "install" not in words:
+                    continue
+                rest = words[words.index("install") + 1 :]
+                while rest:
+                    word = rest.pop(0)
+                    if word in ("-r", "--requirement", "-c", "--constraint"):
+                        name = rest.pop(0)
+                        container_path = name if name.startswith("/") else f"{workdir.rstrip('/')}/{name}"
+                        assert container_path in copied, f"{dockerfile}: {name} is not copied from the repository"
+                        files.append(copied[container_path])
+                    else:
+                        assert word.startswith("-"), f"{dockerfile}: pip install names {word} instead of a pinned file"
+    return files
+
+
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^=\s;]+)$")
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_pip_install_reads_pinned_files_of_the_repository(dockerfile: Path) -> None:
+    files = _pip_requirement_files(dockerfile)
+    assert files, f"{dockerfile} installs nothing with pip from a requirements file"
+    for path in files:
+        assert path.is_file() and ROOT in path.parents, path
+        lines = [line.strip() for line in path.read_text().splitlines()]
+        requirements = [line for line in lines if line and not line.startswith("#")]
+        assert requirements, path
+        unpinned = [line for line in requirements if not PIN.match(line)]
+        assert unpinned == [], f"{path.relative_to(ROOT)}: not pinned with ==: {unpinned}"
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        if match := PIN.match(line.strip()):
+            pins[re.sub(r"[-_.]+", "-", match[1].lower())] = match[2]
+    return pins
+
+
+def test_serving_image_pins_are_the_versions_the_tests_run_on() -> None:
+    """The image's model runtime and server layer: each pin is the version installed where the tests run (from
+    requirements-dev.txt, directly or as its dependency), so the local integration tests exercise the same code."""
+    tested = _pins(ROOT / "requirements-dev.txt")
+    files = [ROOT / "inference_assets/image/requirements.txt", ROOT / "inference_assets/image/requirements-server.txt"]
+    assert set(_pip_requirement_files(ROOT / "inference_assets/image/Dockerfile")) >= set(files)
+    for path in files:
+        for package, version in _pins(path).items():
+            # The public version: the x86 CPU wheel of torch carries the local label +cpu, PyPI's aarch64 wheel none.
+            installed = Version(importlib.metadata.version(package)).public
+            assert installed == version, f"{path.name}: {package}"
+            if package in tested:
+                assert tested[package] == version, f"{path.name}: {package} differs from requirements-dev.txt"
+    assert _pins(files[0])["torch"] == tested["torch"]
+
+
+def test_training_image_extends_the_dlc_the_facts_table_chooses() -> None:
+    training = DEFINITIONS[TRAINING_IMAGE]
+    assert training.architecture is Architecture.X86_64  # type: ignore[attr-defined]
+    base = training_base(TODAY)
+    assert base.image == "pytorch-training:2.10.0-gpu-py313-cu130-ubuntu22.04-ec2"
+    assert training.build_args["BASE_TAG"] == base.tag  # type: ignore[attr-defined]
+    registry = STACK.resolve(training.build_args["DLC_REGISTRY"])  # type: ignore[attr-defined]
+    assert registry == {"Fn::Join": ["", ["763104351884.dkr.ecr.us-west-2.", {"Ref": "AWS::URLSuffix"}]]}
+    instructions = _instructions(ROOT / training.dockerfile)  # type: ignore[attr-defined]
+    # No default tag in the Dockerfile: the table is the one place a tag is chosen.
+    assert instructions[:3] == [("ARG", "DLC_REGISTRY"), ("ARG", "BASE_TAG"),
+                                ("FROM", "${DLC_REGISTRY}/pytorch-training:${BASE_TAG}")]  # fmt: skip
+    # The same pinned file the EC2 nodes' image and the tests use, and the training package's modules.
+    assert _pip_requirement_files(ROOT / training.dockerfile) == [ROOT / "training_assets/instance/requirements.txt"]  # type: ignore[attr-defined]
+    copied = {word for instruction, arguments in instructions if instruction == "COPY" for word in arguments.split()}
+    # Every module of the training package (the log shipper runs on the host), as tests/training/test_container.py
+    # asks of the instance Dockerfile.
+    modules = {p.name for p in (ROOT / "training_assets/instance").glob("*.py") if p.name != "ship_logs.py"}
+    assert modules and {f"instance/{module}" for module in modules} <= copied
+
+
+def test_training_image_refuses_a_base_past_its_end_of_patching() -> None:
+    with pytest.raises(Exception, match=r"ended patching on 2027-01-21, so the training image would get no security"):
+        training_base(date(2027, 2, 1))
+
+
+def test_serving_image_is_arm64_on_amazon_linux_2023() -> None:
+    serving = DEFINITIONS[SERVING_IMAGE]
+    assert serving.architecture is Architecture.ARM64  # type: ignore[attr-defined]
+    instructions = _instructions(ROOT / serving.dockerfile)  # type: ignore[attr-defined]
+    assert instructions[0] == ("FROM", "public.ecr.aws/amazonlinux/amazonlinux:2023")
+    # Patched at every build: the base moves to the newest AL2023 release before anything is installed.
+    assert instructions[1][0] == "RUN" and instructions[1][1].startswith("dnf upgrade -y --releasever=latest")
+    assert instructions[-1][0] == "ENTRYPOINT"
