@@ -73,11 +73,12 @@ test: install
 	$(MAKE) --no-print-directory lint
 	$(BIN)/pytest
 
-## ruff (lint rules and formatting) and mypy (configured in pyproject.toml).
+## ruff (lint rules and formatting), mypy, and the import layers (import-linter; all configured in pyproject.toml).
 lint: $(DEV_INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf cdk.out .pytest_cache
