@@ -98,8 +98,9 @@ def _gpu_runs_the_image(type_key: str, instance_type: str, tag_key: str, image_t
     """Refuse a GPU the training image or bf16 cannot use, naming the key and the families that can."""
     facts = lookup(instance_type)
     gpu = facts.gpu if facts else None
-    if facts is None or gpu is None:
+    if facts is None or gpu is None or gpu.compute_capability is None:
         return
+    capability = gpu.compute_capability
     cuda = _CUDA_IN_TAG.search(image_tag)
     needs = [
         (minimum, why)
@@ -108,7 +109,7 @@ def _gpu_runs_the_image(type_key: str, instance_type: str, tag_key: str, image_t
              bool(cuda and int(cuda["major"]) >= 13)),
             (BF16_MIN_COMPUTE_CAPABILITY, "training.hyperparameters.bf16", bf16),
         )
-        if applies and gpu.compute_capability < minimum
+        if applies and capability < minimum
     ]  # fmt: skip
     if needs:
         minimum = max(need[0] for need in needs)
