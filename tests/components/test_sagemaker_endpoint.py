@@ -161,7 +161,7 @@ def test_config_is_encrypted_and_the_endpoint_keeps_scaled_counts(single) -> Non
 
 
 @pytest.mark.parametrize(
-    "instance_type", ["ml.c6gd.2xlarge", "ml.c5d.xlarge", "ml.g5.xlarge", "ml.m5dn.xlarge", "ml.r5dn.xlarge"]
+    "instance_type", ["ml.c6gd.2xlarge", "ml.c5d.xlarge", "ml.g5.xlarge", "ml.m5d.xlarge", "ml.r5d.xlarge"]
 )
 def test_types_with_local_nvme_get_no_config_key(instance_type: str) -> None:
     stack, _ = _endpoint(instance_type)
