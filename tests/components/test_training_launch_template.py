@@ -118,7 +118,7 @@ def test_efa_interfaces_follow_the_types_network_cards(instance_type: str, cards
 
 
 def test_efa_on_a_type_without_it_is_refused() -> None:
-    with pytest.raises(ValueError, match="g6e.xlarge has no Elastic Fabric Adapter"):
+    with pytest.raises(ValueError, match=r"g6e\.xlarge has no Elastic Fabric Adapter"):
         _build(instance_type="g6e.xlarge", efa=True, nodes=2)
 
 
