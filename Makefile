@@ -73,12 +73,14 @@ test: install
 	$(MAKE) --no-print-directory lint
 	$(BIN)/pytest
 
-## ruff (lint rules and formatting), mypy (configured in pyproject.toml) and hadolint on every Dockerfile.
+## ruff (lint rules and formatting), mypy, the import layers (import-linter; all configured in pyproject.toml)
+## and hadolint on every Dockerfile.
 lint: $(DEV_INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/hadolint --no-color $(wildcard *_assets/*/Dockerfile)
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf cdk.out .pytest_cache

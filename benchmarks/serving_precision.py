@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from benchmarks.serving_latency import RESULTS, _cpu_name, build_model
+from inference_assets.container.contract import Limits
 from inference_assets.container.predictor import RuntimeOptions, SentimentPredictor
-from inference_assets.container.protocol import Limits
 from inference_assets.tools.endpoint_environment import endpoint_environment
 from training_assets.tiny_model import SAMPLE_DATA
 
@@ -98,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
             for size in (1, 16)
             for name, predictor in (("fp32", fp32), ("bf16 autocast", bf16))
         }
-        # The largest request the default limits let through: max_request_batch texts filling max_request_bytes,
-        # each truncated at 512 tokens as RoBERTa-base would be (the benchmark model's tokenizer stops at 64).
+        # The largest forward pass the default limits let through: max_request_batch texts, each cut to 512 tokens
+        # as RoBERTa-base would be (the benchmark model's tokenizer stops at 64); 2,000 characters exceed that.
         limits = Limits()
-        per_text = min(limits.max_text_chars, limits.max_request_bytes // limits.max_request_batch - 8)
+        per_text = 2_000
         largest = [("word " * per_text)[:per_text] for _ in range(limits.max_request_batch)]
         long_model = SentimentPredictor(build_model(Path(scratch) / "model-512", args.model_size, positions=514))
         long_model.max_length = 512

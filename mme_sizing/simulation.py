@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inference_assets.tools.model_servers import ModelServer
+from inference_assets.container.contract import ModelServer
 
 PATTERNS = ("uniform", "hot-model", "top-10")
 HOT_SHARE = 0.9  # hot-model: one model takes 9 of 10 requests (the blog post's Locust task weights 9:1)

@@ -216,7 +216,7 @@ def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
                 "always",
                 i["resource"],
                 i["kind"],
-                i["instance_type"],
+                _instance(i),
                 i["count"],
                 i.get("max_count"),
                 i["unit_hourly_usd"],
@@ -230,7 +230,7 @@ def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
                 "per training run",
                 i["resource"],
                 i["kind"],
-                i["instance_type"],
+                _instance(i),
                 i["count"],
                 None,
                 i["unit_hourly_usd"],
@@ -250,6 +250,10 @@ def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
     if cost["unpriced"]:
         lines += [f"Not in the price table (not counted): {', '.join(cost['unpriced'])}.", ""]
     return lines
+
+
+def _instance(item: dict[str, Any]) -> str:
+    return f"{item['instance_type']} ({item['hardware']})" if item.get("hardware") else item["instance_type"]
 
 
 def _sizing_markdown(entries: list[dict[str, Any]]) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Any
 from mme_sizing import plan as mme_plan
 from ops_review import GATES_REPORT
 from platform_facts.images import METADATA_KEY as IMAGES_METADATA_KEY
+from platform_facts.instances import lookup as instance_facts
 
 PRICES_FILE = Path(__file__).with_name("prices.json")
 
@@ -567,6 +568,7 @@ class _Template:
                 "resource": resource,
                 "kind": kind,
                 "instance_type": unit,
+                "hardware": hardware(unit),
                 "count": count,
                 "unit_hourly_usd": price,
                 "hourly_usd": None if price is None else round(price * count, 4),
@@ -637,6 +639,17 @@ class _Template:
             "per_training_run_hourly_usd_per_node": round(sum(i["hourly_usd"] or 0 for i in per_training_run), 4),
             "unpriced": unpriced,
         }
+
+
+def hardware(instance_type: str) -> str | None:
+    """What one instance of the type is (the platform's instance facts), None for a type they do not hold."""
+    facts = instance_facts(instance_type)
+    if facts is None:
+        return None
+    text = f"{facts.vcpus} vCPUs, {facts.memory_mib // 1024} GiB"
+    if facts.accelerator is not None:
+        text += f", {facts.accelerator.count} x {facts.accelerator.name}"
+    return text
 
 
 def _ref(value: Any) -> str | None:

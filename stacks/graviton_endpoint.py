@@ -15,9 +15,10 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
-from inference_assets.tools.endpoint_environment import instance_vcpus
+from inference_assets.tools.endpoint_environment import endpoint_environment
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
+    Autoscaling,
     DlcImage,
     ModelNetwork,
     SageMakerEndpoint,
@@ -61,7 +62,7 @@ class GravitonEndpointStack(EnvironmentStack):
                 f"environments.{settings.name}.graviton_endpoint.model_data_key: the endpoint stack needs a model "
                 "version; PlatformStage leaves the stack out until one is named."
             )
-        vcpus = instance_vcpus(endpoint_settings.instance_type)
+        vcpus = endpoint_settings.vcpus
         # Construct id "Default": CDK leaves it out of logical ids, so Model, EndpointConfig, Endpoint, ... keep the
         # ids they had when this stack built them itself, and deployed endpoints are updated, not replaced.
         self.sagemaker_endpoint = SageMakerEndpoint(
@@ -71,7 +72,18 @@ class GravitonEndpointStack(EnvironmentStack):
             image=DlcImage(endpoint_settings.image_repository, endpoint_settings.image_tag),
             model_data_url=foundation.artifacts_bucket.s3_url_for_object(endpoint_settings.model_data_key),
             mode="SingleModel",
-            environment=endpoint_settings.container_environment(),
+            environment=endpoint_environment(
+                vcpus=vcpus,
+                workers=endpoint_settings.workers_per_model,
+                batch_size=endpoint_settings.server_batch_size,
+                max_batch_delay_ms=endpoint_settings.server_max_batch_delay_ms,
+                limits=endpoint_settings.limits,
+                fast_math=endpoint_settings.fast_math,
+                lru_cache_capacity=endpoint_settings.lru_cache_capacity,
+                transparent_huge_pages=endpoint_settings.transparent_huge_pages,
+                precision=endpoint_settings.precision,
+                torch_compile=endpoint_settings.torch_compile,
+            ),
             # With vendored dependencies the container needs no network at all: isolate it. Installing
             # code/requirements.txt at start-up needs egress (the private subnets' NAT) instead.
             network=ModelNetwork(
@@ -82,7 +94,7 @@ class GravitonEndpointStack(EnvironmentStack):
             instance_type=endpoint_settings.instance_type,
             initial_instance_count=endpoint_settings.initial_instance_count,
             key=foundation.key,
-            autoscaling=endpoint_settings.autoscaling,
+            autoscaling=Autoscaling(**endpoint_settings.autoscaling.model_dump()),
             data_capture=self._data_capture(),
             # Data capture is not retained, so that changes to its setting take effect.
             exclude_retained=["DataCaptureConfig"],

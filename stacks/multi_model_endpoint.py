@@ -15,10 +15,12 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from inference_assets.tools.endpoint_environment import instance_vcpus
+from inference_assets.container.contract import Limits
 from mme_sizing.plan import METADATA_KEY, WORKERS_PER_MODEL, SizingInputs, hot_set_resident
+from platform_facts.instances import instance_type
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
+    Autoscaling,
     DlcImage,
     ModelNetwork,
     SageMakerEndpoint,
@@ -35,14 +37,16 @@ MODEL_CACHE_HIT_RATIO = 0.5  # fewer than half the requests find their model loa
 CPU_UTILIZATION_SHARE = 0.8  # of all vCPUs (SageMaker reports CPUUtilization as 100% per vCPU)
 MEMORY_UTILIZATION_PERCENT = 85.0
 # Many models share the cores: one intra-op thread per worker. DJL then allows a busy model up to #vCPU workers
-# (its maxWorkers default is #CPU / OMP_NUM_THREADS); TorchServe starts one worker per loaded model.
+# (its maxWorkers default is #CPU / OMP_NUM_THREADS); TorchServe starts one worker per loaded model. The request
+# limits are the contract's defaults: TorchServe's handler reads them from the environment (DJL from each model's
+# serving.properties, written when the model is published).
 CONTAINER_ENVIRONMENT = {
     "djl": {"OMP_NUM_THREADS": "1"},
     "torchserve": {
         "SAGEMAKER_MULTI_MODEL": "true",
         "SAGEMAKER_MODEL_SERVER_WORKERS": str(WORKERS_PER_MODEL),
         "OMP_NUM_THREADS": "1",
-        "SENTIMENT_MAX_REQUEST_BATCH": "32",  # code/inference.py (DJL reads option.max_request_batch instead)
+        **Limits().environment(),
     },
 }
 
@@ -89,7 +93,7 @@ class MultiModelEndpointStack(EnvironmentStack):
             instance_type=mme.instance_type,
             initial_instance_count=mme.initial_instance_count,
             key=foundation.key,
-            autoscaling=mme.autoscaling,
+            autoscaling=Autoscaling(**mme.autoscaling.model_dump()),
             # A new endpoint config keeps the instance count autoscaling chose (type and weights come from the config).
             exclude_retained=["DesiredWeight", "DataCaptureConfig"],
             alarm_email=settings.alarm_email,
@@ -116,7 +120,8 @@ class MultiModelEndpointStack(EnvironmentStack):
 
     def _alarm_table(self) -> list[AlarmSpec]:
         endpoint, name = self.sagemaker_endpoint, self.settings.name
-        cpu_threshold = CPU_UTILIZATION_SHARE * 100 * instance_vcpus(self.settings.multi_model_endpoint.instance_type)
+        vcpus = instance_type(self.settings.multi_model_endpoint.instance_type).vcpus
+        cpu_threshold = CPU_UTILIZATION_SHARE * 100 * vcpus
         above = cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD
         below = cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD
         period = {"period": ALARM_PERIOD}

@@ -4,6 +4,10 @@ Pydantic (not plain dataclasses) because it gives, from the type hints alone, ex
 rejection (``extra="forbid"``) and error locations (the path to the bad key); the few domain rules (GPU types,
 Graviton types, min <= max) are validators next to the field they guard. ``SettingsError`` turns the first error
 into one sentence that names the key and what is allowed, so a bad cdk.json stops ``cdk synth`` at the door.
+
+This module is data and its validation only: instance rules read the platform's instance facts
+(platform_facts/instances.py), serving limits and names the serving contract (inference_assets/container/
+contract.py); what the settings turn into (container environment, resources) is the stacks' business.
 """
 
 from __future__ import annotations
@@ -23,14 +27,21 @@ from pydantic import (
     model_validator,
 )
 
-from inference_assets.tools.model_servers import DEFAULT_MODEL_SERVER, ModelServer
-from inference_assets.tools.serving_properties import DjlModelSettings
+from inference_assets.container.contract import (
+    DEFAULT_MODEL_SERVER,
+    DjlModelSettings,
+    Limits,
+    ModelServer,
+    Precision,
+    validate_model_name,
+)
 from platform_facts.instances import (
     BF16_MIN_COMPUTE_CAPABILITY,
     CUDA13_MIN_COMPUTE_CAPABILITY,
-    gpu_fact,
+    InstanceType,
     gpu_families,
-    has_local_nvme,
+    lookup,
+    names_where,
 )
 
 DEFAULT_REGION = "us-west-2"
@@ -38,15 +49,6 @@ DEFAULT_REGION = "us-west-2"
 ENDPOINT_MODELS_PREFIX = "endpoints/"
 ENVIRONMENT_NAMES = ("dev", "staging", "prod")
 
-# Accelerated EC2 families with an NVIDIA GPU (p4d = 8 x A100, the default training instance); which of them the
-# training images and precision can use is checked against each family's compute capability.
-GPU_TRAINING_FAMILIES = tuple(gpu_families())
-# Families with EFA that the multi-node launch template supports.
-EFA_FAMILIES = ("p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "g6e")
-# Graviton (arm64) SageMaker hosting families: generation 6 and later with a "g" processor letter.
-_GRAVITON_TYPE = re.compile(r"^ml\.(c|m|r)[6-8]g[dn]?\.(medium|large|\d*xlarge)$")
-_SAGEMAKER_TYPE = re.compile(r"^ml\.[a-z][a-z0-9-]*\.(medium|large|\d*xlarge)$")
-_EC2_TYPE = re.compile(r"^(?P<family>[a-z][a-z0-9-]*)\.(medium|large|\d*xlarge|metal)$")
 _ACCOUNT = re.compile(r"^\d{12}$")
 _REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$")
 _TAG_VALUE = re.compile(r"^[\w .:/=+\-@]{1,256}$")
@@ -62,11 +64,43 @@ _BRANCH = re.compile(r"^(?!/)(?!.*(\.\.|//|@\{))[A-Za-z0-9._/-]+(?<![/.])$")
 _CUDA_IN_TAG = re.compile(r"-cu(?P<major>\d+)\d-")  # 2.10.0-gpu-py313-cu130-... -> CUDA 13
 
 
+def _instance(value: str, ml: bool, rule: Any, message: str) -> InstanceType:
+    """The facts of ``value`` when it is an EC2 (``ml=False``) or SageMaker name that ``rule`` accepts; else
+    ValueError with ``message`` (which names the allowed types)."""
+    facts = lookup(value) if value.startswith("ml.") is ml else None
+    if facts is None or not rule(facts):
+        raise ValueError(message)
+    return facts
+
+
+def _families(rule: Any) -> str:
+    """The families with a type that ``rule`` accepts, for an error message."""
+    return ", ".join(dict.fromkeys(name.split(".")[0] for name in names_where(rule)))
+
+
+def _gpu_training(facts: InstanceType) -> bool:
+    return facts.gpu is not None
+
+
+def _sagemaker_gpu_training(facts: InstanceType) -> bool:
+    return facts.gpu is not None and facts.offered("training")
+
+
+def _autoscaled_hosting(facts: InstanceType) -> bool:
+    return facts.offered("hosting") and not facts.burstable
+
+
+def _graviton_hosting(facts: InstanceType) -> bool:
+    return _autoscaled_hosting(facts) and facts.architecture == "arm64" and facts.accelerator is None
+
+
 def _gpu_runs_the_image(type_key: str, instance_type: str, tag_key: str, image_tag: str, bf16: bool) -> None:
     """Refuse a GPU the training image or bf16 cannot use, naming the key and the families that can."""
-    gpu = gpu_fact(instance_type)
-    if gpu is None:
+    facts = lookup(instance_type)
+    gpu = facts.gpu if facts else None
+    if facts is None or gpu is None or gpu.compute_capability is None:
         return
+    capability = gpu.compute_capability
     cuda = _CUDA_IN_TAG.search(image_tag)
     needs = [
         (minimum, why)
@@ -75,14 +109,17 @@ def _gpu_runs_the_image(type_key: str, instance_type: str, tag_key: str, image_t
              bool(cuda and int(cuda["major"]) >= 13)),
             (BF16_MIN_COMPUTE_CAPABILITY, "training.hyperparameters.bf16", bf16),
         )
-        if applies and gpu.compute_capability < minimum
+        if applies and capability < minimum
     ]  # fmt: skip
     if needs:
         minimum = max(need[0] for need in needs)
-        allowed = ", ".join(f.family for f in gpu_families().values() if f.compute_capability >= minimum)
+        allowed = ", ".join(
+            family for family, gpu_of_family in gpu_families().items()
+            if gpu_of_family.compute_capability and gpu_of_family.compute_capability >= minimum
+        )  # fmt: skip
         bf16_only = [why for _, why in needs] == ["training.hyperparameters.bf16"]
         raise ValueError(
-            f"{type_key}: {instance_type} has an NVIDIA {gpu.gpu} (compute capability {gpu.capability_text}), which "
+            f"{type_key}: {instance_type} has an NVIDIA {gpu.name} (compute capability {gpu.capability_text}), which "
             f"{' and '.join(why for _, why in needs)} cannot use; use a type of the families {allowed}"
             + (" or set training.hyperparameters.bf16 to false" if bf16_only else "")
         )
@@ -95,6 +132,12 @@ def _matching(pattern: re.Pattern[str], message: str) -> AfterValidator:
         return value
 
     return AfterValidator(check)
+
+
+def _limit(name: str) -> Any:
+    """The contract's bounds of a request limit as a pydantic constraint."""
+    low, high = Limits.BOUNDS[name]
+    return Field(ge=low, le=high)
 
 
 AccountId = Annotated[str, _matching(_ACCOUNT, "must be a 12-digit AWS account id in quotes")]
@@ -180,9 +223,9 @@ class AutoscalingSettings(_Settings):
 
 
 def _autoscaled_type(value: str) -> str:
-    if not _SAGEMAKER_TYPE.match(value):
-        raise ValueError("must be a SageMaker instance type such as ml.c7g.4xlarge")
-    if re.match(r"^ml\.t\d", value):  # t2, t3, t4g; not trn1
+    facts = _instance(value, True, lambda f: f.offered("hosting"),
+                      "must be an instance type SageMaker hosts, such as ml.c7g.4xlarge or ml.c5.2xlarge")  # fmt: skip
+    if facts.burstable:  # Application Auto Scaling refuses burstable variants
         raise ValueError("burstable ml.t* types cannot be autoscaled; use a c, m or r type")
     return value
 
@@ -227,17 +270,18 @@ class TrainingSettings(_Settings):
     @field_validator("instance_type")
     @classmethod
     def _gpu(cls, value: str) -> str:
-        match = _EC2_TYPE.match(value)
-        if not match or match["family"] not in GPU_TRAINING_FAMILIES:
-            raise ValueError(f"must be a GPU EC2 instance type of the families {', '.join(GPU_TRAINING_FAMILIES)}")
+        families = ", ".join(gpu_families())
+        _instance(
+            value, False, _gpu_training, f"must be an EC2 instance type with an NVIDIA GPU, of the families {families}"
+        )
         return value
 
     @field_validator("remote_instance_type")
     @classmethod
     def _remote_gpu(cls, value: str) -> str:
-        match = _EC2_TYPE.match(value.removeprefix("ml."))
-        if not value.startswith("ml.") or not match or match["family"] not in GPU_TRAINING_FAMILIES:
-            raise ValueError("must be a SageMaker GPU training type such as ml.p4d.24xlarge or ml.g5.2xlarge")
+        allowed = _families(_sagemaker_gpu_training)
+        message = f"must be a SageMaker training type (ml.) with an NVIDIA GPU, of the families {allowed}"
+        _instance(value, True, _sagemaker_gpu_training, message)
         return value
 
     @field_validator("base_model", "dataset")
@@ -262,11 +306,10 @@ class TrainingSettings(_Settings):
 
     @model_validator(mode="after")
     def _efa(self) -> TrainingSettings:
-        family = self.instance_type.split(".")[0]
-        if self.efa and family not in EFA_FAMILIES:
-            raise ValueError(
-                f"efa needs an EFA-capable instance type ({', '.join(EFA_FAMILIES)}), not {self.instance_type}"
-            )
+        facts = lookup(self.instance_type)
+        if self.efa and facts is not None and not facts.efa:
+            allowed = ", ".join(names_where(lambda f: f.efa and f.gpu is not None))
+            raise ValueError(f"efa needs a GPU instance type with EFA ({allowed}), not {self.instance_type}")
         return self
 
 
@@ -287,10 +330,10 @@ class GravitonEndpointSettings(_Settings):
     # the environment then has no Graviton endpoint stack (first deploy), and synth says what to do.
     model_data_key: str | None = None
     dependencies: Literal["vendored", "install_at_startup"] = "vendored"
-    # Request limits of the container's protocol (inference_assets/container/protocol.py): 413 above them.
-    max_request_batch: Annotated[int, Field(ge=1, le=1024)] = 32
-    max_text_chars: Annotated[int, Field(ge=1, le=100_000)] = 2_000
-    max_request_bytes: Annotated[int, Field(ge=1_024, le=6_291_456)] = 16_384  # bounds a request's work
+    # Request limits of the serving contract (inference_assets/container/contract.py): 413 above them. Texts of any
+    # length are cut to the model's window; the byte cap (at most SageMaker's payload cap) protects the server.
+    max_request_batch: Annotated[int, _limit("max_request_batch")] = Limits.max_request_batch
+    max_request_bytes: Annotated[int, _limit("max_request_bytes")] = Limits.max_request_bytes
     # TorchServe workers and dynamic batching (README "Serving on Graviton" has the measurements).
     workers_per_model: Annotated[int, Field(ge=1, le=64)] | None = None
     server_batch_size: Annotated[int, Field(ge=1, le=256)] = 8
@@ -299,7 +342,7 @@ class GravitonEndpointSettings(_Settings):
     fast_math: Literal["bf16", "off"] = "bf16"
     lru_cache_capacity: Annotated[int, Field(ge=0, le=65_536)] = 1024
     transparent_huge_pages: bool = True
-    precision: Literal["fp32", "bf16_autocast"] = "fp32"
+    precision: Precision = "fp32"
     torch_compile: bool = False
     autoscaling: AutoscalingSettings = AutoscalingSettings()
     data_capture: DataCaptureSettings = DataCaptureSettings()
@@ -308,8 +351,13 @@ class GravitonEndpointSettings(_Settings):
     @classmethod
     def _graviton(cls, value: str) -> str:
         _autoscaled_type(value)
-        if not _GRAVITON_TYPE.match(value):
-            raise ValueError("must be a Graviton type such as ml.c7g.4xlarge, ml.m7g.2xlarge or ml.c6g.xlarge")
+        allowed = _families(_graviton_hosting)
+        _instance(
+            value,
+            True,
+            _graviton_hosting,
+            f"must be a Graviton (arm64) type SageMaker hosts (ml.), of the families {allowed}",
+        )
         return value
 
     @field_validator("model_data_key")
@@ -328,9 +376,7 @@ class GravitonEndpointSettings(_Settings):
 
     @model_validator(mode="after")
     def _workers_fit_the_instance(self) -> GravitonEndpointSettings:
-        from inference_assets.tools.endpoint_environment import instance_vcpus
-
-        vcpus = instance_vcpus(self.instance_type)
+        vcpus = self.vcpus
         if self.workers_per_model is not None and self.workers_per_model > vcpus:
             raise ValueError(
                 f"workers_per_model ({self.workers_per_model}) must not exceed "
@@ -338,24 +384,15 @@ class GravitonEndpointSettings(_Settings):
             )
         return self
 
-    def container_environment(self) -> dict[str, str]:
-        """The serving container's environment variables (the one place that turns these settings into them)."""
-        from inference_assets.tools.endpoint_environment import endpoint_environment, instance_vcpus
+    @property
+    def vcpus(self) -> int:
+        facts = lookup(self.instance_type)
+        assert facts is not None, "validated by _graviton"
+        return facts.vcpus
 
-        return endpoint_environment(
-            vcpus=instance_vcpus(self.instance_type),
-            workers=self.workers_per_model,
-            batch_size=self.server_batch_size,
-            max_batch_delay_ms=self.server_max_batch_delay_ms,
-            max_request_batch=self.max_request_batch,
-            max_text_chars=self.max_text_chars,
-            max_request_bytes=self.max_request_bytes,
-            fast_math=self.fast_math,
-            lru_cache_capacity=self.lru_cache_capacity,
-            transparent_huge_pages=self.transparent_huge_pages,
-            precision=self.precision,
-            torch_compile=self.torch_compile,
-        )
+    @property
+    def limits(self) -> Limits:
+        return Limits(max_request_batch=self.max_request_batch, max_request_bytes=self.max_request_bytes)
 
 
 class MultiModelSizingSettings(_Settings):
@@ -405,13 +442,7 @@ class MultiModelEndpointSettings(_Settings):
     @field_validator("invoke_allowed_models")
     @classmethod
     def _model_names(cls, value: list[str]) -> list[str]:
-        from inference_assets.tools.model_names import validate_model_name
-
         return [validate_model_name(name) for name in value]
-
-    @property
-    def has_local_nvme(self) -> bool:
-        return has_local_nvme(self.instance_type)
 
 
 class LogSettings(_Settings):

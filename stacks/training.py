@@ -19,12 +19,12 @@ from aws_cdk import aws_ssm as ssm
 from aws_cdk import region_info
 from constructs import Construct
 
+from platform_facts.instances import has_local_nvme
 from stacks.compliance import acknowledge, acknowledge_short_retention, acknowledge_wildcards, log_retention
 from stacks.components.training_launch_template import KEEP_LOGICAL_IDS, TrainingLaunchTemplate, TrainingRun
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import TRAINING_OUTPUT_PREFIX, FoundationStack, remote_config_parameter_name
 from stacks.settings import EnvironmentSettings, HyperParameters
-from training_assets.instance_types import has_instance_storage
 from training_assets.remote_jobs import REMOTE_JOBS_PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def remote_function_config(
     """The SageMaker Python SDK config (``config.yaml``) that runs ``@remote`` functions in this environment."""
     # SageMaker refuses VolumeKmsKeyId for types with NVMe instance storage (p4d, p5, g5, ...): it encrypts those
     # with a hardware key. remote_train applies the same rule when --instance-type overrides this one.
-    volume_key = {} if has_instance_storage(instance_type) else {"VolumeKmsKeyId": kms_key_id}
+    volume_key = {} if has_local_nvme(instance_type) else {"VolumeKmsKeyId": kms_key_id}
     return {
         "SchemaVersion": "1.0",
         "SageMaker": {

@@ -42,7 +42,6 @@ from training_assets.instance.train_sentiment import (
     parse_args,
     train,
 )
-from training_assets.instance_types import has_instance_storage, is_gpu
 from training_assets.remote_jobs import OWNER_TAG_KEY, caller_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,7 +186,7 @@ def config_for_instance_type(config: dict[str, Any], instance_type: str | None) 
     if not instance_type:
         raise RemoteSetupError("no instance type: the config has no InstanceType; pass --instance-type")
     try:
-        local_storage = has_instance_storage(instance_type)
+        local_storage = _instance_facts(instance_type).local_nvme
     except ValueError as error:
         raise RemoteSetupError(str(error)) from None
     remote["InstanceType"] = instance_type
@@ -196,6 +195,16 @@ def config_for_instance_type(config: dict[str, Any], instance_type: str | None) 
     if key and not local_storage:
         remote["VolumeKmsKeyId"] = key
     return effective, instance_type
+
+
+def _instance_facts(instance_type: str) -> Any:
+    """The platform's facts of a SageMaker (``ml.``) type. Imported here, not at the top: the ``@remote`` job's
+    workspace holds only training_assets/, and the job imports this module without calling this function."""
+    from platform_facts.instances import instance_type as facts
+
+    if not instance_type.startswith("ml."):
+        raise ValueError(f"{instance_type!r} is not a SageMaker instance type such as ml.g5.2xlarge")
+    return facts(instance_type)
 
 
 def caller_id() -> str:
@@ -263,7 +272,7 @@ def job_options(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, A
     options: dict[str, Any] = {
         "sagemaker_session": Session(sagemaker_config=effective),
         "instance_type": instance_type,
-        "use_torchrun": is_gpu(instance_type),
+        "use_torchrun": _instance_facts(instance_type).gpu is not None,
         "dependencies": str(self_contained_requirements(DEPENDENCIES)),
         "include_local_workdir": True,
         "custom_file_filter": only_training_code,

@@ -20,17 +20,12 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
+from .contract import Limits
 from .predictor import RuntimeOptions, SentimentPredictor
-from .protocol import Answer, Limits, answer_batch
+from .protocol import Answer, answer_batch
 
 log = logging.getLogger(__name__)
 
-# serving.properties keys (DJL passes option.<key> as <key>) of the protocol's limits.
-LIMIT_PROPERTIES = {
-    "max_request_batch": "max_request_batch",
-    "max_text_chars": "max_text_chars",
-    "max_request_bytes": "max_request_bytes",
-}
 _state: dict[str, Any] = {}
 
 
@@ -42,7 +37,7 @@ def _load(properties: dict[str, str]) -> None:
             "headers, so batched answers cannot be correct; set batch_size=1 (DjlModelSettings refuses more)"
         )
     model_dir = Path(properties["model_dir"])
-    _state["limits"] = Limits.from_mapping(properties, LIMIT_PROPERTIES)
+    _state["limits"] = Limits.from_properties(properties)
     _state["predictor"] = SentimentPredictor(model_dir, RuntimeOptions())
     log.info("loaded sentiment model from %s (%s)", model_dir, _state["limits"])
 

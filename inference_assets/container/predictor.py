@@ -21,11 +21,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .contract import PRECISION_ENV, PRECISIONS, TORCH_COMPILE_ENV
+
 log = logging.getLogger(__name__)
 
-PRECISION_ENV = "SENTIMENT_PRECISION"
-TORCH_COMPILE_ENV = "SENTIMENT_TORCH_COMPILE"
-PRECISIONS = ("fp32", "bf16_autocast")
 WARM_UP_TEXT = "warm-up: the service is starting"
 
 
@@ -86,6 +85,13 @@ class SentimentPredictor:
         if positions:
             limits.append(positions - 2 if self.model.config.model_type in ("roberta", "xlm-roberta") else positions)
         self.max_length = min(limits)
+        # Texts of any length are accepted and cut to the model's window (truncation=True, as the Hugging Face
+        # inference toolkit does). Tokenizing a whole 6 MB text only to keep its first tokens would cost seconds, so
+        # a text is first cut to the characters that max_length tokens can cover at most: no token covers more
+        # characters than its vocabulary entry has (byte-level BPE: one character per byte or more; WordPiece:
+        # "##" prefixes, and words over 100 characters become one [UNK]).
+        longest_token = max((len(token) for token in self.tokenizer.get_vocab()), default=1)
+        self.max_chars = (self.max_length + 1) * max(longest_token, 100)
         self._torch = torch
         self._forward = self.model
         self.warm_up_seconds = 0.0
@@ -105,7 +111,7 @@ class SentimentPredictor:
 
     def predict(self, texts: str | Sequence[str]) -> list[Prediction]:
         """One forward pass over ``texts`` (padded to the longest); one prediction per text, in order."""
-        batch = [texts] if isinstance(texts, str) else list(texts)
+        batch = [text[: self.max_chars] for text in ([texts] if isinstance(texts, str) else texts)]
         if not batch:
             return []
         encoded = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")

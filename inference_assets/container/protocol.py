@@ -8,11 +8,12 @@ Model servers only move bytes and headers in and out; everything about a request
     errors    application/json ``{"code": 400, "message": "Bad Request", "error": "<one sentence>"}`` on one line:
               400 malformed body (encoding, BOM, JSON syntax, nesting, huge numbers, NaN, lone surrogates, wrong
                   keys or types, empty texts), 406 an Accept that excludes application/json,
-              413 more bytes, texts or characters than the limits, 415 any other content type or charset,
+              413 more bytes or texts than the limits (contract.py), 415 any other content type or charset,
               500 anything unexpected (the detail goes to the server log only, never to the client)
 
-Limits come from the container environment (the endpoint stack sets them from validated settings, see
-``inference_assets/tools/endpoint_environment.py``) or from DJL's serving.properties (``option.*``).
+Limits (``contract.Limits``) come from the container environment (the endpoint stack sets them from validated
+settings) or from DJL's serving.properties (``option.*``). A text of any length is accepted: the predictor cuts it
+to the model's window, so only the byte cap bounds what one text may cost before the tokenizer.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 
+from .contract import Limits
+
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
@@ -34,11 +37,6 @@ _BOMS = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")
 MAX_JSON_DEPTH = 16  # a valid body nests 2 deep; deeper documents are refused before they cost anything
 MAX_INT_DIGITS = 20  # no integer belongs in a valid body; a 5,000-digit one must not reach int()
 
-# Container environment variables (the endpoint stack and the local server set them; see endpoint_environment).
-MAX_REQUEST_BATCH_ENV = "SENTIMENT_MAX_REQUEST_BATCH"
-MAX_TEXT_CHARS_ENV = "SENTIMENT_MAX_TEXT_CHARS"
-MAX_REQUEST_BYTES_ENV = "SENTIMENT_MAX_REQUEST_BYTES"
-
 
 class ClientError(Exception):
     """A request the model cannot serve as sent; ``status`` is its 4xx, the message one sentence for the client."""
@@ -46,46 +44,6 @@ class ClientError(Exception):
     def __init__(self, status: HTTPStatus, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may carry. Defaults equal the settings' defaults (stacks/settings.py, graviton_endpoint)."""
-
-    max_request_batch: int = 32  # texts per request
-    max_text_chars: int = 2_000  # characters per text (RoBERTa reads 512 tokens, ~2,000 characters of English)
-    max_request_bytes: int = 16_384  # body bytes: 32 tweets fit; it bounds the tokens of one forward pass
-
-    def __post_init__(self) -> None:
-        for name in ("max_request_batch", "max_text_chars", "max_request_bytes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, str], names: Mapping[str, str]) -> Limits:
-        """Limits from ``values`` (an environment, DJL properties); ``names`` maps field -> key. Bad values raise."""
-        fields = {}
-        for field, key in names.items():
-            raw = values.get(key)
-            if raw is None or raw == "":
-                continue
-            try:
-                fields[field] = int(raw)
-            except ValueError:
-                raise ValueError(f"{key} must be a positive integer, got {raw!r}") from None
-        return cls(**fields)
-
-    @classmethod
-    def from_environment(cls, environment: Mapping[str, str]) -> Limits:
-        return cls.from_mapping(
-            environment,
-            {
-                "max_request_batch": MAX_REQUEST_BATCH_ENV,
-                "max_text_chars": MAX_TEXT_CHARS_ENV,
-                "max_request_bytes": MAX_REQUEST_BYTES_ENV,
-            },
-        )
 
 
 @dataclass(frozen=True)
@@ -225,14 +183,9 @@ def _parse_json(text: str) -> object:
         raise ClientError(HTTPStatus.BAD_REQUEST, "the JSON body nests too deeply") from None
 
 
-def _check_text(text: str, where: str, limits: Limits) -> str:
+def _check_text(text: str, where: str) -> str:
     if not text.strip():
         raise ClientError(HTTPStatus.BAD_REQUEST, f"{where} is empty; send the text to classify")
-    if len(text) > limits.max_text_chars:
-        raise ClientError(
-            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-            f"{where} holds {len(text)} characters; at most {limits.max_text_chars} are allowed",
-        )
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -250,7 +203,7 @@ def texts_of(payload: object, limits: Limits) -> list[str]:
         raise ClientError(HTTPStatus.BAD_REQUEST, f'unknown key {_shown(extra[0])}; the body holds only "inputs"')
     inputs = payload["inputs"]
     if isinstance(inputs, str):
-        return [_check_text(inputs, '"inputs"', limits)]
+        return [_check_text(inputs, '"inputs"')]
     if not isinstance(inputs, list):
         raise ClientError(
             HTTPStatus.BAD_REQUEST, f'"inputs" must be a string or a list of strings, not {_json_type(inputs)}'
@@ -266,7 +219,7 @@ def texts_of(payload: object, limits: Limits) -> list[str]:
     for index, text in enumerate(inputs):
         if not isinstance(text, str):
             raise ClientError(HTTPStatus.BAD_REQUEST, f'"inputs"[{index}] must be a string, not {_json_type(text)}')
-        texts.append(_check_text(text, f'"inputs"[{index}]', limits))
+        texts.append(_check_text(text, f'"inputs"[{index}]'))
     return texts
 
 
@@ -308,7 +261,7 @@ def parse_request(body: object, headers: Mapping[str, object], limits: Limits) -
         raise ClientError(HTTPStatus.BAD_REQUEST, "the body is empty; POST the JSON or text to classify")
     text = _decode(body)
     if media_type == TEXT:
-        return [_check_text(text, "the text/plain body", limits)]
+        return [_check_text(text, "the text/plain body")]
     return texts_of(_parse_json(text), limits)
 
 

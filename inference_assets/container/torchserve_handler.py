@@ -32,8 +32,9 @@ import os
 from http import HTTPStatus
 from typing import Any
 
+from .contract import Limits
 from .predictor import RuntimeOptions, SentimentPredictor
-from .protocol import Limits, answer_batch
+from .protocol import answer_batch
 
 log = logging.getLogger(__name__)
 

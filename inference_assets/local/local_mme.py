@@ -35,9 +35,9 @@ from typing import Any, Self
 
 import requests
 
+from inference_assets.container.contract import validate_model_name
 from inference_assets.local.server_process import ServerCommand, ServerProcess, StopStep, free_port
 from inference_assets.local.shutdown import default_stop_signals, stop_signals_as_interrupt
-from inference_assets.tools.model_names import validate_model_name
 
 HANDLER_SERVICE = "sagemaker_pytorch_serving_container.handler_service:handle"
 

@@ -11,8 +11,8 @@ The SageMaker PyTorch toolkit reads these variables when the container starts:
   threads, spinning starves TorchServe's Java frontend and the other workers: measured locally on RoBERTa-base
   (benchmarks/results/serving_latency.md), p50 at one request in flight went from ~1 s spinning to ~80 ms passive,
   against ~56 ms for the bare forward pass.
-- ``SENTIMENT_MAX_REQUEST_BATCH`` / ``SENTIMENT_MAX_TEXT_CHARS`` / ``SENTIMENT_MAX_REQUEST_BYTES``: the request
-  limits of ``inference_assets/container/protocol.py`` (413 above them).
+- ``SENTIMENT_MAX_REQUEST_BATCH`` / ``SENTIMENT_MAX_REQUEST_BYTES``: the request limits of the serving contract
+  (``inference_assets/container/contract.py``; 413 above them).
 - Graviton fast paths from PyTorch's "Inference Performance Tuning on AWS Graviton Processors" recipe
   (https://pytorch.org/tutorials/recipes/inference_tuning_on_aws_graviton.html): ``DNNL_DEFAULT_FPMATH_MODE=BF16``
   lets oneDNN (PyTorch's aarch64 GEMM backend, with Arm Compute Library) run fp32 matmuls on Graviton3's bf16
@@ -25,33 +25,18 @@ The SageMaker PyTorch toolkit reads these variables when the container starts:
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
-from inference_assets.container.predictor import PRECISION_ENV, TORCH_COMPILE_ENV
-from inference_assets.container.protocol import (
-    MAX_REQUEST_BATCH_ENV,
-    MAX_REQUEST_BYTES_ENV,
-    MAX_TEXT_CHARS_ENV,
+from inference_assets.container.contract import (
+    PRECISION_ENV,
+    TORCH_COMPILE_ENV,
     Limits,
+    Precision,
 )
 
 # Each worker gets this many cores for its intra-op threads: a RoBERTa-base forward pass on a short text scales
 # to about 4 Graviton cores; more workers with fewer threads each serve concurrent requests better.
 CORES_PER_WORKER = 4
-_SIZE = re.compile(r"\.(?:(?P<n>\d*)xlarge|(?P<large>large)|(?P<medium>medium))$")
-
-
-def instance_vcpus(instance_type: str) -> int:
-    """vCPUs of a SageMaker c/m/r instance type: medium 1, large 2, xlarge 4, Nxlarge 4N (Graviton: 1 vCPU = 1 core)."""
-    match = _SIZE.search(instance_type)
-    if not match:
-        raise ValueError(f"cannot tell the vCPUs of instance type {instance_type!r}")
-    if match["medium"]:
-        return 1
-    if match["large"]:
-        return 2
-    return 4 * int(match["n"] or 1)
 
 
 def endpoint_environment(
@@ -60,22 +45,17 @@ def endpoint_environment(
     workers: int | None = None,
     batch_size: int = 8,
     max_batch_delay_ms: int = 2,
-    max_request_batch: int = 32,
-    max_text_chars: int = 2_000,
-    max_request_bytes: int = 16_384,
+    limits: Limits | None = None,
     fast_math: Literal["bf16", "off"] = "bf16",
     lru_cache_capacity: int = 1024,
     transparent_huge_pages: bool = True,
-    precision: Literal["fp32", "bf16_autocast"] = "fp32",
+    precision: Precision = "fp32",
     torch_compile: bool = False,
 ) -> dict[str, str]:
-    """Environment variables for the serving container on a host with ``vcpus`` cores.
-
-    The defaults equal the defaults of ``graviton_endpoint`` in stacks/settings.py, which validates every value.
-    """
+    """Environment variables for the serving container on a host with ``vcpus`` cores; the endpoint stack passes
+    every value from validated settings."""
     if vcpus < 1:
         raise ValueError(f"vcpus must be >= 1, got {vcpus}")
-    Limits(max_request_batch, max_text_chars, max_request_bytes)  # the container would refuse to start otherwise
     workers = workers or max(1, vcpus // CORES_PER_WORKER)
     environment = {
         "SAGEMAKER_MODEL_SERVER_WORKERS": str(workers),
@@ -85,9 +65,7 @@ def endpoint_environment(
         "SAGEMAKER_TS_MAX_BATCH_DELAY": str(max_batch_delay_ms),
         "OMP_NUM_THREADS": str(max(1, vcpus // workers)),
         "OMP_WAIT_POLICY": "PASSIVE",
-        MAX_REQUEST_BATCH_ENV: str(max_request_batch),
-        MAX_TEXT_CHARS_ENV: str(max_text_chars),
-        MAX_REQUEST_BYTES_ENV: str(max_request_bytes),
+        **(limits or Limits()).environment(),
         "LRU_CACHE_CAPACITY": str(lru_cache_capacity),
         "THP_MEM_ALLOC_ENABLE": "1" if transparent_huge_pages else "0",
         PRECISION_ENV: precision,

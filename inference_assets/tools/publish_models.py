@@ -32,10 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference_assets.container.contract import (
+    ARCHIVE_SUFFIX,
+    DEFAULT_MODEL_SERVER,
+    MODEL_SERVERS,
+    DjlModelSettings,
+    ModelServer,
+    validate_model_name,
+    validate_prefix,
+)
 from inference_assets.tools import package_model
-from inference_assets.tools.model_names import ARCHIVE_SUFFIX, validate_model_name, validate_prefix
-from inference_assets.tools.model_servers import DEFAULT_MODEL_SERVER, MODEL_SERVERS, ModelServer
-from inference_assets.tools.serving_properties import DjlModelSettings
 
 DIGEST_KEY = "sha256"  # user metadata; an ETag is no content hash under SSE-KMS
 DEFAULT_NAME_TEMPLATE = "sentiment-{index:04d}.tar.gz"

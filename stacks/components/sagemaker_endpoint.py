@@ -30,7 +30,6 @@ from constructs import Construct
 from platform_facts.instances import has_local_nvme
 from stacks.compliance import acknowledge, acknowledge_short_retention
 from stacks.components.eni_release_wait import EniReleaseWait
-from stacks.settings import AutoscalingSettings
 
 VARIANT_NAME = "AllTraffic"
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
@@ -129,6 +128,21 @@ class AlarmSpec:
 
 
 @dataclass(frozen=True)
+class Autoscaling:
+    """Target tracking on SageMakerVariantInvocationsPerInstance (invocations per instance per minute)."""
+
+    min_capacity: int
+    max_capacity: int
+    target_invocations_per_instance: int
+    scale_in_cooldown_seconds: int
+    scale_out_cooldown_seconds: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_capacity <= self.max_capacity:
+            raise ValueError(f"autoscaling needs 1 <= min_capacity <= max_capacity, got {self}")
+
+
+@dataclass(frozen=True)
 class ModelNetwork:
     """Where the model's containers join the VPC, and whether they may reach anything but SageMaker's own fetches."""
 
@@ -171,7 +185,7 @@ class SageMakerEndpoint(Construct):
         instance_type: str,
         initial_instance_count: int,
         key: kms.IKey,
-        autoscaling: AutoscalingSettings,
+        autoscaling: Autoscaling,
         data_capture: sagemaker.CfnEndpointConfig.DataCaptureConfigProperty | None = None,
         exclude_retained: Sequence[str] = ("DataCaptureConfig",),
         alarm_email: str | None = None,
@@ -345,7 +359,7 @@ class SageMakerEndpoint(Construct):
 
     # --- autoscaling --------------------------------------------------------------------------------------------
 
-    def _track_invocations(self, scaling: AutoscalingSettings) -> appscaling.ScalableTarget:
+    def _track_invocations(self, scaling: Autoscaling) -> appscaling.ScalableTarget:
         stack = cdk.Stack.of(self)
         target = appscaling.ScalableTarget(
             self,
@@ -474,7 +488,7 @@ class SageMakerEndpoint(Construct):
         if target_models is not None:
             if not target_models:
                 raise ValueError("target_models must list at least one model name, or be None for every model")
-            from inference_assets.tools.model_names import validate_model_name
+            from inference_assets.container.contract import validate_model_name
 
             names = [validate_model_name(name) for name in target_models]
             conditions = {"StringEquals": {"sagemaker:TargetModel": names}}

@@ -16,13 +16,12 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
+from platform_facts.instances import instance_type as instance_facts
 from stacks.compliance import acknowledge, acknowledge_control, acknowledge_wildcards
 
 # Give a stack's one TrainingLaunchTemplate this id: CDK leaves "Default" out of logical ids, so the security group
 # and launch template keep the ids they had as direct children of the TrainingStack (no replacement on deploy).
 KEEP_LOGICAL_IDS = "Default"
-# EFA network cards per instance family (p4d.24xlarge: 4 x 100 Gbit/s); one EFA interface goes on each card.
-EFA_NETWORK_CARDS = {"p3dn": 1, "p4d": 4, "p4de": 4, "p5": 32, "p5e": 32, "p5en": 16, "p6-b200": 8, "g6e": 1}
 
 
 @dataclass(frozen=True)
@@ -121,7 +120,11 @@ class TrainingLaunchTemplate(Construct):
         # The network interfaces carry the subnet and group, so `run-instances` needs no network arguments (and must
         # not pass any: grant_launch refuses overridden template resources). Multi-node runs share one subnet (one
         # AZ), as a cluster placement group requires.
-        cards = EFA_NETWORK_CARDS.get(instance_type.split(".")[0], 1) if efa else 1
+        # One EFA interface on each of the type's network cards (p4d.24xlarge: 4 x 100 Gbit/s, p5.48xlarge: 32).
+        facts = instance_facts(instance_type)
+        if efa and not facts.efa:
+            raise ValueError(f"efa: {instance_type} has no Elastic Fabric Adapter")
+        cards = facts.network_cards if efa else 1
         interfaces = [
             {
                 "NetworkCardIndex": card,

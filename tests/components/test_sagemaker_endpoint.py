@@ -11,12 +11,13 @@ from aws_cdk.assertions import Match, Template
 
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
+    Autoscaling,
     DlcImage,
     ModelNetwork,
     SageMakerEndpoint,
     endpoint_name_for,
 )
-from stacks.settings import DEFAULT_REGION, AutoscalingSettings
+from stacks.settings import DEFAULT_REGION
 from tests.conftest import cdk_context
 
 IMAGE = DlcImage("pytorch-inference-arm64", "2.6.0-cpu-py312-ubuntu22.04-sagemaker")
@@ -35,7 +36,13 @@ def _endpoint(instance_type: str = "ml.c7g.xlarge", **overrides) -> tuple[cdk.St
         "instance_type": instance_type,
         "initial_instance_count": 1,
         "key": kms.Key(stack, "Key"),
-        "autoscaling": AutoscalingSettings(min_capacity=1, max_capacity=3, target_invocations_per_instance=500),
+        "autoscaling": Autoscaling(
+            min_capacity=1,
+            max_capacity=3,
+            target_invocations_per_instance=500,
+            scale_in_cooldown_seconds=300,
+            scale_out_cooldown_seconds=60,
+        ),
         **overrides,
     }
     return stack, SageMakerEndpoint(stack, "Sentiment", **props)
@@ -154,7 +161,7 @@ def test_config_is_encrypted_and_the_endpoint_keeps_scaled_counts(single) -> Non
 
 
 @pytest.mark.parametrize(
-    "instance_type", ["ml.c6gd.2xlarge", "ml.c5d.xlarge", "ml.g5.xlarge", "ml.m5dn.xlarge", "ml.r5dn.xlarge"]
+    "instance_type", ["ml.c6gd.2xlarge", "ml.c5d.xlarge", "ml.g5.xlarge", "ml.m5d.xlarge", "ml.r5d.xlarge"]
 )
 def test_types_with_local_nvme_get_no_config_key(instance_type: str) -> None:
     stack, _ = _endpoint(instance_type)

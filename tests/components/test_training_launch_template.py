@@ -108,6 +108,20 @@ def test_efa_puts_an_interface_on_each_card_in_one_subnet_and_a_cluster_group(ef
     assert ingress["Properties"]["SourceSecurityGroupId"] == {"Fn::GetAtt": [sg_id, "GroupId"]}
 
 
+# Network cards of each type (https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html, network specifications):
+# one EFA interface goes on each card.
+@pytest.mark.parametrize(("instance_type", "cards"), [("p5.48xlarge", 32), ("g6e.48xlarge", 4), ("g5.12xlarge", 1)])
+def test_efa_interfaces_follow_the_types_network_cards(instance_type: str, cards: int) -> None:
+    interfaces = _launch_data(_build(instance_type=instance_type, efa=True, nodes=2))["NetworkInterfaces"]
+    assert [i["NetworkCardIndex"] for i in interfaces] == list(range(cards))
+    assert {i["InterfaceType"] for i in interfaces} == {"efa"}
+
+
+def test_efa_on_a_type_without_it_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"g6e\.xlarge has no Elastic Fabric Adapter"):
+        _build(instance_type="g6e.xlarge", efa=True, nodes=2)
+
+
 def _ec2_refuses(interfaces: list[dict[str, Any]]) -> str | None:
     """EC2's rule for RunInstances network interfaces (API reference, InstanceNetworkInterfaceSpecification
     AssociatePublicIpAddress: "You cannot specify more than one network interface in the request"): with several

@@ -172,6 +172,21 @@ def test_review_prices_the_running_endpoint_and_the_training_run_separately(old_
     assert launch_template["instance_type"] == "p4d.24xlarge"
     assert cost["per_training_run_hourly_usd_per_node"] == pytest.approx(PRICES["ec2"]["p4d.24xlarge"])
     assert cost["prices_as_of"] and cost["unpriced"] == []
+    # What each priced instance is, from AWS's specifications (instancetypes/co.html and ac.html).
+    assert variant["hardware"] == "4 vCPUs, 8 GiB"
+    assert launch_template["hardware"] == "96 vCPUs, 1152 GiB, 8 x A100"
+
+
+def test_every_priced_instance_type_is_one_the_service_offers() -> None:
+    """The price table prices types the instance facts hold, each under a use SageMaker offers it for."""
+    from platform_facts.instances import instance_type
+
+    for region in load_prices()["regions"].values():
+        for section, use in (("sagemaker_hosting", "hosting"), ("sagemaker_training", "training"), ("ec2", None)):
+            for name in region[section]:
+                facts = instance_type(name)
+                assert name.startswith("ml.") is (use is not None), name
+                assert use is None or facts.offered(use), (name, use)
 
 
 def test_review_marks_instance_types_missing_from_the_price_table(old_and_new: tuple[Path, Path]) -> None:

@@ -36,8 +36,8 @@ def test_settings_error_is_one_sentence_on_stderr_and_exit_status_1(tmp_path: Pa
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
-        "cdk.json: environments.prod.training.instance_type: must be a GPU EC2 instance type of the families "
-        "p3, p3dn, p4d, p4de, p5, p5e, p5en, p6-b200, g4dn, g5, g6, g6e."
+        "cdk.json: environments.prod.training.instance_type: must be an EC2 instance type with an NVIDIA GPU, of the "
+        "families g4dn, g5, g6, g6e, g7, g7e, p2, p3, p3dn, p4d, p4de, p5, p5e, p5en, p6-b200, p6-b300."
     ]
     assert not list(tmp_path.glob("*.template.json")), "nothing is synthesized"
 

@@ -18,14 +18,13 @@ def _unpack(archive: Path, target: Path) -> Path:
 def djl_archive(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The archive for DJL Serving (model.py + serving.properties, no TorchServe manifest), built by the publishing
     tool with the request table's limits."""
+    from inference_assets.container.contract import DjlModelSettings
     from inference_assets.tools.publish_models import build_archive
-    from inference_assets.tools.serving_properties import DjlModelSettings
     from tests.serving.request_table import TEST_LIMITS
 
     settings = DjlModelSettings(
         max_workers=2,
         max_request_batch=TEST_LIMITS.max_request_batch,
-        max_text_chars=TEST_LIMITS.max_text_chars,
         max_request_bytes=TEST_LIMITS.max_request_bytes,
     )
     output = tmp_path_factory.mktemp("djl-archive") / "sentiment.tar.gz"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from inference_assets.tools.serving_properties import DjlModelSettings, parse_properties
+from inference_assets.container.contract import DjlModelSettings, parse_properties
 from tests.serving.request_table import REQUESTS, TEST_LIMITS
 from tests.serving.torchserve_inprocess import loaded_service, predict
 
@@ -60,9 +60,8 @@ def _load_properties(model_dir: Path) -> dict[str, str]:
 def torchserve(unpacked_torchserve_archive: Path):
     """The TorchServe archive's handler, run by TorchServe's worker code, with the DJL archive's limits."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SENTIMENT_MAX_REQUEST_BATCH", str(TEST_LIMITS.max_request_batch))
-        patch.setenv("SENTIMENT_MAX_TEXT_CHARS", str(TEST_LIMITS.max_text_chars))
-        patch.setenv("SENTIMENT_MAX_REQUEST_BYTES", str(TEST_LIMITS.max_request_bytes))
+        for name, value in TEST_LIMITS.environment().items():
+            patch.setenv(name, value)
         with loaded_service(unpacked_torchserve_archive, batch_size=64) as service:
             yield service
 
@@ -148,7 +147,6 @@ def test_serving_properties_in_the_archive(unpacked_djl_archive):
         "engine": "Python",
         "option.entryPoint": "model.py",
         "option.max_request_batch": "4",
-        "option.max_text_chars": "200",
         "option.max_request_bytes": "16384",
         "max_idle_time": "600",
         "batch_size": "1",
@@ -184,8 +182,7 @@ def test_serving_properties_render_every_setting():
         "engine": "Python",
         "option.entryPoint": "model.py",
         "option.max_request_batch": "32",
-        "option.max_text_chars": "2000",
-        "option.max_request_bytes": "16384",
+        "option.max_request_bytes": "6291456",
         "max_idle_time": "60",
         "batch_size": "1",
         "max_batch_delay": "20",

@@ -10,10 +10,9 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from inference_assets.container.contract import DjlModelSettings, validate_model_name
 from inference_assets.tools import package_model, publish_models
-from inference_assets.tools.model_names import validate_model_name
 from inference_assets.tools.publish_models import ModelStore, copy_names
-from inference_assets.tools.serving_properties import DjlModelSettings
 
 BUCKET = "artifacts"
 PREFIX = "multi-model/"

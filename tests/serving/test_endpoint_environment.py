@@ -4,22 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from inference_assets.container.contract import Limits
 from inference_assets.container.predictor import RuntimeOptions
-from inference_assets.container.protocol import Limits
-from inference_assets.tools.endpoint_environment import endpoint_environment, instance_vcpus
-
-
-@pytest.mark.parametrize(
-    ("instance_type", "vcpus"),
-    [("ml.c7g.medium", 1), ("ml.c7g.large", 2), ("ml.c7g.xlarge", 4), ("ml.c7g.4xlarge", 16), ("ml.m6g.16xlarge", 64)],
-)
-def test_vcpus_follow_the_instance_size(instance_type: str, vcpus: int) -> None:
-    assert instance_vcpus(instance_type) == vcpus
-
-
-def test_an_unknown_size_is_refused() -> None:
-    with pytest.raises(ValueError, match="cannot tell the vCPUs"):
-        instance_vcpus("ml.c7g.metal")
+from inference_assets.tools.endpoint_environment import endpoint_environment
 
 
 @pytest.mark.parametrize(("vcpus", "workers", "threads"), [(1, 1, 1), (2, 1, 2), (4, 1, 4), (16, 4, 4), (64, 16, 4)])
@@ -30,7 +17,8 @@ def test_default_workers_get_four_cores_each(vcpus: int, workers: int, threads: 
 
 
 def test_explicit_workers_are_pinned_for_the_toolkit_model_entry() -> None:
-    environment = endpoint_environment(vcpus=16, workers=8, batch_size=4, max_batch_delay_ms=10, max_request_batch=64)
+    limits = Limits(max_request_batch=64)
+    environment = endpoint_environment(vcpus=16, workers=8, batch_size=4, max_batch_delay_ms=10, limits=limits)
     assert environment == {
         "SAGEMAKER_MODEL_SERVER_WORKERS": "8",
         "SAGEMAKER_TS_MIN_WORKERS": "8",
@@ -40,8 +28,7 @@ def test_explicit_workers_are_pinned_for_the_toolkit_model_entry() -> None:
         "OMP_NUM_THREADS": "2",
         "OMP_WAIT_POLICY": "PASSIVE",
         "SENTIMENT_MAX_REQUEST_BATCH": "64",
-        "SENTIMENT_MAX_TEXT_CHARS": "2000",
-        "SENTIMENT_MAX_REQUEST_BYTES": "16384",
+        "SENTIMENT_MAX_REQUEST_BYTES": "6291456",
         "DNNL_DEFAULT_FPMATH_MODE": "BF16",
         "LRU_CACHE_CAPACITY": "1024",
         "THP_MEM_ALLOC_ENABLE": "1",
@@ -60,13 +47,7 @@ def test_fast_paths_can_be_turned_off_and_compile_brings_inductor_freezing() -> 
 
 def test_the_container_reads_back_what_the_environment_sets() -> None:
     """The container package ships without the tools: its readers must understand every value the stack writes."""
-    environment = endpoint_environment(
-        vcpus=8, workers=2, max_request_batch=7, max_text_chars=99, max_request_bytes=4096, precision="bf16_autocast"
-    )
-    assert Limits.from_environment(environment) == Limits(7, 99, 4096)
+    limits = Limits(max_request_batch=7, max_request_bytes=4096)
+    environment = endpoint_environment(vcpus=8, workers=2, limits=limits, precision="bf16_autocast")
+    assert Limits.from_environment(environment) == limits
     assert RuntimeOptions.from_environment(environment) == RuntimeOptions("bf16_autocast", False, threads=4)
-
-
-def test_impossible_limits_are_refused() -> None:
-    with pytest.raises(ValueError, match="max_text_chars must be a positive integer"):
-        endpoint_environment(vcpus=4, max_text_chars=0)

@@ -12,7 +12,6 @@ from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Match, Template
 
 from app import build_app
-from inference_assets.tools.endpoint_environment import instance_vcpus
 from stacks.compliance import add_compliance_gates
 from stacks.components.sagemaker_endpoint import DlcImage
 from stacks.foundation import FoundationStack
@@ -24,6 +23,9 @@ from tests.conftest import cdk_context
 ROOT = Path(__file__).resolve().parents[2]
 ENVIRONMENTS = ["dev", "staging", "prod"]
 MODEL_KEY = "endpoints/sentiment/model-v7.tar.gz"
+
+# vCPUs of the Graviton types cdk.json names (https://docs.aws.amazon.com/ec2/latest/instancetypes/co.html).
+VCPUS = {"ml.c7g.xlarge": 4, "ml.c7g.4xlarge": 16}
 
 
 def _with_model(environments: dict, name: str) -> dict:
@@ -109,7 +111,7 @@ def test_torchserve_workers_and_threads_fill_the_instance_without_oversubscribin
     workers = int(environment["SAGEMAKER_MODEL_SERVER_WORKERS"])
     # Any SAGEMAKER_TS_* variable makes the toolkit pin min/max workers per model: they must agree.
     assert environment["SAGEMAKER_TS_MIN_WORKERS"] == environment["SAGEMAKER_TS_MAX_WORKERS"] == str(workers)
-    assert workers * int(environment["OMP_NUM_THREADS"]) == instance_vcpus(settings.instance_type)
+    assert workers * int(environment["OMP_NUM_THREADS"]) == VCPUS[settings.instance_type]
     assert environment["OMP_WAIT_POLICY"] == "PASSIVE", "spinning OpenMP threads starve the TorchServe frontend"
     assert environment["SAGEMAKER_TS_BATCH_SIZE"] == str(settings.server_batch_size)
     assert environment["SAGEMAKER_TS_MAX_BATCH_DELAY"] == str(settings.server_max_batch_delay_ms)
@@ -202,7 +204,7 @@ def test_alarms_watch_5xx_latency_and_cpu_of_this_variant_and_notify_the_encrypt
     assert alarms["Invocation5XXErrors"]["Namespace"] == "AWS/SageMaker"
     assert alarms["ModelLatency"]["ExtendedStatistic"] == "p99"
     assert alarms["CPUUtilization"]["Namespace"] == "/aws/sagemaker/Endpoints"
-    assert alarms["CPUUtilization"]["Threshold"] == 80 * instance_vcpus(SETTINGS[env].graviton_endpoint.instance_type)
+    assert alarms["CPUUtilization"]["Threshold"] == 80 * VCPUS[SETTINGS[env].graviton_endpoint.instance_type]
     assert not resources(endpoint_template, "AWS::SNS::Subscription"), "no alarm_email in cdk.json"
 
 

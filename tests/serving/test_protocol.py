@@ -121,19 +121,23 @@ def test_client_values_in_messages_are_printable_and_short():
 
 
 def test_limits_come_from_the_environment_and_bad_values_are_refused():
-    limits = Limits.from_environment(
-        {
-            "SENTIMENT_MAX_REQUEST_BATCH": "8",
-            "SENTIMENT_MAX_TEXT_CHARS": "100",
-            "SENTIMENT_MAX_REQUEST_BYTES": "2048",
-        }
-    )
-    assert limits == Limits(max_request_batch=8, max_text_chars=100, max_request_bytes=2048)
+    limits = Limits.from_environment({"SENTIMENT_MAX_REQUEST_BATCH": "8", "SENTIMENT_MAX_REQUEST_BYTES": "2048"})
+    assert limits == Limits(max_request_batch=8, max_request_bytes=2048)
     assert Limits.from_environment({}) == Limits()
-    with pytest.raises(ValueError, match="SENTIMENT_MAX_TEXT_CHARS must be a positive integer, got 'lots'"):
-        Limits.from_environment({"SENTIMENT_MAX_TEXT_CHARS": "lots"})
-    with pytest.raises(ValueError, match="max_request_batch must be a positive integer"):
+    with pytest.raises(ValueError, match="SENTIMENT_MAX_REQUEST_BYTES must be an integer, got 'lots'"):
+        Limits.from_environment({"SENTIMENT_MAX_REQUEST_BYTES": "lots"})
+    with pytest.raises(ValueError, match="max_request_batch must be an integer from 1 to 1024, got 0"):
         Limits(max_request_batch=0)
+    # InvokeEndpoint's Body is at most 6,291,456 bytes (SageMaker Runtime API reference): no cap may exceed it.
+    with pytest.raises(ValueError, match="max_request_bytes must be an integer from 1024 to 6291456"):
+        Limits(max_request_bytes=6_291_457)
+
+
+def test_a_text_of_any_length_is_accepted_for_the_predictor_to_cut():
+    """The Hugging Face inference toolkit truncates to the model's window; the protocol refuses no long text."""
+    body = json.dumps({"inputs": ["x" * 100_000, "short"]}).encode()
+    texts = protocol.parse_request(body, {"Content-Type": "application/json"}, Limits())
+    assert [len(text) for text in texts] == [100_000, 5]
 
 
 def test_a_body_the_server_already_decoded_is_read_the_same():
