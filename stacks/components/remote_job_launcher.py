@@ -9,7 +9,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.components.iam_statements import arn, reasoned_policy, use_key
+from stacks.components.iam_statements import ReasonedStatement, arn, reasoned_policy, use_key
 from training_assets.remote_jobs import CALLER_ID_VARIABLE, OWNER_TAG_KEY, REMOTE_JOBS_PREFIX
 
 
@@ -40,86 +40,100 @@ class RemoteJobLauncherPolicy(Construct):
         """``config_parameter_name``: the SSM parameter holding config.yaml; ``allowed_tag_keys``: the tag keys a job
         may carry besides the owner tag."""
         super().__init__(scope, construct_id)
-        caller_root = f"{REMOTE_JOBS_PREFIX}/{CALLER_ID_VARIABLE}"
-        training_jobs = arn(self, "sagemaker", "training-job/*")
         self.policy = reasoned_policy(
             self,
             "Default",
             "Lets a data scientist run @remote SageMaker training jobs on this environment",
             [
-                (
-                    iam.PolicyStatement(
-                        sid="CreateOwnTrainingJobs",
-                        actions=["sagemaker:CreateTrainingJob", "sagemaker:AddTags"],
-                        resources=[training_jobs],
-                        conditions=_owner_tagged_on_create(allowed_tag_keys),
-                    ),
-                    "The SDK generates a new training-job name for every @remote call; the owner tag binds it to "
-                    "its caller.",
-                ),
-                (
-                    iam.PolicyStatement(
-                        sid="DescribeAndStopOwnTrainingJobs",
-                        actions=["sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"],
-                        resources=[training_jobs],
-                        conditions={"StringEquals": {f"aws:ResourceTag/{OWNER_TAG_KEY}": CALLER_ID_VARIABLE}},
-                    ),
-                    "Only jobs whose owner tag is the caller's aws:userid.",
-                ),
-                (
-                    iam.PolicyStatement(
-                        sid="PassOnlyTheRemoteJobRoleToSageMaker",
-                        actions=["iam:PassRole"],
-                        resources=[job_role.role_arn],
-                        conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
-                    ),
-                    None,
-                ),
-                (
-                    iam.PolicyStatement(
-                        sid="StageOwnFunctionsAndResults",
-                        actions=["s3:GetObject", "s3:PutObject"],
-                        resources=[remote_jobs.arn_for_objects(f"{caller_root}/*")],
-                    ),
-                    "The SDK uploads each call's function and downloads its results under generated keys of the "
-                    "caller's own prefix (jobs/<aws:userid>/).",
-                ),
-                (
-                    iam.PolicyStatement(
-                        sid="ListOwnPrefix",
-                        actions=["s3:ListBucket"],
-                        resources=[remote_jobs.bucket_arn],
-                        conditions={"StringLike": {"s3:prefix": [caller_root, f"{caller_root}/*"]}},
-                    ),
-                    None,
-                ),
-                (
-                    # job.wait() (and so every @remote call) follows the job's log streams and re-raises an access
-                    # error: DescribeLogStreams on the group, GetLogEvents on its streams (<job name>/algo-<n>-...).
-                    # The log-group ARN is used with and without the trailing ":*" (CloudWatch Logs access control).
-                    iam.PolicyStatement(
-                        sid="FollowTrainingJobLogs",
-                        actions=["logs:DescribeLogStreams", "logs:GetLogEvents"],
-                        resources=[
-                            arn(self, "logs", f"log-group:{training_job_log_group}"),
-                            arn(self, "logs", f"log-group:{training_job_log_group}:*"),
-                        ],
-                    ),
-                    "SageMaker names each job's log streams after the generated job name, in the one log group "
-                    "of all training jobs.",
-                ),
-                (
-                    # The README's first step (the FetchRemoteFunctionConfigCommand output): fetch config.yaml.
-                    iam.PolicyStatement(
-                        sid="ReadTheRemoteFunctionConfig",
-                        actions=["ssm:GetParameter"],
-                        resources=[arn(self, "ssm", f"parameter{config_parameter_name}")],
-                    ),
-                    None,
-                ),
+                *self._job_statements(job_role, allowed_tag_keys),
+                *self._staging_statements(remote_jobs, training_job_log_group, config_parameter_name),
                 use_key(key, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey"),
             ],
         )
+
+    def _job_statements(self, job_role: iam.IRole, allowed_tag_keys: Sequence[str]) -> list[ReasonedStatement]:
+        """Create, describe and stop one's own training jobs, which run as ``job_role``."""
+        training_jobs = arn(self, "sagemaker", "training-job/*")
+        return [
+            (
+                iam.PolicyStatement(
+                    sid="CreateOwnTrainingJobs",
+                    actions=["sagemaker:CreateTrainingJob", "sagemaker:AddTags"],
+                    resources=[training_jobs],
+                    conditions=_owner_tagged_on_create(allowed_tag_keys),
+                ),
+                "The SDK generates a new training-job name for every @remote call; the owner tag binds it to "
+                "its caller.",
+            ),
+            (
+                iam.PolicyStatement(
+                    sid="DescribeAndStopOwnTrainingJobs",
+                    actions=["sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"],
+                    resources=[training_jobs],
+                    conditions={"StringEquals": {f"aws:ResourceTag/{OWNER_TAG_KEY}": CALLER_ID_VARIABLE}},
+                ),
+                "Only jobs whose owner tag is the caller's aws:userid.",
+            ),
+            (
+                iam.PolicyStatement(
+                    sid="PassOnlyTheRemoteJobRoleToSageMaker",
+                    actions=["iam:PassRole"],
+                    resources=[job_role.role_arn],
+                    conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
+                ),
+                None,
+            ),
+        ]
+
+    def _staging_statements(
+        self, remote_jobs: s3.IBucket, training_job_log_group: str, config_parameter_name: str
+    ) -> list[ReasonedStatement]:
+        """The SDK's own config, one's own staged functions and results, and the jobs' logs."""
+        caller_root = f"{REMOTE_JOBS_PREFIX}/{CALLER_ID_VARIABLE}"
+        return [
+            (
+                iam.PolicyStatement(
+                    sid="StageOwnFunctionsAndResults",
+                    actions=["s3:GetObject", "s3:PutObject"],
+                    resources=[remote_jobs.arn_for_objects(f"{caller_root}/*")],
+                ),
+                "The SDK uploads each call's function and downloads its results under generated keys of the "
+                "caller's own prefix (jobs/<aws:userid>/).",
+            ),
+            (
+                iam.PolicyStatement(
+                    sid="ListOwnPrefix",
+                    actions=["s3:ListBucket"],
+                    resources=[remote_jobs.bucket_arn],
+                    conditions={"StringLike": {"s3:prefix": [caller_root, f"{caller_root}/*"]}},
+                ),
+                None,
+            ),
+            (
+                # job.wait() (and so every @remote call) follows the job's log streams and re-raises an access
+                # error: DescribeLogStreams on the group, GetLogEvents on its streams (<job name>/algo-<n>-...).
+                # The log-group ARN is used with and without the trailing ":*" (CloudWatch Logs access control).
+                iam.PolicyStatement(
+                    sid="FollowTrainingJobLogs",
+                    actions=["logs:DescribeLogStreams", "logs:GetLogEvents"],
+                    resources=[
+                        arn(self, "logs", f"log-group:{training_job_log_group}"),
+                        arn(self, "logs", f"log-group:{training_job_log_group}:*"),
+                    ],
+                ),
+                "SageMaker names each job's log streams after the generated job name, in the one log group "
+                "of all training jobs.",
+            ),
+            (
+                # The README's first step (the FetchRemoteFunctionConfigCommand output): fetch config.yaml.
+                iam.PolicyStatement(
+                    sid="ReadTheRemoteFunctionConfig",
+                    actions=["ssm:GetParameter"],
+                    resources=[arn(self, "ssm", f"parameter{config_parameter_name}")],
+                ),
+                None,
+            ),
+        ]
 
 
 def _owner_tagged_on_create(allowed_tag_keys: Sequence[str]) -> dict[str, dict[str, object]]:

@@ -75,33 +75,7 @@ class SageMakerExecutionRole(Construct):
             "Policy",
             f"Least-privilege permissions of the {construct_id}",
             [
-                *dlc_pull(self, *dlc_repositories),
-                (
-                    iam.PolicyStatement(
-                        sid="WriteOwnLogs",
-                        actions=[
-                            "logs:CreateLogGroup",
-                            "logs:CreateLogStream",
-                            "logs:PutLogEvents",
-                            "logs:DescribeLogStreams",
-                        ],
-                        resources=[arn(self, "logs", f"log-group:{log_group_prefix}*")],
-                    ),
-                    "SageMaker names one log group per endpoint or job under this prefix, and streams per instance.",
-                ),
-                (
-                    iam.PolicyStatement(
-                        sid="PublishSageMakerMetrics",
-                        actions=["cloudwatch:PutMetricData"],
-                        resources=["*"],
-                        conditions={"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*", "aws/sagemaker/*"]}},
-                    ),
-                    "cloudwatch:PutMetricData has no resource-level permissions; a namespace condition limits it.",
-                ),
-                (
-                    iam.PolicyStatement(sid="DescribeVpc", actions=_SAGEMAKER_VPC_DESCRIBE_ACTIONS, resources=["*"]),
-                    "The EC2 Describe calls SageMaker makes before joining the VPC have no resource-level permissions.",
-                ),
+                *self._own_logs_metrics_and_images(log_group_prefix, dlc_repositories),
                 *self._attach_to_vpc(network),
                 use_key(key, "kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey", "kms:CreateGrant"),
                 *statements,
@@ -114,6 +88,40 @@ class SageMakerExecutionRole(Construct):
             "ec2:DeleteNetworkInterfacePermission (IAM access level: permissions management) has no resource-level "
             "permissions; SageMaker's VPC setup needs it on *.",
         )
+
+    def _own_logs_metrics_and_images(
+        self, log_group_prefix: str, dlc_repositories: Sequence[str]
+    ) -> list[ReasonedStatement]:
+        """The training images' pull, the workload's own log groups and metrics, and the VPC lookups."""
+        return [
+            *dlc_pull(self, *dlc_repositories),
+            (
+                iam.PolicyStatement(
+                    sid="WriteOwnLogs",
+                    actions=[
+                        "logs:CreateLogGroup",
+                        "logs:CreateLogStream",
+                        "logs:PutLogEvents",
+                        "logs:DescribeLogStreams",
+                    ],
+                    resources=[arn(self, "logs", f"log-group:{log_group_prefix}*")],
+                ),
+                "SageMaker names one log group per endpoint or job under this prefix, and streams per instance.",
+            ),
+            (
+                iam.PolicyStatement(
+                    sid="PublishSageMakerMetrics",
+                    actions=["cloudwatch:PutMetricData"],
+                    resources=["*"],
+                    conditions={"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*", "aws/sagemaker/*"]}},
+                ),
+                "cloudwatch:PutMetricData has no resource-level permissions; a namespace condition limits it.",
+            ),
+            (
+                iam.PolicyStatement(sid="DescribeVpc", actions=_SAGEMAKER_VPC_DESCRIBE_ACTIONS, resources=["*"]),
+                "The EC2 Describe calls SageMaker makes before joining the VPC have no resource-level permissions.",
+            ),
+        ]
 
     def _attach_to_vpc(self, network: VpcAttachment) -> list[ReasonedStatement]:
         """The network-interface calls SageMaker makes with the execution role to join a job or model to the VPC,

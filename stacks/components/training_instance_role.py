@@ -9,6 +9,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.components.iam_statements import (
+    ReasonedStatement,
     checkov_skip,
     dlc_pull,
     read_datasets,
@@ -16,6 +17,28 @@ from stacks.components.iam_statements import (
     use_key,
     write_training_output,
 )
+
+
+def _session_manager_only() -> ReasonedStatement:
+    """Exactly the Session Manager actions of the Systems Manager user guide, "Create a custom IAM instance
+    profile for Session Manager" (no session logging to S3 or CloudWatch and no session KMS key are configured,
+    so none of its optional s3/logs/kms statements). Unlike AmazonSSMManagedInstanceCore: no
+    ssm:GetParameter(s), ssm:GetDocument, ec2messages (Run Command) or s3:GetEncryptionConfiguration."""
+    return (
+        iam.PolicyStatement(
+            sid="SessionManagerOnly",
+            actions=[
+                "ssm:UpdateInstanceInformation",
+                "ssmmessages:CreateControlChannel",
+                "ssmmessages:CreateDataChannel",
+                "ssmmessages:OpenControlChannel",
+                "ssmmessages:OpenDataChannel",
+            ],
+            resources=["*"],
+        ),
+        "The Session Manager channel actions have no resource-level permissions (the AWS guide's "
+        "custom instance profile names *); Session Manager replaces SSH.",
+    )
 
 
 class TrainingInstanceRole(Construct):
@@ -57,26 +80,7 @@ class TrainingInstanceRole(Construct):
                     None,
                 ),
                 use_key(key, "kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey"),
-                (
-                    # Exactly the Session Manager actions of the Systems Manager user guide, "Create a custom IAM
-                    # instance profile for Session Manager" (no session logging to S3 or CloudWatch and no session
-                    # KMS key are configured, so none of its optional s3/logs/kms statements). Unlike
-                    # AmazonSSMManagedInstanceCore: no ssm:GetParameter(s), ssm:GetDocument, ec2messages (Run
-                    # Command) or s3:GetEncryptionConfiguration.
-                    iam.PolicyStatement(
-                        sid="SessionManagerOnly",
-                        actions=[
-                            "ssm:UpdateInstanceInformation",
-                            "ssmmessages:CreateControlChannel",
-                            "ssmmessages:CreateDataChannel",
-                            "ssmmessages:OpenControlChannel",
-                            "ssmmessages:OpenDataChannel",
-                        ],
-                        resources=["*"],
-                    ),
-                    "The Session Manager channel actions have no resource-level permissions (the AWS guide's "
-                    "custom instance profile names *); Session Manager replaces SSH.",
-                ),
+                _session_manager_only(),
             ],
             roles=[self.role],
         )
