@@ -285,7 +285,8 @@ class TrainingStack(EnvironmentStack):
 
     # --- outputs ------------------------------------------------------------------------------------------------
 
-    def _outputs(self) -> None:
+    def _run_outputs(self) -> None:
+        """Where and how training runs start: the template, its zone and the commands."""
         training = self.settings.training
         cdk.CfnOutput(
             self,
@@ -331,6 +332,9 @@ class TrainingStack(EnvironmentStack):
                 value=self.training_template.run_command(nodes),
                 description=f"Starts a {nodes}-node training run (EFA: {training.efa})",
             )
+
+    def _outputs(self) -> None:
+        self._run_outputs()
         cdk.CfnOutput(
             self,
             "TrainingLogGroupName",

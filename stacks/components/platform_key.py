@@ -1,0 +1,76 @@
+"""The customer-managed KMS key that encrypts one environment's data at rest (buckets, logs, volumes, jobs)."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+
+class PlatformKey(kms.Key):
+    """A rotating key whose policy lets CloudWatch Logs and CloudWatch alarms use it on the account's behalf, and
+    allows grants only for AWS resources or from AWS services.
+
+    A kms.Key itself (not a construct around one): the key keeps its construct path, which other stacks' templates
+    quote in acknowledgements of the log groups it encrypts.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        alias: str,
+        description: str,
+        removal_policy: cdk.RemovalPolicy,
+        pending_window_days: int,
+    ) -> None:
+        super().__init__(
+            scope,
+            construct_id,
+            alias=alias,
+            description=description,
+            enable_key_rotation=True,
+            removal_policy=removal_policy,
+            pending_window=cdk.Duration.days(pending_window_days),
+        )
+        stack = cdk.Stack.of(self)
+        # Services that encrypt on the platform's behalf: log groups (flow logs, training logs) and alarm topics.
+        self.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowCloudWatchLogs",
+                principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
+                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
+                resources=["*"],
+                conditions={
+                    "ArnLike": {
+                        "kms:EncryptionContext:aws:logs:arn": f"arn:{stack.partition}:logs:{stack.region}:"
+                        f"{stack.account}:*"
+                    }
+                },
+            )
+        )
+        self.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowCloudWatchAlarmsToPublishToEncryptedTopics",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"],
+                conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
+            )
+        )
+        # Grants only for AWS resources (EBS volumes, SageMaker jobs) or from AWS services (Control Tower
+        # CT.KMS.PR.3): a principal with kms:CreateGrant cannot hand the key's use to anyone else directly.
+        self.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="DenyGrantsExceptForAwsResources",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["kms:CreateGrant"],
+                resources=["*"],
+                conditions={
+                    "BoolIfExists": {"kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "false"}
+                },
+            )
+        )
