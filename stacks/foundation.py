@@ -11,7 +11,7 @@ from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
-from constructs import Construct
+from constructs import Construct, IConstruct
 
 from stacks.compliance import acknowledge_short_retention, log_retention
 from stacks.components.logical_ids import keep_logical_ids
@@ -183,7 +183,7 @@ class FoundationStack(EnvironmentStack):
     def _keep_deployed_logical_ids(self) -> None:
         """The resources this stack once built as its direct children keep the logical ids they were deployed with
         (a construct's main resource, its child ``Default``, keeps its id without this)."""
-        moved = {
+        moved: dict[str, IConstruct] = {
             "EndpointExecutionRolePolicy": self.endpoint_execution.policy,
             "TrainingInstancePolicy": self.training_instance.policy,
             "TrainingInstanceProfile": self.training_instance.instance_profile,
