@@ -109,14 +109,17 @@ class MultiModelEndpointStack(EnvironmentStack):
         self.scalable_target, self.alarm_topic = endpoint.scalable_target, endpoint.alarm_topic
         self.alarms = endpoint.add_alarms(self._alarm_table())
         self._sizing()
-        self.invoke_policy = iam.ManagedPolicy(
+        self.invoke_policy = self._invoke_policy(mme.invoke_allowed_models)
+        self._outputs()
+
+    def _invoke_policy(self, allowed_models: Sequence[str]) -> iam.ManagedPolicy:
+        return iam.ManagedPolicy(
             self,
             "InvokePolicy",
             description="Attach to clients of the multi-model endpoint: invoke it"
-            + (" for the listed models only" if mme.invoke_allowed_models else ""),
-            statements=[self.invoke_statement(mme.invoke_allowed_models or None)],
+            + (" for the listed models only" if allowed_models else ""),
+            statements=[self.invoke_statement(allowed_models or None)],
         )
-        self._outputs()
 
     def _alarm_table(self) -> list[AlarmSpec]:
         endpoint, name = self.sagemaker_endpoint, self.settings.name

@@ -133,27 +133,7 @@ class PromotionPipeline(Construct):
             raise ValueError(f"the pipeline builds one set of images for one project, not {sorted(projects)}")
         super().__init__(scope, construct_id)
         stack = cdk.Stack.of(self)
-        self.key = kms.Key(
-            self,
-            "ArtifactsKey",
-            description="Encrypts the promotion pipeline's artifacts, build logs and cross-account deployments",
-            enable_key_rotation=True,
-        )
-        self.key.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="AllowCodeBuildLogGroups",
-                principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
-                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
-                resources=["*"],
-                conditions={
-                    "ArnLike": {
-                        "kms:EncryptionContext:aws:logs:arn": stack.format_arn(
-                            service="logs", resource="*", arn_format=cdk.ArnFormat.NO_RESOURCE_NAME
-                        )
-                    }
-                },
-            )
-        )
+        self.key = self._artifacts_key()
         buckets = SecureBuckets(
             self,
             KEEP_LOGICAL_IDS,
@@ -177,28 +157,7 @@ class PromotionPipeline(Construct):
         self.synth_step = pipelines.CodeBuildStep(
             "Synth", input=self.source, commands=list(SYNTH_COMMANDS), primary_output_directory="cdk.out"
         )
-        self.pipeline = pipelines.CodePipeline(
-            self,
-            "Pipeline",
-            synth=self.synth_step,
-            self_mutation=True,
-            # Deployments into other accounts read the artifacts: the bucket needs a customer-managed key.
-            cross_account_keys=True,
-            artifact_bucket=self.artifact_bucket,
-            cli_version=cdk_cli_version(),
-            cdk_assets_cli_version=CDK_ASSETS_VERSION,
-            code_build_defaults=pipelines.CodeBuildOptions(
-                build_environment=codebuild.BuildEnvironment(
-                    build_image=codebuild.LinuxBuildImage.STANDARD_7_0, compute_type=codebuild.ComputeType.MEDIUM
-                ),
-                partial_build_spec=codebuild.BuildSpec.from_object(
-                    {"phases": {"install": {"runtime-versions": {"python": "3.11"}}}}
-                ),
-                logging=codebuild.LoggingOptions(
-                    cloud_watch=codebuild.CloudWatchLoggingOptions(log_group=self.build_logs)
-                ),
-            ),
-        )
+        self.pipeline = self._code_pipeline()
         self.images: ImageBuilds | None = None
         if images:
             self.images = ImageBuilds(
@@ -228,6 +187,57 @@ class PromotionPipeline(Construct):
             self.images.rebuild_weekly(self.pipeline.pipeline)
         self._acknowledge_generated()
         self._lint_clean_pipeline()
+
+    def _artifacts_key(self) -> kms.Key:
+        """The key of the artifacts, build logs and cross-account deployments; CloudWatch Logs may use it for the
+        build log groups of this account and region only."""
+        stack = cdk.Stack.of(self)
+        key = kms.Key(
+            self,
+            "ArtifactsKey",
+            description="Encrypts the promotion pipeline's artifacts, build logs and cross-account deployments",
+            enable_key_rotation=True,
+        )
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowCodeBuildLogGroups",
+                principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
+                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
+                resources=["*"],
+                conditions={
+                    "ArnLike": {
+                        "kms:EncryptionContext:aws:logs:arn": stack.format_arn(
+                            service="logs", resource="*", arn_format=cdk.ArnFormat.NO_RESOURCE_NAME
+                        )
+                    }
+                },
+            )
+        )
+        return key
+
+    def _code_pipeline(self) -> pipelines.CodePipeline:
+        return pipelines.CodePipeline(
+            self,
+            "Pipeline",
+            synth=self.synth_step,
+            self_mutation=True,
+            # Deployments into other accounts read the artifacts: the bucket needs a customer-managed key.
+            cross_account_keys=True,
+            artifact_bucket=self.artifact_bucket,
+            cli_version=cdk_cli_version(),
+            cdk_assets_cli_version=CDK_ASSETS_VERSION,
+            code_build_defaults=pipelines.CodeBuildOptions(
+                build_environment=codebuild.BuildEnvironment(
+                    build_image=codebuild.LinuxBuildImage.STANDARD_7_0, compute_type=codebuild.ComputeType.MEDIUM
+                ),
+                partial_build_spec=codebuild.BuildSpec.from_object(
+                    {"phases": {"install": {"runtime-versions": {"python": "3.11"}}}}
+                ),
+                logging=codebuild.LoggingOptions(
+                    cloud_watch=codebuild.CloudWatchLoggingOptions(log_group=self.build_logs)
+                ),
+            ),
+        )
 
     def _approval(self, environment: PromotionTarget) -> pipelines.ManualApprovalStep:
         return pipelines.ManualApprovalStep(
