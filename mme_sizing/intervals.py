@@ -13,6 +13,7 @@ Both are two-sided 95% intervals unless told otherwise.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -82,7 +83,7 @@ def lag1_autocorrelation(values: Sequence[float]) -> float:
     variance = sum(d * d for d in deviations)
     if variance == 0:
         return math.nan
-    return sum(a * b for a, b in zip(deviations, deviations[1:], strict=False)) / variance
+    return sum(a * b for a, b in itertools.pairwise(deviations)) / variance
 
 
 def student_t_quantile(probability: float, degrees_of_freedom: int) -> float:
