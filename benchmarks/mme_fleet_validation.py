@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import functools
 import itertools
+import math
 import os
 import shlex
 import shutil
@@ -40,6 +41,7 @@ from typing import Any
 # Locust (through the load test) first: it monkey-patches the interpreter with gevent, which must happen before
 # requests imports ssl.
 from locust import task
+from requests import RequestException
 
 from benchmarks import mme_locustfile
 from benchmarks.mme_load_test import server_pid
@@ -102,7 +104,7 @@ def _saturated(user_class: type[_ProbeUser], first_probe: int, args: argparse.Na
 def measure_costs(
     server: LocalModelServer, prefix: Path, names: list[str], first_probe: int, args: argparse.Namespace,
     cpu: CpuAccount
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, Any]:  # fmt: skip
     """Probes on the harness's own server, none of them a pattern run (``names``: the probe models, from index
     ``first_probe`` of the name template).
 
@@ -146,14 +148,19 @@ def measure_costs(
         "reload_s": statistics.median(reload) - service,
         "unload_s": statistics.median(unload),
         "warm_request_s": service,
-        "one_model_rps": one_model["tps"],
-        "one_model_cores_left": one_model["cpu"]["cores_left"],
-        "worker_s": one_cpu["workers_s"],
-        "worker_wall_s": 1 / one_model["tps"],
+        # A request holds its model's worker while the worker computes and while TorchServe's frontend hands the
+        # request to it and reads the answer (WorkerThread sends one request and waits for its answer before the
+        # next): the worker's and the Java frontend's CPU per request, from the probe on the models' own workers.
+        "worker_s": own_cpu["workers_s"] + own_cpu["frontend_s"],
+        # Outside the worker: the client (Locust and the harness in this process).
+        "frontend_s": own_cpu["client_s"],
         "own_models_rps": own_models["tps"],
         "own_models_cores_left": own_models["cpu"]["cores_left"],
-        "frontend_s": own_cpu["client_s"] + own_cpu["frontend_s"],
-        "own_models_worker_s": own_cpu["workers_s"],
+        "own_models_cpu_per_request": own_cpu,
+        "one_model_rps": one_model["tps"],
+        "one_model_cores_left": one_model["cpu"]["cores_left"],
+        "one_model_cpu_per_request": one_cpu,
+        "worker_wall_s": 1 / one_model["tps"],
     }
 
 
@@ -259,7 +266,11 @@ def _run(endpoint: LocalMultiModelEndpoint, server: LocalModelServer, resident: 
         opened.update(at=time.monotonic(), resident=endpoint.resident())
 
     def held() -> dict[str, float]:
-        return {"resident": len(endpoint.resident()), "registered": len(server.loaded())}
+        try:
+            registered = float(len(server.loaded()))
+        except RequestException:  # the management API is slow on a busy host: skip this sample
+            registered = math.nan
+        return {"resident": len(endpoint.resident()), "registered": registered}
 
     row = measure_pattern(pattern, users=args.users, spawn_rate=args.spawn_rate, warmup_s=args.warmup,
                           budget=args.budget, cpu=cpu, on_window_start=window_opens, sample=held)  # fmt: skip
@@ -292,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             cpu = CpuAccount(server_pid=server_pid(server))
             # Probe models the patterns never name.
             costs = measure_costs(server, prefix, names[args.models :], args.models, args, cpu)
-            print("measured costs: " + ", ".join(f"{k} {v:.4f}" for k, v in costs.items()), flush=True)
+            print(f"measured costs: {costs}", flush=True)
             for resident in args.resident:
                 endpoint = LocalMultiModelEndpoint(server, prefix, max_resident_models=resident)
                 for pattern in args.patterns:
@@ -311,20 +322,30 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     judge(row)  # fmt: skip
                     rows.append(row)
-                    print(f"{resident} resident, {pattern}: {row['requests']} requests, {row['model_loads']} loads "
-                          f"(ideal LRU {row['replay_loads']}), {row['stopped']}; TPS {row['tps']:.2f} "
-                          f"[{row['tps_interval']['low']:.2f}, {row['tps_interval']['high']:.2f}] predicted "
-                          f"{row['predicted']['tps']['mean']:.2f} ({row['tps_verdict']}); hit ratio "
-                          f"{row['hit_ratio']:.2f} [{row['hit_ratio_interval']['low']:.2f}, "
-                          f"{row['hit_ratio_interval']['high']:.2f}] predicted "
-                          f"{row['predicted']['hit_ratio']['mean']:.2f} ({row['hit_ratio_verdict']}); cores left "
-                          f"{row['cpu']['cores_left']:.2f}", flush=True)  # fmt: skip
+                    print(_line(row), flush=True)
+                    settings = {"users": args.users, "warmup_s": args.warmup, **dataclasses.asdict(args.budget)}
+                    result = {"command": command, "host": host, "costs": costs, "settings": settings,
+                              "seeds": args.seeds, "rows": rows}  # fmt: skip
+                    write_results(result, args.output_dir, args.name)  # after every run: a stopped run keeps its data
                 endpoint.unload_all()
-    settings = {"users": args.users, "warmup_s": args.warmup, **dataclasses.asdict(args.budget)}
-    result = {"command": command, "host": host, "costs": costs, "settings": settings, "seeds": args.seeds,
-              "rows": rows}  # fmt: skip
-    write_results(result, args.output_dir, args.name)
     return 0
+
+
+def _line(row: dict[str, Any]) -> str:
+    predicted = row["predicted"]
+    return (
+        f"{row['resident']} resident, {row['pattern']}: {row['requests']} requests, {row['model_loads']} loads (ideal "
+        f"LRU {row['replay_loads']}), {row['stopped']}; TPS {_interval(row, 'tps')} predicted "
+        f"{predicted['tps']['mean']:.2f} ({row['tps_verdict']}); hit ratio {_interval(row, 'hit_ratio')} predicted "
+        f"{predicted['hit_ratio']['mean']:.2f} ({row['hit_ratio_verdict']}); cores left {row['cpu']['cores_left']:.2f}"
+    )
+
+
+def _interval(row: dict[str, Any], key: str) -> str:
+    interval = row[f"{key}_interval"]
+    if interval is None:
+        return "none (nothing answered)"
+    return f"{interval['estimate']:.2f} [{interval['low']:.2f}, {interval['high']:.2f}]"
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ SEEDS = 5
 INSIDE, WITHIN, OUTSIDE = "inside", f"within {ACCEPTABLE_ERROR:.0%}", "outside"
 
 
-def model_cost(costs: dict[str, float]) -> ModelCost:
+def model_cost(costs: dict[str, Any]) -> ModelCost:
     """The simulation's costs of one harness model, from the probes' measurements."""
     return ModelCost(
         worker_memory_mib=1.0,  # the harness limits models by count: one unit of memory per model
@@ -47,7 +47,7 @@ def model_cost(costs: dict[str, float]) -> ModelCost:
 
 
 def predict(
-    costs: dict[str, float],
+    costs: dict[str, Any],
     *,
     cores: float,
     models: int,
@@ -115,6 +115,8 @@ def judge(row: dict[str, Any]) -> dict[str, Any]:
 
 def _cell(row: dict[str, Any], key: str) -> str:
     interval = row[f"{key}_interval"]
+    if interval is None:
+        return "none"
     digits = 2 if key == "hit_ratio" or row[key] < 100 else 0
     return f"{row[key]:.{digits}f} [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]"
 
@@ -162,7 +164,8 @@ def write_results(result: dict[str, Any], output_dir: Path, name: str = "mme_fle
         "Inputs of the prediction, measured on the same server before the runs by probes that are not pattern runs: "
         f"a load takes {costs['load_cpu_s']:.2f} s of CPU ({settings['users']} reloads at once: "
         f"{costs['concurrent_reload_s']:.2f} s wall); a request holds its model's worker {costs['worker_s'] * 1000:.1f}"
-        f" ms and takes {costs['frontend_s'] * 1000:.1f} ms of CPU outside it (client and Java frontend); unpacking "
+        f" ms (its CPU and the Java frontend's) and takes {costs['frontend_s'] * 1000:.1f} ms of CPU outside it (the "
+        "Locust client and the harness); unpacking "
         f"{max(0.0, costs['first_load_s'] - costs['reload_s']):.2f} s, unload {costs['unload_s']:.3f} s.",
         "",
         "| models | resident | pattern | requests | loads | measured TPS [95% CI] | predicted TPS | TPS verdict "
