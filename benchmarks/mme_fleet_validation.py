@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import functools
 import itertools
+import json
 import math
 import os
 import shlex
@@ -236,6 +237,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--patterns", nargs="+", choices=PATTERNS, default=list(PATTERNS))
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--name", default="mme_fleet_validation", help="results file name (.json and .md)")
+    parser.add_argument("--costs-from", type=Path, metavar="RESULTS",
+                        help="skip the probes: take the costs of an earlier results file of this benchmark (CPU "
+                             "seconds, so a later run on the same host can reuse them)")  # fmt: skip
     args = parser.parse_args(argv)
     args.spawn_rate = args.users  # every user starts at once, as the simulation's clients do
     if args.models <= HOT_SET:
@@ -246,6 +250,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--users and --seeds must be positive, --warmup not negative")
     if min(args.resident) < args.users:
         parser.error("--resident must be at least --users, or a load can find every resident model in use")
+    if args.costs_from is not None and not args.costs_from.is_file():
+        parser.error(f"--costs-from: no results file at {args.costs_from}")
     try:
         args.budget = Budget(precision=args.precision, max_requests=args.max_requests, max_window_s=args.max_window,
                              batch_s=args.batch_seconds)  # fmt: skip
@@ -301,8 +307,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copy(archive, prefix / name)
         with LocalModelServer(work / "server") as server:
             cpu = CpuAccount(server_pid=server_pid(server))
-            # Probe models the patterns never name.
-            costs = measure_costs(server, prefix, names[args.models :], args.models, args, cpu)
+            if args.costs_from is None:  # probe models the patterns never name
+                costs = measure_costs(server, prefix, names[args.models :], args.models, args, cpu)
+            else:
+                costs = {**json.loads(args.costs_from.read_text())["costs"], "from": str(args.costs_from)}
             print(f"measured costs: {costs}", flush=True)
             for resident in args.resident:
                 endpoint = LocalMultiModelEndpoint(server, prefix, max_resident_models=resident)

@@ -146,6 +146,12 @@ def write_results(result: dict[str, Any], output_dir: Path, name: str = "mme_fle
     (output_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     costs, settings = result["costs"], result["settings"]
     counts = result["summary"]
+    probed = (
+        f"Inputs of the prediction, measured by the probes of `{costs['from']}` (not pattern runs): "
+        if "from" in costs
+        else "Inputs of the prediction, measured on the same server before the runs by probes that are not pattern "
+        "runs: "
+    )
     lines = [
         "# Fleet simulation against the local multi-model harness",
         "",
@@ -161,8 +167,7 @@ def write_results(result: dict[str, Any], output_dir: Path, name: str = "mme_fle
         f"{result['seeds']} seeds ± their standard deviation, on the CPU the run had (the host's CPUs less what other "
         "processes took during its window: column `cores`).",
         "",
-        "Inputs of the prediction, measured on the same server before the runs by probes that are not pattern runs: "
-        f"a load takes {costs['load_cpu_s']:.2f} s of CPU ({settings['users']} reloads at once: "
+        probed + f"a load takes {costs['load_cpu_s']:.2f} s of CPU ({settings['users']} reloads at once: "
         f"{costs['concurrent_reload_s']:.2f} s wall); a request holds its model's worker {costs['worker_s'] * 1000:.1f}"
         f" ms (its CPU and the Java frontend's) and takes {costs['frontend_s'] * 1000:.1f} ms of CPU outside it (the "
         "Locust client and the harness); unpacking "

@@ -98,7 +98,8 @@ def test_report_shows_intervals_predictions_verdicts_and_what_the_harness_held(t
     ("argv", "message"),
     [(["--models", "8"], "must exceed 10"), (["--resident", "20"], "between 1 and --models"),
      (["--resident", "2", "--users", "4"], "at least --users"),
-     (["--max-window", "15", "--batch-seconds", "10"], "must hold two batches")],
+     (["--max-window", "15", "--batch-seconds", "10"], "must hold two batches"),
+     (["--costs-from", "no-such-results.json"], "no results file at no-such-results.json")],
 )  # fmt: skip
 def test_bad_arguments_stop_before_any_server_starts(argv: list[str], message: str) -> None:
     result = subprocess.run([sys.executable, "-m", "benchmarks.mme_fleet_validation", *argv],
