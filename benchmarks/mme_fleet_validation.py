@@ -237,6 +237,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--patterns", nargs="+", choices=PATTERNS, default=list(PATTERNS))
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--name", default="mme_fleet_validation", help="results file name (.json and .md)")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="RESULTS",
+        help="measure nothing: judge the rows of a results file again and rewrite its .json and .md",
+    )
     parser.add_argument("--costs-from", type=Path, metavar="RESULTS",
                         help="skip the probes: take the costs of an earlier results file of this benchmark (CPU "
                              "seconds, so a later run on the same host can reuse them)")  # fmt: skip
@@ -287,8 +293,22 @@ def _run(endpoint: LocalMultiModelEndpoint, server: LocalModelServer, resident: 
     return row
 
 
+def render(path: Path) -> None:
+    """Judge a results file's measured rows again (the current verdict rules, a rate interval cut at 0) and rewrite
+    its .json and .md: the same measurements, the current report."""
+    result = json.loads(path.read_text())
+    for row in result["rows"]:
+        if row["tps_interval"] is not None:
+            row["tps_interval"]["low"] = max(0.0, row["tps_interval"]["low"])
+        judge(row)
+    write_results(result, path.parent, path.stem)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
+    if args.render is not None:
+        render(args.render)
+        return 0
     from training_assets.tiny_model import build_tiny_model  # torch: only once the arguments are good
 
     command = "python -m benchmarks.mme_fleet_validation " + shlex.join(sys.argv[1:] if argv is None else argv)
@@ -311,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                 costs = measure_costs(server, prefix, names[args.models :], args.models, args, cpu)
             else:
                 costs = {**json.loads(args.costs_from.read_text())["costs"], "from": str(args.costs_from)}
-            print(f"measured costs: {costs}", flush=True)
+            print(f"costs: {costs}", flush=True)
             for resident in args.resident:
                 endpoint = LocalMultiModelEndpoint(server, prefix, max_resident_models=resident)
                 for pattern in args.patterns:

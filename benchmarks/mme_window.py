@@ -9,6 +9,7 @@ processes' CPU, and ``cores_left`` (CPUs less the others' average use) is what t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -118,6 +119,8 @@ def window_statistics(requests: Sequence[Completed], start: float, batches: int,
     loads = sum(r.kind == "cold" for r in known)
     rates = [count / batch_s for count in counts]
     throughput = batch_means(rates) if batches >= 2 else None
+    if throughput is not None and throughput.low < 0:  # a rate is never negative: the t interval is cut at 0
+        throughput = dataclasses.replace(throughput, low=0.0)
     hit_ratio = wilson(len(known) - loads, len(known)) if known else None
     latencies = sorted(r.response_ms for r in answered)
     cold = sorted(r.response_ms for r in known if r.kind == "cold")

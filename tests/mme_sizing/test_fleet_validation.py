@@ -86,12 +86,13 @@ def test_report_shows_intervals_predictions_verdicts_and_what_the_harness_held(t
         "| 16 | 4 | uniform | 100 | 75 | 1.00 [0.91, 1.09] | 1.05 ± 0.05 | inside (+5%) | 0.25 [0.18, 0.34] | "
         "0.27 ± 0.01 | inside | 1.60 | 50 s | yes |"
     ) in report
-    assert "| 1.50 ± 0.05 | outside (+50%) |" in report and "50 s, inconclusive | NO |" in report
-    assert "1 of 2 runs pass" in report and "1 of 2 windows were conclusive" in report
+    assert "| 1.50 ± 0.05 | outside (+50%) |" in report and "50 s, inconclusive | inconclusive (no) |" in report
+    assert "1 of 2 windows were conclusive; 1 of them pass" in report
+    assert "0 of the 1 inconclusive runs have the prediction inside" in report
     assert "| 16 | 4 | uniform | 3.9 | 4.0 | 75 | 60 |" in report
     assert "Wilson" in report and "batch means" in report
     saved = json.loads((tmp_path / "mme_fleet_validation.json").read_text())
-    assert saved["summary"]["pass"] == 1 and saved["rows"][1]["tps_verdict"] == OUTSIDE
+    assert saved["summary"]["conclusive_pass"] == 1 and saved["rows"][1]["tps_verdict"] == OUTSIDE
 
 
 @pytest.mark.parametrize(

@@ -51,6 +51,11 @@ def test_failed_requests_count_for_throughput_but_not_for_the_hit_ratio() -> Non
     assert stats["hit_ratio_interval"] == wilson(18, 18).as_dict()
 
 
+def test_a_throughput_interval_stops_at_zero() -> None:
+    stats = window_statistics(requests_per_batch([0, 0, 0, 0, 3]), 100.0, 5, 1.0)  # t interval 0.6 +- 1.67
+    assert stats["tps_interval"]["low"] == 0.0 and stats["tps_interval"]["high"] > 2
+
+
 def test_a_deployed_endpoint_has_no_hit_ratio() -> None:
     invokes = [Completed(100.0 + i / 10, "invoke", False, 5) for i in range(20)]
     stats = window_statistics(invokes, 100.0, 2, 1.0)
