@@ -38,10 +38,10 @@ def machine_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / _CLOCK_TICKS
 
 
-def _cpu_s(process: psutil.Process, *, children: bool) -> float:
+def _cpu_s(process: psutil.Process) -> tuple[float, float]:
+    """A process's own CPU seconds, and its reaped children's."""
     times = process.cpu_times()
-    own = times.user + times.system
-    return own + (times.children_user + times.children_system if children else 0.0)
+    return times.user + times.system, times.children_user + times.children_system
 
 
 @dataclass
@@ -54,8 +54,8 @@ class CpuAccount:
     cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
 
     def snapshot(self) -> dict[str, float]:
-        used = {"wall_s": time.monotonic(), "machine_s": machine_busy_s(), "client_s": _cpu_s(psutil.Process(),
-                children=False), "frontend_s": 0.0, "workers_s": 0.0}  # fmt: skip
+        used = {"wall_s": time.monotonic(), "machine_s": machine_busy_s(), "client_s": _cpu_s(psutil.Process())[0],
+                "frontend_s": 0.0, "workers_s": 0.0}  # fmt: skip
         if self.server_pid is None:
             return used
         try:
@@ -65,12 +65,13 @@ class CpuAccount:
             return used
         for process in tree:
             try:
-                name = process.name()
-                # A process's children times hold its reaped children: Java's are the unloaded workers.
-                cpu = _cpu_s(process, children=process is not launcher)
+                frontend = process is launcher or process.name() == "java"
+                own, reaped = _cpu_s(process)
             except psutil.NoSuchProcess:  # a worker that ended between the listing and the read
                 continue
-            used["frontend_s" if name == "java" or process is launcher else "workers_s"] += cpu
+            used["frontend_s" if frontend else "workers_s"] += own
+            # Java's reaped children are the unloaded workers (the launcher's would be Java itself, still running).
+            used["workers_s"] += reaped if process is not launcher else 0.0
         return used
 
     def between(self, before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
