@@ -85,7 +85,8 @@ def test_failed_requests_are_counted_as_errors():
 def test_a_window_stops_once_its_intervals_are_narrow_enough():
     row = _run("hot-model", window=("--duration", "60", "--batch-seconds", "0.5", "--precision", "0.5",
                                     "--max-requests", "100000"))  # fmt: skip
-    assert row["stopped"] == "precise" and row["conclusive"] and row["batches"] == 5  # the fewest batches allowed
+    assert row["stopped"] == "precise" and row["conclusive"]
+    assert 5 <= row["batches"] < 120  # at least the five batches a window needs, long before its 60 s budget
     for interval in (row["tps_interval"], row["hit_ratio_interval"]):
         assert interval["high"] - interval["low"] <= interval["estimate"]  # half-width at most 50%
 
