@@ -66,7 +66,7 @@ templates: $(SYNTH_INSTALLED) node_modules/.installed
 
 ## Predicted behaviour of each environment's multi-model endpoint (ENV=prod for one); needs only the synth install.
 mme-plan: $(SYNTH_INSTALLED)
-	$(BIN)/python -m mme_sizing.plan $(if $(ENV),--env $(ENV))
+	$(BIN)/python -m stacks.mme_plan $(if $(ENV),--env $(ENV))
 
 ## Lint, format check and type check, then the whole test suite (templates, settings, assets, real local model servers).
 test: install

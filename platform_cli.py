@@ -29,7 +29,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "inference_assets.tools.endpoint_client", "smoke-test a deployed endpoint", ("smoke-test",)
     ),
     "load-test": Subcommand("benchmarks.mme_load_test", "the three MME traffic patterns, local or deployed"),
-    "mme-plan": Subcommand("mme_sizing.plan", "predict each environment's multi-model endpoint for the three patterns"),
+    "mme-plan": Subcommand("stacks.mme_plan", "predict each environment's multi-model endpoint for the three patterns"),
     "review": Subcommand("ops_review.__main__", "ops review of cdk.out (or --diff of two)"),
     "cleanup": Subcommand("ops_review.cleanup", "what SageMaker and EC2 leave outside CloudFormation"),
 }
