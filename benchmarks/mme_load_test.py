@@ -342,10 +342,7 @@ def write_results(result: dict[str, Any], output_dir: Path, *, title: str) -> No
 
 def server_pid(server: LocalModelServer) -> int:
     """The launcher of the server's process group (whose tree holds the Java frontend and the Python workers)."""
-    process = server._process
-    if process is None:
-        raise RuntimeError("the model server is not running")
-    return process.pid
+    return server.process_group
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What the fleet simulation needs to know about instances and models, and where each number comes from.
 
-* Instance types: vCPUs and memory from EC2's DescribeInstanceTypes data (``instance_types.json``; an ``ml.<type>``
-  has the hardware of the EC2 ``<type>``).
+* Instance types: vCPUs and memory from the platform's one table of instance facts (platform_facts/instances.json,
+  from EC2's DescribeInstanceTypes data; an ``ml.<type>`` has the hardware of the EC2 ``<type>``).
 * Model costs: measured on the local multi-model server by ``python -m benchmarks.mme_model_cost`` and recorded, with
   the measurement's provenance (command, date, machine, results file), in ``measured_costs.json`` next to this module.
   Synthesis and the plan read that checked-in data, never a benchmark's output; re-measuring changes the predictions
@@ -17,39 +17,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from mme_sizing.simulation import Fleet, ModelCost, ModelServer
+from platform_facts.instances import instance_type
 
 ROOT = Path(__file__).resolve().parents[1]
-INSTANCE_TYPES_FILE = Path(__file__).with_name("instance_types.json")
 MEASURED_COSTS_FILE = Path(__file__).with_name("measured_costs.json")
 # Plan to stay below the endpoint's MemoryUtilization alarm (stacks/multi_model_endpoint.py): above it models are
 # evicted under pressure and the alarm fires.
 MEMORY_PLANNING_SHARE = 0.85
-
-
-@dataclass(frozen=True)
-class InstanceType:
-    name: str
-    vcpus: int
-    memory_mib: int
-
-
-@cache
-def _instance_types() -> dict[str, Any]:
-    return json.loads(INSTANCE_TYPES_FILE.read_text())["types"]
-
-
-def instance_type(name: str) -> InstanceType:
-    """vCPUs and memory of a SageMaker CPU instance type such as ``ml.c5d.18xlarge``."""
-    known = _instance_types()
-    if name not in known:
-        raise ValueError(f"no vCPU and memory facts for {name!r} in {INSTANCE_TYPES_FILE.name}")
-    return InstanceType(name, known[name]["vcpus"], known[name]["memory_mib"])
 
 
 @cache
@@ -121,7 +100,7 @@ def fleet(
     measured: dict[str, Any] | None = None,
 ) -> Fleet:
     """``instances`` of a type, with the memory left for model workers once the model server's frontend runs."""
-    kind = instance_type(instance_type_name)
+    kind = instance_type(instance_type_name)  # the platform's instance facts (platform_facts/instances.json)
     frontend = (measured or measured_costs())["frontend_rss_mib"]
     return Fleet(
         instances=instances,

@@ -37,6 +37,7 @@ from mme_sizing.simulation import (
     Workload,
 )
 from mme_sizing.simulation import simulate as simulate_fleet
+from platform_facts.instances import UnknownInstanceType, instance_type
 
 
 class _Autoscaling(Protocol):
@@ -250,7 +251,7 @@ def parity_instances(inputs: SizingInputs) -> int | None:
     assumes that more instances never make a pattern fall behind: true of memory and cores, though the simulated
     routing could contradict it near the threshold."""
     limit = SEARCH_FACTOR * inputs.max_capacity
-    cores = costs.instance_type(inputs.instance_type).vcpus
+    cores = instance_type(inputs.instance_type).vcpus
     # Fewer instances than the busy cores need cannot keep up.
     failing = max(1, math.ceil(inputs.requests_per_second * inputs.service_s / cores)) - 1
     passing = min(max(autoscaled_instances(inputs), failing + 1), limit)
@@ -287,9 +288,9 @@ def hot_set_resident(endpoint: SizingInputs | EndpointSettings) -> str | None:
     inputs = sizing_inputs(endpoint)
     per_rate = f"{inputs.requests_per_second:g} requests/s"
     try:
-        costs.instance_type(inputs.instance_type)
-    except ValueError as error:
-        return f"The hot set cannot be checked: {error} (add the type to mme_sizing/instance_types.json)."
+        instance_type(inputs.instance_type)
+    except UnknownInstanceType as error:
+        return f"The hot set cannot be checked: {error}."
     if inputs.model_server == "torchserve":
         needed = hot_set_workers(inputs)["hot-model"]
         available = inputs.workers_per_model * inputs.min_capacity

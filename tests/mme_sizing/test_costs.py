@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import moto
 import pytest
 
 from mme_sizing import costs
@@ -25,19 +23,9 @@ MEASURED = {
 }
 
 
-def test_every_instance_type_matches_ec2s_describe_instance_types_data() -> None:
-    with gzip.open(Path(moto.__file__).parent / "ec2" / "resources" / "instance_types.json.gz") as stream:
-        shipped = json.load(stream)
-    ours = json.loads(costs.INSTANCE_TYPES_FILE.read_text())["types"]
-    assert {"ml.c5d.18xlarge", "ml.c5.2xlarge", "ml.c5.9xlarge", "ml.c7g.4xlarge"} <= ours.keys()
-    for name, facts in ours.items():
-        ec2 = shipped[name.removeprefix("ml.")]
-        assert facts == {"vcpus": ec2["VCpuInfo"]["DefaultVCpus"], "memory_mib": ec2["MemoryInfo"]["SizeInMiB"]}, name
-
-
 def test_an_unknown_instance_type_is_refused_with_the_file_to_extend() -> None:
-    with pytest.raises(ValueError, match=r"no vCPU and memory facts for 'ml\.x9\.large' in instance_types\.json"):
-        costs.instance_type("ml.x9.large")
+    with pytest.raises(ValueError, match=r"'ml\.x9\.large' is not in the platform's instance facts .*instances\.json"):
+        costs.fleet("ml.x9.large", 1, "djl", measured=MEASURED)
 
 
 def test_model_cost_holds_the_weights_once_and_the_runtime_per_worker() -> None:

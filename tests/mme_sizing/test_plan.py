@@ -114,7 +114,7 @@ def test_torchserve_cannot_scale_the_hot_model_past_its_fixed_workers() -> None:
 
 def test_an_instance_type_without_facts_is_a_warning_not_a_crash() -> None:
     warning = hot_set_resident(sizing(instance_type="ml.x9.xlarge"))
-    assert warning is not None and "ml.x9.xlarge" in warning and "instance_types.json" in warning
+    assert warning is not None and "ml.x9.xlarge" in warning and "platform_facts/instances.json" in warning
 
 
 def test_sizing_inputs_travel_through_template_metadata() -> None:
