@@ -18,6 +18,7 @@ from stacks.components.logical_ids import keep_logical_ids
 from stacks.components.platform_key import PlatformKey
 from stacks.components.platform_network import PlatformNetwork, WorkloadSecurityGroup
 from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy
+from stacks.components.sagemaker_endpoint import ModelNetwork
 from stacks.components.sagemaker_roles import EndpointExecutionRole, RemoteJobRole, VpcAttachment
 from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
 from stacks.components.training_instance_role import TrainingInstanceRole
@@ -179,6 +180,14 @@ class FoundationStack(EnvironmentStack):
             allowed_tag_keys=list(self.settings.resource_tags),
         )
         self.remote_job_launcher_policy = self.remote_job_launcher.policy
+
+    def model_network(self, *, isolated: bool) -> ModelNetwork:
+        """Where the endpoints' model containers run: the private subnets and the workload security group."""
+        return ModelNetwork(
+            subnet_ids=[subnet.subnet_id for subnet in self.private_subnets.subnets or []],
+            security_group_ids=[self.workload_security_group.security_group_id],
+            isolated=isolated,
+        )
 
     def _keep_deployed_logical_ids(self) -> None:
         """The resources this stack once built as its direct children keep the logical ids they were deployed with

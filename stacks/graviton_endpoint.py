@@ -20,7 +20,6 @@ from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     Autoscaling,
     DlcImage,
-    ModelNetwork,
     SageMakerEndpoint,
     endpoint_name_for,
 )
@@ -75,11 +74,7 @@ class GravitonEndpointStack(EnvironmentStack):
             environment=self._container_environment(),
             # With vendored dependencies the container needs no network at all: isolate it. Installing
             # code/requirements.txt at start-up needs egress (the private subnets' NAT) instead.
-            network=ModelNetwork(
-                subnet_ids=[subnet.subnet_id for subnet in foundation.private_subnets.subnets or []],
-                security_group_ids=[foundation.workload_security_group.security_group_id],
-                isolated=endpoint_settings.dependencies == "vendored",
-            ),
+            network=foundation.model_network(isolated=endpoint_settings.dependencies == "vendored"),
             instance_type=endpoint_settings.instance_type,
             initial_instance_count=endpoint_settings.initial_instance_count,
             key=foundation.key,

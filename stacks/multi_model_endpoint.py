@@ -22,7 +22,6 @@ from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     Autoscaling,
     DlcImage,
-    ModelNetwork,
     SageMakerEndpoint,
     endpoint_name_for,
 )
@@ -85,11 +84,7 @@ class MultiModelEndpointStack(EnvironmentStack):
             environment=CONTAINER_ENVIRONMENT[mme.model_server],
             # Archives are self-contained (dependencies vendored): the container needs no network of its own;
             # SageMaker still fetches the archives from S3 for it.
-            network=ModelNetwork(
-                subnet_ids=[subnet.subnet_id for subnet in foundation.private_subnets.subnets or []],
-                security_group_ids=[foundation.workload_security_group.security_group_id],
-                isolated=True,
-            ),
+            network=foundation.model_network(isolated=True),
             instance_type=mme.instance_type,
             initial_instance_count=mme.initial_instance_count,
             key=foundation.key,

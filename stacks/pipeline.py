@@ -99,6 +99,8 @@ class SmokeTestAccessStack(cdk.Stack):
     endpoint will serve (pre-deploy model check, given ``model_bucket`` and ``model_key``) and, given
     ``endpoint_name``, describe and invoke that endpoint (smoke test)."""
 
+    # Long: the role and its three optional grants (image digests, model lookup, smoke test), each with the condition
+    # that scopes it.
     def __init__(
         self,
         scope: Construct,

@@ -150,13 +150,10 @@ class PromotionPipeline(Construct):
         self.build_logs = logs.LogGroup(
             self, "BuildLogs", encryption_key=self.key, retention=logs.RetentionDays.THREE_MONTHS
         )
-
         self.source = pipelines.CodePipelineSource.connection(
             source.repository, source.branch, connection_arn=source.connection_arn
         )
-        self.synth_step = pipelines.CodeBuildStep(
-            "Synth", input=self.source, commands=list(SYNTH_COMMANDS), primary_output_directory="cdk.out"
-        )
+        self.synth_step = self._synth_step()
         self.pipeline = self._code_pipeline()
         self.images: ImageBuilds | None = None
         if images:
@@ -171,22 +168,23 @@ class PromotionPipeline(Construct):
                 pull_accounts=[target.account for target in targets if target.account],
             )
             self.pipeline.add_wave("Images", pre=self.images.steps(self.source))
-        self.stages: list[cdk.Stage] = []
-        for environment in targets:
-            # In the stack, beside this construct, not under it: a stage's construct path names its cloud assembly
-            # (assembly-<stack>-<env>), which should not change when the pipeline's code is reorganized.
-            promotion = stage_factory(stack, environment)
-            add_template_aspects(promotion.stage)
-            pre = [self._approval(environment)] if environment.name == "prod" else []
-            stack_steps, post = self._endpoint_steps(environment, promotion.endpoint)
-            stack_steps += self._image_steps(environment, promotion)
-            self.pipeline.add_stage(promotion.stage, pre=pre, post=post, stack_steps=stack_steps)
-            self.stages.append(promotion.stage)
+        self.stages = [self._add_stage(stack, target, stage_factory) for target in targets]
         self.pipeline.build_pipeline()
         if self.images is not None:
             self.images.rebuild_weekly(self.pipeline.pipeline)
         self._acknowledge_generated()
         self._lint_clean_pipeline()
+
+    def _add_stage(self, stack: cdk.Stack, target: PromotionTarget, stage_factory: StageFactory) -> cdk.Stage:
+        # In the stack, beside this construct, not under it: a stage's construct path names its cloud assembly
+        # (assembly-<stack>-<env>), which should not change when the pipeline's code is reorganized.
+        promotion = stage_factory(stack, target)
+        add_template_aspects(promotion.stage)
+        pre = [self._approval(target)] if target.name == "prod" else []
+        stack_steps, post = self._endpoint_steps(target, promotion.endpoint)
+        stack_steps += self._image_steps(target, promotion)
+        self.pipeline.add_stage(promotion.stage, pre=pre, post=post, stack_steps=stack_steps)
+        return promotion.stage
 
     def _artifacts_key(self) -> kms.Key:
         """The key of the artifacts, build logs and cross-account deployments; CloudWatch Logs may use it for the
@@ -214,6 +212,11 @@ class PromotionPipeline(Construct):
             )
         )
         return key
+
+    def _synth_step(self) -> pipelines.CodeBuildStep:
+        return pipelines.CodeBuildStep(
+            "Synth", input=self.source, commands=list(SYNTH_COMMANDS), primary_output_directory="cdk.out"
+        )
 
     def _code_pipeline(self) -> pipelines.CodePipeline:
         return pipelines.CodePipeline(

@@ -43,6 +43,8 @@ class TrainingLaunchTemplate(Construct):
     """A launch template for GPU training runs in one subnet; ``grant_launch`` lets a principal start runs from it
     and nothing else."""
 
+    # Long: one LaunchTemplate call holds every property of the instance a run gets (image, volume, metadata options,
+    # profile, placement), then the network interfaces per network card, which the L2 construct does not model.
     def __init__(
         self,
         scope: Construct,
@@ -225,6 +227,8 @@ class TrainingLaunchTemplate(Construct):
 
     # --- IAM ----------------------------------------------------------------------------------------------------
 
+    # Long: one statement per resource kind RunInstances authorizes, each with its condition keys and their sources;
+    # apart, it would not show which resource a condition guards.
     def launch_statements(self) -> list[iam.PolicyStatement]:
         """Start runs from this template and nothing broader, even when a caller overrides template parameters.
 
