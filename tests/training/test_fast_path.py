@@ -171,6 +171,23 @@ def test_bucketed_padding_learns_what_max_length_padding_learns(
 
 # ------------------------------------------------------------------------------ no host-device sync in the step loop
 
+
+@pytest.fixture()
+def compile_without_codegen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile with the aot_eager backend: TorchDynamo still captures the same graphs under the same guards
+    (what compiles, when, and what recompiles is decided there), and AOTAutograd still traces forward and backward,
+    but no C++ or Triton code is generated, which on a shared 2-core machine takes minutes per shape."""
+    real = torch.compile
+
+    def compile_(model: Any = None, **kwargs: Any) -> Any:
+        kwargs.pop("mode", None)
+        kwargs.pop("options", None)
+        kwargs["backend"] = "aot_eager"
+        return real(model, **kwargs) if model is not None else real(**kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile_)
+
+
 # Calls that make the host wait for the device (on CUDA) to read a value. On CPU they do not wait, but they are the
 # same calls: counting them on CPU shows what the loop would wait for on a GPU.
 SYNCING = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
@@ -219,6 +236,7 @@ class SyncCounter(TrainerCallback):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("compile_without_codegen")
 def test_the_step_loop_never_reads_the_device(tiny_model_dir: Path, sample_data: Path, tmp_path: Path) -> None:
     """The seed's settings read the token count (.item()) and test the loss for NaN (a Python `if` on a tensor) every
     step; the fast path reads the device only at log time."""
@@ -366,11 +384,11 @@ def test_the_sync_check_needs_a_gpu(tiny_model_dir: Path, sample_data: Path, tmp
 
 
 def _texts_of_many_lengths(sample_data: Path, folder: Path) -> Path:
-    """The sample texts joined by one to four: lengths from 6 to ~50 tokens, so batches fall into 5 buckets."""
+    """The sample texts joined by one to four: lengths from 6 to ~50 tokens, so batches fall into several buckets."""
     rows = [json.loads(line) for line in (sample_data / "train.jsonl").read_text().splitlines()]
     rng = random.Random(7)
     folder.mkdir(parents=True)
-    for split, count in (("train", 96), ("validation", 16)):
+    for split, count in (("train", 64), ("validation", 8)):
         picked = [rng.sample(rows, rng.choice([1, 1, 2, 3, 4])) for _ in range(count)]
         lines = [
             json.dumps({"text": " ".join(r["text"] for r in group), "label": group[0]["label"]}) for group in picked
@@ -380,6 +398,7 @@ def _texts_of_many_lengths(sample_data: Path, folder: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("compile_without_codegen")
 def test_compile_builds_one_graph_per_bucket_length_and_the_optimizer_step_once(
     tiny_model_dir: Path, sample_data: Path, tmp_path: Path
 ) -> None:
@@ -394,8 +413,9 @@ def test_compile_builds_one_graph_per_bucket_length_and_the_optimizer_step_once(
         per_device_batch_size=8, learning_rate=5e-3, max_seq_length=64, torch_compile=True,
     ))  # fmt: skip
     compilation = metrics["compilation"]
-    assert len(metrics["padding"]["steps_per_length"]) >= 4
+    # Three lengths at least: with dynamic shapes the second would compile one graph for all, the third nothing.
+    assert len(metrics["padding"]["steps_per_length"]) >= 3
     assert compilation["steps_that_compiled"] == compilation["first_steps_of_each_shape"]
     assert metrics["optimizer_step"].startswith("compiled") and metrics["cuda_graphs"] is False  # no CUDA on CPU
     # Steady: every step but the compiling ones (step 1, compiling too, is the warm-up step).
-    assert metrics["throughput"]["steady_steps"] == 2 * 12 - len(compilation["steps_that_compiled"])
+    assert metrics["throughput"]["steady_steps"] == 2 * 8 - len(compilation["steps_that_compiled"])
