@@ -35,8 +35,9 @@ SMALLEST_BUCKET = 8
 def bucket_lengths(max_length: int) -> tuple[int, ...]:
     """8, 16, 24, 32, 48, 64, 96, 128, 192, 256, ... up to ``max_length`` (always the last bucket).
 
-    Powers of two and 1.5 times powers of two: each bucket is at most 1.5x the one below, so rounding up wastes at
-    most a third of a batch's positions, with 8 buckets up to 128 and 12 up to 512.
+    Powers of two and 1.5 times powers of two from 16 on: each bucket is at most 1.5x the one below (2x from 8 to 16),
+    so rounding up wastes at most a third of a batch's positions above 16 tokens, with 8 buckets up to 128 and 12 up
+    to 512 (each is one compiled graph and one CUDA graph).
     """
     if max_length < 1:
         raise ValueError(f"max_length must be at least 1, got {max_length}")
@@ -90,13 +91,16 @@ class LengthBucketSampler(Sampler[int]):
     """Orders a split so that each run of ``batch_size`` indices is one batch of texts from the same bucket.
 
     Like transformers' ``LengthGroupedSampler`` (a random permutation cut into mega-batches of ``mega_batch_mult``
-    batches, sorted within each; the global torch RNG, so every rank of a torchrun draws the same order), with three
-    differences that keep the padding as low while the batches stay as mixed as a random sampler's:
+    batches, sorted within each; the global torch RNG, so every rank of a torchrun draws the same order), with four
+    differences that keep the padding low while the batches stay as mixed as the padding allows:
 
     - it sorts by bucket (``padded_length``), not by exact length, so texts of one bucket keep their random order:
       sorting by exact length also sorts by whatever correlates with length (in the shipped sample data, texts of 10
       tokens are mostly neutral and of 7 mostly positive), and makes batches of one class;
     - the batches of the epoch are shuffled, instead of running long to short within each mega-batch;
+    - so mega-batches are 50 batches even on a small split, where transformers makes them smaller (at least 4 per
+      epoch, to keep the batch order random): with 240 rows and batches of 32 that would be one batch per
+      mega-batch, no grouping at all (padding fraction 0.45 on the sample data instead of 0.30);
     - the ``len % batch_size`` rows a ``drop_last`` loader leaves out come last and are random rows, not the tail of
       the last sorted mega-batch.
 
@@ -114,8 +118,7 @@ class LengthBucketSampler(Sampler[int]):
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.bucket_of = [padded_length(length, buckets) for length in lengths]
         self.batch_size = batch_size
-        # transformers' default: 50 batches, or fewer so that a small split still makes 4 mega-batches.
-        self.mega_batch_mult = mega_batch_mult or max(1, min(len(lengths) // (batch_size * 4), 50))
+        self.mega_batch_mult = mega_batch_mult or 50
 
     def __len__(self) -> int:
         return len(self.bucket_of)
