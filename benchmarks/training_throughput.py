@@ -110,29 +110,36 @@ HONESTY = (
 )
 
 
+def roberta_base_config(pad_token_id: int, bos_token_id: int, eos_token_id: int) -> Any:
+    """A RobertaConfig of RoBERTa-base's size, vocabulary and positions included, with the sentiment labels."""
+    from transformers import RobertaConfig
+
+    labels = ("negative", "neutral", "positive")
+    return RobertaConfig(
+        vocab_size=ROBERTA_BASE_VOCABULARY,
+        max_position_embeddings=ROBERTA_BASE_POSITIONS,
+        type_vocab_size=1,
+        pad_token_id=pad_token_id,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        **ROBERTA_BASE,
+    )
+
+
 def build_roberta_base(output: Path) -> Path:
     """A RoBERTa-base-sized sequence classifier with random weights, offline: the tiny model's tokenizer (byte-level
-    BPE trained on the sample data, 512 tokens, allowed 512 positions) and a RobertaConfig of RoBERTa-base's size,
-    vocabulary included, so the embedding table and its optimizer state cost what the real model's do."""
-    from transformers import AutoTokenizer, RobertaConfig, RobertaForSequenceClassification
+    BPE trained on the sample data, 512 tokens, allowed 512 positions) and RoBERTa-base's config, vocabulary
+    included, so the embedding table and its optimizer state cost what the real model's do."""
+    from transformers import AutoTokenizer, RobertaForSequenceClassification
 
     build_tiny_model(output)  # the tokenizer files (and a tiny model, replaced below)
     tokenizer = AutoTokenizer.from_pretrained(output)
     tokenizer.model_max_length = ROBERTA_BASE_POSITIONS - 2
     tokenizer.save_pretrained(output)
     torch.manual_seed(0)
-    labels = ("negative", "neutral", "positive")
-    config = RobertaConfig(
-        vocab_size=ROBERTA_BASE_VOCABULARY,
-        max_position_embeddings=ROBERTA_BASE_POSITIONS,
-        type_vocab_size=1,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)},
-        **ROBERTA_BASE,
-    )
+    config = roberta_base_config(tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
     RobertaForSequenceClassification(config).save_pretrained(output, safe_serialization=True)
     return output
 
