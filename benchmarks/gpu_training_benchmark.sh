@@ -13,8 +13,9 @@
 # batch 32 (the comparison: 1,363 samples/s for the seed's three features on the old code) and at batch 256
 # (toward the batch size that gets the most of the GPU's bf16 peak). The fast path runs with
 # torch.cuda.set_sync_debug_mode("error") on its steady steps: a hidden host-device sync fails that run, the results
-# say so and the variant is measured again without the check. Expect about 6 to 9 minutes on an H200, most of it
-# compiling one graph per bucket length; run it with a limit of 570 s or more.
+# say so and the variant is measured again without the check. Not timed yet: the old benchmark's five variants took
+# about 4 minutes on an H200, and each fast-path variant adds the compilation of one graph per bucket length (cold
+# cache); give it 570 s, or fewer variants (VARIANTS=baseline,fast_path).
 #
 # Wheels: if .whl/ at the repository root holds wheels, they are installed into /tmp/site first. The training code
 # is tested with requirements-dev.txt's pins (transformers 5.23.0, tokenizers 0.23.3, accelerate 1.15.0); carry those
