@@ -609,7 +609,7 @@ class SentimentTrainer(Trainer):
     def create_optimizer(self, model: Any = None) -> torch.optim.Optimizer:
         optimizer = super().create_optimizer(model)
         if self.compile_optimizer and not isinstance(optimizer.step, CompiledOptimizerStep):
-            optimizer.step = CompiledOptimizerStep(optimizer)  # type: ignore[method-assign, assignment]
+            optimizer.step = CompiledOptimizerStep(optimizer)
         return optimizer
 
     def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
