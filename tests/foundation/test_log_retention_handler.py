@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from stacks.foundation import _LOG_RETENTION_ID, TRAINING_JOB_LOG_GROUP
-from tests.training.iam_policy import Request, is_allowed, logical_id, role_policies
+from ops_review.iam_policy import Request, is_allowed, logical_id, role_policies
 
 ACCOUNT = "123456789012"
 

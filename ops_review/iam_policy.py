@@ -1,4 +1,5 @@
-"""A small IAM evaluator for the policies of synthesized templates, and the API-call-to-action map it needs.
+"""A small IAM evaluator for the policies of synthesized templates, and the API-call-to-action map it needs (shared by
+the tests, the rehearsal and the operator commands that check the calls they make).
 
 Scope (fails closed on anything else): Allow and Deny statements with ``Action``/``NotAction`` and
 ``Resource``/``NotResource`` (strings or lists, ``*`` and ``?`` wildcards, which in IAM resource matching also span
