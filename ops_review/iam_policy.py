@@ -20,6 +20,7 @@ It does not model SCPs, permission boundaries or session policies: the platform 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -260,6 +261,13 @@ def resolve(value: Any, *, refs: dict[str, Any], exports: dict[str, Any] | None 
             body, variables = argument if isinstance(argument, list) else (argument, {})
             values = {k: resolve(v, refs=refs, exports=exports) for k, v in variables.items()}
             return re.sub(r"\$\{([^}]+)\}", lambda m: str(values[m[1]] if m[1] in values else refs[m[1]]), body)
+        if name == "Fn::Base64":
+            return base64.b64encode(str(resolve(argument, refs=refs, exports=exports)).encode()).decode()
+        if name == "Fn::Select":
+            index, items = argument
+            return resolve(items, refs=refs, exports=exports)[int(resolve(index, refs=refs, exports=exports))]
+        if name == "Fn::GetAZs":  # the region's zones, as refs["Fn::GetAZs"] lists them
+            return refs["Fn::GetAZs"]
         if name.startswith("Fn::"):
             raise Unsupported(name)
     return {k: resolve(v, refs=refs, exports=exports) for k, v in value.items()}

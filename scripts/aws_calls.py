@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime
@@ -62,6 +63,7 @@ class Record:
     # True / False: evaluated; None: not checked (principal without policies, or no credentials at all).
     allowed: bool | None
     error: str | None = None
+    at: float = 0.0  # time.time() of the call
 
 
 @dataclass
@@ -161,7 +163,6 @@ def install(
     import botocore.client
 
     original = botocore.client.BaseClient._make_api_call
-    by_key = {p.access_key: p for p in gate.principals}
     answers = stand_ins or {}
 
     def checked(client: Any, operation: str, params: dict[str, Any]) -> Any:
@@ -169,12 +170,12 @@ def install(
         step = os.environ.get(STEP_ENV, "")
         credentials = client._request_signer._credentials
         key = credentials.get_frozen_credentials().access_key if credentials is not None else None
-        principal = by_key.get(key) if key is not None else None
+        principal = next((p for p in gate.principals if p.access_key == key), None)  # principals may join later
         target = _target(params)
 
         def record(name: str, requests: list[Request], allowed: bool | None, error: str | None = None) -> None:
             pairs = [(r.action, r.resource) for r in requests]
-            _write(gate, Record(step, name, service, operation, target, pairs, allowed, error))
+            _write(gate, Record(step, name, service, operation, target, pairs, allowed, error, time.time()))
 
         if key is None:
             record("(no credentials)", [], None, "no credentials")
