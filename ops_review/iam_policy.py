@@ -508,6 +508,20 @@ def _s3_context(params: dict[str, Any]) -> dict[str, ContextValue]:
     return {key: str(params[name]) for name, key in names.items() if name in params}
 
 
+def _on_behalf_resource(call: Call, action: str) -> str:
+    """The resource of a request Application Auto Scaling makes for the caller: the variant's endpoint, its
+    configs, or the target-tracking alarms it names ``TargetTracking-<resource id>-AlarmHigh-<uuid>`` (and
+    ``-AlarmLow-``)."""
+    resource_id = str(call.params.get("ResourceId", ""))
+    if action in ("sagemaker:DescribeEndpoint", "sagemaker:UpdateEndpointWeightsAndCapacities"):
+        return _arn(call, "sagemaker", f"endpoint/{resource_id.split('/')[1].lower()}")
+    if action == "sagemaker:DescribeEndpointConfig":
+        return _arn(call, "sagemaker", "endpoint-config/*")
+    if action in ("cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms"):
+        return _arn(call, "cloudwatch", f"alarm:TargetTracking-{resource_id}-AlarmHigh")
+    return "*"
+
+
 def requests_for(
     call: Call,
     *,
@@ -560,11 +574,7 @@ def requests_for(
         if source_bucket in kms_encrypted_buckets:
             requests.append(Request("kms:Decrypt", kms_encrypted_buckets[source_bucket], via))
     if call.service == "application-autoscaling" and call.operation in _AUTOSCALING_ON_BEHALF:
-        resource = "*"
-        if call.operation == "RegisterScalableTarget" and call.params.get("ServiceNamespace") == "sagemaker":
-            endpoint = call.params["ResourceId"].split("/")[1].lower()
-            resource = _arn(call, "sagemaker", f"endpoint/{endpoint}")
-        requests += [Request(action, resource if action.startswith("sagemaker:") else "*", base)
+        requests += [Request(action, _on_behalf_resource(call, action), base)
                      for action in _AUTOSCALING_ON_BEHALF[call.operation]]  # fmt: skip
     if key == ("sagemaker-runtime", "InvokeEndpoint") and call.params.get("TargetModel"):
         requests = [Request(r.action, r.resource, {**r.context, "sagemaker:TargetModel": call.params["TargetModel"]})
