@@ -219,8 +219,8 @@ def test_with_the_foundation_deployed_the_model_key_and_buckets_are_checked(aws:
     boto3.client("s3", region_name=settings.region).put_object(
         Bucket=outputs["ArtifactsBucketName"], Key="endpoints/sentiment/model-v1.tar.gz", Body=b"archive"
     )
-    boto3.client("kms", region_name=settings.region).schedule_key_deletion(KeyId=outputs["PlatformKeyArn"],
-                                                                           PendingWindowInDays=7)  # fmt: skip
+    key_id = outputs["PlatformKeyArn"].rsplit("/", 1)[-1]
+    boto3.client("kms", region_name=settings.region).schedule_key_deletion(KeyId=key_id, PendingWindowInDays=7)
     account = Account(settings.region)
     account.stacks({"staging-Foundation": outputs}, ["staging-Foundation"])
     account.ec2_quota("L-417A185B", 384.0)
