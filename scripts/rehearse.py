@@ -57,6 +57,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterator
@@ -556,6 +557,9 @@ class Rehearsal:
         from moto.server import ThreadedMotoServer
 
         self.work.mkdir(parents=True, exist_ok=True)
+        # The @remote step's imports (the SDK, torch and transformers through the training code) take half a minute:
+        # made while the first steps wait on moto and on the nodes' shell scripts.
+        threading.Thread(target=_import_late_steps, daemon=True).start()
         undo = _patch_moto()
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
@@ -1062,6 +1066,13 @@ class Rehearsal:
 
 
 # --------------------------------------------------------------------------------------------------- moto patches
+
+
+def _import_late_steps() -> None:
+    import importlib
+
+    for module in ("sagemaker.core.remote_function", "training_assets.remote_train", "ops_review.cleanup"):
+        importlib.import_module(module)
 
 
 def _reset_moto(endpoint_url: str) -> None:
