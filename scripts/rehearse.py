@@ -7,20 +7,21 @@ Steps, as the README ("First deploy"), docs/training.md, docs/multi-model.md and
 
  1. synth             the environment's cloud assembly: the one given, or dev synthesized with
                       ``graviton_endpoint.model_data_key`` set (the README's step 3, so its endpoint can deploy);
- 2. deploy            Foundation, Training and MultiModelEndpoint: each template's resources created in moto from its
+ 2. preflight         ``pytorch-platform preflight -c env=<env>``: no blocker (quotas answer 1000, see below);
+ 3. deploy            Foundation, Training and MultiModelEndpoint: each template's resources created in moto from its
                       resolved properties (``cdk deploy``'s part), code assets published from the assembly;
- 3. EC2 training run  the Training stack's run command (a stack output) as the training launcher; every instance runs
+ 4. EC2 training run  the Training stack's run command (a stack output) as the training launcher; every instance runs
                       the launch template's user data for real with bash (so ec2_run.sh), as the instance role, with
                       the host shims of scripts/ec2_host.py; the instances power off;
- 4. package, upload   the operator fetches the run's model.tar.gz, checks that ``pytorch-platform package`` builds the
+ 5. package, upload   the operator fetches the run's model.tar.gz, checks that ``pytorch-platform package`` builds the
                       same bytes from the trained model, and uploads it to the endpoint's model key;
- 5. check-model       ``pytorch-platform check-model --env <env>`` (bucket from the Foundation stack's outputs);
- 6. publish (MME)     ``pytorch-platform publish package`` + ``publish publish`` under the endpoint's models prefix,
+ 6. check-model       ``pytorch-platform check-model --env <env>`` (bucket from the Foundation stack's outputs);
+ 7. publish (MME)     ``pytorch-platform publish package`` + ``publish publish`` under the endpoint's models prefix,
                       then a client holding the stack's InvokePolicy invokes the model by name (the AWS CLI);
- 7. serve locally     the archive on the real SageMaker toolkit + TorchServe, one prediction;
- 8. smoke test        GravitonEndpoint deployed; ``pytorch-platform smoke-test`` against it;
- 9. @remote           ``python -m training_assets.remote_train ... train`` with the config the stack writes to SSM;
-10. destroy, cleanup  the stacks' resources deleted, then ``pytorch-platform cleanup --env <env>``.
+ 8. serve locally     the archive on the real SageMaker toolkit + TorchServe, one prediction;
+ 9. smoke test        GravitonEndpoint deployed; ``pytorch-platform smoke-test`` against it;
+10. @remote           ``python -m training_assets.remote_train ... train`` with the config the stack writes to SSM;
+11. destroy, cleanup  the stacks' resources deleted, then ``pytorch-platform cleanup --env <env>``.
 
 Principals: each acts with its own access key, and scripts/aws_calls.py checks every call against the synthesized
 policies of the key's principal (the training launcher, the training instance role, the endpoint execution role, the
@@ -30,7 +31,8 @@ running the cleanup), and AWS services acting on their own (EC2 terminating an i
 
 What moto or this machine lacks, the rehearsal plays, and says so here (none of it changes product code):
 - CloudFormation: moto's needs every moto extra; the rehearsal creates the templates' resources itself and answers
-  DescribeStacks / ListStacks / ListStackResources from what it deployed (calls still checked).
+  DescribeStacks / ListStacks / ListStackResources from what it deployed (calls still checked). Service Quotas:
+  moto knows only the vpc service's; the rehearsal's account has every quota the templates use raised to 1000.
 - moto has no placement groups (the launch template is created without one; RunInstances is still checked against
   it), and refuses ``/aws/service/...`` SSM parameters (the image is an Amazon-owned moto AMI) and ``ml.c7g`` types.
 - SageMaker runs nothing in moto: when an endpoint starts, the rehearsal loads its model as the endpoint's execution
@@ -88,9 +90,14 @@ TOLERATED_REFUSALS = {("s3", "ListBuckets")}
 DEPLOYER, OPERATOR, AWS_SERVICE = "cloudformation (deploy)", "operator (administrator)", "aws service"
 LAUNCHER, INSTANCE, ENDPOINT_ROLE = "training launcher", "training instance role", "endpoint execution role"
 MME_CLIENT, REMOTE_LAUNCHER, REMOTE_JOB = "multi-model client", "@remote launcher", "@remote job role"
+# Each principal's access key (AKIA + this): the gate knows a principal by its key.
+KEYS = {DEPLOYER: "deployer0000", OPERATOR: "operator0000", AWS_SERVICE: "awsservice00", LAUNCHER: "launcher0000",
+        INSTANCE: "instance0000", ENDPOINT_ROLE: "endpointrole", MME_CLIENT: "mmeclient000",
+        REMOTE_LAUNCHER: "remotelaunch", REMOTE_JOB: "remotejob000"}  # fmt: skip
 
 STEPS = (
     "synth",
+    "preflight",
     "deploy",
     "EC2 training run",
     "package and upload",
@@ -235,7 +242,7 @@ class Deployment:
         sagemaker, autoscaling = self.client("sagemaker"), self.client("application-autoscaling")
         for logical, kind, physical in reversed(deployed.resources):
             resource = deployed.stack.template["Resources"][logical]
-            retained = resource.get("DeletionPolicy") == "Retain"
+            retained = resource.get("DeletionPolicy") in ("Retain", "RetainExceptOnCreate")
             if kind == "AWS::ApplicationAutoScaling::ScalableTarget":
                 resource_id, dimension, namespace = physical.split("|")
                 autoscaling.deregister_scalable_target(
@@ -253,7 +260,7 @@ class Deployment:
                 self.client("ec2").delete_launch_template(LaunchTemplateId=physical)
         deployed.status = "DELETE_COMPLETE"
 
-    # --- one creator per resource type, in dependency order ---------------------------------------------------
+    # --- one creator per resource type, in dependency order -----------------------------------------------------------
 
     def _creators(self) -> list[tuple[str, Callable[[str, str, dict[str, Any]], str]]]:
         return [
@@ -433,7 +440,7 @@ class Deployment:
         )["PolicyARN"]
         return self._set(stack_id, logical, arn)
 
-    # --- policies ---------------------------------------------------------------------------------------------
+    # --- policies -----------------------------------------------------------------------------------------------------
 
     def role_policies(self, role_name: str) -> list[dict[str, Any]]:
         """Every identity policy of a role, from every deployed stack (a stack may attach policies to another's)."""
@@ -498,7 +505,7 @@ class Rehearsal:
         self.gate_file = self.work / "gate.json"
         self.uninstall: Callable[[], None] = lambda: None
 
-    # --- plumbing -----------------------------------------------------------------------------------------------
+    # --- plumbing -----------------------------------------------------------------------------------------------------
 
     def client(self, service: str, principal: str = DEPLOYER) -> Any:
         import boto3
@@ -551,7 +558,7 @@ class Rehearsal:
         assert self.deployment is not None
         return self.deployment.deployed[stack_id].outputs[name]
 
-    # --- the run --------------------------------------------------------------------------------------------------
+    # --- the run ------------------------------------------------------------------------------------------------------
 
     def run(self) -> Report:
         from moto.server import ThreadedMotoServer
@@ -560,6 +567,7 @@ class Rehearsal:
         # The @remote step's imports (the SDK, torch and transformers through the training code) take half a minute:
         # made while the first steps wait on moto and on the nodes' shell scripts.
         threading.Thread(target=_import_late_steps, daemon=True).start()
+        _quiet()
         undo = _patch_moto()
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
@@ -579,6 +587,7 @@ class Rehearsal:
         try:
             steps: list[Callable[[], str]] = [
                 self.synth,
+                self.preflight,
                 self.deploy,
                 self.ec2_run,
                 self.package_and_upload,
@@ -641,7 +650,7 @@ class Rehearsal:
                 text += f"\n      {what}: {first.principal} {call} [{actions}]"
         return text
 
-    # --- 1. synth ---------------------------------------------------------------------------------------------------
+    # --- 1. synth -----------------------------------------------------------------------------------------------------
 
     def synth(self) -> str:
         stacks = [s for s in load_assembly(self.assembly) if s.environment == self.environment]
@@ -653,28 +662,72 @@ class Rehearsal:
             raise StepFailed(f"{self.environment} has no {', '.join(sorted(missing))} stack in {self.assembly}")
         return f"{len(stacks)} stacks: {', '.join(sorted(self.stacks))}"
 
-    # --- 2. deploy --------------------------------------------------------------------------------------------------
+    # --- the call gate ------------------------------------------------------------------------------------------------
+
+    def _open_gate(self) -> None:
+        """The call gate, with the principals that have no synthesized policy; deploy adds the others."""
+        self.bin_dir = install_host_tools(self.work / "bin", unpack_aws_cli(self.work / "awscli"), gated=True)
+        unchecked = [_principal(name, KEYS[name], None, f"arn:aws:iam::{ACCOUNT}:role/{name.split()[0]}", "rehearsal")
+                     for name in (DEPLOYER, OPERATOR, AWS_SERVICE)]  # fmt: skip
+        self.gate = Gate(ACCOUNT, self.region, self.work / "calls.jsonl", unchecked)
+        self.gate.save(self.gate_file)
+        os.environ["AWS_DEFAULT_REGION"] = self.region
+        stand_ins = {**self._cloudformation_stand_ins(), **self._quota_stand_ins()}
+        self.uninstall = install(self.gate, stand_ins=stand_ins, resource_tags=self._tags)
+
+    # --- 2. preflight -------------------------------------------------------------------------------------------------
+
+    def preflight(self) -> str:
+        from ops_review import preflight
+
+        self._open_gate()
+        out, err = io.StringIO(), io.StringIO()
+        with self.acting_as(OPERATOR), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = preflight.main(["-c", f"env={self.environment}", "--cdk-json", str(ROOT / "cdk.json"),
+                                   "--cdk-out", str(self.assembly)])  # fmt: skip
+        lines = out.getvalue().strip().splitlines()
+        if code != 0:
+            blockers = [line for line in lines if line.startswith("BLOCKER")]
+            raise StepFailed("; ".join(blockers) or err.getvalue().strip())
+        warnings = [line.split(":", 1)[0].removeprefix("WARNING").strip() for line in lines if line.startswith("WARN")]
+        return f"{lines[-1]}" + (f" ({'; '.join(warnings)})" if warnings else "")
+
+    def _quota_stand_ins(self) -> dict[tuple[str, str], Callable[[dict[str, Any]], dict[str, Any]]]:
+        """Service Quotas (moto knows only the vpc service's): the rehearsal's account has raised every quota the
+        templates use to 1000 (SageMaker quotas by name, the EC2 vCPU quotas by code)."""
+        names = set()
+        for stack in self.stacks.values():
+            for resource in stack.template["Resources"].values():
+                props = resource.get("Properties", {})
+                if resource["Type"] == "AWS::SageMaker::EndpointConfig":
+                    names |= {f"{v['InstanceType']} for endpoint usage" for v in props["ProductionVariants"]}
+                if resource["Type"] == "AWS::SSM::Parameter":
+                    names |= {f"{t} for training job usage" for t in re.findall(r"InstanceType: (ml\.\S+)", str(props))}
+
+        def quota(service: str, code: str, name: str) -> dict[str, Any]:
+            return {"ServiceCode": service, "QuotaCode": code, "QuotaName": name, "Value": 1000.0}
+
+        def one(params: dict[str, Any]) -> dict[str, Any]:
+            return {"Quota": quota(params["ServiceCode"], params["QuotaCode"], params["QuotaCode"])}
+
+        def listed(params: dict[str, Any]) -> dict[str, Any]:
+            ordered = sorted(names) if params["ServiceCode"] == "sagemaker" else []
+            return {"Quotas": [quota("sagemaker", f"L-{i:08X}", name) for i, name in enumerate(ordered)]}
+
+        return {("service-quotas", "GetServiceQuota"): one, ("service-quotas", "ListServiceQuotas"): listed}
+
+    # --- 3. deploy ----------------------------------------------------------------------------------------------------
 
     def deploy(self) -> str:
+        assert self.gate is not None
         region = self.region
-        self.bin_dir = install_host_tools(self.work / "bin", unpack_aws_cli(self.work / "awscli"), gated=True)
-        # Principals are known before their policies: the deployment resolves them.
-        keys = {DEPLOYER: "deployer0000", OPERATOR: "operator0000", AWS_SERVICE: "awsservice00",
-                LAUNCHER: "launcher0000", INSTANCE: "instance0000", ENDPOINT_ROLE: "endpointrole",
-                MME_CLIENT: "mmeclient000", REMOTE_LAUNCHER: "remotelaunch", REMOTE_JOB: "remotejob000"}  # fmt: skip
-        unchecked = [_principal(name, keys[name], None, f"arn:aws:iam::{ACCOUNT}:role/{name.split()[0]}", "rehearsal")
-                     for name in (DEPLOYER, OPERATOR, AWS_SERVICE)]  # fmt: skip
-        self.gate = Gate(ACCOUNT, region, self.work / "calls.jsonl", unchecked)
-        self.gate.save(self.gate_file)
-        os.environ["AWS_DEFAULT_REGION"] = region
-        self.uninstall = install(self.gate, stand_ins=self._cloudformation_stand_ins(), resource_tags=self._tags)
         self.deployment = deployment = Deployment(self.stacks, self.client, region)
         for stack_id in ("Foundation", "Training", "MultiModelEndpoint"):
             if stack_id in self.stacks:
                 deployment.deploy(stack_id)
         self._publish_assets()
 
-        self.keys = keys
+        keys = KEYS
 
         def role(stack_id: str, prefix: str, name: str, session: str) -> Principal:
             role_name = deployment.role_name(stack_id, prefix)
@@ -784,7 +837,7 @@ class Rehearsal:
             ("cloudformation", "ListStackResources"): list_resources,
         }
 
-    # --- 3. EC2 training run ----------------------------------------------------------------------------------------
+    # --- 4. EC2 training run ------------------------------------------------------------------------------------------
 
     def ec2_run(self) -> str:
         assert self.deployment is not None
@@ -856,7 +909,7 @@ class Rehearsal:
             return subprocess.Popen(["bash", str(host / "user-data.sh")], cwd=host, env=env, stdout=output,
                                     stderr=subprocess.STDOUT)  # fmt: skip
 
-    # --- 4. package and upload ------------------------------------------------------------------------------------
+    # --- 5. package and upload ----------------------------------------------------------------------------------------
 
     def package_and_upload(self) -> str:
         from inference_assets.tools import package_model
@@ -893,7 +946,7 @@ class Rehearsal:
             raise StepFailed(f"{stack_id} output {name} is not a literal")
         return value
 
-    # --- 5. check-model -------------------------------------------------------------------------------------------
+    # --- 6. check-model -----------------------------------------------------------------------------------------------
 
     def check_model(self) -> str:
         from inference_assets.tools import model_check
@@ -909,7 +962,7 @@ class Rehearsal:
             raise StepFailed(f"check-model exited {code}: {err.getvalue().strip()}")
         return out.getvalue().strip()
 
-    # --- 6. publish to the multi-model endpoint -------------------------------------------------------------------
+    # --- 7. publish to the multi-model endpoint -----------------------------------------------------------------------
 
     def publish_multi_model(self) -> str:
         if "MultiModelEndpoint" not in self.stacks:
@@ -938,7 +991,7 @@ class Rehearsal:
         answer = json.loads(out.read_text())
         return f"published {prefix}{MME_MODEL}; the client's invocation by name answered {answer[0]['label']}"
 
-    # --- SageMaker, played ------------------------------------------------------------------------------------------
+    # --- SageMaker, played --------------------------------------------------------------------------------------------
 
     def _serve_endpoint(self, endpoint: str, *, model_data_url: str = "", multi_model_prefix: str = "") -> None:
         """What SageMaker does for an endpoint: read the model with the execution role; answer invocations."""
@@ -978,7 +1031,7 @@ class Rehearsal:
             self.local_server = LocalToolkitServer(archive, workers=1).start()
         return self.local_server
 
-    # --- 7. serve and invoke locally -------------------------------------------------------------------------------
+    # --- 8. serve and invoke locally ----------------------------------------------------------------------------------
 
     def serve_locally(self) -> str:
         server = self.local_model_server()
@@ -989,7 +1042,7 @@ class Rehearsal:
         prediction = prediction[0] if isinstance(prediction, list) else prediction
         return f"toolkit + TorchServe on {server.url}: {prediction['label']}"
 
-    # --- 8. deploy the endpoint and smoke-test it ------------------------------------------------------------------
+    # --- 9. deploy the endpoint and smoke-test it ---------------------------------------------------------------------
 
     def deploy_endpoint_and_smoke_test(self) -> str:
         from inference_assets.tools import endpoint_client
@@ -1012,7 +1065,7 @@ class Rehearsal:
             raise StepFailed(f"smoke test exited {code}: {err.getvalue().strip()}")
         return out.getvalue().strip()
 
-    # --- 9. @remote ---------------------------------------------------------------------------------------------------
+    # --- 10. @remote --------------------------------------------------------------------------------------------------
 
     def remote(self) -> str:
         from scripts.remote_job_player import played_remote_jobs
@@ -1044,7 +1097,7 @@ class Rehearsal:
             raise StepFailed(f"remote_train exited {code}, job exit codes {jobs.exit_codes}: {err.getvalue()[-400:]}")
         return f"job {jobs.names[0]} ran as the job role; its log stream followed; metrics read back"
 
-    # --- 10. destroy and clean up -----------------------------------------------------------------------------------
+    # --- 11. destroy and clean up -------------------------------------------------------------------------------------
 
     def destroy_and_clean_up(self) -> str:
         from ops_review import cleanup
@@ -1053,16 +1106,20 @@ class Rehearsal:
         for stack_id in ("GravitonEndpoint", "MultiModelEndpoint", "Training", "Foundation"):
             if stack_id in self.deployment.deployed:
                 self.deployment.destroy(stack_id)
-        out, err = io.StringIO(), io.StringIO()
-        with self.acting_as(OPERATOR), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = cleanup.main(["--env", self.environment, "--cdk-out", str(self.assembly), "--region", self.region])
-        if code != 0:
-            raise StepFailed(f"cleanup exited {code}: {err.getvalue().strip()}")
-        lines = out.getvalue().strip().splitlines()
-        alive = [line for line in lines if "still" in line]
+        arguments = ["--env", self.environment, "--cdk-out", str(self.assembly), "--region", self.region]
+        outputs = []
+        for dry_run in (["--dry-run"], []):  # docs/operations.md: list first, then delete
+            out, err = io.StringIO(), io.StringIO()
+            with self.acting_as(OPERATOR), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = cleanup.main([*arguments, *dry_run])
+            if code != 0:
+                raise StepFailed(f"cleanup {' '.join(dry_run)} exited {code}: {err.getvalue().strip()}")
+            outputs.append(out.getvalue().strip().splitlines())
+        listed, done = outputs
+        alive = [line for line in listed if "still" in line]
         if alive:
             raise StepFailed("; ".join(alive))
-        return lines[-1] if lines else "nothing left behind"
+        return f"listed {len(listed)}: {'; '.join(listed)}; {done[-1] if done else ''}"
 
 
 # --------------------------------------------------------------------------------------------------- moto patches
@@ -1073,6 +1130,15 @@ def _import_late_steps() -> None:
 
     for module in ("sagemaker.core.remote_function", "training_assets.remote_train", "ops_review.cleanup"):
         importlib.import_module(module)
+    _quiet()
+
+
+def _quiet() -> None:
+    """The SDK's import turns the root logger to INFO: botocore's and the server's chatter stays out of the report."""
+    import logging
+
+    for name in ("botocore", "werkzeug", "sagemaker"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _reset_moto(endpoint_url: str) -> None:
