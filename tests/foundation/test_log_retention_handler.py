@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from stacks.foundation import _LOG_RETENTION_ID, TRAINING_JOB_LOG_GROUP
 from ops_review.iam_policy import Request, is_allowed, logical_id, role_policies
+from stacks.foundation import _LOG_RETENTION_ID, TRAINING_JOB_LOG_GROUP
 
 ACCOUNT = "123456789012"
 
