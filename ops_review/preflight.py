@@ -1,6 +1,8 @@
 """`pytorch-platform preflight -c env=<env>`: what would stop the environment's first run, found before money is spent.
 
 One line per finding, ``BLOCKER``, ``WARNING`` or ``OK``, each with what to do; exit status 1 when a blocker is found.
+What the environment needs comes from its synthesized templates (``make synth`` first: ``--cdk-out``), the
+deployed state from AWS:
 
 - Service quotas the settings need. New accounts start at 0 for several (Service Quotas user guide; SageMaker answers
   ResourceLimitExceeded at CreateEndpoint or CreateTrainingJob, EC2 VcpuLimitExceeded at RunInstances):
@@ -10,14 +12,16 @@ One line per finding, ``BLOCKER``, ``WARNING`` or ``OK``, each with what to do; 
   Z)", L-2C3B7624 "Trn", L-1945791B "Inf", L-6E869C2A "DL", L-74FC7D96 "F", L-7295265B "X"); SageMaker instances per
   type, found by their quota names "<type> for training job usage" and "<type> for endpoint usage" (the codes differ
   per type; https://docs.aws.amazon.com/general/latest/gr/sagemaker.html): one training job of
-  ``training.remote_instance_type``, and for endpoints the sum of the autoscaling maxima of the endpoints on a type.
+  ``training.remote_instance_type`` (the @remote config the Training stack writes), and for endpoints the sum of the
+  autoscaling maxima (scalable targets) of the endpoints on a type.
   Running usage is not subtracted: instances already running count against the same quotas.
 - The training type's offering in the training subnet's zone (EC2 DescribeInstanceTypeOfferings): the zone of entry
-  ``training.subnet_index`` of the Foundation's private subnets when it is deployed, else of the region's zones in
-  alphabetical order, as ``Fn::GetAZs`` lists them (CloudFormation user guide, "Fn::GetAZs").
+  ``training.subnet_index`` of the Foundation's private subnets when it is deployed, else the zone the Training
+  stack's ``TrainingAvailabilityZone`` output selects from the region's zones in alphabetical order, as
+  ``Fn::GetAZs`` lists them (CloudFormation user guide, "Fn::GetAZs").
 - The model object the Graviton endpoint names (S3 HeadObject in the artifacts bucket).
 - The state of the platform key (KMS DescribeKey: Enabled) and buckets (HeadBucket) of a deployed Foundation.
-- Names the synthesized templates fix (``--cdk-out``): a log group or SSM parameter of a stack not deployed yet that
+- Names the templates fix: a log group or SSM parameter of a stack not deployed yet that
   already exists makes CloudFormation's create fail ("already exists"): staging and prod keep their endpoint log
   groups when their stacks are destroyed.
 """
@@ -29,7 +33,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +84,66 @@ def _pages(client: Any, operation: str, key: str, **kwargs: Any) -> Iterator[Any
         yield from page.get(key, [])
 
 
+@dataclass(frozen=True)
+class Needs:
+    """What one environment's synthesized templates will ask of the account."""
+
+    environment: str
+    region: str
+    foundation_stack: str
+    training_type: str
+    nodes: int  # of the largest run the Training stack prints a command for
+    zone_index: int  # of the training subnet, among the private subnets (one per zone, in zone order)
+    zones: int  # private subnets
+    remote_type: str | None
+    endpoint_maxima: dict[str, int]  # endpoint instance type -> sum of its scalable targets' maxima
+    model_key: str | None
+    stacks: tuple[Any, ...]
+
+
+def needs_of(cdk_out: Path, environment: str) -> Needs:
+    """``environment``'s needs, read from the cloud assembly (``make synth``)."""
+    from ops_review.review import load_assembly
+
+    stacks = {s.stack: s for s in load_assembly(cdk_out) if s.environment == environment}
+    if "Foundation" not in stacks or "Training" not in stacks:
+        raise ValueError(f"{cdk_out} has no Foundation and Training stacks of {environment!r}; run `make synth` first.")
+    foundation, training = stacks["Foundation"].template, stacks["Training"].template
+
+    def of_type(template: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+        return [r.get("Properties", {}) for r in template["Resources"].values() if r["Type"] == kind]
+
+    (launch,) = of_type(training, "AWS::EC2::LaunchTemplate")
+    counts = [int(m) for name, output in training["Outputs"].items() if name.startswith("Run")
+              for m in re.findall(r"--count (\d+)", json.dumps(output["Value"]))]  # fmt: skip
+    zone = training["Outputs"]["TrainingAvailabilityZone"]["Value"]["Fn::Select"][0]
+    subnets = foundation["Outputs"]["PrivateSubnetIds"]["Value"]["Fn::Join"][1]
+    remote = re.findall(r"InstanceType: (ml\.[\w.]+)", json.dumps(of_type(training, "AWS::SSM::Parameter")))
+    maxima: dict[str, int] = {}
+    for stack_id in ("GravitonEndpoint", "MultiModelEndpoint"):
+        if stack_id not in stacks:
+            continue
+        template = stacks[stack_id].template
+        (config,) = of_type(template, "AWS::SageMaker::EndpointConfig")
+        (instance_type,) = {v["InstanceType"] for v in config["ProductionVariants"]}
+        targets = of_type(template, "AWS::ApplicationAutoScaling::ScalableTarget")
+        count = sum(int(t["MaxCapacity"]) for t in targets) or sum(
+            int(v["InitialInstanceCount"]) for v in config["ProductionVariants"]
+        )
+        maxima[instance_type] = maxima.get(instance_type, 0) + count
+    graviton = stacks.get("GravitonEndpoint")
+    model_key = graviton.template["Outputs"]["ModelDataKey"]["Value"] if graviton else None
+    return Needs(environment=environment, region=stacks["Foundation"].region or "us-west-2",
+                 foundation_stack=stacks["Foundation"].stack_name, training_type=launch["LaunchTemplateData"]
+                 ["InstanceType"], nodes=max(counts or [1]), zone_index=int(zone), zones=len(subnets),
+                 remote_type=remote[0] if remote else None, endpoint_maxima=maxima, model_key=model_key,
+                 stacks=tuple(stacks.values()))  # fmt: skip
+
+
 class Preflight:
-    def __init__(self, settings: Any, clients: Callable[[str], Any], cdk_out: Path | None = None) -> None:
-        self.settings = settings
+    def __init__(self, needs: Needs, clients: Callable[[str], Any]) -> None:
+        self.needs = needs
         self.client = clients
-        self.cdk_out = cdk_out
         self.findings: list[Finding] = []
         self.foundation: dict[str, str] | None = None  # the deployed Foundation stack's outputs
 
@@ -92,7 +151,7 @@ class Preflight:
         self.findings.append(Finding(level, check, message))
 
     def run(self) -> list[Finding]:
-        self.foundation = self._stack_outputs(f"{self.settings.name}-Foundation")
+        self.foundation = self._stack_outputs(self.needs.foundation_stack)
         for check in (self.ec2_quota, self.zone_offering, self.sagemaker_quotas, self.key_and_buckets,
                       self.model_objects, self.fixed_names):  # fmt: skip
             try:
@@ -127,15 +186,13 @@ class Preflight:
         return float(quotas.get_aws_default_service_quota(ServiceCode=service, QuotaCode=code)["Quota"]["Value"])
 
     def ec2_quota(self) -> None:
-        training = self.settings.training
-        code, name = ec2_vcpu_quota(training.instance_type)
-        (described,) = self.client("ec2").describe_instance_types(InstanceTypes=[training.instance_type])[
-            "InstanceTypes"
-        ]
-        needed = training.nodes * int(described["VCpuInfo"]["DefaultVCpus"])
+        instance_type, nodes = self.needs.training_type, self.needs.nodes
+        code, name = ec2_vcpu_quota(instance_type)
+        (described,) = self.client("ec2").describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
+        needed = nodes * int(described["VCpuInfo"]["DefaultVCpus"])
         value = self._quota_value("ec2", code)
         check = f"EC2 quota {code} ({name})"
-        run = f"a {training.nodes}-node {training.instance_type} run needs {needed} vCPUs"
+        run = f"a {nodes}-node {instance_type} run needs {needed} vCPUs"
         if value < needed:
             self.add("BLOCKER", check, f"{value:g} vCPUs; {run}: request an increase (aws service-quotas "
                      f"request-service-quota-increase --service-code ec2 --quota-code {code} --desired-value {needed}) "
@@ -144,11 +201,9 @@ class Preflight:
             self.add("OK", check, f"{value:g} vCPUs; {run}.")
 
     def sagemaker_quotas(self) -> None:
-        needs: dict[str, int] = {f"{self.settings.training.remote_instance_type} for training job usage": 1}
-        for endpoint in (self.settings.graviton_endpoint, self.settings.multi_model_endpoint):
-            if endpoint.enabled:
-                name = f"{endpoint.instance_type} for endpoint usage"
-                needs[name] = needs.get(name, 0) + endpoint.autoscaling.max_capacity
+        needs = {f"{t} for endpoint usage": count for t, count in self.needs.endpoint_maxima.items()}
+        if self.needs.remote_type:
+            needs[f"{self.needs.remote_type} for training job usage"] = 1
         quotas = self.client("service-quotas")
         found = {q["QuotaName"]: q for q in _pages(quotas, "list_service_quotas", "Quotas", ServiceCode="sagemaker")}
         missing = [name for name in needs if name not in found]
@@ -158,7 +213,7 @@ class Preflight:
         for name, needed in needs.items():
             check = f"SageMaker quota '{name}'"
             if name not in found:
-                self.add("BLOCKER", check, f"no such quota in {self.settings.region}: the type is not offered there "
+                self.add("BLOCKER", check, f"no such quota in {self.needs.region}: the type is not offered there "
                          "for this use; choose another instance type.")  # fmt: skip
                 continue
             quota = found[name]
@@ -174,8 +229,8 @@ class Preflight:
     # --- capacity in the zone -----------------------------------------------------------------------------------------
 
     def zone_offering(self) -> None:
-        training, ec2 = self.settings.training, self.client("ec2")
-        index = training.subnet_index
+        instance_type, ec2 = self.needs.training_type, self.client("ec2")
+        index = self.needs.zone_index
         if self.foundation and self.foundation.get("PrivateSubnetIds"):
             subnet_ids = self.foundation["PrivateSubnetIds"].split(",")
             described = ec2.describe_subnets(SubnetIds=subnet_ids)["Subnets"]
@@ -187,7 +242,7 @@ class Preflight:
                 Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}]
             )["AvailabilityZones"]
             zones = sorted(z["ZoneName"] for z in available if z.get("State", "available") == "available")
-            zones = zones[: self.settings.vpc.max_azs]
+            zones = zones[: self.needs.zones]
             source = "the region's zones, as Fn::GetAZs lists them"
         if index >= len(zones):
             self.add("BLOCKER", "training zone", f"training.subnet_index {index} is beyond {source} ({len(zones)}).")
@@ -196,10 +251,10 @@ class Preflight:
             o["Location"]
             for o in _pages(ec2, "describe_instance_type_offerings", "InstanceTypeOfferings",
                             LocationType="availability-zone",
-                            Filters=[{"Name": "instance-type", "Values": [training.instance_type]}])
+                            Filters=[{"Name": "instance-type", "Values": [instance_type]}])
         }  # fmt: skip
         zone = zones[index]
-        check = f"{training.instance_type} in {zone}"
+        check = f"{instance_type} in {zone}"
         if zone in offered:
             self.add("OK", check, f"offered in the training subnet's zone (training.subnet_index {index}).")
             return
@@ -236,37 +291,32 @@ class Preflight:
                 self.add("OK", f"bucket {bucket}", "exists.")
 
     def model_objects(self) -> None:
-        endpoint = self.settings.graviton_endpoint
-        if not endpoint.enabled or endpoint.model_data_key is None:
+        key = self.needs.model_key
+        if key is None:
             self.add("OK", "Graviton endpoint model", "graviton_endpoint.model_data_key names no model yet: the "
                      "endpoint stack is not built.")  # fmt: skip
             return
         if self.foundation is None:
-            self.add("WARNING", "Graviton endpoint model", f"{endpoint.model_data_key} cannot be looked up before the "
+            self.add("WARNING", "Graviton endpoint model", f"{key} cannot be looked up before the "
                      "Foundation stack exists: run preflight again after deploying it.")  # fmt: skip
             return
         bucket = self.foundation["ArtifactsBucketName"]
         try:
-            self.client("s3").head_object(Bucket=bucket, Key=endpoint.model_data_key)
+            self.client("s3").head_object(Bucket=bucket, Key=key)
         except Exception as error:
             if _code(error) not in _MISSING | {"403"}:
                 raise
-            self.add("BLOCKER", "Graviton endpoint model", f"s3://{bucket}/{endpoint.model_data_key} does not exist: "
+            self.add("BLOCKER", "Graviton endpoint model", f"s3://{bucket}/{key} does not exist: "
                      "upload it (pytorch-platform package --upload) before deploying the endpoint.")  # fmt: skip
         else:
-            self.add("OK", "Graviton endpoint model", f"s3://{bucket}/{endpoint.model_data_key} exists.")
+            self.add("OK", "Graviton endpoint model", f"s3://{bucket}/{key} exists.")
 
     # --- fixed names --------------------------------------------------------------------------------------------------
 
     def fixed_names(self) -> None:
-        if self.cdk_out is None or not (self.cdk_out / "manifest.json").is_file():
-            self.add("WARNING", "fixed names", "no cloud assembly: run `make synth` to check the names it fixes.")
-            return
-        from ops_review.review import load_assembly
-
         logs, ssm = self.client("logs"), self.client("ssm")
-        for stack in load_assembly(self.cdk_out):
-            if stack.environment != self.settings.name or self._stack_exists(stack.stack_name):
+        for stack in self.needs.stacks:
+            if self._stack_exists(stack.stack_name):
                 continue
             for resource in stack.template["Resources"].values():
                 props = resource.get("Properties", {})
@@ -311,23 +361,22 @@ def main(argv: list[str] | None = None, *, clients: Callable[[str], Any] | None 
     parser = argparse.ArgumentParser(prog="pytorch-platform preflight", description=__doc__.split("\n\n")[0])
     parser.add_argument("-c", "--context", action="append", default=[], help="env=<environment>, as cdk takes it")
     parser.add_argument("--env", help="the environment (same as -c env=...)")
-    parser.add_argument("--cdk-json", type=Path, default=Path("cdk.json"), help="settings file (default: cdk.json)")
     parser.add_argument("--cdk-out", type=Path, default=Path("cdk.out"), help="cloud assembly (default: cdk.out)")
+    parser.add_argument("--region", help="AWS region (default: the environment's in the cloud assembly)")
     args = parser.parse_args(argv)
-    from stacks.settings import SettingsError, load_environments
-
     environment = _environment(args)
     try:
-        context = json.loads(args.cdk_json.read_text())["context"]
-        (settings,) = load_environments(context.get("environments"), environment)
-    except (OSError, ValueError, KeyError, SettingsError) as error:
-        print(f"{args.cdk_json}: {error}", file=sys.stderr)
+        needs = needs_of(args.cdk_out, environment)
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.region:
+        needs = replace(needs, region=args.region)
     if clients is None:
         import boto3
 
-        clients = boto3.session.Session(region_name=settings.region).client
-    findings = Preflight(settings, clients, args.cdk_out).run()
+        clients = boto3.session.Session(region_name=needs.region).client
+    findings = Preflight(needs, clients).run()
     for finding in findings:
         print(finding.line())
     blockers = [f for f in findings if f.level == "BLOCKER"]

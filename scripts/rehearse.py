@@ -683,8 +683,7 @@ class Rehearsal:
         self._open_gate()
         out, err = io.StringIO(), io.StringIO()
         with self.acting_as(OPERATOR), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = preflight.main(["-c", f"env={self.environment}", "--cdk-json", str(ROOT / "cdk.json"),
-                                   "--cdk-out", str(self.assembly)])  # fmt: skip
+            code = preflight.main(["-c", f"env={self.environment}", "--cdk-out", str(self.assembly)])
         lines = out.getvalue().strip().splitlines()
         if code != 0:
             blockers = [line for line in lines if line.startswith("BLOCKER")]
@@ -702,7 +701,8 @@ class Rehearsal:
                 if resource["Type"] == "AWS::SageMaker::EndpointConfig":
                     names |= {f"{v['InstanceType']} for endpoint usage" for v in props["ProductionVariants"]}
                 if resource["Type"] == "AWS::SSM::Parameter":
-                    names |= {f"{t} for training job usage" for t in re.findall(r"InstanceType: (ml\.\S+)", str(props))}
+                    found = re.findall(r"InstanceType: (ml\.[\w.]+)", json.dumps(props))
+                    names |= {f"{t} for training job usage" for t in found}
 
         def quota(service: str, code: str, name: str) -> dict[str, Any]:
             return {"ServiceCode": service, "QuotaCode": code, "QuotaName": name, "Value": 1000.0}

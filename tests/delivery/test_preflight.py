@@ -10,9 +10,8 @@ finds SageMaker quotas by name.
 
 from __future__ import annotations
 
-import copy
-import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +21,18 @@ from botocore.stub import Stubber
 from moto import mock_aws
 
 from ops_review import preflight
-from ops_review.preflight import Preflight, ec2_vcpu_quota
-from ops_review.review import load_assembly
-from stacks.settings import load_environments
-from tests.conftest import cdk_context
+from ops_review.preflight import Needs, Preflight, ec2_vcpu_quota, needs_of
 
 NO_SUCH_STACK = "Stack with id {} does not exist"
 
 
-def _settings(environment: str = "staging", **changes: Any) -> Any:
-    environments = copy.deepcopy(cdk_context()["environments"])
-    for path, value in changes.items():
-        node = environments[environment]
-        *parents, leaf = path.split(".")
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[leaf] = value
-    (settings,) = load_environments(environments, environment)
-    return settings
+@pytest.fixture(scope="module")
+def assembly(cloud_assembly: Any) -> Path:
+    return Path(cloud_assembly.directory)
+
+
+def _needs(assembly: Path, environment: str = "staging", **changes: Any) -> Needs:
+    return replace(needs_of(assembly, environment), **changes)
 
 
 def _quota(service: str, code: str, name: str, value: float) -> dict[str, Any]:
@@ -117,14 +110,22 @@ def _levels(findings: list[preflight.Finding]) -> dict[str, str]:
     return {f.check: f.level for f in findings}
 
 
-def _first_deploy(account: Account, settings: Any) -> None:
-    """Quota answers that fit the settings; nothing deployed."""
-    account.stacks({}, [f"{settings.name}-Foundation"])
+def _first_deploy(account: Account, needs: Needs) -> None:
+    """Quota answers that fit the needs; nothing deployed."""
+    account.stacks({}, [needs.foundation_stack])
     account.ec2_quota("L-417A185B", 384.0)
-    needs = {f"{settings.training.remote_instance_type} for training job usage": 1.0,
-             f"{settings.graviton_endpoint.instance_type} for endpoint usage": 8.0,
-             f"{settings.multi_model_endpoint.instance_type} for endpoint usage": 20.0}  # fmt: skip
-    account.sagemaker_quotas(needs)
+    quotas = {f"{t} for endpoint usage": 20.0 for t in needs.endpoint_maxima}
+    account.sagemaker_quotas({**quotas, f"{needs.remote_type} for training job usage": 1.0})
+
+
+def test_the_needs_come_from_the_synthesized_templates(assembly: Path) -> None:
+    staging = needs_of(assembly, "staging")
+    assert (staging.training_type, staging.nodes, staging.zone_index, staging.zones) == ("p4d.24xlarge", 2, 0, 2)
+    assert staging.remote_type == "ml.p4d.24xlarge"
+    assert staging.endpoint_maxima == {"ml.c7g.4xlarge": 4, "ml.c5.9xlarge": 6}
+    assert staging.model_key == "endpoints/sentiment/model-v1.tar.gz"
+    dev = needs_of(assembly, "dev")
+    assert (dev.nodes, dev.model_key, dev.endpoint_maxima) == (1, None, {"ml.c5.2xlarge": 2})
 
 
 def test_quota_codes_by_family() -> None:
@@ -136,16 +137,16 @@ def test_quota_codes_by_family() -> None:
     assert ec2_vcpu_quota("c7g.xlarge")[0] == "L-1216C47A"
 
 
-def test_a_new_account_is_blocked_by_its_zero_quotas_with_the_request_to_make(aws: None) -> None:
-    settings = _settings()
-    account = Account(settings.region)
+def test_a_new_account_is_blocked_by_its_zero_quotas_with_the_request_to_make(aws: None, assembly: Path) -> None:
+    needs = _needs(assembly)
+    account = Account(needs.region)
     account.stacks({}, ["staging-Foundation"])
     account.ec2_quota("L-417A185B", None, default=0.0)  # never raised: the default answers
     account.sagemaker_quotas(
         {"ml.c7g.4xlarge for endpoint usage": 2.0},
         defaults={"ml.p4d.24xlarge for training job usage": 0.0, "ml.c5.9xlarge for endpoint usage": 6.0},
     )
-    findings = Preflight(settings, account.client).run()
+    findings = Preflight(needs, account.client).run()
     lines = [f.line() for f in findings]
 
     levels = _levels(findings)
@@ -162,16 +163,17 @@ def test_a_new_account_is_blocked_by_its_zero_quotas_with_the_request_to_make(aw
         stub.assert_no_pending_responses()
 
 
-def test_a_zone_without_the_type_names_the_subnet_index_that_has_it(aws: None) -> None:
-    settings = _settings(region="eu-west-1", **{"vpc.max_azs": 3})  # moto: p4d only in eu-west-1c
+def test_a_zone_without_the_type_names_the_subnet_index_that_has_it(aws: None, assembly: Path) -> None:
+    """prod has three private subnets; moto offers p4d.24xlarge in eu-west-1 only in eu-west-1c."""
+    needs = _needs(assembly, "prod", region="eu-west-1")
     account = Account("eu-west-1")
-    _first_deploy(account, settings)
-    (finding,) = [f for f in Preflight(settings, account.client).run() if f.check.startswith("p4d.24xlarge in")]
+    _first_deploy(account, needs)
+    (finding,) = [f for f in Preflight(needs, account.client).run() if f.check.startswith("p4d.24xlarge in")]
     assert finding.line() == (
         "BLOCKER  p4d.24xlarge in eu-west-1a: not offered in the zone of training.subnet_index 0: set "
         "training.subnet_index to 2 (eu-west-1c)."
     )
-    narrow = _settings(region="eu-west-1", **{"vpc.max_azs": 2})
+    narrow = _needs(assembly, "staging", region="eu-west-1")  # two private subnets: a and b
     account = Account("eu-west-1")
     _first_deploy(account, narrow)
     (finding,) = [f for f in Preflight(narrow, account.client).run() if f.check.startswith("p4d.24xlarge in")]
@@ -195,17 +197,17 @@ def _deployed_foundation(region: str) -> dict[str, str]:
     return outputs
 
 
-def test_with_the_foundation_deployed_the_model_key_and_buckets_are_checked(aws: None) -> None:
-    settings = _settings()
-    outputs = _deployed_foundation(settings.region)
-    account = Account(settings.region)
+def test_with_the_foundation_deployed_the_model_key_and_buckets_are_checked(aws: None, assembly: Path) -> None:
+    needs = _needs(assembly)
+    outputs = _deployed_foundation(needs.region)
+    account = Account(needs.region)
     account.stacks({"staging-Foundation": outputs}, ["staging-Foundation"])
     account.ec2_quota("L-417A185B", 384.0)
     account.sagemaker_quotas({"ml.p4d.24xlarge for training job usage": 1.0, "ml.c7g.4xlarge for endpoint usage": 4.0,
                               "ml.c5.9xlarge for endpoint usage": 6.0})  # fmt: skip
-    boto3.client("s3", region_name=settings.region).delete_bucket(Bucket=outputs["RemoteJobsBucketName"])
+    boto3.client("s3", region_name=needs.region).delete_bucket(Bucket=outputs["RemoteJobsBucketName"])
 
-    findings = Preflight(settings, account.client).run()
+    findings = Preflight(needs, account.client).run()
     levels = _levels(findings)
     # The training subnet is the Foundation's first private subnet, here in zone b.
     assert levels["p4d.24xlarge in us-west-2b"] == "OK"
@@ -216,35 +218,33 @@ def test_with_the_foundation_deployed_the_model_key_and_buckets_are_checked(aws:
     assert model.level == "BLOCKER"
     assert model.message.startswith(f"s3://{outputs['ArtifactsBucketName']}/endpoints/sentiment/model-v1.tar.gz does")
 
-    boto3.client("s3", region_name=settings.region).put_object(
+    boto3.client("s3", region_name=needs.region).put_object(
         Bucket=outputs["ArtifactsBucketName"], Key="endpoints/sentiment/model-v1.tar.gz", Body=b"archive"
     )
     key_id = outputs["PlatformKeyArn"].rsplit("/", 1)[-1]
-    boto3.client("kms", region_name=settings.region).schedule_key_deletion(KeyId=key_id, PendingWindowInDays=7)
-    account = Account(settings.region)
+    boto3.client("kms", region_name=needs.region).schedule_key_deletion(KeyId=key_id, PendingWindowInDays=7)
+    account = Account(needs.region)
     account.stacks({"staging-Foundation": outputs}, ["staging-Foundation"])
     account.ec2_quota("L-417A185B", 384.0)
     account.sagemaker_quotas({"ml.p4d.24xlarge for training job usage": 1.0, "ml.c7g.4xlarge for endpoint usage": 4.0,
                               "ml.c5.9xlarge for endpoint usage": 6.0})  # fmt: skip
-    findings = Preflight(settings, account.client).run()
+    findings = Preflight(needs, account.client).run()
     levels = _levels(findings)
     assert levels["Graviton endpoint model"] == "OK"
     (key,) = [f for f in findings if f.check == "platform key"]
     assert key.level == "BLOCKER" and "PendingDeletion: cancel the deletion" in key.message
 
 
-def test_a_log_group_a_new_stack_would_create_blocks_its_deploy(aws: None, cloud_assembly: Any) -> None:
+def test_a_log_group_a_new_stack_would_create_blocks_its_deploy(aws: None, assembly: Path) -> None:
     """Staging keeps its endpoint log groups when its stacks are destroyed: deploying again would fail."""
-    cdk_out = Path(cloud_assembly.directory)
-    settings = _settings()
-    boto3.client("logs", region_name=settings.region).create_log_group(
+    needs = _needs(assembly)
+    boto3.client("logs", region_name=needs.region).create_log_group(
         logGroupName="/aws/sagemaker/Endpoints/staging-GravitonEndpoint"
     )
-    account = Account(settings.region)
-    _first_deploy(account, settings)
-    names = [s.stack_name for s in load_assembly(cdk_out) if s.environment == "staging"]
-    account.stacks({}, names)
-    findings = Preflight(settings, account.client, cdk_out).run()
+    account = Account(needs.region)
+    _first_deploy(account, needs)
+    account.stacks({}, [s.stack_name for s in needs.stacks])
+    findings = Preflight(needs, account.client).run()
     blockers = [f.line() for f in findings if f.level == "BLOCKER"]
     assert blockers == [
         "BLOCKER  log group /aws/sagemaker/Endpoints/staging-GravitonEndpoint: exists, and staging-GravitonEndpoint "
@@ -254,19 +254,17 @@ def test_a_log_group_a_new_stack_would_create_blocks_its_deploy(aws: None, cloud
 
 
 def test_the_command_exits_1_on_a_blocker_and_takes_cdks_context_flag(
-    aws: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    aws: None, assembly: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = _settings("dev")
-    account = Account(settings.region)
+    needs = needs_of(assembly, "dev")
+    account = Account(needs.region)
     account.stacks({}, ["dev-Foundation"])
     account.ec2_quota("L-417A185B", 0.0)
-    account.sagemaker_quotas({"ml.p4d.24xlarge for training job usage": 1.0, "ml.c7g.xlarge for endpoint usage": 2.0,
-                              "ml.c5.2xlarge for endpoint usage": 2.0})  # fmt: skip
-    cdk_json = tmp_path / "cdk.json"
-    cdk_json.write_text(json.dumps({"context": cdk_context()}))
-    code = preflight.main(["-c", "env=dev", "--cdk-json", str(cdk_json), "--cdk-out", str(tmp_path / "none")],
-                          clients=account.client)  # fmt: skip
+    account.sagemaker_quotas({"ml.p4d.24xlarge for training job usage": 1.0, "ml.c5.2xlarge for endpoint usage": 2.0})
+    account.stacks({}, [s.stack_name for s in needs.stacks])
+    code = preflight.main(["-c", "env=dev", "--cdk-out", str(assembly)], clients=account.client)
     out = capsys.readouterr().out
     assert code == 1
-    assert out.splitlines()[-1] == "dev: 1 blocker(s), 1 warning(s)"  # the quota; no cloud assembly to read
+    assert out.splitlines()[-1] == "dev: 1 blocker(s), 0 warning(s)"  # the quota
     assert all(line.split()[0] in ("OK", "WARNING", "BLOCKER") for line in out.splitlines()[:-1])
+    assert preflight.main(["-c", "env=qa", "--cdk-out", str(assembly)], clients=account.client) == 2
