@@ -32,6 +32,10 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "mme-plan": Subcommand("stacks.mme_plan", "predict each environment's multi-model endpoint for the three patterns"),
     "review": Subcommand("ops_review.__main__", "ops review of cdk.out (or --diff of two)"),
     "cleanup": Subcommand("ops_review.cleanup", "what SageMaker and EC2 leave outside CloudFormation"),
+    "preflight": Subcommand("ops_review.preflight", "before a first deploy: quotas, zone, model, key, buckets"),
+    "change-endpoint-instance": Subcommand(
+        "ops_review.change_instance", "change an autoscaled endpoint's instance type (deregister, deploy, re-register)"
+    ),
 }
 
 

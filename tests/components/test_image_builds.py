@@ -1,6 +1,6 @@
 """ImageBuilds on a bare stack (repositories, build roles, native CodeBuild projects, the weekly rebuild), the
 BuiltImage plumbing an environment's stack reads a digest with, and both wired into a PromotionPipeline: the
-policies are evaluated with the project's own IAM evaluator (tests/training/iam_policy.py), not read by eye."""
+policies are evaluated with the project's own IAM evaluator (ops_review/iam_policy.py), not read by eye."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk.assertions import Template
 from constructs import Construct
 
+from ops_review.iam_policy import Request, is_allowed
 from stacks.components.image_builds import (
     IMAGE_BY_DIGEST,
     PULL_ACTIONS,
@@ -38,7 +39,6 @@ from stacks.components.promotion_pipeline import (
     PromotionStage,
     PromotionTarget,
 )
-from tests.training.iam_policy import Request, is_allowed
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLING, ENVIRONMENT, STRANGER, REGION = "999999999999", "111111111111", "444444444444", "us-west-2"

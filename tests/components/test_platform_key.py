@@ -5,9 +5,9 @@ from __future__ import annotations
 import aws_cdk as cdk
 import pytest
 
+from ops_review.iam_policy import Request, is_allowed, resolve
 from stacks.components.platform_key import PlatformKey
 from tests.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
-from tests.training.iam_policy import Request, is_allowed, resolve
 
 KEY_ARN = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/platformkey"
 # An identity policy that allows everything on the key: the key policy alone must decide.

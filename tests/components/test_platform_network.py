@@ -8,6 +8,7 @@ import pytest
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 
+from ops_review.iam_policy import Request, is_allowed, resolve
 from stacks.components.platform_network import (
     ENDPOINTS_WITH_IDENTITY_PERIMETER,
     INTERFACE_ENDPOINTS,
@@ -15,7 +16,6 @@ from stacks.components.platform_network import (
     WorkloadSecurityGroup,
 )
 from tests.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
-from tests.training.iam_policy import Request, is_allowed, resolve
 
 CIDR = "10.7.0.0/16"
 OTHER_ACCOUNT = "999999999999"

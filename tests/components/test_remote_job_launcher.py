@@ -8,9 +8,9 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 
+from ops_review.iam_policy import Request, is_allowed, resolve
 from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy
 from tests.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
-from tests.training.iam_policy import Request, is_allowed, resolve
 from training_assets.remote_jobs import OWNER_TAG_KEY
 
 JOB_ROLE = f"arn:aws:iam::{ACCOUNT}:role/remote-jobs"

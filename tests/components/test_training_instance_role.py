@@ -8,10 +8,10 @@ import pytest
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 
+from ops_review.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
 from stacks.compliance import add_compliance_gates
 from stacks.components.training_instance_role import TrainingInstanceRole
 from tests.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
-from tests.training.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
 
 KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/platform"
 DLC = f"arn:aws:ecr:{REGION}:763104351884:repository"
