@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.training.iam_policy import Request, is_allowed, logical_id, role_policies
+from tests.training.iam_policy import Request, is_allowed, logical_id, resolve, role_policies, template_exports
 
 ACCOUNT, REGION = "123456789012", "us-west-2"
 BUCKETS = {"Artifacts": "artifacts-bucket", "RemoteJobs": "remote-jobs-bucket", "Datasets": "datasets-bucket"}
@@ -155,3 +155,70 @@ def test_a_key_policy_must_allow_itself_or_delegate_to_iam() -> None:
     assert is_allowed(identity, request, key_policy=delegating)
     assert not is_allowed(identity, request, key_policy=closed)
     assert not is_allowed([], request, key_policy=delegating)
+
+
+# ------------------------------------------------------------------ RunInstances from the training launch template
+
+
+@pytest.fixture(scope="module")
+def training_launch(
+    templates: dict[str, dict[str, dict]], foundation: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+    """The dev TrainingLauncherPolicy, the launch template's data and its ARN, resolved alike (the Foundation's
+    exports as the foundation fixture resolves them)."""
+    template = templates["dev"]["Training"]
+    exports = template_exports(*foundation)
+    refs: dict[str, Any] = {"AWS::AccountId": ACCOUNT, "AWS::Partition": "aws", "AWS::Region": REGION,
+                            "AWS::URLSuffix": "amazonaws.com"}  # fmt: skip
+    for name in template["Resources"]:
+        refs.setdefault(name, f"{name}-ref")
+        for attribute in ("Arn", "GroupId", "LatestVersionNumber"):
+            refs.setdefault(f"{name}.{attribute}", f"{name}.{attribute}")
+    policy_id = logical_id(template, "AWS::IAM::ManagedPolicy", "TrainingLauncherPolicy")
+    policy = resolve(template["Resources"][policy_id]["Properties"]["PolicyDocument"], refs=refs, exports=exports)
+    (template_id,) = [name for name, r in template["Resources"].items() if r["Type"] == "AWS::EC2::LaunchTemplate"]
+    data = {name: resolve(value, refs=refs, exports=exports)  # the user data (Fn::Base64) is not needed
+            for name, value in template["Resources"][template_id]["Properties"]["LaunchTemplateData"].items()
+            if name in ("InstanceType", "MetadataOptions", "IamInstanceProfile", "Placement")}  # fmt: skip
+    return [policy], data, f"arn:aws:ec2:{REGION}:{ACCOUNT}:launch-template/{template_id}-ref"
+
+
+def _instance_request(data: dict[str, Any], template_arn: str, **changes: str) -> Request:
+    """RunInstances on the instance resource, with the keys EC2 fills from the launch template (``changes``: what a
+    caller's overrides change)."""
+    context = {
+        "ec2:LaunchTemplate": template_arn,
+        "ec2:IsLaunchTemplateResource": "true",
+        "ec2:InstanceType": data["InstanceType"],
+        "ec2:MetadataHttpTokens": data["MetadataOptions"]["HttpTokens"],
+        "ec2:MetadataHttpPutResponseHopLimit": str(data["MetadataOptions"]["HttpPutResponseHopLimit"]),
+        "ec2:InstanceProfile": data["IamInstanceProfile"]["Arn"],
+        "ec2:Tenancy": data.get("Placement", {}).get("Tenancy", "default"),
+        **changes,
+    }
+    return Request("ec2:RunInstances", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/i-0new", context)
+
+
+def test_a_launch_as_the_template_says_is_allowed(training_launch: Any) -> None:
+    policies, data, template_arn = training_launch
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert is_allowed(policies, _instance_request(data, template_arn))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"ec2:MetadataHttpTokens": "optional"},  # IMDSv1: SSRF in the run reads the role's credentials
+        {"ec2:MetadataHttpPutResponseHopLimit": "2"},  # a bridged container reaches IMDS
+        {"ec2:InstanceProfile": f"arn:aws:iam::{ACCOUNT}:instance-profile/admin"},
+        {"ec2:Tenancy": "dedicated"},  # dedicated hardware: a cost nobody budgeted
+        {"ec2:IsLaunchTemplateResource": "false"},
+        {"ec2:LaunchTemplate": f"arn:aws:ec2:{REGION}:{ACCOUNT}:launch-template/lt-0attacker"},
+    ],
+    ids=["imdsv1", "hop-limit", "instance-profile", "tenancy", "not-from-template", "other-template"],
+)
+def test_a_launch_that_overrides_the_instance_settings_is_denied(training_launch: Any, changes: dict) -> None:
+    """Issue 22.2: the instance of every RunInstances must have IMDSv2, the hop limit, the training instance
+    profile and default tenancy of the template, whatever the caller overrides."""
+    policies, data, template_arn = training_launch
+    assert not is_allowed(policies, _instance_request(data, template_arn, **changes))
