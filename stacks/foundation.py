@@ -19,6 +19,7 @@ from stacks.components.logical_ids import keep_logical_ids
 from stacks.components.platform_key import PlatformKey
 from stacks.components.platform_network import PlatformNetwork, WorkloadSecurityGroup
 from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy, TrainingJobLimits
+from stacks.components.sagemaker_endpoint import endpoint_name_for
 from stacks.components.sagemaker_roles import EndpointExecutionRole, RemoteJobRole, VpcAttachment
 from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
 from stacks.components.training_instance_role import TrainingInstanceRole
@@ -143,6 +144,9 @@ class FoundationStack(EnvironmentStack):
             data_capture_prefix=DATA_CAPTURE_PREFIX,
             key=self.key,
             network=network,
+            # The environment's endpoints are named after their stacks (endpoint_name_for), which share the stage's
+            # prefix with this one: dev-Foundation, dev-GravitonEndpoint, dev-MultiModelEndpoint.
+            endpoint_name_prefix=endpoint_name_for(self).removesuffix(self.node.id),
         )
         self.endpoint_role = self.endpoint_execution.role
         self.training_instance = TrainingInstanceRole(

@@ -7,6 +7,10 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
+# The services that use the key on a principal's behalf: S3 (the buckets' SSE-KMS), SageMaker (job and endpoint
+# volumes, outputs), EC2 (EBS root volumes), ECR (the private repositories), SNS (alarm topics), CloudWatch Logs.
+VIA_SERVICES = ("s3", "sagemaker", "ec2", "ecr", "sns", "logs")
+
 
 class PlatformKey(kms.Key):
     """A rotating key whose policy lets CloudWatch Logs and CloudWatch alarms use it on the account's behalf, and
@@ -58,6 +62,26 @@ class PlatformKey(kms.Key):
                 actions=["kms:Decrypt", "kms:GenerateDataKey*"],
                 resources=["*"],
                 conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
+            )
+        )
+        # Data keys only through the services that encrypt the platform's data (KMS developer guide, "kms:ViaService":
+        # the service that made the request on the principal's behalf; absent when a principal calls KMS itself),
+        # except for service principals that call KMS themselves (CloudWatch Logs and alarms above:
+        # aws:PrincipalIsAWSService, IAM User Guide, "AWS global condition context keys"). A role holding the key
+        # can no longer decrypt a copied ciphertext or generate data keys for use outside the platform.
+        self.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="DenyUseExceptThroughThePlatformsServices",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*"],
+                resources=["*"],
+                conditions={
+                    "StringNotEquals": {
+                        "kms:ViaService": [f"{service}.{stack.region}.{stack.url_suffix}" for service in VIA_SERVICES]
+                    },
+                    "BoolIfExists": {"aws:PrincipalIsAWSService": "false"},
+                },
             )
         )
         # Grants only for AWS resources (EBS volumes, SageMaker jobs) or from AWS services (Control Tower

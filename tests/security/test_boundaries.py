@@ -222,3 +222,56 @@ def test_a_launch_that_overrides_the_instance_settings_is_denied(training_launch
     profile and default tenancy of the template, whatever the caller overrides."""
     policies, data, template_arn = training_launch
     assert not is_allowed(policies, _instance_request(data, template_arn, **changes))
+
+
+# ------------------------------------------------------------------ issue 22.4: key, buckets, endpoint logs
+
+
+def test_the_endpoint_role_writes_only_its_environments_endpoint_logs(
+    foundation: Any, templates: dict[str, dict[str, dict]]
+) -> None:
+    role = _role(foundation, "EndpointExecutionRole")
+    names = [resource["Properties"]["EndpointName"] for template in templates["dev"].values()
+             for resource in template["Resources"].values()
+             if resource["Type"] == "AWS::SageMaker::Endpoint"]  # fmt: skip
+    assert names, "the dev environment builds at least one endpoint"
+    group = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker/Endpoints"
+    for name in names:
+        assert is_allowed(role, Request("logs:PutLogEvents", f"{group}/{name}:log-stream:AllTraffic/i-0abc"))
+        other = name.replace("dev-", "staging-", 1)
+        assert not is_allowed(role, Request("logs:PutLogEvents", f"{group}/{other}:log-stream:AllTraffic/i-0abc"))
+
+
+def test_the_platform_key_is_used_only_through_the_platforms_services(foundation: Any) -> None:
+    template, refs = foundation
+    key_id = logical_id(template, "AWS::KMS::Key", "PlatformKey")
+    key_policy = resolve(template["Resources"][key_id]["Properties"]["KeyPolicy"], refs=refs)
+    key_arn = refs[f"{key_id}.Arn"]
+    role = _role(foundation, "RemoteJobRole")
+    principal = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/remote-job",
+                 "aws:PrincipalIsAWSService": "false"}  # fmt: skip
+    via_s3 = Request("kms:Decrypt", key_arn, {**principal, "kms:ViaService": f"s3.{REGION}.amazonaws.com"})
+    direct = Request("kms:Decrypt", key_arn, principal)
+    assert is_allowed(role, via_s3, key_policy=key_policy)
+    assert not is_allowed(role, direct, key_policy=key_policy)  # a copied ciphertext decrypted outside S3
+
+
+@pytest.mark.parametrize("bucket", list(BUCKETS))
+def test_the_platform_buckets_refuse_other_kms_keys_and_sse_c(foundation: Any, bucket: str) -> None:
+    template, refs = foundation
+    bucket_id = logical_id(template, "AWS::S3::Bucket", bucket)
+    (policy,) = [r for r in template["Resources"].values()
+                 if r["Type"] == "AWS::S3::BucketPolicy"
+                 and r["Properties"]["Bucket"] == {"Ref": bucket_id}]  # fmt: skip
+    document = resolve(policy["Properties"]["PolicyDocument"], refs=refs)
+    writer = [{"Statement": [{"Effect": "Allow", "Action": "s3:PutObject", "Resource": "*"}]}]
+    key_arn = refs[f"{logical_id(template, 'AWS::KMS::Key', 'PlatformKey')}.Arn"]
+    obj = f"arn:aws:s3:::{BUCKETS[bucket]}/jobs/x/payload.pkl"
+
+    def put(**context: str) -> bool:
+        request = Request("s3:PutObject", obj, {"aws:SecureTransport": "true", **context})
+        return is_allowed(writer, request, resource_policies=[document])
+
+    assert put() and put(**{"s3:x-amz-server-side-encryption-aws-kms-key-id": key_arn})
+    assert not put(**{"s3:x-amz-server-side-encryption-aws-kms-key-id": "arn:aws:kms:us-east-1:999999999999:key/x"})
+    assert not put(**{"s3:x-amz-server-side-encryption-customer-algorithm": "AES256"})
