@@ -13,18 +13,19 @@ import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct, IConstruct
 
+from platform_facts.instances import has_local_nvme
 from stacks.compliance import acknowledge_short_retention, log_retention
 from stacks.components.logical_ids import keep_logical_ids
 from stacks.components.platform_key import PlatformKey
 from stacks.components.platform_network import PlatformNetwork, WorkloadSecurityGroup
-from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy
-from stacks.components.sagemaker_endpoint import ModelNetwork
+from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy, TrainingJobLimits
+from stacks.components.sagemaker_endpoint import ModelNetwork, endpoint_name_for
 from stacks.components.sagemaker_roles import EndpointExecutionRole, RemoteJobRole, VpcAttachment
 from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
 from stacks.components.training_instance_role import TrainingInstanceRole
 from stacks.components.training_job_log_retention import TrainingJobLogRetention
 from stacks.environment_stack import EnvironmentStack
-from stacks.settings import ENDPOINT_MODELS_PREFIX, EnvironmentSettings
+from stacks.settings import ENDPOINT_MODELS_PREFIX, EnvironmentSettings, sagemaker_gpu_training_types
 
 TRAINING_OUTPUT_PREFIX = "training-output/"
 DATA_CAPTURE_PREFIX = "data-capture/"
@@ -143,6 +144,9 @@ class FoundationStack(EnvironmentStack):
             data_capture_prefix=DATA_CAPTURE_PREFIX,
             key=self.key,
             network=network,
+            # The environment's endpoints are named after their stacks (endpoint_name_for), which share the stage's
+            # prefix with this one: dev-Foundation, dev-GravitonEndpoint, dev-MultiModelEndpoint.
+            endpoint_name_prefix=endpoint_name_for(self).removesuffix(self.node.id),
         )
         self.endpoint_role = self.endpoint_execution.role
         self.training_instance = TrainingInstanceRole(
@@ -178,6 +182,12 @@ class FoundationStack(EnvironmentStack):
             training_job_log_group=TRAINING_JOB_LOG_GROUP,
             config_parameter_name=remote_config_parameter_name(self.settings),
             allowed_tag_keys=list(self.settings.resource_tags),
+            network=network,
+            limits=TrainingJobLimits(
+                instance_types=(types := sagemaker_gpu_training_types()),
+                nvme_instance_types=[name for name in types if has_local_nvme(name)],
+                max_runtime_seconds=self.settings.training.max_run_hours * 3600,
+            ),
         )
         self.remote_job_launcher_policy = self.remote_job_launcher.policy
 

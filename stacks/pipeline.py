@@ -108,6 +108,7 @@ class SmokeTestAccessStack(cdk.Stack):
         *,
         settings: EnvironmentSettings,
         tooling_account: str,
+        pipeline_stack_name: str,
         model_bucket: s3.IBucket | None = None,
         model_key: str | None = None,
         endpoint_name: str | None = None,
@@ -118,11 +119,17 @@ class SmokeTestAccessStack(cdk.Stack):
             construct_id,
             description=f"Lets the promotion pipeline check the model of, and smoke-test, the {settings.name} endpoint",
         )
+        pipeline_roles = f"{pipeline_stack_name}-*"
         self.role = iam.Role(
             self,
             "SmokeTestRole",
             role_name=smoke_test_role_name(promotion_target(settings)),
-            assumed_by=iam.AccountPrincipal(tooling_account),
+            # Only the pipeline stack's roles (the CodeBuild steps' roles, whose names CloudFormation generates as
+            # <stack name>-<logical id>-<suffix>), not any principal of the tooling account. aws:PrincipalArn is the
+            # role's ARN for an assumed-role session (IAM User Guide, "AWS global condition context keys").
+            assumed_by=iam.AccountPrincipal(tooling_account).with_conditions(
+                {"ArnLike": {"aws:PrincipalArn": f"arn:{self.partition}:iam::{tooling_account}:role/{pipeline_roles}"}}
+            ),
             description="Assumed by the promotion pipeline's model-check and smoke-test steps (tooling account)",
             max_session_duration=cdk.Duration.hours(1),
         )
@@ -254,7 +261,12 @@ class PromotionPipelineStack(cdk.Stack):
         endpoint = getattr(stage, "graviton_endpoint", None)
         if endpoint is None:
             access = SmokeTestAccessStack(
-                stage, "SmokeTestAccess", settings=environment, tooling_account=self.account, images=self.image_names
+                stage,
+                "SmokeTestAccess",
+                settings=environment,
+                tooling_account=self.account,
+                pipeline_stack_name=self.stack_name,
+                images=self.image_names,
             )
             return PromotionStage(stage, access=access)
         model_key = environment.graviton_endpoint.model_data_key
@@ -266,6 +278,7 @@ class PromotionPipelineStack(cdk.Stack):
             "SmokeTestAccess",
             settings=environment,
             tooling_account=self.account,
+            pipeline_stack_name=self.stack_name,
             model_bucket=foundation.artifacts_bucket,
             model_key=model_key,
             endpoint_name=endpoint.sagemaker_endpoint.fixed_name if smoke_tested(target) else None,

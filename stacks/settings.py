@@ -86,6 +86,12 @@ def _sagemaker_gpu_training(facts: InstanceType) -> bool:
     return facts.gpu is not None and facts.offered("training")
 
 
+def sagemaker_gpu_training_types() -> list[str]:
+    """The ml. types a @remote job may run on: those ``training.remote_instance_type`` accepts (the launcher policy
+    allows exactly these; remote_train's --instance-type picks among them)."""
+    return names_where(_sagemaker_gpu_training, sagemaker=True)
+
+
 def _autoscaled_hosting(facts: InstanceType) -> bool:
     return facts.offered("hosting") and not facts.burstable
 

@@ -78,6 +78,8 @@ def remote_function_config(
                         "S3KmsKeyId": kms_key_id,
                         **volume_key,
                         "VpcConfig": {"SecurityGroupIds": security_group_ids, "Subnets": subnets},
+                        # The launcher policy requires it (sagemaker:InterContainerTrafficEncryption).
+                        "EnableInterContainerTrafficEncryption": True,
                         "Tags": [{"Key": key, "Value": value} for key, value in tags.items()],
                         "InstanceType": instance_type,
                         "ImageUri": image_uri,

@@ -7,6 +7,10 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
+# The services that use the key on a principal's behalf: S3 (the buckets' SSE-KMS), SageMaker (job and endpoint
+# volumes, outputs), EC2 (EBS root volumes), ECR (the private repositories), SNS (alarm topics), CloudWatch Logs.
+VIA_SERVICES = ("s3", "sagemaker", "ec2", "ecr", "sns", "logs")
+
 
 class PlatformKey(kms.Key):
     """A rotating key whose policy lets CloudWatch Logs and CloudWatch alarms use it on the account's behalf, and
@@ -35,9 +39,13 @@ class PlatformKey(kms.Key):
             removal_policy=removal_policy,
             pending_window=cdk.Duration.days(pending_window_days),
         )
+        for statement in self._policy_statements():
+            self.add_to_resource_policy(statement)
+
+    def _policy_statements(self) -> list[iam.PolicyStatement]:
         stack = cdk.Stack.of(self)
-        # Services that encrypt on the platform's behalf: log groups (flow logs, training logs) and alarm topics.
-        self.add_to_resource_policy(
+        return [
+            # Services that encrypt on the platform's behalf: log groups (flow logs, training logs) and alarm topics.
             iam.PolicyStatement(
                 sid="AllowCloudWatchLogs",
                 principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
@@ -49,20 +57,35 @@ class PlatformKey(kms.Key):
                         f"{stack.account}:*"
                     }
                 },
-            )
-        )
-        self.add_to_resource_policy(
+            ),
             iam.PolicyStatement(
                 sid="AllowCloudWatchAlarmsToPublishToEncryptedTopics",
                 principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
                 actions=["kms:Decrypt", "kms:GenerateDataKey*"],
                 resources=["*"],
                 conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
-            )
-        )
-        # Grants only for AWS resources (EBS volumes, SageMaker jobs) or from AWS services (Control Tower
-        # CT.KMS.PR.3): a principal with kms:CreateGrant cannot hand the key's use to anyone else directly.
-        self.add_to_resource_policy(
+            ),
+            # Data keys only through the services that encrypt the platform's data (KMS developer guide,
+            # "kms:ViaService": the service that made the request on the principal's behalf; absent when a principal
+            # calls KMS itself),
+            # except for service principals that call KMS themselves (CloudWatch Logs and alarms above:
+            # aws:PrincipalIsAWSService, IAM User Guide, "AWS global condition context keys"). A role holding the key
+            # can no longer decrypt a copied ciphertext or generate data keys for use outside the platform.
+            iam.PolicyStatement(
+                sid="DenyUseExceptThroughThePlatformsServices",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*"],
+                resources=["*"],
+                conditions={
+                    "StringNotEquals": {
+                        "kms:ViaService": [f"{service}.{stack.region}.{stack.url_suffix}" for service in VIA_SERVICES]
+                    },
+                    "BoolIfExists": {"aws:PrincipalIsAWSService": "false"},
+                },
+            ),
+            # Grants only for AWS resources (EBS volumes, SageMaker jobs) or from AWS services (Control Tower
+            # CT.KMS.PR.3): a principal with kms:CreateGrant cannot hand the key's use to anyone else directly.
             iam.PolicyStatement(
                 sid="DenyGrantsExceptForAwsResources",
                 effect=iam.Effect.DENY,
@@ -72,5 +95,5 @@ class PlatformKey(kms.Key):
                 conditions={
                     "BoolIfExists": {"kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "false"}
                 },
-            )
-        )
+            ),
+        ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -10,7 +11,18 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.components.iam_statements import ReasonedStatement, arn, reasoned_policy, use_key
+from stacks.components.sagemaker_roles import VpcAttachment
 from training_assets.remote_jobs import CALLER_ID_VARIABLE, OWNER_TAG_KEY, REMOTE_JOBS_PREFIX
+
+
+@dataclass(frozen=True)
+class TrainingJobLimits:
+    """What a launcher's CreateTrainingJob must request: one of ``instance_types`` (``nvme_instance_types``: those
+    with NVMe instance storage, for which SageMaker refuses a volume key) and at most ``max_runtime_seconds``."""
+
+    instance_types: Sequence[str]
+    nvme_instance_types: Sequence[str]
+    max_runtime_seconds: int
 
 
 class RemoteJobLauncherPolicy(Construct):
@@ -36,10 +48,13 @@ class RemoteJobLauncherPolicy(Construct):
         training_job_log_group: str,
         config_parameter_name: str,
         allowed_tag_keys: Sequence[str],
+        network: VpcAttachment,
+        limits: TrainingJobLimits,
     ) -> None:
         """``config_parameter_name``: the SSM parameter holding config.yaml; ``allowed_tag_keys``: the tag keys a job
-        may carry besides the owner tag."""
+        may carry besides the owner tag; ``network``: the subnets and security group every job must use."""
         super().__init__(scope, construct_id)
+        self._key, self._network, self._limits = key, network, limits
         self.policy = reasoned_policy(
             self,
             "Default",
@@ -55,15 +70,15 @@ class RemoteJobLauncherPolicy(Construct):
         """Create, describe and stop one's own training jobs, which run as ``job_role``."""
         training_jobs = arn(self, "sagemaker", "training-job/*")
         return [
+            *self._create_statements(training_jobs, allowed_tag_keys),
             (
                 iam.PolicyStatement(
-                    sid="CreateOwnTrainingJobs",
-                    actions=["sagemaker:CreateTrainingJob", "sagemaker:AddTags"],
+                    sid="TagOwnTrainingJobs",
+                    actions=["sagemaker:AddTags"],
                     resources=[training_jobs],
                     conditions=_owner_tagged_on_create(allowed_tag_keys),
                 ),
-                "The SDK generates a new training-job name for every @remote call; the owner tag binds it to "
-                "its caller.",
+                "CreateTrainingJob with tags also authorizes AddTags on the new job, whose name the SDK generates.",
             ),
             (
                 iam.PolicyStatement(
@@ -84,6 +99,57 @@ class RemoteJobLauncherPolicy(Construct):
                 None,
             ),
         ]
+
+    def _create_statements(self, training_jobs: str, allowed_tag_keys: Sequence[str]) -> list[ReasonedStatement]:
+        """CreateTrainingJob, tagged with the caller, only in the platform's network, under its key, on an allowed
+        instance type, for a bounded time, with inter-container encryption. Condition keys of CreateTrainingJob
+        (Service Authorization Reference, "Actions, resources, and condition keys for Amazon SageMaker";
+        SageMaker developer guide, "Condition keys for SageMaker": sagemaker:VpcSubnets and
+        sagemaker:VpcSecurityGroupIds (multivalued, every one given must be listed, Null refuses none given),
+        sagemaker:VolumeKmsKey and sagemaker:OutputKmsKey (ARN), sagemaker:InstanceTypes (multivalued),
+        sagemaker:MaxRuntimeInSeconds (numeric), sagemaker:InterContainerTrafficEncryption (Bool)).
+
+        Two statements: SageMaker refuses VolumeKmsKeyId for types with NVMe instance storage (it encrypts those
+        with a hardware key), so on those a volume key, if given, is the platform key; on every other type the
+        platform key is required."""
+        nvme = list(self._limits.nvme_instance_types)
+        ebs = [t for t in self._limits.instance_types if t not in nvme]
+        reason = (
+            "The SDK generates a new training-job name for every @remote call; the owner tag binds it to its caller."
+        )
+        statements: list[ReasonedStatement] = []
+        for sid, types, volume_key in (
+            ("CreateOwnTrainingJobsOnEbsTypes", ebs, "ArnEquals"),
+            ("CreateOwnTrainingJobsOnNvmeTypes", nvme, "ArnEqualsIfExists"),
+        ):
+            if not types:
+                continue
+            conditions = _owner_tagged_on_create(allowed_tag_keys)
+            conditions["ForAllValues:StringEquals"] = {
+                **conditions["ForAllValues:StringEquals"],
+                "sagemaker:InstanceTypes": types,
+                "sagemaker:VpcSubnets": [subnet.subnet_id for subnet in self._network.subnets],
+                "sagemaker:VpcSecurityGroupIds": [self._network.security_group.security_group_id],
+            }
+            statement = iam.PolicyStatement(
+                sid=sid,
+                actions=["sagemaker:CreateTrainingJob"],
+                resources=[training_jobs],
+                conditions={
+                    **conditions,
+                    "Null": dict.fromkeys(
+                        ("sagemaker:InstanceTypes", "sagemaker:VpcSubnets", "sagemaker:VpcSecurityGroupIds"), "false"
+                    ),
+                    **_merged(
+                        {"ArnEquals": {"sagemaker:OutputKmsKey": self._key.key_arn}},
+                        {volume_key: {"sagemaker:VolumeKmsKey": self._key.key_arn}},
+                    ),
+                    "NumericLessThanEquals": {"sagemaker:MaxRuntimeInSeconds": str(self._limits.max_runtime_seconds)},
+                    "Bool": {"sagemaker:InterContainerTrafficEncryption": "true"},
+                },
+            )
+            statements.append((statement, reason))
+        return statements
 
     def _staging_statements(
         self, remote_jobs: s3.IBucket, training_job_log_group: str, config_parameter_name: str
@@ -146,3 +212,12 @@ def _owner_tagged_on_create(allowed_tag_keys: Sequence[str]) -> dict[str, dict[s
         "ForAllValues:StringEquals": {"aws:TagKeys": [OWNER_TAG_KEY, *allowed_tag_keys]},
         "StringEqualsIfExists": {owner: CALLER_ID_VARIABLE},
     }
+
+
+def _merged(*conditions: dict[str, dict[str, object]]) -> dict[str, dict[str, object]]:
+    """Condition blocks joined operator by operator (two blocks of one operator must not overwrite each other)."""
+    result: dict[str, dict[str, object]] = {}
+    for block in conditions:
+        for operator, keys in block.items():
+            result[operator] = {**result.get(operator, {}), **keys}
+    return result

@@ -181,7 +181,11 @@ class EndpointExecutionRole(SageMakerExecutionRole):
         data_capture_prefix: str,
         key: kms.IKey,
         network: VpcAttachment,
+        endpoint_name_prefix: str,
     ) -> None:
+        """``endpoint_name_prefix``: how the names of this environment's endpoints start (their log groups are
+        /aws/sagemaker/Endpoints/<endpoint name>, SageMaker developer guide, "Log Amazon SageMaker events with
+        Amazon CloudWatch"); the role writes only those log groups."""
         super().__init__(
             scope,
             construct_id,
@@ -189,7 +193,7 @@ class EndpointExecutionRole(SageMakerExecutionRole):
             "their own pull",
             # Inference: the guide's template must stay "<account>:*", never a model or endpoint ARN.
             source_arn=arn(scope, "sagemaker", "*"),
-            log_group_prefix="/aws/sagemaker/Endpoints/",
+            log_group_prefix=f"/aws/sagemaker/Endpoints/{endpoint_name_prefix}",
             dlc_repositories=[],
             key=key,
             network=network,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
@@ -103,6 +104,7 @@ class SecureBuckets(Construct):
             ],
             **self._common(),
         )
+        self._deny_other_encryption(bucket)
         self._acknowledge_replication(bucket)
         if self.control_tower:
             # Object-level events (new datasets, models, captured data) go to EventBridge, where pipelines and audits
@@ -114,6 +116,39 @@ class SecureBuckets(Construct):
         self._acknowledge_object_lock(bucket)
         self.data_buckets.append(bucket)
         return bucket
+
+    def _deny_other_encryption(self, bucket: s3.Bucket) -> None:
+        """Objects are written under the pair's key or the bucket default (which is that key), never under another
+        KMS key (whose owner could then withhold or read them) nor SSE-C (a key the platform never sees). Amazon S3
+        User Guide, "Requiring server-side encryption" and the condition keys s3:x-amz-server-side-encryption-aws-kms-
+        key-id (the SSE-KMS key named in the request; absent when the bucket default applies) and
+        s3:x-amz-server-side-encryption-customer-algorithm (present only with SSE-C)."""
+        bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="DenyOtherKmsKeys",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:PutObject"],
+                resources=[bucket.arn_for_objects("*")],
+                # Both conditions: the header is present (Null false) and names another key. A negated operator,
+                # with or without IfExists, is true without the key and would refuse every default-encrypted write
+                # (IAM User Guide, "Condition operators": IfExists and Null).
+                conditions={
+                    "Null": {"s3:x-amz-server-side-encryption-aws-kms-key-id": "false"},
+                    "StringNotEquals": {"s3:x-amz-server-side-encryption-aws-kms-key-id": self.key.key_arn},
+                },
+            )
+        )
+        bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="DenyCustomerProvidedKeys",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:PutObject"],
+                resources=[bucket.arn_for_objects("*")],
+                conditions={"Null": {"s3:x-amz-server-side-encryption-customer-algorithm": "false"}},
+            )
+        )
 
     def _common(self) -> dict[str, Any]:
         """The settings every bucket of the pair shares (keyword arguments of s3.Bucket)."""

@@ -49,9 +49,29 @@ def test_the_key_rotates_is_retained_as_asked_and_has_its_alias(key_template: di
     assert alias["Properties"]["AliasName"] == "alias/platform-test"
 
 
+VIA_S3 = {**USER, "kms:ViaService": f"s3.{REGION}.amazonaws.com"}
+
+
 def test_account_principals_use_the_key_through_their_iam_policies(key_policy: dict) -> None:
-    assert _allowed(key_policy, "kms:Decrypt", USER, ALLOW_ALL)
-    assert not _allowed(key_policy, "kms:Decrypt", USER)  # no identity policy: no use
+    assert _allowed(key_policy, "kms:Decrypt", VIA_S3, ALLOW_ALL)
+    assert not _allowed(key_policy, "kms:Decrypt", VIA_S3)  # no identity policy: no use
+    assert _allowed(key_policy, "kms:DescribeKey", USER, ALLOW_ALL)  # not a cryptographic operation
+
+
+@pytest.mark.parametrize("action", ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:ReEncryptFrom"])
+@pytest.mark.parametrize("service", ["s3", "sagemaker", "ec2", "ecr", "sns", "logs"])
+def test_principals_use_the_key_through_the_platforms_services(key_policy: dict, action: str, service: str) -> None:
+    """Issue 22.4: through a platform service (kms:ViaService) a role uses the key."""
+    assert _allowed(key_policy, action, {**USER, "kms:ViaService": f"{service}.{REGION}.amazonaws.com"}, ALLOW_ALL)
+
+
+@pytest.mark.parametrize("action", ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:ReEncryptFrom"])
+@pytest.mark.parametrize("via", [None, f"dynamodb.{REGION}.amazonaws.com", "s3.us-east-1.amazonaws.com"])
+def test_a_direct_call_or_another_service_is_denied(key_policy: dict, action: str, via: str | None) -> None:
+    """Issue 22.4: a role allowed everything on the key, calling KMS itself (a copied ciphertext, data keys for use
+    elsewhere) or through a service that holds none of the platform's data, is refused."""
+    context = {**USER, "aws:PrincipalIsAWSService": "false", **({"kms:ViaService": via} if via else {})}
+    assert not _allowed(key_policy, action, context, ALLOW_ALL)
 
 
 @pytest.mark.parametrize(

@@ -4,12 +4,14 @@ job role, and stage objects only under their own prefix (the synthesized policy 
 from __future__ import annotations
 
 import pytest
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 
 from ops_review.iam_policy import Request, is_allowed, resolve
-from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy
+from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy, TrainingJobLimits
+from stacks.components.sagemaker_roles import VpcAttachment
 from tests.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
 from training_assets.remote_jobs import OWNER_TAG_KEY
 
@@ -17,6 +19,9 @@ JOB_ROLE = f"arn:aws:iam::{ACCOUNT}:role/remote-jobs"
 ME, SOMEONE_ELSE = "AROAEXAMPLE:alice", "AROAEXAMPLE:bob"
 JOB = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/remote-fn-2026"
 PARAMETER = "/platform/dev/sagemaker/remote-function-config"
+KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/platform"
+SUBNETS, GROUP = ["subnet-0a", "subnet-0b"], "sg-0workload"
+EBS_TYPE, NVME_TYPE = "ml.p3.16xlarge", "ml.p4d.24xlarge"
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +32,18 @@ def policies() -> list[dict]:
         "Launcher",
         job_role=iam.Role.from_role_arn(stack, "JobRole", JOB_ROLE),
         remote_jobs=s3.Bucket.from_bucket_name(stack, "RemoteJobs", "remote-jobs"),
-        key=kms.Key.from_key_arn(stack, "Key", f"arn:aws:kms:{REGION}:{ACCOUNT}:key/platform"),
+        key=kms.Key.from_key_arn(stack, "Key", KEY),
         training_job_log_group="/aws/sagemaker/TrainingJobs",
         config_parameter_name=PARAMETER,
         allowed_tag_keys=["project", "cost_centre"],
+        network=VpcAttachment(
+            vpc=ec2.Vpc.from_vpc_attributes(stack, "Vpc", vpc_id="vpc-0platform", availability_zones=["a", "b"]),
+            subnets=[ec2.Subnet.from_subnet_id(stack, f"Subnet{i}", subnet) for i, subnet in enumerate(SUBNETS)],
+            security_group=ec2.SecurityGroup.from_security_group_id(stack, "Group", GROUP),
+        ),
+        limits=TrainingJobLimits(
+            instance_types=[EBS_TYPE, NVME_TYPE], nvme_instance_types=[NVME_TYPE], max_runtime_seconds=86400
+        ),
     )
     template = template_of(stack)
     ((_, policy),) = resources(template, "AWS::IAM::ManagedPolicy").items()
@@ -41,8 +54,24 @@ def _allowed(policies: list[dict], action: str, resource: str, **context: object
     return is_allowed(policies, Request(action, resource, {"aws:userid": ME, **context}))  # type: ignore[arg-type]
 
 
-def _create_context(tags: dict[str, str]) -> dict[str, object]:
+def _tag_context(tags: dict[str, str]) -> dict[str, object]:
     return {**{f"aws:RequestTag/{k}": v for k, v in tags.items()}, "aws:TagKeys": list(tags)}
+
+
+def _create_context(tags: dict[str, str], **job: object) -> dict[str, object]:
+    """CreateTrainingJob's keys for a job as the platform's config.yaml requests it (``job``: what a caller
+    changes; None drops a key, as a request without the parameter would)."""
+    platform: dict[str, object] = {
+        "sagemaker:InstanceTypes": [EBS_TYPE],
+        "sagemaker:VpcSubnets": SUBNETS,
+        "sagemaker:VpcSecurityGroupIds": [GROUP],
+        "sagemaker:VolumeKmsKey": KEY,
+        "sagemaker:OutputKmsKey": KEY,
+        "sagemaker:MaxRuntimeInSeconds": "86400",
+        "sagemaker:InterContainerTrafficEncryption": "true",
+    }
+    changed = {**platform, **{f"sagemaker:{k}": v for k, v in job.items()}}
+    return {**_tag_context(tags), **{k: v for k, v in changed.items() if v is not None}}
 
 
 def test_jobs_are_created_only_with_the_callers_own_owner_tag_and_the_environments_tags(policies: list[dict]) -> None:
@@ -58,7 +87,7 @@ def test_only_the_owner_describes_stops_or_retags_a_job(policies: list[dict]) ->
     for action in ("sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"):
         assert _allowed(policies, action, JOB, **{owner: ME})
         assert not _allowed(policies, action, JOB, **{owner: SOMEONE_ELSE})
-    retag = _create_context({OWNER_TAG_KEY: ME})
+    retag = _tag_context({OWNER_TAG_KEY: ME})
     assert not _allowed(policies, "sagemaker:AddTags", JOB, **retag, **{owner: SOMEONE_ELSE})
 
 
@@ -82,3 +111,30 @@ def test_callers_read_the_config_and_follow_training_job_logs(policies: list[dic
     group = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker/TrainingJobs"
     assert _allowed(policies, "logs:GetLogEvents", f"{group}:log-stream:remote-fn-2026/algo-1-1")
     assert not _allowed(policies, "logs:GetLogEvents", f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/other:log-stream:s")
+
+
+def test_jobs_run_only_in_the_platforms_network_under_its_key_on_allowed_types_for_bounded_time(
+    policies: list[dict],
+) -> None:
+    """Issue 22.3: each CreateTrainingJob condition refuses the job that leaves it, next to the job that keeps it."""
+    create, mine = "sagemaker:CreateTrainingJob", {OWNER_TAG_KEY: ME}
+    assert _allowed(policies, create, JOB, **_create_context(mine))
+    # NVMe types: SageMaker refuses a volume key, so none is allowed; a given one must be the platform key.
+    assert _allowed(policies, create, JOB, **_create_context(mine, InstanceTypes=[NVME_TYPE], VolumeKmsKey=None))
+    other_key = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/attacker"
+    attacks = {
+        "no VPC": {"VpcSubnets": None, "VpcSecurityGroupIds": None},
+        "another subnet": {"VpcSubnets": ["subnet-0public"]},
+        "another group": {"VpcSecurityGroupIds": [GROUP, "sg-0open"]},
+        "no volume key on an EBS type": {"VolumeKmsKey": None},
+        "another volume key": {"VolumeKmsKey": other_key},
+        "another volume key on NVMe": {"InstanceTypes": [NVME_TYPE], "VolumeKmsKey": other_key},
+        "another output key": {"OutputKmsKey": other_key},
+        "no output key": {"OutputKmsKey": None},
+        "a type outside the list": {"InstanceTypes": ["ml.p5e.48xlarge"]},
+        "a week": {"MaxRuntimeInSeconds": str(7 * 86400)},
+        "no inter-container encryption": {"InterContainerTrafficEncryption": "false"},
+        "inter-container encryption unset": {"InterContainerTrafficEncryption": None},
+    }
+    for name, change in attacks.items():
+        assert not _allowed(policies, create, JOB, **_create_context(mine, **change)), name

@@ -40,6 +40,7 @@ def _build(stack: cdk.Stack) -> None:
         data_capture_prefix="data-capture/",
         key=key,
         network=network,
+        endpoint_name_prefix="dev-",
     )
     RemoteJobRole(
         stack,
@@ -104,6 +105,20 @@ def test_endpoints_read_models_and_write_captured_data_only(template: dict) -> N
         ("kms:Decrypt", f"arn:aws:kms:{REGION}:{ACCOUNT}:key/another"): False,
     }
     assert {call: is_allowed(policies, Request(*call)) for call in allowed} == allowed
+
+
+def test_endpoints_write_only_their_own_environments_log_groups(template: dict) -> None:
+    """Issue 22.4: the endpoint role writes /aws/sagemaker/Endpoints/<its environment's endpoints>, not another
+    environment's or team's endpoint logs, nor any other log group."""
+    policies = _policies(template, "EndpointRole")
+    group = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker/Endpoints"
+    expected = {
+        f"{group}/dev-GravitonEndpoint:log-stream:AllTraffic/i-0abc": True,
+        f"{group}/staging-GravitonEndpoint:log-stream:AllTraffic/i-0abc": False,
+        f"{group}/other-team-endpoint:log-stream:AllTraffic/i-0abc": False,
+        f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/lambda/other:log-stream:s": False,
+    }
+    assert {arn: is_allowed(policies, Request("logs:PutLogEvents", arn)) for arn in expected} == expected
 
 
 def test_remote_jobs_stage_read_datasets_write_models_and_pull_the_training_image(template: dict) -> None:
