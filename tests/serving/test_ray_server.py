@@ -235,7 +235,8 @@ def test_concurrent_requests_share_one_forward_pass_and_keep_their_own_answers(
 def test_a_batch_never_exceeds_the_configured_size(server: LocalRayServer) -> None:
     before = len(_batches(server))
     with ThreadPoolExecutor(3 * BATCH_SIZE) as pool:
-        statuses = list(pool.map(lambda n: server.invoke(f"text {n}".encode(), content_type="text/plain")[0], range(12)))
+        answers = list(pool.map(lambda n: server.invoke(f"text {n}".encode(), content_type="text/plain"), range(12)))
+    statuses = [status for status, _, _ in answers]
     assert statuses == [200] * 12
     batches = _batches(server)[before:]
     assert sum(batches) == 12 and max(batches) <= BATCH_SIZE, batches
