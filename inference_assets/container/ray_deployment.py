@@ -72,8 +72,9 @@ class SentimentDeployment:
         )
         # One thread: torch keeps one OpenMP team per calling thread, and batches run one after another anyway.
         self._forward = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
-        self.answer.set_max_batch_size(settings.max_batch_size)
-        self.answer.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
+        # The setters @serve.batch attaches to its wrapper (ray/serve/batching.py); Ray's type hints omit them.
+        self.answer.set_max_batch_size(settings.max_batch_size)  # type: ignore[attr-defined]
+        self.answer.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)  # type: ignore[attr-defined]
         import torch
 
         log.info(
@@ -121,7 +122,7 @@ def build_app(model_dir: str | os.PathLike[str], environment: dict[str, Any] | N
     Replicas, threads and batching come from the environment (:class:`ServeSettings`); each replica reserves its
     threads as Ray CPUs, so Ray never places more replicas than the host has cores for."""
     settings = ServeSettings.from_environment(os.environ if environment is None else environment)
-    return SentimentDeployment.options(
+    return SentimentDeployment.options(  # type: ignore[attr-defined]  # a Deployment at run time
         num_replicas=settings.replicas,
         max_ongoing_requests=settings.max_ongoing_requests,
         ray_actor_options={"num_cpus": settings.threads},
