@@ -160,3 +160,38 @@ def test_the_replica_takes_its_threads_from_the_settings_not_from_ray(replica) -
     import torch
 
     assert replica.predictor.options.threads == replica.settings.threads == torch.get_num_threads() == 1
+
+
+def _drain(replica, bodies: list[bytes]) -> list:
+    """Queue ``bodies`` (text/plain) as Ray's batches leave them, run the replica's forward passes, get the answers."""
+
+    async def run() -> list:
+        loop = asyncio.get_running_loop()
+        waiting = [
+            ((body, {"content-type": "text/plain"}, f"r{n}"), loop.create_future()) for n, body in enumerate(bodies)
+        ]
+        replica._waiting.extend(waiting)
+        await replica._drain()
+        return [future.result() for _, future in waiting]
+
+    return asyncio.run(run())
+
+
+def test_requests_waiting_for_the_model_share_passes_of_at_most_max_batch_size(replica, forward_passes) -> None:
+    """What queued while a pass ran is the next pass: ten waiting requests are two passes (8 + 2), not ten."""
+    answers = _drain(replica, [f"text {n}".encode() for n in range(10)])
+    assert [answer.status for answer in answers] == [200] * 10
+    assert forward_passes == [replica.settings.max_batch_size, 10 - replica.settings.max_batch_size]
+
+
+def test_only_concurrent_traffic_waits_for_stragglers(replica) -> None:
+    wait = replica.answer._get_batch_wait_timeout_s
+    configured = replica.settings.batch_wait_timeout_s
+    _drain(replica, [b"one", b"two"])
+    assert wait() == configured > 0  # after a pass of two: the next batch waits to fill
+    _drain(replica, [b"alone"])
+    assert wait() == configured  # one lone request may be chance
+    _drain(replica, [b"alone again"])
+    assert wait() == 0.0  # two in a row: a lone client, whose next request starts at once
+    _drain(replica, [b"again", b"together"])
+    assert wait() == configured
