@@ -53,6 +53,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # SageMaker starts a serving container as `docker run <image> serve` (the image's entrypoint gets "serve").
+    parser.add_argument("command", nargs="?", choices=["serve"], help="what SageMaker passes; nothing else is taken")
     parser.add_argument("--model-dir", type=Path, default=Path(os.environ.get("SM_MODEL_DIR") or DEFAULT_MODEL_DIR))
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=int(os.environ.get("SAGEMAKER_BIND_TO_PORT") or DEFAULT_PORT))

@@ -112,7 +112,7 @@ class LocalRayServer:
             environment.pop(name, None)
         self._server = ServerProcess(
             ServerCommand(
-                argv=[sys.executable, "-m", SERVER_MODULE, "--host", "127.0.0.1", "--port", str(self.port)],
+                argv=[sys.executable, "-m", SERVER_MODULE, "serve", "--host", "127.0.0.1", "--port", str(self.port)],
                 # The deployment answers /ping itself: 200 means a replica holds the model.
                 ready=lambda: self.ping() == 200,
                 environment=environment,

@@ -195,3 +195,26 @@ def test_only_concurrent_traffic_waits_for_stragglers(replica) -> None:
     assert wait() == 0.0  # two in a row: a lone client, whose next request starts at once
     _drain(replica, [b"again", b"together"])
     assert wait() == configured
+
+
+def test_the_launcher_serves_the_archive_config_on_the_port_given(unpacked_model: Path, tmp_path: Path) -> None:
+    from inference_assets.container.ray_server import serve_config
+
+    config = serve_config(unpacked_model, "0.0.0.0", 8080)
+    assert config["http_options"] == {"host": "0.0.0.0", "port": 8080}
+    assert config["applications"][0]["import_path"] == "deployment:app"
+    with pytest.raises(SystemExit, match="no Ray Serve config"):
+        serve_config(tmp_path, "0.0.0.0", 8080)
+    (tmp_path / "config.yaml").write_text("applications: []\n")
+    with pytest.raises(SystemExit, match="names no applications"):
+        serve_config(tmp_path, "0.0.0.0", 8080)
+
+
+def test_the_launcher_takes_sagemakers_serve_argument_and_nothing_else(tmp_path: Path) -> None:
+    from inference_assets.container.ray_server import main
+
+    with pytest.raises(SystemExit, match="no Ray Serve config"):  # "serve" accepted: it got as far as the config
+        main(["serve", "--model-dir", str(tmp_path)])
+    with pytest.raises(SystemExit) as refused:
+        main(["train"])
+    assert refused.value.code == 2

@@ -100,7 +100,7 @@ def test_ray_serve_runs_the_archive_config_and_deployment(server: LocalRayServer
     assert config["applications"] == [{"name": "sentiment", "route_prefix": "/", "import_path": "deployment:app"}]
     assert (server.model_dir / "deployment.py").is_file()
     commands = [" ".join(process.cmdline()) for process in _processes(server)]
-    assert "-m sentiment_serving.ray_server" in commands[0]
+    assert "-m sentiment_serving.ray_server serve" in commands[0]  # as SageMaker starts it: `<image> serve`
     assert any(command.startswith("ray::ServeReplica:sentiment:SentimentClassifier") for command in commands)
     assert f"Ray Serve: {server.model_dir}/config.yaml on http://127.0.0.1:{server.port}" in server.log_path.read_text()
 
