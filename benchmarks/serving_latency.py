@@ -53,6 +53,8 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
+import psutil
+
 from inference_assets.container.predictor import RuntimeOptions, SentimentPredictor
 from inference_assets.local.local_server import LocalRayServer
 from inference_assets.tools.endpoint_environment import endpoint_environment
@@ -139,8 +141,50 @@ def run_load(call: Callable[[str], bool], texts: list[str], concurrency: int, du
     return {"latencies_ms": latencies, "errors": errors, "wall_s": time.perf_counter() - began}
 
 
+def tree_cpu_seconds(leader: int) -> float:
+    """User + system CPU seconds of a process and its descendants now (the whole server, or the raw worker)."""
+    total = 0.0
+    try:
+        root = psutil.Process(leader)
+        family = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return total
+    for process in family:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def replica_passes(server: LocalRayServer) -> int:
+    """Forward passes the server's replicas have logged so far (ray_deployment logs one line per pass)."""
+    assert server.workdir is not None
+    logs = (server.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log")
+    return sum(path.read_text(errors="replace").count("requests answered with one forward pass") for path in logs)
+
+
+def metered(runner: Runner, leader: int, passes: Callable[[], int] | None = None) -> Runner:
+    """``runner`` that also records the CPU seconds the serving processes spent, and the forward passes."""
+
+    def run(level: int, duration_s: float) -> dict:
+        cpu, count = tree_cpu_seconds(leader), passes() if passes else 0
+        result = runner(level, duration_s)
+        if passes:
+            time.sleep(1.0)  # the replica's log reaches its file asynchronously
+        result["cpu_s"] = tree_cpu_seconds(leader) - cpu
+        result["passes"] = passes() - count if passes else None
+        return result
+
+    return run
+
+
 def summarise(setup: str, concurrency: int, runs: list[dict]) -> dict:
     latencies = [latency for run in runs for latency in run["latencies_ms"]]
+    cpu_s = sum(run.get("cpu_s", 0.0) for run in runs)
+    passes = [run.get("passes") for run in runs]
+    pass_count = sum(passes) if None not in passes else 0  # type: ignore[arg-type]
     return {
         "setup": setup,
         "concurrency": concurrency,
@@ -150,6 +194,10 @@ def summarise(setup: str, concurrency: int, runs: list[dict]) -> dict:
         "p50_ms": round(percentile(latencies, 50), 2),
         "p99_ms": round(percentile(latencies, 99), 2),
         "mean_ms": round(statistics.fmean(latencies), 2),
+        # Requests per CPU second of the serving processes: what the work costs, whatever share of a loaded host
+        # the processes got (a back-to-back loop gets less than a server that idles between requests).
+        "requests_per_cpu_s": round(len(latencies) / cpu_s, 2) if cpu_s else None,
+        "mean_requests_per_pass": round(len(latencies) / pass_count, 2) if pass_count else None,
     }
 
 
@@ -198,7 +246,7 @@ def measure(setups: dict[str, Runner], levels: list[int], rounds: int, duration_
 
 class RawWorker:
     """The raw predictor in its own process and session, started like a server worker: same environment, and
-    the same share of a shared host's CPU (Linux gives each session's autogroup an equal share, so a predictor
+    a session of its own as the servers have (Linux gives each session's autogroup an equal share, so a predictor
     inside this benchmark's process would compete on other terms than the servers' workers, which run in sessions
     of their own)."""
 
@@ -210,6 +258,8 @@ class RawWorker:
         )
         self._process.start()
         assert self._connection.recv() == "ready"
+        assert self._process.pid is not None
+        self.pid: int = self._process.pid
 
     def run(self, level: int, duration_s: float) -> dict:
         self._connection.send(("load", duration_s))
@@ -289,8 +339,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         for worker in raw.values():
             servers.callback(worker.close)
-        setups: dict[str, Runner] = {f"raw batch 1, {label}": worker.run for label, worker in raw.items()}
-        setups[RAW_B8] = functools.partial(raw["fp32"].run_batches, 8)
+        setups: dict[str, Runner] = {
+            f"raw batch 1, {label}": metered(worker.run, worker.pid) for label, worker in raw.items()
+        }
+        setups[RAW_B8] = metered(functools.partial(raw["fp32"].run_batches, 8), raw["fp32"].pid)
         configurations: dict[str, dict] = {name: {} for name in setups}
         chosen = SETS[args.set]
         if args.set == "grid" and args.grid_workers:
@@ -306,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, options in chosen.items():
             server = servers.enter_context(LocalRayServer(archive, vcpus=cores, **options))
             caller = http_caller(server.port)
-            setups[name] = functools.partial(run_load, caller, texts)
+            passes = functools.partial(replica_passes, server)
+            setups[name] = metered(functools.partial(run_load, caller, texts), server.process_group, passes)
             configurations[name] = {
                 key: server.environment[key]
                 for key in ("SENTIMENT_SERVE_REPLICAS", "OMP_NUM_THREADS", "SENTIMENT_SERVE_MAX_BATCH_SIZE",
@@ -324,9 +377,16 @@ def main(argv: list[str] | None = None) -> int:
         row["throughput_vs_raw_b1"] = round(row["throughput_rps"] / base_rps, 3)
         row["p50_vs_raw_b1"] = round(row["p50_ms"] / base_p50, 3)
         row["throughput_vs_raw_b8"] = round(row["throughput_rps"] / b8_rps, 3)
-    # The batching's efficiency: 8 single-text clients served, over full batch-8 forward passes on the same cores.
+    b8_per_cpu = next(row["requests_per_cpu_s"] for row in rows if row["setup"] == RAW_B8)
+    # The batching's efficiency: 8 single-text clients served, over full batch-8 forward passes on the same cores,
+    # in wall-clock throughput and per CPU second of the serving processes (what the work costs), with the mean
+    # forward-pass size the replica logged.
     efficiency = {
-        row["setup"]: row["throughput_vs_raw_b8"]
+        row["setup"]: {
+            "throughput": row["throughput_vs_raw_b8"],
+            "per_cpu_s": round(row["requests_per_cpu_s"] / b8_per_cpu, 3) if row["requests_per_cpu_s"] else None,
+            "mean_requests_per_pass": row["mean_requests_per_pass"],
+        }
         for row in rows
         if row["concurrency"] == 8 and not row["setup"].startswith("raw")
     }
@@ -364,7 +424,7 @@ def write_results(output: Path, command: str, environment: dict, rows: list[dict
     )
     header = (
         "| setup | clients | requests | errors | req/s | p50 ms | p99 ms | req/s vs raw b1 | p50 vs raw b1 "
-        "| req/s vs raw b8 |"
+        "| req/s vs raw b8 | req per CPU s | req per pass |"
     )
     lines = [
         f"Command: `{command}`",
@@ -378,7 +438,7 @@ def write_results(output: Path, command: str, environment: dict, rows: list[dict
         *(
             f"| {r['setup']} | {r['concurrency']} | {r['requests']} | {r['errors']} | {r['throughput_rps']} | "
             f"{r['p50_ms']} | {r['p99_ms']} | {r['throughput_vs_raw_b1']} | {r['p50_vs_raw_b1']} | "
-            f"{r['throughput_vs_raw_b8']} |"
+            f"{r['throughput_vs_raw_b8']} | {r['requests_per_cpu_s']} | {r['mean_requests_per_pass'] or ''} |"
             for r in rows
         ),
         "",

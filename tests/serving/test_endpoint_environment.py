@@ -51,6 +51,8 @@ def test_explicit_workers_are_pinned_for_the_toolkit_model_entry() -> None:
         "SENTIMENT_SERVE_REPLICAS": "8",
         "SENTIMENT_SERVE_MAX_BATCH_SIZE": "4",
         "SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S": "0.01",
+        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+        "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
     }
 
 
