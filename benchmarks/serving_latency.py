@@ -70,7 +70,7 @@ SETS: dict[str, dict[str, dict]] = {
         "batching on, bf16 autocast": {"precision": "bf16_autocast"},
         "batching off, bf16 autocast": {"batch_size": 1, "precision": "bf16_autocast"},
     },
-    "delay": {f"batch 8, wait {ms} ms": {"batch_size": 8, "max_batch_delay_ms": ms} for ms in (2, 10, 20, 30)},
+    "delay": {f"batch 8, wait {ms} ms": {"batch_size": 8, "max_batch_delay_ms": ms} for ms in (2, 20, 50)},
     "grid": {
         "1 worker x 2 threads, batch 1": {"workers": 1, "batch_size": 1},
         "1 worker x 2 threads, batch 8, delay 2 ms": {"workers": 1, "batch_size": 8, "max_batch_delay_ms": 2},

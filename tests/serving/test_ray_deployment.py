@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -168,11 +169,12 @@ def _drain(replica, bodies: list[bytes]) -> list:
     async def run() -> list:
         loop = asyncio.get_running_loop()
         waiting = [
-            ((body, {"content-type": "text/plain"}, f"r{n}"), loop.create_future()) for n, body in enumerate(bodies)
+            ((body, {"content-type": "text/plain"}, f"r{n}"), loop.create_future(), loop.time())
+            for n, body in enumerate(bodies)
         ]
         replica._waiting.extend(waiting)
         await replica._drain()
-        return [future.result() for _, future in waiting]
+        return [future.result() for _, future, _ in waiting]
 
     return asyncio.run(run())
 
@@ -184,17 +186,21 @@ def test_requests_waiting_for_the_model_share_passes_of_at_most_max_batch_size(r
     assert forward_passes == [replica.settings.max_batch_size, 10 - replica.settings.max_batch_size]
 
 
-def test_only_concurrent_traffic_waits_for_stragglers(replica) -> None:
-    wait = replica.answer._get_batch_wait_timeout_s
-    configured = replica.settings.batch_wait_timeout_s
-    _drain(replica, [b"one", b"two"])
-    assert wait() == configured > 0  # after a pass of two: the next batch waits to fill
+def test_a_batch_expects_what_the_last_round_brought(replica, forward_passes) -> None:
+    """The next batch waits (up to the timeout) for as many requests as the last pass answered plus those that queued
+    meanwhile; Ray's own batching is told the same number."""
+    expected = replica.answer._get_max_batch_size
+    assert expected() == 1  # nothing known yet: the first request starts at once
+    _drain(replica, [b"one", b"two", b"three"])
+    assert expected() == replica._expected == 3
     _drain(replica, [b"alone"])
-    assert wait() == configured  # one lone request may be chance
+    assert expected() == 1  # a lone client: its next request starts at once
+    started = time.monotonic()
     _drain(replica, [b"alone again"])
-    assert wait() == 0.0  # two in a row: a lone client, whose next request starts at once
-    _drain(replica, [b"again", b"together"])
-    assert wait() == configured
+    assert time.monotonic() - started < 1  # no wait (the test settings' timeout is 2 ms anyway)
+    _drain(replica, [f"burst {n}".encode() for n in range(12)])  # a pass takes 8 at most: 8, then the other 4
+    assert forward_passes == [3, 1, 1, 8, 4]
+    assert expected() == 4
 
 
 def test_the_launcher_serves_the_archive_config_on_the_port_given(unpacked_model: Path, tmp_path: Path) -> None:

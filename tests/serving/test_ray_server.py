@@ -225,8 +225,8 @@ def test_concurrent_requests_share_one_forward_pass_and_keep_their_own_answers(
         with ThreadPoolExecutor(len(requests)) as pool:
             return list(pool.map(lambda r: server.invoke(r[0], content_type=r[1]), requests))
 
-    # The replica waits for stragglers (here 300 ms) only while traffic is concurrent: after the lone requests of the
-    # tests before, the first burst starts that (its first request may run alone), the second shares one wait.
+    # A batch waits (here up to 300 ms) for as many requests as the last round brought: after the lone requests of
+    # the tests before, the first burst starts that (its first request may run alone), the second shares passes.
     burst()
     before = len(_batches(server))
     answers = burst()
@@ -235,7 +235,8 @@ def test_concurrent_requests_share_one_forward_pass_and_keep_their_own_answers(
         assert headers["content-type"] == "application/json"
     _assert_same_predictions(json.loads(answers[0][2]), _expected(predictor, texts[:2]))
     _assert_same_predictions(json.loads(answers[2][2]), _expected(predictor, [texts[2]]))
-    assert _batches(server)[before:] == [len(requests)]  # one forward pass answered all four
+    batches = _batches(server)[before:]
+    assert sum(batches) == len(requests) and max(batches) > 1, batches  # they shared forward passes
 
 
 def test_a_batch_never_exceeds_the_configured_size(server: LocalRayServer) -> None:
