@@ -18,7 +18,7 @@ Steps, as the README ("First deploy"), docs/training.md, docs/multi-model.md and
  6. check-model       ``pytorch-platform check-model --env <env>`` (bucket from the Foundation stack's outputs);
  7. publish (MME)     ``pytorch-platform publish package`` + ``publish publish`` under the endpoint's models prefix,
                       then a client holding the stack's InvokePolicy invokes the model by name (the AWS CLI);
- 8. serve locally     the archive on the real SageMaker toolkit + TorchServe, one prediction;
+ 8. serve locally     the archive on Ray Serve, as the endpoint serves it, one prediction;
  9. smoke test        GravitonEndpoint deployed; ``pytorch-platform smoke-test`` against it;
 10. @remote           ``python -m training_assets.remote_train ... train`` with the config the stack writes to SSM;
 11. destroy, cleanup  the stacks' resources deleted, then ``pytorch-platform cleanup --env <env>``.
@@ -1025,10 +1025,10 @@ class Rehearsal:
 
     def local_model_server(self) -> Any:
         if self.local_server is None:
-            from inference_assets.local.local_server import LocalToolkitServer
+            from inference_assets.local.local_server import LocalRayServer
 
             archive = self.facts.get("archive") or self.work / "operator" / "model.tar.gz"
-            self.local_server = LocalToolkitServer(archive, workers=1).start()
+            self.local_server = LocalRayServer(archive, workers=1).start()
         return self.local_server
 
     # --- 8. serve and invoke locally ----------------------------------------------------------------------------------
@@ -1040,7 +1040,7 @@ class Rehearsal:
             raise StepFailed(f"the local server answered {status}: {reply[:200]!r}")
         prediction = json.loads(reply)
         prediction = prediction[0] if isinstance(prediction, list) else prediction
-        return f"toolkit + TorchServe on {server.url}: {prediction['label']}"
+        return f"Ray Serve on {server.url}: {prediction['label']}"
 
     # --- 9. deploy the endpoint and smoke-test it ---------------------------------------------------------------------
 
