@@ -474,6 +474,24 @@ _AUTOSCALING_ON_BEHALF: dict[str, list[str]] = {
 }
 
 
+def _instance_keys(data: Mapping[str, Any]) -> dict[str, ContextValue]:
+    """The instance's condition keys, from the template's data: EC2 evaluates a launch template's parameters as if the
+    request had named them (EC2 User Guide, "Control the use of launch templates"; the same holds for SCPs that
+    require IMDSv2 with ec2:MetadataHttpTokens)."""
+    metadata = data.get("MetadataOptions") or {}
+    keys: dict[str, ContextValue] = {
+        "ec2:InstanceType": data["InstanceType"],
+        "ec2:Tenancy": (data.get("Placement") or {}).get("Tenancy", "default"),
+        # IMDS defaults when the template leaves them out: tokens optional, hop limit 1.
+        "ec2:MetadataHttpTokens": metadata.get("HttpTokens", "optional"),
+        "ec2:MetadataHttpPutResponseHopLimit": str(metadata.get("HttpPutResponseHopLimit", 1)),
+    }
+    profile = (data.get("IamInstanceProfile") or {}).get("Arn")
+    if profile:
+        keys["ec2:InstanceProfile"] = profile
+    return keys
+
+
 def _tags(tags: list[dict[str, str]] | None) -> dict[str, ContextValue]:
     tags = tags or []
     return {**{f"aws:RequestTag/{t['Key']}": t["Value"] for t in tags}, "aws:TagKeys": [t["Key"] for t in tags]}
@@ -622,7 +640,7 @@ def run_instances_requests(
     run = "ec2:RunInstances"
     requests = [
         Request(run, template["arn"], from_template),
-        Request(run, f"{ec2}:instance/*", {**from_template, "ec2:InstanceType": data["InstanceType"]}),
+        Request(run, f"{ec2}:instance/*", {**from_template, **_instance_keys(data)}),
         Request(run, f"arn:aws:ec2:{call.region}::image/{template['image_id']}",
                 {**from_template, "ec2:Owner": template["image_owner"]}),
     ]  # fmt: skip

@@ -21,11 +21,7 @@ from starlette.requests import Request
 from .request_table import GOOD, REQUESTS, TEST_LIMITS
 
 LEAKS = ("Traceback", 'File "', "/opt/", "/tmp/", "/work/", "site-packages", ".py")
-LIMITS_ENV = {
-    "SENTIMENT_MAX_REQUEST_BATCH": str(TEST_LIMITS.max_request_batch),
-    "SENTIMENT_MAX_TEXT_CHARS": str(TEST_LIMITS.max_text_chars),
-    "SENTIMENT_MAX_REQUEST_BYTES": str(TEST_LIMITS.max_request_bytes),
-}
+LIMITS_ENV = TEST_LIMITS.environment()
 
 
 def _forget_archive_modules() -> None:
