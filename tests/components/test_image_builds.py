@@ -34,11 +34,11 @@ from stacks.components.image_builds import (
 )
 from stacks.components.promotion_pipeline import (
     KEEP_LOGICAL_IDS,
-    PipelineSource,
     PromotionPipeline,
     PromotionStage,
     PromotionTarget,
 )
+from tests.components.promotion_targets import ACCOUNTS, SOURCE, targets
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLING, ENVIRONMENT, STRANGER, REGION = "999999999999", "111111111111", "444444444444", "us-west-2"
@@ -365,18 +365,6 @@ def test_image_parameters_accept_only_an_ecr_image_by_digest(value: str, by_dige
 
 # --------------------------------------------------------------------------------------- inside the pipeline
 
-ACCOUNTS = {"dev": "111111111111", "prod": "333333333333"}
-SOURCE = PipelineSource(
-    region=REGION,
-    repository="example-org/pytorch-platform",
-    branch="main",
-    connection_arn=f"arn:aws:codeconnections:{REGION}:{TOOLING}:connection/0123abcd-0123-4567-89ab-0123456789ab",
-)
-
-
-def _targets() -> list[PromotionTarget]:
-    return [PromotionTarget(name, REGION, account, "pytorch-platform") for name, account in ACCOUNTS.items()]
-
 
 def _stage(scope: Construct, environment: PromotionTarget) -> PromotionStage:
     """An access stack (the role), a stack that reads the training image and one that reads none."""
@@ -395,7 +383,7 @@ def _stage(scope: Construct, environment: PromotionTarget) -> PromotionStage:
 def pipeline() -> tuple[PromotionPipeline, dict[str, Any]]:
     stack = cdk.Stack(cdk.App(), "Tooling", env=cdk.Environment(account=TOOLING, region=REGION))
     promotion = PromotionPipeline(
-        stack, KEEP_LOGICAL_IDS, source=SOURCE, targets=_targets(), stage_factory=_stage, images=IMAGES
+        stack, KEEP_LOGICAL_IDS, source=SOURCE, targets=targets(), stage_factory=_stage, images=IMAGES
     )
     return promotion, Template.from_stack(stack).to_json()
 
@@ -473,7 +461,7 @@ def test_pipeline_without_an_access_stack_cannot_publish() -> None:
             cdk.Stack(cdk.App(), "Tooling", env=cdk.Environment(account=TOOLING, region=REGION)),
             KEEP_LOGICAL_IDS,
             source=SOURCE,
-            targets=_targets(),
+            targets=targets(),
             stage_factory=no_access,
             images=IMAGES,
         )

@@ -14,25 +14,13 @@ from stacks.components.promotion_pipeline import (
     KEEP_LOGICAL_IDS,
     SYNTH_COMMANDS,
     ModelEndpoint,
-    PipelineSource,
     PromotionPipeline,
     PromotionStage,
     PromotionTarget,
 )
+from tests.components.promotion_targets import ACCOUNTS, REGION, SOURCE, TOOLING, targets
 
-TOOLING, REGION = "999999999999", "us-west-2"
-ACCOUNTS = {"dev": "111111111111", "prod": "333333333333"}
 MODEL_KEY = "endpoints/sentiment/model-v1.tar.gz"
-SOURCE = PipelineSource(
-    region=REGION,
-    repository="example-org/pytorch-platform",
-    branch="main",
-    connection_arn=f"arn:aws:codeconnections:{REGION}:{TOOLING}:connection/0123abcd-0123-4567-89ab-0123456789ab",
-)
-
-
-def _targets() -> list[PromotionTarget]:
-    return [PromotionTarget(name, REGION, account, "pytorch-platform") for name, account in ACCOUNTS.items()]
 
 
 def _minimal_stage(scope: Construct, environment: PromotionTarget) -> PromotionStage:
@@ -54,7 +42,7 @@ def _minimal_stage(scope: Construct, environment: PromotionTarget) -> PromotionS
 @pytest.fixture(scope="module")
 def template() -> Template:
     stack = cdk.Stack(cdk.App(), "Bare", env=cdk.Environment(account=TOOLING, region=REGION))
-    PromotionPipeline(stack, KEEP_LOGICAL_IDS, source=SOURCE, targets=_targets(), stage_factory=_minimal_stage)
+    PromotionPipeline(stack, KEEP_LOGICAL_IDS, source=SOURCE, targets=targets(), stage_factory=_minimal_stage)
     return Template.from_stack(stack)
 
 
@@ -163,9 +151,9 @@ def test_model_check_runs_after_the_bucket_and_before_the_endpoint_deploys(
 
 
 def test_targets_outside_the_pipeline_region_are_refused() -> None:
-    targets = _targets()
-    targets[1] = PromotionTarget(targets[1].name, "eu-west-1", targets[1].account, targets[1].project)
+    moved = targets()
+    moved[1] = PromotionTarget(moved[1].name, "eu-west-1", moved[1].account, moved[1].project)
     with pytest.raises(ValueError, match=r"the pipeline deploys within us-west-2, not \['eu-west-1'\]"):
         PromotionPipeline(
-            cdk.Stack(cdk.App(), "Bare"), KEEP_LOGICAL_IDS, source=SOURCE, targets=targets, stage_factory=_minimal_stage
+            cdk.Stack(cdk.App(), "Bare"), KEEP_LOGICAL_IDS, source=SOURCE, targets=moved, stage_factory=_minimal_stage
         )
