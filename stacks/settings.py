@@ -291,10 +291,10 @@ class GravitonEndpointSettings(_Settings):
     max_request_batch: Annotated[int, Field(ge=1, le=1024)] = 32
     max_text_chars: Annotated[int, Field(ge=1, le=100_000)] = 2_000
     max_request_bytes: Annotated[int, Field(ge=1_024, le=6_291_456)] = 16_384  # bounds a request's work
-    # TorchServe workers and dynamic batching (README "Serving on Graviton" has the measurements).
+    # Model server workers (Ray Serve replicas) and batching: the delay bounds a batch's wait for its round (serving.md)
     workers_per_model: Annotated[int, Field(ge=1, le=64)] | None = None
     server_batch_size: Annotated[int, Field(ge=1, le=256)] = 8
-    server_max_batch_delay_ms: Annotated[int, Field(ge=0, le=10000)] = 2
+    server_max_batch_delay_ms: Annotated[int, Field(ge=0, le=10000)] = 50
     # Graviton fast paths (PyTorch's Graviton inference tuning recipe) and the model's precision.
     fast_math: Literal["bf16", "off"] = "bf16"
     lru_cache_capacity: Annotated[int, Field(ge=0, le=65_536)] = 1024

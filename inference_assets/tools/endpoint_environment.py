@@ -75,7 +75,7 @@ def endpoint_environment(
     vcpus: int,
     workers: int | None = None,
     batch_size: int = 8,
-    max_batch_delay_ms: int = 2,
+    max_batch_delay_ms: int = 50,
     max_request_batch: int = 32,
     max_text_chars: int = 2_000,
     max_request_bytes: int = 16_384,
