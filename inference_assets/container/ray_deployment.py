@@ -124,9 +124,12 @@ class SentimentDeployment:
         return answers
 
     def _expect(self, requests: int) -> None:
-        """How many requests the next forward pass waits for (up to the wait): what the last round brought."""
+        """How many requests the next forward pass waits for (up to the wait): what the last round brought. Ray's
+        batching is told how many of them are still to come, so that it hands them over as they complete the
+        round instead of holding them for a full batch of its own."""
         self._expected = max(1, min(self.settings.max_batch_size, requests))
-        self.answer.set_max_batch_size(self._expected)  # type: ignore[attr-defined]  # read as a batch starts
+        still_to_come = max(1, self._expected - len(self._waiting))
+        self.answer.set_max_batch_size(still_to_come)  # type: ignore[attr-defined]  # read as a batch starts
 
     def _arrival(self) -> asyncio.Event:
         loop = asyncio.get_running_loop()
@@ -146,10 +149,12 @@ class SentimentDeployment:
             self._draining = loop.create_task(self._drain())
         return list(await asyncio.gather(*(future for _, future, _ in waiting)))
 
-    async def _until_expected(self) -> None:
-        """Wait until the expected requests are here, or the oldest waiting one has waited batch_wait_timeout_s."""
+    async def _until_expected(self, free_since: float) -> None:
+        """Wait until the expected requests are here, or batch_wait_timeout_s has passed since the model was free
+        and a request was waiting (requests that queued during the last pass have waited for the model, not for the
+        rest of their round)."""
         loop = asyncio.get_running_loop()
-        deadline = self._waiting[0][2] + self.settings.batch_wait_timeout_s
+        deadline = max(self._waiting[0][2], free_since) + self.settings.batch_wait_timeout_s
         arrival = self._arrival()
         while len(self._waiting) < self._expected and (remaining := deadline - loop.time()) > 0:
             arrival.clear()
@@ -161,8 +166,9 @@ class SentimentDeployment:
     async def _drain(self) -> None:
         """Forward passes, one after another, while requests wait: each takes all of them, up to max_batch_size."""
         loop = asyncio.get_running_loop()
+        free_since = loop.time()
         while self._waiting:
-            await self._until_expected()
+            await self._until_expected(free_since)
             taken = self._waiting[: self.settings.max_batch_size]
             del self._waiting[: len(taken)]
             items = [item for item, _, _ in taken]
@@ -178,6 +184,7 @@ class SentimentDeployment:
                         future.set_result(answer)
             # The clients just answered, and those that queued meanwhile, are the next round.
             self._expect(len(taken) + len(self._waiting))
+            free_since = loop.time()
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path

@@ -7,7 +7,7 @@ the local tools read the variable names here without Ray installed).
                                           ``set_omp_num_threads_if_unset``), so the replica is given these threads
                                           explicitly and reserves as many Ray CPUs
     SENTIMENT_SERVE_MAX_BATCH_SIZE        requests per forward pass (``@serve.batch`` max_batch_size; default 8)
-    SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S  how long a batch waits to fill (``batch_wait_timeout_s``; default 0.002)
+    SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S  how long a batch waits for its round (``batch_wait_timeout_s``; default 0.05)
 
 The endpoint stack and the local server set them from the same settings as the TorchServe batching
 (``inference_assets/tools/endpoint_environment.py``).
@@ -41,7 +41,7 @@ class ServeSettings:
     replicas: int = 1
     threads: int = 1
     max_batch_size: int = 8
-    batch_wait_timeout_s: float = 0.002
+    batch_wait_timeout_s: float = 0.05
 
     def __post_init__(self) -> None:
         for name in ("replicas", "threads", "max_batch_size"):
@@ -62,7 +62,7 @@ class ServeSettings:
         """Bad values raise with the variable's name; ``cores`` defaults to this host's."""
         replicas = _positive_int(environment, REPLICAS_ENV, 1)
         threads = _positive_int(environment, THREADS_ENV, max(1, (cores or os.cpu_count() or 1) // replicas))
-        raw_timeout = environment.get(BATCH_WAIT_TIMEOUT_ENV) or "0.002"
+        raw_timeout = environment.get(BATCH_WAIT_TIMEOUT_ENV) or "0.05"
         try:
             timeout = float(raw_timeout)
         except ValueError:

@@ -60,7 +60,7 @@ def endpoint_environment(
     vcpus: int,
     workers: int | None = None,
     batch_size: int = 8,
-    max_batch_delay_ms: int = 2,
+    max_batch_delay_ms: int = 50,
     limits: Limits | None = None,
     fast_math: Literal["bf16", "off"] = "bf16",
     lru_cache_capacity: int = 1024,

@@ -58,7 +58,7 @@ def test_the_container_reads_back_what_the_environment_sets() -> None:
     assert Limits.from_environment(environment) == limits
     assert RuntimeOptions.from_environment(environment) == RuntimeOptions("bf16_autocast", False, threads=4)
     assert ServeSettings.from_environment(environment) == ServeSettings(
-        replicas=2, threads=4, max_batch_size=8, batch_wait_timeout_s=0.002
+        replicas=2, threads=4, max_batch_size=8, batch_wait_timeout_s=0.05
     )
 
 
