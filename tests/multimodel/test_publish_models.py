@@ -173,8 +173,8 @@ def test_cli_package_builds_a_djl_archive_by_default(tiny_model_dir, tmp_path, c
 def test_the_cli_default_is_the_settings_default():
     from stacks.settings import MultiModelEndpointSettings
 
-    args = publish_models._parser().parse_args(["package", "--model-dir", "m", "--output", "o.tar.gz"])
-    assert args.model_server == MultiModelEndpointSettings().model_server == "djl"
+    args = publish_models.argument_parser().parse_args(["package", "--model-dir", "m", "--output", "o.tar.gz"])
+    assert args.model_server == MultiModelEndpointSettings().model_server
 
 
 def test_cli_package_model_server_torchserve_builds_the_torchserve_archive(tiny_model_dir, tmp_path):
