@@ -249,7 +249,7 @@ class _Template:
         if function == "Ref":
             pseudo = {"AWS::Partition": "aws", "AWS::AccountId": self.stack.account, "AWS::Region": self.stack.region}
             if argument in self.resources:
-                return self.name(argument)
+                return self._short_name(argument)
             return pseudo.get(argument) or f"${{{argument}}}"
         if function == "Fn::GetAtt":
             logical_id, attribute = argument if isinstance(argument, list) else argument.split(".", 1)
@@ -257,13 +257,17 @@ class _Template:
                 return describe(value)
             # An ARN or id names the resource itself; other attributes (a queue's URL) stay visible.
             plain = attribute.endswith(("Arn", "Id", "Name")) or attribute in ("Arn", "GroupId")
-            return self.name(logical_id) if plain else f"{self.name(logical_id)}.{attribute}"
+            return self._short_name(logical_id) if plain else f"{self._short_name(logical_id)}.{attribute}"
         if function == "Fn::Join":
             separator, parts = argument
             return separator.join(self.named(part) for part in parts)
         if function == "Fn::ImportValue" and isinstance(argument, str):
             return self.exports.get(argument, f"import({argument})")
         return describe(value)
+
+    def _short_name(self, logical_id: str) -> str:
+        """The construct path without CDK's Default and Resource levels (Vpc/PrivateSubnet1/Subnet)."""
+        return "/".join(part for part in self.name(logical_id).split("/") if part not in ("Default", "Resource"))
 
     def access(self, documents: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         """What a principal can do to which resource: one row per statement and service, Allow before Deny, by
