@@ -142,3 +142,45 @@ def test_an_exception_without_a_reason_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="needs a reason of five words or more"):
         iam_analysers.load_exceptions(exceptions)
+
+
+def test_an_open_finding_and_a_stale_exception_print_in_full_and_fail_the_gate() -> None:
+    finding = {
+        "analyser": "cloudsplaining",
+        "issue": "DataExfiltration",
+        "stack": "dev/Foundation",
+        "principal": "RemoteJobRole",
+        "source": "RemoteJobRolePolicy",
+        "detail": "s3:GetObject",
+    }
+    stale = {
+        "analyser": "parliament",
+        "issue": "UNKNOWN_ACTION",
+        "principal": "Training/*",
+        "detail": "*",
+        "reason": "r",
+    }
+    analysed = {"policies": 1, "principals": 1, "open": [finding], "excused": [], "stale_exceptions": [stale]}
+    gates = {
+        name: {"passed": passed, "summary": summary}
+        for name, (passed, summary) in (
+            ("cloudsplaining", template_gates._analyser_gate(analysed, "cloudsplaining", "")),
+            ("parliament", template_gates._analyser_gate(analysed, "parliament", "")),
+        )
+    }
+    report = {
+        "gates": gates,
+        "iam_analysers": analysed,
+        "unacknowledged": [],
+        "cfn_lint_output": "",
+        "checkov_output": "",
+        "stacks": [],
+        "warnings": {},
+    }
+    lines = template_gates.render(report).splitlines()
+    assert (
+        lines[0]
+        == "cloudsplaining DataExfiltration at dev/Foundation/RemoteJobRole (RemoteJobRolePolicy): s3:GetObject"
+    )
+    assert lines[1] == "stale exception (parliament UNKNOWN_ACTION Training/*): excuses nothing"
+    assert lines[2].startswith("FAIL cloudsplaining: 1 open") and lines[3].startswith("FAIL parliament: 0 open")
