@@ -40,6 +40,23 @@ def _flags(statement: dict[str, Any]) -> str:
     return ", ".join(flags) or "-"
 
 
+def _access_flags(row: dict[str, Any]) -> str:
+    """The flags of one service's row of a principal's access (an Allow only)."""
+    if row["effect"] != "Allow":
+        return "-"
+    flags = [
+        name
+        for name, on in (
+            ("WILDCARD ACTION", any("*" in a for a in row["actions"] if not a.startswith("NOT "))),
+            ("WILDCARD RESOURCE", any("*" in r for r in row["resources"] if not r.startswith("NOT "))),
+            ("NOTACTION: every other action", any(a.startswith("NOT ") for a in row["actions"])),
+            ("NOTRESOURCE: every other resource", any(r.startswith("NOT ") for r in row["resources"])),
+        )
+        if on
+    ]
+    return ", ".join(flags) or "-"
+
+
 def environment_markdown(environment: str, stacks: dict[str, dict[str, Any]]) -> str:
     lines = [f"# Ops review: {environment}", ""]
     lines += _table(
@@ -119,11 +136,20 @@ def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
             ]
         if entry["managed_policies"]:
             lines += [f"AWS managed or shared policies: {', '.join(entry['managed_policies'])}", ""]
+        # What the principal can do to which resource, by service, references resolved to resource names.
         lines += _table(
-            ["policy", "effect", "actions", "resources", "conditions", "flags"],
+            ["service", "effect", "actions", "resources", "conditions", "flags", "policy"],
             [
-                [s["source"], s["effect"], s["actions"], s["resources"], s["conditions"], _flags(s)]
-                for s in entry["statements"]
+                [
+                    a["service"],
+                    a["effect"],
+                    a["actions"],
+                    a["resources"],
+                    a["conditions"],
+                    _access_flags(a),
+                    a["source"],
+                ]
+                for a in entry.get("access", [])
             ],
         )
     lines += ["### Resource policies", ""]
