@@ -482,6 +482,9 @@ class EnvironmentSettings(_Settings):
     region: Region = DEFAULT_REGION
     removal_policy: Literal["destroy", "retain"]
     alarm_email: str | None = None
+    # Who hears the endpoints' alarms, besides alarm_email: e-mail addresses and https:// endpoints (a ChatOps or
+    # paging webhook); SNS asks each to confirm. Without any, alarms fire into a topic no one reads (review warns).
+    alarm_subscriptions: list[str] = []
     tags: TagSettings
     vpc: VpcSettings = VpcSettings()
     logs: LogSettings = LogSettings()
@@ -508,6 +511,16 @@ class EnvironmentSettings(_Settings):
     def _email(cls, value: str | None) -> str | None:
         if value is not None and not _EMAIL.match(value):
             raise ValueError("must be an e-mail address")
+        return value
+
+    @field_validator("alarm_subscriptions")
+    @classmethod
+    def _subscribers(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if not (_EMAIL.match(entry) or re.match(r"^https://[A-Za-z0-9.-]+(:\d+)?(/\S*)?$", entry)):
+                raise ValueError(f"{entry!r} must be an e-mail address or an https:// URL")
+        if len(set(value)) != len(value):
+            raise ValueError("lists an entry twice")
         return value
 
     @model_validator(mode="after")
@@ -558,6 +571,11 @@ class EnvironmentSettings(_Settings):
     @property
     def destroy_on_delete(self) -> bool:
         return self.removal_policy == "destroy"
+
+    @property
+    def alarm_endpoints(self) -> list[str]:
+        """Everyone the alarm topics notify: alarm_email, then alarm_subscriptions (each once)."""
+        return list(dict.fromkeys([*([self.alarm_email] if self.alarm_email else []), *self.alarm_subscriptions]))
 
     @property
     def resource_tags(self) -> dict[str, str]:
