@@ -61,7 +61,7 @@ def test_every_subscriber_gets_a_subscription_once() -> None:
 
 def test_review_warns_about_an_alarm_topic_without_subscribers() -> None:
     (warning,) = review_stack(_stack(_template()), load_prices())["warnings"]
-    assert re.match(r"alarm topic Sentiment\S*AlarmTopic\S* has no subscription: its alarms reach no one; set ", warning)
+    assert re.match(r"alarm topic Sentiment\S*AlarmTopic\S* has no subscription: its alarms reach no one", warning)
     assert "environments.dev.alarm_subscriptions" in warning
 
 
@@ -88,7 +88,8 @@ def test_review_cli_prints_the_warnings(cloud_assembly, tmp_path: Path, capsys: 
     """cdk.json subscribes no one in dev: every alarm topic of the platform is named, per environment and stack."""
     assert review_cli.main([str(cloud_assembly.directory), "--out", str(tmp_path)]) == 0
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING ")]
-    assert any(line.startswith("WARNING dev/MultiModelEndpoint: alarm topic AlarmTopic has no") for line in printed)
+    expected = r"WARNING dev/MultiModelEndpoint: alarm topic \S*AlarmTopic\S* has no subscription"
+    assert any(re.match(expected, line) for line in printed)
     index = (tmp_path / "index.md").read_text()
     assert "## Warnings" in index and "dev/MultiModelEndpoint: alarm topic AlarmTopic" in index
     reviewed = json.loads((tmp_path / "dev.json").read_text())
