@@ -14,7 +14,7 @@ from __future__ import annotations
 import aws_cdk as cdk
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
-from constructs import IConstruct
+from constructs import Construct
 
 from stacks.compliance import acknowledge_short_retention
 
@@ -49,7 +49,8 @@ def expire_provider_logs(
     ``retention_setting`` names the setting that chose the days (Control Tower's acknowledgement below a year)."""
     groups = []
     for handler in provider_handlers(stack):
-        provider: IConstruct = handler.node.scope  # type: ignore[assignment]
+        provider = handler.node.scope
+        assert isinstance(provider, Construct)  # provider_handlers found it
         group = logs.LogGroup(provider, "LogGroup", encryption_key=key, removal_policy=removal_policy)
         cfn_group = group.node.default_child
         assert isinstance(cfn_group, logs.CfnLogGroup)
