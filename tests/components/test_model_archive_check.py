@@ -116,6 +116,7 @@ def test_present_archive_passes(request_type, synthesized, s3_client, answers) -
     handler.handler(_event(request_type, bucket), None, s3=client)
     assert [a["Status"] for a in answers] == ["SUCCESS"]
     assert answers[0]["Reason"] == f"Model archive s3://{bucket}/{KEY} exists (7 bytes)."
+    assert answers[0]["PhysicalResourceId"] == f"s3://{bucket}/{KEY}"  # the location that passed
     assert [c.operation for c in calls] == ["HeadObject"]
     assert _allowed(template, calls) == [True]
 
@@ -134,6 +135,20 @@ def test_absent_archive_fails_with_one_sentence(request_type, synthesized, s3_cl
         "--upload` or set the key of an uploaded archive, then deploy again."
     )
     assert _allowed(template, calls) == [True]  # the refusal is S3's answer, not IAM's
+
+
+def test_a_rollback_to_a_key_that_passed_before_passes_even_if_its_archive_is_gone(s3_client, answers) -> None:
+    """A failed update rolls back with an Update to the previous properties; that key passed when it was deployed
+    (its location is the physical id), so the rollback is not blocked by an archive deleted since."""
+    client, bucket, _ = s3_client
+    rollback = {**_event("Update", bucket), "PhysicalResourceId": f"s3://{bucket}/{KEY}"}
+    handler.handler(rollback, None, s3=client)
+    ((answer,),) = [answers]
+    assert (answer["Status"], answer["PhysicalResourceId"]) == ("SUCCESS", f"s3://{bucket}/{KEY}")
+    assert (
+        answer["Reason"]
+        == f"Model archive s3://{bucket}/{KEY} passed this check when it was deployed: back to it (rollback)."
+    )
 
 
 def test_delete_does_nothing_even_without_bucket(answers) -> None:

@@ -7,6 +7,11 @@ or endpoint exist, with this handler's one sentence as the reason.
 
 Runs in Lambda (stdlib + boto3). HeadObject needs s3:GetObject on the key and no KMS permission (it reads metadata,
 not data). Delete does nothing: `cdk destroy` and rollbacks must never wait on, or fail because of, the archive.
+
+The physical id is the archive's location once it passed. A failed update rolls back with an Update back to the
+previous key (CloudFormation marks no request as a rollback): that key passed when it was deployed, and its model
+still exists, so it passes again even if its archive has been deleted since; otherwise the rollback itself would fail
+(UPDATE_ROLLBACK_FAILED).
 """
 
 from __future__ import annotations
@@ -47,13 +52,13 @@ def check_archive(s3: Any, bucket: str, key: str, setting: str) -> str:
     return f"Model archive s3://{bucket}/{key} exists ({head.get('ContentLength', '?')} bytes)."
 
 
-def respond(event: dict[str, Any], status: str, reason: str) -> None:
+def respond(event: dict[str, Any], status: str, reason: str, physical_id: str | None = None) -> None:
     """Answer CloudFormation on the pre-signed S3 URL (cfn-response protocol)."""
     body = json.dumps(
         {
             "Status": status,
             "Reason": reason[:3500],
-            "PhysicalResourceId": event.get("PhysicalResourceId", PHYSICAL_ID),
+            "PhysicalResourceId": physical_id or event.get("PhysicalResourceId", PHYSICAL_ID),
             "StackId": event["StackId"],
             "RequestId": event["RequestId"],
             "LogicalResourceId": event["LogicalResourceId"],
@@ -67,15 +72,22 @@ def respond(event: dict[str, Any], status: str, reason: str) -> None:
 
 
 def handler(event: dict[str, Any], context: Any, *, s3: Any = None) -> None:
-    status, reason = "SUCCESS", f"{event['RequestType']}: nothing to do."
+    status, reason, physical_id = "SUCCESS", f"{event['RequestType']}: nothing to do.", None
     try:
         if event["RequestType"] in ("Create", "Update"):
             properties = event["ResourceProperties"]
-            reason = check_archive(
-                s3 or boto3.client("s3"), properties["Bucket"], properties["Key"], properties["Setting"]
-            )
+            location = f"s3://{properties['Bucket']}/{properties['Key']}"
+            try:
+                reason = check_archive(
+                    s3 or boto3.client("s3"), properties["Bucket"], properties["Key"], properties["Setting"]
+                )
+            except ArchiveMissing:
+                if event.get("PhysicalResourceId") != location:
+                    raise
+                reason = f"Model archive {location} passed this check when it was deployed: back to it (rollback)."
+            physical_id = location
     except Exception as error:  # CloudFormation must always get an answer
         LOG.exception("check failed")
         status, reason = "FAILED", str(error)
     LOG.info("%s: %s", status, reason)
-    respond(event, status, reason)
+    respond(event, status, reason, physical_id)
