@@ -119,9 +119,10 @@ def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
         f"## {name} (`{review['stack_name']}`, account {review['account'] or 'from the CLI'}, "
         f"region {review['region'] or 'from the CLI'})",
         "",
-        "### Resources by type",
-        "",
     ]
+    if review.get("warnings"):
+        lines += ["### Warnings", "", *(f"- {warning}" for warning in review["warnings"]), ""]
+    lines += ["### Resources by type", ""]
     lines += _table(["type", "count"], [[t, n] for t, n in review["resources_by_type"].items()])
     lines += ["### IAM principals", ""]
     for principal, entry in review["iam"].items():
@@ -317,6 +318,16 @@ def gates_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def review_warnings(reviews: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """Every stack's warnings, each prefixed with its environment and stack."""
+    return [
+        f"{environment}/{name}: {warning}"
+        for environment, stacks in reviews.items()
+        for name, review in stacks.items()
+        for warning in review.get("warnings", [])
+    ]
+
+
 def index_markdown(
     reviews: dict[str, dict[str, dict[str, Any]]], files: dict[str, str], gates: dict[str, Any] | None = None
 ) -> str:
@@ -326,6 +337,8 @@ def index_markdown(
     else:
         lines += [f"[Gates](gates.md): {len(gates['acknowledged'])} acknowledged findings, each with its reason.", ""]
         lines += [f"- {name}: {gate['summary']}" for name, gate in gates["gates"].items()] + [""]
+    if warnings := review_warnings(reviews):
+        lines += ["## Warnings", "", *(f"- {warning}" for warning in warnings), ""]
     lines += _table(
         ["environment", "stacks", "always-on $/h", "training run $/h per node"],
         [

@@ -140,6 +140,7 @@ def review_stack(
         "cost": template.cost(prices),
         "multi_model_sizing": template.multi_model_sizing(),
         "images": images(stack.template, today or date.today()),
+        "warnings": template.warnings(),
     }
 
 
@@ -602,6 +603,27 @@ class _Template:
                 "emptied_on_delete": lid in emptied if resource["Type"] == "AWS::S3::Bucket" else None,
             }
             for lid, resource in self._of_type(*DATA_BEARING_TYPES)
+        ]
+
+    def warnings(self) -> list[str]:
+        """What the template deploys but no one will hear: alarm topics without a subscription."""
+        alarm_targets = {
+            ref
+            for _, alarm in self._of_type("AWS::CloudWatch::Alarm")
+            for ref in self._referenced_ids(alarm.get("Properties", {}).get("AlarmActions", []))
+        }
+        subscribed = {
+            ref
+            for _, subscription in self._of_type("AWS::SNS::Subscription")
+            for ref in self._referenced_ids(subscription.get("Properties", {}).get("TopicArn"))
+        }
+        environment = self.stack.environment
+        return [
+            f"alarm topic {self.name(lid)} has no subscription: its alarms reach no one; set "
+            f"environments.{environment}.alarm_subscriptions (e-mail addresses or https:// URLs), or subscribe "
+            "to the stack's AlarmTopicArn output (e.g. from AWS Chatbot)."
+            for lid, _ in self._of_type("AWS::SNS::Topic")
+            if lid in alarm_targets and lid not in subscribed
         ]
 
     def acknowledgements(self) -> list[dict[str, Any]]:
