@@ -9,16 +9,31 @@ from __future__ import annotations
 
 import json
 import sys
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from inference_assets.tools.package_model import build_model_archive
 
 from .request_table import GOOD, REQUESTS, TEST_LIMITS
 from .torchserve_inprocess import WireAnswer, loaded_service, predict
 
 LEAKS = ("Traceback", 'File "', "/opt/", "/tmp/", "/work/", "site-packages", ".py")
 LIMITS_ENV = TEST_LIMITS.environment()
+
+
+@pytest.fixture(scope="module")
+def unpacked_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An archive with the TorchServe handler's layout (the Graviton endpoint's archives are Ray Serve's), unpacked
+    the way SageMaker lays it out at /opt/ml/model."""
+    archive = tmp_path_factory.mktemp("torchserve-archive") / "model.tar.gz"
+    build_model_archive(tiny_model_dir, archive, server="torchserve")
+    target = tmp_path_factory.mktemp("torchserve-opt-ml") / "model"
+    with tarfile.open(archive) as tar:
+        tar.extractall(target, filter="data")
+    return target
 
 
 @pytest.fixture(scope="module")
