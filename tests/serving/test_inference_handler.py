@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import json
 import sys
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from inference_assets.tools.package_model import build_model_archive
 
 from .request_table import GOOD, REQUESTS, TEST_LIMITS
 from .torchserve_inprocess import WireAnswer, loaded_service, predict
@@ -25,23 +22,11 @@ LIMITS_ENV = TEST_LIMITS.environment()
 
 
 @pytest.fixture(scope="module")
-def unpacked_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An archive with the TorchServe handler's layout (the Graviton endpoint's archives are Ray Serve's), unpacked
-    the way SageMaker lays it out at /opt/ml/model."""
-    archive = tmp_path_factory.mktemp("torchserve-archive") / "model.tar.gz"
-    build_model_archive(tiny_model_dir, archive, server="torchserve")
-    target = tmp_path_factory.mktemp("torchserve-opt-ml") / "model"
-    with tarfile.open(archive) as tar:
-        tar.extractall(target, filter="data")
-    return target
-
-
-@pytest.fixture(scope="module")
-def service(unpacked_model: Path) -> Iterator:
+def service(torchserve_model: Path) -> Iterator:
     with pytest.MonkeyPatch.context() as patch:
         for name, value in LIMITS_ENV.items():
             patch.setenv(name, value)
-        with loaded_service(unpacked_model, batch_size=64) as loaded:
+        with loaded_service(torchserve_model, batch_size=64) as loaded:
             yield loaded
 
 
@@ -65,10 +50,10 @@ def _headers(content_type: str | None, accept: str | None) -> dict[str, str]:
     return {k: v for k, v in (("Content-Type", content_type), ("Accept", accept)) if v is not None}
 
 
-def test_the_manifest_names_the_handler_torchserve_loads(unpacked_model: Path, service) -> None:
-    manifest = json.loads((unpacked_model / "MAR-INF" / "MANIFEST.json").read_text())
+def test_the_manifest_names_the_handler_torchserve_loads(torchserve_model: Path, service) -> None:
+    manifest = json.loads((torchserve_model / "MAR-INF" / "MANIFEST.json").read_text())
     assert manifest["model"] == {"modelName": "model", "handler": "code/inference.py:handle", "modelVersion": "1.0"}
-    assert sys.modules["inference"].__file__ == str(unpacked_model / "code" / "inference.py")
+    assert sys.modules["inference"].__file__ == str(torchserve_model / "code" / "inference.py")
 
 
 @pytest.mark.parametrize(("body", "content_type", "accept", "status", "fragment"), REQUESTS)
