@@ -266,6 +266,9 @@ def resolve(value: Any, *, refs: dict[str, Any], exports: dict[str, Any] | None 
         if name == "Fn::Select":
             index, items = argument
             return resolve(items, refs=refs, exports=exports)[int(resolve(index, refs=refs, exports=exports))]
+        if name == "Fn::Split":
+            separator, text = argument
+            return str(resolve(text, refs=refs, exports=exports)).split(separator)
         if name == "Fn::GetAZs":  # the region's zones, as refs["Fn::GetAZs"] lists them
             return refs["Fn::GetAZs"]
         if name.startswith("Fn::"):

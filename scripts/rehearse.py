@@ -19,7 +19,8 @@ Steps, as the README ("First deploy"), docs/training.md, docs/multi-model.md and
  7. publish (MME)     ``pytorch-platform publish package`` + ``publish publish`` under the endpoint's models prefix,
                       then a client holding the stack's InvokePolicy invokes the model by name (the AWS CLI);
  8. serve locally     the archive on Ray Serve, as the endpoint serves it, one prediction;
- 9. smoke test        GravitonEndpoint deployed (its model archive check run as the check's role);
+ 9. smoke test        the operator writes the serving image's digest parameter, GravitonEndpoint deployed (its
+                      model archive check run as the check's role);
                       ``pytorch-platform smoke-test`` against it;
 10. @remote           ``python -m training_assets.remote_train ... train`` with the config the stack writes to SSM;
 11. destroy, cleanup  the stacks' resources deleted, then ``pytorch-platform cleanup --env <env>``.
@@ -42,8 +43,7 @@ What moto or this machine lacks, the rehearsal plays, and says so here (none of 
   would, checks its layout and answers through the same local server). A training job is played as in
   tests/training/test_remote_sdk_moto.py (the SDK's own invoke_function as the job role, train() stubbed).
 - The training container plays torchrun's rank 0 (tests/training/test_container.py trains for real); the model it
-  "trains" is the tiny offline RoBERTa. ``PACKAGE_ARGS=--vendor`` is dropped from the user data: vendoring downloads
-  wheels from PyPI (package_model's own tests cover it).
+  "trains" is the tiny offline RoBERTa.
 """
 
 from __future__ import annotations
@@ -89,6 +89,9 @@ REMOTE_IMAGE = (
 TOLERATED_REFUSALS = {("s3", "ListBuckets")}
 
 DEPLOYER, OPERATOR, AWS_SERVICE = "cloudformation (deploy)", "operator (administrator)", "aws service"
+# The Graviton serving image the operator publishes before deploying the endpoint (a digest from the tooling account).
+SERVING_IMAGE = "graviton-serving"
+SERVING_DIGEST = f"999999999999.dkr.ecr.us-west-2.amazonaws.com/pytorch-platform/{SERVING_IMAGE}@sha256:{'ab' * 32}"
 LAUNCHER, INSTANCE, ENDPOINT_ROLE = "training launcher", "training instance role", "endpoint execution role"
 MME_CLIENT, REMOTE_LAUNCHER, REMOTE_JOB = "multi-model client", "@remote launcher", "@remote job role"
 MODEL_CHECK = "model archive check"
@@ -174,16 +177,24 @@ def _sagemaker_arn(arn: str) -> str:
 
 class Refs(dict[str, Any]):
     """Ref / GetAtt values of one stack: what the rehearsal created, else a placeholder that no real call matches
-    (a policy naming a resource the rehearsal never made can only refuse)."""
+    (a policy naming a resource the rehearsal never made can only refuse). A template parameter of an SSM type (a
+    ``BuiltImage``'s digest) is read from SSM, as CloudFormation reads it when the stack deploys."""
 
-    def __init__(self, stack: StackTemplate, pseudo: dict[str, Any]) -> None:
+    def __init__(
+        self, stack: StackTemplate, pseudo: dict[str, Any], parameter: Callable[[str], str] | None = None
+    ) -> None:
         super().__init__(pseudo)
         self.stack = stack
+        self.parameter = parameter
 
     def __missing__(self, key: str) -> Any:
         logical = key.partition(".")[0]
         if logical in self.stack.template.get("Resources", {}):
             return f"rehearsal-not-created-{self.stack.stack_name}-{key}"
+        declared = self.stack.template.get("Parameters", {}).get(key)
+        if self.parameter and declared and declared["Type"] == "AWS::SSM::Parameter::Value<String>":
+            self[key] = self.parameter(declared["Default"])
+            return self[key]
         raise KeyError(key)
 
 
@@ -221,7 +232,7 @@ class Deployment:
         pseudo = {"AWS::AccountId": ACCOUNT, "AWS::Region": self.region, "AWS::Partition": "aws",
                   "AWS::URLSuffix": "amazonaws.com", "AWS::StackName": stack.stack_name,
                   "AWS::NoValue": None, "Fn::GetAZs": self.zones}  # fmt: skip
-        deployed = self.deployed[stack_id] = DeployedStack(stack, Refs(stack, pseudo))
+        deployed = self.deployed[stack_id] = DeployedStack(stack, Refs(stack, pseudo, self._ssm_parameter))
         resources = stack.template["Resources"]
         for kind, create in self._creators():
             for logical, resource in resources.items():
@@ -237,6 +248,10 @@ class Deployment:
             if "Export" in output:
                 self.exports[self.resolve(stack_id, output["Export"]["Name"])] = value
         return deployed
+
+    def _ssm_parameter(self, name: str) -> str:
+        value: str = self.client("ssm").get_parameter(Name=name)["Parameter"]["Value"]
+        return value
 
     def destroy(self, stack_id: str) -> None:
         """Delete what the stack created that outlives nothing else: endpoints, targets, instances' templates."""
@@ -888,11 +903,9 @@ class Rehearsal:
         assert self.gate is not None
         host = self.work / "instances" / instance["InstanceId"]
         host.mkdir(parents=True)
-        # The instance's fixed paths, moved under this node's folder; no wheel downloads (see the module docstring).
-        script = (
-            user_data.replace("/opt/sentiment-training", str(host / "opt" / "sentiment-training"))
-            .replace("/var/log/", f"{host}/var-log-")
-            .replace("export PACKAGE_ARGS=--vendor\n", "export PACKAGE_ARGS=\n")
+        # The instance's fixed paths, moved under this node's folder.
+        script = user_data.replace("/opt/sentiment-training", str(host / "opt" / "sentiment-training")).replace(
+            "/var/log/", f"{host}/var-log-"
         )
         (host / "user-data.sh").write_text(script)
         service = self.gate.principal(AWS_SERVICE)
@@ -1050,6 +1063,10 @@ class Rehearsal:
         from inference_assets.tools import endpoint_client
 
         assert self.deployment is not None
+        # The image digest, as the pipeline would publish it (docs/images.md, "Deploying by hand").
+        self.client("ssm", OPERATOR).put_parameter(
+            Name=f"/pytorch-platform/images/{SERVING_IMAGE}", Type="String", Value=SERVING_DIGEST, Overwrite=True
+        )
         deployed = self.deployment.deploy("GravitonEndpoint")
         self.refresh_role_policies()
         checked = self._model_archive_check()

@@ -1,5 +1,12 @@
 """The real-time sentiment endpoint on Graviton: one ``SageMakerEndpoint`` serving the model version that
-``graviton_endpoint.model_data_key`` names, with the PyTorch inference DLC.
+``graviton_endpoint.model_data_key`` names, on the platform's own serving image.
+
+The image is Ray Serve on Amazon Linux 2023 (inference_assets/image/Dockerfile), built natively on arm64 by the
+promotion pipeline, rebuilt weekly on the patched base, and promoted like the code: the stack reads the digest the
+pipeline published to this environment's SSM parameter ``/<project>/images/graviton-serving`` when it deploys, and
+grants the endpoint's execution role the pull of that repository. The archive holds Ray Serve's ``config.yaml`` +
+``deployment.py`` and the ``sentiment_serving`` package (``pytorch-platform package``); the image holds every
+dependency, so the model runs network-isolated.
 
 A new model version is a settings change: upload the archive (``pytorch-platform package --upload``), set
 ``graviton_endpoint.model_data_key`` and deploy. CloudFormation then replaces the model and the endpoint config
@@ -16,16 +23,18 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from inference_assets.tools.endpoint_environment import endpoint_environment
+from stacks.components.image_builds import BuiltImage
 from stacks.components.model_archive_check import ModelArchiveCheck
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     Autoscaling,
-    DlcImage,
+    PlatformImage,
     SageMakerEndpoint,
     endpoint_name_for,
 )
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import DATA_CAPTURE_PREFIX, FoundationStack
+from stacks.image_patching import SERVING_IMAGE
 from stacks.settings import EnvironmentSettings
 
 ALARM_PERIOD = cdk.Duration.minutes(5)
@@ -36,8 +45,18 @@ MODEL_LATENCY_P99_MICROSECONDS = 1_000_000
 CPU_UTILIZATION_PERCENT = 80
 
 
+def image_source(environment: str, parameter_name: str) -> str:
+    """What synth says about the endpoint's image: where its digest comes from, and what to do before a first deploy."""
+    return (
+        f"{environment}/GravitonEndpoint runs the platform's {SERVING_IMAGE} image by the digest in the SSM parameter "
+        f"{parameter_name} of its account and region: the promotion pipeline builds the image and writes the parameter "
+        "before it deploys the stack; before deploying it with cdk deploy, build and publish the image and write the "
+        "parameter (docs/images.md, 'Deploying by hand')."
+    )
+
+
 class GravitonEndpointStack(EnvironmentStack):
-    """One SageMaker real-time endpoint serving the sentiment model with the PyTorch inference DLC on Graviton."""
+    """One SageMaker real-time endpoint serving the sentiment model on Graviton, with the platform's Ray Serve image."""
 
     def __init__(
         self,
@@ -63,19 +82,21 @@ class GravitonEndpointStack(EnvironmentStack):
                 "version; PlatformStage leaves the stack out until one is named."
             )
         vcpus = endpoint_settings.vcpus
+        # The digest the pipeline promoted to this environment (resolved when the stack deploys).
+        self.serving_image = BuiltImage(self, "ServingImage", project=settings.tags.project, image=SERVING_IMAGE)
+        cdk.Annotations.of(self).add_info(image_source(settings.name, self.serving_image.parameter_name))
         # Construct id "Default": CDK leaves it out of logical ids, so Model, EndpointConfig, Endpoint, ... keep the
         # ids they had when this stack built them itself, and deployed endpoints are updated, not replaced.
         self.sagemaker_endpoint = SageMakerEndpoint(
             self,
             "Default",
             role=foundation.endpoint_role,
-            image=DlcImage(endpoint_settings.image_repository, endpoint_settings.image_tag),
+            image=PlatformImage(self.serving_image),
             model_data_url=foundation.artifacts_bucket.s3_url_for_object(endpoint_settings.model_data_key),
             mode="SingleModel",
             environment=self._container_environment(),
-            # With vendored dependencies the container needs no network at all: isolate it. Installing
-            # code/requirements.txt at start-up needs egress (the private subnets' NAT) instead.
-            network=foundation.model_network(isolated=endpoint_settings.dependencies == "vendored"),
+            # Every dependency is in the image and nothing is installed at start-up: the container needs no network.
+            network=foundation.model_network(isolated=True),
             instance_type=endpoint_settings.instance_type,
             initial_instance_count=endpoint_settings.initial_instance_count,
             key=foundation.key,

@@ -18,6 +18,11 @@ from platform_facts.images import METADATA_KEY, WARN_DAYS, ImageFact, PatchStatu
 from stacks.settings import EnvironmentSettings, SettingsError
 
 ACCEPT_KEY = "accept_unpatched_images"
+# The platform's Graviton serving image (built by the pipeline, stacks/pipeline.py; run by stacks/graviton_endpoint.py)
+# and the base it is built on, the FROM of inference_assets/image/Dockerfile: the image is rebuilt on that base every
+# week, so its patch window is the base's.
+SERVING_IMAGE = "graviton-serving"
+SERVING_IMAGE_BASE = "public.ecr.aws/amazonlinux/amazonlinux:2023"
 
 
 @dataclass(frozen=True)
@@ -57,15 +62,10 @@ def images_in_use(settings: EnvironmentSettings) -> list[ImageUse]:
     ]
     graviton = settings.graviton_endpoint
     if graviton.enabled:
-        uses.append(
-            ImageUse(
-                "GravitonEndpoint", "graviton_endpoint.image_tag", f"{graviton.image_repository}:{graviton.image_tag}"
-            )
-        )
+        uses.append(ImageUse("GravitonEndpoint", f"images.{SERVING_IMAGE} (base)", SERVING_IMAGE_BASE))
     mme = settings.multi_model_endpoint
     if mme.enabled:
-        key = "djl_image" if mme.model_server == "djl" else "torchserve_image"
-        uses.append(ImageUse("MultiModelEndpoint", f"multi_model_endpoint.{key}", getattr(mme, key)))
+        uses.append(ImageUse("MultiModelEndpoint", "multi_model_endpoint.djl_image", mme.djl_image))
     return uses
 
 

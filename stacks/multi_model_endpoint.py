@@ -78,7 +78,7 @@ class MultiModelEndpointStack(EnvironmentStack):
             self,
             "Default",
             role=foundation.endpoint_role,
-            image=DlcImage.parse(mme.djl_image if mme.model_server == "djl" else mme.torchserve_image),
+            image=DlcImage.parse(mme.djl_image),
             model_data_url=self.models_s3_uri,  # a prefix (ends in '/'): TargetModel is the key below it
             mode="MultiModel",
             environment=CONTAINER_ENVIRONMENT[mme.model_server],

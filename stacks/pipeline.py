@@ -32,15 +32,21 @@ from stacks.components.promotion_pipeline import (
     smoke_test_role_name,
     smoke_tested,
 )
-from stacks.image_patching import CheckedImage, ImageUse, record_images
+from stacks.image_patching import SERVING_IMAGE, CheckedImage, ImageUse, record_images
 from stacks.platform_stage import PlatformStage
 from stacks.settings import EnvironmentSettings, PipelineSettings, SettingsError
 
 # The pipeline's commands and versions live with the construct; named here too for the stack's readers and tests.
-__all__ = ["EXPECTED_LABELS", "SYNTH_COMMANDS", "PromotionPipelineStack", "SmokeTestAccessStack", "cdk_cli_version"]
+__all__ = [
+    "EXPECTED_LABELS",
+    "SERVING_IMAGE",
+    "SYNTH_COMMANDS",
+    "PromotionPipelineStack",
+    "SmokeTestAccessStack",
+    "cdk_cli_version",
+]
 
 TRAINING_IMAGE = "training"
-SERVING_IMAGE = "graviton-serving"
 # The DLC repository the training image extends (its tag: training_base() from platform_facts/images.json).
 TRAINING_DLC_REPOSITORY = "pytorch-training"
 

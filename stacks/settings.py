@@ -28,10 +28,8 @@ from pydantic import (
 )
 
 from inference_assets.container.contract import (
-    DEFAULT_MODEL_SERVER,
     DjlModelSettings,
     Limits,
-    ModelServer,
     Precision,
     validate_model_name,
 )
@@ -360,17 +358,16 @@ class DataCaptureSettings(_Settings):
 
 
 class GravitonEndpointSettings(_Settings):
-    """The real-time endpoint on Graviton."""
+    """The real-time endpoint on Graviton. Its image is the platform's own (Ray Serve on Amazon Linux 2023, built
+    and promoted by the pipeline, read by digest from the environment's SSM parameter): no image setting
+    (docs/images.md)."""
 
     enabled: bool = True
     instance_type: str = "ml.c7g.4xlarge"
     initial_instance_count: Annotated[int, Field(ge=1)] = 1
-    image_repository: str = "pytorch-inference-arm64"
-    image_tag: str = "2.6.0-cpu-py312-ubuntu22.04-sagemaker"
     # The model version to serve (a key under endpoints/ in the artifacts bucket). None until a model is uploaded:
     # the environment then has no Graviton endpoint stack (first deploy), and synth says what to do.
     model_data_key: str | None = None
-    dependencies: Literal["vendored", "install_at_startup"] = "vendored"
     # Request limits of the serving contract (inference_assets/container/contract.py): 413 above them. Texts of any
     # length are cut to the model's window; the byte cap (at most SageMaker's payload cap) protects the server.
     max_request_batch: Annotated[int, _limit("max_request_batch")] = Limits.max_request_batch
@@ -457,14 +454,14 @@ class MultiModelSizingSettings(_Settings):
 
 
 class MultiModelEndpointSettings(_Settings):
-    """The multi-model endpoint : DJL Serving by default, TorchServe as the alternative."""
+    """The multi-model endpoint on DJL Serving (the one multi-model CPU image in AWS's registry)."""
 
     enabled: bool = True
     instance_type: str = "ml.c5.2xlarge"
     initial_instance_count: Annotated[int, Field(ge=1)] = 1
-    model_server: ModelServer = DEFAULT_MODEL_SERVER
+    # DJL Serving only: the TorchServe DLCs ended patching on 2026-06-30 (platform_facts/images.json, docs/images.md).
+    model_server: Literal["djl"] = "djl"
     djl_image: str = "djl-inference:0.36.0-cpu-full"
-    torchserve_image: str = "pytorch-inference:2.6.0-cpu-py312-ubuntu22.04-sagemaker"
     models_prefix: str = "multi-model/"
     invoke_allowed_models: list[str] = []
     autoscaling: AutoscalingSettings = AutoscalingSettings(max_capacity=4)
@@ -557,16 +554,6 @@ class EnvironmentSettings(_Settings):
         if len(set(value)) != len(value):
             raise ValueError("lists an entry twice")
         return value
-
-    @model_validator(mode="after")
-    def _startup_installs_need_egress(self) -> EnvironmentSettings:
-        endpoint = self.graviton_endpoint
-        if endpoint.dependencies == "install_at_startup" and not self.vpc.imported and not self.vpc.nat_gateways:
-            raise ValueError(
-                "graviton_endpoint.dependencies: install_at_startup needs internet egress (vpc.nat_gateways >= 1) "
-                "to pip-install code/requirements.txt; use vendored archives instead"
-            )
-        return self
 
     @model_validator(mode="after")
     def _training_gpus_run_the_images(self) -> EnvironmentSettings:

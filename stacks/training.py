@@ -203,8 +203,6 @@ class TrainingStack(EnvironmentStack):
             "BASE_MODEL": training.base_model,
             "EFA": "true" if training.efa else "false",
             "TRAIN_ARGS": " ".join(train_arguments(training.hyperparameters)),
-            # The archive fits the Graviton endpoint: its dependencies vendored in code/lib, or installed at start-up.
-            "PACKAGE_ARGS": "--vendor" if self.settings.graviton_endpoint.dependencies == "vendored" else "",
         }
         return TrainingRun(
             code=code,

@@ -1,11 +1,11 @@
 """The container environment of the sentiment model: one definition for the endpoint stack and the local server.
 
-Ray Serve (the server the local harness runs, and the Graviton endpoint once it runs the platform's Ray Serve image;
+Ray Serve (the server of the platform's Graviton serving image and of the local harness;
 ``inference_assets/container/ray_settings.py`` reads them):
 
 - ``SENTIMENT_SERVE_REPLICAS``: model replicas (the ``workers`` rule below: one per 4 vCPUs).
 - ``SENTIMENT_SERVE_MAX_BATCH_SIZE`` / ``SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S``: ``@serve.batch``'s
-  ``max_batch_size`` and ``batch_wait_timeout_s``, from the same settings as TorchServe's batch size and delay.
+  ``max_batch_size`` and ``batch_wait_timeout_s`` (settings ``server_batch_size``, ``server_max_batch_delay_ms``).
 - ``OMP_NUM_THREADS``: threads per replica (replicas x threads = the instance's vCPUs); the replica passes it to
   torch explicitly, since Ray sets OMP_NUM_THREADS=1 in its workers where the variable is unset.
 - ``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0`` / ``RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0``: the replica's
@@ -14,18 +14,12 @@ Ray Serve (the server the local harness runs, and the Graviton endpoint once it 
   here: ~12% less CPU per request in Ray (8.3 instead of 9.1-10.5 ms on this 2-core host, tiny model, 8 clients);
   the forward pass runs on a thread of its own either way, so the loop stays free while it runs.
 
-The SageMaker PyTorch toolkit (the TorchServe image the endpoint runs until it moves to Ray Serve) reads these when
-the container starts:
+Read by the model code and torch in every replica:
 
-- ``SAGEMAKER_MODEL_SERVER_WORKERS``: TorchServe workers (one model copy and one Python process each).
-- ``SAGEMAKER_TS_BATCH_SIZE`` / ``SAGEMAKER_TS_MAX_BATCH_DELAY``: TorchServe request batching. Setting any
-  ``SAGEMAKER_TS_*`` variable makes the toolkit write a per-model entry whose min/max workers default to 1, which
-  would override the worker count above, so ``SAGEMAKER_TS_MIN_WORKERS``/``MAX_WORKERS`` are always set with it.
-- ``OMP_NUM_THREADS``: intra-op threads per worker, so workers x threads = the instance's vCPUs (no oversubscription).
-- ``OMP_WAIT_POLICY=PASSIVE``: idle OpenMP threads sleep instead of spinning. With every core given to the workers'
-  threads, spinning starves TorchServe's Java frontend and the other workers: measured locally on RoBERTa-base
-  (benchmarks/results/serving_latency.md), p50 at one request in flight went from ~1 s spinning to ~80 ms passive,
-  against ~56 ms for the bare forward pass.
+- ``OMP_WAIT_POLICY=PASSIVE``: idle OpenMP threads sleep instead of spinning. With every core given to the replicas'
+  threads, spinning starves the server's own processes (Ray's proxy; TorchServe's Java frontend when it was
+  measured on RoBERTa-base, benchmarks/results/serving_latency.md: p50 at one request in flight went from ~1 s
+  spinning to ~80 ms passive, against ~56 ms for the bare forward pass).
 - ``SENTIMENT_MAX_REQUEST_BATCH`` / ``SENTIMENT_MAX_REQUEST_BYTES``: the request limits of the serving contract
   (``inference_assets/container/contract.py``; 413 above them).
 - Graviton fast paths from PyTorch's "Inference Performance Tuning on AWS Graviton Processors" recipe
@@ -74,11 +68,6 @@ def endpoint_environment(
         raise ValueError(f"vcpus must be >= 1, got {vcpus}")
     workers = workers or max(1, vcpus // CORES_PER_WORKER)
     environment = {
-        "SAGEMAKER_MODEL_SERVER_WORKERS": str(workers),
-        "SAGEMAKER_TS_MIN_WORKERS": str(workers),
-        "SAGEMAKER_TS_MAX_WORKERS": str(workers),
-        "SAGEMAKER_TS_BATCH_SIZE": str(batch_size),
-        "SAGEMAKER_TS_MAX_BATCH_DELAY": str(max_batch_delay_ms),
         "OMP_NUM_THREADS": str(max(1, vcpus // workers)),
         "OMP_WAIT_POLICY": "PASSIVE",
         **(limits or Limits()).environment(),
@@ -95,7 +84,4 @@ def endpoint_environment(
         environment["DNNL_DEFAULT_FPMATH_MODE"] = "BF16"
     if torch_compile:
         environment["TORCHINDUCTOR_FREEZING"] = "1"
-        # Compile + warm-up took 150 s per worker on a loaded 2-core host; TorchServe gives a worker 120 s to start
-        # (default_startup_timeout, ConfigManager.java 0.12; the toolkit's config turns enable_envvars_config on).
-        environment["TS_DEFAULT_STARTUP_TIMEOUT"] = "600"
     return environment

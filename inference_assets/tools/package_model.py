@@ -1,21 +1,21 @@
-"""Turn a saved model directory into the model.tar.gz the SageMaker PyTorch serving toolkit expects, and upload it.
+"""Turn a saved model directory into the model.tar.gz the Graviton endpoint's Ray Serve image serves, and upload it.
 
-Layout (the toolkit unpacks it to /opt/ml/model and imports ``code/inference.py``):
+Layout (SageMaker unpacks it to /opt/ml/model; the image runs ``sentiment_serving.ray_server`` from ``code/``, which
+runs ``config.yaml``: the serving contract of AWS's Ray Serve DLC, see container/ray_deployment.py):
 
     config.json, model.safetensors, tokenizer files ...  the model directory, at the archive root
-    config.yaml, deployment.py                           Ray Serve's entry (the Ray Serve DLC contract: config.yaml
-                                                         names deployment:app; see container/ray_deployment.py)
-    MAR-INF/MANIFEST.json                                names TorchServe's handler: code/inference.py:handle
-    code/inference.py                                    the handler entry TorchServe imports (container/entrypoints/)
-                                                         (these four left out of archives for DJL Serving: see
-                                                         build_model_archive's ``torchserve_handler``)
-    code/sentiment_serving/*.py                          the ``inference_assets.container`` package
-    code/requirements.txt                                only without vendoring: the toolkit pip-installs it at start-up
-    code/lib/...                                         with --vendor: transformers & co. for linux/aarch64 cp312
+    config.yaml, deployment.py                           Ray Serve's entry (config.yaml names deployment:app)
+    code/sentiment_serving/*.py                          the ``inference_assets.container`` package (ray_server too)
+
+Nothing to install: the image holds every dependency (inference_assets/image/Dockerfile), and the endpoint reaches
+no package index. The multi-model endpoint's archives (publish_models) use the same builder with DJL Serving's entry
+(``server="djl"``) and their dependencies vendored in ``code/lib`` (``vendor_dependencies``); ``server="torchserve"``
+builds the TorchServe handler's layout (MAR-INF/MANIFEST.json + code/inference.py), which no deployable setting
+serves since the TorchServe DLCs ended patching (docs/images.md).
 
 The archive is byte-for-byte reproducible: sorted entries, fixed mtime/owner/mode, gzip without name or timestamp.
 
-    python -m inference_assets.tools.package_model --model-dir saved_model --output model.tar.gz --vendor \\
+    python -m inference_assets.tools.package_model --model-dir saved_model --output model.tar.gz \\
         --upload s3://<artifacts-bucket>/endpoints/sentiment/model-v2.tar.gz --kms-key-id <key-arn>
 """
 
@@ -29,9 +29,9 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
+from typing import Literal
 
 CONTAINER = Path(__file__).resolve().parents[1] / "container"
 HANDLER = CONTAINER / "entrypoints" / "inference.py"
@@ -43,8 +43,8 @@ ARCHIVE_PACKAGE = "sentiment_serving"
 REQUIREMENTS = CONTAINER / "requirements.txt"
 VENDOR_CONSTRAINTS = CONTAINER / "requirements-aarch64.lock"
 
-# The image the endpoint runs (settings.graviton_endpoint.image_tag): Python 3.12 on linux/aarch64, Ubuntu 22.04
-# (glibc 2.35). pip does not widen a manylinux_2_x platform to older glibc tags by itself, so list them all.
+# Vendoring's default target: Python 3.12 on linux/aarch64 with glibc 2.35 (publish_models passes the x86 images'
+# platforms). pip does not widen a manylinux_2_x platform to older glibc tags by itself, so list them all.
 VENDOR_ARCH = "aarch64"
 VENDOR_GLIBC_MINOR = 35
 VENDOR_PLATFORMS = tuple(f"manylinux_2_{minor}_{VENDOR_ARCH}" for minor in range(VENDOR_GLIBC_MINOR, 16, -1))
@@ -64,6 +64,9 @@ TORCHSERVE_MANIFEST = {
     "archiverVersion": "0.12.0",
 }
 _FILE_MODE = 0o644
+# Which server's entry the archive carries: Ray Serve (the Graviton image), DJL Serving (the multi-model endpoint),
+# or the TorchServe handler.
+ArchiveServer = Literal["ray", "djl", "torchserve"]
 
 
 class PackagingError(ValueError):
@@ -91,7 +94,7 @@ def container_files() -> dict[str, Path]:
 
 
 def _entries(
-    model_dir: Path, extra_files: Mapping[str, Path | bytes], vendor_dir: Path | None, torchserve_handler: bool
+    model_dir: Path, extra_files: Mapping[str, Path | bytes], vendor_dir: Path | None, server: ArchiveServer
 ) -> dict[str, Path | bytes]:
     if not (model_dir / "config.json").is_file():
         raise PackagingError(
@@ -102,19 +105,25 @@ def _entries(
         raise PackagingError(
             f"{model_dir} already holds {clash[0]}; the archive's code/ and MAR-INF/ are the handler's"
         )
-    if torchserve_handler:
+    if server == "ray":
         if clash := sorted(set(RAY_ENTRY_FILES) & set(entries)):
             raise PackagingError(f"{model_dir} already holds {clash[0]}; the archive's {clash[0]} is Ray Serve's entry")
+        if vendor_dir is not None:
+            raise PackagingError("the Ray Serve image holds every dependency: an archive for it vendors nothing")
         entries.update(RAY_ENTRY_FILES)
+    elif server == "torchserve":
         entries["MAR-INF/MANIFEST.json"] = (json.dumps(TORCHSERVE_MANIFEST, indent=2) + "\n").encode()
         entries["code/inference.py"] = HANDLER
+    elif server != "djl":
+        raise PackagingError(f"server must be ray, djl or torchserve, got {server!r}")
     entries.update(container_files())
-    if vendor_dir is None:
-        entries["code/requirements.txt"] = REQUIREMENTS
-    else:
-        if not any(vendor_dir.iterdir()):
-            raise PackagingError(f"vendor directory {vendor_dir} is empty")
-        entries.update(_files_under(vendor_dir, "code/lib/"))
+    if server != "ray":
+        if vendor_dir is None:
+            entries["code/requirements.txt"] = REQUIREMENTS
+        else:
+            if not any(vendor_dir.iterdir()):
+                raise PackagingError(f"vendor directory {vendor_dir} is empty")
+            entries.update(_files_under(vendor_dir, "code/lib/"))
     for name, source in extra_files.items():
         name = _archive_path(name)
         if name in entries:
@@ -131,20 +140,20 @@ def build_model_archive(
     *,
     extra_files: Mapping[str, Path | bytes] | None = None,
     vendor_dir: Path | None = None,
-    torchserve_handler: bool = True,
+    server: ArchiveServer = "ray",
 ) -> Path:
-    """Write ``output`` (model.tar.gz) from ``model_dir`` plus the handler; return ``output``.
+    """Write ``output`` (model.tar.gz) from ``model_dir`` plus ``server``'s entry; return ``output``.
 
     ``extra_files`` maps archive paths to files or contents (e.g. ``{"serving.properties": b"..."}``).
-    ``vendor_dir`` holds installed packages (see :func:`vendor_dependencies`) to ship as ``code/lib``; without it the
-    archive carries ``code/requirements.txt`` and the toolkit installs it when the container starts.
-    ``torchserve_handler=False`` leaves out ``MAR-INF/MANIFEST.json``, ``code/inference.py`` and Ray Serve's
-    ``config.yaml`` + ``deployment.py`` (archives for DJL Serving, which must not see a manifest: see
-    publish_models.build_archive); ``code/sentiment_serving`` stays.
+    ``server="ray"`` (the Graviton image): Ray Serve's ``config.yaml`` + ``deployment.py``, nothing to install.
+    ``server="djl"``: no entry of its own (publish_models adds DJL's ``model.py``; DJL Serving must not see a
+    manifest, see publish_models.build_archive); ``server="torchserve"``: ``MAR-INF/MANIFEST.json`` +
+    ``code/inference.py``. For these two, ``vendor_dir`` holds installed packages (see :func:`vendor_dependencies`)
+    to ship as ``code/lib``; without it the archive carries ``code/requirements.txt``.
     """
     model_dir, output = Path(model_dir), Path(output)
     vendor = None if vendor_dir is None else Path(vendor_dir)
-    entries = _entries(model_dir, extra_files or {}, vendor, torchserve_handler)
+    entries = _entries(model_dir, extra_files or {}, vendor, server)
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + ".partial")
     # filename="" and mtime=0 keep the gzip header free of the output name and the build time.
@@ -247,12 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output", type=Path, required=True, help="archive to write, e.g. model.tar.gz")
     parser.add_argument(
-        "--vendor",
-        action="store_true",
-        help=f"ship transformers & co. for linux/{VENDOR_ARCH} Python {VENDOR_PYTHON} in code/lib "
-        '(settings.graviton_endpoint.dependencies = "vendored"); without it the image pip-installs them at start-up',
-    )
-    parser.add_argument(
         "--upload",
         metavar="S3_URI",
         help="s3://<artifacts-bucket>/<key>.tar.gz to upload to",
@@ -264,9 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.upload:
             parse_s3_uri(args.upload)
-        with tempfile.TemporaryDirectory() as scratch:
-            vendor_dir = vendor_dependencies(Path(scratch) / "lib") if args.vendor else None
-            archive = build_model_archive(args.model_dir, args.output, vendor_dir=vendor_dir)
+        archive = build_model_archive(args.model_dir, args.output)
     except PackagingError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

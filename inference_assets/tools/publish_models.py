@@ -77,7 +77,7 @@ def build_archive(
     if model_server == "torchserve":
         if settings is not None:
             raise ValueError("DJL settings (serving.properties) do not apply to a TorchServe archive")
-        return package_model.build_model_archive(model_dir, output, vendor_dir=vendor_dir)
+        return package_model.build_model_archive(model_dir, output, vendor_dir=vendor_dir, server="torchserve")
     if model_server != "djl":
         raise ValueError(f"model_server must be one of {', '.join(MODEL_SERVERS)}, got {model_server!r}")
     properties = (settings or DjlModelSettings()).render().encode()
@@ -86,7 +86,7 @@ def build_archive(
     # manifest; with one it loads the manifest's handler through TorchServe's ts.model_loader instead
     # (djl_python/service_loader.py load_model_service, tag v0.36.0).
     return package_model.build_model_archive(
-        model_dir, output, extra_files=extra_files, vendor_dir=vendor_dir, torchserve_handler=False
+        model_dir, output, extra_files=extra_files, vendor_dir=vendor_dir, server="djl"
     )
 
 

@@ -430,24 +430,38 @@ class BuiltImage(Construct):
     key needs no grant for the puller: ECR decrypts through the grant it holds on the key
     (https://docs.aws.amazon.com/AmazonECR/latest/userguide/encryption-at-rest.html)."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, project: str, image: str, registry_account: str) -> None:
+    def __init__(
+        self, scope: Construct, construct_id: str, *, project: str, image: str, registry_account: str | None = None
+    ) -> None:
+        """``registry_account``: the account of the repository (the pipeline's tooling account). None: the account and
+        region the parameter's digest URI names (``<account>.dkr.ecr.<region>.<domain>/<repository>@sha256:...``),
+        read when the stack deploys, so the pull is granted on exactly the repository the endpoint pulls from, wherever
+        the image was published from (the pipeline, or an operator deploying by hand)."""
         super().__init__(scope, construct_id)
         stack = cdk.Stack.of(self)
         self.image = image
         self.parameter_name = image_parameter_name(project, image)
         self.image_uri = ssm.StringParameter.value_for_string_parameter(self, self.parameter_name)
         name = image_repository_name(project, image)
+        if registry_account is None:
+            host = cdk.Fn.split(".", self.image_uri)
+            account, region = cdk.Fn.select(0, host), cdk.Fn.select(3, host)
+        else:
+            account, region = registry_account, stack.region
+        self.repository_arn = stack.format_arn(
+            service="ecr", account=account, region=region, resource="repository", resource_name=name
+        )
         self.repository = ecr.Repository.from_repository_attributes(
-            self,
-            "Repository",
-            repository_name=name,
-            repository_arn=stack.format_arn(
-                service="ecr", account=registry_account, resource="repository", resource_name=name
-            ),
+            self, "Repository", repository_name=name, repository_arn=self.repository_arn
         )
 
     def grant_pull(self, grantee: iam.IGrantable) -> iam.Grant:
         return self.repository.grant_pull(grantee)
+
+    def pull_statement(self) -> iam.PolicyStatement:
+        """The pull of this image's repository, for a policy of the puller's (``ecr:GetAuthorizationToken`` has no
+        resource-level permissions and stays with the puller's role)."""
+        return iam.PolicyStatement(sid="PullModelImage", actions=list(PULL_ACTIONS), resources=[self.repository_arn])
 
 
 def built_images(stack: cdk.Stack) -> list[BuiltImage]:

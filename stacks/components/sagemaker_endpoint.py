@@ -31,6 +31,7 @@ from platform_facts.instances import has_local_nvme
 from stacks.compliance import acknowledge, acknowledge_short_retention
 from stacks.components.endpoint_metrics import VariantMetrics
 from stacks.components.eni_release_wait import EniReleaseWait
+from stacks.components.image_builds import BuiltImage
 
 VARIANT_NAME = "AllTraffic"
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
@@ -55,7 +56,7 @@ _ECR_PULL_ACTIONS = ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ec
 
 @dataclass(frozen=True)
 class ImageConfig:
-    """What ``DlcImage.bind`` hands the model: the image URI, and the policy that must exist before the model."""
+    """What an image's ``bind`` hands the model: the image URI, and the policy that must exist before the model."""
 
     image_uri: str
     pull_policy: iam.ManagedPolicy
@@ -113,6 +114,28 @@ class DlcImage:
 
 
 @dataclass(frozen=True)
+class PlatformImage:
+    """An image the platform's pipeline built (``BuiltImage``: the digest the pipeline promoted to this environment).
+
+    Binding grants the model's role the pull of exactly that image's repository, in a managed policy of the
+    endpoint's own stack (the repository's ARN comes from the endpoint stack's image parameter: a grant on a role of
+    another stack would make that stack read it). The cross-account side is the repository's policy
+    (``ImageBuilds(pull_accounts=...)``)."""
+
+    image: BuiltImage
+
+    def bind(self, scope: Construct, role: iam.IRole) -> ImageConfig:
+        policy = iam.ManagedPolicy(
+            scope,
+            "ImagePullPolicy",
+            description=f"Pull the platform's {self.image.image} image",
+            roles=[role],
+            statements=[self.image.pull_statement()],
+        )
+        return ImageConfig(self.image.image_uri, policy)
+
+
+@dataclass(frozen=True)
 class AlarmSpec:
     """One row of an endpoint's alarm table. Missing data (no traffic) never breaches."""
 
@@ -154,8 +177,9 @@ class ModelNetwork:
 class SageMakerEndpoint(Construct, VariantMetrics):
     """A SageMaker endpoint with one production variant (``AllTraffic``).
 
-    * The model runs ``image`` with ``role`` (which must exist, policies included, before the model: SageMaker checks
-      its permissions on CreateModel), in ``network``; ``mode="MultiModel"`` with ``model_data_url`` an S3 prefix.
+    * The model runs ``image`` (a DLC or the platform's own) with ``role`` (which must exist, policies included,
+      before the model: SageMaker checks its permissions on CreateModel), in ``network``; ``mode="MultiModel"``
+      with ``model_data_url`` an S3 prefix.
     * The endpoint config takes ``key``, except on instance types with local NVMe storage, which SageMaker refuses a
       key for (it encrypts their instance store with a hardware key).
     * Config and model have generated names: both are immutable and CloudFormation replaces them on change. The
@@ -180,7 +204,7 @@ class SageMakerEndpoint(Construct, VariantMetrics):
         construct_id: str,
         *,
         role: iam.IRole,
-        image: DlcImage,
+        image: DlcImage | PlatformImage,
         model_data_url: str,
         mode: Literal["SingleModel", "MultiModel"] = "SingleModel",
         environment: dict[str, str] | None = None,

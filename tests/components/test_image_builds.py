@@ -80,6 +80,12 @@ def _resolve(value: Any, refs: dict[str, str]) -> Any:
     if set(value) == {"Fn::Join"}:
         separator, parts = value["Fn::Join"]
         return separator.join(str(_resolve(p, refs)) for p in parts)
+    if set(value) == {"Fn::Split"}:
+        separator, text = value["Fn::Split"]
+        return str(_resolve(text, refs)).split(separator)
+    if set(value) == {"Fn::Select"}:
+        index, items = value["Fn::Select"]
+        return _resolve(items, refs)[int(index)]
     return {k: _resolve(v, refs) for k, v in value.items()}
 
 
@@ -345,6 +351,27 @@ def test_built_image_reads_the_promoted_digest_and_grants_the_pull_across_accoun
         assert not is_allowed([policy], Request(action, _repository_arn("serving")))
     assert is_allowed([policy], Request("ecr:GetAuthorizationToken", "*"))
     assert not is_allowed([policy], Request("ecr:PutImage", _repository_arn("training")))
+
+
+@pytest.mark.parametrize("registry", [TOOLING, ENVIRONMENT])
+def test_without_a_registry_account_the_pull_is_granted_on_the_repository_the_digest_names(registry: str) -> None:
+    """The Graviton endpoint's case: the repository's account and region come from the promoted digest URI when the
+    stack deploys, so the pull covers the image the parameter names, whoever published it, and nothing else."""
+    stack = cdk.Stack(cdk.App(), "Consumer", env=cdk.Environment(account=ENVIRONMENT, region=REGION))
+    image = BuiltImage(stack, "ServingImage", project=PROJECT, image="serving")
+    policy = iam.ManagedPolicy(stack, "Pull", statements=[image.pull_statement()])
+    role = iam.Role(stack, "Runner", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
+    policy.attach_to_role(role)
+    template = Template.from_stack(stack).to_json()
+    (name,) = [n for n, p in template["Parameters"].items() if p["Default"] == "/pytorch-platform/images/serving"]
+    digest = f"{registry}.dkr.ecr.{REGION}.amazonaws.com/{PROJECT}/serving@sha256:{'a1' * 32}"
+    (document,) = [r["Properties"]["PolicyDocument"] for r in template["Resources"].values()
+                   if r["Type"] == "AWS::IAM::ManagedPolicy"]  # fmt: skip
+    document = _resolve(document, {name: digest, "AWS::Partition": "aws"})
+    for action in PULL_ACTIONS:
+        assert is_allowed([document], Request(action, _repository_arn("serving", registry)))
+        assert not is_allowed([document], Request(action, _repository_arn("training", registry)))
+        assert not is_allowed([document], Request(action, _repository_arn("serving", STRANGER)))
 
 
 @pytest.mark.parametrize(

@@ -18,23 +18,20 @@ from app import build_app
 from ops_review.__main__ import main as review_main
 from ops_review.review import review_assembly
 from platform_facts.images import WARN_DAYS, PatchStatus, image_facts
-from stacks.image_patching import check_images
+from stacks.image_patching import SERVING_IMAGE_BASE, check_images
 from stacks.settings import SettingsError, parse_environment
 from tests.conftest import ROOT, cdk_context
 
-GRAVITON_TORCHSERVE = "pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"
+GRAVITON_TORCHSERVE = "pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"  # ended; nobody chooses it
 TRAINING = "pytorch-training:2.10.0-gpu-py313-cu130-ubuntu22.04-ec2"
-CHECKED_ON = date(2026, 12, 4)
+REMOTE_TRAINING = "pytorch-training:2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker"
+CHECKED_ON = date(2026, 12, 5)
+AFTER_TRAINING = date(2027, 1, 22)  # the day after the training DLC's end of patching
+REASON = "The p4d runs are pinned to this image until the AL2023 PyTorch image is validated (ticket ML-123)."
 
 
 def _raw(name: str) -> dict:
     return copy.deepcopy(cdk_context()["environments"][name])
-
-
-def _without_acceptance(name: str) -> dict:
-    raw = _raw(name)
-    raw.pop("accept_unpatched_images", None)
-    return raw
 
 
 def test_every_entry_has_a_source_a_checked_date_and_a_replacement() -> None:
@@ -50,8 +47,10 @@ def test_every_entry_has_a_source_a_checked_date_and_a_replacement() -> None:
         (TRAINING, date(2026, 11, 1), PatchStatus.PATCHED, 81),
         (TRAINING, date(2027, 1, 21) - timedelta(days=WARN_DAYS), PatchStatus.ENDING, 60),
         (TRAINING, date(2027, 1, 21), PatchStatus.ENDING, 0),
-        (TRAINING, date(2027, 1, 22), PatchStatus.ENDED, -1),
-        (GRAVITON_TORCHSERVE, CHECKED_ON, PatchStatus.ENDED, -157),
+        (TRAINING, AFTER_TRAINING, PatchStatus.ENDED, -1),
+        (GRAVITON_TORCHSERVE, CHECKED_ON, PatchStatus.ENDED, -158),
+        (SERVING_IMAGE_BASE, CHECKED_ON, PatchStatus.PATCHED, 938),
+        ("pytorch:2.13.0-cu133-amzn2023", CHECKED_ON, PatchStatus.PATCHED, 227),
         ("djl-inference:0.36.0-cpu-full", CHECKED_ON, PatchStatus.UNDECLARED, None),
     ],
 )
@@ -61,46 +60,58 @@ def test_patch_status_by_date(image: str, today: date, status: PatchStatus, days
     assert fact.days_left(today) == days
 
 
+def test_the_graviton_endpoint_is_checked_against_its_images_base() -> None:
+    """The endpoint runs the platform's image, rebuilt every week on Amazon Linux 2023: its patch window is the
+    base's, and no environment accepts an ended image any more."""
+    for name in ("dev", "staging", "prod"):
+        raw = _raw(name)
+        assert "accept_unpatched_images" not in raw
+        (graviton,) = [
+            c for c in check_images(parse_environment(name, raw), CHECKED_ON) if c.use.stack == "GravitonEndpoint"
+        ]
+        assert (graviton.use.image, graviton.use.setting) == (SERVING_IMAGE_BASE, "images.graviton-serving (base)")
+        assert graviton.accepted_risk is None and graviton.fact.end_of_patching == date(2029, 6, 30)
+
+
 def test_an_ended_image_without_acceptance_stops_synth_with_one_sentence() -> None:
-    settings = parse_environment("prod", _without_acceptance("prod"))
+    settings = parse_environment("prod", _raw("prod"))
     with pytest.raises(SettingsError) as error:
-        check_images(settings, CHECKED_ON)
+        check_images(settings, AFTER_TRAINING)
     message = str(error.value)
-    assert message.startswith(f"environments.prod.graviton_endpoint.image_tag: {GRAVITON_TORCHSERVE} ended patching")
-    assert "2026-06-30" in message and "environments.prod.accept_unpatched_images" in message
+    assert message.startswith(f"environments.prod.training.image_tag: {TRAINING} ended patching")
+    assert "2027-01-21" in message and "environments.prod.accept_unpatched_images" in message
     assert message.count(". ") == 0 and message.endswith(".")
 
 
 def test_the_same_image_passes_before_its_end() -> None:
-    settings = parse_environment("prod", _without_acceptance("prod"))
-    assert {c.use.image for c in check_images(settings, date(2026, 6, 30))} >= {GRAVITON_TORCHSERVE, TRAINING}
+    settings = parse_environment("prod", _raw("prod"))
+    assert {c.use.image for c in check_images(settings, date(2027, 1, 21))} >= {SERVING_IMAGE_BASE, TRAINING}
 
 
 def test_an_accepted_risk_passes_and_carries_its_reason() -> None:
-    (graviton,) = [
-        c
-        for c in check_images(parse_environment("prod", _raw("prod")), CHECKED_ON)
-        if c.use.stack == "GravitonEndpoint"
+    raw = _raw("prod")
+    raw["accept_unpatched_images"] = {TRAINING: REASON, REMOTE_TRAINING: REASON}
+    (training, remote) = [
+        c for c in check_images(parse_environment("prod", raw), AFTER_TRAINING) if c.use.stack == "Training"
     ]
-    assert graviton.accepted_risk == _raw("prod")["accept_unpatched_images"][GRAVITON_TORCHSERVE]
-    assert graviton.metadata()["accepted_risk"] == graviton.accepted_risk
+    assert training.accepted_risk == remote.accepted_risk == REASON
+    assert training.metadata()["accepted_risk"] == REASON
 
 
-def test_the_training_image_stops_synth_the_day_after_its_end() -> None:
-    with pytest.raises(SettingsError, match=r"^environments\.prod\.training\.image_tag: pytorch-training:2\.10"):
-        check_images(parse_environment("prod", _raw("prod")), date(2027, 1, 22))
-
-
-def test_the_torchserve_multi_model_option_is_refused_without_acceptance() -> None:
+def test_the_torchserve_multi_model_option_is_no_setting_any_more() -> None:
     raw = _raw("staging")
     raw["multi_model_endpoint"]["model_server"] = "torchserve"
+    with pytest.raises(SettingsError, match=r"^environments\.staging\.multi_model_endpoint\.model_server: "):
+        parse_environment("staging", raw)
+    raw = _raw("staging")
+    raw["multi_model_endpoint"]["torchserve_image"] = GRAVITON_TORCHSERVE
     with pytest.raises(SettingsError, match=r"^environments\.staging\.multi_model_endpoint\.torchserve_image: "):
-        check_images(parse_environment("staging", raw), CHECKED_ON)
+        parse_environment("staging", raw)
 
 
 def test_an_acceptance_for_an_image_nobody_chooses_is_refused() -> None:
     raw = _raw("dev")
-    raw["graviton_endpoint"]["enabled"] = False
+    raw["accept_unpatched_images"] = {GRAVITON_TORCHSERVE: REASON}
     with pytest.raises(SettingsError, match=r"^environments\.dev\.accept_unpatched_images: accepts the risk of"):
         check_images(parse_environment("dev", raw), CHECKED_ON)
 
@@ -147,8 +158,8 @@ def prod_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_synth_records_the_images_and_warns(prod_assembly: Path) -> None:
     (graviton,) = (prod_assembly / "assembly-prod").glob("prodGravitonEndpoint*.template.json")
     (recorded,) = json.loads(graviton.read_text())["Metadata"]["PytorchPlatformImages"]
-    assert recorded["image"] == GRAVITON_TORCHSERVE and recorded["end_of_patching"] == "2026-06-30"
-    assert "network-isolated" in recorded["accepted_risk"]
+    assert recorded["image"] == SERVING_IMAGE_BASE and recorded["end_of_patching"] == "2029-06-30"
+    assert recorded.get("accepted_risk") is None  # CDK leaves null values out of the metadata
     warnings = {
         path.name: [
             e["data"] for es in json.loads(path.read_text()).values() for e in es if e["type"] == "aws:cdk:warning"
@@ -156,17 +167,18 @@ def test_synth_records_the_images_and_warns(prod_assembly: Path) -> None:
         for path in (prod_assembly / "assembly-prod").glob("*.metadata.json")
     }
     training = next(w for name, w in warnings.items() if name.startswith("prodTraining"))
-    assert any("training.image_tag" in w and "(48 days left)" in w for w in training)
+    assert any("training.image_tag" in w and "(47 days left)" in w for w in training)
     endpoint = next(w for name, w in warnings.items() if name.startswith("prodGravitonEndpoint"))
-    assert any("ended patching on 2026-06-30; running it anyway because" in w for w in endpoint)
+    assert not [w for w in endpoint if "patching" in w]
 
 
 @pytest.mark.slow
 def test_the_review_lists_every_image_with_its_days_left(prod_assembly: Path, tmp_path: Path) -> None:
     reviews = review_assembly(prod_assembly, today=CHECKED_ON)["prod"]
     listed = {i["image"]: i for review in reviews.values() for i in review["images"]}
-    assert listed[GRAVITON_TORCHSERVE]["days_left"] == -157 and listed[GRAVITON_TORCHSERVE]["accepted_risk"]
-    assert listed[TRAINING]["days_left"] == 48
+    assert listed[SERVING_IMAGE_BASE]["days_left"] == 938 and listed[SERVING_IMAGE_BASE]["accepted_risk"] is None
+    assert GRAVITON_TORCHSERVE not in listed
+    assert listed[TRAINING]["days_left"] == 47
     assert listed["djl-inference:0.36.0-cpu-full"]["days_left"] is None
     assert review_main([str(prod_assembly), "--out", str(tmp_path), "--today", "2027-01-01"]) == 0
     markdown = (tmp_path / "prod.md").read_text()

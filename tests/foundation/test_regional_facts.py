@@ -18,11 +18,11 @@ def test_dlc_images_and_pull_permissions_use_the_regions_registry_account(
     context = cdk_context(env="dev")
     context["environments"] = copy.deepcopy(context["environments"])
     context["environments"]["dev"]["region"] = region
-    # A model version, so that dev builds its Graviton endpoint (cdk.json's dev names none yet).
-    context["environments"]["dev"]["graviton_endpoint"]["model_data_key"] = "endpoints/sentiment/model-v1.tar.gz"
     (stage,) = build_app(context=context, outdir=str(tmp_path)).synth().nested_assemblies
     templates = {s.hierarchical_id.split("/")[-1]: s.template for s in stage.nested_assembly.stacks}
-    (model,) = (r for r in templates["GravitonEndpoint"]["Resources"].values() if r["Type"] == "AWS::SageMaker::Model")
+    # The multi-model endpoint runs a DLC (DJL Serving); the Graviton endpoint runs the platform's own image.
+    endpoint = templates["MultiModelEndpoint"]
+    (model,) = (r for r in endpoint["Resources"].values() if r["Type"] == "AWS::SageMaker::Model")
     assert model["Properties"]["PrimaryContainer"]["Image"].startswith(f"{account}.dkr.ecr.{region}.amazonaws.com/")
     # The image grants its own pull, in the endpoint stack (DlcImage.bind).
-    assert f"arn:aws:ecr:{region}:{account}:repository/pytorch-inference-arm64" in str(templates["GravitonEndpoint"])
+    assert f"arn:aws:ecr:{region}:{account}:repository/djl-inference" in str(endpoint)

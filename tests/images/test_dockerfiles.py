@@ -5,6 +5,7 @@ platform's facts choose."""
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import re
 import shlex
 import subprocess
@@ -16,7 +17,10 @@ import aws_cdk as cdk
 import pytest
 from packaging.version import Version
 
+from inference_assets.local.local_server import SERVER_MODULE
+from platform_facts.images import PatchStatus, image_fact
 from stacks.components.image_builds import Architecture
+from stacks.image_patching import SERVING_IMAGE_BASE
 from stacks.pipeline import SERVING_IMAGE, TRAINING_IMAGE, platform_images, training_base
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +85,7 @@ def _pip_requirement_files(dockerfile: Path) -> list[Path]:
             *sources, destination = shlex.split(arguments)
             folder = destination in (".", "./") or destination.endswith("/") or len(sources) > 1
             target = destination if destination.startswith("/") else f"{workdir.rstrip('/')}/{destination}"
-            target = target.removesuffix("/.").rstrip("/")
+            target = target.rstrip("/").removesuffix("/.")
             for source in sources:
                 copied[f"{target}/{Path(source).name}" if folder else target] = context / source
         elif instruction == "RUN":
@@ -108,17 +112,27 @@ def _pip_requirement_files(dockerfile: Path) -> list[Path]:
     return files
 
 
-PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^=\s;]+)$")
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[a-z0-9,]+\])?==([^=\s;]+)$")
+
+
+def _with_included(path: Path) -> list[Path]:
+    """``path`` and the requirements files it includes with -r (relative to it), depth first."""
+    files = [path]
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith(("-r ", "--requirement ")):
+            files += _with_included(path.parent / line.split(None, 1)[1])
+    return files
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_pip_install_reads_pinned_files_of_the_repository(dockerfile: Path) -> None:
     files = _pip_requirement_files(dockerfile)
     assert files, f"{dockerfile} installs nothing with pip from a requirements file"
-    for path in files:
+    for path in [included for read in files for included in _with_included(read)]:
         assert path.is_file() and ROOT in path.parents, path
         lines = [line.strip() for line in path.read_text().splitlines()]
-        requirements = [line for line in lines if line and not line.startswith("#")]
+        requirements = [line for line in lines if line and not line.startswith(("#", "-r "))]
         assert requirements, path
         unpinned = [line for line in requirements if not PIN.match(line)]
         assert unpinned == [], f"{path.relative_to(ROOT)}: not pinned with ==: {unpinned}"
@@ -133,11 +147,13 @@ def _pins(path: Path) -> dict[str, str]:
 
 
 def test_serving_image_pins_are_the_versions_the_tests_run_on() -> None:
-    """The image's model runtime and server layer: each pin is the version installed where the tests run (from
+    """The image's model runtime and server: each pin is the version installed where the tests run (from
     requirements-dev.txt, directly or as its dependency), so the local integration tests exercise the same code."""
     tested = _pins(ROOT / "requirements-dev.txt")
-    files = [ROOT / "inference_assets/image/requirements.txt", ROOT / "inference_assets/image/requirements-server.txt"]
-    assert set(_pip_requirement_files(ROOT / "inference_assets/image/Dockerfile")) >= set(files)
+    container = ROOT / "inference_assets/container"
+    files = [container / "ray_requirements.txt", container / "requirements.txt"]
+    read = _pip_requirement_files(ROOT / "inference_assets/image/Dockerfile")
+    assert [included for path in read for included in _with_included(path)] == files
     for path in files:
         for package, version in _pins(path).items():
             # The public version: the x86 CPU wheel of torch carries the local label +cpu, PyPI's aarch64 wheel none.
@@ -145,7 +161,7 @@ def test_serving_image_pins_are_the_versions_the_tests_run_on() -> None:
             assert installed == version, f"{path.name}: {package}"
             if package in tested:
                 assert tested[package] == version, f"{path.name}: {package} differs from requirements-dev.txt"
-    assert _pins(files[0])["torch"] == tested["torch"]
+    assert {"ray", "torch", "transformers", "numpy"} <= set(_pins(files[0]) | _pins(files[1]))
 
 
 def test_training_image_extends_the_dlc_the_facts_table_chooses() -> None:
@@ -174,11 +190,27 @@ def test_training_image_refuses_a_base_past_its_end_of_patching() -> None:
         training_base(date(2027, 2, 1))
 
 
-def test_serving_image_is_arm64_on_amazon_linux_2023() -> None:
+def test_serving_image_is_arm64_on_the_patched_base_of_the_facts_table() -> None:
     serving = DEFINITIONS[SERVING_IMAGE]
     assert serving.architecture is Architecture.ARM64  # type: ignore[attr-defined]
     instructions = _instructions(ROOT / serving.dockerfile)  # type: ignore[attr-defined]
-    assert instructions[0] == ("FROM", "public.ecr.aws/amazonlinux/amazonlinux:2023")
+    # The base synth checks against its end of patching (stacks/image_patching.py) is the one the image starts from.
+    assert instructions[0] == ("FROM", SERVING_IMAGE_BASE)
+    assert image_fact(SERVING_IMAGE_BASE).status(TODAY) is PatchStatus.PATCHED
     # Patched at every build: the base moves to the newest AL2023 release before anything is installed.
     assert instructions[1][0] == "RUN" and instructions[1][1].startswith("dnf upgrade -y --releasever=latest")
-    assert instructions[-1][0] == "ENTRYPOINT"
+
+
+def test_serving_image_starts_the_server_the_local_harness_starts() -> None:
+    """The container's command is the archive's Ray Serve launcher with the archive's folders on PYTHONPATH, as
+    LocalRayServer (which the serving tests run) starts it; no server of the TorchServe toolkit is left."""
+    dockerfile = ROOT / DEFINITIONS[SERVING_IMAGE].dockerfile  # type: ignore[attr-defined]
+    instructions = _instructions(dockerfile)
+    entrypoint = json.loads(dict(instructions)["ENTRYPOINT"])
+    assert entrypoint == ["python3.12", "-m", SERVER_MODULE]
+    assert json.loads(dict(instructions)["CMD"]) == ["serve"]  # SageMaker's argument, which ray_server accepts
+    environment = " ".join(arguments for instruction, arguments in instructions if instruction == "ENV")
+    assert "PYTHONPATH=/opt/ml/model:/opt/ml/model/code" in environment.split()
+    assert dict(instructions)["USER"] == "1000:1000"  # not root
+    text = dockerfile.read_text().lower()
+    assert "torchserve" not in text and "sagemaker_pytorch_serving_container" not in text and "java" not in text

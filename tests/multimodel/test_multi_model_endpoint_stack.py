@@ -26,10 +26,10 @@ ALLOWED = ["tenant-a.tar.gz", "team/tenant-b.tar.gz"]
 
 
 def _staging_variant() -> dict:
-    """Staging with the alternatives switched on: TorchServe, an alarm e-mail, an invoke grant for two models."""
+    """Staging with the alternatives switched on: an alarm e-mail, an invoke grant for two models."""
     raw = json.loads(json.dumps(ENVIRONMENTS["staging"]))
     raw["alarm_email"] = "ml-oncall@example.com"
-    raw["multi_model_endpoint"].update(model_server="torchserve", invoke_allowed_models=ALLOWED)
+    raw["multi_model_endpoint"].update(invoke_allowed_models=ALLOWED)
     return raw
 
 
@@ -92,13 +92,11 @@ def test_model_is_multi_model_over_a_prefix(templates):
     assert set(model["VpcConfig"]) == {"SecurityGroupIds", "Subnets"}
 
 
-def test_image_is_djl_by_default_and_torchserve_when_chosen(templates):
-    dev = json.dumps(_one(templates["dev"], "AWS::SageMaker::Model")["Properties"]["PrimaryContainer"]["Image"])
-    assert "763104351884.dkr.ecr.us-west-2." in dev and "/djl-inference:0.36.0-cpu-full" in dev
-    staging = _one(templates["staging"], "AWS::SageMaker::Model")["Properties"]["PrimaryContainer"]
-    assert "/pytorch-inference:2.6.0-cpu-py312-ubuntu22.04-sagemaker" in json.dumps(staging["Image"])
-    assert staging["Environment"]["SAGEMAKER_MULTI_MODEL"] == "true"  # the toolkit serves many models only when told
-    assert staging["Environment"]["SAGEMAKER_MODEL_SERVER_WORKERS"] == "1"  # per model: many models share the cores
+def test_image_is_djl_in_every_environment(templates):
+    """DJL Serving is the only multi-model server: the TorchServe DLC ended patching (platform_facts/images.json)."""
+    for name in ("dev", "staging", "prod"):
+        image = json.dumps(_one(templates[name], "AWS::SageMaker::Model")["Properties"]["PrimaryContainer"]["Image"])
+        assert "763104351884.dkr.ecr.us-west-2." in image and "/djl-inference:0.36.0-cpu-full" in image
     dev_environment = _one(templates["dev"], "AWS::SageMaker::Model")["Properties"]["PrimaryContainer"]["Environment"]
     assert dev_environment == {"OMP_NUM_THREADS": "1"}  # DJL: maxWorkers = #CPU / OMP_NUM_THREADS
 
@@ -242,11 +240,6 @@ def test_cdk_json_environments_keep_the_hot_set_resident(synthesized):
     for name in ("dev", "prod"):
         assert hot_set_resident(stacks[name].settings.multi_model_endpoint) is None
         assert not [warning for warning in warnings[name] if HOT_SET_WARNING.search(warning)]
-
-
-def test_torchserve_warns_that_one_worker_cannot_serve_the_hot_model(synthesized):
-    _, _, warnings = synthesized  # staging variant: TorchServe at 100 requests/s needs 9 busy workers for the hot model
-    assert [w for w in warnings["staging"] if re.search(r"TorchServe gives it at most 2 .*model_server to djl", w)]
 
 
 def test_synth_warns_when_min_capacity_cannot_hold_the_hot_set():

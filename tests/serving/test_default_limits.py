@@ -24,11 +24,11 @@ SAMPLE_DATA = Path(__file__).resolve().parents[2] / "training_assets" / "sample_
 
 
 @pytest.fixture(scope="module")
-def service(unpacked_model: Path) -> Iterator:
+def service(torchserve_model: Path) -> Iterator:
     with pytest.MonkeyPatch.context() as patch:
         for name in Limits.ENVIRONMENT.values():
             patch.delenv(name, raising=False)
-        with loaded_service(unpacked_model, batch_size=8) as loaded:
+        with loaded_service(torchserve_model, batch_size=8) as loaded:
             yield loaded
 
 

@@ -13,19 +13,14 @@ from inference_assets.tools.endpoint_environment import endpoint_environment
 @pytest.mark.parametrize(("vcpus", "workers", "threads"), [(1, 1, 1), (2, 1, 2), (4, 1, 4), (16, 4, 4), (64, 16, 4)])
 def test_default_workers_get_four_cores_each(vcpus: int, workers: int, threads: int) -> None:
     environment = endpoint_environment(vcpus=vcpus)
-    assert environment["SAGEMAKER_MODEL_SERVER_WORKERS"] == str(workers)
+    assert environment["SENTIMENT_SERVE_REPLICAS"] == str(workers)
     assert environment["OMP_NUM_THREADS"] == str(threads)
 
 
-def test_explicit_workers_are_pinned_for_the_toolkit_model_entry() -> None:
+def test_explicit_workers_become_ray_replicas_and_nothing_of_torchserve_is_set() -> None:
     limits = Limits(max_request_batch=64)
     environment = endpoint_environment(vcpus=16, workers=8, batch_size=4, max_batch_delay_ms=10, limits=limits)
     assert environment == {
-        "SAGEMAKER_MODEL_SERVER_WORKERS": "8",
-        "SAGEMAKER_TS_MIN_WORKERS": "8",
-        "SAGEMAKER_TS_MAX_WORKERS": "8",
-        "SAGEMAKER_TS_BATCH_SIZE": "4",
-        "SAGEMAKER_TS_MAX_BATCH_DELAY": "10",
         "OMP_NUM_THREADS": "2",
         "OMP_WAIT_POLICY": "PASSIVE",
         "SENTIMENT_MAX_REQUEST_BATCH": "64",
@@ -48,7 +43,6 @@ def test_fast_paths_can_be_turned_off_and_compile_brings_inductor_freezing() -> 
     assert "DNNL_DEFAULT_FPMATH_MODE" not in environment
     assert environment["THP_MEM_ALLOC_ENABLE"] == "0"
     assert (environment["SENTIMENT_TORCH_COMPILE"], environment["TORCHINDUCTOR_FREEZING"]) == ("1", "1")
-    assert environment["TS_DEFAULT_STARTUP_TIMEOUT"] == "600"  # compile + warm-up outlasts TorchServe's 120 s
 
 
 def test_the_container_reads_back_what_the_environment_sets() -> None:

@@ -1,5 +1,5 @@
 """The Graviton endpoint stack of every environment, from the session's synthesized app, plus variants of the
-settings (alarm e-mail, start-up installs, another region) built in one extra app for this module."""
+settings (alarm e-mail, workers, instance types) built in one extra app for this module."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from aws_cdk.assertions import Match, Template
 
 from app import build_app
 from stacks.compliance import add_compliance_gates
+from stacks.components.image_builds import IMAGE_BY_DIGEST, PULL_ACTIONS
 from stacks.components.sagemaker_endpoint import DlcImage
 from stacks.foundation import FoundationStack
-from stacks.graviton_endpoint import GravitonEndpointStack
+from stacks.graviton_endpoint import GravitonEndpointStack, image_source
+from stacks.image_patching import SERVING_IMAGE
 from stacks.platform_stage import no_model_yet
-from stacks.settings import parse_environment
+from stacks.settings import SettingsError, parse_environment
 from tests.conftest import cdk_context
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,13 +84,27 @@ def endpoint_template(env_templates: dict[str, dict]) -> dict:
     return env_templates["GravitonEndpoint"]
 
 
-def test_model_runs_the_configured_graviton_dlc_from_the_regional_account(endpoint_template: dict, env: str) -> None:
+def _image_parameter(template: dict) -> str:
+    """The logical id of the template parameter that reads the serving image's digest from SSM."""
+    (name,) = [
+        name
+        for name, parameter in template.get("Parameters", {}).items()
+        if parameter["Type"] == "AWS::SSM::Parameter::Value<String>"
+        and parameter["Default"] == f"/pytorch-platform/images/{SERVING_IMAGE}"
+    ]
+    return name
+
+
+def test_model_runs_the_platform_image_by_the_digest_promoted_to_the_environment(
+    endpoint_template: dict, env: str
+) -> None:
+    """No DLC and no tag: the image is the digest the pipeline wrote into the environment's parameter (SSM refuses
+    anything but an ECR image by digest there), resolved when the stack deploys."""
     settings = SETTINGS[env].graviton_endpoint
     container = only(endpoint_template, "AWS::SageMaker::Model")["PrimaryContainer"]
-    assert container["Image"] == (
-        f"763104351884.dkr.ecr.us-west-2.amazonaws.com/{settings.image_repository}:{settings.image_tag}"
-    )
-    assert settings.image_repository == "pytorch-inference-arm64"
+    assert container["Image"] == {"Ref": _image_parameter(endpoint_template)}
+    assert "763104351884" not in json.dumps(endpoint_template), "no Deep Learning Container left"
+    assert IMAGE_BY_DIGEST.endswith("@sha256:[0-9a-f]{64}$")
     assert container["Mode"] == "SingleModel"
     url = container["ModelDataUrl"]["Fn::Join"][1]
     assert url[0] == "s3://" and imports(url[1], "Artifacts") and url[2] == f"/{settings.model_data_key}"
@@ -97,25 +113,28 @@ def test_model_runs_the_configured_graviton_dlc_from_the_regional_account(endpoi
 def test_model_uses_the_foundation_role_in_the_private_subnets_network_isolated(endpoint_template: dict) -> None:
     model = only(endpoint_template, "AWS::SageMaker::Model")
     assert imports(model["ExecutionRoleArn"], "EndpointExecutionRole")
-    assert model["EnableNetworkIsolation"] is True, "vendored dependencies need no network"
+    assert model["EnableNetworkIsolation"] is True, "the image holds every dependency: no network needed"
     assert all(imports(subnet, "PrivateSubnet") for subnet in model["VpcConfig"]["Subnets"])
     (group,) = model["VpcConfig"]["SecurityGroupIds"]
     assert imports(group, "WorkloadSecurityGroup")
 
 
-def test_torchserve_workers_and_threads_fill_the_instance_without_oversubscribing(
+def test_ray_replicas_and_threads_fill_the_instance_with_the_graviton_runtime_settings(
     endpoint_template: dict, env: str
 ) -> None:
+    """The container contract of the Ray Serve image: what ray_settings.py and the predictor read, the Graviton
+    runtime settings the DLC used to carry, and nothing of the TorchServe toolkit."""
     settings = SETTINGS[env].graviton_endpoint
     environment = only(endpoint_template, "AWS::SageMaker::Model")["PrimaryContainer"]["Environment"]
-    workers = int(environment["SAGEMAKER_MODEL_SERVER_WORKERS"])
-    # Any SAGEMAKER_TS_* variable makes the toolkit pin min/max workers per model: they must agree.
-    assert environment["SAGEMAKER_TS_MIN_WORKERS"] == environment["SAGEMAKER_TS_MAX_WORKERS"] == str(workers)
-    assert workers * int(environment["OMP_NUM_THREADS"]) == VCPUS[settings.instance_type]
-    assert environment["OMP_WAIT_POLICY"] == "PASSIVE", "spinning OpenMP threads starve the TorchServe frontend"
-    assert environment["SAGEMAKER_TS_BATCH_SIZE"] == str(settings.server_batch_size)
-    assert environment["SAGEMAKER_TS_MAX_BATCH_DELAY"] == str(settings.server_max_batch_delay_ms)
+    replicas = int(environment["SENTIMENT_SERVE_REPLICAS"])
+    # Threads are set (Ray would set OMP_NUM_THREADS=1 where unset): replicas x threads = the instance's vCPUs.
+    assert replicas * int(environment["OMP_NUM_THREADS"]) == VCPUS[settings.instance_type]
+    assert environment["OMP_WAIT_POLICY"] == "PASSIVE", "spinning OpenMP threads starve Ray's proxy"
+    assert environment["SENTIMENT_SERVE_MAX_BATCH_SIZE"] == str(settings.server_batch_size)
+    assert float(environment["SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S"]) == settings.server_max_batch_delay_ms / 1000
     assert environment["SENTIMENT_MAX_REQUEST_BATCH"] == str(settings.max_request_batch)
+    assert environment["LRU_CACHE_CAPACITY"] == "1024" and environment["THP_MEM_ALLOC_ENABLE"] == "1"
+    assert not [name for name in environment if name.startswith(("SAGEMAKER_", "TS_"))]
 
 
 def test_endpoint_config_is_encrypted_with_the_platform_key(endpoint_template: dict, env: str) -> None:
@@ -263,10 +282,34 @@ def test_the_execution_role_may_read_the_archive_and_pull_the_image(env_template
     )
     assert imports(pull["Properties"]["Roles"][0], "EndpointExecutionRole")
     (statement,) = pull["Properties"]["PolicyDocument"]["Statement"]
-    assert statement["Resource"] == (
-        f"arn:aws:ecr:us-west-2:763104351884:repository/{settings.graviton_endpoint.image_repository}"
-    )
+    # The repository the parameter's digest URI names (account and region are its host's first and fourth labels).
+    assert sorted(statement["Action"]) == sorted(PULL_ACTIONS)
+    uri = {"Ref": _image_parameter(endpoint)}
+    host = {"Fn::Split": [".", uri]}
+    assert statement["Resource"] == {
+        "Fn::Join": [
+            "",
+            [
+                "arn:aws:ecr:",
+                {"Fn::Select": [3, host]},
+                ":",
+                {"Fn::Select": [0, host]},
+                f":repository/pytorch-platform/{SERVING_IMAGE}",
+            ],
+        ]
+    }
     assert pull_id in only_resource(endpoint, "AWS::SageMaker::Model")["DependsOn"]
+
+
+def test_synth_says_where_the_image_comes_from(cloud_assembly) -> None:
+    """An environment without a published image fails its deploy on the missing parameter: synth says beforehand
+    how the digest gets there."""
+    (prod,) = [s for s in cloud_assembly.nested_assemblies if s.directory_name == "assembly-prod"]
+    (stack,) = [s for s in prod.nested_assembly.stacks if s.hierarchical_id.endswith("/GravitonEndpoint")]
+    messages = [m.entry.data for m in stack.messages if m.level.value == "INFO"]
+    expected = image_source("prod", f"/pytorch-platform/images/{SERVING_IMAGE}")
+    assert expected in messages
+    assert "cdk deploy" in expected and "docs/images.md" in expected
 
 
 def test_the_endpoint_stack_deploys_after_the_foundation(cloud_assembly) -> None:
@@ -316,7 +359,6 @@ def variant() -> tuple[GravitonEndpointStack, Template]:
             "alarm_email": "ml-oncall@example.com",
             "graviton_endpoint": {
                 **raw["graviton_endpoint"],
-                "dependencies": "install_at_startup",
                 "server_batch_size": 4,
                 "workers_per_model": 2,
                 "instance_type": "ml.c7g.4xlarge",
@@ -339,18 +381,13 @@ def test_alarm_email_subscribes_to_the_topic(variant) -> None:
     )
 
 
-def test_installing_at_startup_leaves_the_network_open_for_pip(variant) -> None:
-    _, template = variant
-    template.has_resource_properties("AWS::SageMaker::Model", {"EnableNetworkIsolation": False})
-
-
 def test_explicit_workers_split_the_cores(variant) -> None:
     _, template = variant
     template.has_resource_properties(
         "AWS::SageMaker::Model",
         {
             "PrimaryContainer": Match.object_like(
-                {"Environment": Match.object_like({"SAGEMAKER_MODEL_SERVER_WORKERS": "2", "OMP_NUM_THREADS": "8"})}
+                {"Environment": Match.object_like({"SENTIMENT_SERVE_REPLICAS": "2", "OMP_NUM_THREADS": "8"})}
             )
         },
     )
@@ -390,10 +427,19 @@ def test_model_data_outside_the_endpoint_prefix_is_refused() -> None:
         _dev_stack({"model_data_key": "models/m.tar.gz"})
 
 
-def test_installing_at_startup_without_egress_is_refused() -> None:
-    # Settings refuse an isolated VPC (EC2 training needs the hub and PyPI) before the endpoint rule is reached.
-    with pytest.raises(ValueError, match=r"vpc\.nat_gateways(: 0 leaves| >= 1)"):
-        _dev_stack({"dependencies": "install_at_startup"}, vpc={"nat_gateways": 0})
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("image_repository", "pytorch-inference-arm64"),
+        ("image_tag", "2.6.0-cpu-py312-ubuntu22.04-sagemaker"),
+        ("dependencies", "install_at_startup"),
+    ],
+)
+def test_the_torchserve_image_settings_are_gone(key: str, value: str) -> None:
+    """The endpoint runs the platform's image only: the DLC's settings and start-up installs stop synth by name."""
+    raw = _with_model(RAW, "dev")
+    with pytest.raises(SettingsError, match=rf"^environments\.dev\.graviton_endpoint\.{key}: "):
+        parse_environment("dev", {**raw, "graviton_endpoint": {**raw["graviton_endpoint"], key: value}})
 
 
 def test_nvme_instance_types_get_no_kms_key_and_say_why() -> None:
@@ -419,6 +465,6 @@ def test_nvme_instance_types_get_no_kms_key_and_say_why() -> None:
 )
 def test_image_uri_uses_the_regional_dlc_account_and_domain(region: str, registry: str) -> None:
     stack = cdk.Stack(cdk.App(), "Images", env=cdk.Environment(region=region))
-    image = DlcImage.parse("pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker")
+    image = DlcImage.parse("djl-inference:0.36.0-cpu-full")  # the multi-model endpoint's DLC
     uri = stack.resolve(image.image_uri(stack))
-    assert uri == f"{registry}/pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"
+    assert uri == f"{registry}/djl-inference:0.36.0-cpu-full"

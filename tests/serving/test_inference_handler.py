@@ -21,11 +21,11 @@ LIMITS_ENV = TEST_LIMITS.environment()
 
 
 @pytest.fixture(scope="module")
-def service(unpacked_model: Path) -> Iterator:
+def service(torchserve_model: Path) -> Iterator:
     with pytest.MonkeyPatch.context() as patch:
         for name, value in LIMITS_ENV.items():
             patch.setenv(name, value)
-        with loaded_service(unpacked_model, batch_size=64) as loaded:
+        with loaded_service(torchserve_model, batch_size=64) as loaded:
             yield loaded
 
 
@@ -45,10 +45,10 @@ def forward_passes(service) -> Iterator[list[int]]:
     handler.predictor.predict_dicts = original
 
 
-def test_the_manifest_names_the_handler_torchserve_loads(unpacked_model: Path, service) -> None:
-    manifest = json.loads((unpacked_model / "MAR-INF" / "MANIFEST.json").read_text())
+def test_the_manifest_names_the_handler_torchserve_loads(torchserve_model: Path, service) -> None:
+    manifest = json.loads((torchserve_model / "MAR-INF" / "MANIFEST.json").read_text())
     assert manifest["model"] == {"modelName": "model", "handler": "code/inference.py:handle", "modelVersion": "1.0"}
-    assert sys.modules["inference"].__file__ == str(unpacked_model / "code" / "inference.py")
+    assert sys.modules["inference"].__file__ == str(torchserve_model / "code" / "inference.py")
 
 
 @pytest.mark.parametrize(("body", "content_type", "accept", "status", "fragment"), REQUESTS)

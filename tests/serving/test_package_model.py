@@ -30,25 +30,28 @@ def _members(archive: Path) -> list[tarfile.TarInfo]:
         return tar.getmembers()
 
 
-def test_model_files_sit_at_the_root_and_the_handler_in_code(model_archive: Path, tiny_model_dir: Path) -> None:
+def test_the_archive_is_ray_serves_model_package(model_archive: Path, tiny_model_dir: Path) -> None:
+    """What the Graviton image serves (the Ray Serve DLC's contract): the model files and config.yaml +
+    deployment.py at the root, the serving package (its launcher included) in code/, and nothing to install or of
+    TorchServe's."""
     names = [member.name for member in _members(model_archive)]
     model_files = sorted(p.name for p in tiny_model_dir.iterdir())
     assert set(model_files) <= set(names)
-    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(names)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "config.yaml", "deployment.py"} <= set(names)
     assert {
-        "code/inference.py",
         "code/sentiment_serving/__init__.py",
         "code/sentiment_serving/predictor.py",
-        "code/requirements.txt",
+        "code/sentiment_serving/ray_server.py",
+        "code/sentiment_serving/ray_deployment.py",
     } <= set(names)
-    assert not [name for name in names if name.startswith("code/lib/")]
+    assert not [name for name in names if name.startswith(("code/lib/", "MAR-INF/"))]
+    assert not {"code/requirements.txt", "code/inference.py"} & set(names)
     assert names == sorted(names)
 
 
 def test_archive_code_is_the_repository_code(unpacked_model: Path) -> None:
     container = package_model.CONTAINER
     for shipped, source in (
-        ("code/inference.py", "inference.py"),
         ("config.yaml", "config.yaml"),
         ("deployment.py", "deployment.py"),
     ):
@@ -57,7 +60,6 @@ def test_archive_code_is_the_repository_code(unpacked_model: Path) -> None:
     assert shipped == sorted(path.name for path in container.glob("*.py"))
     for name in shipped:
         assert (unpacked_model / "code/sentiment_serving" / name).read_bytes() == (container / name).read_bytes()
-    assert "transformers==" in (unpacked_model / "code/requirements.txt").read_text()
 
 
 def test_entries_carry_no_build_time_owner_or_host_mode(model_archive: Path) -> None:
@@ -97,17 +99,29 @@ def test_extra_files_land_at_their_archive_paths(tiny_model_dir: Path, tmp_path:
         assert tar.extractfile("code/model.py").read() == model_py.read_bytes()
 
 
-def test_the_handler_and_its_manifest_can_be_left_out(
-    model_archive: Path, tiny_model_dir: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    ("server", "entry"),
+    [("djl", set()), ("torchserve", {"MAR-INF/MANIFEST.json", "code/inference.py"})],
+)
+def test_archives_for_the_other_servers_carry_their_entry_and_requirements(
+    tiny_model_dir: Path, tmp_path: Path, server: package_model.ArchiveServer, entry: set[str]
 ) -> None:
-    """For DJL Serving archives (publish_models.build_archive): the serving package stays, TorchServe's and Ray
-    Serve's entry files go."""
-    handler_files = {"MAR-INF/MANIFEST.json", "code/inference.py", "config.yaml", "deployment.py"}
-    assert handler_files <= {member.name for member in _members(model_archive)}
-    archive = build_model_archive(tiny_model_dir, tmp_path / "model.tar.gz", torchserve_handler=False)
+    """For the multi-model endpoint (publish_models.build_archive): the serving package stays, Ray Serve's entry
+    files go, and the dependencies travel as code/requirements.txt (or vendored in code/lib)."""
+    every_entry = {"MAR-INF/MANIFEST.json", "code/inference.py", "config.yaml", "deployment.py"}
+    archive = build_model_archive(tiny_model_dir, tmp_path / "model.tar.gz", server=server)
     names = {member.name for member in _members(archive)}
-    assert not handler_files & names
+    assert every_entry & names == entry
     assert {"config.json", "code/sentiment_serving/predictor.py", "code/requirements.txt"} <= names
+
+
+def test_a_ray_archive_vendors_nothing(tiny_model_dir: Path, tmp_path: Path) -> None:
+    vendor = tmp_path / "lib"
+    vendor.mkdir()
+    (vendor / "sentiment_probe.py").write_text("")
+    with pytest.raises(PackagingError, match="holds every dependency"):
+        build_model_archive(tiny_model_dir, tmp_path / "model.tar.gz", vendor_dir=vendor)
+    assert not (tmp_path / "model.tar.gz").exists()
 
 
 @pytest.mark.parametrize(
@@ -116,7 +130,8 @@ def test_the_handler_and_its_manifest_can_be_left_out(
         ({"../escape.txt": b"x"}, "relative file path"),
         ({"/abs.txt": b"x"}, "relative file path"),
         ({"config.json": b"{}"}, "would replace"),
-        ({"code/inference.py": b""}, "would replace"),
+        ({"code/sentiment_serving/predictor.py": b""}, "would replace"),
+        ({"deployment.py": b""}, "would replace"),
         ({"notes.txt": Path("/nonexistent/notes.txt")}, "is not a file"),
     ],
 )
@@ -147,7 +162,7 @@ def test_vendored_packages_replace_requirements_and_go_first_on_sys_path(tiny_mo
     vendor = tmp_path / "lib"
     vendor.mkdir()
     (vendor / "sentiment_probe.py").write_text("WHERE = __file__\n")
-    archive = build_model_archive(tiny_model_dir, tmp_path / "model.tar.gz", vendor_dir=vendor)
+    archive = build_model_archive(tiny_model_dir, tmp_path / "model.tar.gz", vendor_dir=vendor, server="torchserve")
     names = [member.name for member in _members(archive)]
     assert "code/lib/sentiment_probe.py" in names
     assert "code/requirements.txt" not in names
@@ -284,7 +299,8 @@ def test_cli_writes_the_archive(tiny_model_dir: Path, tmp_path: Path, capsys: py
         gzip.open(tmp_path / "m.tar.gz") as zipped,
         tarfile.open(fileobj=io.BytesIO(zipped.read())) as tar,
     ):
-        assert tar.getmember("code/inference.py").size > 0
+        assert tar.getmember("config.yaml").size > 0 and tar.getmember("deployment.py").size > 0
+        assert "MAR-INF/MANIFEST.json" not in tar.getnames()
 
 
 def test_a_model_dir_holding_ray_serves_entry_names_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:

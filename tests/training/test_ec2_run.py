@@ -89,7 +89,7 @@ def instance(tmp_path: Path) -> dict:
         "BASE_MODEL": "cardiffnlp/twitter-roberta-base-sentiment-latest",
         "EFA": "true",
         "TRAIN_ARGS": "--epochs 3 --torch-compile --bf16 --fused-adamw",
-        "PACKAGE_ARGS": "--vendor",
+        "PACKAGE_ARGS": "",
         "PEERS": "10.0.1.9\t10.0.1.7",
         "SAVES_MODEL": "1",
     }
@@ -139,7 +139,7 @@ def test_two_node_efa_run_builds_trains_packages_and_uploads(instance: dict) -> 
     assert f"{work}/output:/opt/ml/output" in train
     assert package[package.index("sentiment-training:latest") + 1 :] == [
         "python", "-m", "inference_assets.tools.package_model", "--model-dir", "output/saved_model",
-        "--output", "output/model.tar.gz", "--vendor",
+        "--output", "output/model.tar.gz",
     ]  # fmt: skip
     uploads = [call[-2:] for call in calls if call[:3] == ["aws", "s3", "cp"]]
     assert uploads == [

@@ -168,7 +168,7 @@ def test_user_data_trains_packages_ships_logs_and_powers_off(training_templates,
     assert "export BASE_MODEL=cardiffnlp/twitter-roberta-base-sentiment-latest" in script
     assert "export IMAGE_TAG=2.10.0-gpu-py313-cu130-ubuntu22.04-ec2" in script
     assert "export OUTPUT_PREFIX=training-output/" in script
-    assert "export PACKAGE_ARGS=--vendor" in script  # the Graviton endpoint's default: vendored dependencies
+    assert "PACKAGE_ARGS" not in script  # the Graviton image holds every dependency: the archive vendors nothing
     assert "python3 -m zipfile -e code.zip training_assets/instance && rm code.zip" in script
     assert "python3 -m zipfile -e code.zip inference_assets && rm code.zip" in script
     assert lines[-1] == "bash training_assets/instance/ec2_run.sh"
