@@ -19,8 +19,13 @@ defaults) with batching and bf16 on and off:
 - ``bf16 autocast`` (batching on / off): the forward pass under ``torch.autocast(bfloat16)``, x86's equivalent of
   Graviton's bf16 fast-math kernels (needs AVX512-BF16 or AMX to be fast).
 
-``--set delay`` compares batch wait timeouts; ``--set grid`` replicas x threads x batch size x delay (to choose the
-defaults).
+``--set ingress`` compares how requests reach the replica (Ray Serve's environment variables, read by every Ray
+process at import; ``environment`` in a setup): Ray's proxy actor in front of the replica (Ray Serve's defaults),
+Ray Serve's throughput-optimized mode as Ray ships it, and as ray_server.py runs it by default (direct ingress: the
+replica serves SageMaker's port itself; its log lines written at once and copied to stderr), also with the Serve
+controller's loop at 1 s instead of 0.1 s (its idle CPU). Forward passes are counted from the replica's log, so rows
+whose log is buffered report none. ``--set delay`` compares batch wait timeouts; ``--set grid`` replicas x threads x
+batch size x delay (to choose the defaults).
 
 The model is RoBERTa-base shaped (12 layers, hidden 768, random weights: the hub is out of reach) with the tiny
 model's tokenizer; ``--model-size tiny`` runs the 2-layer test model. The load generator shares the cores with the
@@ -69,6 +74,14 @@ SETS: dict[str, dict[str, dict]] = {
         "batching off, fp32": {"batch_size": 1},
         "batching on, bf16 autocast": {"precision": "bf16_autocast"},
         "batching off, bf16 autocast": {"batch_size": 1, "precision": "bf16_autocast"},
+    },
+    "ingress": {
+        "proxy (Ray Serve defaults)": {"environment": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}},
+        "throughput-optimized as Ray ships it (logs buffered, not on stderr)": {
+            "environment": {"RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000", "RAY_SERVE_LOG_TO_STDERR": "0"}
+        },
+        "launcher defaults: direct ingress, logs at once and on stderr": {"environment": {}},
+        "launcher defaults, controller loop 1 s": {"environment": {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1"}},
     },
     "delay": {f"batch 8, wait {ms} ms": {"batch_size": 8, "max_batch_delay_ms": ms} for ms in (2, 20, 50)},
     "grid": {
@@ -355,16 +368,24 @@ def main(argv: list[str] | None = None) -> int:
                 for w in (int(x) for x in args.grid_workers.split(","))
                 for b in (int(x) for x in args.grid_batch.split(","))
             }
-        for name, options in chosen.items():
-            server = servers.enter_context(LocalRayServer(archive, vcpus=cores, **options))
+        for name, chosen_options in chosen.items():
+            options = dict(chosen_options)
+            ray_environment: dict[str, str] = options.pop("environment", {})
+            server = servers.enter_context(
+                LocalRayServer(archive, vcpus=cores, environment_overrides=ray_environment, **options)
+            )
             caller = http_caller(server.port)
-            passes = functools.partial(replica_passes, server)
+            # A buffered replica log (Ray's throughput-optimized default) holds the pass lines back: no count.
+            buffered = ray_environment.get("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1") == "1" and (
+                ray_environment.get("RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE", "1") != "1"
+            )
+            passes = None if buffered else functools.partial(replica_passes, server)
             setups[name] = metered(functools.partial(run_load, caller, texts), server.process_group, passes)
             configurations[name] = {
                 key: server.environment[key]
                 for key in ("SENTIMENT_SERVE_REPLICAS", "OMP_NUM_THREADS", "SENTIMENT_SERVE_MAX_BATCH_SIZE",
                             "SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S", "SENTIMENT_PRECISION")
-            }  # fmt: skip
+            } | ray_environment  # fmt: skip
         rows = measure(setups, levels, args.rounds, args.duration)
 
     raw_rows = [row for row in rows if row["setup"] == "raw batch 1, fp32"]  # one client: the baseline

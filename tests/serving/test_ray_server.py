@@ -5,7 +5,8 @@ One server for the module (Ray's start-up costs ~20-40 s here), with batching on
 in-process predictor's; concurrent requests must share one forward pass (``@serve.batch``) and keep their own status
 and Content-Type; every request of the shared table (tests/serving/request_table.py) must get its status with a
 one-line JSON body and no traceback or path, and the server must keep answering afterwards; stopping a server must
-leave none of Ray's processes behind.
+leave none of Ray's processes behind. Started as the endpoint starts it, one replica serves the port itself (Ray
+Serve's throughput-optimized mode with direct ingress); with two, Ray's proxy serves the port and spreads the requests.
 """
 
 from __future__ import annotations
@@ -107,6 +108,41 @@ def test_the_replica_runs_with_the_endpoint_threads_and_batch_settings(server: L
     threads = int(server.environment["OMP_NUM_THREADS"])
     assert f"torch threads {threads})" in log, log[-2000:]
     assert f"ServeSettings(replicas=1, threads={threads}, max_batch_size={BATCH_SIZE}, batch_wait_timeout_s=0.3)" in log
+
+
+def _listener(server: LocalRayServer) -> psutil.Process:
+    """The process of the server's tree that listens on its port (the port SageMaker's requests arrive on)."""
+    for process in _processes(server):
+        try:
+            connections = process.net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == server.port for c in connections):
+            return process
+    raise AssertionError(f"no process of the server listens on {server.port}")
+
+
+def test_one_replica_serves_the_sagemaker_port_itself(server: LocalRayServer, texts: list[str]) -> None:
+    """Started as the endpoint starts it, the server runs Ray Serve's throughput-optimized mode with direct ingress:
+    the replica that holds the model owns the port, and /ping and /invocations are answered there."""
+    assert _listener(server).cmdline()[0].startswith("ray::ServeReplica:sentiment:SentimentClassifier")
+    assert server.request("GET", "/ping")[::2] == (200, b"")
+    status, _, body = server.invoke(json.dumps({"inputs": texts[0]}).encode())
+    assert status == 200 and len(json.loads(body)) == 1, body
+
+
+def test_several_replicas_are_balanced_by_rays_proxy_on_the_sagemaker_port(model_archive: Path) -> None:
+    """One port reaches one replica: with two, Ray's proxy listens on the port and spreads the requests."""
+    with LocalRayServer(model_archive, workers=2, max_batch_delay_ms=2) as two:
+        assert _listener(two).cmdline()[0].startswith("ray::ProxyActor")
+        assert two.ping() == 200
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda n: two.invoke(f"text {n}".encode(), content_type="text/plain"), range(32)))
+        assert [status for status, _, _ in answers] == [200] * 32
+        assert two.workdir is not None
+        logs = sorted((two.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log"))
+        passes = [path.read_text(errors="replace").count("requests answered with one forward pass") for path in logs]
+        assert len(passes) == 2 and min(passes) >= 1, passes
 
 
 def test_single_text_matches_the_in_process_predictor(
