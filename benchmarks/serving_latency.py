@@ -154,21 +154,36 @@ def run_load(call: Callable[[str], bool], texts: list[str], concurrency: int, du
     return {"latencies_ms": latencies, "errors": errors, "wall_s": time.perf_counter() - began}
 
 
-def tree_cpu_seconds(leader: int) -> float:
-    """User + system CPU seconds of a process and its descendants now (the whole server, or the raw worker)."""
-    total = 0.0
+def _process_kind(process: psutil.Process) -> str:
+    """What a serving process is: Ray's workers by their title (``ray::ProxyActor``, ``ray::ServeReplica:app:name``,
+    ``ray::ServeController``), Ray's daemons by their program, anything else by its executable."""
+    command = process.cmdline()
+    if command and command[0].startswith("ray::"):
+        return command[0].split()[0].split(".")[0]
+    joined = " ".join(command)
+    for daemon in ("gcs_server", "raylet", "log_monitor", "dashboard/agent", "dashboard", "monitor.py", "ray_server"):
+        if daemon in joined:
+            return daemon
+    return process.name()
+
+
+def tree_cpu_by_process(leader: int) -> dict[str, float]:
+    """User + system CPU seconds now of a process and its descendants (the whole server, or the raw worker), by
+    kind of process (``_process_kind``)."""
+    totals: dict[str, float] = {}
     try:
         root = psutil.Process(leader)
         family = [root, *root.children(recursive=True)]
     except psutil.Error:
-        return total
+        return totals
     for process in family:
         try:
             times = process.cpu_times()
-            total += times.user + times.system
+            kind = _process_kind(process)
         except psutil.Error:
             continue
-    return total
+        totals[kind] = totals.get(kind, 0.0) + times.user + times.system
+    return totals
 
 
 def replica_passes(server: LocalRayServer) -> int:
@@ -182,11 +197,13 @@ def metered(runner: Runner, leader: int, passes: Callable[[], int] | None = None
     """``runner`` that also records the CPU seconds the serving processes spent, and the forward passes."""
 
     def run(level: int, duration_s: float) -> dict:
-        cpu, count = tree_cpu_seconds(leader), passes() if passes else 0
+        cpu, count = tree_cpu_by_process(leader), passes() if passes else 0
         result = runner(level, duration_s)
         if passes:
             time.sleep(1.0)  # the replica's log reaches its file asynchronously
-        result["cpu_s"] = tree_cpu_seconds(leader) - cpu
+        after = tree_cpu_by_process(leader)
+        result["cpu_by_process"] = {kind: seconds - cpu.get(kind, 0.0) for kind, seconds in after.items()}
+        result["cpu_s"] = sum(result["cpu_by_process"].values())
         result["passes"] = passes() - count if passes else None
         return result
 
@@ -197,6 +214,10 @@ def summarise(setup: str, concurrency: int, runs: list[dict]) -> dict:
     latencies = [latency for run in runs for latency in run["latencies_ms"]]
     cpu_s = sum(run.get("cpu_s", 0.0) for run in runs)
     passes = [run.get("passes") for run in runs]
+    by_process: dict[str, float] = {}
+    for run in runs:
+        for kind, seconds in run.get("cpu_by_process", {}).items():
+            by_process[kind] = by_process.get(kind, 0.0) + seconds
     pass_count = sum(passes) if None not in passes else 0  # type: ignore[arg-type]
     return {
         "setup": setup,
@@ -211,6 +232,12 @@ def summarise(setup: str, concurrency: int, runs: list[dict]) -> dict:
         # the processes got (a back-to-back loop gets less than a server that idles between requests).
         "requests_per_cpu_s": round(len(latencies) / cpu_s, 2) if cpu_s else None,
         "mean_requests_per_pass": round(len(latencies) / pass_count, 2) if pass_count else None,
+        # Where the CPU goes: milliseconds per request by kind of serving process, largest first.
+        "cpu_ms_per_request": {
+            kind: round(1000 * seconds / len(latencies), 2)
+            for kind, seconds in sorted(by_process.items(), key=lambda item: -item[1])
+            if round(1000 * seconds / len(latencies), 2) > 0
+        },
     }
 
 
@@ -462,6 +489,10 @@ def write_results(output: Path, command: str, environment: dict, rows: list[dict
             f"{r['throughput_vs_raw_b8']} | {r['requests_per_cpu_s']} | {r['mean_requests_per_pass'] or ''} |"
             for r in rows
         ),
+        "",
+        "CPU milliseconds per request by serving process, 8 clients:",
+        "",
+        *(f"- {r['setup']}: {r['cpu_ms_per_request']}" for r in rows if r["concurrency"] == 8),
         "",
     ]
     output.with_suffix(".md").write_text("\n".join(lines))
