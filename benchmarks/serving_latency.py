@@ -22,8 +22,8 @@ defaults) with batching and bf16 on and off:
 ``--set ingress`` compares how requests reach the replica (Ray Serve's environment variables, read by every Ray
 process at import; ``environment`` in a setup): Ray's proxy actor in front of the replica (Ray Serve's defaults),
 Ray Serve's throughput-optimized mode as Ray ships it, and as ray_server.py runs it by default (direct ingress: the
-replica serves SageMaker's port itself; its log lines written at once and copied to stderr), also with the Serve
-controller's loop at 1 s instead of 0.1 s (its idle CPU). Forward passes are counted from the replica's log, so rows
+replica serves SageMaker's port itself; its log lines written at once and copied to stderr; the Serve controller's
+loop at 1 s), also with the controller's loop at Ray's 0.1 s. Forward passes are counted from the replica's log, so rows
 whose log is buffered report none. ``--set delay`` compares batch wait timeouts; ``--set grid`` replicas x threads x
 batch size x delay (to choose the defaults).
 
@@ -76,12 +76,20 @@ SETS: dict[str, dict[str, dict]] = {
         "batching off, bf16 autocast": {"batch_size": 1, "precision": "bf16_autocast"},
     },
     "ingress": {
-        "proxy (Ray Serve defaults)": {"environment": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}},
-        "throughput-optimized as Ray ships it (logs buffered, not on stderr)": {
-            "environment": {"RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000", "RAY_SERVE_LOG_TO_STDERR": "0"}
+        "proxy (Ray Serve defaults)": {
+            "environment": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0", "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1"}
         },
-        "launcher defaults: direct ingress, logs at once and on stderr": {"environment": {}},
-        "launcher defaults, controller loop 1 s": {"environment": {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1"}},
+        "throughput-optimized as Ray ships it (logs buffered, not on stderr)": {
+            "environment": {
+                "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
+                "RAY_SERVE_LOG_TO_STDERR": "0",
+                "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1",
+            }
+        },
+        "direct ingress, logs at once and on stderr, controller loop 0.1 s": {
+            "environment": {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1"}
+        },
+        "launcher defaults: the same, controller loop 1 s": {"environment": {}},
     },
     "delay": {f"batch 8, wait {ms} ms": {"batch_size": 8, "max_batch_delay_ms": ms} for ms in (2, 20, 50)},
     "grid": {
