@@ -19,8 +19,13 @@ defaults) with batching and bf16 on and off:
 - ``bf16 autocast`` (batching on / off): the forward pass under ``torch.autocast(bfloat16)``, x86's equivalent of
   Graviton's bf16 fast-math kernels (needs AVX512-BF16 or AMX to be fast).
 
-``--set delay`` compares batch wait timeouts; ``--set grid`` replicas x threads x batch size x delay (to choose the
-defaults).
+``--set ingress`` compares how requests reach the replica (Ray Serve's environment variables, read by every Ray
+process at import; ``environment`` in a setup): Ray's proxy actor in front of the replica (Ray Serve's defaults),
+Ray Serve's throughput-optimized mode as Ray ships it, and as ray_server.py runs it by default (direct ingress: the
+replica serves SageMaker's port itself; its log lines written at once and copied to stderr; the Serve controller's
+loop at 1 s), also with the controller's loop at Ray's 0.1 s. Forward passes are counted from the replica's log, so rows
+whose log is buffered report none. ``--set delay`` compares batch wait timeouts; ``--set grid`` replicas x threads x
+batch size x delay (to choose the defaults).
 
 The model is RoBERTa-base shaped (12 layers, hidden 768, random weights: the hub is out of reach) with the tiny
 model's tokenizer; ``--model-size tiny`` runs the 2-layer test model. The load generator shares the cores with the
@@ -69,6 +74,22 @@ SETS: dict[str, dict[str, dict]] = {
         "batching off, fp32": {"batch_size": 1},
         "batching on, bf16 autocast": {"precision": "bf16_autocast"},
         "batching off, bf16 autocast": {"batch_size": 1, "precision": "bf16_autocast"},
+    },
+    "ingress": {
+        "proxy (Ray Serve defaults)": {
+            "environment": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0", "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1"}
+        },
+        "throughput-optimized as Ray ships it (logs buffered, not on stderr)": {
+            "environment": {
+                "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
+                "RAY_SERVE_LOG_TO_STDERR": "0",
+                "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1",
+            }
+        },
+        "direct ingress, logs at once and on stderr, controller loop 0.1 s": {
+            "environment": {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1"}
+        },
+        "launcher defaults: the same, controller loop 1 s": {"environment": {}},
     },
     "delay": {f"batch 8, wait {ms} ms": {"batch_size": 8, "max_batch_delay_ms": ms} for ms in (2, 20, 50)},
     "grid": {
@@ -141,21 +162,36 @@ def run_load(call: Callable[[str], bool], texts: list[str], concurrency: int, du
     return {"latencies_ms": latencies, "errors": errors, "wall_s": time.perf_counter() - began}
 
 
-def tree_cpu_seconds(leader: int) -> float:
-    """User + system CPU seconds of a process and its descendants now (the whole server, or the raw worker)."""
-    total = 0.0
+def _process_kind(process: psutil.Process) -> str:
+    """What a serving process is: Ray's workers by their title (``ray::ProxyActor``, ``ray::ServeReplica:app:name``,
+    ``ray::ServeController``), Ray's daemons by their program, anything else by its executable."""
+    command = process.cmdline()
+    if command and command[0].startswith("ray::"):
+        return command[0].split()[0].split(".")[0]
+    joined = " ".join(command)
+    for daemon in ("gcs_server", "raylet", "log_monitor", "dashboard/agent", "dashboard", "monitor.py", "ray_server"):
+        if daemon in joined:
+            return daemon
+    return process.name()
+
+
+def tree_cpu_by_process(leader: int) -> dict[str, float]:
+    """User + system CPU seconds now of a process and its descendants (the whole server, or the raw worker), by
+    kind of process (``_process_kind``)."""
+    totals: dict[str, float] = {}
     try:
         root = psutil.Process(leader)
         family = [root, *root.children(recursive=True)]
     except psutil.Error:
-        return total
+        return totals
     for process in family:
         try:
             times = process.cpu_times()
-            total += times.user + times.system
+            kind = _process_kind(process)
         except psutil.Error:
             continue
-    return total
+        totals[kind] = totals.get(kind, 0.0) + times.user + times.system
+    return totals
 
 
 def replica_passes(server: LocalRayServer) -> int:
@@ -169,11 +205,13 @@ def metered(runner: Runner, leader: int, passes: Callable[[], int] | None = None
     """``runner`` that also records the CPU seconds the serving processes spent, and the forward passes."""
 
     def run(level: int, duration_s: float) -> dict:
-        cpu, count = tree_cpu_seconds(leader), passes() if passes else 0
+        cpu, count = tree_cpu_by_process(leader), passes() if passes else 0
         result = runner(level, duration_s)
         if passes:
             time.sleep(1.0)  # the replica's log reaches its file asynchronously
-        result["cpu_s"] = tree_cpu_seconds(leader) - cpu
+        after = tree_cpu_by_process(leader)
+        result["cpu_by_process"] = {kind: seconds - cpu.get(kind, 0.0) for kind, seconds in after.items()}
+        result["cpu_s"] = sum(result["cpu_by_process"].values())
         result["passes"] = passes() - count if passes else None
         return result
 
@@ -184,6 +222,10 @@ def summarise(setup: str, concurrency: int, runs: list[dict]) -> dict:
     latencies = [latency for run in runs for latency in run["latencies_ms"]]
     cpu_s = sum(run.get("cpu_s", 0.0) for run in runs)
     passes = [run.get("passes") for run in runs]
+    by_process: dict[str, float] = {}
+    for run in runs:
+        for kind, seconds in run.get("cpu_by_process", {}).items():
+            by_process[kind] = by_process.get(kind, 0.0) + seconds
     pass_count = sum(passes) if None not in passes else 0  # type: ignore[arg-type]
     return {
         "setup": setup,
@@ -198,6 +240,12 @@ def summarise(setup: str, concurrency: int, runs: list[dict]) -> dict:
         # the processes got (a back-to-back loop gets less than a server that idles between requests).
         "requests_per_cpu_s": round(len(latencies) / cpu_s, 2) if cpu_s else None,
         "mean_requests_per_pass": round(len(latencies) / pass_count, 2) if pass_count else None,
+        # Where the CPU goes: milliseconds per request by kind of serving process, largest first.
+        "cpu_ms_per_request": {
+            kind: round(1000 * seconds / len(latencies), 2)
+            for kind, seconds in sorted(by_process.items(), key=lambda item: -item[1])
+            if round(1000 * seconds / len(latencies), 2) > 0
+        },
     }
 
 
@@ -355,16 +403,24 @@ def main(argv: list[str] | None = None) -> int:
                 for w in (int(x) for x in args.grid_workers.split(","))
                 for b in (int(x) for x in args.grid_batch.split(","))
             }
-        for name, options in chosen.items():
-            server = servers.enter_context(LocalRayServer(archive, vcpus=cores, **options))
+        for name, chosen_options in chosen.items():
+            options = dict(chosen_options)
+            ray_environment: dict[str, str] = options.pop("environment", {})
+            server = servers.enter_context(
+                LocalRayServer(archive, vcpus=cores, environment_overrides=ray_environment, **options)
+            )
             caller = http_caller(server.port)
-            passes = functools.partial(replica_passes, server)
+            # A buffered replica log (Ray's throughput-optimized default) holds the pass lines back: no count.
+            buffered = ray_environment.get("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1") == "1" and (
+                ray_environment.get("RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE", "1") != "1"
+            )
+            passes = None if buffered else functools.partial(replica_passes, server)
             setups[name] = metered(functools.partial(run_load, caller, texts), server.process_group, passes)
             configurations[name] = {
                 key: server.environment[key]
                 for key in ("SENTIMENT_SERVE_REPLICAS", "OMP_NUM_THREADS", "SENTIMENT_SERVE_MAX_BATCH_SIZE",
                             "SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S", "SENTIMENT_PRECISION")
-            }  # fmt: skip
+            } | ray_environment  # fmt: skip
         rows = measure(setups, levels, args.rounds, args.duration)
 
     raw_rows = [row for row in rows if row["setup"] == "raw batch 1, fp32"]  # one client: the baseline
@@ -441,6 +497,10 @@ def write_results(output: Path, command: str, environment: dict, rows: list[dict
             f"{r['throughput_vs_raw_b8']} | {r['requests_per_cpu_s']} | {r['mean_requests_per_pass'] or ''} |"
             for r in rows
         ),
+        "",
+        "CPU milliseconds per request by serving process, 8 clients:",
+        "",
+        *(f"- {r['setup']}: {r['cpu_ms_per_request']}" for r in rows if r["concurrency"] == 8),
         "",
     ]
     output.with_suffix(".md").write_text("\n".join(lines))

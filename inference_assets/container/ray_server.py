@@ -15,6 +15,22 @@ proxy listens on SageMaker's port (``SAGEMAKER_BIND_TO_PORT``, else 8080) and th
 - The archive's config.yaml, with ``http_options`` set to the host and port given here, run by Ray's own
   ``serve run`` (ray/serve/scripts.py) in this process: config features (per-deployment overrides, several
   applications) behave as in AWS's image.
+- Ray Serve's throughput-optimized mode (``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``, unless the environment sets it;
+  ray/serve/_private/constants.py, end of file): user code and router on the replica's own event loop, request-path
+  logs buffered and not copied to stderr (both set back here: ``LAUNCHER_DEFAULTS``), the garbage collector frozen
+  after start-up, and direct ingress. With
+  direct ingress the ingress replica runs its own HTTP server (ray/serve/_private/replica.py
+  ``_maybe_start_direct_ingress_servers``) on a port the controller hands out from
+  ``RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT``..``MAX`` (30000-31000 by default), while Ray's proxy stays on
+  ``http_options.port`` (controller.py: "enabling proxy on head node only"). So the range is pinned to SageMaker's
+  port and the proxy is moved to a free port beside it: /ping and /invocations reach the replica with no proxy
+  actor and no second Ray call in between, and /ping answers only once the replica holds the model (the server
+  starts after the deployment's constructor, replica.py ``_on_initialized``). One port reaches one replica, so with
+  several replicas direct ingress is turned off (``RAY_SERVE_ENABLE_DIRECT_INGRESS=0``) and Ray's proxy balances them
+  on SageMaker's port, with the rest of the mode kept. Ray holds a direct-ingress replica open for 30 s at
+  shutdown, and keeps a released port out of use for 150 s, so that an external load balancer can deregister it;
+  none sits in front of this port (SageMaker routes to the container), and a replica Ray restarts must get the port
+  back, so both are 0 unless set (``RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S``, ``RAY_SERVE_PORT_QUARANTINE_S``).
 - SIGTERM (SageMaker stopping the container) and SIGINT stop it as Ctrl-C stops ``serve run``: the applications
   are shut down, then Ray.
 """
@@ -24,12 +40,15 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import tempfile
 from pathlib import Path
 from types import FrameType
 
 import yaml
+
+from .ray_settings import THROUGHPUT_OPTIMIZED_ENV, ServeSettings, direct_ingress
 
 DEFAULT_MODEL_DIR = "/opt/ml/model"
 DEFAULT_PORT = 8080  # SageMaker's container contract; SAGEMAKER_BIND_TO_PORT overrides it where the image allows
@@ -47,6 +66,49 @@ def serve_config(model_dir: Path, host: str, port: int) -> dict:
     return config
 
 
+# Throughput-optimized mode, but with the replica's log lines (errors, the forward passes) written at once and copied
+# to the container's output as without it: SageMaker sends only the container's stdout/stderr to CloudWatch, and a
+# 1000-line buffer would hold them back (or lose them with the replica). Measured: no throughput cost beyond the
+# benchmark's noise (docs/benchmarks.md, "Ray Serve ingress").
+# The Serve controller's loop every 1 s instead of 0.1 s: it is the largest idle CPU of a Ray Serve instance (a third
+# of ~0.08 CPU s/s here), paid per second whatever the traffic; a fixed-size endpoint does not autoscale, so only
+# start-up and replacing a failed replica wait up to a second longer.
+LAUNCHER_DEFAULTS = {
+    THROUGHPUT_OPTIMIZED_ENV: "1",
+    "RAY_SERVE_LOG_TO_STDERR": "1",
+    "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1",
+}
+
+
+def ingress_environment(environment: dict[str, str] | os._Environ[str], port: int) -> dict[str, str]:
+    """The Ray Serve variables this launcher adds to ``environment`` before Ray starts (every Ray process reads them
+    at import), for SageMaker's ``port``: ``LAUNCHER_DEFAULTS`` where unset, and with direct ingress the replica's
+    HTTP port range pinned to ``port``. Variables the environment sets itself are kept, except the port range, which
+    must be SageMaker's."""
+    added = {name: value for name, value in LAUNCHER_DEFAULTS.items() if name not in environment}
+    merged = {**environment, **added}
+    if ServeSettings.from_environment(merged).replicas > 1 and "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in merged:
+        added["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "0"  # one port cannot reach several replicas: the proxy does
+        merged.update(added)
+    if direct_ingress(merged):
+        # The controller hands out range(MIN, MAX) (ray/serve/_private/node_port_manager.py PortAllocator): MAX is
+        # excluded, so the range [port, port + 1) is SageMaker's port alone.
+        added["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] = str(port)
+        added["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] = str(port + 1)
+        for name in ("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "RAY_SERVE_PORT_QUARANTINE_S"):
+            # No load balancer deregisters the replica, and a replica Ray restarts must get the port back at once
+            # (the quarantine, 150 s by default, would leave the range empty).
+            added[name] = merged.get(name, "0")
+    return added
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -60,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=int(os.environ.get("SAGEMAKER_BIND_TO_PORT") or DEFAULT_PORT))
     args = parser.parse_args(argv)
     model_dir = args.model_dir.resolve()
-    config = serve_config(model_dir, args.host, args.port)
+    os.environ.update(ingress_environment(os.environ, args.port))
+    # With direct ingress the replica listens on SageMaker's port; Ray's proxy (still started) takes a free one.
+    proxy_port = _free_port(args.host) if direct_ingress(os.environ) else args.port
+    config = serve_config(model_dir, args.host, proxy_port)
     # Ray's workers (replicas included) inherit this environment: deployment.py and code/sentiment_serving import.
     paths = [str(model_dir), str(model_dir / "code"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))

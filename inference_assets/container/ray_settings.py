@@ -8,6 +8,13 @@ the local tools read the variable names here without Ray installed).
                                           explicitly and reserves as many Ray CPUs
     SENTIMENT_SERVE_MAX_BATCH_SIZE        requests per forward pass (``@serve.batch`` max_batch_size; default 8)
     SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S  how long a batch waits for its round (``batch_wait_timeout_s``; default 0.05)
+    RAY_SERVE_THROUGHPUT_OPTIMIZED        Ray Serve's throughput-optimized mode (ray/serve/_private/constants.py, end;
+                                          docs.ray.io serve/advanced-guides/performance); the launcher turns it on
+                                          unless set ("0" turns it off): with one replica, that replica serves HTTP
+                                          on the SageMaker port itself (direct ingress, no proxy actor in the path)
+    RAY_SERVE_ENABLE_DIRECT_INGRESS       Ray's own switch for direct ingress alone; the launcher sets it to "0"
+                                          when there are several replicas (one port cannot reach them all, so Ray's
+                                          proxy balances them on the SageMaker port)
 
 The endpoint stack and the local server set them from the same settings as the TorchServe batching
 (``inference_assets/tools/endpoint_environment.py``).
@@ -23,6 +30,8 @@ REPLICAS_ENV = "SENTIMENT_SERVE_REPLICAS"
 MAX_BATCH_SIZE_ENV = "SENTIMENT_SERVE_MAX_BATCH_SIZE"
 BATCH_WAIT_TIMEOUT_ENV = "SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S"
 THREADS_ENV = "OMP_NUM_THREADS"
+THROUGHPUT_OPTIMIZED_ENV = "RAY_SERVE_THROUGHPUT_OPTIMIZED"
+DIRECT_INGRESS_ENV = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
 # The application name in config.yaml; its route prefix is "/" (what AWS's DLC adapter forwards /invocations to).
 APPLICATION = "sentiment"
 
@@ -82,3 +91,12 @@ class ServeSettings:
             MAX_BATCH_SIZE_ENV: str(self.max_batch_size),
             BATCH_WAIT_TIMEOUT_ENV: f"{self.batch_wait_timeout_s:g}",
         }
+
+
+def direct_ingress(environment: Mapping[str, str]) -> bool:
+    """Whether Ray Serve will run with direct ingress in this environment, as ray/serve/_private/constants.py decides
+    it at import: RAY_SERVE_ENABLE_DIRECT_INGRESS="1", or throughput-optimized mode without that variable set
+    otherwise (Ray reads "1" as on, anything else as off)."""
+    if DIRECT_INGRESS_ENV in environment:
+        return environment[DIRECT_INGRESS_ENV] == "1"
+    return environment.get(THROUGHPUT_OPTIMIZED_ENV) == "1"

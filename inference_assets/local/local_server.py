@@ -13,6 +13,10 @@ same module, the archive's own copy, runs with the same PYTHONPATH and the endpo
   /tmp/ray is shared host-wide), so no server finds or touches another's Ray.
 - ``RAY_ADDRESS`` is removed and ``address="local"`` starts a new Ray instance: never another session's.
 
+The launcher's Ray Serve mode is the container's too (``ray_server.LAUNCHER_DEFAULTS``: throughput-optimized, and
+with one replica that replica listens on the port itself, direct ingress); ``environment_overrides`` can set Ray
+Serve's variables for experiments (``RAY_SERVE_THROUGHPUT_OPTIMIZED=0``: Ray's proxy in front, as before).
+
     python -m inference_assets.local.local_server --model model.tar.gz   # serves until Ctrl-C or SIGTERM
 """
 

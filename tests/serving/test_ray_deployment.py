@@ -204,3 +204,23 @@ def test_the_launcher_takes_sagemakers_serve_argument_and_nothing_else(tmp_path:
     with pytest.raises(SystemExit) as refused:
         main(["train"])
     assert refused.value.code == 2
+
+
+def test_the_launcher_gives_one_replica_the_sagemaker_port_and_several_the_proxy() -> None:
+    from inference_assets.container.ray_server import ingress_environment
+
+    one = ingress_environment({"SENTIMENT_SERVE_REPLICAS": "1"}, 8080)
+    assert one["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+    # Ray hands out range(MIN, MAX): 8080 and nothing else.
+    assert (one["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"], one["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]) == (
+        "8080",
+        "8081",
+    )
+    several = ingress_environment({"SENTIMENT_SERVE_REPLICAS": "2"}, 8080)
+    assert several["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "0"
+    assert "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT" not in several
+    # An operator's choice stands: Ray Serve's defaults (the proxy on the port), or direct ingress turned off.
+    for choice in ({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}, {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}):
+        kept = ingress_environment(choice, 8080)
+        assert not set(choice) & set(kept)
+        assert "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT" not in kept

@@ -5,13 +5,16 @@ One server for the module (Ray's start-up costs ~20-40 s here), with batching on
 in-process predictor's; concurrent requests must share one forward pass (``@serve.batch``) and keep their own status
 and Content-Type; every request of the shared table (tests/serving/request_table.py) must get its status with a
 one-line JSON body and no traceback or path, and the server must keep answering afterwards; stopping a server must
-leave none of Ray's processes behind.
+leave none of Ray's processes behind. Started as the endpoint starts it, one replica serves the port itself (Ray
+Serve's throughput-optimized mode with direct ingress); with two, Ray's proxy serves the port and spreads the requests.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -107,6 +110,48 @@ def test_the_replica_runs_with_the_endpoint_threads_and_batch_settings(server: L
     threads = int(server.environment["OMP_NUM_THREADS"])
     assert f"torch threads {threads})" in log, log[-2000:]
     assert f"ServeSettings(replicas=1, threads={threads}, max_batch_size={BATCH_SIZE}, batch_wait_timeout_s=0.3)" in log
+
+
+def _listener(server: LocalRayServer) -> psutil.Process:
+    """The process of the server's tree that listens on its port (the port SageMaker's requests arrive on)."""
+    for process in _processes(server):
+        try:
+            connections = process.net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == server.port for c in connections):
+            return process
+    raise AssertionError(f"no process of the server listens on {server.port}")
+
+
+def test_one_replica_serves_the_sagemaker_port_itself(server: LocalRayServer, texts: list[str]) -> None:
+    """Started as the endpoint starts it, the server runs Ray Serve's throughput-optimized mode with direct ingress:
+    the replica that holds the model owns the port, and /ping and /invocations are answered there."""
+    assert _listener(server).cmdline()[0].startswith("ray::ServeReplica:sentiment:SentimentClassifier")
+    assert server.request("GET", "/ping")[::2] == (200, b"")
+    status, _, body = server.invoke(json.dumps({"inputs": texts[0]}).encode())
+    assert status == 200 and len(json.loads(body)) == 1, body
+
+
+def test_several_replicas_are_balanced_by_rays_proxy_on_the_sagemaker_port(model_archive: Path) -> None:
+    """One port reaches one replica: with two, Ray's proxy listens on the port and spreads the requests."""
+    with LocalRayServer(model_archive, workers=2, max_batch_delay_ms=2) as two:
+        assert _listener(two).cmdline()[0].startswith("ray::ProxyActor")
+        assert two.ping() == 200  # one replica holds the model; the proxy routes only to replicas that are up
+        assert two.workdir is not None
+        logs = (two.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log")
+        deadline = time.monotonic() + 120
+        while sum("sentiment model loaded" in path.read_text(errors="replace") for path in logs) < 2:
+            assert time.monotonic() < deadline, "the second replica did not load the model"
+            time.sleep(0.5)
+            logs = (two.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log")
+        time.sleep(2)  # the controller tells the proxy's router about the new replica
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda n: two.invoke(f"text {n}".encode(), content_type="text/plain"), range(32)))
+        assert [status for status, _, _ in answers] == [200] * 32
+        logs = sorted((two.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log"))
+        passes = [path.read_text(errors="replace").count("requests answered with one forward pass") for path in logs]
+        assert len(passes) == 2 and min(passes) >= 1, passes
 
 
 def test_single_text_matches_the_in_process_predictor(
@@ -219,8 +264,23 @@ def test_concurrent_requests_share_one_forward_pass_and_keep_their_own_answers(
     ]
 
     def burst() -> list[tuple[int, dict[str, str], bytes]]:
+        # Connected first, then sent at once: the replica serves the port itself (no proxy between), and requests
+        # that reach it more than a (tiny model's) forward pass apart are rounds of their own by design.
+        together = threading.Barrier(len(requests))
+
+        def send(request: tuple[bytes, str, int]) -> tuple[int, dict[str, str], bytes]:
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+            try:
+                connection.connect()
+                together.wait(timeout=30)
+                connection.request("POST", "/invocations", body=request[0], headers={"Content-Type": request[1]})
+                response = connection.getresponse()
+                return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+            finally:
+                connection.close()
+
         with ThreadPoolExecutor(len(requests)) as pool:
-            return list(pool.map(lambda r: server.invoke(r[0], content_type=r[1]), requests))
+            return list(pool.map(send, requests))
 
     # A batch waits (here up to 300 ms) for as many requests as the last round brought: after the lone requests of
     # the tests before, the first burst starts that (its first request may run alone), the second shares passes.
