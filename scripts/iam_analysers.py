@@ -76,6 +76,10 @@ _REF_IS_ARN = (
 )
 
 
+# SSM parameters holding a built image's digest URI (stacks/components/image_builds.py, image_parameter_name).
+_IMAGE_PARAMETER = re.compile(r"^/([^/]+)/images/([^/]+)$")
+
+
 @dataclass(frozen=True)
 class Template:
     stack: str  # as `cdk ls` prints it: dev/Foundation
@@ -209,7 +213,12 @@ class Resolver:
             return pseudo[name]
         parameter = template.template.get("Parameters", {}).get(name)
         if parameter is not None:
-            return parameter.get("Default", name.lower())
+            default = parameter.get("Default", name.lower())
+            image = _IMAGE_PARAMETER.match(default) if parameter.get("Type", "").startswith("AWS::SSM::") else None
+            if image:  # read when the stack deploys: an image digest URI of the shape the pipeline writes
+                registry = f"{template.account}.dkr.ecr.{template.region}.amazonaws.com"
+                return f"{registry}/{image[1]}/{image[2]}@sha256:{'0' * 64}"
+            return default
         resource = template.template.get("Resources", {}).get(name)
         if resource is None:
             return name.lower()

@@ -81,7 +81,6 @@ class GravitonEndpointStack(EnvironmentStack):
                 f"environments.{settings.name}.graviton_endpoint.model_data_key: the endpoint stack needs a model "
                 "version; PlatformStage leaves the stack out until one is named."
             )
-        vcpus = endpoint_settings.vcpus
         # The digest the pipeline promoted to this environment (resolved when the stack deploys).
         self.serving_image = BuiltImage(self, "ServingImage", project=settings.tags.project, image=SERVING_IMAGE)
         cdk.Annotations.of(self).add_info(image_source(settings.name, self.serving_image.parameter_name))
@@ -113,17 +112,30 @@ class GravitonEndpointStack(EnvironmentStack):
             alarm_topic_display_name=f"Sentiment endpoint alarms ({settings.name})",
         )
         endpoint = self.sagemaker_endpoint
-        # A missing archive fails the deploy in seconds, before the model exists (not after minutes of CreateEndpoint).
-        self.model_check = ModelArchiveCheck(self, "ModelArchiveCheck", bucket=foundation.artifacts_bucket,
-            object_key=endpoint_settings.model_data_key, setting=f"environments.{settings.name}.graviton_endpoint."
-            "model_data_key", key=foundation.key, log_retention_days=settings.logs.retention_days,
-            retention_setting="logs.retention_days", removal_policy=self.removal_policy)  # fmt: skip
-        self.model_check.guard(endpoint.model)
+        self.model_check = self._model_archive_check(endpoint_settings.model_data_key)
         self.model, self.endpoint_config, self.endpoint = endpoint.model, endpoint.endpoint_config, endpoint.endpoint
         self.endpoint_name, self.endpoint_arn = endpoint.endpoint_name, endpoint.endpoint_arn
         self.scalable_target, self.alarm_topic = endpoint.scalable_target, endpoint.alarm_topic
-        self.alarms = self._alarms(vcpus)
+        self.alarms = self._alarms(endpoint_settings.vcpus)
         self._outputs(endpoint_settings.model_data_key)
+
+    def _model_archive_check(self, model_data_key: str) -> ModelArchiveCheck:
+        """A missing archive fails the deploy in seconds, before the model exists (not after minutes of
+        CreateEndpoint)."""
+        settings, foundation = self.settings, self.foundation
+        check = ModelArchiveCheck(
+            self,
+            "ModelArchiveCheck",
+            bucket=foundation.artifacts_bucket,
+            object_key=model_data_key,
+            setting=f"environments.{settings.name}.graviton_endpoint.model_data_key",
+            key=foundation.key,
+            log_retention_days=settings.logs.retention_days,
+            retention_setting="logs.retention_days",
+            removal_policy=self.removal_policy,
+        )
+        check.guard(self.sagemaker_endpoint.model)
+        return check
 
     def _container_environment(self) -> dict[str, str]:
         """The model server's environment: workers, batching, request limits and the Graviton fast paths."""
