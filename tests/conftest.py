@@ -16,6 +16,17 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The machine's cores shared out among the test processes: torch in each pytest-xdist worker, and every process a
+    test starts (training, TorchServe and Ray workers), computes on its share. With torch's default of a thread per
+    core, two workers' OpenMP threads spin-wait against each other on two cores: the fast-path comparison's training
+    took 80 CPU-seconds instead of 2.3. Set here, in the process that starts the workers (they inherit it), before
+    anything imports torch; an OMP_NUM_THREADS of the caller's is kept."""
+    if "PYTEST_XDIST_WORKER" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
+        workers = max(1, int(getattr(config.option, "numprocesses", 0) or 0))
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+
+
 def cdk_context(**overrides: object) -> dict:
     """The context of cdk.json, as the CDK CLI would pass it, plus ``overrides``."""
     context = json.loads((ROOT / "cdk.json").read_text())["context"]
