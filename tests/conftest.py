@@ -27,6 +27,15 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with slow tests first (each keeps its order): pytest-xdist hands out one module at a time as a worker
+    runs short of work (--no-loadscope-reorder keeps this order), so the minutes-long modules (a training run, a
+    model server, the rehearsal) start early on both workers and the quick ones fill the gaps, instead of one worker
+    starting the last slow module while the other has nothing left. Scopes as loadscope splits them."""
+    slow = {item.nodeid.rsplit("::", 1)[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.rsplit("::", 1)[0] not in slow)
+
+
 def cdk_context(**overrides: object) -> dict:
     """The context of cdk.json, as the CDK CLI would pass it, plus ``overrides``."""
     context = json.loads((ROOT / "cdk.json").read_text())["context"]
