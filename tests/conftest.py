@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     starting the last slow module while the other has nothing left. Scopes as loadscope splits them."""
     slow = {item.nodeid.rsplit("::", 1)[0] for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.nodeid.rsplit("::", 1)[0] not in slow)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_of_this_worker() -> Iterator[None]:
+    """After each test, torch's threads back to this worker's share: SentimentPredictor without options sets every core
+    (as a SageMaker worker should), which would leave the rest of the worker's tests spinning against the other's."""
+    yield
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0 and torch.get_num_threads() != int(threads):
+        torch.set_num_threads(int(threads))
 
 
 def cdk_context(**overrides: object) -> dict:
