@@ -17,6 +17,37 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The machine's cores shared out among the test processes: torch in each pytest-xdist worker, and every process a
+    test starts (training, TorchServe and Ray workers), computes on its share. With torch's default of a thread per
+    core, two workers' OpenMP threads spin-wait against each other on two cores: the fast-path comparison's training
+    took 80 CPU-seconds instead of 2.3. Set here, in the process that starts the workers (they inherit it), before
+    anything imports torch; an OMP_NUM_THREADS of the caller's is kept."""
+    if "PYTEST_XDIST_WORKER" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
+        workers = max(1, int(getattr(config.option, "numprocesses", 0) or 0))
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with slow tests first (each keeps its order): pytest-xdist hands out one module at a time as a worker
+    runs short of work (--no-loadscope-reorder keeps this order), so the minutes-long modules (a training run, a
+    model server, the rehearsal) start early on both workers and the quick ones fill the gaps, instead of one worker
+    starting the last slow module while the other has nothing left. Scopes as loadscope splits them."""
+    slow = {item.nodeid.rsplit("::", 1)[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.rsplit("::", 1)[0] not in slow)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_of_this_worker() -> Iterator[None]:
+    """After each test, torch's threads back to this worker's share: SentimentPredictor without options sets every core
+    (as a SageMaker worker should), which would leave the rest of the worker's tests spinning against the other's."""
+    yield
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0 and torch.get_num_threads() != int(threads):
+        torch.set_num_threads(int(threads))
+
+
 def cdk_context(**overrides: object) -> dict:
     """The context of cdk.json, as the CDK CLI would pass it, plus ``overrides``."""
     context = json.loads((ROOT / "cdk.json").read_text())["context"]
