@@ -33,11 +33,11 @@ from stacks.components.promotion_pipeline import (
 from stacks.image_patching import CheckedImage, ImageUse, record_images
 from stacks.platform_stage import PlatformStage
 from stacks.settings import EnvironmentSettings, PipelineSettings, SettingsError
+from stacks.training import TRAINING_IMAGE
 
 # The pipeline's commands and versions live with the construct; named here too for the stack's readers and tests.
 __all__ = ["EXPECTED_LABELS", "SYNTH_COMMANDS", "PromotionPipelineStack", "SmokeTestAccessStack", "cdk_cli_version"]
 
-TRAINING_IMAGE = "training"
 SERVING_IMAGE = "graviton-serving"
 # The DLC repository the training image extends (its tag: training_base() from platform_facts/images.json).
 TRAINING_DLC_REPOSITORY = "pytorch-training"

@@ -54,6 +54,7 @@ from transformers import (
     TrainingArguments,
 )
 
+from training_assets.instance import batch_scaling, checkpoints, data_staging
 from training_assets.instance.batching import (
     PADDING_MODES,
     BucketCollator,
@@ -115,6 +116,15 @@ class TrainConfig:
     dataloader_workers: int | None = None
     # 0: log the train loss once per epoch; N: every N optimizer steps (each log line reads the loss from the device).
     logging_steps: int = 0
+    # Multi-node runs: checkpoints and resume, the collective timeout (checkpoints.py); where the tokenized splits
+    # are shared once per node (data_staging.py); the global batch and learning-rate scaling (batch_scaling.py).
+    checkpoint_steps: int = 0
+    checkpoint_dir: str | None = None
+    collective_timeout_seconds: int = checkpoints.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
+    tokenized_dir: str | None = None
+    global_batch_size: int | None = None
+    lr_scaling: str = "none"
+    reference_global_batch: int = batch_scaling.REFERENCE_GLOBAL_BATCH
 
     def __post_init__(self) -> None:
         self.labels = tuple(self.labels)
@@ -139,6 +149,8 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise TrainingInputError(f"{name} must be 0 or more, got {value}")
+        checkpoints.check(self)
+        batch_scaling.check(self)
 
 
 # --------------------------------------------------------------------------------------------------- input checks
@@ -509,6 +521,8 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     # Everything that can be wrong with the input is checked before any process group or model is created.
     model_reference, raw = check_inputs(config, use_cuda)
     config = resolve(config, use_cuda)
+    schedule = batch_scaling.schedule(config, batch_scaling.devices(use_cuda, torch.cuda.device_count()))
+    config = batch_scaling.apply(config, schedule)
     assert config.dataloader_workers is not None  # resolved
     notes = [warning for split in raw.values() for warning in split.warnings]
     notes += label_warnings(raw["train"], config.labels)
@@ -517,7 +531,6 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     output_dir = Path(config.output_dir)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun
     args = TrainingArguments(
-        output_dir=str(output_dir),
         num_train_epochs=config.epochs,
         per_device_train_batch_size=config.per_device_batch_size,
         per_device_eval_batch_size=config.per_device_batch_size,
@@ -535,7 +548,6 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         eval_strategy="epoch",
         logging_strategy="steps" if config.logging_steps else "epoch",
         logging_steps=config.logging_steps or 500,
-        save_strategy="no",
         report_to="none",
         # Full training batches only: the batch dimension stays static for torch.compile and CUDA graphs
         # (off when the split is smaller than one batch: see batch_plan).
@@ -552,7 +564,9 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         dataloader_pin_memory=use_cuda,
         accelerator_config={"non_blocking": use_cuda},
         disable_tqdm=True,
+        **checkpoints.trainer_arguments(config),  # output_dir, save_*, ddp_timeout
     )
+    resume = checkpoints.resume_point(config, args.local_process_index == 0)
     world_size = args.world_size
     # train_batch_size counts every GPU of one process (nn.DataParallel when not launched by torchrun).
     global_batch = args.train_batch_size * world_size
@@ -582,7 +596,8 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         # No padding here: the collator pads each batch (to its bucket, or to max_length with --padding max_length).
         return tokenizer(batch["text"], truncation=True, max_length=max_length, return_attention_mask=False)
 
-    encoded = {split: data.map(tokenize, batched=True, remove_columns=["text"]) for split, data in splits.items()}
+    key = data_staging.fingerprint(splits, tokenizer, max_length)
+    encoded = data_staging.tokenize_once_per_node(splits, tokenize, folder=data_staging.tokenized_dir(config), key=key)
 
     counter = TokenCounter()
     meter = ThroughputMeter(config.warmup_steps, plan.samples_per_step, counter, use_cuda)
@@ -595,11 +610,11 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         eval_dataset=encoded["validation"],
         processing_class=tokenizer,
         compute_metrics=compute_metrics,
-        callbacks=[meter, reporter, *callbacks],
+        callbacks=[meter, reporter, *checkpoints.callbacks(config), *callbacks],
         token_counter=counter,
         clone_eval_outputs=bool(config.torch_compile) and config.torch_compile_mode in CUDA_GRAPH_MODES,
     )
-    result = trainer.train()
+    result = trainer.train(resume_from_checkpoint=resume)
 
     metrics = {
         "config": {**asdict(config), "labels": list(config.labels)},
@@ -618,6 +633,8 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         "throughput": meter.summary(),
         "train_runtime_seconds": round(result.metrics["train_runtime"], 3),
         "saved_model": str(output_dir / SAVED_MODEL_DIR),
+        **batch_scaling.report(schedule, trainer.state.log_history),
+        **checkpoints.report(config, resume),
     }
     if trainer.is_world_process_zero():
         saved = output_dir / SAVED_MODEL_DIR
@@ -625,6 +642,7 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         (saved / "training_args.bin").unlink(missing_ok=True)  # a pickle the served model does not need
         (output_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
     trainer.accelerator.wait_for_everyone()
+    checkpoints.finish(config, args.local_process_index == 0)
     return metrics
 
 
@@ -698,6 +716,8 @@ def _parser() -> argparse.ArgumentParser:
         ("use-cpu", False, "train on CPU even if a GPU is present"),
     ):
         parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=default, help=text)
+    for module in (checkpoints, data_staging, batch_scaling):
+        module.add_arguments(parser)
     parser.add_argument("--verbose", action="store_true", help="on an error, also print its traceback")
     parser.add_argument(
         "--check-only",
