@@ -50,8 +50,15 @@ def fingerprint(splits: Mapping[str, datasets.Dataset], tokenizer: Any, max_leng
     digest.update(f"\0max_length={max_length}\0".encode())
     for name in sorted(splits):
         digest.update(f"\0split={name}\0".encode())
-        for text, label in zip(splits[name]["text"], splits[name]["label"], strict=True):
-            digest.update(f"{label}\t{text}\n".encode())
+        # The rows as Arrow (selections applied): their buffers, with each chunk's offset and length so that two
+        # slices of one buffer differ. Seconds for millions of rows, no Python object per row.
+        table = splits[name].with_format("arrow")[:]
+        for column in ("text", "label"):
+            for chunk in table.column(column).chunks:
+                digest.update(f"\0{column}:{chunk.type}:{chunk.offset}:{len(chunk)}\0".encode())
+                for buffer in chunk.buffers():
+                    if buffer is not None:
+                        digest.update(buffer)
     return digest.hexdigest()[:20]
 
 
