@@ -16,7 +16,7 @@ from tests.training import test_ec2_run_moto as ec2_run_moto
 from training_assets.instance.checkpoint_sync import MARKER, S3Checkpoints, is_complete, write_marker
 
 REGION = ec2_run_moto.REGION
-BUCKET = "dev-artifacts"
+BUCKET = "checkpoint-sync"  # not the bucket test_ec2_run_moto creates on the same module-scoped moto server
 PREFIX = "training-output/r-0123/checkpoints/"
 aws_cli = ec2_run_moto.aws_cli  # the fixtures: the unpacked CLI and a moto server
 endpoint = ec2_run_moto.endpoint

@@ -94,7 +94,12 @@ def _train(tmp: Path, name: str, model: Path, data: Path, *, processes: int, kil
         command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", "--standalone",
                    f"--max-restarts={max_restarts}", str(KILLER), *arguments]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=900, check=False)
+    result = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=900, check=False)
+    if result.returncode and "Gloo connectFullMesh failed" in result.stderr:
+        # Seen twice in a dozen runs on this sandbox's loopback under heavy load (gVisor): the two processes could not
+        # open their gloo connections, before any training. Not what the test is about: one more try.
+        result = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=900, check=False)
+    return result
 
 
 def _weights(output: Path) -> dict[str, torch.Tensor]:
@@ -112,7 +117,7 @@ def test_a_rank_killed_mid_epoch_is_restarted_by_torchrun_and_ends_with_the_unin
     tiny_model_dir: Path, sample_data: Path, tmp_path: Path
 ) -> None:
     whole = _train(tmp_path, "whole", tiny_model_dir, sample_data, processes=2)
-    assert whole.returncode == 0, whole.stderr[whole.stderr.find("Traceback") :][:3000]
+    assert whole.returncode == 0, whole.stderr[-3000:]
     # Rank 1 dies after step 12 of 30 (epoch 1, mid-epoch); checkpoint-10 is the newest complete one.
     killed = _train(tmp_path, "killed", tiny_model_dir, sample_data, processes=2, kill=(1, 12), max_restarts=1)
     assert killed.returncode == 0, killed.stderr[-3000:]
@@ -131,7 +136,7 @@ def test_a_run_launched_again_resumes_from_its_newest_complete_checkpoint(
     tiny_model_dir: Path, sample_data: Path, tmp_path: Path
 ) -> None:
     whole = _train(tmp_path, "whole", tiny_model_dir, sample_data, processes=1)
-    assert whole.returncode == 0, whole.stderr[whole.stderr.find("Traceback") :][:3000]
+    assert whole.returncode == 0, whole.stderr[-3000:]
     output = tmp_path / "run"
     first = _train(tmp_path, "run", tiny_model_dir, sample_data, processes=1, kill=(0, 12))
     assert first.returncode == -9  # SIGKILL: nothing after step 12 ran, no model
