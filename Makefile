@@ -66,7 +66,7 @@ templates: $(SYNTH_INSTALLED) node_modules/.installed
 
 ## Predicted behaviour of each environment's multi-model endpoint (ENV=prod for one); needs only the synth install.
 mme-plan: $(SYNTH_INSTALLED)
-	$(BIN)/python -m mme_sizing.plan $(if $(ENV),--env $(ENV))
+	$(BIN)/python -m stacks.mme_plan $(if $(ENV),--env $(ENV))
 
 ## Lint, format check and type check, then the whole test suite (templates, settings, assets, real local model servers).
 test: install
@@ -101,6 +101,13 @@ demo: $(DEV_INSTALLED)
 .PHONY: check-model
 check-model: $(DEV_INSTALLED)
 	$(BIN)/python -m inference_assets.tools.model_check --env $(or $(ENV),dev)
+
+## The README's journey in one piece against one moto server, every AWS call checked against the synthesized policy of
+## the principal making it (scripts/rehearse.py): synthesizes ENV (default dev, with a model key set), or rehearses
+## ASSEMBLY=cdk.out.
+.PHONY: rehearse
+rehearse: $(DEV_INSTALLED)
+	$(BIN)/python -m scripts.rehearse --env $(or $(ENV),dev) $(if $(ASSEMBLY),--assembly $(ASSEMBLY))
 
 ## Regenerate docs/settings.md from the settings model and cdk.json (tests/docs fails while it is stale).
 .PHONY: docs

@@ -9,15 +9,21 @@ Python process, as a DJL Python-engine worker loads it (DJL's Java frontend cann
 
     python -m benchmarks.mme_model_cost            # default sizes (~1 to ~110 MiB of weights), 3 repeats
     python -m benchmarks.mme_model_cost --quick    # two small sizes, 1 repeat, 3 s saturation
+    python -m benchmarks.mme_model_cost --record-from benchmarks/results/mme_model_cost.json
 
-Writes ``<output-dir>/mme_model_cost.json`` and ``mme_model_cost.md``.
+Writes ``<output-dir>/mme_model_cost.json`` and ``mme_model_cost.md``. The sizing model does not read them: a
+measurement becomes the sizing's input only when it is recorded (``--record-from``: no measurement, it writes
+``mme_sizing/measured_costs.json`` from a results file, with the command, date, machine and file it came from).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import json
 import os
+import platform
 import shlex
 import shutil
 import statistics
@@ -37,6 +43,7 @@ import requests
 
 from benchmarks.mme_request import CONTENT_TYPE, REQUEST_BODY
 from inference_assets.local.local_mme import LocalModelServer, ModelServerError
+from mme_sizing import costs
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
@@ -443,6 +450,8 @@ def measure(
 
     return {
         "command": command,
+        "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
+        "machine": machine(),
         "host": {"cpus": os.cpu_count() or 0, "load_average_before": load_before},
         "server": (
             f"TorchServe {getattr(ts, '__version__', '?')} + SageMaker PyTorch toolkit, multi-model mode, local; "
@@ -538,8 +547,43 @@ def write_results(result: dict[str, Any], output_dir: Path) -> None:
     (output_dir / "mme_model_cost.md").write_text(_markdown(result))
 
 
+def machine() -> str:
+    """The host in one line: CPU model, CPUs, memory, architecture (no host name)."""
+    model = ""
+    with contextlib.suppress(OSError):
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), "")  # fmt: skip
+    memory_gib = psutil.virtual_memory().total / 1024**3
+    cpu = model or platform.processor() or "CPU"
+    return f"{cpu}, {os.cpu_count()} CPUs, {memory_gib:.0f} GiB, {platform.machine()}"
+
+
+def _results_date(path: Path) -> str:
+    """The day a results file was committed (or last written): the date of a result that does not carry one."""
+    try:
+        day = subprocess.run(["git", "log", "-1", "--format=%cs", "--", path.name], cwd=path.parent,
+                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        day = ""
+    return day or datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC).date().isoformat()
+
+
+def record(results_file: Path, data_file: Path = costs.MEASURED_COSTS_FILE) -> dict[str, Any]:
+    """Write the sizing model's data (``mme_sizing/measured_costs.json``) from a results file of this benchmark."""
+    results_file = results_file.resolve()
+    try:
+        source = results_file.relative_to(ROOT).as_posix()
+    except ValueError:
+        source = str(results_file)
+    data = costs.sizing_data(json.loads(results_file.read_text()), source=source, date=_results_date(results_file))
+    data_file.write_text(json.dumps(data, indent=2) + "\n")
+    return data
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record-from", type=Path, metavar="RESULTS",
+                        help="measure nothing: record this results file as the sizing model's data")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="two small sizes, 1 repeat, 3 s saturation")
     parser.add_argument("--repeats", type=int, help="loads / reloads / unloads per size (default 3)")
     parser.add_argument("--clients", type=int, default=4, help="saturation: models and closed-loop clients")
@@ -547,6 +591,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--work-dir", type=Path, help="models and server logs (default: a temporary directory)")
     args = parser.parse_args(argv)
+    if args.record_from is not None:
+        if not args.record_from.is_file():
+            parser.error(f"--record-from: no results file at {args.record_from}")
+        record(args.record_from)
+        print(f"recorded {args.record_from} in {costs.MEASURED_COSTS_FILE}")
+        return 0
     repeats = args.repeats or (1 if args.quick else 3)
     seconds = args.seconds or (3.0 if args.quick else 10.0)
     if repeats < 1 or seconds <= 0 or args.clients < 1:
@@ -562,7 +612,9 @@ def main(argv: list[str] | None = None) -> int:
             command=command.strip(),
         )
     write_results(result, args.output_dir)
-    print(f"wrote {args.output_dir / 'mme_model_cost.json'} and {args.output_dir / 'mme_model_cost.md'}")
+    results_file = args.output_dir / "mme_model_cost.json"
+    print(f"wrote {results_file} and {args.output_dir / 'mme_model_cost.md'}; to size with this measurement: "
+          f"python -m benchmarks.mme_model_cost --record-from {results_file}")  # fmt: skip
     return 0
 
 

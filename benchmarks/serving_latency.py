@@ -1,19 +1,26 @@
-"""Local serving benchmark: the archive behind the real SageMaker PyTorch toolkit + TorchServe, against the raw
-batch-1 forward pass in this process, on the same cores, with the same model and texts (one tweet per request).
+"""Local serving benchmark: the archive served by Ray Serve as the endpoint serves it (``LocalRayServer``: the
+archive's config.yaml + deployment.py, ``@serve.batch``), against raw forward passes in a process of its own, on the
+same cores, with the same model and texts (one tweet per request).
 
 For 1, 8, 16 and 32 concurrent single-text clients it measures throughput and p50/p99 latency of each served setup,
-and reports them as ratios to ``raw``: ``SentimentPredictor.predict([text])`` called back to back in a process of
-its own, started like a server worker (batch 1, no HTTP, no server). Served setups (``--set main``) use the
-endpoint's defaults (``endpoint_environment()``, i.e. the settings' defaults) with batching and bf16 on and off:
+and reports them as ratios to two raw baselines, measured in the same rounds as the servers (interleaved):
 
-- ``defaults``: TorchServe dynamic batching as the endpoint configures it, fp32 (on Graviton the endpoint also sets
+- ``raw batch 1``: ``SentimentPredictor.predict([text])`` back to back, one client (no HTTP, no server);
+- ``raw batch 8``: ``SentimentPredictor.predict(8 texts)`` back to back, fp32: what the cores do when every forward
+  pass is full. The served throughput at 8 single-text clients over this is the batching's efficiency
+  (``vs_raw_b8``; the platform's target is at least 0.9).
+
+Served setups (``--set main``) use the endpoint's defaults (``endpoint_environment()``, i.e. the settings'
+defaults) with batching and bf16 on and off:
+
+- ``defaults``: Ray Serve batching as the endpoint configures it, fp32 (on Graviton the endpoint also sets
   DNNL_DEFAULT_FPMATH_MODE=BF16, which does nothing on x86, hence the autocast rows);
-- ``batching off``: ``SAGEMAKER_TS_BATCH_SIZE=1``;
+- ``batching off``: ``max_batch_size=1``;
 - ``bf16 autocast`` (batching on / off): the forward pass under ``torch.autocast(bfloat16)``, x86's equivalent of
   Graviton's bf16 fast-math kernels (needs AVX512-BF16 or AMX to be fast).
 
-``--set grid`` compares workers x threads x batch size x delay instead (to choose the defaults). ``raw batch N``
-rows give the in-process ceiling: texts per second of one forward pass over N texts.
+``--set delay`` compares batch wait timeouts; ``--set grid`` replicas x threads x batch size x delay (to choose the
+defaults).
 
 The model is RoBERTa-base shaped (12 layers, hidden 768, random weights: the hub is out of reach) with the tiny
 model's tokenizer; ``--model-size tiny`` runs the 2-layer test model. The load generator shares the cores with the
@@ -22,6 +29,7 @@ interleaved, round after round, so background load on a shared machine falls on 
 average is recorded. Results go to benchmarks/results/serving_latency[_grid].{md,json} with the command at the top.
 
     .venv/bin/python -m benchmarks.serving_latency --rounds 2 --duration 6
+    .venv/bin/python -m benchmarks.serving_latency --set delay --concurrency 1,8
     .venv/bin/python -m benchmarks.serving_latency --set grid --concurrency 1,32
     .venv/bin/python -m benchmarks.serving_latency --set grid --grid-workers 2,4 --concurrency 1,16,32,64  # on a c7g
 """
@@ -45,13 +53,16 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
+import psutil
+
 from inference_assets.container.predictor import RuntimeOptions, SentimentPredictor
-from inference_assets.local.local_server import LocalToolkitServer
+from inference_assets.local.local_server import LocalRayServer
 from inference_assets.tools.endpoint_environment import endpoint_environment
 from inference_assets.tools.package_model import build_model_archive
 from training_assets.tiny_model import SAMPLE_DATA, build_tiny_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
+RAW_B8 = "raw batch 8, fp32"
 SETS: dict[str, dict[str, dict]] = {
     "main": {
         "defaults (batching on, fp32)": {},
@@ -59,6 +70,7 @@ SETS: dict[str, dict[str, dict]] = {
         "batching on, bf16 autocast": {"precision": "bf16_autocast"},
         "batching off, bf16 autocast": {"batch_size": 1, "precision": "bf16_autocast"},
     },
+    "delay": {f"batch 8, wait {ms} ms": {"batch_size": 8, "max_batch_delay_ms": ms} for ms in (2, 20, 50)},
     "grid": {
         "1 worker x 2 threads, batch 1": {"workers": 1, "batch_size": 1},
         "1 worker x 2 threads, batch 8, delay 2 ms": {"workers": 1, "batch_size": 8, "max_batch_delay_ms": 2},
@@ -129,8 +141,50 @@ def run_load(call: Callable[[str], bool], texts: list[str], concurrency: int, du
     return {"latencies_ms": latencies, "errors": errors, "wall_s": time.perf_counter() - began}
 
 
+def tree_cpu_seconds(leader: int) -> float:
+    """User + system CPU seconds of a process and its descendants now (the whole server, or the raw worker)."""
+    total = 0.0
+    try:
+        root = psutil.Process(leader)
+        family = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return total
+    for process in family:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def replica_passes(server: LocalRayServer) -> int:
+    """Forward passes the server's replicas have logged so far (ray_deployment logs one line per pass)."""
+    assert server.workdir is not None
+    logs = (server.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log")
+    return sum(path.read_text(errors="replace").count("requests answered with one forward pass") for path in logs)
+
+
+def metered(runner: Runner, leader: int, passes: Callable[[], int] | None = None) -> Runner:
+    """``runner`` that also records the CPU seconds the serving processes spent, and the forward passes."""
+
+    def run(level: int, duration_s: float) -> dict:
+        cpu, count = tree_cpu_seconds(leader), passes() if passes else 0
+        result = runner(level, duration_s)
+        if passes:
+            time.sleep(1.0)  # the replica's log reaches its file asynchronously
+        result["cpu_s"] = tree_cpu_seconds(leader) - cpu
+        result["passes"] = passes() - count if passes else None
+        return result
+
+    return run
+
+
 def summarise(setup: str, concurrency: int, runs: list[dict]) -> dict:
     latencies = [latency for run in runs for latency in run["latencies_ms"]]
+    cpu_s = sum(run.get("cpu_s", 0.0) for run in runs)
+    passes = [run.get("passes") for run in runs]
+    pass_count = sum(passes) if None not in passes else 0  # type: ignore[arg-type]
     return {
         "setup": setup,
         "concurrency": concurrency,
@@ -140,6 +194,10 @@ def summarise(setup: str, concurrency: int, runs: list[dict]) -> dict:
         "p50_ms": round(percentile(latencies, 50), 2),
         "p99_ms": round(percentile(latencies, 99), 2),
         "mean_ms": round(statistics.fmean(latencies), 2),
+        # Requests per CPU second of the serving processes: what the work costs, whatever share of a loaded host
+        # the processes got (a back-to-back loop gets less than a server that idles between requests).
+        "requests_per_cpu_s": round(len(latencies) / cpu_s, 2) if cpu_s else None,
+        "mean_requests_per_pass": round(len(latencies) / pass_count, 2) if pass_count else None,
     }
 
 
@@ -176,8 +234,10 @@ def measure(setups: dict[str, Runner], levels: list[int], rounds: int, duration_
     for round_number in range(1, rounds + 1):
         for level in levels:
             for name, runner in setups.items():
-                if name.startswith("raw") and level != 1:
+                if name.startswith("raw batch 1") and level != 1:
                     continue  # the raw forward pass is measured as one client: the batch-1 baseline
+                if name.startswith("raw batch 8") and level != 8:
+                    continue  # full batches of 8, beside the servers' 8 single-text clients
                 run = runner(level, duration_s)
                 runs.setdefault((name, level), []).append(run)
                 print(f"round {round_number} {name} x{level}: {len(run['latencies_ms'])} requests", flush=True)
@@ -186,7 +246,7 @@ def measure(setups: dict[str, Runner], levels: list[int], rounds: int, duration_
 
 class RawWorker:
     """The raw predictor in its own process and session, started like a server worker: same environment, and
-    the same share of a shared host's CPU (Linux gives each session's autogroup an equal share, so a predictor
+    a session of its own as the servers have (Linux gives each session's autogroup an equal share, so a predictor
     inside this benchmark's process would compete on other terms than the servers' workers, which run in sessions
     of their own)."""
 
@@ -198,13 +258,16 @@ class RawWorker:
         )
         self._process.start()
         assert self._connection.recv() == "ready"
+        assert self._process.pid is not None
+        self.pid: int = self._process.pid
 
     def run(self, level: int, duration_s: float) -> dict:
         self._connection.send(("load", duration_s))
         return self._connection.recv()
 
-    def batch_rate(self, size: int, duration_s: float) -> float:
-        self._connection.send(("batch", (size, duration_s)))
+    def run_batches(self, size: int, level: int, duration_s: float) -> dict:
+        """Back-to-back forward passes over ``size`` texts, reported as ``size`` requests per pass."""
+        self._connection.send(("batches", (size, duration_s)))
         return self._connection.recv()
 
     def close(self) -> None:
@@ -223,17 +286,21 @@ def _raw_worker(connection, model_dir: str, precision: str, threads: int, enviro
         if kind == "load":
             connection.send(run_load(lambda text: bool(predictor.predict([text])), texts, 1, argument))
         else:
-            connection.send(raw_batch_rate(predictor, texts, *argument))
+            connection.send(run_batches(predictor, texts, *argument))
 
 
-def raw_batch_rate(predictor: SentimentPredictor, texts: list[str], size: int, duration_s: float) -> float:
-    """Texts per second of back-to-back forward passes over ``size`` texts (the in-process ceiling)."""
+def run_batches(predictor: SentimentPredictor, texts: list[str], size: int, duration_s: float) -> dict:
+    """Forward passes over ``size`` texts back to back, as a run_load() result with one entry per text (each text's
+    latency is its pass's)."""
+    latencies: list[float] = []
     done, began = 0, time.perf_counter()
     while time.perf_counter() - began < duration_s:
         batch = [texts[(done + i) % len(texts)] for i in range(size)]
+        start = time.perf_counter()
         predictor.predict(batch)
+        latencies += [(time.perf_counter() - start) * 1000] * size
         done += size
-    return done / (time.perf_counter() - began)
+    return {"latencies_ms": latencies, "errors": 0, "wall_s": time.perf_counter() - began}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid-batch", default="1,8,16", help="with --grid-workers: batch sizes (delay 2 ms)")
     parser.add_argument("--output", type=Path, help="results path without suffix (default: results/serving_latency)")
     args = parser.parse_args(argv)
-    levels = sorted({1, *(int(level) for level in args.concurrency.split(","))})  # 1 client: the baseline
+    # 1 client: the batch-1 baseline; 8 clients: beside full batch-8 forward passes.
+    levels = sorted({1, 8, *(int(level) for level in args.concurrency.split(","))})
     output = args.output or RESULTS / ("serving_latency" if args.set == "main" else f"serving_latency_{args.set}")
     command = "python -m benchmarks.serving_latency " + " ".join(shlex.quote(part) for part in (argv or sys.argv[1:]))
     cores = os.cpu_count() or 1
@@ -257,7 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     load_before = [round(x, 2) for x in os.getloadavg()]
     defaults = endpoint_environment(vcpus=cores)
     # The raw predictor runs with the environment of one default worker (threads, OpenMP wait policy, allocator).
-    worker_environment = {name: value for name, value in defaults.items() if not name.startswith("SAGEMAKER_")}
+    worker_environment = {
+        name: value for name, value in defaults.items() if not name.startswith(("SAGEMAKER_", "SENTIMENT_SERVE_"))
+    }
     threads = int(defaults["OMP_NUM_THREADS"])
 
     with tempfile.TemporaryDirectory(prefix="serving-bench-") as scratch, ExitStack() as servers:
@@ -269,7 +339,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         for worker in raw.values():
             servers.callback(worker.close)
-        setups: dict[str, Runner] = {f"raw batch 1, {label}": worker.run for label, worker in raw.items()}
+        setups: dict[str, Runner] = {
+            f"raw batch 1, {label}": metered(worker.run, worker.pid) for label, worker in raw.items()
+        }
+        setups[RAW_B8] = metered(functools.partial(raw["fp32"].run_batches, 8), raw["fp32"].pid)
         configurations: dict[str, dict] = {name: {} for name in setups}
         chosen = SETS[args.set]
         if args.set == "grid" and args.grid_workers:
@@ -283,36 +356,48 @@ def main(argv: list[str] | None = None) -> int:
                 for b in (int(x) for x in args.grid_batch.split(","))
             }
         for name, options in chosen.items():
-            server = servers.enter_context(LocalToolkitServer(archive, vcpus=cores, **options))
+            server = servers.enter_context(LocalRayServer(archive, vcpus=cores, **options))
             caller = http_caller(server.port)
-            setups[name] = functools.partial(run_load, caller, texts)
+            passes = functools.partial(replica_passes, server)
+            setups[name] = metered(functools.partial(run_load, caller, texts), server.process_group, passes)
             configurations[name] = {
                 key: server.environment[key]
-                for key in ("SAGEMAKER_MODEL_SERVER_WORKERS", "OMP_NUM_THREADS", "SAGEMAKER_TS_BATCH_SIZE",
-                            "SAGEMAKER_TS_MAX_BATCH_DELAY", "SENTIMENT_PRECISION")
+                for key in ("SENTIMENT_SERVE_REPLICAS", "OMP_NUM_THREADS", "SENTIMENT_SERVE_MAX_BATCH_SIZE",
+                            "SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S", "SENTIMENT_PRECISION")
             }  # fmt: skip
         rows = measure(setups, levels, args.rounds, args.duration)
-        ceilings = {
-            f"raw batch {size}, {label}": round(worker.batch_rate(size, args.duration), 2)
-            for size in (8, 16)
-            for label, worker in raw.items()
-        }
 
     raw_rows = [row for row in rows if row["setup"] == "raw batch 1, fp32"]  # one client: the baseline
     base_rps = (
         raw_rows[0]["throughput_rps"] if raw_rows[0]["concurrency"] == 1 else max(r["throughput_rps"] for r in raw_rows)
     )
     base_p50 = next(r["p50_ms"] for r in raw_rows if r["concurrency"] == min(levels))
+    b8_rps = next(row["throughput_rps"] for row in rows if row["setup"] == RAW_B8)
     for row in rows:
         row["throughput_vs_raw_b1"] = round(row["throughput_rps"] / base_rps, 3)
         row["p50_vs_raw_b1"] = round(row["p50_ms"] / base_p50, 3)
+        row["throughput_vs_raw_b8"] = round(row["throughput_rps"] / b8_rps, 3)
+    b8_per_cpu = next(row["requests_per_cpu_s"] for row in rows if row["setup"] == RAW_B8)
+    # The batching's efficiency: 8 single-text clients served, over full batch-8 forward passes on the same cores,
+    # in wall-clock throughput and per CPU second of the serving processes (what the work costs), with the mean
+    # forward-pass size the replica logged.
+    efficiency = {
+        row["setup"]: {
+            "throughput": row["throughput_vs_raw_b8"],
+            "per_cpu_s": round(row["requests_per_cpu_s"] / b8_per_cpu, 3) if row["requests_per_cpu_s"] else None,
+            "mean_requests_per_pass": row["mean_requests_per_pass"],
+        }
+        for row in rows
+        if row["concurrency"] == 8 and not row["setup"].startswith("raw")
+    }
     environment = {
         "cpu": _cpu_name(),
         "cores": cores,
         "python": platform.python_version(),
         "model": f"RoBERTa-{args.model_size} shaped, random weights, tiny tokenizer",
         "baseline": f"raw batch 1, fp32, 1 client: {base_rps} texts/s, p50 {base_p50} ms ({threads} threads)",
-        "raw_ceilings_texts_per_s": ceilings,
+        "raw_batch_8_fp32_texts_per_s": b8_rps,
+        "served_8_clients_vs_raw_batch_8": efficiency,
         "configurations": configurations,
         "load_average_before": load_before,
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
@@ -337,11 +422,14 @@ def write_results(output: Path, command: str, environment: dict, rows: list[dict
     output.with_suffix(".json").write_text(
         json.dumps({"command": command, "environment": environment, "results": rows}, indent=2) + "\n"
     )
-    header = "| setup | clients | requests | errors | req/s | p50 ms | p99 ms | req/s vs raw b1 | p50 vs raw b1 |"
+    header = (
+        "| setup | clients | requests | errors | req/s | p50 ms | p99 ms | req/s vs raw b1 | p50 vs raw b1 "
+        "| req/s vs raw b8 | req per CPU s | req per pass |"
+    )
     lines = [
         f"Command: `{command}`",
         "",
-        "# Local serving (toolkit + TorchServe + the archive's handler) vs raw batch-1 forward passes",
+        "# Local serving (Ray Serve + the archive's deployment) vs raw forward passes of 1 and 8 texts",
         "",
         *(f"- {key}: {value}" for key, value in environment.items()),
         "",
@@ -349,7 +437,8 @@ def write_results(output: Path, command: str, environment: dict, rows: list[dict
         "|" + "---|" * (header.count("|") - 1),
         *(
             f"| {r['setup']} | {r['concurrency']} | {r['requests']} | {r['errors']} | {r['throughput_rps']} | "
-            f"{r['p50_ms']} | {r['p99_ms']} | {r['throughput_vs_raw_b1']} | {r['p50_vs_raw_b1']} |"
+            f"{r['p50_ms']} | {r['p99_ms']} | {r['throughput_vs_raw_b1']} | {r['p50_vs_raw_b1']} | "
+            f"{r['throughput_vs_raw_b8']} | {r['requests_per_cpu_s']} | {r['mean_requests_per_pass'] or ''} |"
             for r in rows
         ),
         "",

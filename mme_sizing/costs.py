@@ -1,12 +1,15 @@
 """What the fleet simulation needs to know about instances and models, and where each number comes from.
 
-* Instance types: vCPUs and memory from EC2's DescribeInstanceTypes data (``instance_types.json``; an ``ml.<type>``
-  has the hardware of the EC2 ``<type>``).
-* Model costs: measured on the local multi-model server by ``python -m benchmarks.mme_model_cost`` and read from its
-  results file (``benchmarks/results/mme_model_cost.json``), so a new measurement changes every prediction:
-  a loaded model's memory is its weights times the fit's slope, once per instance (its workers share the mapped
-  weights), plus the worker runtime (the fit's intercept) for every worker; loading a model into a worker takes the
-  reload fit at the archive's size (measured up to ~100 MiB archives: larger ones are an extrapolation).
+* Instance types: vCPUs and memory from the platform's one table of instance facts (platform_facts/instances.json,
+  from EC2's DescribeInstanceTypes data; an ``ml.<type>`` has the hardware of the EC2 ``<type>``).
+* Model costs: measured on the local multi-model server by ``python -m benchmarks.mme_model_cost`` and recorded, with
+  the measurement's provenance (command, date, machine, results file), in ``measured_costs.json`` next to this module.
+  Synthesis and the plan read that checked-in data, never a benchmark's output; re-measuring changes the predictions
+  only when the new measurement is recorded (``python -m benchmarks.mme_model_cost --record-from <results>``), and a
+  test fails while the data and the results file it names disagree. A loaded model's memory is its weights times
+  the fit's slope, once per instance (its workers share the mapped weights), plus the worker runtime (the fit's
+  intercept) for every worker; loading a model into a worker takes the reload fit at the archive's size (measured
+  up to ``largest_archive_mib``: larger ones are an extrapolation).
 * What cannot be measured here is a setting with a stated default: the S3 download rate and the warm latency of
   the real model on one core of the real instance (``multi_model_endpoint.sizing`` in cdk.json).
 """
@@ -14,45 +17,46 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from mme_sizing.simulation import Fleet, ModelCost, ModelServer
+from platform_facts.instances import instance_type
 
 ROOT = Path(__file__).resolve().parents[1]
-INSTANCE_TYPES_FILE = Path(__file__).with_name("instance_types.json")
-MEASURED_COSTS_FILE = ROOT / "benchmarks" / "results" / "mme_model_cost.json"
+MEASURED_COSTS_FILE = Path(__file__).with_name("measured_costs.json")
 # Plan to stay below the endpoint's MemoryUtilization alarm (stacks/multi_model_endpoint.py): above it models are
 # evicted under pressure and the alarm fires.
 MEMORY_PLANNING_SHARE = 0.85
 
 
-@dataclass(frozen=True)
-class InstanceType:
-    name: str
-    vcpus: int
-    memory_mib: int
-
-
-@cache
-def _instance_types() -> dict[str, Any]:
-    return json.loads(INSTANCE_TYPES_FILE.read_text())["types"]
-
-
-def instance_type(name: str) -> InstanceType:
-    """vCPUs and memory of a SageMaker CPU instance type such as ``ml.c5d.18xlarge``."""
-    known = _instance_types()
-    if name not in known:
-        raise ValueError(f"no vCPU and memory facts for {name!r} in {INSTANCE_TYPES_FILE.name}")
-    return InstanceType(name, known[name]["vcpus"], known[name]["memory_mib"])
-
-
 @cache
 def measured_costs(path: Path = MEASURED_COSTS_FILE) -> dict[str, Any]:
-    """The last measurement of the local multi-model server (see benchmarks/mme_model_cost.py)."""
+    """The recorded measurement of the local multi-model server (``sizing_data`` of benchmarks/mme_model_cost.py's
+    result)."""
     return json.loads(path.read_text())
+
+
+def sizing_data(result: dict[str, Any], *, source: str, date: str) -> dict[str, Any]:
+    """What the sizing model reads from a model-cost measurement (the result of benchmarks/mme_model_cost.py), with
+    where it comes from: ``source`` is the results file (relative to the repository), ``date`` the measurement's day
+    when the result does not carry one."""
+    host = result["host"]
+    return {
+        "provenance": {
+            "command": result["command"],
+            "date": result.get("date", date),
+            "machine": result.get("machine", f"{host['cpus']} CPUs (the result records no more)"),
+            "server": result["server"],
+            "source": source,
+        },
+        "frontend_rss_mib": result["frontend_rss_mib"],
+        "unload_s": _median(size["unload_s"] for size in result["sizes"]),
+        # Loads are measured up to this archive size: larger models' load times are an extrapolation of the fit.
+        "largest_archive_mib": max(size["archive_mib"] for size in result["sizes"]),
+        "fits": {name: result["fits"][name] for name in ("worker_uss_mib", "first_load_s", "reload_s")},
+    }
 
 
 def model_memory_mib(weights_mib: float, workers: int = 1, measured: dict[str, Any] | None = None) -> float:
@@ -82,7 +86,7 @@ def model_cost(
         download_s=archive / download_mib_per_second + unpack_s,
         load_s=max(reload_s, 0.0),
         service_s=warm_latency_ms / 1000,
-        unload_s=_median(size["unload_s"] for size in measured["sizes"]),
+        unload_s=measured["unload_s"],
     )
 
 
@@ -96,7 +100,7 @@ def fleet(
     measured: dict[str, Any] | None = None,
 ) -> Fleet:
     """``instances`` of a type, with the memory left for model workers once the model server's frontend runs."""
-    kind = instance_type(instance_type_name)
+    kind = instance_type(instance_type_name)  # the platform's instance facts (platform_facts/instances.json)
     frontend = (measured or measured_costs())["frontend_rss_mib"]
     return Fleet(
         instances=instances,

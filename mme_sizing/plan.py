@@ -7,8 +7,9 @@ pattern falls behind. The same plan is printed by the ops review (from the synth
 ``cdk synth`` warns when the minimum capacity cannot hold the hot set resident (``hot_set_resident``).
 
 Everything here takes plain values (``SizingInputs``) so that the CLI (from the settings), the stack and the review
-(from the template) share one code path. Only the standard library, pydantic (through stacks.settings) and the
-sizing package are imported: the command runs after ``make install-synth``, without torch.
+(from the template) share one code path. Only the standard library and the sizing package are imported (never the
+stacks: the command's entry point, stacks/mme_plan.py, reads the settings): it runs after ``make install-synth``,
+without torch.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from mme_sizing import costs
 from mme_sizing.simulation import (
@@ -36,9 +37,50 @@ from mme_sizing.simulation import (
     Workload,
 )
 from mme_sizing.simulation import simulate as simulate_fleet
+from platform_facts.instances import UnknownInstanceType, instance_type
 
-if TYPE_CHECKING:
-    from stacks.settings import MultiModelEndpointSettings
+
+class _Autoscaling(Protocol):
+    @property
+    def min_capacity(self) -> int: ...
+    @property
+    def max_capacity(self) -> int: ...
+    @property
+    def target_invocations_per_instance(self) -> int: ...
+
+
+class _Sizing(Protocol):
+    @property
+    def models(self) -> int: ...
+    @property
+    def requests_per_second(self) -> float: ...
+    @property
+    def model_weights_mib(self) -> float: ...
+    @property
+    def warm_latency_ms(self) -> float: ...
+    @property
+    def download_mib_per_second(self) -> float: ...
+    @property
+    def p99_objective_ms(self) -> float: ...
+    @property
+    def max_idle_time_seconds(self) -> float: ...
+
+
+class EndpointSettings(Protocol):
+    """What the plan reads of an environment's ``multi_model_endpoint`` settings (the settings model in the stacks
+    layer has these fields; the sizing package never imports it)."""
+
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def instance_type(self) -> str: ...
+    @property
+    def model_server(self) -> ModelServer: ...
+    @property
+    def autoscaling(self) -> _Autoscaling: ...
+    @property
+    def sizing(self) -> _Sizing: ...
+
 
 # TorchServe's fixed workers per loaded model (SAGEMAKER_MODEL_SERVER_WORKERS) and DJL's minimum: the endpoint stack
 # sets its container environment from this number.
@@ -62,7 +104,7 @@ SETTINGS_PREFIX = "multi_model_endpoint"
 
 @dataclass(frozen=True)
 class SizingInputs:
-    """Everything a prediction depends on besides the measured model costs (benchmarks/results/mme_model_cost.json)."""
+    """Everything a prediction depends on besides the measured model costs (mme_sizing/measured_costs.json)."""
 
     instance_type: str
     min_capacity: int
@@ -79,7 +121,7 @@ class SizingInputs:
     max_idle_time_seconds: float
 
     @classmethod
-    def from_settings(cls, endpoint: MultiModelEndpointSettings) -> SizingInputs:
+    def from_settings(cls, endpoint: EndpointSettings) -> SizingInputs:
         scaling, sizing = endpoint.autoscaling, endpoint.sizing
         return cls(
             instance_type=endpoint.instance_type,
@@ -110,7 +152,7 @@ class SizingInputs:
         return self.warm_latency_ms / 1000
 
 
-def sizing_inputs(endpoint: SizingInputs | MultiModelEndpointSettings) -> SizingInputs:
+def sizing_inputs(endpoint: SizingInputs | EndpointSettings) -> SizingInputs:
     return endpoint if isinstance(endpoint, SizingInputs) else SizingInputs.from_settings(endpoint)
 
 
@@ -151,7 +193,7 @@ class EndpointPlan:
 # --- the model's inputs ----------------------------------------------------------------------------------------------
 
 
-def autoscaled_instances(endpoint: SizingInputs | MultiModelEndpointSettings) -> int:
+def autoscaled_instances(endpoint: SizingInputs | EndpointSettings) -> int:
     """The instance count target tracking settles on at the planned rate (its target is per instance per minute)."""
     inputs = sizing_inputs(endpoint)
     wanted = math.ceil(inputs.requests_per_second * 60 / inputs.target_invocations_per_instance)
@@ -209,7 +251,7 @@ def parity_instances(inputs: SizingInputs) -> int | None:
     assumes that more instances never make a pattern fall behind: true of memory and cores, though the simulated
     routing could contradict it near the threshold."""
     limit = SEARCH_FACTOR * inputs.max_capacity
-    cores = costs.instance_type(inputs.instance_type).vcpus
+    cores = instance_type(inputs.instance_type).vcpus
     # Fewer instances than the busy cores need cannot keep up.
     failing = max(1, math.ceil(inputs.requests_per_second * inputs.service_s / cores)) - 1
     passing = min(max(autoscaled_instances(inputs), failing + 1), limit)
@@ -240,15 +282,15 @@ def hot_set_workers(inputs: SizingInputs) -> dict[str, int]:
     }
 
 
-def hot_set_resident(endpoint: SizingInputs | MultiModelEndpointSettings) -> str | None:
+def hot_set_resident(endpoint: SizingInputs | EndpointSettings) -> str | None:
     """Without simulating: can min_capacity instances keep the hot set loaded with the workers it keeps busy?
     One sentence naming the numbers and the setting to change, or None."""
     inputs = sizing_inputs(endpoint)
     per_rate = f"{inputs.requests_per_second:g} requests/s"
     try:
-        costs.instance_type(inputs.instance_type)
-    except ValueError as error:
-        return f"The hot set cannot be checked: {error} (add the type to mme_sizing/instance_types.json)."
+        instance_type(inputs.instance_type)
+    except UnknownInstanceType as error:
+        return f"The hot set cannot be checked: {error}."
     if inputs.model_server == "torchserve":
         needed = hot_set_workers(inputs)["hot-model"]
         available = inputs.workers_per_model * inputs.min_capacity
@@ -424,12 +466,12 @@ def format_plan(name: str, plan: EndpointPlan) -> list[str]:
     return lines
 
 
-# --- command -------------------------------------------------------------------------------------------------------
+# --- command (the entry point, stacks/mme_plan.py, hands it each environment's validated settings) ---------------
 
 
-def _parser() -> argparse.ArgumentParser:
+def command_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m mme_sizing.plan",
+        prog="pytorch-platform mme-plan",
         description="Predict each environment's multi-model endpoint for the uniform, hot-model and top-10 patterns.",
     )
     parser.add_argument("--env", help="one environment of cdk.json (default: all of them)")
@@ -442,39 +484,30 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    from stacks.settings import SettingsError, load_environments
-
-    parser = _parser()
+def parse_command(argv: list[str] | None) -> argparse.Namespace:
+    parser = command_parser()
     args = parser.parse_args(argv)
     if args.requests_per_second is not None and not args.requests_per_second > 0:
         parser.error("--requests-per-second must be positive")
     if args.instances is not None and args.instances < 1:
         parser.error("--instances must be at least 1")
-    try:
-        environments = json.loads(args.cdk_json.read_text())["context"].get("environments")
-        if args.env is not None and isinstance(environments, dict) and args.env not in environments:
-            known = ", ".join(environments)
-            print(f"mme-plan: --env {args.env}: unknown environment; allowed values are {known}.", file=sys.stderr)
-            return 2
-        selected = load_environments(environments, args.env)
-    except (OSError, ValueError, KeyError) as error:  # SettingsError is a ValueError
-        reason = error if isinstance(error, SettingsError) else f"cannot read context.environments ({error})"
-        print(f"mme-plan: {args.cdk_json.name}: {reason}", file=sys.stderr)
-        return 1
+    return args
+
+
+def print_plans(args: argparse.Namespace, endpoints: dict[str, EndpointSettings]) -> int:
+    """Predict and print the plan of each environment's endpoint (``endpoints``: by environment name)."""
     plans: dict[str, EndpointPlan | None] = {}
-    for settings in selected:
-        endpoint = settings.multi_model_endpoint
+    for name, endpoint in endpoints.items():
         if not endpoint.enabled:
-            plans[settings.name] = None
+            plans[name] = None
             continue
         inputs = SizingInputs.from_settings(endpoint)
         if args.requests_per_second is not None:
             inputs = dataclasses.replace(inputs, requests_per_second=args.requests_per_second)
         try:
-            plans[settings.name] = predict(inputs, args.instances)
+            plans[name] = predict(inputs, args.instances)
         except ValueError as error:  # an instance type without facts
-            print(f"mme-plan: {settings.name}: cannot predict: {error}.", file=sys.stderr)
+            print(f"mme-plan: {name}: cannot predict: {error}.", file=sys.stderr)
             return 1
     if args.json:
         print(json.dumps({name: plan and plan.as_dict() for name, plan in plans.items()}, indent=2))
@@ -483,7 +516,3 @@ def main(argv: list[str] | None = None) -> int:
         lines = [f"{name}: no multi-model endpoint (multi_model_endpoint.enabled is false)."]
         print(("\n" if index else "") + "\n".join(format_plan(name, plan) if plan else lines))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -58,10 +58,15 @@ class Fleet:
     workers_per_model: int = 1  # torchserve: every loaded model's workers; djl: its minimum
     max_workers_per_model: int | None = None  # djl: None = vcpus (DJL's default with OMP_NUM_THREADS=1)
     max_idle_s: float = 600.0  # djl: a worker idle this long stops (serving.properties max_idle_time)
+    # The CPU the instance's requests and loads share (default: every vCPU). The validation passes what a shared host
+    # left to the harness during a run (benchmarks/mme_window.py measures it).
+    cores: float | None = None
 
     def __post_init__(self) -> None:
         if self.instances < 1 or self.vcpus < 1 or self.workers_per_model < 1:
             raise ValueError(f"instances, vcpus and workers_per_model must be at least 1: {self}")
+        if self.cores is not None and not self.cores > 0:
+            raise ValueError(f"cores must be positive when given, got {self.cores}")
         if self.memory_mib <= 0:
             raise ValueError(f"memory_mib must be positive, got {self.memory_mib}")
 
@@ -147,6 +152,7 @@ class Prediction:
     timeouts: int  # not answered within the timeout (SageMaker fails them), or never answered
     rejected: int  # found no instance with room for their model (every loaded model busy): answered an error
     elapsed_s: float  # the window (closed loop: until the last request returned)
+    completed: int = 0  # answers that came back inside the window (what a load test's window counts)
 
 
 class _Request:
@@ -183,7 +189,7 @@ class _Instance:
 
     def __init__(self, sim: _Simulation) -> None:
         self.sim = sim
-        self.cores = sim.fleet.vcpus
+        self.cores = sim.fleet.cores or sim.fleet.vcpus
         self.memory_free = sim.fleet.memory_mib
         self.models: OrderedDict[int, _Model] = OrderedDict()  # least recently used first
         self.on_disk: set[int] = set()
@@ -267,7 +273,7 @@ class _Simulation:
         # statistics of the measured window
         self.window = (0.0, math.inf)
         self.latencies: list[float] = []
-        self.requests = self.hits = self.loads = self.rejected = 0
+        self.requests = self.hits = self.loads = self.rejected = self.completed = 0
         self.last_done = 0.0
 
     def at(self, time: float, action: Callable[..., None], *args: Any) -> None:
@@ -396,6 +402,7 @@ class _Simulation:
         model.busy -= 1
         instance.outstanding -= 1
         latency = self.now - request.arrival
+        self.completed += self.in_window(self.now)
         if request.counted:
             self.latencies.append(latency)
             self.last_done = max(self.last_done, self.now)
@@ -511,6 +518,7 @@ def simulate(
         timeouts=served - len(answered),
         rejected=sim.rejected,
         elapsed_s=elapsed,
+        completed=sim.completed,
     )
 
 

@@ -20,7 +20,6 @@ from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     Autoscaling,
     DlcImage,
-    ModelNetwork,
     SageMakerEndpoint,
     endpoint_name_for,
 )
@@ -72,25 +71,10 @@ class GravitonEndpointStack(EnvironmentStack):
             image=DlcImage(endpoint_settings.image_repository, endpoint_settings.image_tag),
             model_data_url=foundation.artifacts_bucket.s3_url_for_object(endpoint_settings.model_data_key),
             mode="SingleModel",
-            environment=endpoint_environment(
-                vcpus=vcpus,
-                workers=endpoint_settings.workers_per_model,
-                batch_size=endpoint_settings.server_batch_size,
-                max_batch_delay_ms=endpoint_settings.server_max_batch_delay_ms,
-                limits=endpoint_settings.limits,
-                fast_math=endpoint_settings.fast_math,
-                lru_cache_capacity=endpoint_settings.lru_cache_capacity,
-                transparent_huge_pages=endpoint_settings.transparent_huge_pages,
-                precision=endpoint_settings.precision,
-                torch_compile=endpoint_settings.torch_compile,
-            ),
+            environment=self._container_environment(),
             # With vendored dependencies the container needs no network at all: isolate it. Installing
             # code/requirements.txt at start-up needs egress (the private subnets' NAT) instead.
-            network=ModelNetwork(
-                subnet_ids=[subnet.subnet_id for subnet in foundation.private_subnets.subnets or []],
-                security_group_ids=[foundation.workload_security_group.security_group_id],
-                isolated=endpoint_settings.dependencies == "vendored",
-            ),
+            network=foundation.model_network(isolated=endpoint_settings.dependencies == "vendored"),
             instance_type=endpoint_settings.instance_type,
             initial_instance_count=endpoint_settings.initial_instance_count,
             key=foundation.key,
@@ -110,8 +94,30 @@ class GravitonEndpointStack(EnvironmentStack):
         self.model, self.endpoint_config, self.endpoint = endpoint.model, endpoint.endpoint_config, endpoint.endpoint
         self.endpoint_name, self.endpoint_arn = endpoint.endpoint_name, endpoint.endpoint_arn
         self.scalable_target, self.alarm_topic = endpoint.scalable_target, endpoint.alarm_topic
+        self.alarms = self._alarms(vcpus)
+        self._outputs(endpoint_settings.model_data_key)
+
+    def _container_environment(self) -> dict[str, str]:
+        """The model server's environment: workers, batching, request limits and the Graviton fast paths."""
+        endpoint_settings = self.settings.graviton_endpoint
+        return endpoint_environment(
+            vcpus=endpoint_settings.vcpus,
+            workers=endpoint_settings.workers_per_model,
+            batch_size=endpoint_settings.server_batch_size,
+            max_batch_delay_ms=endpoint_settings.server_max_batch_delay_ms,
+            limits=endpoint_settings.limits,
+            fast_math=endpoint_settings.fast_math,
+            lru_cache_capacity=endpoint_settings.lru_cache_capacity,
+            transparent_huge_pages=endpoint_settings.transparent_huge_pages,
+            precision=endpoint_settings.precision,
+            torch_compile=endpoint_settings.torch_compile,
+        )
+
+    def _alarms(self, vcpus: int) -> list[cloudwatch.Alarm]:
+        """Server errors, queueing (p99 model latency) and CPU saturation."""
+        endpoint = self.sagemaker_endpoint
         above = cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD
-        self.alarms = endpoint.add_alarms(
+        return endpoint.add_alarms(
             [
                 AlarmSpec(
                     "Invocation5xxAlarm",
@@ -141,12 +147,13 @@ class GravitonEndpointStack(EnvironmentStack):
             ]
         )
 
+    def _outputs(self, model_data_key: str) -> None:
         # The promotion pipeline's smoke test reads this output (stage.graviton_endpoint.endpoint_name_output).
         self.endpoint_name_output = cdk.CfnOutput(
             self, "EndpointName", value=self.endpoint_name, description="Name for invoke_endpoint"
         )
         cdk.CfnOutput(self, "EndpointArn", value=self.endpoint_arn, description="ARN for IAM policies")
-        cdk.CfnOutput(self, "ModelDataKey", value=endpoint_settings.model_data_key, description="Archive being served")
+        cdk.CfnOutput(self, "ModelDataKey", value=model_data_key, description="Archive being served")
         cdk.CfnOutput(self, "AlarmTopicArn", value=self.alarm_topic.topic_arn, description="Endpoint alarms")
 
     def _data_capture(self) -> sagemaker.CfnEndpointConfig.DataCaptureConfigProperty | None:

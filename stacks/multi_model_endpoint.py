@@ -22,7 +22,6 @@ from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     Autoscaling,
     DlcImage,
-    ModelNetwork,
     SageMakerEndpoint,
     endpoint_name_for,
 )
@@ -85,11 +84,7 @@ class MultiModelEndpointStack(EnvironmentStack):
             environment=CONTAINER_ENVIRONMENT[mme.model_server],
             # Archives are self-contained (dependencies vendored): the container needs no network of its own;
             # SageMaker still fetches the archives from S3 for it.
-            network=ModelNetwork(
-                subnet_ids=[subnet.subnet_id for subnet in foundation.private_subnets.subnets or []],
-                security_group_ids=[foundation.workload_security_group.security_group_id],
-                isolated=True,
-            ),
+            network=foundation.model_network(isolated=True),
             instance_type=mme.instance_type,
             initial_instance_count=mme.initial_instance_count,
             key=foundation.key,
@@ -109,14 +104,17 @@ class MultiModelEndpointStack(EnvironmentStack):
         self.scalable_target, self.alarm_topic = endpoint.scalable_target, endpoint.alarm_topic
         self.alarms = endpoint.add_alarms(self._alarm_table())
         self._sizing()
-        self.invoke_policy = iam.ManagedPolicy(
+        self.invoke_policy = self._invoke_policy(mme.invoke_allowed_models)
+        self._outputs()
+
+    def _invoke_policy(self, allowed_models: Sequence[str]) -> iam.ManagedPolicy:
+        return iam.ManagedPolicy(
             self,
             "InvokePolicy",
             description="Attach to clients of the multi-model endpoint: invoke it"
-            + (" for the listed models only" if mme.invoke_allowed_models else ""),
-            statements=[self.invoke_statement(mme.invoke_allowed_models or None)],
+            + (" for the listed models only" if allowed_models else ""),
+            statements=[self.invoke_statement(allowed_models or None)],
         )
-        self._outputs()
 
     def _alarm_table(self) -> list[AlarmSpec]:
         endpoint, name = self.sagemaker_endpoint, self.settings.name

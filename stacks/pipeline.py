@@ -24,8 +24,10 @@ from stacks.components.promotion_pipeline import (
     KEEP_LOGICAL_IDS,
     SYNTH_COMMANDS,
     ModelEndpoint,
+    PipelineSource,
     PromotionPipeline,
     PromotionStage,
+    PromotionTarget,
     cdk_cli_version,
     smoke_test_role_name,
     smoke_tested,
@@ -97,6 +99,8 @@ class SmokeTestAccessStack(cdk.Stack):
     endpoint will serve (pre-deploy model check, given ``model_bucket`` and ``model_key``) and, given
     ``endpoint_name``, describe and invoke that endpoint (smoke test)."""
 
+    # Long: the role and its three optional grants (image digests, model lookup, smoke test), each with the condition
+    # that scopes it.
     def __init__(
         self,
         scope: Construct,
@@ -104,6 +108,7 @@ class SmokeTestAccessStack(cdk.Stack):
         *,
         settings: EnvironmentSettings,
         tooling_account: str,
+        pipeline_stack_name: str,
         model_bucket: s3.IBucket | None = None,
         model_key: str | None = None,
         endpoint_name: str | None = None,
@@ -114,11 +119,17 @@ class SmokeTestAccessStack(cdk.Stack):
             construct_id,
             description=f"Lets the promotion pipeline check the model of, and smoke-test, the {settings.name} endpoint",
         )
+        pipeline_roles = f"{pipeline_stack_name}-*"
         self.role = iam.Role(
             self,
             "SmokeTestRole",
-            role_name=smoke_test_role_name(settings),
-            assumed_by=iam.AccountPrincipal(tooling_account),
+            role_name=smoke_test_role_name(promotion_target(settings)),
+            # Only the pipeline stack's roles (the CodeBuild steps' roles, whose names CloudFormation generates as
+            # <stack name>-<logical id>-<suffix>), not any principal of the tooling account. aws:PrincipalArn is the
+            # role's ARN for an assumed-role session (IAM User Guide, "AWS global condition context keys").
+            assumed_by=iam.AccountPrincipal(tooling_account).with_conditions(
+                {"ArnLike": {"aws:PrincipalArn": f"arn:{self.partition}:iam::{tooling_account}:role/{pipeline_roles}"}}
+            ),
             description="Assumed by the promotion pipeline's model-check and smoke-test steps (tooling account)",
             max_session_duration=cdk.Duration.hours(1),
         )
@@ -214,11 +225,20 @@ class PromotionPipelineStack(cdk.Stack):
         checked_on = today or date.today()
         images = platform_images(self, checked_on)
         self.image_names = [image.name for image in images]
+        _check_regions(settings, environments)
+        if images:
+            _one_project(environments)
+        self.environments: dict[str, EnvironmentSettings] = {e.name: e for e in environments}
         self.promotion = PromotionPipeline(
             self,
             KEEP_LOGICAL_IDS,
-            settings=settings,
-            environments=environments,
+            source=PipelineSource(
+                region=settings.region,
+                repository=settings.repository,
+                branch=settings.branch,
+                connection_arn=settings.connection_arn,
+            ),
+            targets=[promotion_target(environment) for environment in environments],
             stage_factory=self._stage,
             images=images,
         )
@@ -233,14 +253,20 @@ class PromotionPipelineStack(cdk.Stack):
         self.pipeline = self.promotion.pipeline
         self.stages = self.promotion.stages
 
-    def _stage(self, scope: Construct, environment: EnvironmentSettings) -> PromotionStage:
+    def _stage(self, scope: Construct, target: PromotionTarget) -> PromotionStage:
         """The environment's PlatformStage and the role the pipeline's steps assume there (publishing the images'
         digests; once the stage serves a named model version, also its model check and smoke test)."""
+        environment = self.environments[target.name]
         stage = self.stage_class(scope, environment, construct_id=environment.name, today=self.today)
         endpoint = getattr(stage, "graviton_endpoint", None)
         if endpoint is None:
             access = SmokeTestAccessStack(
-                stage, "SmokeTestAccess", settings=environment, tooling_account=self.account, images=self.image_names
+                stage,
+                "SmokeTestAccess",
+                settings=environment,
+                tooling_account=self.account,
+                pipeline_stack_name=self.stack_name,
+                images=self.image_names,
             )
             return PromotionStage(stage, access=access)
         model_key = environment.graviton_endpoint.model_data_key
@@ -252,9 +278,10 @@ class PromotionPipelineStack(cdk.Stack):
             "SmokeTestAccess",
             settings=environment,
             tooling_account=self.account,
+            pipeline_stack_name=self.stack_name,
             model_bucket=foundation.artifacts_bucket,
             model_key=model_key,
-            endpoint_name=endpoint.sagemaker_endpoint.fixed_name if smoke_tested(environment) else None,
+            endpoint_name=endpoint.sagemaker_endpoint.fixed_name if smoke_tested(target) else None,
             images=self.image_names,
         )
         # The endpoint stack's steps (the model check included) run after the stacks it depends on: Foundation
@@ -270,3 +297,34 @@ class PromotionPipelineStack(cdk.Stack):
                 endpoint_name=endpoint.endpoint_name_output,
             ),
         )
+
+
+def promotion_target(environment: EnvironmentSettings) -> PromotionTarget:
+    return PromotionTarget(
+        name=environment.name, region=environment.region, account=environment.account, project=environment.tags.project
+    )
+
+
+def _one_project(environments: Sequence[EnvironmentSettings]) -> str:
+    """The project name the image repositories and parameters carry: one for every environment the pipeline
+    promotes through (each environment reads the repository the pipeline pushes to)."""
+    projects = {environment.tags.project for environment in environments}
+    if len(projects) != 1:
+        names = ", ".join(f"{e.name}: {e.tags.project}" for e in environments)
+        raise SettingsError(
+            f"environments.*.tags.project: the promotion pipeline builds one set of images, so every environment "
+            f"needs the same project name (now {names})."
+        )
+    return projects.pop()
+
+
+def _check_regions(settings: PipelineSettings, environments: Sequence[EnvironmentSettings]) -> None:
+    """The pipeline deploys within its own region: other regions need replication buckets (and their own
+    compliance) in the tooling account."""
+    for environment in environments:
+        if environment.region != settings.region:
+            raise SettingsError(
+                f"environments.{environment.name}.region: the promotion pipeline deploys within its own region "
+                f"({settings.region}); set pipeline.region to {environment.region} or deploy {environment.name} "
+                "with cdk deploy."
+            )

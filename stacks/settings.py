@@ -86,6 +86,12 @@ def _sagemaker_gpu_training(facts: InstanceType) -> bool:
     return facts.gpu is not None and facts.offered("training")
 
 
+def sagemaker_gpu_training_types() -> list[str]:
+    """The ml. types a @remote job may run on: those ``training.remote_instance_type`` accepts (the launcher policy
+    allows exactly these; remote_train's --instance-type picks among them)."""
+    return names_where(_sagemaker_gpu_training, sagemaker=True)
+
+
 def _autoscaled_hosting(facts: InstanceType) -> bool:
     return facts.offered("hosting") and not facts.burstable
 
@@ -385,10 +391,10 @@ class GravitonEndpointSettings(_Settings):
     # length are cut to the model's window; the byte cap (at most SageMaker's payload cap) protects the server.
     max_request_batch: Annotated[int, _limit("max_request_batch")] = Limits.max_request_batch
     max_request_bytes: Annotated[int, _limit("max_request_bytes")] = Limits.max_request_bytes
-    # TorchServe workers and dynamic batching (README "Serving on Graviton" has the measurements).
+    # Model server workers (Ray Serve replicas) and batching: the delay bounds a batch's wait for its round (serving.md)
     workers_per_model: Annotated[int, Field(ge=1, le=64)] | None = None
     server_batch_size: Annotated[int, Field(ge=1, le=256)] = 8
-    server_max_batch_delay_ms: Annotated[int, Field(ge=0, le=10000)] = 2
+    server_max_batch_delay_ms: Annotated[int, Field(ge=0, le=10000)] = 50
     # Graviton fast paths (PyTorch's Graviton inference tuning recipe) and the model's precision.
     fast_math: Literal["bf16", "off"] = "bf16"
     lru_cache_capacity: Annotated[int, Field(ge=0, le=65_536)] = 1024

@@ -82,6 +82,8 @@ def remote_function_config(
                         "S3KmsKeyId": kms_key_id,
                         **volume_key,
                         "VpcConfig": {"SecurityGroupIds": security_group_ids, "Subnets": subnets},
+                        # The launcher policy requires it (sagemaker:InterContainerTrafficEncryption).
+                        "EnableInterContainerTrafficEncryption": True,
                         "Tags": [{"Key": key, "Value": value} for key, value in tags.items()],
                         "InstanceType": instance_type,
                         "ImageUri": image_uri,
@@ -382,7 +384,8 @@ class TrainingStack(EnvironmentStack):
 
     # --- outputs ------------------------------------------------------------------------------------------------
 
-    def _outputs(self) -> None:
+    def _run_outputs(self) -> None:
+        """Where and how training runs start: the template, its zone and the commands."""
         training = self.settings.training
         cdk.CfnOutput(
             self,
@@ -428,6 +431,9 @@ class TrainingStack(EnvironmentStack):
                 value=self.training_template.run_command(nodes),
                 description=f"Starts a {nodes}-node training run (EFA: {training.efa})",
             )
+
+    def _outputs(self) -> None:
+        self._run_outputs()
         cdk.CfnOutput(
             self,
             "TrainingLogGroupName",

@@ -111,6 +111,14 @@ class LocalModelServer:
                     "disable_token_authorization=true",
                     "decode_input_request=false",
                     "default_workers_per_model=1",
+                    # A synchronous load (POST /models; SageMaker's JSON body is synchronous by default:
+                    # RegisterModelRequest()) blocks the Netty thread that reads it until the worker is up
+                    # (ApiUtils.updateModelWorkers ends in future.get(), called on that thread from
+                    # ManagementRequestHandler.handleRegisterModel), and the inference and management ports share
+                    # one pool of Netty threads (ModelServer.startRESTserver, ServerGroups.childGroup; default 2 x
+                    # CPUs). Every request on a connection that shares the loading thread then waits for the whole
+                    # load (pytorch/serve 62c4d6a). Enough threads that no connection of this harness shares one.
+                    "number_of_netty_threads=32",
                     f"default_response_timeout={self.response_timeout_s}",
                     "install_py_dep_per_model=false",
                     # Worker sockets go to java.io.tmpdir (/tmp by default, whatever TMPDIR says): two servers would

@@ -1,23 +1,17 @@
-"""Serve a model.tar.gz on localhost with the real SageMaker PyTorch toolkit + TorchServe, as the container does.
+"""Serve a model.tar.gz on localhost with the server the Graviton endpoint runs: Ray Serve, through the archive's
+own ``config.yaml`` + ``deployment.py`` (the serving contract of AWS's Ray Serve DLC, see
+``inference_assets/container/ray_deployment.py``).
 
-The container runs ``serving.main()`` with the archive unpacked at /opt/ml/model; here the archive is unpacked under
-a private work directory and the toolkit is pointed at it with its own variables (``SAGEMAKER_BASE_DIR``,
-``SAGEMAKER_BIND_TO_PORT``). What differs from the container, and why:
+The container runs ``python -m sentiment_serving.ray_server`` with the archive unpacked at /opt/ml/model and
+PYTHONPATH=/opt/ml/model:/opt/ml/model/code; here the archive is unpacked under a private work directory and the
+same module, the archive's own copy, runs with the same PYTHONPATH and the endpoint's environment
+(``endpoint_environment()``). What differs from the container, and why:
 
-- TorchServe keeps its pid file in ``$TMPDIR`` and its model store under the working directory: both are private
-  per server, so several servers (tests, benchmark, another helper's) can run on one host.
-- TorchServe's inference, management, metrics and gRPC listeners are bound to 127.0.0.1 on free ports through
-  ``TS_*`` variables (the toolkit turns ``enable_envvars_config`` on); the container binds 0.0.0.0:8080 and the
-  fixed gRPC ports 7070/7071, which a second TorchServe on the host would collide with.
-- The toolkit writes /etc/sagemaker-ts.properties (a fixed path) just before TorchServe reads it; a host-wide lock
-  serialises that window between servers started through this module.
-- The toolkit pip-installs ``code/requirements.txt`` at start-up, as in the container; ``PIP_NO_INDEX`` makes that
-  a check against the installed packages (the pins equal requirements-dev.txt) that never changes this venv.
-- The toolkit's supervisor insists on being the only TorchServe on the host; if another one runs, it gives up after
-  10 s while its TorchServe keeps serving, or it adopts the other server's TorchServe if that one was up first. So
-  health is judged by ``/ping`` and the worker status, the supervisor is killed without running its SIGTERM handler
-  (which would stop the TorchServe it adopted), and then the whole process group is stopped (never a bare
-  ``torchserve --stop``, which stops whatever the global pid file names).
+- Ray Serve listens on 127.0.0.1 and a free port instead of 0.0.0.0:8080, and Ray's own ports are the free ones
+  Ray picks for a local instance: several servers (tests, the benchmark, other sessions) run on one host.
+- ``TMPDIR`` is private to the server: Ray keeps its session directory, sockets and logs there (its default
+  /tmp/ray is shared host-wide), so no server finds or touches another's Ray.
+- ``RAY_ADDRESS`` is removed and ``address="local"`` starts a new Ray instance: never another session's.
 
     python -m inference_assets.local.local_server --model model.tar.gz   # serves until Ctrl-C or SIGTERM
 """
@@ -25,11 +19,11 @@ a private work directory and the toolkit is pointed at it with its own variables
 from __future__ import annotations
 
 import argparse
-import fcntl
 import http.client
 import json
 import os
 import shutil
+import signal
 import sys
 import tarfile
 import tempfile
@@ -38,18 +32,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from inference_assets.local.server_process import ServerCommand, ServerProcess, free_port
+from inference_assets.local.server_process import GRACEFUL_STOP, ServerCommand, ServerProcess, StopStep, free_port
 from inference_assets.local.shutdown import stop_signals_as_interrupt
 from inference_assets.tools.endpoint_environment import endpoint_environment
 
-_TOOLKIT_MAIN = "from sagemaker_pytorch_serving_container import serving; serving.main()"
-_CONFIG_LOCK = Path(tempfile.gettempdir()) / "sagemaker-ts-properties.lock"
+# The launcher shuts Serve and Ray down on SIGTERM (as SageMaker stops a container); the group is stopped after.
+RAY_STOP = (StopStep(signal.SIGTERM, 30.0, leader_only=True), *GRACEFUL_STOP)
+# What the container runs (the image's command), here from the unpacked archive's code/ folder.
+SERVER_MODULE = "sentiment_serving.ray_server"
 
 
-class LocalToolkitServer:
-    """One TorchServe started through the SageMaker PyTorch toolkit, serving one model archive on 127.0.0.1.
+class LocalRayServer:
+    """Ray Serve serving one model archive on 127.0.0.1, started as the endpoint's container starts it.
 
-    ``with LocalToolkitServer(archive, workers=1) as server: server.invoke(b'{"inputs": "hi"}')``
+    ``with LocalRayServer(archive, workers=1) as server: server.invoke(b'{"inputs": "hi"}')``
     """
 
     def __init__(
@@ -71,7 +67,6 @@ class LocalToolkitServer:
         self._unset = [name for name, value in overrides.items() if value is None]
         self.startup_timeout_s = startup_timeout_s
         self.port = 0
-        self.management_port = 0
         self.workdir: Path | None = None
         self._server: ServerProcess | None = None
 
@@ -84,6 +79,11 @@ class LocalToolkitServer:
         assert self.workdir is not None
         return self.workdir / "server.log"
 
+    @property
+    def model_dir(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir / "opt_ml" / "model"
+
     def _unpack(self, model_dir: Path) -> None:
         model_dir.mkdir(parents=True)
         if self.model.is_dir():
@@ -92,80 +92,50 @@ class LocalToolkitServer:
         with tarfile.open(self.model) as tar:
             tar.extractall(model_dir, filter="data")
 
-    def start(self) -> LocalToolkitServer:
+    def start(self) -> LocalRayServer:
         if not self.model.exists():
             raise FileNotFoundError(f"no model archive or directory at {self.model}")
-        self.workdir = Path(tempfile.mkdtemp(prefix="sagemaker-local-"))
-        base_dir = self.workdir / "opt_ml"
-        self._unpack(base_dir / "model")
+        self.workdir = Path(tempfile.mkdtemp(prefix="ray-serve-local-"))
+        self._unpack(self.model_dir)
         (self.workdir / "tmp").mkdir()
-        self.port, self.management_port = free_port(), free_port()
-        loopback = "http://127.0.0.1:{}".format
+        self.port = free_port()
         environment = {
             **os.environ,
             **self.environment,
-            # The venv's torchserve/java launcher must be the first on PATH.
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-            "SAGEMAKER_BASE_DIR": str(base_dir),
-            "SAGEMAKER_BIND_TO_PORT": str(self.port),
+            "PYTHONPATH": f"{self.model_dir}{os.pathsep}{self.model_dir / 'code'}",  # as the image sets it
+            "SM_MODEL_DIR": str(self.model_dir),
             "TMPDIR": str(self.workdir / "tmp"),
-            "LOG_LOCATION": str(self.workdir / "logs"),
-            "METRICS_LOCATION": str(self.workdir / "logs"),
-            "TS_INFERENCE_ADDRESS": loopback(self.port),
-            "TS_MANAGEMENT_ADDRESS": loopback(self.management_port),
-            "TS_METRICS_ADDRESS": loopback(free_port()),
-            "TS_GRPC_INFERENCE_ADDRESS": "127.0.0.1",
-            "TS_GRPC_INFERENCE_PORT": str(free_port()),
-            "TS_GRPC_MANAGEMENT_ADDRESS": "127.0.0.1",
-            "TS_GRPC_MANAGEMENT_PORT": str(free_port()),
-            "PIP_NO_INDEX": "1",
+            "RAY_USAGE_STATS_ENABLED": "0",  # no usage report leaves the host (the endpoint has no egress either)
         }
-        environment.pop("PYTHONPATH", None)  # the toolkit sets it to the model's code dir, as in the container
+        environment.pop("RAY_ADDRESS", None)
         for name in self._unset:
             environment.pop(name, None)
         self._server = ServerProcess(
             ServerCommand(
-                argv=[sys.executable, "-c", _TOOLKIT_MAIN],
-                # /ping answers 200 as soon as the frontend is up; the model is ready when all its workers are.
-                ready=lambda: self.ping() == 200 and self.workers_ready(),
+                argv=[sys.executable, "-m", SERVER_MODULE, "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+                # The deployment answers /ping itself: 200 means a replica holds the model.
+                ready=lambda: self.ping() == 200,
                 environment=environment,
                 cwd=self.workdir,
                 log_path=self.log_path,
                 startup_timeout_s=self.startup_timeout_s,
-                # The toolkit's supervisor looks for "the" TorchServe host-wide and, on SIGTERM, kills what it found,
-                # which can be another server's TorchServe: it is killed outright, then our own group stopped.
-                kill_leader_first=True,
+                stop_steps=RAY_STOP,
             )
         )
-        with open(_CONFIG_LOCK, "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                self._server.start()
-            except BaseException:
-                self.stop()
-                raise
-        return self
-
-    def workers_ready(self) -> bool:
-        """Whether every worker of the toolkit's model ("model") is READY (TorchServe management API)."""
-        connection = http.client.HTTPConnection("127.0.0.1", self.management_port, timeout=10)
         try:
-            connection.request("GET", "/models/model")
-            response = connection.getresponse()
-            if response.status != 200:
-                return False
-            (description,) = json.loads(response.read())
-        finally:
-            connection.close()
-        workers = description.get("workers", [])
-        return len(workers) >= description.get("minWorkers", 1) and all(w.get("status") == "READY" for w in workers)
+            self._server.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
     def log_tail(self, lines: int = 40) -> str:
         return self._server.log_tail(lines) if self._server is not None else "(no log)"
 
     @property
     def process_group(self) -> int:
-        """The server's process group (TorchServe, its Java frontend and workers, and the toolkit's supervisor)."""
+        """The server's process group: the launcher (Ray's driver), Ray's GCS, raylet and agents. Ray's workers
+        (Serve's controller, proxy and replicas) run in groups of their own, as children of the raylet."""
         assert self._server is not None, "the server is not running"
         return self._server.group
 
@@ -177,7 +147,7 @@ class LocalToolkitServer:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
-    def __enter__(self) -> LocalToolkitServer:
+    def __enter__(self) -> LocalRayServer:
         return self.start()
 
     def __exit__(self, *_: object) -> None:
@@ -211,9 +181,9 @@ class LocalToolkitServer:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True, help="model.tar.gz (or an unpacked model directory)")
-    parser.add_argument("--workers", type=int, help="TorchServe workers (default: the endpoint's rule, cores / 4)")
-    parser.add_argument("--batch-size", type=int, help="TorchServe batch size (default: the endpoint's)")
-    parser.add_argument("--max-batch-delay-ms", type=int, help="TorchServe batch delay (default: the endpoint's)")
+    parser.add_argument("--workers", type=int, help="model replicas (default: the endpoint's rule, cores / 4)")
+    parser.add_argument("--batch-size", type=int, help="requests per forward pass (default: the endpoint's)")
+    parser.add_argument("--max-batch-delay-ms", type=int, help="how long a batch waits (default: the endpoint's)")
     parser.add_argument("--text", help="send this text once, print the answer and stop (instead of serving)")
     args = parser.parse_args(argv)
     options = {
@@ -226,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None
     }
     try:
-        with stop_signals_as_interrupt(), LocalToolkitServer(args.model, **options) as server:
+        with stop_signals_as_interrupt(), LocalRayServer(args.model, **options) as server:
             if args.text is not None:
                 body = json.dumps({"inputs": args.text}).encode()
                 print(f"POST {server.url}/invocations {body.decode()}")
@@ -237,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             print("Ctrl-C or SIGTERM stops it", flush=True)
             while server.ping() == 200:
                 time.sleep(2)
-            return 1  # TorchServe stopped answering by itself
+            return 1  # the server stopped answering by itself
     except KeyboardInterrupt:
         return 0
 

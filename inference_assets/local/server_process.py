@@ -1,16 +1,19 @@
 """One way to run a local model server: its own process group, a readiness check, a log, and a stop that leaves
 nothing behind.
 
-The local harnesses (the single-model toolkit server, the multi-model TorchServe) differ only in data: the command,
+The local harnesses (the single-model Ray Serve server, the multi-model TorchServe) differ only in data: the command,
 its environment, how to tell it is ready, and which signals stop it. The manager knows nothing of TorchServe, so a
 harness that moves to another server changes its command and readiness check, not its process handling.
 
 Why a process group, and why stopping the group: a model server forks (a Java frontend, one Python worker per
 model); the leader can exit while its children keep serving, so "stopped" means no process of the group is left.
+Some servers also start processes in groups of their own (Ray's raylet starts each worker with ``setpgrp``): the
+server's descendants found when the stop begins are signalled and waited for with the group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -22,6 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import psutil
+
 from inference_assets.local.shutdown import default_stop_signals
 
 
@@ -31,10 +36,12 @@ class ServerError(RuntimeError):
 
 @dataclass(frozen=True)
 class StopStep:
-    """Send ``signal`` to the whole group, then wait up to ``grace_s`` for every process of it to end."""
+    """Send ``signal`` to the whole group (``leader_only``: to the leader alone, for a server that shuts its own
+    processes down), then wait up to ``grace_s`` for every process of the server to end."""
 
     signal: signal.Signals
     grace_s: float
+    leader_only: bool = False
 
 
 # The usual stop: ask politely, then insist.
@@ -55,6 +62,27 @@ def group_alive(group: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _descendants_outside(group: int, leader: int) -> list[psutil.Process]:
+    """The leader's descendants that left its process group (they would outlive a stop of the group alone)."""
+    try:
+        children = psutil.Process(leader).children(recursive=True)
+    except psutil.Error:
+        return []
+    strays = []
+    for child in children:
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(child.pid) != group:
+                strays.append(child)
+    return strays
 
 
 @dataclass(frozen=True)
@@ -137,27 +165,37 @@ class ServerProcess:
         return group_alive(self._process.pid)
 
     def stop(self) -> None:
-        """Stop every process of the group (idempotent)."""
+        """Stop every process of the group and every descendant of the leader (idempotent)."""
         process, self._process = self._process, None
         if process is None:
             return
         group = process.pid
+        strays = _descendants_outside(group, process.pid)
         if self.command.kill_leader_first and process.poll() is None:
             process.kill()
         for step in self.command.stop_steps:
-            try:
-                os.killpg(group, step.signal)
-            except ProcessLookupError:
-                break
+            if step.leader_only:
+                if process.poll() is None:
+                    process.send_signal(step.signal)
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, step.signal)
+                for stray in strays:
+                    with contextlib.suppress(psutil.Error):
+                        stray.send_signal(step.signal)
             deadline = time.monotonic() + step.grace_s
             while time.monotonic() < deadline:
                 process.poll()  # reap the leader, or it counts as alive
-                if not group_alive(group):
+                if not self._alive(group, strays):
                     break
                 time.sleep(0.2)
-            if not group_alive(group):
+            if not self._alive(group, strays):
                 break
         process.poll()
+
+    @staticmethod
+    def _alive(group: int, strays: list[psutil.Process]) -> bool:
+        return group_alive(group) or any(_running(stray) for stray in strays)
 
     def log_tail(self, lines: int = 40) -> str:
         path = self.command.log_path

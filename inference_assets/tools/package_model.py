@@ -3,9 +3,11 @@
 Layout (the toolkit unpacks it to /opt/ml/model and imports ``code/inference.py``):
 
     config.json, model.safetensors, tokenizer files ...  the model directory, at the archive root
+    config.yaml, deployment.py                           Ray Serve's entry (the Ray Serve DLC contract: config.yaml
+                                                         names deployment:app; see container/ray_deployment.py)
     MAR-INF/MANIFEST.json                                names TorchServe's handler: code/inference.py:handle
     code/inference.py                                    the handler entry TorchServe imports (container/entrypoints/)
-                                                         (both left out of archives for DJL Serving: see
+                                                         (these four left out of archives for DJL Serving: see
                                                          build_model_archive's ``torchserve_handler``)
     code/sentiment_serving/*.py                          the ``inference_assets.container`` package
     code/requirements.txt                                only without vendoring: the toolkit pip-installs it at start-up
@@ -34,6 +36,8 @@ from pathlib import Path, PurePosixPath
 CONTAINER = Path(__file__).resolve().parents[1] / "container"
 HANDLER = CONTAINER / "entrypoints" / "inference.py"
 DJL_ENTRY_POINT = CONTAINER / "entrypoints" / "model.py"
+# Ray Serve's entry at the archive root: `serve run /opt/ml/model/config.yaml` imports deployment:app.
+RAY_ENTRY_FILES = {name: CONTAINER / "entrypoints" / name for name in ("config.yaml", "deployment.py")}
 # The package's name inside the archive (code/ is on the model server's sys.path).
 ARCHIVE_PACKAGE = "sentiment_serving"
 REQUIREMENTS = CONTAINER / "requirements.txt"
@@ -99,6 +103,9 @@ def _entries(
             f"{model_dir} already holds {clash[0]}; the archive's code/ and MAR-INF/ are the handler's"
         )
     if torchserve_handler:
+        if clash := sorted(set(RAY_ENTRY_FILES) & set(entries)):
+            raise PackagingError(f"{model_dir} already holds {clash[0]}; the archive's {clash[0]} is Ray Serve's entry")
+        entries.update(RAY_ENTRY_FILES)
         entries["MAR-INF/MANIFEST.json"] = (json.dumps(TORCHSERVE_MANIFEST, indent=2) + "\n").encode()
         entries["code/inference.py"] = HANDLER
     entries.update(container_files())
@@ -131,8 +138,9 @@ def build_model_archive(
     ``extra_files`` maps archive paths to files or contents (e.g. ``{"serving.properties": b"..."}``).
     ``vendor_dir`` holds installed packages (see :func:`vendor_dependencies`) to ship as ``code/lib``; without it the
     archive carries ``code/requirements.txt`` and the toolkit installs it when the container starts.
-    ``torchserve_handler=False`` leaves out ``MAR-INF/MANIFEST.json`` and ``code/inference.py`` (archives for DJL
-    Serving, which must not see a manifest: see publish_models.build_archive); ``code/sentiment_serving`` stays.
+    ``torchserve_handler=False`` leaves out ``MAR-INF/MANIFEST.json``, ``code/inference.py`` and Ray Serve's
+    ``config.yaml`` + ``deployment.py`` (archives for DJL Serving, which must not see a manifest: see
+    publish_models.build_archive); ``code/sentiment_serving`` stays.
     """
     model_dir, output = Path(model_dir), Path(output)
     vendor = None if vendor_dir is None else Path(vendor_dir)

@@ -119,6 +119,8 @@ def image_uri_variable(image: str) -> str:
 class ImageBuild(Construct):
     """One image's repository, build role and CodeBuild project (see ImageBuilds)."""
 
+    # Long: one image's repository (with its pull policy), build role and native CodeBuild project, in dependency order,
+    # the reason for each setting inline.
     def __init__(
         self,
         scope: Construct,

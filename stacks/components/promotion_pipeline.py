@@ -30,7 +30,6 @@ from constructs import Construct
 from stacks.compliance import acknowledge, acknowledge_wildcards, add_template_aspects
 from stacks.components.image_builds import ImageBuilds, ImageDefinition, built_images, publish_commands
 from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
-from stacks.settings import EnvironmentSettings, PipelineSettings, SettingsError
 
 # What the README tells a contributor to run; the pipeline runs exactly that (both create .venv themselves).
 SYNTH_COMMANDS = ("make test", "make synth")
@@ -46,16 +45,38 @@ def cdk_cli_version() -> str:
     return json.loads((_REPO_ROOT / "package.json").read_text())["devDependencies"]["aws-cdk"]
 
 
-def smoke_test_role_name(settings: EnvironmentSettings) -> str:
+@dataclass(frozen=True)
+class PipelineSource:
+    """Where the pipeline runs and what it builds from: ``repository`` (owner/name) at ``branch``, through the
+    CodeConnections connection ``connection_arn``."""
+
+    region: str
+    repository: str
+    branch: str
+    connection_arn: str
+
+
+@dataclass(frozen=True)
+class PromotionTarget:
+    """An environment the pipeline promotes to, in promotion order: its name, region, account (None: the
+    deploying credentials' account) and project (the prefix of its role and image names)."""
+
+    name: str
+    region: str
+    account: str | None
+    project: str
+
+
+def smoke_test_role_name(target: PromotionTarget) -> str:
     """The role, in the environment's account, that the model-check and smoke-test steps assume (by name: the
     pipeline stack cannot reference a resource of another account's stack)."""
-    return f"{settings.tags.project}-{settings.name}-pipeline-smoke-test"[:64]
+    return f"{target.project}-{target.name}-pipeline-smoke-test"[:64]
 
 
-def smoke_tested(environment: EnvironmentSettings) -> bool:
+def smoke_tested(target: PromotionTarget) -> bool:
     """Every environment but prod: the pipeline does not send test traffic to prod, which waits for an approval
     instead (the templates it deploys were smoke-tested in staging)."""
-    return environment.name != "prod"
+    return target.name != "prod"
 
 
 @dataclass(frozen=True)
@@ -83,7 +104,7 @@ class PromotionStage:
 
 
 # Builds an environment's stage in the given scope, with the environment's name as its id.
-StageFactory = Callable[[Construct, EnvironmentSettings], PromotionStage]
+StageFactory = Callable[[Construct, PromotionTarget], PromotionStage]
 
 
 class PromotionPipeline(Construct):
@@ -98,37 +119,21 @@ class PromotionPipeline(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        settings: PipelineSettings,
-        environments: Sequence[EnvironmentSettings],
+        source: PipelineSource,
+        targets: Sequence[PromotionTarget],
         stage_factory: StageFactory,
         images: Sequence[ImageDefinition] = (),
     ) -> None:
-        _check_regions(settings, environments)
-        project = _one_project(environments) if images else ""
+        """``targets`` share ``source.region`` (cross-region stages need replication buckets in the tooling account)
+        and, when the pipeline builds ``images``, one project (one set of repositories serves every stage)."""
+        if regions := {target.region for target in targets} - {source.region}:
+            raise ValueError(f"the pipeline deploys within {source.region}, not {sorted(regions)}")
+        projects = {target.project for target in targets}
+        if images and len(projects) != 1:
+            raise ValueError(f"the pipeline builds one set of images for one project, not {sorted(projects)}")
         super().__init__(scope, construct_id)
         stack = cdk.Stack.of(self)
-        self.settings = settings
-        self.key = kms.Key(
-            self,
-            "ArtifactsKey",
-            description="Encrypts the promotion pipeline's artifacts, build logs and cross-account deployments",
-            enable_key_rotation=True,
-        )
-        self.key.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="AllowCodeBuildLogGroups",
-                principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
-                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
-                resources=["*"],
-                conditions={
-                    "ArnLike": {
-                        "kms:EncryptionContext:aws:logs:arn": stack.format_arn(
-                            service="logs", resource="*", arn_format=cdk.ArnFormat.NO_RESOURCE_NAME
-                        )
-                    }
-                },
-            )
-        )
+        self.key = self._artifacts_key()
         buckets = SecureBuckets(
             self,
             KEEP_LOGICAL_IDS,
@@ -145,14 +150,76 @@ class PromotionPipeline(Construct):
         self.build_logs = logs.LogGroup(
             self, "BuildLogs", encryption_key=self.key, retention=logs.RetentionDays.THREE_MONTHS
         )
-
         self.source = pipelines.CodePipelineSource.connection(
-            settings.repository, settings.branch, connection_arn=settings.connection_arn
+            source.repository, source.branch, connection_arn=source.connection_arn
         )
-        self.synth_step = pipelines.CodeBuildStep(
+        self.synth_step = self._synth_step()
+        self.pipeline = self._code_pipeline()
+        self.images: ImageBuilds | None = None
+        if images:
+            self.images = ImageBuilds(
+                self,
+                "Images",
+                project=projects.pop(),
+                images=images,
+                source_root=_REPO_ROOT,
+                key=self.key,
+                log_group=self.build_logs,
+                pull_accounts=[target.account for target in targets if target.account],
+            )
+            self.pipeline.add_wave("Images", pre=self.images.steps(self.source))
+        self.stages = [self._add_stage(stack, target, stage_factory) for target in targets]
+        self.pipeline.build_pipeline()
+        if self.images is not None:
+            self.images.rebuild_weekly(self.pipeline.pipeline)
+        self._acknowledge_generated()
+        self._lint_clean_pipeline()
+
+    def _add_stage(self, stack: cdk.Stack, target: PromotionTarget, stage_factory: StageFactory) -> cdk.Stage:
+        # In the stack, beside this construct, not under it: a stage's construct path names its cloud assembly
+        # (assembly-<stack>-<env>), which should not change when the pipeline's code is reorganized.
+        promotion = stage_factory(stack, target)
+        add_template_aspects(promotion.stage)
+        pre = [self._approval(target)] if target.name == "prod" else []
+        stack_steps, post = self._endpoint_steps(target, promotion.endpoint)
+        stack_steps += self._image_steps(target, promotion)
+        self.pipeline.add_stage(promotion.stage, pre=pre, post=post, stack_steps=stack_steps)
+        return promotion.stage
+
+    def _artifacts_key(self) -> kms.Key:
+        """The key of the artifacts, build logs and cross-account deployments; CloudWatch Logs may use it for the
+        build log groups of this account and region only."""
+        stack = cdk.Stack.of(self)
+        key = kms.Key(
+            self,
+            "ArtifactsKey",
+            description="Encrypts the promotion pipeline's artifacts, build logs and cross-account deployments",
+            enable_key_rotation=True,
+        )
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowCodeBuildLogGroups",
+                principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
+                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
+                resources=["*"],
+                conditions={
+                    "ArnLike": {
+                        "kms:EncryptionContext:aws:logs:arn": stack.format_arn(
+                            service="logs", resource="*", arn_format=cdk.ArnFormat.NO_RESOURCE_NAME
+                        )
+                    }
+                },
+            )
+        )
+        return key
+
+    def _synth_step(self) -> pipelines.CodeBuildStep:
+        return pipelines.CodeBuildStep(
             "Synth", input=self.source, commands=list(SYNTH_COMMANDS), primary_output_directory="cdk.out"
         )
-        self.pipeline = pipelines.CodePipeline(
+
+    def _code_pipeline(self) -> pipelines.CodePipeline:
+        return pipelines.CodePipeline(
             self,
             "Pipeline",
             synth=self.synth_step,
@@ -174,44 +241,15 @@ class PromotionPipeline(Construct):
                 ),
             ),
         )
-        self.images: ImageBuilds | None = None
-        if images:
-            self.images = ImageBuilds(
-                self,
-                "Images",
-                project=project,
-                images=images,
-                source_root=_REPO_ROOT,
-                key=self.key,
-                log_group=self.build_logs,
-                pull_accounts=[environment.account for environment in environments if environment.account],
-            )
-            self.pipeline.add_wave("Images", pre=self.images.steps(self.source))
-        self.stages: list[cdk.Stage] = []
-        for environment in environments:
-            # In the stack, beside this construct, not under it: a stage's construct path names its cloud assembly
-            # (assembly-<stack>-<env>), which should not change when the pipeline's code is reorganized.
-            promotion = stage_factory(stack, environment)
-            add_template_aspects(promotion.stage)
-            pre = [self._approval(environment)] if environment.name == "prod" else []
-            stack_steps, post = self._endpoint_steps(environment, promotion.endpoint)
-            stack_steps += self._image_steps(environment, promotion)
-            self.pipeline.add_stage(promotion.stage, pre=pre, post=post, stack_steps=stack_steps)
-            self.stages.append(promotion.stage)
-        self.pipeline.build_pipeline()
-        if self.images is not None:
-            self.images.rebuild_weekly(self.pipeline.pipeline)
-        self._acknowledge_generated()
-        self._lint_clean_pipeline()
 
-    def _approval(self, environment: EnvironmentSettings) -> pipelines.ManualApprovalStep:
+    def _approval(self, environment: PromotionTarget) -> pipelines.ManualApprovalStep:
         return pipelines.ManualApprovalStep(
             "PromoteToProd",
             comment=f"Deploy to {environment.name} the templates that were deployed and smoke-tested in staging.",
         )
 
     def _endpoint_steps(
-        self, environment: EnvironmentSettings, endpoint: ModelEndpoint | None
+        self, environment: PromotionTarget, endpoint: ModelEndpoint | None
     ) -> tuple[list[pipelines.StackSteps], list[pipelines.Step]]:
         """Before the endpoint stack deploys: the model check (never deploy an endpoint whose archive is absent);
         after the stage: the smoke test, except in prod. Nothing while a stage has no model endpoint (no model
@@ -238,7 +276,7 @@ class PromotionPipeline(Construct):
             )
         return [pipelines.StackSteps(stack=endpoint.stack, pre=[check])], post
 
-    def _image_steps(self, environment: EnvironmentSettings, promotion: PromotionStage) -> list[pipelines.StackSteps]:
+    def _image_steps(self, environment: PromotionTarget, promotion: PromotionStage) -> list[pipelines.StackSteps]:
         """Right after the stage's access stack deploys its role: write this execution's image digests into the
         environment's parameters; every stack of the stage that reads a BuiltImage deploys after that."""
         if self.images is None:
@@ -264,7 +302,7 @@ class PromotionPipeline(Construct):
     def _cross_account_step(
         self,
         step_id: str,
-        environment: EnvironmentSettings,
+        environment: PromotionTarget,
         *,
         env_from_cfn_outputs: dict[str, cdk.CfnOutput],
         command: str | Sequence[str],
@@ -287,7 +325,7 @@ class PromotionPipeline(Construct):
             ],
         )
 
-    def _smoke_role_arn(self, environment: EnvironmentSettings) -> str:
+    def _smoke_role_arn(self, environment: PromotionTarget) -> str:
         stack = cdk.Stack.of(self)
         account = environment.account or stack.account
         return f"arn:{stack.partition}:iam::{account}:role/{smoke_test_role_name(environment)}"
@@ -348,31 +386,6 @@ class PromotionPipeline(Construct):
             cdk.CfnElement, self.pipeline.pipeline.role.node.find_child("DefaultPolicy").node.default_child
         )
         cfn_pipeline.add_override("DependsOn", [stack.get_logical_id(role_policy)])
-
-
-def _one_project(environments: Sequence[EnvironmentSettings]) -> str:
-    """The project name the image repositories and parameters carry: one for every environment the pipeline
-    promotes through (each environment reads the repository the pipeline pushes to)."""
-    projects = {environment.tags.project for environment in environments}
-    if len(projects) != 1:
-        names = ", ".join(f"{e.name}: {e.tags.project}" for e in environments)
-        raise SettingsError(
-            f"environments.*.tags.project: the promotion pipeline builds one set of images, so every environment "
-            f"needs the same project name (now {names})."
-        )
-    return projects.pop()
-
-
-def _check_regions(settings: PipelineSettings, environments: Sequence[EnvironmentSettings]) -> None:
-    """The pipeline deploys within its own region: other regions need replication buckets (and their own
-    compliance) in the tooling account."""
-    for environment in environments:
-        if environment.region != settings.region:
-            raise SettingsError(
-                f"environments.{environment.name}.region: the promotion pipeline deploys within its own region "
-                f"({settings.region}); set pipeline.region to {environment.region} or deploy {environment.name} "
-                "with cdk deploy."
-            )
 
 
 def _join_as_sub(value: dict[str, Any]) -> dict[str, str] | None:

@@ -12,7 +12,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 import aws_cdk as cdk
 from aws_cdk import aws_applicationautoscaling as appscaling
@@ -29,6 +29,7 @@ from constructs import Construct
 
 from platform_facts.instances import has_local_nvme
 from stacks.compliance import acknowledge, acknowledge_short_retention
+from stacks.components.endpoint_metrics import VariantMetrics
 from stacks.components.eni_release_wait import EniReleaseWait
 
 VARIANT_NAME = "AllTraffic"
@@ -36,9 +37,6 @@ SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 AUTOSCALING_SERVICE_LINKED_ROLE = (
     "sagemaker.application-autoscaling.amazonaws.com/AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint"
 )
-# The namespaces of a variant's metrics: invocation metrics, and the instance metrics the host agent publishes.
-INVOCATION_METRICS = "AWS/SageMaker"
-INSTANCE_METRICS = "/aws/sagemaker/Endpoints"
 _ENDPOINT_NAME_LENGTH = 63
 
 
@@ -151,7 +149,9 @@ class ModelNetwork:
     isolated: bool = True
 
 
-class SageMakerEndpoint(Construct):
+# Long: the construct both endpoint stacks share (model, config, endpoint, log groups, autoscaling, alarm topic, invoke
+# grants); its metric helpers live in VariantMetrics.
+class SageMakerEndpoint(Construct, VariantMetrics):
     """A SageMaker endpoint with one production variant (``AllTraffic``).
 
     * The model runs ``image`` with ``role`` (which must exist, policies included, before the model: SageMaker checks
@@ -170,6 +170,8 @@ class SageMakerEndpoint(Construct):
     * ``eni_release_wait`` holds the stack's deletion until SageMaker has released the model's network interfaces;
       ``shares_network_with`` names other endpoints in the same security group.
     """
+
+    variant_name = VARIANT_NAME
 
     def __init__(
         self,
@@ -213,7 +215,21 @@ class SageMakerEndpoint(Construct):
         self.model = self._model(role, model_data_url, mode, environment or {}, network)
         self.model.node.add_dependency(self.eni_release_wait.resource)
         self.endpoint_config = self._endpoint_config(instance_type, initial_instance_count, key, data_capture)
-        self.endpoint = sagemaker.CfnEndpoint(
+        self.endpoint = self._endpoint(endpoint_name, exclude_retained)
+        self.endpoint_name = self.endpoint.attr_endpoint_name
+        self.endpoint_arn = self.endpoint.attr_endpoint_arn
+        self.log_group = None
+        if endpoint_name is not None:
+            self.log_group = self._log_group(endpoint_name, key, log_retention_days, removal_policy)
+        if retention_setting is not None:
+            for group in self.log_groups:
+                acknowledge_short_retention(group, log_retention_days, retention_setting)
+        self.scalable_target = self._track_invocations(autoscaling)
+        self.alarm_topic = self._alarm_topic(alarm_topic_display_name, key, alarm_email)
+        self.alarms: list[cloudwatch.Alarm] = []
+
+    def _endpoint(self, endpoint_name: str | None, exclude_retained: Sequence[str]) -> sagemaker.CfnEndpoint:
+        return sagemaker.CfnEndpoint(
             self,
             "Endpoint",
             endpoint_name=endpoint_name,
@@ -224,22 +240,13 @@ class SageMakerEndpoint(Construct):
             ]
             or None,
         )
-        self.endpoint_name = self.endpoint.attr_endpoint_name
-        self.endpoint_arn = self.endpoint.attr_endpoint_arn
-        self.log_group = None
-        if endpoint_name is not None:
-            self.log_group = self._log_group(endpoint_name, key, log_retention_days, removal_policy)
-        if retention_setting is not None:
-            for group in self.log_groups:
-                acknowledge_short_retention(group, log_retention_days, retention_setting)
-        self.scalable_target = self._track_invocations(autoscaling)
-        self.alarm_topic = sns.Topic(
-            self, "AlarmTopic", display_name=alarm_topic_display_name, master_key=key, enforce_ssl=True
-        )
+
+    def _alarm_topic(self, display_name: str | None, key: kms.IKey, email: str | None) -> sns.Topic:
+        self.alarm_topic = sns.Topic(self, "AlarmTopic", display_name=display_name, master_key=key, enforce_ssl=True)
         self._allow_alarms_to_publish()
-        if alarm_email:
-            self.alarm_topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
-        self.alarms: list[cloudwatch.Alarm] = []
+        if email:
+            self.alarm_topic.add_subscription(subscriptions.EmailSubscription(email))
+        return self.alarm_topic
 
     def _allow_alarms_to_publish(self) -> None:
         """``enforce_ssl`` gives the topic an AWS::SNS::TopicPolicy, which replaces SNS's default policy: without this
@@ -390,61 +397,6 @@ class SageMakerEndpoint(Construct):
             scale_out_cooldown=cdk.Duration.seconds(scaling.scale_out_cooldown_seconds),
         )
         return target
-
-    # --- metrics (the names of aws-sagemaker-alpha's production-variant metrics) ----------------------------------
-
-    def metric(
-        self,
-        namespace: str,
-        metric_name: str,
-        *,
-        statistic: str = "Average",
-        period: cdk.Duration | None = None,
-    ) -> cloudwatch.Metric:
-        """A metric of this endpoint's variant (dimensions EndpointName and VariantName)."""
-        return cloudwatch.Metric(
-            namespace=namespace,
-            metric_name=metric_name,
-            dimensions_map={"EndpointName": self.endpoint_name, "VariantName": VARIANT_NAME},
-            statistic=statistic,
-            period=period or cdk.Duration.minutes(5),
-        )
-
-    def metric_invocations(self, **props: Any) -> cloudwatch.Metric:
-        return self.metric(INVOCATION_METRICS, "Invocations", **{"statistic": "Sum", **props})
-
-    def metric_invocations_per_instance(self, **props: Any) -> cloudwatch.Metric:
-        return self.metric(INVOCATION_METRICS, "InvocationsPerInstance", **{"statistic": "Sum", **props})
-
-    def metric_invocation4xx_errors(self, **props: Any) -> cloudwatch.Metric:
-        return self.metric(INVOCATION_METRICS, "Invocation4XXErrors", **{"statistic": "Sum", **props})
-
-    def metric_invocation5xx_errors(self, **props: Any) -> cloudwatch.Metric:
-        return self.metric(INVOCATION_METRICS, "Invocation5XXErrors", **{"statistic": "Sum", **props})
-
-    def metric_model_latency(self, **props: Any) -> cloudwatch.Metric:
-        """Microseconds the model container took to answer."""
-        return self.metric(INVOCATION_METRICS, "ModelLatency", **props)
-
-    def metric_overhead_latency(self, **props: Any) -> cloudwatch.Metric:
-        return self.metric(INVOCATION_METRICS, "OverheadLatency", **props)
-
-    def metric_cpu_utilization(self, **props: Any) -> cloudwatch.Metric:
-        """Percent summed over vCPUs (100 per vCPU)."""
-        return self.metric(INSTANCE_METRICS, "CPUUtilization", **props)
-
-    def metric_mem_utilization(self, **props: Any) -> cloudwatch.Metric:
-        return self.metric(INSTANCE_METRICS, "MemoryUtilization", **props)
-
-    def metric_disk_utilization(self, **props: Any) -> cloudwatch.Metric:
-        return self.metric(INSTANCE_METRICS, "DiskUtilization", **props)
-
-    # Multi-model endpoints only (SageMaker publishes them per variant for MMEs).
-    def metric_model_loading_wait_time(self, **props: Any) -> cloudwatch.Metric:
-        return self.metric(INVOCATION_METRICS, "ModelLoadingWaitTime", **props)
-
-    def metric_model_cache_hit(self, **props: Any) -> cloudwatch.Metric:
-        return self.metric(INVOCATION_METRICS, "ModelCacheHit", **props)
 
     # --- alarms -------------------------------------------------------------------------------------------------
 

@@ -6,14 +6,15 @@ when its removal policy destroys it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.compliance import acknowledge
+from stacks.compliance import acknowledge, acknowledge_control
 
 # Give a stack's one SecureBuckets this id: CDK leaves "Default" out of logical ids, so its buckets keep the ids
 # they had as direct children of the stack, and a deployed (retained) bucket is never replaced by an empty twin.
@@ -35,9 +36,16 @@ class SecureBuckets(Construct):
         abort_incomplete_upload_days: int = 7,
         access_logs_id: str = "AccessLogs",
         no_replication_reason: str | None = None,
+        control_tower: bool = False,
+        no_object_lock_reason: str | None = None,
     ) -> None:
         """``no_replication_reason``: why the buckets need no cross-region replication (NIST 800-53 asks for it);
-        None keeps the finding for the caller to answer."""
+        None keeps the finding for the caller to answer.
+
+        ``control_tower``: meet AWS Control Tower's proactive S3 controls where a bucket can (data buckets send
+        object-level events to EventBridge, CT.S3.PR.4) and acknowledge, with the reason, those the access-log
+        bucket cannot. ``no_object_lock_reason``: why the buckets need no S3 Object Lock (CT.S3.PR.9); None keeps
+        the finding for the caller to answer."""
         super().__init__(scope, construct_id)
         # ACLs are disabled (BucketOwnerEnforced), so log delivery must be granted by bucket policy: set the feature
         # flag for this subtree, whatever the app's cdk.json says.
@@ -47,6 +55,8 @@ class SecureBuckets(Construct):
         self.noncurrent_version_days = noncurrent_version_days
         self.abort_incomplete_upload_days = abort_incomplete_upload_days
         self.no_replication_reason = no_replication_reason
+        self.control_tower = control_tower
+        self.no_object_lock_reason = no_object_lock_reason
         self.data_buckets: list[s3.Bucket] = []
         # S3 delivers server access logs only to buckets encrypted with SSE-S3.
         self.access_logs = s3.Bucket(
@@ -71,6 +81,9 @@ class SecureBuckets(Construct):
             "NIST.800.53.R5-S3DefaultEncryptionKMS",
         )
         self._acknowledge_replication(self.access_logs)
+        if control_tower:
+            self._acknowledge_access_log_controls()
+        self._acknowledge_object_lock(self.access_logs)
 
     def add_data_bucket(self, construct_id: str) -> s3.Bucket:
         """A data bucket: SSE-KMS with the pair's key (bucket keys on), access-logged under ``<id lowercased>/``."""
@@ -91,9 +104,51 @@ class SecureBuckets(Construct):
             ],
             **self._common(),
         )
+        self._deny_other_encryption(bucket)
         self._acknowledge_replication(bucket)
+        if self.control_tower:
+            # Object-level events (new datasets, models, captured data) go to EventBridge, where pipelines and audits
+            # can subscribe (CT.S3.PR.4). Set on the bucket itself: CDK's event_bridge_enabled adds a
+            # custom-resource Lambda for the same setting.
+            cast(cdk.CfnResource, bucket.node.default_child).add_property_override(
+                "NotificationConfiguration.EventBridgeConfiguration.EventBridgeEnabled", True
+            )
+        self._acknowledge_object_lock(bucket)
         self.data_buckets.append(bucket)
         return bucket
+
+    def _deny_other_encryption(self, bucket: s3.Bucket) -> None:
+        """Objects are written under the pair's key or the bucket default (which is that key), never under another
+        KMS key (whose owner could then withhold or read them) nor SSE-C (a key the platform never sees). Amazon S3
+        User Guide, "Requiring server-side encryption" and the condition keys s3:x-amz-server-side-encryption-aws-kms-
+        key-id (the SSE-KMS key named in the request; absent when the bucket default applies) and
+        s3:x-amz-server-side-encryption-customer-algorithm (present only with SSE-C)."""
+        bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="DenyOtherKmsKeys",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:PutObject"],
+                resources=[bucket.arn_for_objects("*")],
+                # Both conditions: the header is present (Null false) and names another key. A negated operator,
+                # with or without IfExists, is true without the key and would refuse every default-encrypted write
+                # (IAM User Guide, "Condition operators": IfExists and Null).
+                conditions={
+                    "Null": {"s3:x-amz-server-side-encryption-aws-kms-key-id": "false"},
+                    "StringNotEquals": {"s3:x-amz-server-side-encryption-aws-kms-key-id": self.key.key_arn},
+                },
+            )
+        )
+        bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="DenyCustomerProvidedKeys",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:PutObject"],
+                resources=[bucket.arn_for_objects("*")],
+                conditions={"Null": {"s3:x-amz-server-side-encryption-customer-algorithm": "false"}},
+            )
+        )
 
     def _common(self) -> dict[str, Any]:
         """The settings every bucket of the pair shares (keyword arguments of s3.Bucket)."""
@@ -110,3 +165,27 @@ class SecureBuckets(Construct):
     def _acknowledge_replication(self, bucket: s3.Bucket) -> None:
         if self.no_replication_reason:
             acknowledge(bucket, self.no_replication_reason, "NIST.800.53.R5-S3BucketReplicationEnabled")
+
+    def _acknowledge_access_log_controls(self) -> None:
+        """The Control Tower controls the access-log bucket cannot meet, by its role."""
+        acknowledge_control(
+            self.access_logs,
+            "S3 delivers server access logs only to buckets encrypted with SSE-S3, not SSE-KMS (CT.S3.PR.10).",
+            "s3_bucket_default_encryption_kms_check",
+        )
+        acknowledge_control(
+            self.access_logs,
+            "This bucket is the server-access-log target of the other buckets; logging it into itself would loop "
+            "(CT.S3.PR.2).",
+            "s3_bucket_logging_enabled_check",
+        )
+        acknowledge_control(
+            self.access_logs,
+            "Only S3's log delivery writes here; notifications of every delivered log object would be noise "
+            "(CT.S3.PR.4).",
+            "s3_event_notifications_enabled_check",
+        )
+
+    def _acknowledge_object_lock(self, bucket: s3.Bucket) -> None:
+        if self.no_object_lock_reason:
+            acknowledge_control(bucket, self.no_object_lock_reason, "s3_bucket_object_lock_enabled_check")

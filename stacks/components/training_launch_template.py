@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
@@ -39,10 +40,18 @@ class TrainingRun:
     bootstrap_log: str = "/var/log/sentiment-training.log"
 
 
+# The instances' IMDS hop limit; the launch grant requires it (ec2:MetadataHttpPutResponseHopLimit).
+METADATA_HOP_LIMIT = 1
+
+
+# Long: the launch template, its security group and user data, and the RunInstances statements whose conditions
+# must match the template's data (IMDSv2, hop limit, profile): a change to one lands beside the other.
 class TrainingLaunchTemplate(Construct):
     """A launch template for GPU training runs in one subnet; ``grant_launch`` lets a principal start runs from it
     and nothing else."""
 
+    # Long: one LaunchTemplate call holds every property of the instance a run gets (image, volume, metadata options,
+    # profile, placement), then the network interfaces per network card, which the L2 construct does not model.
     def __init__(
         self,
         scope: Construct,
@@ -65,6 +74,7 @@ class TrainingLaunchTemplate(Construct):
         self.instance_type = instance_type
         self.image_ssm_parameter = image_ssm_parameter
         self.instance_role = instance_role
+        self.instance_profile = instance_profile
         self.key = key
         self.subnet = subnet
         self.efa = efa
@@ -106,7 +116,7 @@ class TrainingLaunchTemplate(Construct):
             # reach IMDS, so it gets no credentials; the host does every AWS call. It does NOT protect multi-node EFA
             # runs: their container uses the host network (--network host --privileged), adds no hop and reaches
             # IMDS and the instance role like the host (README, "What a training container can reach").
-            http_put_response_hop_limit=1,
+            http_put_response_hop_limit=METADATA_HOP_LIMIT,
             instance_profile=instance_profile,
             detailed_monitoring=True,
             ebs_optimized=True,
@@ -225,6 +235,8 @@ class TrainingLaunchTemplate(Construct):
 
     # --- IAM ----------------------------------------------------------------------------------------------------
 
+    # Long: one statement per resource kind RunInstances authorizes, each with its condition keys and their sources;
+    # apart, it would not show which resource a condition guards.
     def launch_statements(self) -> list[iam.PolicyStatement]:
         """Start runs from this template and nothing broader, even when a caller overrides template parameters.
 
@@ -232,9 +244,12 @@ class TrainingLaunchTemplate(Construct):
         launching instances"; Service Authorization Reference, Amazon EC2 condition keys): every statement requires
         ``ec2:LaunchTemplate`` = this template and ``ec2:IsLaunchTemplateResource`` = true, so an overridden subnet,
         security group, image, placement group or volume is refused; the instance must be of the configured
-        ``ec2:InstanceType``; the image must be owned by Amazon (the DLAMI the public SSM parameter names); a key pair
-        or another instance profile is refused (no key-pair resource, PassRole of the instance role only). IAM has
-        no condition on user data: the instance role is what bounds a run whose user data was replaced.
+        ``ec2:InstanceType`` with IMDSv2 required, the template's hop limit, the training instance profile and default
+        tenancy (``_instance_conditions``); the image must be owned by Amazon (the DLAMI the public SSM parameter
+        names); a key pair is refused (no key-pair resource). IAM has no condition key for the template's version:
+        the grant holds no ec2:CreateLaunchTemplateVersion, so only the versions deployments created can be
+        launched, and every resource-level condition above holds for each of them. IAM has no condition on user
+        data: the instance role is what bounds a run whose user data was replaced.
         """
         stack = cdk.Stack.of(self)
         ec2_arn = f"arn:{stack.partition}:ec2:{stack.region}:{stack.account}"
@@ -257,7 +272,7 @@ class TrainingLaunchTemplate(Construct):
                 sid="RunTheConfiguredInstanceType",
                 actions=["ec2:RunInstances"],
                 resources=[f"{ec2_arn}:instance/*"],
-                conditions={**from_template, "StringEquals": {"ec2:InstanceType": self.instance_type}},
+                conditions=self._instance_conditions(from_template),
             ),
             iam.PolicyStatement(
                 sid="CreateTheTemplatesVolumesAndInterfaces",
@@ -305,6 +320,24 @@ class TrainingLaunchTemplate(Construct):
                 resources=[f"arn:{stack.partition}:ssm:{stack.region}::parameter{self.image_ssm_parameter}"],
             ),
         ]
+
+    def _instance_conditions(self, from_template: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
+        """The instance resource of RunInstances: the template's type, IMDSv2 with its hop limit, its instance
+        profile and default tenancy, whatever the caller overrides. Condition keys of RunInstances on the instance
+        resource (Service Authorization Reference, "Condition keys for Amazon EC2": ec2:InstanceType,
+        ec2:MetadataHttpTokens, ec2:MetadataHttpPutResponseHopLimit, ec2:InstanceProfile, ec2:Tenancy; EC2 User Guide,
+        "Require the use of IMDSv2" and "Example: Work with instance metadata" policies)."""
+        profile_arn = self.instance_profile.instance_profile_arn
+        return {
+            "ArnLike": {**from_template["ArnLike"], "ec2:InstanceProfile": profile_arn},
+            "Bool": from_template["Bool"],
+            "StringEquals": {
+                "ec2:InstanceType": self.instance_type,
+                "ec2:MetadataHttpTokens": "required",
+                "ec2:Tenancy": "default",
+            },
+            "NumericLessThanEquals": {"ec2:MetadataHttpPutResponseHopLimit": str(METADATA_HOP_LIMIT)},
+        }
 
     def grant_launch(self, grantee: iam.IGrantable | iam.ManagedPolicy) -> None:
         """Let ``grantee`` start training runs from this template (see ``launch_statements``). A managed policy

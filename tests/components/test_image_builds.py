@@ -1,6 +1,6 @@
 """ImageBuilds on a bare stack (repositories, build roles, native CodeBuild projects, the weekly rebuild), the
 BuiltImage plumbing an environment's stack reads a digest with, and both wired into a PromotionPipeline: the
-policies are evaluated with the project's own IAM evaluator (tests/training/iam_policy.py), not read by eye."""
+policies are evaluated with the project's own IAM evaluator (ops_review/iam_policy.py), not read by eye."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk.assertions import Template
 from constructs import Construct
 
+from ops_review.iam_policy import Request, is_allowed
 from stacks.components.image_builds import (
     IMAGE_BY_DIGEST,
     PULL_ACTIONS,
@@ -35,10 +36,9 @@ from stacks.components.promotion_pipeline import (
     KEEP_LOGICAL_IDS,
     PromotionPipeline,
     PromotionStage,
+    PromotionTarget,
 )
-from stacks.settings import EnvironmentSettings, load_environments, load_pipeline
-from tests.conftest import cdk_context
-from tests.training.iam_policy import Request, is_allowed
+from tests.components.promotion_targets import ACCOUNTS, SOURCE, targets
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLING, ENVIRONMENT, STRANGER, REGION = "999999999999", "111111111111", "444444444444", "us-west-2"
@@ -365,25 +365,8 @@ def test_image_parameters_accept_only_an_ecr_image_by_digest(value: str, by_dige
 
 # --------------------------------------------------------------------------------------- inside the pipeline
 
-ACCOUNTS = {"dev": "111111111111", "prod": "333333333333"}
-PIPELINE = {
-    "account": TOOLING,
-    "region": REGION,
-    "connection_arn": f"arn:aws:codeconnections:{REGION}:{TOOLING}:connection/0123abcd-0123-4567-89ab-0123456789ab",
-    "repository": "example-org/pytorch-platform",
-    "branch": "main",
-}
 
-
-def _environments() -> list[EnvironmentSettings]:
-    return [
-        settings.model_copy(update={"account": ACCOUNTS[settings.name], "region": REGION})
-        for settings in load_environments(cdk_context()["environments"], None)
-        if settings.name in ACCOUNTS
-    ]
-
-
-def _stage(scope: Construct, environment: EnvironmentSettings) -> PromotionStage:
+def _stage(scope: Construct, environment: PromotionTarget) -> PromotionStage:
     """An access stack (the role), a stack that reads the training image and one that reads none."""
     stage = cdk.Stage(scope, environment.name, env=cdk.Environment(account=environment.account, region=REGION))
     access = cdk.Stack(stage, "Access")
@@ -399,10 +382,8 @@ def _stage(scope: Construct, environment: EnvironmentSettings) -> PromotionStage
 @pytest.fixture(scope="module")
 def pipeline() -> tuple[PromotionPipeline, dict[str, Any]]:
     stack = cdk.Stack(cdk.App(), "Tooling", env=cdk.Environment(account=TOOLING, region=REGION))
-    settings = load_pipeline(PIPELINE)
-    assert settings is not None
     promotion = PromotionPipeline(
-        stack, KEEP_LOGICAL_IDS, settings=settings, environments=_environments(), stage_factory=_stage, images=IMAGES
+        stack, KEEP_LOGICAL_IDS, source=SOURCE, targets=targets(), stage_factory=_stage, images=IMAGES
     )
     return promotion, Template.from_stack(stack).to_json()
 
@@ -470,19 +451,17 @@ def test_pipeline_lets_only_the_environment_accounts_pull(pipeline: tuple[Promot
 
 
 def test_pipeline_without_an_access_stack_cannot_publish() -> None:
-    def no_access(scope: Construct, environment: EnvironmentSettings) -> PromotionStage:
+    def no_access(scope: Construct, environment: PromotionTarget) -> PromotionStage:
         stage = cdk.Stage(scope, environment.name, env=cdk.Environment(account=environment.account, region=REGION))
         cdk.CfnWaitConditionHandle(cdk.Stack(stage, "Only"), "Placeholder")
         return PromotionStage(stage)
 
-    settings = load_pipeline(PIPELINE)
-    assert settings is not None
     with pytest.raises(ValueError, match=r"the pipeline builds images, so the stage must deploy the role"):
         PromotionPipeline(
             cdk.Stack(cdk.App(), "Tooling", env=cdk.Environment(account=TOOLING, region=REGION)),
             KEEP_LOGICAL_IDS,
-            settings=settings,
-            environments=_environments(),
+            source=SOURCE,
+            targets=targets(),
             stage_factory=no_access,
             images=IMAGES,
         )

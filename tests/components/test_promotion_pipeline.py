@@ -16,31 +16,14 @@ from stacks.components.promotion_pipeline import (
     ModelEndpoint,
     PromotionPipeline,
     PromotionStage,
+    PromotionTarget,
 )
-from stacks.settings import EnvironmentSettings, SettingsError, load_environments, load_pipeline
-from tests.conftest import cdk_context
+from tests.components.promotion_targets import ACCOUNTS, REGION, SOURCE, TOOLING, targets
 
-TOOLING, REGION = "999999999999", "us-west-2"
-ACCOUNTS = {"dev": "111111111111", "prod": "333333333333"}
 MODEL_KEY = "endpoints/sentiment/model-v1.tar.gz"
-PIPELINE = {
-    "account": TOOLING,
-    "region": REGION,
-    "connection_arn": f"arn:aws:codeconnections:{REGION}:{TOOLING}:connection/0123abcd-0123-4567-89ab-0123456789ab",
-    "repository": "example-org/pytorch-platform",
-    "branch": "main",
-}
 
 
-def _environments() -> list[EnvironmentSettings]:
-    return [
-        settings.model_copy(update={"account": ACCOUNTS[settings.name], "region": REGION})
-        for settings in load_environments(cdk_context()["environments"], None)
-        if settings.name in ACCOUNTS
-    ]
-
-
-def _minimal_stage(scope: Construct, environment: EnvironmentSettings) -> PromotionStage:
+def _minimal_stage(scope: Construct, environment: PromotionTarget) -> PromotionStage:
     """A bucket stack and an endpoint stack that depends on it: what the pipeline needs of a real stage."""
     stage = cdk.Stage(scope, environment.name, env=cdk.Environment(account=environment.account, region=REGION))
     buckets = cdk.Stack(stage, "Buckets")
@@ -59,11 +42,7 @@ def _minimal_stage(scope: Construct, environment: EnvironmentSettings) -> Promot
 @pytest.fixture(scope="module")
 def template() -> Template:
     stack = cdk.Stack(cdk.App(), "Bare", env=cdk.Environment(account=TOOLING, region=REGION))
-    settings = load_pipeline(PIPELINE)
-    assert settings is not None
-    PromotionPipeline(
-        stack, KEEP_LOGICAL_IDS, settings=settings, environments=_environments(), stage_factory=_minimal_stage
-    )
+    PromotionPipeline(stack, KEEP_LOGICAL_IDS, source=SOURCE, targets=targets(), stage_factory=_minimal_stage)
     return Template.from_stack(stack)
 
 
@@ -88,9 +67,9 @@ def test_source_is_the_configured_connection(template: Template) -> None:
                                     {
                                         "ActionTypeId": Match.object_like({"Provider": "CodeStarSourceConnection"}),
                                         "Configuration": {
-                                            "ConnectionArn": PIPELINE["connection_arn"],
-                                            "FullRepositoryId": PIPELINE["repository"],
-                                            "BranchName": PIPELINE["branch"],
+                                            "ConnectionArn": SOURCE.connection_arn,
+                                            "FullRepositoryId": SOURCE.repository,
+                                            "BranchName": SOURCE.branch,
                                         },
                                     }
                                 )
@@ -171,16 +150,10 @@ def test_model_check_runs_after_the_bucket_and_before_the_endpoint_deploys(
         assert orders[smoke[0]] > orders["Endpoint.Deploy"]
 
 
-def test_environments_outside_the_pipeline_region_are_refused() -> None:
-    settings = load_pipeline(PIPELINE)
-    assert settings is not None
-    environments = _environments()
-    environments[1] = environments[1].model_copy(update={"region": "eu-west-1"})
-    with pytest.raises(SettingsError, match=r"^environments\.prod\.region: the promotion pipeline deploys within"):
+def test_targets_outside_the_pipeline_region_are_refused() -> None:
+    moved = targets()
+    moved[1] = PromotionTarget(moved[1].name, "eu-west-1", moved[1].account, moved[1].project)
+    with pytest.raises(ValueError, match=r"the pipeline deploys within us-west-2, not \['eu-west-1'\]"):
         PromotionPipeline(
-            cdk.Stack(cdk.App(), "Bare"),
-            KEEP_LOGICAL_IDS,
-            settings=settings,
-            environments=environments,
-            stage_factory=_minimal_stage,
+            cdk.Stack(cdk.App(), "Bare"), KEEP_LOGICAL_IDS, source=SOURCE, targets=moved, stage_factory=_minimal_stage
         )

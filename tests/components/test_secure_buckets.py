@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Match, Template
 
+from ops_review.iam_policy import Request, is_allowed, resolve
 from stacks.compliance import add_compliance_gates
 from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
+from tests.components.bare_stack import refs, resources
 
 
 def _stack(removal_policy: cdk.RemovalPolicy, **props: object) -> tuple[cdk.Stack, SecureBuckets]:
@@ -147,3 +151,30 @@ def test_the_pair_passes_cdk_nag_once_replication_is_answered() -> None:
 def test_without_a_replication_reason_cdk_nag_still_asks_for_one() -> None:
     with pytest.raises(Exception, match="S3BucketReplicationEnabled"):
         _synth_with_gates()
+
+
+def test_data_buckets_refuse_writes_under_another_kms_key_or_sse_c(destroyed: Template) -> None:
+    """Issue 22.4: the bucket policy, evaluated, refuses another SSE-KMS key and SSE-C next to the default and the
+    pair's own key (an identity policy that allows every write stands for any writer)."""
+    template = destroyed.to_json()
+    values = refs(template)
+    (key_id,) = resources(template, "AWS::KMS::Key")
+    key_arn = values[f"{key_id}.Arn"]
+    writer = [{"Statement": [{"Effect": "Allow", "Action": "s3:PutObject", "Resource": "*"}]}]
+    data_policies = [p for p in resources(template, "AWS::S3::BucketPolicy").values()
+                     if "DenyOtherKmsKeys" in json.dumps(p)]  # fmt: skip
+    assert len(data_policies) == 2
+    for policy in data_policies:
+        document = resolve(policy["Properties"]["PolicyDocument"], refs=values)
+        bucket_arn = resolve(policy["Properties"]["Bucket"], refs=values)
+        obj = f"arn:aws:s3:::{bucket_arn}/training-output/model.tar.gz"
+
+        def put(document: dict = document, obj: str = obj, **context: str) -> bool:
+            request = Request("s3:PutObject", obj, {"aws:SecureTransport": "true", **context})
+            return is_allowed(writer, request, resource_policies=[document])
+
+        assert put()
+        assert put(**{"s3:x-amz-server-side-encryption-aws-kms-key-id": key_arn})
+        other = "arn:aws:kms:us-east-1:999999999999:key/attacker"
+        assert not put(**{"s3:x-amz-server-side-encryption-aws-kms-key-id": other})
+        assert not put(**{"s3:x-amz-server-side-encryption-customer-algorithm": "AES256"})

@@ -192,6 +192,9 @@ def _condition_holds(conditions: dict[str, dict[str, Any]], context: dict[str, s
             elif operator in ("StringEquals", "Bool"):
                 if actual not in _as_list(expected):
                     return False
+            elif operator == "NumericLessThanEquals":
+                if not any(float(actual) <= float(limit) for limit in _as_list(expected)):
+                    return False
             else:
                 raise AssertionError(f"unexpected condition operator {operator}")
     return True
@@ -217,6 +220,20 @@ def _subnet_id(template: dict[str, Any]) -> str:
     return _render(interface["SubnetId"])
 
 
+def _instance_context(template: dict[str, Any]) -> dict[str, str]:
+    """The instance resource's keys as EC2 fills them from the launch template's own data."""
+    data = _launch_data(template)
+    (profile,) = _of_type(template, "AWS::IAM::InstanceProfile")
+    assert data["IamInstanceProfile"] == {"Arn": {"Fn::GetAtt": [profile, "Arn"]}}
+    return {
+        "ec2:InstanceType": data["InstanceType"],
+        "ec2:MetadataHttpTokens": data["MetadataOptions"]["HttpTokens"],
+        "ec2:MetadataHttpPutResponseHopLimit": str(data["MetadataOptions"]["HttpPutResponseHopLimit"]),
+        "ec2:InstanceProfile": f"<{profile}>",
+        "ec2:Tenancy": data.get("Placement", {}).get("Tenancy", "default"),
+    }
+
+
 def _request(template: dict[str, Any], **overrides: Any) -> list[tuple[str, dict[str, str]]]:
     """The resources one `run-instances --launch-template` request is authorized on, with their condition keys."""
     base = {"ec2:LaunchTemplate": TEMPLATE_ARN, "ec2:IsLaunchTemplateResource": "true"}
@@ -224,7 +241,7 @@ def _request(template: dict[str, Any], **overrides: Any) -> list[tuple[str, dict
     (group_id,) = _of_type(template, "AWS::EC2::SecurityGroup")
     request = {
         "launch-template": (TEMPLATE_ARN, {"ec2:LaunchTemplate": TEMPLATE_ARN}),
-        "instance": (f"{arn}:instance/*", {**base, "ec2:InstanceType": _launch_data(template)["InstanceType"]}),
+        "instance": (f"{arn}:instance/*", {**base, **_instance_context(template)}),
         "volume": (f"{arn}:volume/*", base),
         "network-interface": (f"{arn}:network-interface/*", base),
         "subnet": (f"{arn}:subnet/{_subnet_id(template)}", base),
@@ -259,6 +276,10 @@ def _overridden(context: dict[str, str], **changes: str) -> dict[str, str]:
     "override",
     [
         "instance_type",
+        "imdsv1",
+        "hop_limit",
+        "instance_profile",
+        "tenancy",
         "subnet",
         "security_group",
         "own_image",
@@ -269,9 +290,16 @@ def _overridden(context: dict[str, str], **changes: str) -> dict[str, str]:
 def test_overriding_the_template_is_refused(single: dict[str, Any], override: str) -> None:
     arn = f"arn:aws:ec2:{REGION}:{ACCOUNT}"
     request = dict((r.split(":")[-1].split("/")[0], (r, c)) for r, c in _request(single))
-    base = request["volume"][1]
+    base, instance = request["volume"][1], request["instance"][1]
     overrides: dict[str, tuple[str, dict[str, str]]] = {
-        "instance_type": {"instance": (request["instance"][0], {**base, "ec2:InstanceType": "p5.48xlarge"})},
+        "instance_type": {"instance": (request["instance"][0], {**instance, "ec2:InstanceType": "p5.48xlarge"})},
+        # Issue 22.2: IMDSv1, a hop limit a bridged container can cross, another profile, dedicated hardware.
+        "imdsv1": {"instance": (request["instance"][0], {**instance, "ec2:MetadataHttpTokens": "optional"})},
+        "hop_limit": {"instance": (request["instance"][0], {**instance, "ec2:MetadataHttpPutResponseHopLimit": "2"})},
+        "instance_profile": {
+            "instance": (request["instance"][0], {**instance, "ec2:InstanceProfile": f"{arn}:instance-profile/admin"})
+        },
+        "tenancy": {"instance": (request["instance"][0], {**instance, "ec2:Tenancy": "dedicated"})},
         "subnet": {"subnet": (f"{arn}:subnet/subnet-0other", _overridden(base))},
         "security_group": {"security_group": (f"{arn}:security-group/sg-0open", _overridden(base))},
         "own_image": {"image": (f"arn:aws:ec2:{REGION}::image/ami-0mine", _overridden(base, **{"ec2:Owner": ACCOUNT}))},

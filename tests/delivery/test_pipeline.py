@@ -11,6 +11,7 @@ import pytest
 from cfnlint.api import lint_file
 
 from app import build_app
+from ops_review.iam_policy import Request, is_allowed, resolve
 from stacks.compliance import add_compliance_gates
 from stacks.pipeline import EXPECTED_LABELS, SYNTH_COMMANDS, PromotionPipelineStack, cdk_cli_version
 from stacks.platform_stage import PlatformStage
@@ -230,6 +231,41 @@ def test_smoke_test_role_in_the_target_account_only_describes_and_invokes(enviro
     manifest = json.loads((folder / "manifest.json").read_text())
     environments = {a["environment"] for a in manifest["artifacts"].values() if a["type"] == "aws:cloudformation:stack"}
     assert environments == {f"aws://{ACCOUNTS[environment]}/us-west-2"}
+
+
+@pytest.mark.parametrize("environment", list(ACCOUNTS))
+def test_only_the_pipelines_roles_assume_the_smoke_test_role(
+    environment: str, assembly: Path, template: dict[str, Any]
+) -> None:
+    """Issue 22.4: the trust policy, evaluated, admits the pipeline stack's step roles and no other principal of the
+    tooling account (aws:PrincipalArn); the step roles have generated names, which start with the stack name."""
+    folder = assembly / f"assembly-PromotionPipeline-{environment}"
+    (template_file,) = folder.glob("*SmokeTestAccess*.template.json")
+    resources = json.loads(template_file.read_text())["Resources"]
+    (role,) = [r for r in resources.values() if r["Type"] == "AWS::IAM::Role"]
+    refs = {"AWS::Partition": "aws", "AWS::AccountId": ACCOUNTS[environment]}
+    trust = resolve(role["Properties"]["AssumeRolePolicyDocument"], refs=refs)
+    role_arn = f"arn:aws:iam::{ACCOUNTS[environment]}:role/{role['Properties']['RoleName']}"
+
+    def assumable_by(principal_arn: str) -> bool:
+        account = principal_arn.split(":")[4]
+        context = {"aws:PrincipalArn": principal_arn, "aws:PrincipalAccount": account}
+        # Cross-account, the trust policy must allow on its own (the caller's identity policy allows sts:AssumeRole
+        # on the role: the step's role_policy_statements): it names the caller's account and its condition holds.
+        # The evaluator models same-account decisions, so the trust statement is evaluated as the only grant.
+        (statement,) = trust["Statement"]
+        as_grant = {k: v for k, v in statement.items() if k != "Principal"} | {"Resource": role_arn}
+        return statement["Principal"] == {"AWS": f"arn:aws:iam::{account}:root"} and is_allowed(
+            [{"Statement": [as_grant]}], Request("sts:AssumeRole", role_arn, context)
+        )
+
+    step_roles = [r for r in template["Resources"].values()
+                  if r["Type"] == "AWS::IAM::Role" and "codebuild.amazonaws.com" in json.dumps(r)]  # fmt: skip
+    assert step_roles and all("RoleName" not in r["Properties"] for r in step_roles)  # generated: stack-name prefix
+    assert assumable_by(f"arn:aws:iam::{TOOLING}:role/PromotionPipeline-PipelineSmokeTestdevRole1A2B-9XYZ")
+    assert not assumable_by(f"arn:aws:iam::{TOOLING}:role/developer")
+    assert not assumable_by(f"arn:aws:iam::{TOOLING}:user/ci-bot")
+    assert not assumable_by(f"arn:aws:iam::{ACCOUNTS[environment]}:role/PromotionPipeline-Anything")
 
 
 @pytest.mark.parametrize("environment", list(ACCOUNTS))

@@ -13,7 +13,6 @@ from pydantic import BaseModel
 from platform_cli import SUBCOMMANDS
 from stacks.settings import EnvironmentSettings, PipelineSettings
 from tests.docs.markdown import ROOT, code, documents
-from tests.docs.test_links import PENDING
 
 README = ROOT / "README.md"
 MAX_README_LINES = 250
@@ -167,5 +166,5 @@ def test_every_repository_path_named_exists(page: Path) -> None:
     pattern = re.compile(rf"(?<![\w./-])(?:{roots})/[\w./<>*{{}}-]*")
     named = {m.group(0).rstrip(".") for s in code(page.read_text(encoding="utf-8")) for m in pattern.finditer(s)}
     placeholders = re.compile(r"[<>*{}]")
-    missing = {p for p in named if not placeholders.search(p) and not (ROOT / p).exists() and p not in PENDING}
+    missing = {p for p in named if not placeholders.search(p) and not (ROOT / p).exists()}
     assert missing == set()

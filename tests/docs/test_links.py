@@ -8,10 +8,6 @@ import pytest
 
 from tests.docs.markdown import ROOT, anchors, documents, links, slug
 
-# Pages other helpers of issue 26 write, allowed to be missing until their branches are merged.
-# The lead removes this list after the merge (then a missing one fails like any other link).
-PENDING = {"docs/sizing.md", "docs/training-performance.md", "docs/images.md"}
-
 
 def _broken(document: Path, root: Path = ROOT) -> list[str]:
     broken = []
@@ -24,8 +20,7 @@ def _broken(document: Path, root: Path = ROOT) -> list[str]:
         if not path.is_relative_to(root):
             broken.append(f"{target}: outside the repository")
         elif not path.exists():
-            if relative not in PENDING:
-                broken.append(f"{target}: no file {relative}")
+            broken.append(f"{target}: no file {relative}")
         elif anchor and path.suffix == ".md" and anchor not in anchors(path.read_text(encoding="utf-8")):
             broken.append(f"{target}: no heading #{anchor} in {relative}")
     return broken
@@ -41,7 +36,6 @@ def test_the_docs_link_to_one_another() -> None:
     readme = set(links((ROOT / "README.md").read_text(encoding="utf-8")))
     linked = {target.partition("#")[0] for target in readme}
     assert {f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md")} <= linked
-    assert linked >= PENDING
 
 
 def test_the_checker_finds_broken_links(tmp_path: Path) -> None:
@@ -51,7 +45,7 @@ def test_the_checker_finds_broken_links(tmp_path: Path) -> None:
             "# Title `x`",
             "## Deploy, diff: destroy",
             "[ok](#deploy-diff-destroy) [ok](#title-x) [web](https://example.com/missing)",
-            "[missing file](nowhere.md) [missing heading](#nope) [pending](sizing.md)",
+            "[missing file](nowhere.md) [missing heading](#nope) [another page](sizing.md)",
             "`[in a span](nowhere.md)`",
             "```",
             "[in a block](nowhere.md)",
@@ -72,4 +66,8 @@ def test_the_checker_finds_broken_links(tmp_path: Path) -> None:
     page = tmp_path / "docs" / "page.md"
     page.parent.mkdir()
     page.write_text(text, encoding="utf-8")
-    assert _broken(page, tmp_path) == ["nowhere.md: no file docs/nowhere.md", "#nope: no heading #nope in docs/page.md"]
+    assert _broken(page, tmp_path) == [
+        "nowhere.md: no file docs/nowhere.md",
+        "#nope: no heading #nope in docs/page.md",
+        "sizing.md: no file docs/sizing.md",
+    ]

@@ -91,7 +91,7 @@ def test_a_new_wildcard_in_an_acknowledged_policy_fails_synth_in_cdk_nag(tmp_pat
     """The endpoint role's policy already has acknowledged `Resource::*` statements (ECR login, metrics, EC2
     Describe): a new grant on `*` raises the same finding id, and must still fail."""
     app = build_app(context=cdk_context(env="dev"), outdir=str(tmp_path))
-    policy = _platform_policy(app, "dev", "EndpointExecutionRolePolicy")
+    policy = _platform_policy(app, "dev", "EndpointExecutionRole/Policy")
     policy.add_statements(iam.PolicyStatement(sid="Injected", actions=[action], resources=["*"]))
     with pytest.raises(RuntimeError, match="ValidationFailed"):
         app.synth()
@@ -102,7 +102,7 @@ def test_a_new_wildcard_in_an_acknowledged_policy_fails_synth_in_cdk_nag(tmp_pat
         for v in plugin["violations"]
         for r in v.get("violatingConstructs", v.get("violatingResources", []))
     }
-    assert ("AwsSolutions-IAM5[Resource::*]", "dev/Foundation/EndpointExecutionRolePolicy/Resource") in violating
+    assert ("AwsSolutions-IAM5[Resource::*]", "dev/Foundation/EndpointExecutionRole/Policy/Resource") in violating
 
 
 def test_acknowledgements_name_the_statements_they_excuse(templates) -> None:

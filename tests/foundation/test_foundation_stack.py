@@ -189,7 +189,8 @@ def test_vpc_attachment_is_held_to_the_platform_vpc_subnets_and_security_group(f
 
 def test_key_grants_only_for_aws_resources_or_services(foundation: dict) -> None:
     (key,) = resources(foundation, "AWS::KMS::Key").values()
-    (deny,) = [s for s in key["Properties"]["KeyPolicy"]["Statement"] if s["Effect"] == "Deny"]
+    statements = key["Properties"]["KeyPolicy"]["Statement"]
+    (deny,) = [s for s in statements if s.get("Sid") == "DenyGrantsExceptForAwsResources"]
     assert deny == {
         "Sid": "DenyGrantsExceptForAwsResources",
         "Effect": "Deny",

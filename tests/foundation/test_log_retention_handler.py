@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from stacks.foundation import _LOG_RETENTION_ID, TRAINING_JOB_LOG_GROUP
-from tests.training.iam_policy import Request, is_allowed, logical_id, role_policies
+from ops_review.iam_policy import Request, is_allowed, logical_id, role_policies
+from stacks.components.training_job_log_retention import LOG_RETENTION_ID
+from stacks.foundation import TRAINING_JOB_LOG_GROUP
 
 ACCOUNT = "123456789012"
 
@@ -38,7 +39,7 @@ def test_the_handler_may_make_every_call_of_its_create(prod_foundation: tuple[st
     (function_id,) = [
         name
         for name, resource in template["Resources"].items()
-        if resource["Type"] == "AWS::Lambda::Function" and name.startswith(f"LogRetention{_LOG_RETENTION_ID}")
+        if resource["Type"] == "AWS::Lambda::Function" and name.startswith(f"LogRetention{LOG_RETENTION_ID}")
     ]
     role = template["Resources"][function_id]["Properties"]["Role"]["Fn::GetAtt"][0]
     assert role == logical_id(template, "AWS::IAM::Role", "TrainingJobLogRetentionRole")

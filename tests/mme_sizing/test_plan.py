@@ -1,6 +1,6 @@
 """mme_sizing.plan: the autoscaled count, the hot-set check, the advice and the `mme-plan` command.
 
-Predictions depend on measured costs (benchmarks/results/mme_model_cost.json) that change with each measurement, so
+Predictions depend on measured costs (mme_sizing/measured_costs.json) that change with each measurement, so
 these tests assert the plan's rules and the command's behaviour, not particular predicted numbers."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from mme_sizing.plan import (
     autoscaled_instances,
     hot_set_resident,
     hot_set_workers,
-    main,
     predict,
 )
 from mme_sizing.simulation import PATTERNS, Prediction
+from stacks.mme_plan import main
 from stacks.settings import MultiModelEndpointSettings
 from tests.conftest import cdk_context
 
@@ -114,7 +114,7 @@ def test_torchserve_cannot_scale_the_hot_model_past_its_fixed_workers() -> None:
 
 def test_an_instance_type_without_facts_is_a_warning_not_a_crash() -> None:
     warning = hot_set_resident(sizing(instance_type="ml.x9.xlarge"))
-    assert warning is not None and "ml.x9.xlarge" in warning and "instance_types.json" in warning
+    assert warning is not None and "ml.x9.xlarge" in warning and "platform_facts/instances.json" in warning
 
 
 def test_sizing_inputs_travel_through_template_metadata() -> None:

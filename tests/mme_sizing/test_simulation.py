@@ -109,3 +109,22 @@ def test_a_prewarmed_fleet_starts_with_the_workers_and_replicas_its_hot_model_ne
     prediction = simulate(fleet, COST, Workload("hot-model", 20, requests_per_second=400), duration_s=30)
     assert prediction.loads == 0 and prediction.hit_ratio == 1.0
     assert prediction.p99_ms < 100
+
+
+def test_fewer_cores_share_the_same_work_more_slowly() -> None:
+    # Eight closed-loop clients over 64 resident models (two rarely share a worker): CPU-bound, so throughput
+    # follows the cores given.
+    workload = Workload("uniform", 64, clients=8)
+    full = simulate(one_instance(64), COST, workload, duration_s=100, warmup_s=10)
+    half = simulate(Fleet(instances=1, vcpus=4, cores=2.0, memory_mib=6400, model_server="torchserve"), COST,
+                    workload, duration_s=100, warmup_s=10)  # fmt: skip
+    assert full.completed / 100 == pytest.approx(4 / COST.service_s, rel=0.01)  # four cores busy
+    assert half.completed / 100 == pytest.approx(2 / COST.service_s, rel=0.01)
+    with pytest.raises(ValueError, match="cores must be positive"):
+        Fleet(instances=1, vcpus=4, cores=0.0, memory_mib=800)
+
+
+def test_completed_counts_the_answers_inside_the_window() -> None:
+    # One client, one loaded model, 10 ms per request: 10 s of window hold 1000 answers.
+    prediction = simulate(one_instance(1), COST, Workload("uniform", 1, clients=1), duration_s=10, warmup_s=5)
+    assert prediction.completed == pytest.approx(1000, abs=1)

@@ -33,7 +33,8 @@ SCRIPT = textwrap.dedent(
         return cold, 42
 
     mme_locustfile.models, mme_locustfile.target = 40, fake
-    args = mme_load_test._arguments(["--models", "40", "--users", "4", "--spawn-rate", "4", "--duration", "3"])
+    args = mme_load_test._arguments(["--models", "40", "--users", "4", "--spawn-rate", "4", "--warmup", "0",
+                                     *{window!r}])
     row = mme_load_test.run_pattern({pattern!r}, args)
     total = sum(calls.values())
     row["share_model_0"] = calls[mme_locustfile.model_name(0)] / total
@@ -44,8 +45,10 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run(pattern: str, fail: bool = False) -> dict:
-    script = SCRIPT.format(pattern=pattern, fail=fail)
+def _run(
+    pattern: str, fail: bool = False, window: tuple[str, ...] = ("--duration", "3", "--max-requests", "100000")
+) -> dict:
+    script = SCRIPT.format(pattern=pattern, fail=fail, window=list(window))
     result = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
     )
@@ -60,17 +63,39 @@ def _run(pattern: str, fail: bool = False) -> dict:
 )  # fmt: skip
 def test_patterns_split_traffic_like_the_seed(pattern, share_0, share_top_10):
     row = _run(pattern)
-    assert row["requests"] == row["calls"] > 200 and row["errors"] == 0
+    assert row["requests_total"] == row["calls"] > row["requests"] > 200 and row["errors"] == 0
     assert share_0[0] <= row["share_model_0"] <= share_0[1]
     assert share_top_10[0] <= row["share_top_10"] <= share_top_10[1]
     assert row["tps"] > 0 and row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"]
-    assert row["cold_requests"] > 0 and row["cold_p50_ms"] > row["warm_p50_ms"]  # first use of a model is slow
+    # The window counts the requests that completed in it: the first uses of models (cold) included.
+    assert row["cold_requests"] > 0 and row["cold_p50_ms"] > row["warm_p50_ms"]
+    assert row["model_loads"] == row["cold_requests"] and row["batches"] == 3 and row["window_s"] == 3
+    assert row["hit_ratio"] == 1 - row["model_loads"] / (row["requests"] - row["errors"])
+    assert row["tps_interval"]["low"] < row["tps"] < row["tps_interval"]["high"]
+    assert row["hit_ratio_interval"]["low"] < row["hit_ratio"] < row["hit_ratio_interval"]["high"]
+    assert row["stopped"] == "time budget spent" and not row["conclusive"]  # three 1 s batches: fewer than five
 
 
 def test_failed_requests_are_counted_as_errors():
     row = _run("uniform", fail=True)
-    assert row["errors"] > 0 and row["requests"] == row["calls"]
+    assert row["errors"] > 0 and row["requests_total"] == row["calls"]
     assert "answered 500" in row["error_examples"][0]
+
+
+def test_a_window_stops_once_its_intervals_are_narrow_enough():
+    row = _run("hot-model", window=("--duration", "60", "--batch-seconds", "0.5", "--precision", "0.5",
+                                    "--max-requests", "100000"))  # fmt: skip
+    assert row["stopped"] == "precise" and row["conclusive"]
+    assert 5 <= row["batches"] < 120  # at least the five batches a window needs, long before its 60 s budget
+    for interval in (row["tps_interval"], row["hit_ratio_interval"]):
+        assert interval["high"] - interval["low"] <= interval["estimate"]  # half-width at most 50%
+
+
+def test_a_window_stops_when_its_request_budget_is_spent():
+    row = _run("uniform", window=("--duration", "60", "--batch-seconds", "0.5", "--precision", "0",
+                                  "--max-requests", "100"))  # fmt: skip
+    assert row["stopped"] == "request budget spent" and not row["conclusive"]
+    assert row["requests"] >= 100 and row["window_s"] < 60
 
 
 def test_runner_refuses_settings_without_cold_loads_or_baseline():
@@ -78,6 +103,7 @@ def test_runner_refuses_settings_without_cold_loads_or_baseline():
         (["--models", "8"], "must exceed 10"),
         (["--models", "12", "--max-resident-models", "12"], "below --models"),
         (["--patterns", "hot-model"], "must include uniform"),
+        (["--duration", "15", "--batch-seconds", "10"], "must hold at least two batches"),
     ]:
         result = subprocess.run(
             [sys.executable, "-m", "benchmarks.mme_load_test", *argv],

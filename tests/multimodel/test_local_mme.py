@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import requests
 
 from inference_assets.local.local_mme import LocalModelServer, LocalMultiModelEndpoint, ModelNotFound
 
@@ -115,3 +116,24 @@ def test_endpoint_refuses_unknown_and_invalid_target_models(server, models_dir):
         endpoint.invoke("../escape.tar.gz", GOOD)
     with pytest.raises(ValueError, match="max_resident_models"):
         LocalMultiModelEndpoint(server, models_dir, max_resident_models=0)
+
+
+def test_a_model_load_does_not_hold_up_requests_to_loaded_models(server, unpacked_torchserve_archive):
+    """TorchServe runs a synchronous load on the Netty thread that read it, and inference shares those threads: with
+    its default (2 x CPUs) one of these eight new connections would wait for the whole load."""
+    server.load("stall-a", unpacked_torchserve_archive)
+    loader = threading.Thread(target=server.load, args=("stall-b", unpacked_torchserve_archive))
+    try:
+        loader.start()
+        while "stall-b" not in server.loaded():  # registered: its worker is starting, its POST not answered yet
+            assert loader.is_alive(), "the load ended before it was listed"
+        for _ in range(8):
+            with requests.Session() as connection:  # a new connection, on the next Netty thread
+                answer = connection.post(f"{server.inference_url}/models/stall-a/invoke", data=GOOD,
+                                         headers={"Content-Type": "application/json"}, timeout=120)  # fmt: skip
+            assert answer.status_code == 200
+        assert loader.is_alive()  # every request was answered while the load was still running
+    finally:
+        loader.join()
+        server.unload("stall-a")
+        server.unload("stall-b")

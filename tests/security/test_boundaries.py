@@ -1,4 +1,4 @@
-"""Attacks on the principals of the synthesized dev templates, evaluated by tests/training/iam_policy.py: each must
+"""Attacks on the principals of the synthesized dev templates, evaluated by ops_review/iam_policy.py: each must
 be denied, while the legitimate request next to it is allowed (the recorded SDK flows are in
 tests/training/test_remote_sdk_moto.py). The evaluator itself is checked against AWS's documented examples."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.training.iam_policy import Request, is_allowed, logical_id, role_policies
+from ops_review.iam_policy import Request, is_allowed, logical_id, resolve, role_policies, template_exports
 
 ACCOUNT, REGION = "123456789012", "us-west-2"
 BUCKETS = {"Artifacts": "artifacts-bucket", "RemoteJobs": "remote-jobs-bucket", "Datasets": "datasets-bucket"}
@@ -155,3 +155,123 @@ def test_a_key_policy_must_allow_itself_or_delegate_to_iam() -> None:
     assert is_allowed(identity, request, key_policy=delegating)
     assert not is_allowed(identity, request, key_policy=closed)
     assert not is_allowed([], request, key_policy=delegating)
+
+
+# ------------------------------------------------------------------ RunInstances from the training launch template
+
+
+@pytest.fixture(scope="module")
+def training_launch(
+    templates: dict[str, dict[str, dict]], foundation: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+    """The dev TrainingLauncherPolicy, the launch template's data and its ARN, resolved alike (the Foundation's
+    exports as the foundation fixture resolves them)."""
+    template = templates["dev"]["Training"]
+    exports = template_exports(*foundation)
+    refs: dict[str, Any] = {"AWS::AccountId": ACCOUNT, "AWS::Partition": "aws", "AWS::Region": REGION,
+                            "AWS::URLSuffix": "amazonaws.com"}  # fmt: skip
+    for name in template["Resources"]:
+        refs.setdefault(name, f"{name}-ref")
+        for attribute in ("Arn", "GroupId", "LatestVersionNumber"):
+            refs.setdefault(f"{name}.{attribute}", f"{name}.{attribute}")
+    policy_id = logical_id(template, "AWS::IAM::ManagedPolicy", "TrainingLauncherPolicy")
+    policy = resolve(template["Resources"][policy_id]["Properties"]["PolicyDocument"], refs=refs, exports=exports)
+    (template_id,) = [name for name, r in template["Resources"].items() if r["Type"] == "AWS::EC2::LaunchTemplate"]
+    data = {name: resolve(value, refs=refs, exports=exports)  # the user data (Fn::Base64) is not needed
+            for name, value in template["Resources"][template_id]["Properties"]["LaunchTemplateData"].items()
+            if name in ("InstanceType", "MetadataOptions", "IamInstanceProfile", "Placement")}  # fmt: skip
+    return [policy], data, f"arn:aws:ec2:{REGION}:{ACCOUNT}:launch-template/{template_id}-ref"
+
+
+def _instance_request(data: dict[str, Any], template_arn: str, **changes: str) -> Request:
+    """RunInstances on the instance resource, with the keys EC2 fills from the launch template (``changes``: what a
+    caller's overrides change)."""
+    context = {
+        "ec2:LaunchTemplate": template_arn,
+        "ec2:IsLaunchTemplateResource": "true",
+        "ec2:InstanceType": data["InstanceType"],
+        "ec2:MetadataHttpTokens": data["MetadataOptions"]["HttpTokens"],
+        "ec2:MetadataHttpPutResponseHopLimit": str(data["MetadataOptions"]["HttpPutResponseHopLimit"]),
+        "ec2:InstanceProfile": data["IamInstanceProfile"]["Arn"],
+        "ec2:Tenancy": data.get("Placement", {}).get("Tenancy", "default"),
+        **changes,
+    }
+    return Request("ec2:RunInstances", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/i-0new", context)
+
+
+def test_a_launch_as_the_template_says_is_allowed(training_launch: Any) -> None:
+    policies, data, template_arn = training_launch
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert is_allowed(policies, _instance_request(data, template_arn))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"ec2:MetadataHttpTokens": "optional"},  # IMDSv1: SSRF in the run reads the role's credentials
+        {"ec2:MetadataHttpPutResponseHopLimit": "2"},  # a bridged container reaches IMDS
+        {"ec2:InstanceProfile": f"arn:aws:iam::{ACCOUNT}:instance-profile/admin"},
+        {"ec2:Tenancy": "dedicated"},  # dedicated hardware: a cost nobody budgeted
+        {"ec2:IsLaunchTemplateResource": "false"},
+        {"ec2:LaunchTemplate": f"arn:aws:ec2:{REGION}:{ACCOUNT}:launch-template/lt-0attacker"},
+    ],
+    ids=["imdsv1", "hop-limit", "instance-profile", "tenancy", "not-from-template", "other-template"],
+)
+def test_a_launch_that_overrides_the_instance_settings_is_denied(training_launch: Any, changes: dict) -> None:
+    """Issue 22.2: the instance of every RunInstances must have IMDSv2, the hop limit, the training instance
+    profile and default tenancy of the template, whatever the caller overrides."""
+    policies, data, template_arn = training_launch
+    assert not is_allowed(policies, _instance_request(data, template_arn, **changes))
+
+
+# ------------------------------------------------------------------ issue 22.4: key, buckets, endpoint logs
+
+
+def test_the_endpoint_role_writes_only_its_environments_endpoint_logs(
+    foundation: Any, templates: dict[str, dict[str, dict]]
+) -> None:
+    role = _role(foundation, "EndpointExecutionRole")
+    names = [resource["Properties"]["EndpointName"] for template in templates["dev"].values()
+             for resource in template["Resources"].values()
+             if resource["Type"] == "AWS::SageMaker::Endpoint"]  # fmt: skip
+    assert names, "the dev environment builds at least one endpoint"
+    group = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker/Endpoints"
+    for name in names:
+        assert is_allowed(role, Request("logs:PutLogEvents", f"{group}/{name}:log-stream:AllTraffic/i-0abc"))
+        other = name.replace("dev-", "staging-", 1)
+        assert not is_allowed(role, Request("logs:PutLogEvents", f"{group}/{other}:log-stream:AllTraffic/i-0abc"))
+
+
+def test_the_platform_key_is_used_only_through_the_platforms_services(foundation: Any) -> None:
+    template, refs = foundation
+    key_id = logical_id(template, "AWS::KMS::Key", "PlatformKey")
+    key_policy = resolve(template["Resources"][key_id]["Properties"]["KeyPolicy"], refs=refs)
+    key_arn = refs[f"{key_id}.Arn"]
+    role = _role(foundation, "RemoteJobRole")
+    principal = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/remote-job",
+                 "aws:PrincipalIsAWSService": "false"}  # fmt: skip
+    via_s3 = Request("kms:Decrypt", key_arn, {**principal, "kms:ViaService": f"s3.{REGION}.amazonaws.com"})
+    direct = Request("kms:Decrypt", key_arn, principal)
+    assert is_allowed(role, via_s3, key_policy=key_policy)
+    assert not is_allowed(role, direct, key_policy=key_policy)  # a copied ciphertext decrypted outside S3
+
+
+@pytest.mark.parametrize("bucket", list(BUCKETS))
+def test_the_platform_buckets_refuse_other_kms_keys_and_sse_c(foundation: Any, bucket: str) -> None:
+    template, refs = foundation
+    bucket_id = logical_id(template, "AWS::S3::Bucket", bucket)
+    (policy,) = [r for r in template["Resources"].values()
+                 if r["Type"] == "AWS::S3::BucketPolicy"
+                 and r["Properties"]["Bucket"] == {"Ref": bucket_id}]  # fmt: skip
+    document = resolve(policy["Properties"]["PolicyDocument"], refs=refs)
+    writer = [{"Statement": [{"Effect": "Allow", "Action": "s3:PutObject", "Resource": "*"}]}]
+    key_arn = refs[f"{logical_id(template, 'AWS::KMS::Key', 'PlatformKey')}.Arn"]
+    obj = f"arn:aws:s3:::{BUCKETS[bucket]}/jobs/x/payload.pkl"
+
+    def put(**context: str) -> bool:
+        request = Request("s3:PutObject", obj, {"aws:SecureTransport": "true", **context})
+        return is_allowed(writer, request, resource_policies=[document])
+
+    assert put() and put(**{"s3:x-amz-server-side-encryption-aws-kms-key-id": key_arn})
+    assert not put(**{"s3:x-amz-server-side-encryption-aws-kms-key-id": "arn:aws:kms:us-east-1:999999999999:key/x"})
+    assert not put(**{"s3:x-amz-server-side-encryption-customer-algorithm": "AES256"})

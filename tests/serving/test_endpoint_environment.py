@@ -6,6 +6,7 @@ import pytest
 
 from inference_assets.container.contract import Limits
 from inference_assets.container.predictor import RuntimeOptions
+from inference_assets.container.ray_settings import ServeSettings
 from inference_assets.tools.endpoint_environment import endpoint_environment
 
 
@@ -34,6 +35,11 @@ def test_explicit_workers_are_pinned_for_the_toolkit_model_entry() -> None:
         "THP_MEM_ALLOC_ENABLE": "1",
         "SENTIMENT_PRECISION": "fp32",
         "SENTIMENT_TORCH_COMPILE": "0",
+        "SENTIMENT_SERVE_REPLICAS": "8",
+        "SENTIMENT_SERVE_MAX_BATCH_SIZE": "4",
+        "SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S": "0.01",
+        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+        "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
     }
 
 
@@ -51,3 +57,30 @@ def test_the_container_reads_back_what_the_environment_sets() -> None:
     environment = endpoint_environment(vcpus=8, workers=2, limits=limits, precision="bf16_autocast")
     assert Limits.from_environment(environment) == limits
     assert RuntimeOptions.from_environment(environment) == RuntimeOptions("bf16_autocast", False, threads=4)
+    assert ServeSettings.from_environment(environment) == ServeSettings(
+        replicas=2, threads=4, max_batch_size=8, batch_wait_timeout_s=0.05
+    )
+
+
+@pytest.mark.parametrize(("vcpus", "workers"), [(2, None), (16, None), (16, 2), (64, 3)])
+def test_ray_replicas_times_threads_fit_the_instance(vcpus: int, workers: int | None) -> None:
+    """Each replica reserves its threads as Ray CPUs: more than the host's cores and a replica never starts."""
+    settings = ServeSettings.from_environment(endpoint_environment(vcpus=vcpus, workers=workers), cores=1)
+    assert settings.replicas * settings.threads <= vcpus
+    assert settings.replicas == (workers or max(1, vcpus // 4))
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("SENTIMENT_SERVE_REPLICAS", "0", "SENTIMENT_SERVE_REPLICAS must be a positive integer"),
+        ("SENTIMENT_SERVE_MAX_BATCH_SIZE", "eight", "SENTIMENT_SERVE_MAX_BATCH_SIZE must be a positive integer"),
+        ("OMP_NUM_THREADS", "-2", "OMP_NUM_THREADS must be a positive integer"),
+        ("SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S", "soon", "must be a number of seconds"),
+        ("SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S", "nan", "within"),
+        ("SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S", "-1", "within"),
+    ],
+)
+def test_the_replica_refuses_bad_serving_variables_by_name(name: str, value: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ServeSettings.from_environment({**endpoint_environment(vcpus=4), name: value})

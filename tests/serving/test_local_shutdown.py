@@ -1,4 +1,5 @@
-"""``kill -INT <pid>`` and ``kill <pid>`` on a local harness stop its TorchServe: nothing keeps serving.
+"""``kill -INT <pid>`` and ``kill <pid>`` on a local harness stop its model server (Ray Serve for the single-model
+harness, TorchServe for the multi-model one): nothing keeps serving.
 
 Each harness runs as its command (``python -m inference_assets.local.<name>``) in its own session, started the way
 a shell script's background job (``pytorch-platform serve ... &``) or a supervisor starts it: with SIGINT ignored,
@@ -89,10 +90,11 @@ def _port_open(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _stop_and_check(process: subprocess.Popen, port: int, sig: signal.Signals) -> None:
+def _stop_and_check(process: subprocess.Popen, port: int, sig: signal.Signals, server: str) -> None:
+    """``server``: a word of the model server's command line that must be in the tree before the stop."""
     tree = _tree(process.pid, port)
     try:
-        assert any("org.pytorch.serve.ModelServer" in _cmdline(p) for p in tree), [_cmdline(p) for p in tree]
+        assert any(server in " ".join(_cmdline(p)) for p in tree), [_cmdline(p) for p in tree]
         os.kill(process.pid, sig)
         assert process.wait(timeout=90) == 0
         _, alive = psutil.wait_procs(tree, timeout=30)
@@ -105,13 +107,13 @@ def _stop_and_check(process: subprocess.Popen, port: int, sig: signal.Signals) -
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_local_server_stops_its_torchserve(model_archive: Path, tmp_path: Path, sig: signal.Signals) -> None:
+def test_local_server_stops_its_ray_serve(model_archive: Path, tmp_path: Path, sig: signal.Signals) -> None:
     process, match = _start(
         ["inference_assets.local.local_server", "--model", str(model_archive), "--workers", "1"],
         re.compile(r"at http://127\.0\.0\.1:(\d+) "),
         tmp_path,
     )
-    _stop_and_check(process, int(match[1]), sig)
+    _stop_and_check(process, int(match[1]), sig, "ray::ServeReplica")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -121,4 +123,4 @@ def test_local_mme_stops_its_torchserve(tmp_path: Path, sig: signal.Signals) -> 
         re.compile(r"inference http://127\.0\.0\.1:(\d+) .*\n.*\n.*invoke"),
         tmp_path,
     )
-    _stop_and_check(process, int(match[1]), sig)
+    _stop_and_check(process, int(match[1]), sig, "org.pytorch.serve.ModelServer")

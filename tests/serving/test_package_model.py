@@ -47,7 +47,12 @@ def test_model_files_sit_at_the_root_and_the_handler_in_code(model_archive: Path
 
 def test_archive_code_is_the_repository_code(unpacked_model: Path) -> None:
     container = package_model.CONTAINER
-    assert (unpacked_model / "code/inference.py").read_bytes() == (container / "entrypoints/inference.py").read_bytes()
+    for shipped, source in (
+        ("code/inference.py", "inference.py"),
+        ("config.yaml", "config.yaml"),
+        ("deployment.py", "deployment.py"),
+    ):
+        assert (unpacked_model / shipped).read_bytes() == (container / "entrypoints" / source).read_bytes()
     shipped = sorted(path.name for path in (unpacked_model / "code/sentiment_serving").iterdir())
     assert shipped == sorted(path.name for path in container.glob("*.py"))
     for name in shipped:
@@ -95,8 +100,9 @@ def test_extra_files_land_at_their_archive_paths(tiny_model_dir: Path, tmp_path:
 def test_the_handler_and_its_manifest_can_be_left_out(
     model_archive: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """For DJL Serving archives (publish_models.build_archive): the serving package stays, TorchServe's files go."""
-    handler_files = {"MAR-INF/MANIFEST.json", "code/inference.py"}
+    """For DJL Serving archives (publish_models.build_archive): the serving package stays, TorchServe's and Ray
+    Serve's entry files go."""
+    handler_files = {"MAR-INF/MANIFEST.json", "code/inference.py", "config.yaml", "deployment.py"}
     assert handler_files <= {member.name for member in _members(model_archive)}
     archive = build_model_archive(tiny_model_dir, tmp_path / "model.tar.gz", torchserve_handler=False)
     names = {member.name for member in _members(archive)}
@@ -279,3 +285,13 @@ def test_cli_writes_the_archive(tiny_model_dir: Path, tmp_path: Path, capsys: py
         tarfile.open(fileobj=io.BytesIO(zipped.read())) as tar,
     ):
         assert tar.getmember("code/inference.py").size > 0
+
+
+def test_a_model_dir_holding_ray_serves_entry_names_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for path in tiny_model_dir.iterdir():
+        (model_dir / path.name).write_bytes(path.read_bytes())
+    (model_dir / "config.yaml").write_text("applications: []\n")
+    with pytest.raises(PackagingError, match=r"already holds config\.yaml"):
+        build_model_archive(model_dir, tmp_path / "model.tar.gz")

@@ -34,6 +34,8 @@ _SERVER = textwrap.dedent(
         sys.exit(3)
     if os.fork() == 0:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if mode == "own-group":
+            os.setpgrp()  # as Ray's raylet starts its workers: out of the server's process group
         class Ping(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 self.send_response(200); self.end_headers()
@@ -130,3 +132,26 @@ def _in_group(process: psutil.Process, group: int) -> bool:
         return os.getpgid(process.pid) == group and process.status() != psutil.STATUS_ZOMBIE
     except (psutil.Error, ProcessLookupError):
         return False
+
+
+def test_a_descendant_that_left_the_group_is_stopped_with_it(tmp_path: Path) -> None:
+    command, port = _command(tmp_path, "own-group")
+    server = ServerProcess(command).start()
+    group = server.group
+    (child,) = psutil.Process(group).children()
+    assert os.getpgid(child.pid) != group
+    server.stop()
+    assert not group_alive(group)
+    child.wait(timeout=10)  # gone, not merely signalled
+    with pytest.raises(OSError):
+        _pings(port)
+
+
+def test_a_leader_only_step_lets_the_leader_shut_down_before_the_group_is_signalled(tmp_path: Path) -> None:
+    steps = (StopStep(signal.SIGTERM, 5.0, leader_only=True), StopStep(signal.SIGKILL, 5.0))
+    command, port = _command(tmp_path, "serve", stop_steps=steps)
+    with ServerProcess(command) as server:
+        assert _pings(port)
+        group = server.group
+    assert (tmp_path / "leader-stopped").exists(), "the leader got SIGTERM and ran its handler"
+    assert not group_alive(group)  # its child ignored SIGTERM: the group's SIGKILL ended it

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
-import datasets
 import pytest
 
 from training_assets.instance import batch_scaling, data_staging
-from training_assets.instance.dataset import TrainingInputError
+from training_assets.instance.dataset import Split, TrainingInputError
 from training_assets.instance.train_sentiment import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,14 +48,35 @@ def test_the_tokens_folder_changes_with_anything_the_tokens_depend_on(tiny_model
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    splits = {"train": datasets.Dataset.from_dict({"text": ["good", "bad"], "label": [2, 0]})}
+    splits = {"train": Split("train", ["good", "bad"], [2, 0])}
     key = data_staging.fingerprint(splits, tokenizer, 32)
     assert data_staging.fingerprint(splits, tokenizer, 32) == key
     assert data_staging.fingerprint(splits, tokenizer, 64) != key
-    other = {"train": datasets.Dataset.from_dict({"text": ["good", "bad!"], "label": [2, 0]})}
-    assert data_staging.fingerprint(other, tokenizer, 32) != key
-    relabelled = {"train": datasets.Dataset.from_dict({"text": ["good", "bad"], "label": [2, 1]})}
-    assert data_staging.fingerprint(relabelled, tokenizer, 32) != key
+    assert data_staging.fingerprint({"train": Split("train", ["good", "bad!"], [2, 0])}, tokenizer, 32) != key
+    assert data_staging.fingerprint({"train": Split("train", ["goodb", "ad"], [2, 0])}, tokenizer, 32) != key
+    assert data_staging.fingerprint({"train": Split("train", ["good", "bad"], [2, 1])}, tokenizer, 32) != key
+
+
+def test_saved_tokens_read_back_as_the_rows_tokenized(tmp_path: Path) -> None:
+    """What a node's other processes map (read-only arrays) is what the first one tokenized, row for row, and
+    survives the pickling a DataLoader worker that is not forked gets."""
+    splits = {"train": Split("train", ["a b c", "", "d"], [1, 0, 2]), "validation": Split("validation", ["e f"], [0])}
+    words = {word: i for i, word in enumerate("abcdef", start=5)}
+
+    def tokenize(texts: list[str]) -> list[list[int]]:
+        return [[0, *(words[word] for word in text.split()), 2] for text in texts]
+
+    first = data_staging.tokenize_once_per_node(splits, tokenize, folder=tmp_path, key="k")
+    again = data_staging.tokenize_once_per_node(splits, lambda texts: pytest.fail("tokenized twice"),
+                                                folder=tmp_path, key="k")  # fmt: skip
+    in_memory = data_staging.tokenize_once_per_node(splits, tokenize, folder=None, key="k")
+    for tokens in (first, again, in_memory):
+        rows = tokens["train"].input_ids
+        assert [rows[i] for i in range(len(rows))] == [[0, 5, 6, 7, 2], [0, 2], [0, 8, 2]]
+        assert rows.lengths() == [5, 2, 3] and rows[-1] == [0, 8, 2]
+        assert tokens["train"].labels == [1, 0, 2] and list(tokens["validation"].input_ids) == [[0, 9, 10, 2]]
+    assert sorted(path.name for path in (tmp_path / "k").iterdir()) == [data_staging.DONE, "train", "validation"]
+    assert pickle.loads(pickle.dumps(again["train"].input_ids))[0] == [0, 5, 6, 7, 2]
 
 
 @pytest.mark.slow
@@ -72,10 +93,10 @@ def test_two_processes_tokenize_once_and_learn_on_the_schedule_of_one(
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    # Two processes of one node: one tokenized (and said so), both trained on the saved Arrow files.
+    # Two processes of one node: one tokenized (and said so), both trained on the saved arrays.
     assert result.stderr.count("data_staging: tokenized 240 train, 60 validation rows once for this node") == 1
     (saved,) = [path for path in tokens.iterdir() if path.is_dir()]
-    assert (saved / "dataset_dict.json").is_file()
+    assert (saved / data_staging.DONE).is_file()
 
     two = json.loads((tmp_path / "two" / "metrics.json").read_text())["batch"]
     one = train(TrainConfig(model=str(tiny_model_dir), dataset=str(sample_data), output_dir=str(tmp_path / "one"),

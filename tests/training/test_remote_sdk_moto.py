@@ -2,7 +2,7 @@
 synthesized dev templates, every API call checked against the policy of the identity that makes it.
 
 ``python -m training_assets.remote_train ... train`` (and ``sweep``) run unchanged. A harness wraps botocore's
-``BaseClient._make_api_call``: each call is recorded, mapped to the IAM requests it needs (tests/training/
+``BaseClient._make_api_call``: each call is recorded, mapped to the IAM requests it needs (ops_review/
 iam_policy.py) and evaluated against the launcher policy (the data scientist) or, for the calls the training job
 makes, the RemoteJobRole's policies; a refused call gets the AccessDenied error IAM would send, so the SDK meets
 exactly the errors it would meet in AWS.
@@ -41,7 +41,7 @@ import pytest
 import yaml
 from botocore.exceptions import ClientError
 
-from tests.training.iam_policy import (
+from ops_review.iam_policy import (
     Call,
     Request,
     Unsupported,

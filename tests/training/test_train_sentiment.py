@@ -62,6 +62,9 @@ def compiled_run(tiny_model_dir: Path, sample_data: Path, tmp_path_factory: pyte
 def test_compiled_run_learns_and_reports_every_epoch(compiled_run: Path) -> None:
     metrics = json.loads((compiled_run / "metrics.json").read_text())
     assert metrics["config"]["torch_compile"] and metrics["config"]["fused_adamw"] and not metrics["config"]["bf16"]
+    # TorchInductor for real: the optimizer step compiled with the model, each batch shape compiled once.
+    assert metrics["optimizer_step"].startswith("compiled")
+    assert metrics["compilation"]["steps_that_compiled"] == metrics["compilation"]["first_steps_of_each_shape"]
     epochs = metrics["epochs"]
     assert [row["epoch"] for row in epochs] == [1.0, 2.0, 3.0]
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]

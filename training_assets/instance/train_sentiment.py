@@ -1,12 +1,13 @@
 """Fine-tune a sequence-classification model for tweet sentiment with the Hugging Face Trainer.
 
-The defaults are the fast path: batches padded to their own longest text rounded up to a few bucket lengths, with
-texts of similar length batched together (``--padding bucketed``, ``--group-by-length``); fused AdamW; and with a
-GPU, torch.compile in "reduce-overhead" mode (CUDA graphs, one per bucket length), bf16 autocast, DataLoader worker
-processes with pinned memory, and no host-device synchronisation between optimizer steps (tokens are counted and
-steps timed on the device; values are read when a log line needs them). Each feature has its own switch, so the
-seed's baseline stays reproducible: ``--no-torch-compile --no-bf16 --no-fused-adamw --padding max_length
---no-group-by-length`` is plain eager fp32 AdamW on texts padded to max_seq_length.
+The defaults are the fast path (docs/training-performance.md): batches padded to their own longest text rounded up
+to a few bucket lengths, texts of one bucket batched together (``--padding bucketed``, ``--group-by-length``); fused
+AdamW; and with a GPU, torch.compile in "reduce-overhead" mode (CUDA graphs, one static graph per bucket length) with
+the optimizer step compiled too, bf16 autocast, DataLoader worker processes with pinned memory, and no host-device
+synchronisation between optimizer steps (tokens are counted and steps timed on the device; values are read when a
+log line needs them; ``--sync-debug error`` makes a hidden one fail the run). Each feature has its own switch, so the
+seed's baseline stays reproducible: ``--no-torch-compile --no-bf16 --no-fused-adamw --no-compile-optimizer
+--padding max_length --no-group-by-length`` is plain eager fp32 AdamW on texts padded to max_seq_length.
 
     # one process (GPU if there is one, else CPU)
     python -m training_assets.instance.train_sentiment --model MODEL --dataset DATA --output-dir out --torch-compile
@@ -36,12 +37,13 @@ import statistics
 import sys
 import time
 import traceback
+from collections import Counter
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import datasets
 import numpy as np
 import torch
 import transformers
@@ -58,9 +60,11 @@ from training_assets.instance import batch_scaling, checkpoints, data_staging
 from training_assets.instance.batching import (
     PADDING_MODES,
     BucketCollator,
+    Counts,
+    LengthBucketSampler,
     TokenCounter,
     bucket_lengths,
-    read_counts,
+    total,
 )
 from training_assets.instance.dataset import (
     CHARS_PER_TOKEN_KEPT,
@@ -80,6 +84,8 @@ SAVED_MODEL_DIR = "saved_model"
 # torch.compile's modes (torch.compile docstring); "reduce-overhead" and "max-autotune" capture CUDA graphs.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+# torch.cuda.set_sync_debug_mode's settings, "off" for its "default" (no check).
+SYNC_DEBUG_MODES = ("off", "warn", "error")
 # DataLoader workers per GPU process: collating a batch of token lists takes well under a millisecond each, so a
 # few keep ahead of a step; more only take cores from the other ranks' host threads.
 MAX_WORKERS_PER_GPU = 4
@@ -116,6 +122,10 @@ class TrainConfig:
     dataloader_workers: int | None = None
     # 0: log the train loss once per epoch; N: every N optimizer steps (each log line reads the loss from the device).
     logging_steps: int = 0
+    # None: compile the optimizer step whenever torch_compile is on.
+    compile_optimizer: bool | None = None
+    # GPU only: torch.cuda.set_sync_debug_mode for the steady steps ("error": a hidden host-device sync fails the run).
+    sync_debug: str = "off"
     # Multi-node runs: checkpoints and resume, the collective timeout (checkpoints.py); where the tokenized splits
     # are shared once per node (data_staging.py); the global batch and learning-rate scaling (batch_scaling.py).
     checkpoint_steps: int = 0
@@ -145,6 +155,10 @@ class TrainConfig:
             raise TrainingInputError(
                 f"torch_compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.torch_compile_mode!r}"
             )
+        if self.sync_debug not in SYNC_DEBUG_MODES:
+            raise TrainingInputError(
+                f"sync_debug must be one of {', '.join(SYNC_DEBUG_MODES)}, got {self.sync_debug!r}"
+            )
         for name in ("dataloader_workers", "logging_steps"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -171,8 +185,33 @@ def read_config_splits(config: TrainConfig) -> dict[str, Split]:
     return read_splits(config.dataset, config.dataset_config, schema)
 
 
-def to_dataset(split: Split) -> datasets.Dataset:
+def to_dataset(split: Split) -> Any:
+    """The split as a ``datasets.Dataset`` (imported here only: training itself does not need the package)."""
+    import datasets
+
     return datasets.Dataset.from_dict({"text": split.texts, "label": split.labels})
+
+
+class TokenizedSplit(torch.utils.data.Dataset):
+    """Tokenized rows (``input_ids``, ``label``): what the collator and the samplers read. The ids are lists, or the
+    rows of the node's saved copy (data_staging.py). Not a ``datasets.Dataset``, so a training run from local files
+    does not import ``datasets`` (the benchmark's GPU machine has no such package)."""
+
+    def __init__(self, input_ids: Sequence[Sequence[int]], labels: list[int]) -> None:
+        self.input_ids = input_ids
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {"input_ids": self.input_ids[index], "label": self.labels[index]}
+
+    @property
+    def lengths(self) -> list[int]:
+        if isinstance(self.input_ids, data_staging.RaggedRows):  # from the row offsets, without reading the rows
+            return self.input_ids.lengths()
+        return [len(ids) for ids in self.input_ids]
 
 
 def check_model(reference: str) -> str:
@@ -236,6 +275,13 @@ def check_bf16(use_cuda: bool) -> None:
 # ------------------------------------------------------------------------------------------------------- training
 
 
+def graphs_compiled() -> int:
+    """Graphs TorchDynamo has compiled in this process so far: a host-side counter, free to read."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 class ThroughputMeter(TrainerCallback):
     """Times optimizer steps as a ``TrainerCallback``; the first ``warmup_steps`` (compilation) are kept apart.
 
@@ -243,16 +289,25 @@ class ThroughputMeter(TrainerCallback):
     and so includes data loading. Nothing here waits for the device while training runs: on CUDA each step end
     records a CUDA event in the stream (timed by the GPU, read once after training), on CPU it reads the host clock
     (the work is done when the step returns). Tokens come from the ``TokenCounter`` the trainer fills on the device.
+
+    Steady steps are the steps after the warm-up that compiled nothing and whose batch shape had run
+    ``shape_warmups`` times before (with CUDA graphs 2: a shape's first run compiles it, its second records the
+    graph). With bucketed padding a bucket can turn up for the first time late in an epoch and compile there, so
+    "the steps after the warm-up" alone would count compilation as training time.
     """
 
-    def __init__(self, warmup_steps: int, samples_per_step: int, counter: TokenCounter, use_cuda: bool) -> None:
+    def __init__(
+        self, warmup_steps: int, samples_per_step: int, counter: TokenCounter, use_cuda: bool, shape_warmups: int = 0
+    ) -> None:
         self.warmup_steps = warmup_steps
         self.samples_per_step = samples_per_step
         self.counter = counter
         self.use_cuda = use_cuda
+        self.shape_warmups = shape_warmups
         self.steps: list[tuple[Any, Any]] = []  # (start mark, end mark) per optimizer step
+        self.compiled: list[bool] = []  # per optimizer step: did TorchDynamo compile a graph during it
         self._start: Any = None
-        self._warm_counts: tuple[torch.Tensor | None, int] = (None, 0)
+        self._graphs = 0
 
     def _mark(self) -> Any:
         if self.use_cuda:
@@ -264,12 +319,18 @@ class ThroughputMeter(TrainerCallback):
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._start = self._mark()
 
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._graphs = graphs_compiled()
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         end = self._mark()
         self.steps.append((self._start, end))
         self._start = end
-        if len(self.steps) == self.warmup_steps:
-            self._warm_counts = self.counter.snapshot()
+        self.compiled.append(graphs_compiled() > self._graphs)
+
+    def steady_shape(self, step: int) -> bool:
+        """Step ``step`` (0-based) is past the warm-up and its shape has run often enough to need no compilation."""
+        return step >= self.warmup_steps and self.counter.earlier[step] >= self.shape_warmups
 
     def step_seconds(self) -> list[float]:
         if self.use_cuda:
@@ -277,16 +338,82 @@ class ThroughputMeter(TrainerCallback):
             return [start.elapsed_time(end) / 1000 for start, end in self.steps]
         return [end - start for start, end in self.steps]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, flops: ModelFlops | None = None) -> dict[str, Any]:
         """Read the clocks and counters once (summed over the ranks of a torchrun: every rank must call this)."""
-        (warm_tokens, warm_positions), (tokens, positions) = read_counts([self._warm_counts, self.counter.snapshot()])
-        return throughput_summary(
-            self.step_seconds(),
+        seconds, counts = self.step_seconds(), self.counter.read()
+        warm, whole = total(counts[: self.warmup_steps]), total(counts)
+        summary = throughput_summary(
+            seconds,
             warmup_steps=self.warmup_steps,
             samples_per_step=self.samples_per_step,
-            tokens=(warm_tokens, tokens),
-            positions=(warm_positions, positions),
+            tokens=(warm.tokens, whole.tokens),
+            positions=(warm.positions, whole.positions),
+            squared_lengths=(warm.squared_lengths, whole.squared_lengths),
+            flops=flops,
         )
+        steady = [i for i in range(len(seconds)) if self.steady_shape(i) and not self.compiled[i]]
+        return {**summary, **steady_summary(seconds, counts, steady, self.samples_per_step, flops)}
+
+
+def steady_summary(
+    seconds: list[float], counts: list[Counts], steady: list[int], samples_per_step: int, flops: ModelFlops | None
+) -> dict[str, Any]:
+    """The throughput of the steady steps (see ThroughputMeter): what training runs at once nothing compiles."""
+    if not steady:
+        return {"steady_steps": 0}
+    time_ = sum(seconds[i] for i in steady)
+    done = total([counts[i] for i in steady])
+    result = {
+        "steady_steps": len(steady),
+        "steady_seconds": round(time_, 4),
+        "steady_samples_per_second": round(len(steady) * samples_per_step / time_, 3),
+        "steady_non_padding_tokens_per_second": round(done.tokens / time_, 3),
+        "steady_padding_fraction": round(1 - done.tokens / done.positions, 4) if done.positions else None,
+    }
+    if flops is not None:
+        useful = flops.training_flops(done.tokens, done.squared_lengths)
+        result["steady_model_tflops_per_second"] = round(useful / time_ / 1e12, 6)
+    return result
+
+
+@dataclass(frozen=True)
+class ModelFlops:
+    """Training FLOPs of a transformer encoder, from its config (multiply and add counted as 2 FLOPs).
+
+    A text of l tokens costs 6 * N * l + 12 * L * d * l**2 FLOPs to train on: N is the number of weights in the
+    layers' matrix multiplications (L * (4 * d**2 + 2 * d * d_ff) for BERT/RoBERTa: query, key, value and output
+    projections, and the two feed-forward matrices), 6 = 2 (multiply-add) x 3 (forward, and a backward twice as
+    costly); the attention scores and their weighted sum are 2 matmuls of l x l x d per layer, 12 * L * d * l per
+    token with the same factors. This is the model-FLOPs count of PaLM (Chowdhery et al. 2022, "PaLM: Scaling
+    Language Modeling with Pathways", Appendix B: 6N + 12LHQT per token) and of torchtitan's
+    get_num_flop_per_token (pytorch/torchtitan torchtitan/tools/utils.py). Counted on the non-padding tokens only,
+    so the work spent on padding is not counted as useful. Left out: embeddings (lookups, no matmul), layer norms,
+    softmax and the classifier head (once per text: 2 * (d**2 + d * labels) forward, under 0.1% of a tweet's FLOPs
+    for RoBERTa-base), and activation recomputation (not model FLOPs).
+    """
+
+    layers: int
+    hidden: int
+    intermediate: int
+
+    @classmethod
+    def from_config(cls, config: Any) -> ModelFlops | None:
+        names = ("num_hidden_layers", "hidden_size", "intermediate_size")
+        if not all(isinstance(getattr(config, name, None), int) for name in names):
+            return None  # not a BERT-like encoder config: the formula does not apply
+        return cls(config.num_hidden_layers, config.hidden_size, config.intermediate_size)
+
+    @property
+    def matmul_weights(self) -> int:
+        return self.layers * (4 * self.hidden**2 + 2 * self.hidden * self.intermediate)
+
+    def training_flops(self, tokens: int, squared_lengths: int) -> int:
+        """FLOPs to train on texts with ``tokens`` non-padding tokens in all and ``squared_lengths`` = sum of l**2."""
+        return 6 * self.matmul_weights * tokens + 12 * self.layers * self.hidden * squared_lengths
+
+    def per_token(self, attention_context: float) -> float:
+        """FLOPs per non-padding token when tokens attend, on average, to ``attention_context`` tokens."""
+        return 6 * self.matmul_weights + 12 * self.layers * self.hidden * attention_context
 
 
 def throughput_summary(
@@ -296,12 +423,14 @@ def throughput_summary(
     samples_per_step: int,
     tokens: tuple[int, int],
     positions: tuple[int, int],
+    squared_lengths: tuple[int, int] = (0, 0),
+    flops: ModelFlops | None = None,
 ) -> dict[str, Any]:
     """The throughput of the steps after the warm-up; when there are none, why it was not measured.
 
-    ``tokens`` and ``positions`` are (at the end of the warm-up, at the end) counts of non-padding tokens and of
-    positions computed (padding included). A measurement never stops a run: a short run trains, saves its model and
-    reports ``"measured": false``.
+    ``tokens``, ``positions`` and ``squared_lengths`` are (at the end of the warm-up, at the end) counts of
+    non-padding tokens, of positions computed (padding included) and the sum over texts of their squared length in
+    tokens. A measurement never stops a run: a short run trains, saves its model and reports ``"measured": false``.
     """
     warm, steady = step_seconds[:warmup_steps], step_seconds[warmup_steps:]
     padding = {
@@ -310,6 +439,16 @@ def throughput_summary(
         "non_padding_tokens": tokens[1],
         "positions_computed": positions[1],
     }
+    model: dict[str, Any] = {}
+    if flops is not None and tokens[1]:
+        # Each token attends to the other tokens of its own text: sum(l * l) / sum(l) on average.
+        context = squared_lengths[1] / tokens[1]
+        model = {
+            "model_flops_per_token": round(flops.per_token(context)),
+            "model_flops_formula": "6 * N + 12 * L * d * l per non-padding token (ModelFlops)",
+            "model_matmul_weights": flops.matmul_weights,
+            "mean_attention_context": round(context, 3),
+        }
     if not steady:
         return {
             "measured": False,
@@ -321,9 +460,13 @@ def throughput_summary(
             "warmup_seconds": round(sum(warm), 4),
             "samples_per_step": samples_per_step,
             **padding,
+            **model,
         }
     seconds = sum(steady)
     median = statistics.median(steady)
+    if model and flops is not None:
+        useful = flops.training_flops(tokens[1] - tokens[0], squared_lengths[1] - squared_lengths[0])
+        model["model_tflops_per_second"] = round(useful / seconds / 1e12, 6)
     return {
         "measured": True,
         "train_samples_per_second": round(len(steady) * samples_per_step / seconds, 3),
@@ -338,6 +481,7 @@ def throughput_summary(
         "compile_warmup_seconds": round(max(0.0, sum(warm) - len(warm) * median), 4),
         "samples_per_step": samples_per_step,
         **padding,
+        **model,
         "tokens": "non-padding input tokens and positions computed, summed over all ranks",
     }
 
@@ -367,19 +511,120 @@ class EpochReporter(TrainerCallback):
             )
 
 
-class SentimentTrainer(Trainer):
-    """Counts non-padding tokens on the device; drops the last partial batch in training only (evaluation sees every
-    row); with CUDA graphs, copies evaluation outputs out of the graph's memory before the next batch reuses it."""
+class CompiledOptimizerStep:
+    """``optimizer.step`` through torch.compile (TorchInductor fuses the update of every parameter into a few
+    kernels), following PyTorch's recipe "(beta) Compiling the optimizer with torch.compile" and its section on LR
+    schedulers: the learning rate must be a tensor, or every new value the scheduler sets would be a new constant
+    and recompile the step (after 8, torch.compile would give up and run it eagerly). The Trainer's scheduler and
+    log lines keep plain floats in ``param_groups`` (a tensor there would be read back with ``.item()`` every step
+    by ``Trainer._get_learning_rate``); each call copies them into CPU scalar tensors, as the recipe does, which
+    costs no device work, and puts the floats back after the step.
 
-    def __init__(self, *args: Any, token_counter: TokenCounter, clone_eval_outputs: bool, **kwargs: Any) -> None:
+    The optimizer must be the plain (foreach / single-tensor) AdamW: torch marks its fused kernel
+    ``torch.compiler.disable`` ("don't trace into fused optimizer"), so compiling a fused step would compile nothing.
+    The step is compiled without CUDA graphs (mode "default"): the Trainer frees the gradients after each step
+    (``zero_grad(set_to_none=True)``), so new gradient tensors come every step and a CUDA graph would copy each of
+    them into its static inputs first.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.learning_rates = [torch.tensor(float(group["lr"])) for group in optimizer.param_groups]
+        # The class's own step, bound to this optimizer (not an instance attribute wrapped by an LR scheduler).
+        self.compiled = torch.compile(type(optimizer).step.__get__(optimizer), fullgraph=False)
+
+    def __call__(self, closure: Any = None) -> None:
+        if closure is not None:
+            raise ValueError("the compiled optimizer step takes no closure")
+        groups = self.optimizer.param_groups
+        values = [group["lr"] for group in groups]
+        for group, tensor, value in zip(groups, self.learning_rates, values, strict=True):
+            tensor.fill_(value)
+            group["lr"] = tensor
+        try:
+            self.compiled()
+        finally:
+            for group, value in zip(groups, values, strict=True):
+                group["lr"] = value
+
+
+class SyncCheck(TrainerCallback):
+    """On a GPU, ``torch.cuda.set_sync_debug_mode(mode)`` ("error": a synchronising CUDA call raises) while steady
+    steps run: from a steady step's forward pass to the next step's, through backward, clipping, the optimizer and
+    scheduler steps, and the next batch's load and copy to the device. Off for steps that compile or record a CUDA
+    graph (``ThroughputMeter.steady_shape``: compiling legitimately waits for the device), and whenever the Trainer is
+    about to log, evaluate or save (what a user asked for may read the device). torch's own caveat: not every
+    synchronising call is covered (torch.distributed is not)."""
+
+    def __init__(self, mode: str, meter: ThroughputMeter) -> None:
+        self.mode = mode
+        self.meter = meter
+        self.steps_checked = 0
+        self._on = False
+
+    def step_starts(self, step: int) -> None:
+        steady = self.meter.steady_shape(step)
+        self.steps_checked += steady
+        self.switch(steady)
+
+    def switch(self, on: bool) -> None:
+        if on != self._on:
+            torch.cuda.set_sync_debug_mode(self.mode if on else "default")
+            self._on = on
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if control.should_log or control.should_evaluate or control.should_save or control.should_training_stop:
+            self.switch(False)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.switch(False)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.switch(False)
+
+
+class SentimentTrainer(Trainer):
+    """Counts non-padding tokens on the device; batches texts of one bucket together (``LengthBucketSampler``);
+    compiles the optimizer step when asked (``CompiledOptimizerStep``); drops the last partial batch in training only
+    (evaluation sees every row); with CUDA graphs, copies evaluation outputs out of the graph's memory before the
+    next batch reuses it; with a ``SyncCheck``, arms it for each steady step."""
+
+    def __init__(
+        self,
+        *args: Any,
+        token_counter: TokenCounter,
+        clone_eval_outputs: bool,
+        buckets: tuple[int, ...] | None = None,
+        compile_optimizer: bool = False,
+        sync_check: SyncCheck | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.token_counter = token_counter
         self.clone_eval_outputs = clone_eval_outputs
+        self.buckets = buckets
+        self.compile_optimizer = compile_optimizer
+        self.sync_check = sync_check
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         # The Trainer's own count (include_num_input_tokens_seen) reads it back with .item() every step.
         self.token_counter.add(inputs["attention_mask"])
+        if self.sync_check is not None:
+            self.sync_check.step_starts(len(self.token_counter.shapes) - 1)
         return super().training_step(model, inputs, num_items_in_batch)
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        if self.buckets is None or not isinstance(dataset, TokenizedSplit):
+            return super()._get_train_sampler(train_dataset)
+        batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
+        return LengthBucketSampler(dataset.lengths, self.buckets, batch)
+
+    def create_optimizer(self, model: Any = None) -> torch.optim.Optimizer:
+        optimizer = super().create_optimizer(model)
+        if self.compile_optimizer and not isinstance(optimizer.step, CompiledOptimizerStep):
+            optimizer.step = CompiledOptimizerStep(optimizer)
+        return optimizer
 
     def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
         outputs = super().prediction_step(*args, **kwargs)
@@ -495,6 +740,67 @@ def resolve(config: TrainConfig, use_cuda: bool) -> TrainConfig:
         bf16=(use_cuda and bf16_native(use_cuda)) if config.bf16 is None else config.bf16,
         torch_compile_mode=mode if compile_on else None,
         dataloader_workers=workers,
+        compile_optimizer=compile_on if config.compile_optimizer is None else config.compile_optimizer,
+    )
+
+
+def optimizer_name(config: TrainConfig) -> str:
+    """The Trainer's ``optim`` for a resolved config: a compiled step needs the plain AdamW (see
+    CompiledOptimizerStep); transformers 5 defaults to the fused one, so the baseline names the plain one too."""
+    return "adamw_torch_fused" if config.fused_adamw and not config.compile_optimizer else "adamw_torch"
+
+
+def optimizer_step(config: TrainConfig) -> str:
+    """How the resolved config's optimizer step runs, for metrics.json."""
+    if config.compile_optimizer:
+        return "compiled (torch.compile of AdamW.step, TorchInductor kernels)"
+    return "fused AdamW kernel" if config.fused_adamw else "AdamW (foreach or per-tensor, eager)"
+
+
+def training_arguments(config: TrainConfig, use_cuda: bool, distributed: bool) -> TrainingArguments:
+    """The Trainer's arguments for a resolved config (``resolve``)."""
+    return TrainingArguments(**trainer_settings(config, use_cuda, distributed))
+
+
+def trainer_settings(config: TrainConfig, use_cuda: bool, distributed: bool) -> dict[str, Any]:
+    """``TrainingArguments`` keywords for a resolved config (apart, so a test can read the GPU settings on a machine
+    without a GPU, where ``TrainingArguments`` refuses bf16)."""
+    assert config.dataloader_workers is not None  # resolved
+    return dict(
+        num_train_epochs=config.epochs,
+        per_device_train_batch_size=config.per_device_batch_size,
+        per_device_eval_batch_size=config.per_device_batch_size,
+        learning_rate=config.learning_rate,
+        seed=config.seed,
+        torch_compile=bool(config.torch_compile),
+        torch_compile_backend="inductor" if config.torch_compile else None,
+        torch_compile_mode=config.torch_compile_mode,
+        bf16=bool(config.bf16),
+        optim=optimizer_name(config),
+        use_cpu=not use_cuda,
+        ddp_backend=("nccl" if use_cuda else "gloo") if distributed else None,
+        ddp_find_unused_parameters=False,  # every parameter takes part in the classifier's forward pass
+        eval_strategy="epoch",
+        logging_strategy="steps" if config.logging_steps else "epoch",
+        logging_steps=config.logging_steps or 500,
+        report_to="none",
+        # Full training batches only: the batch dimension stays static for torch.compile and CUDA graphs
+        # (off when the split is smaller than one batch: see batch_plan).
+        dataloader_drop_last=True,
+        # Texts of one bucket share a batch (SentimentTrainer's LengthBucketSampler), so a batch pads little.
+        train_sampling_strategy="group_by_length" if config.group_by_length else "random",
+        # Both default to reading a device value every step: the token count (.item()) and the NaN check of the loss
+        # (a Python `if` on a tensor; transformers#33693). Tokens are counted on the device instead (TokenCounter).
+        include_num_input_tokens_seen="no",
+        logging_nan_inf_filter=False,
+        # Batches are collated in worker processes into pinned memory (only with CUDA: pinning is for copies to a
+        # GPU) and copied to the GPU without blocking the host.
+        dataloader_num_workers=config.dataloader_workers,
+        dataloader_persistent_workers=config.dataloader_workers > 0,
+        dataloader_pin_memory=use_cuda,
+        accelerator_config={"non_blocking": use_cuda},
+        disable_tqdm=True,
+        **checkpoints.trainer_arguments(config),  # output_dir, save_*, ddp_timeout
     )
 
 
@@ -503,6 +809,10 @@ def check_inputs(config: TrainConfig, use_cuda: bool) -> tuple[str, dict[str, Sp
     model_reference = check_model(config.model)
     if config.bf16:  # asked for explicitly (None, automatic, is on only where it is native)
         check_bf16(use_cuda)
+    if config.sync_debug != "off" and not use_cuda:
+        raise TrainingInputError(
+            f"--sync-debug {config.sync_debug} needs a GPU (torch.cuda.set_sync_debug_mode); run without it on CPU"
+        )
     raw = read_config_splits(config)
     if config.max_train_samples is not None:
         train_split = raw["train"]
@@ -521,56 +831,20 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     # Everything that can be wrong with the input is checked before any process group or model is created.
     model_reference, raw = check_inputs(config, use_cuda)
     config = resolve(config, use_cuda)
+    # The per-device batch and learning rate that keep the same settings learning the same on any device count.
     schedule = batch_scaling.schedule(config, batch_scaling.devices(use_cuda, torch.cuda.device_count()))
     config = batch_scaling.apply(config, schedule)
-    assert config.dataloader_workers is not None  # resolved
     notes = [warning for split in raw.values() for warning in split.warnings]
     notes += label_warnings(raw["train"], config.labels)
-    splits = {name: to_dataset(split) for name, split in raw.items()}
 
     output_dir = Path(config.output_dir)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun
-    args = TrainingArguments(
-        num_train_epochs=config.epochs,
-        per_device_train_batch_size=config.per_device_batch_size,
-        per_device_eval_batch_size=config.per_device_batch_size,
-        learning_rate=config.learning_rate,
-        seed=config.seed,
-        torch_compile=bool(config.torch_compile),
-        torch_compile_backend="inductor" if config.torch_compile else None,
-        torch_compile_mode=config.torch_compile_mode,
-        bf16=bool(config.bf16),
-        # transformers 5 defaults to the fused AdamW: name the plain one for the baseline.
-        optim="adamw_torch_fused" if config.fused_adamw else "adamw_torch",
-        use_cpu=not use_cuda,
-        ddp_backend=("nccl" if use_cuda else "gloo") if distributed else None,
-        ddp_find_unused_parameters=False,  # every parameter takes part in the classifier's forward pass
-        eval_strategy="epoch",
-        logging_strategy="steps" if config.logging_steps else "epoch",
-        logging_steps=config.logging_steps or 500,
-        report_to="none",
-        # Full training batches only: the batch dimension stays static for torch.compile and CUDA graphs
-        # (off when the split is smaller than one batch: see batch_plan).
-        dataloader_drop_last=True,
-        # Texts of similar length share a batch (LengthGroupedSampler), so a batch pads little.
-        train_sampling_strategy="group_by_length" if config.group_by_length else "random",
-        # Both default to reading a device value every step: the token count (.item()) and the NaN check of the loss
-        # (a Python `if` on a tensor; transformers#33693). Tokens are counted on the device instead (TokenCounter).
-        include_num_input_tokens_seen="no",
-        logging_nan_inf_filter=False,
-        # Batches are collated in worker processes into pinned memory and copied to the GPU without blocking.
-        dataloader_num_workers=config.dataloader_workers,
-        dataloader_persistent_workers=config.dataloader_workers > 0,
-        dataloader_pin_memory=use_cuda,
-        accelerator_config={"non_blocking": use_cuda},
-        disable_tqdm=True,
-        **checkpoints.trainer_arguments(config),  # output_dir, save_*, ddp_timeout
-    )
+    args = training_arguments(config, use_cuda, distributed)
     resume = checkpoints.resume_point(config, args.local_process_index == 0)
     world_size = args.world_size
     # train_batch_size counts every GPU of one process (nn.DataParallel when not launched by torchrun).
     global_batch = args.train_batch_size * world_size
-    plan = batch_plan(len(splits["train"]), global_batch, world_size, config)
+    plan = batch_plan(len(raw["train"]), global_batch, world_size, config)
     args.dataloader_drop_last = plan.drop_last
     notes += plan.warnings
     if int(os.environ.get("RANK", "0")) == 0:
@@ -584,24 +858,29 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         id2label=dict(enumerate(config.labels)),
         label2id={label: i for i, label in enumerate(config.labels)},
         ignore_mismatched_sizes=True,  # a base model with another head gets a fresh one of the right size
+        # Set now, not by the first forward pass (RobertaForSequenceClassification writes it into its config then):
+        # a config changed after the first compiled call fails torch.compile's guard and recompiles the model.
+        problem_type="single_label_classification",
     )
     max_length = min(config.max_seq_length, _position_limit(model.config, tokenizer))
     buckets = bucket_lengths(max_length)
-    if config.torch_compile:
-        # One graph per bucket length, for training and for evaluation, plus the last partial evaluation batch:
-        # more than torch._dynamo's default of 8 recompilations, after which it would fall back to eager.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * len(buckets) + 4)
 
-    def tokenize(batch: dict[str, list]) -> dict[str, list]:
+    def tokenize(texts: list[str]) -> list[list[int]]:
         # No padding here: the collator pads each batch (to its bucket, or to max_length with --padding max_length).
-        return tokenizer(batch["text"], truncation=True, max_length=max_length, return_attention_mask=False)
+        return tokenizer(texts, truncation=True, max_length=max_length, return_attention_mask=False)["input_ids"]
 
-    key = data_staging.fingerprint(splits, tokenizer, max_length)
-    encoded = data_staging.tokenize_once_per_node(splits, tokenize, folder=data_staging.tokenized_dir(config), key=key)
+    # Once per node: the first process tokenizes and saves, every process of the node maps the saved tokens.
+    key = data_staging.fingerprint(raw, tokenizer, max_length)
+    tokens = data_staging.tokenize_once_per_node(raw, tokenize, folder=data_staging.tokenized_dir(config), key=key)
+    encoded = {name: TokenizedSplit(split.input_ids, split.labels) for name, split in tokens.items()}
 
+    cuda_graphs = use_cuda and bool(config.torch_compile) and config.torch_compile_mode in CUDA_GRAPH_MODES
     counter = TokenCounter()
-    meter = ThroughputMeter(config.warmup_steps, plan.samples_per_step, counter, use_cuda)
+    # A shape's first run compiles it; with CUDA graphs its second records the graph (see ThroughputMeter).
+    shape_warmups = 2 if cuda_graphs else 1 if config.torch_compile else 0
+    meter = ThroughputMeter(config.warmup_steps, plan.samples_per_step, counter, use_cuda, shape_warmups)
     reporter = EpochReporter()
+    sync_check = SyncCheck(config.sync_debug, meter) if config.sync_debug != "off" else None
     trainer = SentimentTrainer(
         model=model,
         args=args,
@@ -610,19 +889,43 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         eval_dataset=encoded["validation"],
         processing_class=tokenizer,
         compute_metrics=compute_metrics,
-        callbacks=[meter, reporter, *checkpoints.callbacks(config), *callbacks],
+        callbacks=[meter, reporter, *([sync_check] if sync_check else []), *checkpoints.callbacks(config), *callbacks],
         token_counter=counter,
-        clone_eval_outputs=bool(config.torch_compile) and config.torch_compile_mode in CUDA_GRAPH_MODES,
+        clone_eval_outputs=cuda_graphs,
+        buckets=buckets if config.group_by_length else None,
+        compile_optimizer=bool(config.compile_optimizer),
+        sync_check=sync_check,
     )
-    result = trainer.train(resume_from_checkpoint=resume)
+    graphs_before = graphs_compiled()
+    try:
+        with _compile_settings(config, buckets):
+            result = trainer.train(resume_from_checkpoint=resume)
+    finally:
+        if sync_check is not None:
+            sync_check.switch(False)
 
     metrics = {
         "config": {**asdict(config), "labels": list(config.labels)},
         "device": _device_info(use_cuda, world_size),
-        "train_samples": len(splits["train"]),
-        "validation_samples": len(splits["validation"]),
+        "train_samples": len(raw["train"]),
+        "validation_samples": len(raw["validation"]),
         "max_seq_length": max_length,
-        "padding": {"mode": config.padding, "bucket_lengths": list(buckets), "group_by_length": config.group_by_length},
+        "padding": {
+            "mode": config.padding,
+            "bucket_lengths": list(buckets),
+            "group_by_length": config.group_by_length,
+            # Optimizer steps per padded length: which buckets the run used, and how often.
+            "steps_per_length": dict(sorted(Counter(shape[-1] for shape in counter.shapes).items())),
+        },
+        "optimizer_step": optimizer_step(config),
+        "cuda_graphs": cuda_graphs,
+        "compilation": {
+            # TorchDynamo graphs compiled during the run (training and evaluation), and the (1-based) optimizer
+            # steps during which one was: with static shapes, the first step of each new batch shape.
+            "graphs": graphs_compiled() - graphs_before,
+            "steps_that_compiled": [step + 1 for step, compiled in enumerate(meter.compiled) if compiled],
+            "first_steps_of_each_shape": [step + 1 for step, earlier in enumerate(counter.earlier) if not earlier],
+        },
         "optimizer_steps": len(meter.steps),
         "warnings": notes,
         "epochs": reporter.epochs,
@@ -630,12 +933,14 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         "train_loss_log": [
             {"step": row["step"], "loss": row["loss"]} for row in trainer.state.log_history if "loss" in row
         ],
-        "throughput": meter.summary(),
+        "throughput": meter.summary(ModelFlops.from_config(model.config)),
         "train_runtime_seconds": round(result.metrics["train_runtime"], 3),
         "saved_model": str(output_dir / SAVED_MODEL_DIR),
         **batch_scaling.report(schedule, trainer.state.log_history),
         **checkpoints.report(config, resume),
     }
+    if sync_check is not None:
+        metrics["sync_debug"] = {"mode": config.sync_debug, "steps_checked": sync_check.steps_checked}
     if trainer.is_world_process_zero():
         saved = output_dir / SAVED_MODEL_DIR
         trainer.save_model(str(saved))
@@ -644,6 +949,21 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     trainer.accelerator.wait_for_everyone()
     checkpoints.finish(config, args.local_process_index == 0)
     return metrics
+
+
+def _compile_settings(config: TrainConfig, buckets: tuple[int, ...]) -> Any:
+    """TorchDynamo settings for the run, restored afterwards.
+
+    Static shapes, one graph per bucket length: by default TorchDynamo recompiles a function whose input shape
+    changed as one graph for all sizes ("automatic dynamic shapes"), with kernels that cannot specialise on the
+    length, and CUDA graphs still record one graph per size. One graph per bucket length (training and evaluation,
+    plus the last partial evaluation batch) is more than TorchDynamo's default of 8 recompilations, after which it
+    would run the model eagerly.
+    """
+    if not (config.torch_compile or config.compile_optimizer):
+        return nullcontext()
+    limit = max(torch._dynamo.config.recompile_limit, 2 * len(buckets) + 4)
+    return torch._dynamo.config.patch(recompile_limit=limit, automatic_dynamic_shapes=False)
 
 
 def _position_limit(model_config: Any, tokenizer: Any) -> int:
@@ -703,6 +1023,13 @@ def _parser() -> argparse.ArgumentParser:
         help=f"DataLoader worker processes per GPU process (default: up to {MAX_WORKERS_PER_GPU} with a GPU, 0 on CPU)",
     )
     parser.add_argument(
+        "--sync-debug",
+        choices=SYNC_DEBUG_MODES,
+        default=defaults.sync_debug,
+        help="GPU only: torch.cuda.set_sync_debug_mode during steady steps (error: a hidden host-device sync fails "
+        "the run; the benchmark's GPU run uses it)",
+    )
+    parser.add_argument(
         "--logging-steps",
         type=int,
         default=defaults.logging_steps,
@@ -711,7 +1038,8 @@ def _parser() -> argparse.ArgumentParser:
     for flag, default, text in (
         ("torch-compile", None, "torch.compile with TorchInductor (default: on with a GPU, off on CPU)"),
         ("bf16", None, "bfloat16 mixed precision (default: on with a GPU that has it natively, off on CPU)"),
-        ("fused-adamw", True, "fused AdamW optimizer (default: on)"),
+        ("fused-adamw", True, "fused AdamW optimizer (default: on; a compiled step replaces it)"),
+        ("compile-optimizer", None, "compile the optimizer step with torch.compile (default: with --torch-compile)"),
         ("group-by-length", True, "batch texts of similar length together (default: on)"),
         ("use-cpu", False, "train on CPU even if a GPU is present"),
     ):

@@ -26,6 +26,8 @@ TIMEOUT = cdk.Duration.minutes(15)
 
 
 class EniReleaseWait(Construct):
+    # Long: one custom resource with its log group, role, policy and Lambda, declared in dependency order, each
+    # acknowledgement next to the resource it excuses.
     def __init__(
         self,
         scope: Construct,

@@ -1,4 +1,5 @@
-"""A small IAM evaluator for the policies of synthesized templates, and the API-call-to-action map it needs.
+"""A small IAM evaluator for the policies of synthesized templates, and the API-call-to-action map it needs (shared by
+the tests, the rehearsal and the operator commands that check the calls they make).
 
 Scope (fails closed on anything else): Allow and Deny statements with ``Action``/``NotAction`` and
 ``Resource``/``NotResource`` (strings or lists, ``*`` and ``?`` wildcards, which in IAM resource matching also span
@@ -19,6 +20,7 @@ It does not model SCPs, permission boundaries or session policies: the platform 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -259,6 +261,13 @@ def resolve(value: Any, *, refs: dict[str, Any], exports: dict[str, Any] | None 
             body, variables = argument if isinstance(argument, list) else (argument, {})
             values = {k: resolve(v, refs=refs, exports=exports) for k, v in variables.items()}
             return re.sub(r"\$\{([^}]+)\}", lambda m: str(values[m[1]] if m[1] in values else refs[m[1]]), body)
+        if name == "Fn::Base64":
+            return base64.b64encode(str(resolve(argument, refs=refs, exports=exports)).encode()).decode()
+        if name == "Fn::Select":
+            index, items = argument
+            return resolve(items, refs=refs, exports=exports)[int(resolve(index, refs=refs, exports=exports))]
+        if name == "Fn::GetAZs":  # the region's zones, as refs["Fn::GetAZs"] lists them
+            return refs["Fn::GetAZs"]
         if name.startswith("Fn::"):
             raise Unsupported(name)
     return {k: resolve(v, refs=refs, exports=exports) for k, v in value.items()}
@@ -328,6 +337,39 @@ def _log_group(call: Call) -> str:
     return _arn(call, "logs", f"log-group:{call.params['logGroupName']}")
 
 
+def _log_stream(call: Call) -> str:
+    return f"{_log_group(call)}:log-stream:{call.params['logStreamName']}"
+
+
+def _s3_copy_source(call: Call) -> str:
+    source = call.params["CopySource"]
+    if isinstance(source, str):
+        bucket, _, key = source.lstrip("/").partition("/")
+        return f"arn:aws:s3:::{bucket}/{key}"
+    return f"arn:aws:s3:::{source['Bucket']}/{source['Key']}"
+
+
+def _stack(call: Call) -> str:
+    name = call.params.get("StackName", "*")
+    if name.startswith("arn:"):
+        return str(name)
+    return _arn(call, "cloudformation", f"stack/{name}/*")
+
+
+def _endpoint(call: Call) -> str:
+    return _arn(call, "sagemaker", f"endpoint/{call.params['EndpointName'].lower()}")
+
+
+def _quota(call: Call) -> str:
+    return _arn(call, "servicequotas", f"{call.params['ServiceCode']}/{call.params['QuotaCode']}")
+
+
+def _key(call: Call, key: str) -> str:
+    if key.startswith("arn:"):
+        return key
+    return _arn(call, "kms", key if key.startswith("alias/") else f"key/{key}")
+
+
 # operation -> (IAM action, resource ARN builder). Documented in the Service Authorization Reference.
 OPERATIONS: dict[tuple[str, str], list[tuple[str, Callable[[Call], str]]]] = {
     ("s3", "PutObject"): [("s3:PutObject", _s3_object)],
@@ -368,7 +410,86 @@ OPERATIONS: dict[tuple[str, str], list[tuple[str, Callable[[Call], str]]]] = {
     ],
     # "No permissions are required to perform this operation" (STS API reference, GetCallerIdentity).
     ("sts", "GetCallerIdentity"): [],
+    # Log streams: arn:...:log-group:<group>:log-stream:<stream> (CloudWatch Logs user guide, "Overview of managing
+    # access permissions to your CloudWatch Logs resources"), as AWS names it in its AccessDenied messages.
+    ("logs", "CreateLogStream"): [("logs:CreateLogStream", _log_stream)],
+    ("logs", "PutLogEvents"): [("logs:PutLogEvents", _log_stream)],
+    ("logs", "DeleteLogStream"): [("logs:DeleteLogStream", _log_stream)],
+    ("logs", "DeleteLogGroup"): [("logs:DeleteLogGroup", lambda c: f"{_log_group(c)}:*")],
+    ("logs", "DescribeLogGroups"): [("logs:DescribeLogGroups", lambda c: _arn(c, "logs", "log-group:*"))],
+    # Actions without resource-level permissions are evaluated against "*" (Service Authorization Reference).
+    ("ec2", "DescribeInstances"): [("ec2:DescribeInstances", lambda c: "*")],
+    ("ec2", "DescribeInstanceTypeOfferings"): [("ec2:DescribeInstanceTypeOfferings", lambda c: "*")],
+    ("ec2", "DescribeInstanceTypes"): [("ec2:DescribeInstanceTypes", lambda c: "*")],
+    ("ec2", "DescribeAvailabilityZones"): [("ec2:DescribeAvailabilityZones", lambda c: "*")],
+    ("ec2", "DescribeSubnets"): [("ec2:DescribeSubnets", lambda c: "*")],
+    ("ecr", "GetAuthorizationToken"): [("ecr:GetAuthorizationToken", lambda c: "*")],
+    ("s3", "CopyObject"): [("s3:PutObject", _s3_object), ("s3:GetObject", _s3_copy_source)],
+    ("s3", "DeleteObject"): [("s3:DeleteObject", _s3_object)],
+    ("cloudformation", "DescribeStacks"): [("cloudformation:DescribeStacks", _stack)],
+    ("cloudformation", "ListStacks"): [("cloudformation:ListStacks", lambda c: "*")],
+    ("cloudformation", "ListStackResources"): [("cloudformation:ListStackResources", _stack)],
+    # SageMaker lower-cases names in endpoint ARNs.
+    ("sagemaker", "DescribeEndpoint"): [("sagemaker:DescribeEndpoint", _endpoint)],
+    ("sagemaker", "ListEndpoints"): [("sagemaker:ListEndpoints", lambda c: "*")],
+    ("sagemaker", "DescribeEndpointConfig"): [
+        (
+            "sagemaker:DescribeEndpointConfig",
+            lambda c: _arn(c, "sagemaker", f"endpoint-config/{c.params['EndpointConfigName'].lower()}"),
+        )
+    ],
+    ("sagemaker-runtime", "InvokeEndpoint"): [("sagemaker:InvokeEndpoint", _endpoint)],
+    # Application Auto Scaling: scalable targets are matched on "*" here (their ARNs carry an id the caller never
+    # sees); the calls it makes to SageMaker and CloudWatch with the caller's permissions are below in requests_for.
+    **{
+        ("application-autoscaling", operation): [(f"application-autoscaling:{operation}", lambda c: "*")]
+        for operation in (
+            "DescribeScalableTargets",
+            "DescribeScalingPolicies",
+            "RegisterScalableTarget",
+            "DeregisterScalableTarget",
+            "PutScalingPolicy",
+            "DeleteScalingPolicy",
+        )
+    },
+    ("service-quotas", "GetServiceQuota"): [("servicequotas:GetServiceQuota", _quota)],
+    ("service-quotas", "GetAWSDefaultServiceQuota"): [("servicequotas:GetAWSDefaultServiceQuota", _quota)],
+    ("service-quotas", "ListServiceQuotas"): [("servicequotas:ListServiceQuotas", lambda c: "*")],
+    ("service-quotas", "ListAWSDefaultServiceQuotas"): [("servicequotas:ListAWSDefaultServiceQuotas", lambda c: "*")],
+    ("kms", "DescribeKey"): [("kms:DescribeKey", lambda c: _key(c, c.params["KeyId"]))],
 }
+
+# What Application Auto Scaling does with the caller's permissions (Application Auto Scaling user guide,
+# "Identity-based policy examples": "Permissions required for API actions on target services and CloudWatch"):
+# registering a SageMaker variant describes and updates the endpoint; a target-tracking policy creates and deletes
+# CloudWatch alarms.
+_AUTOSCALING_ON_BEHALF: dict[str, list[str]] = {
+    "RegisterScalableTarget": [
+        "sagemaker:DescribeEndpoint",
+        "sagemaker:DescribeEndpointConfig",
+        "sagemaker:UpdateEndpointWeightsAndCapacities",
+    ],
+    "PutScalingPolicy": ["cloudwatch:DescribeAlarms", "cloudwatch:PutMetricAlarm"],
+    "DeleteScalingPolicy": ["cloudwatch:DescribeAlarms", "cloudwatch:DeleteAlarms"],
+}
+
+
+def _instance_keys(data: Mapping[str, Any]) -> dict[str, ContextValue]:
+    """The instance's condition keys, from the template's data: EC2 evaluates a launch template's parameters as if the
+    request had named them (EC2 User Guide, "Control the use of launch templates"; the same holds for SCPs that
+    require IMDSv2 with ec2:MetadataHttpTokens)."""
+    metadata = data.get("MetadataOptions") or {}
+    keys: dict[str, ContextValue] = {
+        "ec2:InstanceType": data["InstanceType"],
+        "ec2:Tenancy": (data.get("Placement") or {}).get("Tenancy", "default"),
+        # IMDS defaults when the template leaves them out: tokens optional, hop limit 1.
+        "ec2:MetadataHttpTokens": metadata.get("HttpTokens", "optional"),
+        "ec2:MetadataHttpPutResponseHopLimit": str(metadata.get("HttpPutResponseHopLimit", 1)),
+    }
+    profile = (data.get("IamInstanceProfile") or {}).get("Arn")
+    if profile:
+        keys["ec2:InstanceProfile"] = profile
+    return keys
 
 
 def _tags(tags: list[dict[str, str]] | None) -> dict[str, ContextValue]:
@@ -405,12 +526,27 @@ def _s3_context(params: dict[str, Any]) -> dict[str, ContextValue]:
     return {key: str(params[name]) for name, key in names.items() if name in params}
 
 
+def _on_behalf_resource(call: Call, action: str) -> str:
+    """The resource of a request Application Auto Scaling makes for the caller: the variant's endpoint, its
+    configs, or the target-tracking alarms it names ``TargetTracking-<resource id>-AlarmHigh-<uuid>`` (and
+    ``-AlarmLow-``)."""
+    resource_id = str(call.params.get("ResourceId", ""))
+    if action in ("sagemaker:DescribeEndpoint", "sagemaker:UpdateEndpointWeightsAndCapacities"):
+        return _arn(call, "sagemaker", f"endpoint/{resource_id.split('/')[1].lower()}")
+    if action == "sagemaker:DescribeEndpointConfig":
+        return _arn(call, "sagemaker", "endpoint-config/*")
+    if action in ("cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms"):
+        return _arn(call, "cloudwatch", f"alarm:TargetTracking-{resource_id}-AlarmHigh")
+    return "*"
+
+
 def requests_for(
     call: Call,
     *,
     kms_encrypted_buckets: dict[str, str],
     principal: Mapping[str, ContextValue] | None = None,
     resource_tags: Callable[[str], dict[str, str]] | None = None,
+    launch_templates: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Request]:
     """The IAM requests one API call needs, including the ones a service makes with the caller's permissions.
 
@@ -419,9 +555,12 @@ def requests_for(
     CreateTrainingJob also needs iam:PassRole on its role (passed to sagemaker.amazonaws.com) and, with tags,
     sagemaker:AddTags (SageMaker developer guide, "Tag-based access control"). ``principal``: the caller's global
     condition keys (aws:userid, aws:PrincipalArn, aws:PrincipalAccount); ``resource_tags``: the tags of an existing
-    resource by ARN (aws:ResourceTag/<key> of Describe and Stop).
+    resource by ARN (aws:ResourceTag/<key> of Describe and Stop); ``launch_templates``: what RunInstances from
+    each launch template id creates (see ``run_instances_requests``).
     """
     key = (call.service, call.operation)
+    if key == ("ec2", "RunInstances"):
+        return run_instances_requests(call, launch_templates or {}, principal or {})
     if key not in OPERATIONS:
         raise Unsupported(f"no IAM mapping for {call.service}:{call.operation}")
     base: dict[str, ContextValue] = dict(principal or {})
@@ -439,15 +578,100 @@ def requests_for(
         tags = resource_tags(requests[0].resource)
         requests = [Request(r.action, r.resource, {**r.context, **{f"aws:ResourceTag/{k}": v for k, v in tags.items()}})
                     for r in requests]  # fmt: skip
-    if call.service == "s3" and "Key" in call.params and call.params.get("Bucket") in kms_encrypted_buckets:
-        kms_key = call.params.get("SSEKMSKeyId") or kms_encrypted_buckets[call.params["Bucket"]]
-        via = {**base, "kms:ViaService": f"s3.{call.region}.amazonaws.com"}
-        writes = call.operation in ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload")
-        requests.append(Request("kms:GenerateDataKey" if writes else "kms:Decrypt", kms_key, via))
+    via = {**base, "kms:ViaService": f"s3.{call.region}.amazonaws.com"}
+    writes = ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload", "CopyObject")
+    bucket = call.params.get("Bucket")
+    if call.service == "s3" and call.operation in writes and bucket in kms_encrypted_buckets:
+        kms_key = call.params.get("SSEKMSKeyId") or kms_encrypted_buckets[bucket]
+        requests.append(Request("kms:GenerateDataKey", kms_key, via))
+    # Reading an SSE-KMS object decrypts its data key (HeadObject and deletes do not).
+    if key == ("s3", "GetObject") and bucket in kms_encrypted_buckets:
+        requests.append(Request("kms:Decrypt", kms_encrypted_buckets[bucket], via))
+    if key == ("s3", "CopyObject"):
+        source_bucket = _s3_copy_source(call).removeprefix("arn:aws:s3:::").split("/", 1)[0]
+        if source_bucket in kms_encrypted_buckets:
+            requests.append(Request("kms:Decrypt", kms_encrypted_buckets[source_bucket], via))
+    if call.service == "application-autoscaling" and call.operation in _AUTOSCALING_ON_BEHALF:
+        requests += [Request(action, _on_behalf_resource(call, action), base)
+                     for action in _AUTOSCALING_ON_BEHALF[call.operation]]  # fmt: skip
+    if key == ("sagemaker-runtime", "InvokeEndpoint") and call.params.get("TargetModel"):
+        requests = [Request(r.action, r.resource, {**r.context, "sagemaker:TargetModel": call.params["TargetModel"]})
+                    for r in requests]  # fmt: skip
     if key == ("sagemaker", "CreateTrainingJob"):
         requests.append(
             Request("iam:PassRole", call.params["RoleArn"], {**base, "iam:PassedToService": "sagemaker.amazonaws.com"})
         )
         if call.params.get("Tags"):
             requests.append(Request("sagemaker:AddTags", requests[0].resource, {**base, **_tags(call.params["Tags"])}))
+    return requests
+
+
+def run_instances_requests(
+    call: Call, launch_templates: Mapping[str, Mapping[str, Any]], principal: Mapping[str, ContextValue]
+) -> list[Request]:
+    """The IAM requests of RunInstances from a launch template, one per resource the launch uses or creates.
+
+    EC2 authorizes RunInstances per resource (EC2 user guide, "Example policies to control the use of RunInstances"
+    and "Use launch templates to control launching instances"): the launch template, the instance (ec2:InstanceType),
+    each volume and network interface it creates, each subnet and security group, the image (ec2:Owner), the
+    placement group; every one with ec2:LaunchTemplate and ec2:IsLaunchTemplateResource. Tags at launch need
+    ec2:CreateTags with ec2:CreateAction; the instance profile needs iam:PassRole of its role (to ec2.amazonaws.com);
+    an image given as ``resolve:ssm:<parameter>`` needs ssm:GetParameters on it; an EBS volume encrypted with a
+    customer key needs kms:CreateGrant, kms:GenerateDataKeyWithoutPlaintext, kms:Decrypt and kms:DescribeKey through
+    EC2 (EBS user guide, "Amazon EBS encryption": permissions for IAM users).
+
+    ``launch_templates`` maps a template id to ``{"arn", "data" (its LaunchTemplateData, resolved), "image_id",
+    "image_owner", "instance_role_arn"}``. A request that overrides template parameters is outside this model.
+    """
+    params = call.params
+    template_id = (params.get("LaunchTemplate") or {}).get("LaunchTemplateId")
+    if template_id is None or template_id not in launch_templates:
+        raise Unsupported("RunInstances without a launch template the rehearsal knows")
+    overrides = set(params) - {"LaunchTemplate", "MinCount", "MaxCount", "ClientToken", "DryRun"}
+    if overrides:
+        raise Unsupported(f"RunInstances overriding template parameters: {', '.join(sorted(overrides))}")
+    template = launch_templates[template_id]
+    data: Mapping[str, Any] = template["data"]
+    ec2 = f"arn:aws:ec2:{call.region}:{call.account}"
+    base: dict[str, ContextValue] = dict(principal)
+    from_template: dict[str, ContextValue] = {
+        **base, "ec2:LaunchTemplate": template["arn"], "ec2:IsLaunchTemplateResource": "true"
+    }  # fmt: skip
+    run = "ec2:RunInstances"
+    requests = [
+        Request(run, template["arn"], from_template),
+        Request(run, f"{ec2}:instance/*", {**from_template, **_instance_keys(data)}),
+        Request(run, f"arn:aws:ec2:{call.region}::image/{template['image_id']}",
+                {**from_template, "ec2:Owner": template["image_owner"]}),
+    ]  # fmt: skip
+    requests += [Request(run, f"{ec2}:volume/*", from_template) for _ in data.get("BlockDeviceMappings", [])]
+    interfaces = data.get("NetworkInterfaces", [])
+    for interface in interfaces:
+        requests.append(Request(run, f"{ec2}:network-interface/*", from_template))
+        requests.append(Request(run, f"{ec2}:subnet/{interface['SubnetId']}", from_template))
+        requests += [Request(run, f"{ec2}:security-group/{group}", from_template) for group in interface["Groups"]]
+    if not interfaces:
+        raise Unsupported("a launch template without network interfaces")
+    if (data.get("Placement") or {}).get("GroupName"):
+        requests.append(Request(run, f"{ec2}:placement-group/{data['Placement']['GroupName']}", from_template))
+    kinds = {"instance": "instance", "volume": "volume", "network-interface": "network-interface"}
+    for specification in data.get("TagSpecifications", []):
+        tags = _tags(specification.get("Tags"))
+        requests.append(Request("ec2:CreateTags", f"{ec2}:{kinds[specification['ResourceType']]}/*",
+                                {**base, **tags, "ec2:CreateAction": "RunInstances"}))  # fmt: skip
+    if data.get("IamInstanceProfile"):
+        requests.append(
+            Request("iam:PassRole", template["instance_role_arn"], {**base, "iam:PassedToService": "ec2.amazonaws.com"})
+        )
+    image = str(data["ImageId"])
+    if image.startswith("resolve:ssm:"):
+        parameter = image.removeprefix("resolve:ssm:")
+        requests.append(Request("ssm:GetParameters", f"arn:aws:ssm:{call.region}::parameter{parameter}", base))
+    via_ec2 = {**base, "kms:ViaService": f"ec2.{call.region}.amazonaws.com"}
+    keys = {m["Ebs"]["KmsKeyId"] for m in data.get("BlockDeviceMappings", []) if (m.get("Ebs") or {}).get("KmsKeyId")}
+    for key_arn in sorted(keys):
+        requests += [
+            Request(action, key_arn, via_ec2)
+            for action in ("kms:CreateGrant", "kms:GenerateDataKeyWithoutPlaintext", "kms:Decrypt", "kms:DescribeKey")
+        ]
     return requests

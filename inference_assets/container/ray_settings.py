@@ -1,0 +1,84 @@
+"""How the Ray Serve deployment runs, read from the container environment; no Ray import (the endpoint stack and
+the local tools read the variable names here without Ray installed).
+
+    SENTIMENT_SERVE_REPLICAS              model replicas (one process and one model copy each; default 1)
+    OMP_NUM_THREADS                       intra-op threads per replica; unset: the host's cores / replicas. Ray sets
+                                          OMP_NUM_THREADS=1 in a worker where it is unset (ray/_private/utils.py
+                                          ``set_omp_num_threads_if_unset``), so the replica is given these threads
+                                          explicitly and reserves as many Ray CPUs
+    SENTIMENT_SERVE_MAX_BATCH_SIZE        requests per forward pass (``@serve.batch`` max_batch_size; default 8)
+    SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S  how long a batch waits for its round (``batch_wait_timeout_s``; default 0.05)
+
+The endpoint stack and the local server set them from the same settings as the TorchServe batching
+(``inference_assets/tools/endpoint_environment.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+REPLICAS_ENV = "SENTIMENT_SERVE_REPLICAS"
+MAX_BATCH_SIZE_ENV = "SENTIMENT_SERVE_MAX_BATCH_SIZE"
+BATCH_WAIT_TIMEOUT_ENV = "SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S"
+THREADS_ENV = "OMP_NUM_THREADS"
+# The application name in config.yaml; its route prefix is "/" (what AWS's DLC adapter forwards /invocations to).
+APPLICATION = "sentiment"
+
+
+def _positive_int(environment: Mapping[str, str], name: str, default: int) -> int:
+    raw = environment.get(name) or ""
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    replicas: int = 1
+    threads: int = 1
+    max_batch_size: int = 8
+    batch_wait_timeout_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        for name in ("replicas", "threads", "max_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.batch_wait_timeout_s <= 10:
+            raise ValueError(f"batch_wait_timeout_s must be within [0, 10] seconds, got {self.batch_wait_timeout_s}")
+
+    @property
+    def max_ongoing_requests(self) -> int:
+        """Requests a replica holds at once. Ray Serve's default is 5 (ray/serve/_private/constants.py
+        DEFAULT_MAX_ONGOING_REQUESTS), which would cap every batch at 5; two batches' worth lets the next batch fill
+        while the current one runs its forward pass (the rest queue in Ray's proxy)."""
+        return 2 * self.max_batch_size
+
+    @classmethod
+    def from_environment(cls, environment: Mapping[str, str], cores: int | None = None) -> ServeSettings:
+        """Bad values raise with the variable's name; ``cores`` defaults to this host's."""
+        replicas = _positive_int(environment, REPLICAS_ENV, 1)
+        threads = _positive_int(environment, THREADS_ENV, max(1, (cores or os.cpu_count() or 1) // replicas))
+        raw_timeout = environment.get(BATCH_WAIT_TIMEOUT_ENV) or "0.05"
+        try:
+            timeout = float(raw_timeout)
+        except ValueError:
+            raise ValueError(f"{BATCH_WAIT_TIMEOUT_ENV} must be a number of seconds, got {raw_timeout!r}") from None
+        return cls(
+            replicas=replicas,
+            threads=threads,
+            max_batch_size=_positive_int(environment, MAX_BATCH_SIZE_ENV, 8),
+            batch_wait_timeout_s=timeout,
+        )
+
+    def environment(self) -> dict[str, str]:
+        """The variables that give these settings back (``from_environment`` inverts it)."""
+        return {
+            REPLICAS_ENV: str(self.replicas),
+            THREADS_ENV: str(self.threads),
+            MAX_BATCH_SIZE_ENV: str(self.max_batch_size),
+            BATCH_WAIT_TIMEOUT_ENV: f"{self.batch_wait_timeout_s:g}",
+        }

@@ -1,0 +1,389 @@
+"""`pytorch-platform preflight -c env=<env>`: what would stop the environment's first run, found before money is spent.
+
+One line per finding, ``BLOCKER``, ``WARNING`` or ``OK``, each with what to do; exit status 1 when a blocker is found.
+What the environment needs comes from its synthesized templates (``make synth`` first: ``--cdk-out``), the
+deployed state from AWS:
+
+- Service quotas the settings need. New accounts start at 0 for several (Service Quotas user guide; SageMaker answers
+  ResourceLimitExceeded at CreateEndpoint or CreateTrainingJob, EC2 VcpuLimitExceeded at RunInstances):
+  EC2 On-Demand vCPUs of the training family (nodes x the type's vCPUs; quota codes of the EC2 user guide,
+  "Amazon EC2 service quotas", https://docs.aws.amazon.com/ec2/latest/instancetypes/ec2-instance-quotas.html:
+  L-417A185B "Running On-Demand P instances", L-DB2E81BA "G and VT", L-1216C47A "Standard (A, C, D, H, I, M, R, T,
+  Z)", L-2C3B7624 "Trn", L-1945791B "Inf", L-6E869C2A "DL", L-74FC7D96 "F", L-7295265B "X"); SageMaker instances per
+  type, found by their quota names "<type> for training job usage" and "<type> for endpoint usage" (the codes differ
+  per type; https://docs.aws.amazon.com/general/latest/gr/sagemaker.html): one training job of
+  ``training.remote_instance_type`` (the @remote config the Training stack writes), and for endpoints the sum of the
+  autoscaling maxima (scalable targets) of the endpoints on a type.
+  Running usage is not subtracted: instances already running count against the same quotas.
+- The training type's offering in the training subnet's zone (EC2 DescribeInstanceTypeOfferings): the zone of entry
+  ``training.subnet_index`` of the Foundation's private subnets when it is deployed, else the zone the Training
+  stack's ``TrainingAvailabilityZone`` output selects from the region's zones in alphabetical order, as
+  ``Fn::GetAZs`` lists them (CloudFormation user guide, "Fn::GetAZs").
+- The model object the Graviton endpoint names (S3 HeadObject in the artifacts bucket).
+- The state of the platform key (KMS DescribeKey: Enabled) and buckets (HeadBucket) of a deployed Foundation.
+- Names the templates fix: a log group or SSM parameter of a stack not deployed yet that
+  already exists makes CloudFormation's create fail ("already exists"): staging and prod keep their endpoint log
+  groups when their stacks are destroyed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+# EC2 On-Demand vCPU quotas by instance family letters (see the module docstring).
+EC2_VCPU_QUOTAS: dict[str, tuple[str, str]] = {
+    "p": ("L-417A185B", "Running On-Demand P instances"),
+    "g": ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    "vt": ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    "trn": ("L-2C3B7624", "Running On-Demand Trn instances"),
+    "inf": ("L-1945791B", "Running On-Demand Inf instances"),
+    "dl": ("L-6E869C2A", "Running On-Demand DL instances"),
+    "f": ("L-74FC7D96", "Running On-Demand F instances"),
+    "x": ("L-7295265B", "Running On-Demand X instances"),
+}
+STANDARD_VCPU_QUOTA = ("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances")
+_MISSING = {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}
+_BROKEN_STATES = ("ROLLBACK_COMPLETE", "ROLLBACK_FAILED", "DELETE_FAILED", "UPDATE_ROLLBACK_FAILED")
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str  # BLOCKER, WARNING, OK
+    check: str
+    message: str
+
+    def line(self) -> str:
+        return f"{self.level:<8} {self.check}: {self.message}"
+
+
+def ec2_vcpu_quota(instance_type: str) -> tuple[str, str]:
+    """(quota code, name) of the On-Demand vCPU quota an EC2 instance type counts against."""
+    letters = re.match(r"[a-z]+", instance_type.split(".")[0])
+    series = letters[0] if letters else ""
+    for prefix in sorted(EC2_VCPU_QUOTAS, key=len, reverse=True):
+        if series.startswith(prefix) and (prefix != "g" or series == "g"):
+            return EC2_VCPU_QUOTAS[prefix]
+    return STANDARD_VCPU_QUOTA
+
+
+def _code(error: Exception) -> str:
+    from botocore.exceptions import ClientError
+
+    return str(error.response.get("Error", {}).get("Code", "")) if isinstance(error, ClientError) else ""
+
+
+def _pages(client: Any, operation: str, key: str, **kwargs: Any) -> Iterator[Any]:
+    for page in client.get_paginator(operation).paginate(**kwargs):
+        yield from page.get(key, [])
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What one environment's synthesized templates will ask of the account."""
+
+    environment: str
+    region: str
+    foundation_stack: str
+    training_type: str
+    nodes: int  # of the largest run the Training stack prints a command for
+    zone_index: int  # of the training subnet, among the private subnets (one per zone, in zone order)
+    zones: int  # private subnets
+    remote_type: str | None
+    endpoint_maxima: dict[str, int]  # endpoint instance type -> sum of its scalable targets' maxima
+    model_key: str | None
+    stacks: tuple[Any, ...]
+
+
+def needs_of(cdk_out: Path, environment: str) -> Needs:
+    """``environment``'s needs, read from the cloud assembly (``make synth``)."""
+    from ops_review.review import load_assembly
+
+    stacks = {s.stack: s for s in load_assembly(cdk_out) if s.environment == environment}
+    if "Foundation" not in stacks or "Training" not in stacks:
+        raise ValueError(f"{cdk_out} has no Foundation and Training stacks of {environment!r}; run `make synth` first.")
+    foundation, training = stacks["Foundation"].template, stacks["Training"].template
+
+    def of_type(template: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+        return [r.get("Properties", {}) for r in template["Resources"].values() if r["Type"] == kind]
+
+    (launch,) = of_type(training, "AWS::EC2::LaunchTemplate")
+    counts = [int(m) for name, output in training["Outputs"].items() if name.startswith("Run")
+              for m in re.findall(r"--count (\d+)", json.dumps(output["Value"]))]  # fmt: skip
+    zone = training["Outputs"]["TrainingAvailabilityZone"]["Value"]["Fn::Select"][0]
+    subnets = foundation["Outputs"]["PrivateSubnetIds"]["Value"]["Fn::Join"][1]
+    remote = re.findall(r"InstanceType: (ml\.[\w.]+)", json.dumps(of_type(training, "AWS::SSM::Parameter")))
+    maxima: dict[str, int] = {}
+    for stack_id in ("GravitonEndpoint", "MultiModelEndpoint"):
+        if stack_id not in stacks:
+            continue
+        template = stacks[stack_id].template
+        (config,) = of_type(template, "AWS::SageMaker::EndpointConfig")
+        (instance_type,) = {v["InstanceType"] for v in config["ProductionVariants"]}
+        targets = of_type(template, "AWS::ApplicationAutoScaling::ScalableTarget")
+        count = sum(int(t["MaxCapacity"]) for t in targets) or sum(
+            int(v["InitialInstanceCount"]) for v in config["ProductionVariants"]
+        )
+        maxima[instance_type] = maxima.get(instance_type, 0) + count
+    graviton = stacks.get("GravitonEndpoint")
+    model_key = graviton.template["Outputs"]["ModelDataKey"]["Value"] if graviton else None
+    return Needs(environment=environment, region=stacks["Foundation"].region or "us-west-2",
+                 foundation_stack=stacks["Foundation"].stack_name, training_type=launch["LaunchTemplateData"]
+                 ["InstanceType"], nodes=max(counts or [1]), zone_index=int(zone), zones=len(subnets),
+                 remote_type=remote[0] if remote else None, endpoint_maxima=maxima, model_key=model_key,
+                 stacks=tuple(stacks.values()))  # fmt: skip
+
+
+class Preflight:
+    def __init__(self, needs: Needs, clients: Callable[[str], Any]) -> None:
+        self.needs = needs
+        self.client = clients
+        self.findings: list[Finding] = []
+        self.foundation: dict[str, str] | None = None  # the deployed Foundation stack's outputs
+
+    def add(self, level: str, check: str, message: str) -> None:
+        self.findings.append(Finding(level, check, message))
+
+    def run(self) -> list[Finding]:
+        self.foundation = self._stack_outputs(self.needs.foundation_stack)
+        for check in (self.ec2_quota, self.zone_offering, self.sagemaker_quotas, self.key_and_buckets,
+                      self.model_objects, self.fixed_names):  # fmt: skip
+            try:
+                check()
+            except Exception as error:  # a check that cannot run is a finding, not a crash
+                self.add("WARNING", check.__name__.replace("_", " "), f"could not check: {error}")
+        return self.findings
+
+    # --- deployed state -------------------------------------------------------------------------------------------
+
+    def _stack_outputs(self, stack_name: str) -> dict[str, str] | None:
+        try:
+            (stack,) = self.client("cloudformation").describe_stacks(StackName=stack_name)["Stacks"]
+        except Exception as error:
+            if _code(error) == "ValidationError" and "does not exist" in str(error):
+                return None
+            raise
+        if stack["StackStatus"] in _BROKEN_STATES:
+            self.add("BLOCKER", f"stack {stack_name}", f"is {stack['StackStatus']}: delete it (or continue the "
+                     "rollback) before deploying again.")  # fmt: skip
+        return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+
+    # --- quotas -----------------------------------------------------------------------------------------------------
+
+    def _quota_value(self, service: str, code: str) -> float:
+        quotas = self.client("service-quotas")
+        try:
+            return float(quotas.get_service_quota(ServiceCode=service, QuotaCode=code)["Quota"]["Value"])
+        except Exception as error:
+            if _code(error) != "NoSuchResourceException":
+                raise
+        return float(quotas.get_aws_default_service_quota(ServiceCode=service, QuotaCode=code)["Quota"]["Value"])
+
+    def ec2_quota(self) -> None:
+        instance_type, nodes = self.needs.training_type, self.needs.nodes
+        code, name = ec2_vcpu_quota(instance_type)
+        (described,) = self.client("ec2").describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
+        needed = nodes * int(described["VCpuInfo"]["DefaultVCpus"])
+        value = self._quota_value("ec2", code)
+        check = f"EC2 quota {code} ({name})"
+        run = f"a {nodes}-node {instance_type} run needs {needed} vCPUs"
+        if value < needed:
+            self.add("BLOCKER", check, f"{value:g} vCPUs; {run}: request an increase (aws service-quotas "
+                     f"request-service-quota-increase --service-code ec2 --quota-code {code} --desired-value {needed}) "
+                     "or start fewer nodes, or launch into a capacity reservation.")  # fmt: skip
+        else:
+            self.add("OK", check, f"{value:g} vCPUs; {run}.")
+
+    def sagemaker_quotas(self) -> None:
+        needs = {f"{t} for endpoint usage": count for t, count in self.needs.endpoint_maxima.items()}
+        if self.needs.remote_type:
+            needs[f"{self.needs.remote_type} for training job usage"] = 1
+        quotas = self.client("service-quotas")
+        found = {q["QuotaName"]: q for q in _pages(quotas, "list_service_quotas", "Quotas", ServiceCode="sagemaker")}
+        missing = [name for name in needs if name not in found]
+        if missing:
+            defaults = _pages(quotas, "list_aws_default_service_quotas", "Quotas", ServiceCode="sagemaker")
+            found.update({q["QuotaName"]: q for q in defaults if q["QuotaName"] in missing})
+        for name, needed in needs.items():
+            check = f"SageMaker quota '{name}'"
+            if name not in found:
+                self.add("BLOCKER", check, f"no such quota in {self.needs.region}: the type is not offered there "
+                         "for this use; choose another instance type.")  # fmt: skip
+                continue
+            quota = found[name]
+            value = float(quota["Value"])
+            use = "one training job" if "training job" in name else f"the endpoints' autoscaling maximum of {needed}"
+            if value < needed:
+                self.add("BLOCKER", check, f"{value:g} instances ({quota['QuotaCode']}); {use} needs {needed}: request "
+                         "an increase (aws service-quotas request-service-quota-increase --service-code sagemaker "
+                         f"--quota-code {quota['QuotaCode']} --desired-value {needed}).")  # fmt: skip
+            else:
+                self.add("OK", check, f"{value:g} instances; {use} needs {needed}.")
+
+    # --- capacity in the zone -----------------------------------------------------------------------------------------
+
+    def zone_offering(self) -> None:
+        instance_type, ec2 = self.needs.training_type, self.client("ec2")
+        index = self.needs.zone_index
+        if self.foundation and self.foundation.get("PrivateSubnetIds"):
+            subnet_ids = self.foundation["PrivateSubnetIds"].split(",")
+            described = ec2.describe_subnets(SubnetIds=subnet_ids)["Subnets"]
+            subnets = {s["SubnetId"]: s["AvailabilityZone"] for s in described}
+            zones = [subnets[s] for s in subnet_ids]
+            source = "the Foundation's private subnets"
+        else:
+            available = ec2.describe_availability_zones(
+                Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}]
+            )["AvailabilityZones"]
+            zones = sorted(z["ZoneName"] for z in available if z.get("State", "available") == "available")
+            zones = zones[: self.needs.zones]
+            source = "the region's zones, as Fn::GetAZs lists them"
+        if index >= len(zones):
+            self.add("BLOCKER", "training zone", f"training.subnet_index {index} is beyond {source} ({len(zones)}).")
+            return
+        offered = {
+            o["Location"]
+            for o in _pages(ec2, "describe_instance_type_offerings", "InstanceTypeOfferings",
+                            LocationType="availability-zone",
+                            Filters=[{"Name": "instance-type", "Values": [instance_type]}])
+        }  # fmt: skip
+        zone = zones[index]
+        check = f"{instance_type} in {zone}"
+        if zone in offered:
+            self.add("OK", check, f"offered in the training subnet's zone (training.subnet_index {index}).")
+            return
+        choices = [f"{i} ({z})" for i, z in enumerate(zones) if z in offered]
+        advice = (f"set training.subnet_index to {' or '.join(choices)}" if choices else
+                  f"none of {source} offers it: use another region or instance type")  # fmt: skip
+        self.add("BLOCKER", check, f"not offered in the zone of training.subnet_index {index}: {advice}.")
+
+    # --- deployed data ------------------------------------------------------------------------------------------------
+
+    def key_and_buckets(self) -> None:
+        if self.foundation is None:
+            self.add("OK", "platform key and buckets", "no Foundation stack yet: its deploy creates them.")
+            return
+        key = self.client("kms").describe_key(KeyId=self.foundation["PlatformKeyArn"])["KeyMetadata"]
+        if key["KeyState"] != "Enabled":
+            what = ("cancel the deletion (aws kms cancel-key-deletion, then enable-key)" if key["KeyState"] ==
+                    "PendingDeletion" else "enable it (aws kms enable-key)")  # fmt: skip
+            self.add("BLOCKER", "platform key", f"{key['Arn']} is {key['KeyState']}: {what}.")
+        else:
+            self.add("OK", "platform key", f"{key['Arn']} is Enabled.")
+        s3 = self.client("s3")
+        for output in ("DatasetsBucketName", "ArtifactsBucketName", "RemoteJobsBucketName", "AccessLogsBucketName"):
+            bucket = self.foundation.get(output)
+            if bucket is None:
+                continue
+            try:
+                s3.head_bucket(Bucket=bucket)
+            except Exception as error:
+                missing = _code(error) in _MISSING
+                self.add("BLOCKER", f"bucket {bucket}", "does not exist: the Foundation stack lost it; update the "
+                         "stack or recreate it." if missing else f"cannot be read ({_code(error)}).")  # fmt: skip
+            else:
+                self.add("OK", f"bucket {bucket}", "exists.")
+
+    def model_objects(self) -> None:
+        key = self.needs.model_key
+        if key is None:
+            self.add("OK", "Graviton endpoint model", "graviton_endpoint.model_data_key names no model yet: the "
+                     "endpoint stack is not built.")  # fmt: skip
+            return
+        if self.foundation is None:
+            self.add("WARNING", "Graviton endpoint model", f"{key} cannot be looked up before the "
+                     "Foundation stack exists: run preflight again after deploying it.")  # fmt: skip
+            return
+        bucket = self.foundation["ArtifactsBucketName"]
+        try:
+            self.client("s3").head_object(Bucket=bucket, Key=key)
+        except Exception as error:
+            if _code(error) not in _MISSING | {"403"}:
+                raise
+            self.add("BLOCKER", "Graviton endpoint model", f"s3://{bucket}/{key} does not exist: "
+                     "upload it (pytorch-platform package --upload) before deploying the endpoint.")  # fmt: skip
+        else:
+            self.add("OK", "Graviton endpoint model", f"s3://{bucket}/{key} exists.")
+
+    # --- fixed names --------------------------------------------------------------------------------------------------
+
+    def fixed_names(self) -> None:
+        logs, ssm = self.client("logs"), self.client("ssm")
+        for stack in self.needs.stacks:
+            if self._stack_exists(stack.stack_name):
+                continue
+            for resource in stack.template["Resources"].values():
+                props = resource.get("Properties", {})
+                if resource["Type"] == "AWS::Logs::LogGroup" and isinstance(props.get("LogGroupName"), str):
+                    name = props["LogGroupName"]
+                    groups = logs.describe_log_groups(logGroupNamePrefix=name)["logGroups"]
+                    if any(g["logGroupName"] == name for g in groups):
+                        self.add("BLOCKER", f"log group {name}", f"exists, and {stack.stack_name} creates it: "
+                                 f"delete it (aws logs delete-log-group --log-group-name {name}), after exporting what "
+                                 "you keep.")  # fmt: skip
+                if resource["Type"] == "AWS::SSM::Parameter" and isinstance(props.get("Name"), str):
+                    try:
+                        ssm.get_parameter(Name=props["Name"])
+                    except Exception as error:
+                        if _code(error) != "ParameterNotFound":
+                            raise
+                    else:
+                        self.add("BLOCKER", f"parameter {props['Name']}", f"exists, and {stack.stack_name} creates it: "
+                                 f"delete it (aws ssm delete-parameter --name {props['Name']}).")  # fmt: skip
+
+    def _stack_exists(self, stack_name: str) -> bool:
+        try:
+            self.client("cloudformation").describe_stacks(StackName=stack_name)
+        except Exception as error:
+            if _code(error) == "ValidationError":
+                return False
+            raise
+        return True
+
+
+def _environment(args: argparse.Namespace) -> str:
+    for item in args.context:
+        key, _, value = item.partition("=")
+        if key == "env":
+            return value
+    if args.env:
+        return str(args.env)
+    raise SystemExit("name the environment: -c env=dev (or --env dev)")
+
+
+def main(argv: list[str] | None = None, *, clients: Callable[[str], Any] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pytorch-platform preflight", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-c", "--context", action="append", default=[], help="env=<environment>, as cdk takes it")
+    parser.add_argument("--env", help="the environment (same as -c env=...)")
+    parser.add_argument("--cdk-out", type=Path, default=Path("cdk.out"), help="cloud assembly (default: cdk.out)")
+    parser.add_argument("--region", help="AWS region (default: the environment's in the cloud assembly)")
+    args = parser.parse_args(argv)
+    environment = _environment(args)
+    try:
+        needs = needs_of(args.cdk_out, environment)
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.region:
+        needs = replace(needs, region=args.region)
+    if clients is None:
+        import boto3
+
+        clients = boto3.session.Session(region_name=needs.region).client
+    findings = Preflight(needs, clients).run()
+    for finding in findings:
+        print(finding.line())
+    blockers = [f for f in findings if f.level == "BLOCKER"]
+    print(f"{environment}: {len(blockers)} blocker(s), "
+          f"{sum(f.level == 'WARNING' for f in findings)} warning(s)")  # fmt: skip
+    return 1 if blockers else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

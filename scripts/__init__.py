@@ -1,0 +1,1 @@
+"""Entry points run from the checkout: the synth gates, the settings reference, the rehearsal and its shims."""

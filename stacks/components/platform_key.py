@@ -1,0 +1,99 @@
+"""The customer-managed KMS key that encrypts one environment's data at rest (buckets, logs, volumes, jobs)."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+# The services that use the key on a principal's behalf: S3 (the buckets' SSE-KMS), SageMaker (job and endpoint
+# volumes, outputs), EC2 (EBS root volumes), ECR (the private repositories), SNS (alarm topics), CloudWatch Logs.
+VIA_SERVICES = ("s3", "sagemaker", "ec2", "ecr", "sns", "logs")
+
+
+class PlatformKey(kms.Key):
+    """A rotating key whose policy lets CloudWatch Logs and CloudWatch alarms use it on the account's behalf, and
+    allows grants only for AWS resources or from AWS services.
+
+    A kms.Key itself (not a construct around one): the key keeps its construct path, which other stacks' templates
+    quote in acknowledgements of the log groups it encrypts.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        alias: str,
+        description: str,
+        removal_policy: cdk.RemovalPolicy,
+        pending_window_days: int,
+    ) -> None:
+        super().__init__(
+            scope,
+            construct_id,
+            alias=alias,
+            description=description,
+            enable_key_rotation=True,
+            removal_policy=removal_policy,
+            pending_window=cdk.Duration.days(pending_window_days),
+        )
+        for statement in self._policy_statements():
+            self.add_to_resource_policy(statement)
+
+    def _policy_statements(self) -> list[iam.PolicyStatement]:
+        stack = cdk.Stack.of(self)
+        return [
+            # Services that encrypt on the platform's behalf: log groups (flow logs, training logs) and alarm topics.
+            iam.PolicyStatement(
+                sid="AllowCloudWatchLogs",
+                principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
+                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
+                resources=["*"],
+                conditions={
+                    "ArnLike": {
+                        "kms:EncryptionContext:aws:logs:arn": f"arn:{stack.partition}:logs:{stack.region}:"
+                        f"{stack.account}:*"
+                    }
+                },
+            ),
+            iam.PolicyStatement(
+                sid="AllowCloudWatchAlarmsToPublishToEncryptedTopics",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"],
+                conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
+            ),
+            # Data keys only through the services that encrypt the platform's data (KMS developer guide,
+            # "kms:ViaService": the service that made the request on the principal's behalf; absent when a principal
+            # calls KMS itself),
+            # except for service principals that call KMS themselves (CloudWatch Logs and alarms above:
+            # aws:PrincipalIsAWSService, IAM User Guide, "AWS global condition context keys"). A role holding the key
+            # can no longer decrypt a copied ciphertext or generate data keys for use outside the platform.
+            iam.PolicyStatement(
+                sid="DenyUseExceptThroughThePlatformsServices",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*"],
+                resources=["*"],
+                conditions={
+                    "StringNotEquals": {
+                        "kms:ViaService": [f"{service}.{stack.region}.{stack.url_suffix}" for service in VIA_SERVICES]
+                    },
+                    "BoolIfExists": {"aws:PrincipalIsAWSService": "false"},
+                },
+            ),
+            # Grants only for AWS resources (EBS volumes, SageMaker jobs) or from AWS services (Control Tower
+            # CT.KMS.PR.3): a principal with kms:CreateGrant cannot hand the key's use to anyone else directly.
+            iam.PolicyStatement(
+                sid="DenyGrantsExceptForAwsResources",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["kms:CreateGrant"],
+                resources=["*"],
+                conditions={
+                    "BoolIfExists": {"kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "false"}
+                },
+            ),
+        ]

@@ -1,0 +1,277 @@
+"""The execution roles SageMaker assumes for the platform: the endpoints' role and the ``@remote`` training jobs' role.
+
+Both attach their jobs or models to the platform's VPC, write their own logs and metrics and use the platform key;
+each adds what its workload reads and writes. Every role is its construct's default child (id ``Default``), so the
+construct's id is the role's place in logical ids; its policy is the child ``Policy``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks.components.iam_statements import (
+    ReasonedStatement,
+    arn,
+    checkov_skip,
+    dlc_pull,
+    read_datasets,
+    reasoned_policy,
+    use_key,
+    write_training_output,
+)
+
+# What SageMaker needs to attach a job's or a model's containers to the VPC.
+_SAGEMAKER_VPC_DESCRIBE_ACTIONS = [
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeVpcs",
+    "ec2:DescribeDhcpOptions",
+    "ec2:DescribeSubnets",
+    "ec2:DescribeSecurityGroups",
+]
+
+
+@dataclass(frozen=True)
+class VpcAttachment:
+    """Where SageMaker may attach a job's or model's network interfaces."""
+
+    vpc: ec2.IVpc
+    subnets: Sequence[ec2.ISubnet]
+    security_group: ec2.ISecurityGroup
+
+
+class SageMakerExecutionRole(Construct):
+    """A role SageMaker assumes only for this account's resources (``source_arn``), with its own logs and metrics,
+    the VPC attachment, the key, the pulls of ``dlc_repositories`` and the workload's ``statements``."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        description: str,
+        source_arn: str,
+        log_group_prefix: str,
+        dlc_repositories: Sequence[str],
+        key: kms.IKey,
+        network: VpcAttachment,
+        statements: Sequence[ReasonedStatement],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        # Confused deputy: SageMaker may assume the role only for this account's resources in this region (the
+        # aws:SourceArn templates of the SageMaker developer guide, "Cross-service confused deputy prevention").
+        principal = iam.ServicePrincipal(
+            "sagemaker.amazonaws.com", conditions={"ArnLike": {"aws:SourceArn": source_arn}}
+        )
+        self.role = iam.Role(self, "Default", assumed_by=principal, description=description)
+        self.policy = reasoned_policy(
+            self,
+            "Policy",
+            f"Least-privilege permissions of the {construct_id}",
+            [
+                *self._own_logs_metrics_and_images(log_group_prefix, dlc_repositories),
+                *self._attach_to_vpc(network),
+                use_key(key, "kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey", "kms:CreateGrant"),
+                *statements,
+            ],
+            roles=[self.role],
+        )
+        checkov_skip(
+            self.policy,
+            "CKV_AWS_109",
+            "ec2:DeleteNetworkInterfacePermission (IAM access level: permissions management) has no resource-level "
+            "permissions; SageMaker's VPC setup needs it on *.",
+        )
+
+    def _own_logs_metrics_and_images(
+        self, log_group_prefix: str, dlc_repositories: Sequence[str]
+    ) -> list[ReasonedStatement]:
+        """The training images' pull, the workload's own log groups and metrics, and the VPC lookups."""
+        return [
+            *dlc_pull(self, *dlc_repositories),
+            (
+                iam.PolicyStatement(
+                    sid="WriteOwnLogs",
+                    actions=[
+                        "logs:CreateLogGroup",
+                        "logs:CreateLogStream",
+                        "logs:PutLogEvents",
+                        "logs:DescribeLogStreams",
+                    ],
+                    resources=[arn(self, "logs", f"log-group:{log_group_prefix}*")],
+                ),
+                "SageMaker names one log group per endpoint or job under this prefix, and streams per instance.",
+            ),
+            (
+                iam.PolicyStatement(
+                    sid="PublishSageMakerMetrics",
+                    actions=["cloudwatch:PutMetricData"],
+                    resources=["*"],
+                    conditions={"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*", "aws/sagemaker/*"]}},
+                ),
+                "cloudwatch:PutMetricData has no resource-level permissions; a namespace condition limits it.",
+            ),
+            (
+                iam.PolicyStatement(sid="DescribeVpc", actions=_SAGEMAKER_VPC_DESCRIBE_ACTIONS, resources=["*"]),
+                "The EC2 Describe calls SageMaker makes before joining the VPC have no resource-level permissions.",
+            ),
+        ]
+
+    def _attach_to_vpc(self, network: VpcAttachment) -> list[ReasonedStatement]:
+        """The network-interface calls SageMaker makes with the execution role to join a job or model to the VPC,
+        held to the VPC, its subnets and security group. `ec2:Vpc` is a condition key of the network-interface,
+        subnet and security-group resource types of CreateNetworkInterface, CreateNetworkInterfacePermission and
+        DeleteNetworkInterface (Service Authorization Reference, Amazon EC2); DeleteNetworkInterfacePermission has no
+        resource-level permissions there, so it can only name `*`."""
+        in_platform_vpc = {"ArnEquals": {"ec2:Vpc": arn(self, "ec2", f"vpc/{network.vpc.vpc_id}")}}
+        return [
+            (
+                iam.PolicyStatement(
+                    sid="CreateInterfacesInThePlatformSubnets",
+                    actions=["ec2:CreateNetworkInterface"],
+                    resources=[
+                        *(arn(self, "ec2", f"subnet/{subnet.subnet_id}") for subnet in network.subnets),
+                        arn(self, "ec2", f"security-group/{network.security_group.security_group_id}"),
+                        arn(self, "ec2", "network-interface/*"),
+                    ],
+                    conditions=in_platform_vpc,
+                ),
+                "The network interfaces SageMaker creates get generated ids; ec2:Vpc holds them (and the named "
+                "subnets and security group) to the platform's VPC.",
+            ),
+            (
+                iam.PolicyStatement(
+                    sid="ManageInterfacesInThePlatformVpc",
+                    actions=["ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"],
+                    resources=[arn(self, "ec2", "network-interface/*")],
+                    conditions=in_platform_vpc,
+                ),
+                "SageMaker hands over and deletes the interfaces it created (generated ids), only in the platform's "
+                "VPC (ec2:Vpc).",
+            ),
+            (
+                iam.PolicyStatement(
+                    sid="DeleteInterfacePermissions",
+                    actions=["ec2:DeleteNetworkInterfacePermission"],
+                    resources=["*"],
+                ),
+                "ec2:DeleteNetworkInterfacePermission has no resource-level permissions or condition keys; SageMaker "
+                "revokes the interface permission it granted itself when a job or endpoint ends.",
+            ),
+        ]
+
+
+class EndpointExecutionRole(SageMakerExecutionRole):
+    """The role of the platform's endpoints: reads model archives under ``model_prefixes`` of ``artifacts`` and
+    writes captured data under ``data_capture_prefix``; each endpoint's image grants its own pull (DlcImage.bind)."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        artifacts: s3.IBucket,
+        model_prefixes: Sequence[str],
+        data_capture_prefix: str,
+        key: kms.IKey,
+        network: VpcAttachment,
+        endpoint_name_prefix: str,
+    ) -> None:
+        """``endpoint_name_prefix``: how the names of this environment's endpoints start (their log groups are
+        /aws/sagemaker/Endpoints/<endpoint name>, SageMaker developer guide, "Log Amazon SageMaker events with
+        Amazon CloudWatch"); the role writes only those log groups."""
+        super().__init__(
+            scope,
+            construct_id,
+            description="SageMaker execution role of the platform's endpoints: reads model archives; images grant "
+            "their own pull",
+            # Inference: the guide's template must stay "<account>:*", never a model or endpoint ARN.
+            source_arn=arn(scope, "sagemaker", "*"),
+            log_group_prefix=f"/aws/sagemaker/Endpoints/{endpoint_name_prefix}",
+            dlc_repositories=[],
+            key=key,
+            network=network,
+            statements=[
+                (
+                    iam.PolicyStatement(
+                        sid="ReadModelArchives",
+                        actions=["s3:GetObject"],
+                        resources=[artifacts.arn_for_objects(f"{prefix}*") for prefix in model_prefixes],
+                    ),
+                    "Endpoints load any model version under their own model prefixes (and any model of the MME).",
+                ),
+                (
+                    iam.PolicyStatement(
+                        sid="ListModelPrefixes",
+                        actions=["s3:ListBucket"],
+                        resources=[artifacts.bucket_arn],
+                        conditions={"StringLike": {"s3:prefix": [f"{prefix}*" for prefix in model_prefixes]}},
+                    ),
+                    None,
+                ),
+                (
+                    iam.PolicyStatement(
+                        sid="WriteDataCapture",
+                        actions=["s3:PutObject"],
+                        resources=[artifacts.arn_for_objects(f"{data_capture_prefix}*")],
+                    ),
+                    "Data capture writes one object per captured batch under the data-capture prefix.",
+                ),
+            ],
+        )
+
+
+class RemoteJobRole(SageMakerExecutionRole):
+    """The role of ``@remote`` training jobs: stages functions and results in ``remote_jobs``, reads ``datasets``,
+    writes models under ``training_output_prefix`` of ``artifacts``, pulls the training image."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        remote_jobs: s3.IBucket,
+        datasets: s3.IBucket,
+        artifacts: s3.IBucket,
+        training_output_prefix: str,
+        training_job_log_group: str,
+        training_repository: str,
+        key: kms.IKey,
+        network: VpcAttachment,
+    ) -> None:
+        super().__init__(
+            scope,
+            construct_id,
+            description="SageMaker training jobs started with the SDK's @remote decorator",
+            source_arn=arn(scope, "sagemaker", "training-job/*"),
+            log_group_prefix=training_job_log_group,
+            dlc_repositories=[training_repository],
+            key=key,
+            network=network,
+            statements=[
+                (
+                    iam.PolicyStatement(
+                        sid="ReadWriteRemoteFunctionRoot",
+                        actions=["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
+                        resources=[remote_jobs.arn_for_objects("*")],
+                    ),
+                    "The SDK stages each job's function, arguments and results under generated keys of this bucket.",
+                ),
+                read_datasets(datasets),
+                write_training_output(artifacts, training_output_prefix),
+                (
+                    iam.PolicyStatement(
+                        sid="ListBuckets",
+                        actions=["s3:ListBucket", "s3:GetBucketLocation"],
+                        resources=[bucket.bucket_arn for bucket in (remote_jobs, datasets, artifacts)],
+                    ),
+                    None,
+                ),
+            ],
+        )

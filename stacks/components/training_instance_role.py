@@ -1,0 +1,93 @@
+"""The role and instance profile of the GPU training instances (EC2): Session Manager instead of SSH, the training
+image's pull, read datasets, write model artifacts."""
+
+from __future__ import annotations
+
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks.components.iam_statements import (
+    ReasonedStatement,
+    checkov_skip,
+    dlc_pull,
+    read_datasets,
+    reasoned_policy,
+    use_key,
+    write_training_output,
+)
+
+
+def _session_manager_only() -> ReasonedStatement:
+    """Exactly the Session Manager actions of the Systems Manager user guide, "Create a custom IAM instance
+    profile for Session Manager" (no session logging to S3 or CloudWatch and no session KMS key are configured,
+    so none of its optional s3/logs/kms statements). Unlike AmazonSSMManagedInstanceCore: no
+    ssm:GetParameter(s), ssm:GetDocument, ec2messages (Run Command) or s3:GetEncryptionConfiguration."""
+    return (
+        iam.PolicyStatement(
+            sid="SessionManagerOnly",
+            actions=[
+                "ssm:UpdateInstanceInformation",
+                "ssmmessages:CreateControlChannel",
+                "ssmmessages:CreateDataChannel",
+                "ssmmessages:OpenControlChannel",
+                "ssmmessages:OpenDataChannel",
+            ],
+            resources=["*"],
+        ),
+        "The Session Manager channel actions have no resource-level permissions (the AWS guide's "
+        "custom instance profile names *); Session Manager replaces SSH.",
+    )
+
+
+class TrainingInstanceRole(Construct):
+    """The role (this construct's default child), its policy (``policy``) and its ``instance_profile``. Stacks that
+    own more of the instances' resources attach their own grants to ``role``."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        datasets: s3.IBucket,
+        artifacts: s3.IBucket,
+        training_output_prefix: str,
+        training_repository: str,
+        key: kms.IKey,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.role = iam.Role(
+            self,
+            "Default",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description="GPU training instances: Session Manager, DLC pulls, read datasets, write model artifacts",
+        )
+        self.policy = reasoned_policy(
+            self,
+            "Policy",
+            "Least-privilege permissions of the GPU training instances",
+            [
+                *dlc_pull(self, training_repository),
+                read_datasets(datasets),
+                write_training_output(artifacts, training_output_prefix),
+                (
+                    iam.PolicyStatement(
+                        sid="ListBuckets",
+                        actions=["s3:ListBucket"],
+                        resources=[datasets.bucket_arn, artifacts.bucket_arn],
+                    ),
+                    None,
+                ),
+                use_key(key, "kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey"),
+                _session_manager_only(),
+            ],
+            roles=[self.role],
+        )
+        checkov_skip(
+            self.policy,
+            "CKV_AWS_111",
+            "ssm:UpdateInstanceInformation and the ssmmessages channel actions of Session Manager are granted on * in "
+            "AWS's documented custom instance profile; no narrower resource.",
+        )
+        self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)

@@ -1,0 +1,140 @@
+"""RemoteJobLauncherPolicy on a bare stack: callers start, see and stop only their own @remote jobs, pass only the
+job role, and stage objects only under their own prefix (the synthesized policy evaluated per request)."""
+
+from __future__ import annotations
+
+import pytest
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+
+from ops_review.iam_policy import Request, is_allowed, resolve
+from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy, TrainingJobLimits
+from stacks.components.sagemaker_roles import VpcAttachment
+from tests.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
+from training_assets.remote_jobs import OWNER_TAG_KEY
+
+JOB_ROLE = f"arn:aws:iam::{ACCOUNT}:role/remote-jobs"
+ME, SOMEONE_ELSE = "AROAEXAMPLE:alice", "AROAEXAMPLE:bob"
+JOB = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/remote-fn-2026"
+PARAMETER = "/platform/dev/sagemaker/remote-function-config"
+KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/platform"
+SUBNETS, GROUP = ["subnet-0a", "subnet-0b"], "sg-0workload"
+EBS_TYPE, NVME_TYPE = "ml.p3.16xlarge", "ml.p4d.24xlarge"
+
+
+@pytest.fixture(scope="module")
+def policies() -> list[dict]:
+    stack = bare_stack()
+    RemoteJobLauncherPolicy(
+        stack,
+        "Launcher",
+        job_role=iam.Role.from_role_arn(stack, "JobRole", JOB_ROLE),
+        remote_jobs=s3.Bucket.from_bucket_name(stack, "RemoteJobs", "remote-jobs"),
+        key=kms.Key.from_key_arn(stack, "Key", KEY),
+        training_job_log_group="/aws/sagemaker/TrainingJobs",
+        config_parameter_name=PARAMETER,
+        allowed_tag_keys=["project", "cost_centre"],
+        network=VpcAttachment(
+            vpc=ec2.Vpc.from_vpc_attributes(stack, "Vpc", vpc_id="vpc-0platform", availability_zones=["a", "b"]),
+            subnets=[ec2.Subnet.from_subnet_id(stack, f"Subnet{i}", subnet) for i, subnet in enumerate(SUBNETS)],
+            security_group=ec2.SecurityGroup.from_security_group_id(stack, "Group", GROUP),
+        ),
+        limits=TrainingJobLimits(
+            instance_types=[EBS_TYPE, NVME_TYPE], nvme_instance_types=[NVME_TYPE], max_runtime_seconds=86400
+        ),
+    )
+    template = template_of(stack)
+    ((_, policy),) = resources(template, "AWS::IAM::ManagedPolicy").items()
+    return [resolve(policy["Properties"]["PolicyDocument"], refs=refs(template))]
+
+
+def _allowed(policies: list[dict], action: str, resource: str, **context: object) -> bool:
+    return is_allowed(policies, Request(action, resource, {"aws:userid": ME, **context}))  # type: ignore[arg-type]
+
+
+def _tag_context(tags: dict[str, str]) -> dict[str, object]:
+    return {**{f"aws:RequestTag/{k}": v for k, v in tags.items()}, "aws:TagKeys": list(tags)}
+
+
+def _create_context(tags: dict[str, str], **job: object) -> dict[str, object]:
+    """CreateTrainingJob's keys for a job as the platform's config.yaml requests it (``job``: what a caller
+    changes; None drops a key, as a request without the parameter would)."""
+    platform: dict[str, object] = {
+        "sagemaker:InstanceTypes": [EBS_TYPE],
+        "sagemaker:VpcSubnets": SUBNETS,
+        "sagemaker:VpcSecurityGroupIds": [GROUP],
+        "sagemaker:VolumeKmsKey": KEY,
+        "sagemaker:OutputKmsKey": KEY,
+        "sagemaker:MaxRuntimeInSeconds": "86400",
+        "sagemaker:InterContainerTrafficEncryption": "true",
+    }
+    changed = {**platform, **{f"sagemaker:{k}": v for k, v in job.items()}}
+    return {**_tag_context(tags), **{k: v for k, v in changed.items() if v is not None}}
+
+
+def test_jobs_are_created_only_with_the_callers_own_owner_tag_and_the_environments_tags(policies: list[dict]) -> None:
+    create = "sagemaker:CreateTrainingJob"
+    assert _allowed(policies, create, JOB, **_create_context({OWNER_TAG_KEY: ME, "project": "p"}))
+    assert not _allowed(policies, create, JOB, **_create_context({OWNER_TAG_KEY: SOMEONE_ELSE}))
+    assert not _allowed(policies, create, JOB, **_create_context({"project": "p"}))
+    assert not _allowed(policies, create, JOB, **_create_context({OWNER_TAG_KEY: ME, "anything": "x"}))
+
+
+def test_only_the_owner_describes_stops_or_retags_a_job(policies: list[dict]) -> None:
+    owner = f"aws:ResourceTag/{OWNER_TAG_KEY}"
+    for action in ("sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"):
+        assert _allowed(policies, action, JOB, **{owner: ME})
+        assert not _allowed(policies, action, JOB, **{owner: SOMEONE_ELSE})
+    retag = _tag_context({OWNER_TAG_KEY: ME})
+    assert not _allowed(policies, "sagemaker:AddTags", JOB, **retag, **{owner: SOMEONE_ELSE})
+
+
+def test_only_the_job_role_is_passed_and_only_to_sagemaker(policies: list[dict]) -> None:
+    assert _allowed(policies, "iam:PassRole", JOB_ROLE, **{"iam:PassedToService": "sagemaker.amazonaws.com"})
+    assert not _allowed(policies, "iam:PassRole", JOB_ROLE, **{"iam:PassedToService": "ec2.amazonaws.com"})
+    other = f"arn:aws:iam::{ACCOUNT}:role/admin"
+    assert not _allowed(policies, "iam:PassRole", other, **{"iam:PassedToService": "sagemaker.amazonaws.com"})
+
+
+def test_callers_stage_and_list_only_under_their_own_prefix(policies: list[dict]) -> None:
+    assert _allowed(policies, "s3:PutObject", f"arn:aws:s3:::remote-jobs/jobs/{ME}/fn/payload.pkl")
+    assert not _allowed(policies, "s3:GetObject", f"arn:aws:s3:::remote-jobs/jobs/{SOMEONE_ELSE}/fn/results.pkl")
+    assert _allowed(policies, "s3:ListBucket", "arn:aws:s3:::remote-jobs", **{"s3:prefix": f"jobs/{ME}/"})
+    assert not _allowed(policies, "s3:ListBucket", "arn:aws:s3:::remote-jobs", **{"s3:prefix": "jobs/"})
+
+
+def test_callers_read_the_config_and_follow_training_job_logs(policies: list[dict]) -> None:
+    assert _allowed(policies, "ssm:GetParameter", f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{PARAMETER}")
+    assert not _allowed(policies, "ssm:GetParameter", f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/other")
+    group = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker/TrainingJobs"
+    assert _allowed(policies, "logs:GetLogEvents", f"{group}:log-stream:remote-fn-2026/algo-1-1")
+    assert not _allowed(policies, "logs:GetLogEvents", f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/other:log-stream:s")
+
+
+def test_jobs_run_only_in_the_platforms_network_under_its_key_on_allowed_types_for_bounded_time(
+    policies: list[dict],
+) -> None:
+    """Issue 22.3: each CreateTrainingJob condition refuses the job that leaves it, next to the job that keeps it."""
+    create, mine = "sagemaker:CreateTrainingJob", {OWNER_TAG_KEY: ME}
+    assert _allowed(policies, create, JOB, **_create_context(mine))
+    # NVMe types: SageMaker refuses a volume key, so none is allowed; a given one must be the platform key.
+    assert _allowed(policies, create, JOB, **_create_context(mine, InstanceTypes=[NVME_TYPE], VolumeKmsKey=None))
+    other_key = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/attacker"
+    attacks = {
+        "no VPC": {"VpcSubnets": None, "VpcSecurityGroupIds": None},
+        "another subnet": {"VpcSubnets": ["subnet-0public"]},
+        "another group": {"VpcSecurityGroupIds": [GROUP, "sg-0open"]},
+        "no volume key on an EBS type": {"VolumeKmsKey": None},
+        "another volume key": {"VolumeKmsKey": other_key},
+        "another volume key on NVMe": {"InstanceTypes": [NVME_TYPE], "VolumeKmsKey": other_key},
+        "another output key": {"OutputKmsKey": other_key},
+        "no output key": {"OutputKmsKey": None},
+        "a type outside the list": {"InstanceTypes": ["ml.p5e.48xlarge"]},
+        "a week": {"MaxRuntimeInSeconds": str(7 * 86400)},
+        "no inter-container encryption": {"InterContainerTrafficEncryption": "false"},
+        "inter-container encryption unset": {"InterContainerTrafficEncryption": None},
+    }
+    for name, change in attacks.items():
+        assert not _allowed(policies, create, JOB, **_create_context(mine, **change)), name

@@ -1,0 +1,270 @@
+"""`pytorch-platform preflight`: quotas, the zone's offering, the model object, key, buckets and fixed names.
+
+moto models EC2 (instance types, zone offerings, subnets), S3, KMS, CloudWatch Logs and SSM: those run against it.
+Service Quotas (moto 5.2.5 knows only the `vpc` service's quotas) and CloudFormation (moto's needs every moto extra)
+answer from botocore Stubbers with responses shaped as the API references document them (GetServiceQuota,
+ListServiceQuotas: Quota{ServiceCode, QuotaCode, QuotaName, Value, Unit, Adjustable, GlobalQuota}; DescribeStacks).
+The SageMaker quota codes below are placeholders: the real ones differ per instance type, which is why preflight
+finds SageMaker quotas by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+from moto import mock_aws
+
+from ops_review import preflight
+from ops_review.preflight import Needs, Preflight, ec2_vcpu_quota, needs_of
+
+NO_SUCH_STACK = "Stack with id {} does not exist"
+
+
+@pytest.fixture(scope="module")
+def assembly(cloud_assembly: Any) -> Path:
+    return Path(cloud_assembly.directory)
+
+
+def _needs(assembly: Path, environment: str = "staging", **changes: Any) -> Needs:
+    return replace(needs_of(assembly, environment), **changes)
+
+
+def _quota(service: str, code: str, name: str, value: float) -> dict[str, Any]:
+    return {"ServiceCode": service, "ServiceName": service, "QuotaArn": f"arn:aws:servicequotas:::{service}/{code}",
+            "QuotaCode": code, "QuotaName": name, "Value": value, "Unit": "None", "Adjustable": True,
+            "GlobalQuota": False}  # fmt: skip
+
+
+class Account:
+    """moto for what it models, Stubbers for Service Quotas and CloudFormation; ``client`` is what preflight gets."""
+
+    def __init__(self, region: str) -> None:
+        self.region = region
+        self.session = boto3.session.Session(region_name=region)
+        self.quotas = self.session.client("service-quotas")
+        self.cloudformation = self.session.client("cloudformation")
+        self.stubs = {"service-quotas": Stubber(self.quotas), "cloudformation": Stubber(self.cloudformation)}
+        for stub in self.stubs.values():
+            stub.activate()
+
+    def client(self, name: str) -> Any:
+        return {"service-quotas": self.quotas, "cloudformation": self.cloudformation}.get(name) or self.session.client(
+            name
+        )
+
+    def stacks(self, deployed: dict[str, dict[str, str]], names: list[str]) -> None:
+        """DescribeStacks answers, in call order: ``deployed`` name -> outputs; any other name does not exist."""
+        for name in names:
+            if name in deployed:
+                outputs = [{"OutputKey": k, "OutputValue": v} for k, v in deployed[name].items()]
+                stack = {"StackName": name, "CreationTime": "2026-12-01T00:00:00Z", "StackStatus": "CREATE_COMPLETE",
+                         "Outputs": outputs}  # fmt: skip
+                self.stubs["cloudformation"].add_response("describe_stacks", {"Stacks": [stack]}, {"StackName": name})
+            else:
+                self.stubs["cloudformation"].add_client_error(
+                    "describe_stacks",
+                    "ValidationError",
+                    NO_SUCH_STACK.format(name),
+                    expected_params={"StackName": name},
+                )
+
+    def ec2_quota(self, code: str, value: float | None, default: float = 0.0) -> None:
+        """GetServiceQuota; None: never changed (NoSuchResourceException), then the default answers."""
+        params = {"ServiceCode": "ec2", "QuotaCode": code}
+        if value is None:
+            self.stubs["service-quotas"].add_client_error("get_service_quota", "NoSuchResourceException",
+                                                          expected_params=params)  # fmt: skip
+            answer = {"Quota": _quota("ec2", code, "Running On-Demand P instances", default)}
+            self.stubs["service-quotas"].add_response("get_aws_default_service_quota", answer, params)
+        else:
+            answer = {"Quota": _quota("ec2", code, "Running On-Demand P instances", value)}
+            self.stubs["service-quotas"].add_response("get_service_quota", answer, params)
+
+    def sagemaker_quotas(self, applied: dict[str, float], defaults: dict[str, float] | None = None) -> None:
+        def listed(values: dict[str, float]) -> dict[str, Any]:
+            return {"Quotas": [_quota("sagemaker", f"L-{i:08X}", name, value)
+                               for i, (name, value) in enumerate(values.items())]}  # fmt: skip
+
+        self.stubs["service-quotas"].add_response("list_service_quotas", listed(applied), {"ServiceCode": "sagemaker"})
+        if defaults is not None:
+            self.stubs["service-quotas"].add_response("list_aws_default_service_quotas", listed(defaults),
+                                                      {"ServiceCode": "sagemaker"})  # fmt: skip
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with mock_aws():
+        yield
+
+
+def _levels(findings: list[preflight.Finding]) -> dict[str, str]:
+    return {f.check: f.level for f in findings}
+
+
+def _first_deploy(account: Account, needs: Needs) -> None:
+    """Quota answers that fit the needs; nothing deployed."""
+    account.stacks({}, [needs.foundation_stack])
+    account.ec2_quota("L-417A185B", 384.0)
+    quotas = {f"{t} for endpoint usage": 20.0 for t in needs.endpoint_maxima}
+    account.sagemaker_quotas({**quotas, f"{needs.remote_type} for training job usage": 1.0})
+
+
+def test_the_needs_come_from_the_synthesized_templates(assembly: Path) -> None:
+    staging = needs_of(assembly, "staging")
+    assert (staging.training_type, staging.nodes, staging.zone_index, staging.zones) == ("p4d.24xlarge", 2, 0, 2)
+    assert staging.remote_type == "ml.p4d.24xlarge"
+    assert staging.endpoint_maxima == {"ml.c7g.4xlarge": 4, "ml.c5.9xlarge": 6}
+    assert staging.model_key == "endpoints/sentiment/model-v1.tar.gz"
+    dev = needs_of(assembly, "dev")
+    assert (dev.nodes, dev.model_key, dev.endpoint_maxima) == (1, None, {"ml.c5.2xlarge": 2})
+
+
+def test_quota_codes_by_family() -> None:
+    assert ec2_vcpu_quota("p4d.24xlarge") == ("L-417A185B", "Running On-Demand P instances")
+    assert ec2_vcpu_quota("p5.48xlarge")[0] == "L-417A185B"
+    assert ec2_vcpu_quota("g5.12xlarge")[0] == "L-DB2E81BA"
+    assert ec2_vcpu_quota("trn1.32xlarge")[0] == "L-2C3B7624"
+    assert ec2_vcpu_quota("inf2.48xlarge")[0] == "L-1945791B"
+    assert ec2_vcpu_quota("c7g.xlarge")[0] == "L-1216C47A"
+
+
+def test_a_new_account_is_blocked_by_its_zero_quotas_with_the_request_to_make(aws: None, assembly: Path) -> None:
+    needs = _needs(assembly)
+    account = Account(needs.region)
+    account.stacks({}, ["staging-Foundation"])
+    account.ec2_quota("L-417A185B", None, default=0.0)  # never raised: the default answers
+    account.sagemaker_quotas(
+        {"ml.c7g.4xlarge for endpoint usage": 2.0},
+        defaults={"ml.p4d.24xlarge for training job usage": 0.0, "ml.c5.9xlarge for endpoint usage": 6.0},
+    )
+    findings = Preflight(needs, account.client).run()
+    lines = [f.line() for f in findings]
+
+    levels = _levels(findings)
+    assert levels["EC2 quota L-417A185B (Running On-Demand P instances)"] == "BLOCKER"
+    (ec2,) = [line for line in lines if "L-417A185B" in line]
+    assert "a 2-node p4d.24xlarge run needs 192 vCPUs" in ec2 and "--desired-value 192" in ec2
+    assert levels["SageMaker quota 'ml.p4d.24xlarge for training job usage'"] == "BLOCKER"
+    (endpoint,) = [line for line in lines if "ml.c7g.4xlarge for endpoint usage" in line]
+    assert endpoint.startswith("BLOCKER") and "autoscaling maximum of 4 needs 4" in endpoint
+    assert levels["SageMaker quota 'ml.c5.9xlarge for endpoint usage'"] == "OK"  # 6 of 6
+    assert levels["p4d.24xlarge in us-west-2a"] == "OK"
+    assert levels["Graviton endpoint model"] == "WARNING"  # no Foundation yet: looked up after its deploy
+    for stub in account.stubs.values():
+        stub.assert_no_pending_responses()
+
+
+def test_a_zone_without_the_type_names_the_subnet_index_that_has_it(aws: None, assembly: Path) -> None:
+    """prod has three private subnets; moto offers p4d.24xlarge in eu-west-1 only in eu-west-1c."""
+    needs = _needs(assembly, "prod", region="eu-west-1")
+    account = Account("eu-west-1")
+    _first_deploy(account, needs)
+    (finding,) = [f for f in Preflight(needs, account.client).run() if f.check.startswith("p4d.24xlarge in")]
+    assert finding.line() == (
+        "BLOCKER  p4d.24xlarge in eu-west-1a: not offered in the zone of training.subnet_index 0: set "
+        "training.subnet_index to 2 (eu-west-1c)."
+    )
+    narrow = _needs(assembly, "staging", region="eu-west-1")  # two private subnets: a and b
+    account = Account("eu-west-1")
+    _first_deploy(account, narrow)
+    (finding,) = [f for f in Preflight(narrow, account.client).run() if f.check.startswith("p4d.24xlarge in")]
+    assert "none of the region's zones, as Fn::GetAZs lists them offers it" in finding.message
+
+
+def _deployed_foundation(region: str) -> dict[str, str]:
+    """A deployed Foundation in moto: key, buckets, private subnets; returns its outputs."""
+    session = boto3.session.Session(region_name=region)
+    s3, ec2 = session.client("s3"), session.client("ec2")
+    key = session.client("kms").create_key()["KeyMetadata"]["Arn"]
+    outputs = {"PlatformKeyArn": key}
+    for output in ("DatasetsBucketName", "ArtifactsBucketName", "RemoteJobsBucketName", "AccessLogsBucketName"):
+        bucket = f"staging-{output.removesuffix('BucketName').lower()}-0123"
+        s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": region})
+        outputs[output] = bucket
+    vpc = ec2.create_vpc(CidrBlock="10.41.0.0/16")["Vpc"]["VpcId"]
+    subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.41.{i}.0/24", AvailabilityZone=f"{region}{zone}")
+               ["Subnet"]["SubnetId"] for i, zone in enumerate("ba")]  # fmt: skip
+    outputs["PrivateSubnetIds"] = ",".join(subnets)
+    return outputs
+
+
+def test_with_the_foundation_deployed_the_model_key_and_buckets_are_checked(aws: None, assembly: Path) -> None:
+    needs = _needs(assembly)
+    outputs = _deployed_foundation(needs.region)
+    account = Account(needs.region)
+    account.stacks({"staging-Foundation": outputs}, ["staging-Foundation"])
+    account.ec2_quota("L-417A185B", 384.0)
+    account.sagemaker_quotas({"ml.p4d.24xlarge for training job usage": 1.0, "ml.c7g.4xlarge for endpoint usage": 4.0,
+                              "ml.c5.9xlarge for endpoint usage": 6.0})  # fmt: skip
+    boto3.client("s3", region_name=needs.region).delete_bucket(Bucket=outputs["RemoteJobsBucketName"])
+
+    findings = Preflight(needs, account.client).run()
+    levels = _levels(findings)
+    # The training subnet is the Foundation's first private subnet, here in zone b.
+    assert levels["p4d.24xlarge in us-west-2b"] == "OK"
+    assert levels["platform key"] == "OK"
+    assert levels[f"bucket {outputs['ArtifactsBucketName']}"] == "OK"
+    assert levels[f"bucket {outputs['RemoteJobsBucketName']}"] == "BLOCKER"
+    (model,) = [f for f in findings if f.check == "Graviton endpoint model"]
+    assert model.level == "BLOCKER"
+    assert model.message.startswith(f"s3://{outputs['ArtifactsBucketName']}/endpoints/sentiment/model-v1.tar.gz does")
+
+    boto3.client("s3", region_name=needs.region).put_object(
+        Bucket=outputs["ArtifactsBucketName"], Key="endpoints/sentiment/model-v1.tar.gz", Body=b"archive"
+    )
+    key_id = outputs["PlatformKeyArn"].rsplit("/", 1)[-1]
+    boto3.client("kms", region_name=needs.region).schedule_key_deletion(KeyId=key_id, PendingWindowInDays=7)
+    account = Account(needs.region)
+    account.stacks({"staging-Foundation": outputs}, ["staging-Foundation"])
+    account.ec2_quota("L-417A185B", 384.0)
+    account.sagemaker_quotas({"ml.p4d.24xlarge for training job usage": 1.0, "ml.c7g.4xlarge for endpoint usage": 4.0,
+                              "ml.c5.9xlarge for endpoint usage": 6.0})  # fmt: skip
+    findings = Preflight(needs, account.client).run()
+    levels = _levels(findings)
+    assert levels["Graviton endpoint model"] == "OK"
+    (key,) = [f for f in findings if f.check == "platform key"]
+    assert key.level == "BLOCKER" and "PendingDeletion: cancel the deletion" in key.message
+
+
+def test_a_log_group_a_new_stack_would_create_blocks_its_deploy(aws: None, assembly: Path) -> None:
+    """Staging keeps its endpoint log groups when its stacks are destroyed: deploying again would fail."""
+    needs = _needs(assembly)
+    boto3.client("logs", region_name=needs.region).create_log_group(
+        logGroupName="/aws/sagemaker/Endpoints/staging-GravitonEndpoint"
+    )
+    account = Account(needs.region)
+    _first_deploy(account, needs)
+    account.stacks({}, [s.stack_name for s in needs.stacks])
+    findings = Preflight(needs, account.client).run()
+    blockers = [f.line() for f in findings if f.level == "BLOCKER"]
+    assert blockers == [
+        "BLOCKER  log group /aws/sagemaker/Endpoints/staging-GravitonEndpoint: exists, and staging-GravitonEndpoint "
+        "creates it: delete it (aws logs delete-log-group --log-group-name "
+        "/aws/sagemaker/Endpoints/staging-GravitonEndpoint), after exporting what you keep."
+    ]
+
+
+def test_the_command_exits_1_on_a_blocker_and_takes_cdks_context_flag(
+    aws: None, assembly: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    needs = needs_of(assembly, "dev")
+    account = Account(needs.region)
+    account.stacks({}, ["dev-Foundation"])
+    account.ec2_quota("L-417A185B", 0.0)
+    account.sagemaker_quotas({"ml.p4d.24xlarge for training job usage": 1.0, "ml.c5.2xlarge for endpoint usage": 2.0})
+    account.stacks({}, [s.stack_name for s in needs.stacks])
+    code = preflight.main(["-c", "env=dev", "--cdk-out", str(assembly)], clients=account.client)
+    out = capsys.readouterr().out
+    assert code == 1
+    assert out.splitlines()[-1] == "dev: 1 blocker(s), 0 warning(s)"  # the quota
+    assert all(line.split()[0] in ("OK", "WARNING", "BLOCKER") for line in out.splitlines()[:-1])
+    assert preflight.main(["-c", "env=qa", "--cdk-out", str(assembly)], clients=account.client) == 2

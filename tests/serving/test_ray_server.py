@@ -1,0 +1,261 @@
+"""The archive served by Ray Serve on localhost, started as the endpoint's container starts it (the archive's own
+``sentiment_serving.ray_server`` running its ``config.yaml`` + ``deployment.py``).
+
+One server for the module (Ray's start-up costs ~20-40 s here), with batching on: predictions must equal the
+in-process predictor's; concurrent requests must share one forward pass (``@serve.batch``) and keep their own status
+and Content-Type; every request of the shared table (tests/serving/request_table.py) must get its status with a
+one-line JSON body and no traceback or path, and the server must keep answering afterwards; stopping a server must
+leave none of Ray's processes behind.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from inference_assets.container.predictor import SentimentPredictor
+from inference_assets.local.local_server import LocalRayServer
+from inference_assets.local.server_process import group_alive
+
+from .request_table import REQUESTS, TEST_LIMITS
+
+MAX_REQUEST_BATCH = TEST_LIMITS.max_request_batch
+BATCH_SIZE = 4
+LEAKS = ("Traceback", 'File "', "/opt/", "/tmp/", "/work/", "site-packages", ".py")
+pytestmark = pytest.mark.slow
+
+SAMPLE_DATA = Path(__file__).resolve().parents[2] / "training_assets" / "sample_data" / "validation.jsonl"
+
+
+def _processes(server: LocalRayServer) -> list[psutil.Process]:
+    leader = psutil.Process(server.process_group)
+    return [leader, *leader.children(recursive=True)]
+
+
+@pytest.fixture(scope="module")
+def server(model_archive: Path) -> Iterator[LocalRayServer]:
+    local = LocalRayServer(
+        model_archive,
+        workers=1,
+        batch_size=BATCH_SIZE,
+        max_batch_delay_ms=300,  # long, so that concurrent test requests reliably share a batch
+        limits=TEST_LIMITS,
+    )
+    local.start()
+    processes = _processes(local)
+    try:
+        yield local
+    finally:
+        local.stop()
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    assert not alive, f"outlived stop(): {[p.pid for p in alive]}"
+
+
+@pytest.fixture(scope="module")
+def predictor(tiny_model_dir: Path) -> SentimentPredictor:
+    return SentimentPredictor(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    rows = [json.loads(line) for line in SAMPLE_DATA.read_text().splitlines() if line.strip()]
+    return [row["text"] for row in rows[:MAX_REQUEST_BATCH]]
+
+
+def _expected(predictor: SentimentPredictor, texts: list[str]) -> list[dict]:
+    return [prediction.as_dict() for prediction in predictor.predict(texts)]
+
+
+def _assert_same_predictions(served: list[dict], expected: list[dict]) -> None:
+    assert [p["label"] for p in served] == [p["label"] for p in expected]
+    for got, want in zip(served, expected, strict=True):
+        assert got["scores"] == pytest.approx(want["scores"], abs=1e-5)
+        assert got["score"] == pytest.approx(want["score"], abs=1e-5)
+
+
+def _replica_log(server: LocalRayServer) -> str:
+    """What the replica logged (Ray Serve writes each replica's log under the session's logs/serve/)."""
+    assert server.workdir is not None
+    logs = (server.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log")
+    return "\n".join(path.read_text(errors="replace") for path in logs)
+
+
+def test_ping_answers_with_an_empty_200(server: LocalRayServer) -> None:
+    status, _, body = server.request("GET", "/ping")
+    assert (status, body) == (200, b"")
+
+
+def test_ray_serve_runs_the_archive_config_and_deployment(server: LocalRayServer) -> None:
+    config = yaml.safe_load((server.model_dir / "config.yaml").read_text())
+    assert config["applications"] == [{"name": "sentiment", "route_prefix": "/", "import_path": "deployment:app"}]
+    assert (server.model_dir / "deployment.py").is_file()
+    commands = [" ".join(process.cmdline()) for process in _processes(server)]
+    assert "-m sentiment_serving.ray_server serve" in commands[0]  # as SageMaker starts it: `<image> serve`
+    assert any(command.startswith("ray::ServeReplica:sentiment:SentimentClassifier") for command in commands)
+    assert f"Ray Serve: {server.model_dir}/config.yaml on http://127.0.0.1:{server.port}" in server.log_path.read_text()
+
+
+def test_the_replica_runs_with_the_endpoint_threads_and_batch_settings(server: LocalRayServer) -> None:
+    log = _replica_log(server)
+    threads = int(server.environment["OMP_NUM_THREADS"])
+    assert f"torch threads {threads})" in log, log[-2000:]
+    assert f"ServeSettings(replicas=1, threads={threads}, max_batch_size={BATCH_SIZE}, batch_wait_timeout_s=0.3)" in log
+
+
+def test_single_text_matches_the_in_process_predictor(
+    server: LocalRayServer, predictor: SentimentPredictor, texts: list[str]
+) -> None:
+    status, headers, body = server.invoke(json.dumps({"inputs": texts[0]}).encode())
+    assert status == 200, body
+    assert headers["content-type"] == "application/json"
+    _assert_same_predictions(json.loads(body), _expected(predictor, [texts[0]]))
+
+
+def test_batch_matches_the_in_process_predictor_in_order(
+    server: LocalRayServer, predictor: SentimentPredictor, texts: list[str]
+) -> None:
+    status, _, body = server.invoke(json.dumps({"inputs": texts}).encode())
+    assert status == 200, body
+    served = json.loads(body)
+    assert len(served) == len(texts)
+    _assert_same_predictions(served, _expected(predictor, texts))
+
+
+def test_the_root_route_answers_as_invocations_does(server: LocalRayServer, texts: list[str]) -> None:
+    """AWS's Ray Serve DLC proxies /invocations to the application's route "/" (sagemaker_serve.py)."""
+    body = json.dumps({"inputs": texts[:2]}).encode()
+    via_root = server.request("POST", "/", body, {"Content-Type": "application/json"})
+    via_invocations = server.invoke(body)
+    assert via_root[0] == via_invocations[0] == 200
+    assert json.loads(via_root[2]) == json.loads(via_invocations[2])
+
+
+def test_other_paths_are_404_with_one_line_of_json(server: LocalRayServer) -> None:
+    status, headers, body = server.request("POST", "/predictions/model", b"{}", {"Content-Type": "application/json"})
+    assert status == 404 and headers["content-type"] == "application/json" and b"\n" not in body
+    assert json.loads(body)["code"] == 404
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "text/plain; charset=utf-8"])
+def test_plain_text_is_one_input(
+    server: LocalRayServer, predictor: SentimentPredictor, texts: list[str], content_type: str
+) -> None:
+    status, _, body = server.invoke(texts[1].encode(), content_type=content_type)
+    assert status == 200, body
+    _assert_same_predictions(json.loads(body), _expected(predictor, [texts[1]]))
+
+
+@pytest.mark.parametrize("accept", ["application/json", "*/*", "application/json, text/plain;q=0.5"])
+def test_json_compatible_accept_headers_are_served(server: LocalRayServer, accept: str) -> None:
+    status, _, body = server.invoke(b'{"inputs": "fine"}', accept=accept)
+    assert status == 200, body
+
+
+@pytest.mark.parametrize(("body", "content_type", "accept", "status", "fragment"), REQUESTS)
+def test_every_request_gets_its_status_and_one_line_of_json(
+    server: LocalRayServer, body: bytes, content_type: str | None, accept: str | None, status: int, fragment: str
+) -> None:
+    got_status, headers, answer = server.invoke(body, content_type=content_type, accept=accept)
+    assert got_status == status, answer
+    assert headers["content-type"] == "application/json"
+    assert answer.count(b"\n") == 0 and not [leak for leak in LEAKS if leak in answer.decode()]
+    if status != 200:
+        assert json.loads(answer) == {"code": status, "message": json.loads(answer)["message"], "error": ANY_TEXT}
+        assert fragment in json.loads(answer)["error"]
+    assert server.invoke(b'{"inputs": "still here?"}')[0] == 200
+
+
+class _AnyText:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and bool(other)
+
+
+ANY_TEXT = _AnyText()
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH"])
+def test_other_methods_on_invocations_get_a_4xx_json_answer(server: LocalRayServer, method: str) -> None:
+    """Any method on /invocations reaches the protocol, as TorchServe's did: no body is a 4xx, not a 500."""
+    for headers in ({}, {"Content-Type": "application/json"}):
+        status, answer_headers, answer = server.request(method, "/invocations", headers=headers)
+        assert 400 <= status < 500, (method, status, answer)
+        assert answer_headers["content-type"] == "application/json" and b"\n" not in answer
+    assert server.ping() == 200
+
+
+def test_a_multipart_form_is_refused_with_415(server: LocalRayServer) -> None:
+    body = b'--xx\r\nContent-Disposition: form-data; name="inputs"\r\n\r\nhello\r\n--xx--\r\n'
+    status, _, answer = server.invoke(body, content_type="multipart/form-data; boundary=xx")
+    assert status == 415, answer
+
+
+def _batches(server: LocalRayServer) -> list[int]:
+    """The size of every batch the replica logged, once its log has stopped growing (it is written asynchronously)."""
+    sizes: list[int] = []
+    for _ in range(20):
+        again = [int(size) for size in re.findall(r"batch of (\d+) requests answered", _replica_log(server))]
+        if again == sizes and sizes:
+            break
+        sizes = again
+        time.sleep(0.5)
+    return sizes
+
+
+def test_concurrent_requests_share_one_forward_pass_and_keep_their_own_answers(
+    server: LocalRayServer, predictor: SentimentPredictor, texts: list[str]
+) -> None:
+    requests = [
+        (json.dumps({"inputs": texts[:2]}).encode(), "application/json", 200),
+        (b"{broken", "application/json", 400),
+        (texts[2].encode(), "text/plain", 200),
+        (b"a,b", "text/csv", 415),
+    ]
+
+    def burst() -> list[tuple[int, dict[str, str], bytes]]:
+        with ThreadPoolExecutor(len(requests)) as pool:
+            return list(pool.map(lambda r: server.invoke(r[0], content_type=r[1]), requests))
+
+    # A batch waits (here up to 300 ms) for as many requests as the last round brought: after the lone requests of
+    # the tests before, the first burst starts that (its first request may run alone), the second shares passes.
+    burst()
+    before = len(_batches(server))
+    answers = burst()
+    for (_, _, expected_status), (status, headers, body) in zip(requests, answers, strict=True):
+        assert status == expected_status, body
+        assert headers["content-type"] == "application/json"
+    _assert_same_predictions(json.loads(answers[0][2]), _expected(predictor, texts[:2]))
+    _assert_same_predictions(json.loads(answers[2][2]), _expected(predictor, [texts[2]]))
+    batches = _batches(server)[before:]
+    assert sum(batches) == len(requests) and max(batches) > 1, batches  # they shared forward passes
+
+
+def test_a_batch_never_exceeds_the_configured_size(server: LocalRayServer) -> None:
+    before = len(_batches(server))
+    with ThreadPoolExecutor(3 * BATCH_SIZE) as pool:
+        answers = list(pool.map(lambda n: server.invoke(f"text {n}".encode(), content_type="text/plain"), range(12)))
+    statuses = [status for status, _, _ in answers]
+    assert statuses == [200] * 12
+    batches = _batches(server)[before:]
+    assert sum(batches) == 12 and max(batches) <= BATCH_SIZE, batches
+
+
+def test_stopping_one_server_leaves_no_process_behind(model_archive: Path, server: LocalRayServer) -> None:
+    """A second server on the same host starts, serves and stops without touching the module's server."""
+    with LocalRayServer(model_archive, workers=1) as other:
+        assert other.port != server.port
+        assert other.invoke(b'{"inputs": "two servers"}')[0] == 200
+        group = other.process_group
+        processes = _processes(other)
+        assert any(process.cmdline()[0].startswith("ray::ServeReplica") for process in processes[1:])
+    assert not group_alive(group)
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    assert not alive, [process.pid for process in alive]
+    assert server.ping() == 200
