@@ -182,7 +182,6 @@ class TrainingStack(EnvironmentStack):
         self.launch_template = self.training_template.launch_template
         self.instance_policy = self._instance_policy()
         self.launcher_policy = self._launcher_policy()
-        self.remote_jobs_security_group = self._remote_jobs_security_group()
         self.remote_config_parameter = self._remote_config_parameter()
         self._outputs()
 
@@ -300,56 +299,6 @@ class TrainingStack(EnvironmentStack):
 
     # --- @remote ------------------------------------------------------------------------------------------------
 
-    def _remote_jobs_security_group(self) -> ec2.SecurityGroup:
-        """The @remote training jobs' group: HTTPS out, and all traffic between its members, so the instances of one
-        job (``--instance-count`` > 1: torchrun's rendezvous, NCCL, EFA) reach each other. SageMaker's "Give SageMaker
-        AI Training Jobs Access to Resources in Your Amazon VPC" (Configure the VPC Security Group): distributed
-        training needs a rule that allows inbound connections between members of the same group, and for EFA inbound
-        and outbound all traffic from the same group (https://docs.aws.amazon.com/sagemaker/latest/dg/train-vpc.html).
-        Its own group, not the workload group the endpoints share: a job's instances admit each other, nothing else.
-        """
-        group = ec2.SecurityGroup(
-            self,
-            "RemoteJobsSecurityGroup",
-            vpc=self.foundation.vpc,
-            description="SageMaker @remote training jobs: all traffic between instances of the group, HTTPS out",
-            allow_all_outbound=False,
-        )
-        group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs, registries and the hub")
-        group.add_ingress_rule(group, ec2.Port.all_traffic(), "torchrun, NCCL and EFA between instances of a job")
-        group.add_egress_rule(group, ec2.Port.all_traffic(), "torchrun, NCCL and EFA between instances of a job")
-        acknowledge(
-            group,
-            "The only inbound rule admits this security group itself (the instances of @remote training jobs), as "
-            "SageMaker requires for distributed training and EFA; nothing outside the group can connect.",
-            "NIST.800.53.R5-EC2RestrictedCommonPorts",
-        )
-        # SageMaker attaches a job's network interfaces with the job's role: it may use this group (in the VPC).
-        vpc_arn = f"arn:{self.partition}:ec2:{self.region}:{self.account}:vpc/{self.foundation.vpc.vpc_id}"
-        policy = iam.Policy(
-            self,
-            "RemoteJobNetworkPolicy",
-            roles=[self.foundation.remote_job_role],
-            statements=[
-                iam.PolicyStatement(
-                    sid="AttachJobsToTheirSecurityGroup",
-                    actions=["ec2:CreateNetworkInterface"],
-                    resources=[
-                        f"arn:{self.partition}:ec2:{self.region}:{self.account}:security-group/"
-                        f"{group.security_group_id}"
-                    ],
-                    conditions={"ArnEquals": {"ec2:Vpc": vpc_arn}},
-                )
-            ],
-        )
-        acknowledge(
-            policy,
-            "An iam.Policy in this stack, attached to the foundation's job role, keeps the grant on this stack's "
-            "security group here without a dependency cycle.",
-            "NIST.800.53.R5-IAMNoInlinePolicy",
-        )
-        return group
-
     def _remote_config_parameter(self) -> ssm.StringParameter:
         """The SDK config as YAML in an SSM parameter; CloudFormation substitutes the deploy-time values."""
         foundation, training = self.foundation, self.settings.training
@@ -359,7 +308,8 @@ class TrainingStack(EnvironmentStack):
             "RoleArn": foundation.remote_job_role.role_arn,
             "RemoteJobsBucket": foundation.remote_jobs_bucket.bucket_name,
             "KeyArn": foundation.key.key_arn,
-            "SecurityGroupId": self.remote_jobs_security_group.security_group_id,
+            # The jobs' own group (stacks/components/remote_job_launcher.py): a job's instances reach each other.
+            "SecurityGroupId": foundation.remote_jobs_security_group.security_group_id,
             **{f"Subnet{i}": subnet.subnet_id for i, subnet in enumerate(subnets)},
             "DlcAccount": dlc_account,
         }

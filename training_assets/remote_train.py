@@ -17,7 +17,7 @@ On a GPU type the job runs under torchrun with one process per GPU (DistributedD
 the count from the platform's instance facts). ``--instance-count N`` runs one job on N instances: the SDK's
 torchrun spans them (``algo-1`` ... ``algo-N``, static rendezvous on ``algo-1``), every process calls the same
 function, and the instances reach each other through the training jobs' security group, which admits its own
-members (the Training stack's ``RemoteJobsSecurityGroup``). The volume key follows the instance type actually used:
+members (the Foundation stack's ``RemoteJobsSecurityGroup``). The volume key follows the instance type actually used:
 types with NVMe instance storage (p4d, p5, g5, ...) get none, as SageMaker requires; EBS-only types (p3, ...) get the
 config's KMS key.
 

@@ -11,8 +11,7 @@ from typing import Any
 import boto3
 import pytest
 
-from tests.training import test_remote_sdk_moto as harness
-from tests.training.iam_policy import (
+from ops_review.iam_policy import (
     Call,
     Request,
     is_allowed,
@@ -22,6 +21,7 @@ from tests.training.iam_policy import (
     role_policies,
     template_exports,
 )
+from tests.training import test_remote_sdk_moto as harness
 from training_assets import remote_train
 
 platform = harness.platform  # the fixture: moto with the dev resources, every call checked
@@ -76,39 +76,39 @@ def test_one_job_on_two_instances_runs_the_function_under_the_sdks_torchrun(
 
 def test_the_instances_of_a_job_reach_each_other_and_sagemaker_may_attach_them(templates) -> None:
     """The group config.yaml names admits all traffic from itself (and sends it), as SageMaker's VPC guide asks for
-    distributed training and EFA, and the job role may create the job's interfaces in it, in the platform's VPC."""
+    distributed training and EFA; the job role may create the job's interfaces in it, in the platform's VPC, and the
+    launcher may start jobs in it and in no other group (not the endpoints' workload group)."""
     foundation, training = templates["dev"]["Foundation"], templates["dev"]["Training"]
-    group_id = logical_id(training, "AWS::EC2::SecurityGroup", "RemoteJobsSecurityGroup")
+    group_id = logical_id(foundation, "AWS::EC2::SecurityGroup", "RemoteJobsSecurityGroup")
     self_ref = {"Fn::GetAtt": [group_id, "GroupId"]}
-    rules = [r["Properties"] for r in training["Resources"].values()
+    rules = [r["Properties"] for r in foundation["Resources"].values()
              if r["Type"] in ("AWS::EC2::SecurityGroupIngress", "AWS::EC2::SecurityGroupEgress")
              and r["Properties"]["GroupId"] == self_ref]  # fmt: skip
     assert [(rule.get("SourceSecurityGroupId"), rule.get("DestinationSecurityGroupId"), rule["IpProtocol"])
             for rule in rules] == [(self_ref, None, "-1"), (None, self_ref, "-1")]  # fmt: skip
-    (parameter,) = [r for r in training["Resources"].values() if r["Type"] == "AWS::SSM::Parameter"]
-    assert parameter["Properties"]["Value"]["Fn::Sub"][1]["SecurityGroupId"] == self_ref
 
     role_id = logical_id(foundation, "AWS::IAM::Role", "RemoteJobRole")
     vpc_id = logical_id(foundation, "AWS::EC2::VPC", "Vpc")
+    workload_id = logical_id(foundation, "AWS::EC2::SecurityGroup", "WorkloadSecurityGroup")
 
     class Refs(dict):  # type: ignore[type-arg]
         def __missing__(self, key: str) -> str:
             return f"<{key}>"
 
     refs = Refs({"AWS::Partition": "aws", "AWS::Region": REGION, "AWS::AccountId": ACCOUNT, vpc_id: "vpc-1",
-                 f"{group_id}.GroupId": "sg-jobs"})  # fmt: skip
-    exports = template_exports(foundation, refs)  # the VPC id the Training stack imports
+                 f"{group_id}.GroupId": "sg-jobs", f"{workload_id}.GroupId": "sg-workload"})  # fmt: skip
+    (parameter,) = [r for r in training["Resources"].values() if r["Type"] == "AWS::SSM::Parameter"]
+    config = resolve(parameter["Properties"]["Value"]["Fn::Sub"][1], refs=refs,
+                     exports=template_exports(foundation, refs))  # fmt: skip
+    assert config["SecurityGroupId"] == "sg-jobs"
     policies = role_policies(foundation, role_id, refs)
-    (network,) = [resolve(resource["Properties"]["PolicyDocument"], refs=refs, exports=exports)
-                  for name, resource in training["Resources"].items()
-                  if name.startswith("RemoteJobNetworkPolicy")]  # fmt: skip
-    policies.append(network)
     subnet = logical_id(foundation, "AWS::EC2::Subnet", "VpcPrivateSubnet1Subnet")
     in_vpc = {"ec2:Vpc": f"arn:aws:ec2:{REGION}:{ACCOUNT}:vpc/vpc-1"}
     arn = f"arn:aws:ec2:{REGION}:{ACCOUNT}"
     for resource in (f"{arn}:subnet/<{subnet}>", f"{arn}:security-group/sg-jobs", f"{arn}:network-interface/*"):
         assert is_allowed(policies, Request("ec2:CreateNetworkInterface", resource, in_vpc)), resource
-    assert not is_allowed(policies, Request("ec2:CreateNetworkInterface", f"{arn}:security-group/sg-other", in_vpc))
+    for group in ("sg-other", "sg-workload"):
+        assert not is_allowed(policies, Request("ec2:CreateNetworkInterface", f"{arn}:security-group/{group}", in_vpc))
     assert not is_allowed(policies, Request("ec2:CreateNetworkInterface", f"{arn}:security-group/sg-jobs",
                                             {"ec2:Vpc": f"arn:aws:ec2:{REGION}:{ACCOUNT}:vpc/vpc-2"}))  # fmt: skip
 

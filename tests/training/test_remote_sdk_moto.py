@@ -127,7 +127,9 @@ def _create_platform(templates: dict[str, dict[str, dict]], tmp_path: Path) -> P
         ["AssumeRolePolicyDocument"]))["Role"]  # fmt: skip
     vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
     subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.40.{i}.0/24")["Subnet"]["SubnetId"] for i in (1, 2)]
-    group = ec2.create_security_group(GroupName="workload", Description="workload", VpcId=vpc)["GroupId"]
+    # The endpoints' group and the jobs' own group: a request naming the wrong one is refused by the launcher policy.
+    workload = ec2.create_security_group(GroupName="workload", Description="workload", VpcId=vpc)["GroupId"]
+    group = ec2.create_security_group(GroupName="remote-jobs", Description="remote jobs", VpcId=vpc)["GroupId"]
     buckets = {}
     for name in ("RemoteJobs", "Datasets", "Artifacts"):
         buckets[name] = f"dev-foundation-{name.lower()}-moto"
@@ -147,9 +149,9 @@ def _create_platform(templates: dict[str, dict[str, dict]], tmp_path: Path) -> P
         refs.update({bucket_id: bucket, f"{bucket_id}.Arn": f"arn:aws:s3:::{bucket}"})
     for i, subnet in enumerate(subnets, start=1):
         refs[logical_id(foundation, "AWS::EC2::Subnet", f"VpcPrivateSubnet{i}Subnet")] = subnet
-    refs[f"{logical_id(foundation, 'AWS::EC2::SecurityGroup', 'WorkloadSecurityGroup')}.GroupId"] = group
-    # The jobs' own group (all traffic between the instances of a job), in the Training stack: config.yaml names it.
-    refs[f"{logical_id(training, 'AWS::EC2::SecurityGroup', 'RemoteJobsSecurityGroup')}.GroupId"] = group
+    refs[f"{logical_id(foundation, 'AWS::EC2::SecurityGroup', 'WorkloadSecurityGroup')}.GroupId"] = workload
+    # The jobs' own group (all traffic between the instances of a job): config.yaml names it.
+    refs[f"{logical_id(foundation, 'AWS::EC2::SecurityGroup', 'RemoteJobsSecurityGroup')}.GroupId"] = group
     refs[logical_id(foundation, "AWS::EC2::VPC", "Vpc")] = vpc  # the ec2:Vpc condition of the VPC attachment
 
     launcher_id = logical_id(foundation, "AWS::IAM::ManagedPolicy", "RemoteJobLauncherPolicy")

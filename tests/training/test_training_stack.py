@@ -86,26 +86,22 @@ def test_nothing_launches_on_deploy(training_templates, environment) -> None:
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_no_inbound_from_outside(training_templates, environment) -> None:
     template = training_templates[environment]
-    groups = _resources(template, "AWS::EC2::SecurityGroup")
-    assert {name.rstrip("0123456789ABCDEF") for name in groups} == {"TrainingSecurityGroup", "RemoteJobsSecurityGroup"}
-    ingress = [rule["Properties"] for rule in _resources(template, "AWS::EC2::SecurityGroupIngress").values()]
-    for group_id, group in groups.items():
-        assert "SecurityGroupIngress" not in group["Properties"]
-        (egress,) = group["Properties"]["SecurityGroupEgress"]
-        assert (egress["CidrIp"], egress["IpProtocol"], egress["FromPort"], egress["ToPort"]) == (
-            "0.0.0.0/0",
-            "tcp",
-            443,
-            443,
-        )
+    ((group_id, group),) = _resources(template, "AWS::EC2::SecurityGroup").items()
+    assert "SecurityGroupIngress" not in group["Properties"]
+    (egress,) = group["Properties"]["SecurityGroupEgress"]
+    assert (egress["CidrIp"], egress["IpProtocol"], egress["FromPort"], egress["ToPort"]) == (
+        "0.0.0.0/0",
+        "tcp",
+        443,
+        443,
+    )
+    ingress = list(_resources(template, "AWS::EC2::SecurityGroupIngress").values())
+    if environment == "dev":
+        assert ingress == []
+    else:  # EFA: all traffic, but only from the group itself
+        (rule,) = ingress
         self_ref = {"Fn::GetAtt": [group_id, "GroupId"]}
-        rules = [rule for rule in ingress if rule["GroupId"] == self_ref]
-        if environment == "dev" and group_id.startswith("TrainingSecurityGroup"):
-            assert rules == []  # a single-node EC2 run: nothing comes in
-        else:  # EFA, or the instances of one @remote job: all traffic, but only from the group itself
-            (rule,) = rules
-            assert rule["SourceSecurityGroupId"] == self_ref and rule["IpProtocol"] == "-1"
-    assert len(ingress) == (1 if environment == "dev" else 2)
+        assert rule["Properties"]["SourceSecurityGroupId"] == self_ref and rule["Properties"]["GroupId"] == self_ref
 
 
 def test_single_node_environment_has_one_plain_interface_and_no_placement_group(training_templates) -> None:
