@@ -218,7 +218,7 @@ def steady_state(endpoint: LocalMultiModelEndpoint, resident: int) -> list[str]:
     return endpoint.resident()
 
 
-def _arguments(argv: list[str] | None) -> argparse.Namespace:
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=int, default=16)
     parser.add_argument("--resident", type=int, nargs="+", default=[4, 8, 16], help="configurations to run")
@@ -305,7 +305,7 @@ def render(path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _arguments(argv)
+    args = parse_arguments(argv)
     if args.render is not None:
         render(args.render)
         return 0

@@ -144,7 +144,7 @@ def _plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(figure)
 
 
-def _arguments(argv: list[str] | None) -> argparse.Namespace:
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--endpoint-name", help="a deployed multi-model endpoint; default: the local harness")
     parser.add_argument("--region", help="AWS region of the deployed endpoint")
@@ -252,7 +252,7 @@ METHODS = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _arguments(argv)
+    args = parse_arguments(argv)
     command = "python -m benchmarks.mme_load_test " + shlex.join(sys.argv[1:] if argv is None else argv)
     mme_locustfile.models, mme_locustfile.name_template = args.models, args.name_template
     target_kind = "sagemaker" if args.endpoint_name else "local"

@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from ops_review.diff import diff_reviews
-from ops_review.markdown import diff_markdown, environment_markdown, gates_markdown, index_markdown
+from ops_review.markdown import (
+    diff_markdown,
+    environment_markdown,
+    gates_markdown,
+    index_markdown,
+    review_warnings,
+)
 from ops_review.review import PRICES_FILE, load_gates_report, load_prices, review_assembly
 
 
@@ -72,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             reviews = review_assembly(args.cdk_out, prices, args.today)
             written = write_review(reviews, args.out, load_gates_report(args.cdk_out))
+            for warning in review_warnings(reviews):
+                print(f"WARNING {warning}")
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -80,10 +80,11 @@ def planned_endpoint(cdk_out: Path, environment: str, endpoint: str) -> Planned:
     if not stacks:
         raise ChangeRefused(f"{cdk_out} has no {environment}/{stack_id} stack; run `make synth` first.")
     (stack,) = stacks
-    return _planned(stack)
+    return planned_from_template(stack)
 
 
-def _planned(stack: StackTemplate) -> Planned:
+def planned_from_template(stack: StackTemplate) -> Planned:
+    """What one synthesized endpoint stack's template deploys: endpoint name, variants, scaling."""
     resources = stack.template["Resources"]
 
     def of_type(kind: str) -> list[dict[str, Any]]:

@@ -1,7 +1,9 @@
 """Clean up what SageMaker and EC2 create outside CloudFormation for one environment, after `cdk destroy`.
 
 CloudFormation deletes what the stacks declare; these stay behind:
-- endpoint log groups ``/aws/sagemaker/Endpoints/<endpoint>`` (SageMaker creates them, with no retention);
+- endpoint log groups ``/aws/sagemaker/Endpoints/<endpoint>`` (SageMaker creates them, with no retention), except
+  those a template declares and retains (staging and prod keep theirs on purpose; they expire by their retention):
+  those are listed as kept, never deleted;
 - training-job log streams in ``/aws/sagemaker/TrainingJobs`` (one shared log group, streams ``<job>/algo-...``);
 - GPU instances someone launched from the training launch template (billable until terminated; reported, never
   terminated here: a run may still be in progress).
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,9 @@ from ops_review.review import load_assembly
 ENDPOINT_LOG_PREFIX = "/aws/sagemaker/Endpoints/"
 TRAINING_JOB_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 _LIVE_INSTANCE_STATES = ["pending", "running", "stopping", "stopped"]
+# DeletionPolicy values that keep a resource when its stack is deleted (CDK writes RETAIN_ON_UPDATE_OR_DELETE as
+# RetainExceptOnCreate).
+_RETAINED = ("Retain", "RetainExceptOnCreate")
 
 
 @dataclass
@@ -34,10 +39,15 @@ class CleanupPlan:
     log_streams: list[tuple[str, str]] = field(default_factory=list)
     endpoints_in_service: list[str] = field(default_factory=list)
     instances: list[str] = field(default_factory=list)
+    kept_log_groups: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         return [
             *(f"log group {name}" for name in self.log_groups),
+            *(
+                f"log group {name} is kept: its stack retains it, and it expires by its retention"
+                for name in self.kept_log_groups
+            ),
             *(f"log stream {group} {stream}" for group, stream in self.log_streams),
             *(f"endpoint {name} is still in service: destroy its stack first" for name in self.endpoints_in_service),
             *(f"instance {instance} still exists: terminate it yourself" for instance in self.instances),
@@ -57,7 +67,23 @@ def environment_stacks(cdk_out: Path, environment: str) -> tuple[list[str], dict
     return [s.stack_name for s in stacks], stacks[0].tags, stacks[0].region
 
 
-def plan_cleanup(clients: Callable[[str], Any], stack_names: list[str], tags: dict[str, str]) -> CleanupPlan:
+def retained_log_groups(cdk_out: Path, environment: str) -> set[str]:
+    """The fixed-name log groups that ``environment``'s templates keep when their stack is deleted."""
+    return {
+        resource["Properties"]["LogGroupName"]
+        for stack in load_assembly(cdk_out)
+        if stack.environment == environment
+        for resource in stack.template.get("Resources", {}).values()
+        if resource["Type"] == "AWS::Logs::LogGroup"
+        and resource.get("DeletionPolicy") in _RETAINED
+        and isinstance(resource.get("Properties", {}).get("LogGroupName"), str)
+    }
+
+
+def plan_cleanup(
+    clients: Callable[[str], Any], stack_names: list[str], tags: dict[str, str], retained: Collection[str] = ()
+) -> CleanupPlan:
+    """What the environment left behind; log groups in ``retained`` (``retained_log_groups``) are kept."""
     plan = CleanupPlan()
     cloudformation, sagemaker, logs = clients("cloudformation"), clients("sagemaker"), clients("logs")
 
@@ -78,7 +104,8 @@ def plan_cleanup(clients: Callable[[str], Any], stack_names: list[str], tags: di
     for group in _pages(logs, "describe_log_groups", "logGroups", logGroupNamePrefix=ENDPOINT_LOG_PREFIX):
         name = group["logGroupName"].removeprefix(ENDPOINT_LOG_PREFIX).lower()
         if name in endpoint_names and name not in live:
-            plan.log_groups.append(group["logGroupName"])
+            kept = group["logGroupName"] in retained
+            (plan.kept_log_groups if kept else plan.log_groups).append(group["logGroupName"])
 
     tag_filters = [{"Key": key, "Values": [tags[key]]} for key in ("project", "environment") if key in tags]
     if len(tag_filters) < 2:
@@ -146,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack_names, tags, region = environment_stacks(args.cdk_out, args.env)
         session = boto3.Session(region_name=args.region or region)
-        plan = plan_cleanup(session.client, stack_names, tags)
+        plan = plan_cleanup(session.client, stack_names, tags, retained_log_groups(args.cdk_out, args.env))
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -423,6 +423,7 @@ OPERATIONS: dict[tuple[str, str], list[tuple[str, Callable[[Call], str]]]] = {
     ("ec2", "DescribeInstanceTypes"): [("ec2:DescribeInstanceTypes", lambda c: "*")],
     ("ec2", "DescribeAvailabilityZones"): [("ec2:DescribeAvailabilityZones", lambda c: "*")],
     ("ec2", "DescribeSubnets"): [("ec2:DescribeSubnets", lambda c: "*")],
+    ("ec2", "DescribeCapacityReservations"): [("ec2:DescribeCapacityReservations", lambda c: "*")],
     ("ecr", "GetAuthorizationToken"): [("ecr:GetAuthorizationToken", lambda c: "*")],
     ("s3", "CopyObject"): [("s3:PutObject", _s3_object), ("s3:GetObject", _s3_copy_source)],
     ("s3", "DeleteObject"): [("s3:DeleteObject", _s3_object)],
@@ -614,7 +615,8 @@ def run_instances_requests(
     EC2 authorizes RunInstances per resource (EC2 user guide, "Example policies to control the use of RunInstances"
     and "Use launch templates to control launching instances"): the launch template, the instance (ec2:InstanceType),
     each volume and network interface it creates, each subnet and security group, the image (ec2:Owner), the
-    placement group; every one with ec2:LaunchTemplate and ec2:IsLaunchTemplateResource. Tags at launch need
+    placement group; every one with ec2:LaunchTemplate and ec2:IsLaunchTemplateResource; a targeted Capacity
+    Reservation (without those keys: they are not modelled for it). Tags at launch need
     ec2:CreateTags with ec2:CreateAction; the instance profile needs iam:PassRole of its role (to ec2.amazonaws.com);
     an image given as ``resolve:ssm:<parameter>`` needs ssm:GetParameters on it; an EBS volume encrypted with a
     customer key needs kms:CreateGrant, kms:GenerateDataKeyWithoutPlaintext, kms:Decrypt and kms:DescribeKey through
@@ -654,6 +656,12 @@ def run_instances_requests(
         raise Unsupported("a launch template without network interfaces")
     if (data.get("Placement") or {}).get("GroupName"):
         requests.append(Request(run, f"{ec2}:placement-group/{data['Placement']['GroupName']}", from_template))
+    # A launch into a Capacity Reservation is also authorized on the reservation (Service Authorization Reference,
+    # RunInstances resource types); a group's member is chosen by EC2 at launch, unknown to the caller.
+    target = (data.get("CapacityReservationSpecification") or {}).get("CapacityReservationTarget") or {}
+    if target:
+        reservation = target.get("CapacityReservationId") or "*"
+        requests.append(Request(run, f"{ec2}:capacity-reservation/{reservation}", base))
     kinds = {"instance": "instance", "volume": "volume", "network-interface": "network-interface"}
     for specification in data.get("TagSpecifications", []):
         tags = _tags(specification.get("Tags"))

@@ -40,6 +40,23 @@ def _flags(statement: dict[str, Any]) -> str:
     return ", ".join(flags) or "-"
 
 
+def _access_flags(row: dict[str, Any]) -> str:
+    """The flags of one service's row of a principal's access (an Allow only)."""
+    if row["effect"] != "Allow":
+        return "-"
+    flags = [
+        name
+        for name, on in (
+            ("WILDCARD ACTION", any("*" in a for a in row["actions"] if not a.startswith("NOT "))),
+            ("WILDCARD RESOURCE", any("*" in r for r in row["resources"] if not r.startswith("NOT "))),
+            ("NOTACTION: every other action", any(a.startswith("NOT ") for a in row["actions"])),
+            ("NOTRESOURCE: every other resource", any(r.startswith("NOT ") for r in row["resources"])),
+        )
+        if on
+    ]
+    return ", ".join(flags) or "-"
+
+
 def environment_markdown(environment: str, stacks: dict[str, dict[str, Any]]) -> str:
     lines = [f"# Ops review: {environment}", ""]
     lines += _table(
@@ -102,9 +119,10 @@ def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
         f"## {name} (`{review['stack_name']}`, account {review['account'] or 'from the CLI'}, "
         f"region {review['region'] or 'from the CLI'})",
         "",
-        "### Resources by type",
-        "",
     ]
+    if review.get("warnings"):
+        lines += ["### Warnings", "", *(f"- {warning}" for warning in review["warnings"]), ""]
+    lines += ["### Resources by type", ""]
     lines += _table(["type", "count"], [[t, n] for t, n in review["resources_by_type"].items()])
     lines += ["### IAM principals", ""]
     for principal, entry in review["iam"].items():
@@ -119,11 +137,20 @@ def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
             ]
         if entry["managed_policies"]:
             lines += [f"AWS managed or shared policies: {', '.join(entry['managed_policies'])}", ""]
+        # What the principal can do to which resource, by service, references resolved to resource names.
         lines += _table(
-            ["policy", "effect", "actions", "resources", "conditions", "flags"],
+            ["service", "effect", "actions", "resources", "conditions", "flags", "policy"],
             [
-                [s["source"], s["effect"], s["actions"], s["resources"], s["conditions"], _flags(s)]
-                for s in entry["statements"]
+                [
+                    a["service"],
+                    a["effect"],
+                    a["actions"],
+                    a["resources"],
+                    a["conditions"],
+                    _access_flags(a),
+                    a["source"],
+                ]
+                for a in entry.get("access", [])
             ],
         )
     lines += ["### Resource policies", ""]
@@ -291,6 +318,16 @@ def gates_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def review_warnings(reviews: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """Every stack's warnings, each prefixed with its environment and stack."""
+    return [
+        f"{environment}/{name}: {warning}"
+        for environment, stacks in reviews.items()
+        for name, review in stacks.items()
+        for warning in review.get("warnings", [])
+    ]
+
+
 def index_markdown(
     reviews: dict[str, dict[str, dict[str, Any]]], files: dict[str, str], gates: dict[str, Any] | None = None
 ) -> str:
@@ -300,6 +337,8 @@ def index_markdown(
     else:
         lines += [f"[Gates](gates.md): {len(gates['acknowledged'])} acknowledged findings, each with its reason.", ""]
         lines += [f"- {name}: {gate['summary']}" for name, gate in gates["gates"].items()] + [""]
+    if warnings := review_warnings(reviews):
+        lines += ["## Warnings", "", *(f"- {warning}" for warning in warnings), ""]
     lines += _table(
         ["environment", "stacks", "always-on $/h", "training run $/h per node"],
         [

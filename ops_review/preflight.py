@@ -19,6 +19,8 @@ deployed state from AWS:
   ``training.subnet_index`` of the Foundation's private subnets when it is deployed, else the zone the Training
   stack's ``TrainingAvailabilityZone`` output selects from the region's zones in alphabetical order, as
   ``Fn::GetAZs`` lists them (CloudFormation user guide, "Fn::GetAZs").
+- The capacity reservation the launch template targets (EC2 DescribeCapacityReservations): type, zone, state, free
+  instances and market type.
 - The model object the Graviton endpoint names (S3 HeadObject in the artifacts bucket).
 - The state of the platform key (KMS DescribeKey: Enabled) and buckets (HeadBucket) of a deployed Foundation.
 - Names the templates fix: a log group or SSM parameter of a stack not deployed yet that
@@ -99,6 +101,10 @@ class Needs:
     endpoint_maxima: dict[str, int]  # endpoint instance type -> sum of its scalable targets' maxima
     model_key: str | None
     stacks: tuple[Any, ...]
+    # The launch template's capacity target (training.capacity_reservation_id / _resource_group_arn, market_type).
+    reservation_id: str | None = None
+    reservation_group_arn: str | None = None
+    capacity_block: bool = False
 
 
 def needs_of(cdk_out: Path, environment: str) -> Needs:
@@ -137,7 +143,16 @@ def needs_of(cdk_out: Path, environment: str) -> Needs:
                  foundation_stack=stacks["Foundation"].stack_name, training_type=launch["LaunchTemplateData"]
                  ["InstanceType"], nodes=max(counts or [1]), zone_index=int(zone), zones=len(subnets),
                  remote_type=remote[0] if remote else None, endpoint_maxima=maxima, model_key=model_key,
-                 stacks=tuple(stacks.values()))  # fmt: skip
+                 stacks=tuple(stacks.values()), **_capacity_target(launch["LaunchTemplateData"]))  # fmt: skip
+
+
+def _capacity_target(data: dict[str, Any]) -> dict[str, Any]:
+    target = (data.get("CapacityReservationSpecification") or {}).get("CapacityReservationTarget") or {}
+    return {
+        "reservation_id": target.get("CapacityReservationId"),
+        "reservation_group_arn": target.get("CapacityReservationResourceGroupArn"),
+        "capacity_block": (data.get("InstanceMarketOptions") or {}).get("MarketType") == "capacity-block",
+    }
 
 
 class Preflight:
@@ -146,14 +161,15 @@ class Preflight:
         self.client = clients
         self.findings: list[Finding] = []
         self.foundation: dict[str, str] | None = None  # the deployed Foundation stack's outputs
+        self.training_zone: str | None = None  # the training subnet's zone, once zone_offering found it
 
     def add(self, level: str, check: str, message: str) -> None:
         self.findings.append(Finding(level, check, message))
 
     def run(self) -> list[Finding]:
         self.foundation = self._stack_outputs(self.needs.foundation_stack)
-        for check in (self.ec2_quota, self.zone_offering, self.sagemaker_quotas, self.key_and_buckets,
-                      self.model_objects, self.fixed_names):  # fmt: skip
+        for check in (self.ec2_quota, self.zone_offering, self.capacity_reservation, self.sagemaker_quotas,
+                      self.key_and_buckets, self.model_objects, self.fixed_names):  # fmt: skip
             try:
                 check()
             except Exception as error:  # a check that cannot run is a finding, not a crash
@@ -253,7 +269,7 @@ class Preflight:
                             LocationType="availability-zone",
                             Filters=[{"Name": "instance-type", "Values": [instance_type]}])
         }  # fmt: skip
-        zone = zones[index]
+        zone = self.training_zone = zones[index]
         check = f"{instance_type} in {zone}"
         if zone in offered:
             self.add("OK", check, f"offered in the training subnet's zone (training.subnet_index {index}).")
@@ -262,6 +278,79 @@ class Preflight:
         advice = (f"set training.subnet_index to {' or '.join(choices)}" if choices else
                   f"none of {source} offers it: use another region or instance type")  # fmt: skip
         self.add("BLOCKER", check, f"not offered in the zone of training.subnet_index {index}: {advice}.")
+
+    # --- capacity bought ahead ------------------------------------------------------------------------------------
+
+    def capacity_reservation(self) -> None:
+        """The reservation the launch template targets: it must exist, be of the training type, in the training
+        subnet's zone, active (a Capacity Block is "scheduled" until its start) with room for the run's nodes, and a
+        Capacity Block needs the capacity-block market type (EC2 API reference, DescribeCapacityReservations:
+        CapacityReservation.State, ReservationType, AvailableInstanceCount; EC2 user guide, "Capacity Blocks for
+        ML")."""
+        needs = self.needs
+        if needs.reservation_group_arn:
+            self.add(
+                "WARNING",
+                "capacity reservation group",
+                f"{needs.reservation_group_arn}: EC2 chooses one of its "
+                "reservations at launch; preflight does not check them (aws ec2 describe-capacity-reservations).",
+            )
+            return  # fmt: skip
+        if needs.reservation_id is None:
+            return
+        check = f"capacity reservation {needs.reservation_id}"
+        try:
+            (found,) = self.client("ec2").describe_capacity_reservations(CapacityReservationIds=[needs.reservation_id])[
+                "CapacityReservations"
+            ]
+        except Exception as error:
+            if _code(error) not in ("InvalidCapacityReservationId.NotFound", "InvalidCapacityReservationId.Malformed"):
+                raise
+            self.add(
+                "BLOCKER",
+                check,
+                f"does not exist in {needs.region} for this account: set "
+                "training.capacity_reservation_id to a reservation of this region (or share it with the account).",
+            )
+            return  # fmt: skip
+        problems = []
+        if found["InstanceType"] != needs.training_type:
+            problems.append(f"it reserves {found['InstanceType']}, the run launches {needs.training_type}")
+        if self.training_zone and found["AvailabilityZone"] != self.training_zone:
+            problems.append(f"it is in {found['AvailabilityZone']}, the training subnet in {self.training_zone} (set "
+                            "training.subnet_index to the subnet of its zone)")  # fmt: skip
+        block = found.get("ReservationType") == "capacity-block"
+        if block != needs.capacity_block:
+            problems.append("it is a Capacity Block: set training.market_type to capacity-block" if block else
+                            "it is not a Capacity Block: set training.market_type to on-demand")  # fmt: skip
+        state = found["State"]
+        if state in ("expired", "cancelled", "cancelling", "failed", "payment-failed", "unsupported", "unavailable"):
+            problems.append(f"it is {state}: reserve capacity again and set its id")
+        if problems:
+            self.add("BLOCKER", check, "; ".join(problems) + ".")
+            return
+        if state != "active":
+            start = found.get("StartDate")
+            self.add(
+                "WARNING",
+                check,
+                f"is {state}"
+                + (f" until {start:%Y-%m-%d %H:%M} UTC" if start else "")
+                + ": a run launched before it is active fails (ReservationCapacityExceeded); start it then.",
+            )
+            return  # fmt: skip
+        available = int(found.get("AvailableInstanceCount", 0))
+        if available < needs.nodes:
+            self.add(
+                "BLOCKER",
+                check,
+                f"has {available} of {found.get('TotalInstanceCount', '?')} instances free; a "
+                f"{needs.nodes}-node run needs {needs.nodes}: wait for running instances to end or reserve more.",
+            )
+            return  # fmt: skip
+        end = found.get("EndDate")
+        self.add("OK", check, f"active, {available} {found['InstanceType']} free in {found['AvailabilityZone']}" +
+                 (f", until {end:%Y-%m-%d %H:%M} UTC" if end else "") + ".")  # fmt: skip
 
     # --- deployed data ------------------------------------------------------------------------------------------------
 

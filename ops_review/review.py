@@ -100,14 +100,31 @@ def review_assembly(
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """{environment: {stack: review}} for every stack of the assembly; images' days left counted from ``today``."""
     prices = prices or load_prices()
+    stacks = load_assembly(cdk_out)
+    exports = assembly_exports(stacks)
     reviews: dict[str, dict[str, dict[str, Any]]] = {}
-    for stack in load_assembly(cdk_out):
-        reviews.setdefault(stack.environment, {})[stack.stack] = review_stack(stack, prices, today)
+    for stack in stacks:
+        reviews.setdefault(stack.environment, {})[stack.stack] = review_stack(stack, prices, today, exports)
     return reviews
 
 
-def review_stack(stack: StackTemplate, prices: dict[str, Any], today: date | None = None) -> dict[str, Any]:
-    template = _Template(stack)
+def assembly_exports(stacks: list[StackTemplate]) -> dict[str, str]:
+    """{export name: what it names} over every stack: ``Foundation/TrainingInstanceProfile`` for the export of its
+    ARN, so a policy of another stack that imports it names the resource, not the export."""
+    exports: dict[str, str] = {}
+    for stack in stacks:
+        template = _Template(stack)
+        for output in stack.template.get("Outputs", {}).values():
+            name = output.get("Export", {}).get("Name")
+            if isinstance(name, str):
+                exports[name] = f"{stack.stack}/{template.named(output['Value'])}"
+    return exports
+
+
+def review_stack(
+    stack: StackTemplate, prices: dict[str, Any], today: date | None = None, exports: dict[str, str] | None = None
+) -> dict[str, Any]:
+    template = _Template(stack, exports)
     return {
         "stack_name": stack.stack_name,
         "account": stack.account,
@@ -123,6 +140,7 @@ def review_stack(stack: StackTemplate, prices: dict[str, Any], today: date | Non
         "cost": template.cost(prices),
         "multi_model_sizing": template.multi_model_sizing(),
         "images": images(stack.template, today or date.today()),
+        "warnings": template.warnings(),
     }
 
 
@@ -193,9 +211,10 @@ def is_public_principal(principal: str) -> bool:
 
 
 class _Template:
-    def __init__(self, stack: StackTemplate) -> None:
+    def __init__(self, stack: StackTemplate, exports: dict[str, str] | None = None) -> None:
         self.stack = stack
         self.resources: dict[str, dict[str, Any]] = stack.template.get("Resources", {})
+        self.exports = exports or {}
 
     def _of_type(self, *types: str) -> list[tuple[str, dict[str, Any]]]:
         return [(lid, r) for lid, r in self.resources.items() if r["Type"] in types]
@@ -218,6 +237,73 @@ class _Template:
         if isinstance(value, dict) and "Fn::GetAtt" in value and value["Fn::GetAtt"][0] in self.resources:
             return self.name(value["Fn::GetAtt"][0])
         return describe(value)
+
+    def named(self, value: Any) -> str:
+        """A policy value with its references resolved to names: a resource of this template (its ``Ref`` or any
+        attribute, an ARN mostly) as its construct path, an import as the exporting stack's resource, the stack's
+        account and region as themselves where the stack names them."""
+        if isinstance(value, list):
+            return ", ".join(self.named(item) for item in value)
+        if not isinstance(value, dict) or len(value) != 1:
+            return describe(value)
+        ((function, argument),) = value.items()
+        if function == "Ref":
+            pseudo = {"AWS::Partition": "aws", "AWS::AccountId": self.stack.account, "AWS::Region": self.stack.region}
+            if argument in self.resources:
+                return self._short_name(argument)
+            return pseudo.get(argument) or f"${{{argument}}}"
+        if function == "Fn::GetAtt":
+            logical_id, attribute = argument if isinstance(argument, list) else argument.split(".", 1)
+            if logical_id not in self.resources:
+                return describe(value)
+            # An ARN or id names the resource itself; other attributes (a queue's URL) stay visible.
+            plain = attribute.endswith(("Arn", "Id", "Name")) or attribute in ("Arn", "GroupId")
+            return self._short_name(logical_id) if plain else f"{self._short_name(logical_id)}.{attribute}"
+        if function == "Fn::Join":
+            separator, parts = argument
+            return separator.join(self.named(part) for part in parts)
+        if function == "Fn::ImportValue" and isinstance(argument, str):
+            return self.exports.get(argument, f"import({argument})")
+        return describe(value)
+
+    def _short_name(self, logical_id: str) -> str:
+        """The construct path without CDK's Default and Resource levels (Vpc/PrivateSubnet1/Subnet)."""
+        return "/".join(part for part in self.name(logical_id).split("/") if part not in ("Default", "Resource"))
+
+    def access(self, documents: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        """What a principal can do to which resource: one row per statement and service, Allow before Deny, by
+        service; resources and conditions with their references resolved to names."""
+        rows = []
+        for source, document in documents:
+            for statement in _as_list(document.get("Statement")):
+                not_action, not_resource = "NotAction" in statement, "NotResource" in statement
+                actions = [describe(a) for a in _as_list(statement.get("NotAction" if not_action else "Action"))]
+                by_service: dict[str, list[str]] = {}
+                for action in actions:
+                    service = action.split(":", 1)[0] if ":" in action else action
+                    by_service.setdefault(service, []).append(f"{NOT_PREFIX if not_action else ''}{action}")
+                resources = [
+                    f"{NOT_PREFIX if not_resource else ''}{self.named(r)}"
+                    for r in _as_list(statement.get("NotResource" if not_resource else "Resource"))
+                ]
+                conditions = {
+                    f"{operator} {key}": self.named(values)
+                    for operator, keys in statement.get("Condition", {}).items()
+                    for key, values in keys.items()
+                }
+                for service, service_actions in by_service.items():
+                    rows.append(
+                        {
+                            "service": service,
+                            "effect": statement.get("Effect"),
+                            "actions": sorted(a.removeprefix(f"{service}:") for a in service_actions),
+                            "resources": resources,
+                            "conditions": [f"{key}: {value}" for key, value in conditions.items()],
+                            "source": source,
+                            "sid": statement.get("Sid"),
+                        }
+                    )
+        return sorted(rows, key=lambda row: (row["effect"] != "Allow", row["service"]))
 
     def _referenced_ids(self, value: Any) -> set[str]:
         text = json.dumps(value)
@@ -249,6 +335,12 @@ class _Template:
                     for policy in properties.get("Policies", [])
                     for statement in self._statements(policy["PolicyDocument"], policy.get("PolicyName", "inline"))
                 ],
+                "access": self.access(
+                    [
+                        (policy.get("PolicyName", "inline"), policy["PolicyDocument"])
+                        for policy in properties.get("Policies", [])
+                    ]
+                ),
             }
         for lid, policy in self._of_type("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
             properties = policy.get("Properties", {})
@@ -257,9 +349,14 @@ class _Template:
                 holders = [f"{self.name(lid)} (managed policy, attached outside this stack)"]
             for holder in holders:
                 entry = principals.setdefault(
-                    holder, {"type": "external", "trusted_by": [], "managed_policies": [], "statements": []}
+                    holder,
+                    {"type": "external", "trusted_by": [], "managed_policies": [], "statements": [], "access": []},
                 )
                 entry["statements"] += self._statements(properties["PolicyDocument"], self.name(lid))
+                entry["access"] = sorted(
+                    entry["access"] + self.access([(self.name(lid), properties["PolicyDocument"])]),
+                    key=lambda row: (row["effect"] != "Allow", row["service"]),
+                )
         return dict(sorted(principals.items()))
 
     def _statements(self, document: dict[str, Any], source: str) -> list[dict[str, Any]]:
@@ -506,6 +603,27 @@ class _Template:
                 "emptied_on_delete": lid in emptied if resource["Type"] == "AWS::S3::Bucket" else None,
             }
             for lid, resource in self._of_type(*DATA_BEARING_TYPES)
+        ]
+
+    def warnings(self) -> list[str]:
+        """What the template deploys but no one will hear: alarm topics without a subscription."""
+        alarm_targets = {
+            ref
+            for _, alarm in self._of_type("AWS::CloudWatch::Alarm")
+            for ref in self._referenced_ids(alarm.get("Properties", {}).get("AlarmActions", []))
+        }
+        subscribed = {
+            ref
+            for _, subscription in self._of_type("AWS::SNS::Subscription")
+            for ref in self._referenced_ids(subscription.get("Properties", {}).get("TopicArn"))
+        }
+        environment = self.stack.environment
+        return [
+            f"alarm topic {self.name(lid)} has no subscription: its alarms reach no one; set "
+            f"environments.{environment}.alarm_subscriptions (e-mail addresses or https:// URLs), or subscribe "
+            "to the stack's AlarmTopicArn output (e.g. from AWS Chatbot)."
+            for lid, _ in self._of_type("AWS::SNS::Topic")
+            if lid in alarm_targets and lid not in subscribed
         ]
 
     def acknowledgements(self) -> list[dict[str, Any]]:

@@ -19,7 +19,8 @@ Steps, as the README ("First deploy"), docs/training.md, docs/multi-model.md and
  7. publish (MME)     ``pytorch-platform publish package`` + ``publish publish`` under the endpoint's models prefix,
                       then a client holding the stack's InvokePolicy invokes the model by name (the AWS CLI);
  8. serve locally     the archive on Ray Serve, as the endpoint serves it, one prediction;
- 9. smoke test        GravitonEndpoint deployed; ``pytorch-platform smoke-test`` against it;
+ 9. smoke test        GravitonEndpoint deployed (its model archive check run as the check's role);
+                      ``pytorch-platform smoke-test`` against it;
 10. @remote           ``python -m training_assets.remote_train ... train`` with the config the stack writes to SSM;
 11. destroy, cleanup  the stacks' resources deleted, then ``pytorch-platform cleanup --env <env>``.
 
@@ -90,10 +91,11 @@ TOLERATED_REFUSALS = {("s3", "ListBuckets")}
 DEPLOYER, OPERATOR, AWS_SERVICE = "cloudformation (deploy)", "operator (administrator)", "aws service"
 LAUNCHER, INSTANCE, ENDPOINT_ROLE = "training launcher", "training instance role", "endpoint execution role"
 MME_CLIENT, REMOTE_LAUNCHER, REMOTE_JOB = "multi-model client", "@remote launcher", "@remote job role"
+MODEL_CHECK = "model archive check"
 # Each principal's access key (AKIA + this): the gate knows a principal by its key.
 KEYS = {DEPLOYER: "deployer0000", OPERATOR: "operator0000", AWS_SERVICE: "awsservice00", LAUNCHER: "launcher0000",
         INSTANCE: "instance0000", ENDPOINT_ROLE: "endpointrole", MME_CLIENT: "mmeclient000",
-        REMOTE_LAUNCHER: "remotelaunch", REMOTE_JOB: "remotejob000"}  # fmt: skip
+        REMOTE_LAUNCHER: "remotelaunch", REMOTE_JOB: "remotejob000", MODEL_CHECK: "modelcheck00"}  # fmt: skip
 
 STEPS = (
     "synth",
@@ -1050,6 +1052,7 @@ class Rehearsal:
         assert self.deployment is not None
         deployed = self.deployment.deploy("GravitonEndpoint")
         self.refresh_role_policies()
+        checked = self._model_archive_check()
         endpoint = deployed.outputs["EndpointName"]
         model = self.deployment.resolve(
             "GravitonEndpoint",
@@ -1063,7 +1066,37 @@ class Rehearsal:
                                          "--poll", "0"])  # fmt: skip
         if code != 0:
             raise StepFailed(f"smoke test exited {code}: {err.getvalue().strip()}")
-        return out.getvalue().strip()
+        return f"{checked} {out.getvalue().strip()}"
+
+    def _model_archive_check(self) -> str:
+        """CloudFormation runs the stack's model archive check (Custom::ModelArchiveCheck) before its model: the
+        handler's check runs here as the check's role, every call checked against that role's policy."""
+        import boto3
+
+        from stacks.components.model_archive_check import handler
+
+        assert self.gate is not None and self.deployment is not None
+        resources = self.stacks["GravitonEndpoint"].template["Resources"].values()
+        (properties,) = [r["Properties"] for r in resources if r["Type"] == "Custom::ModelArchiveCheck"]
+        check = self.deployment.resolve("GravitonEndpoint", {k: properties[k] for k in ("Bucket", "Key", "Setting")})
+        role_name = self.deployment.role_name("GravitonEndpoint", "ModelArchiveCheckRole")
+        self.gate.principals.append(
+            _principal(
+                MODEL_CHECK,
+                KEYS[MODEL_CHECK],
+                self.deployment.role_policies(role_name),
+                f"arn:aws:iam::{ACCOUNT}:role/{role_name}",
+                "model-archive-check",
+            )
+        )
+        self.gate.save(self.gate_file)  # fmt: skip
+        with self.acting_as(MODEL_CHECK):
+            try:
+                return handler.check_archive(
+                    boto3.client("s3", region_name=self.region), check["Bucket"], check["Key"], check["Setting"]
+                )
+            except handler.ArchiveMissing as error:
+                raise StepFailed(str(error)) from None
 
     # --- 10. @remote --------------------------------------------------------------------------------------------------
 

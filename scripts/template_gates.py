@@ -1,4 +1,5 @@
-"""Post-synth gates over a cloud assembly: cdk-nag + Control Tower report, cfn-lint, checkov; one line per gate and
+"""Post-synth gates over a cloud assembly: cdk-nag + Control Tower report, cfn-lint, checkov, and the IAM analysers
+parliament and cloudsplaining over every identity policy (scripts/iam_analysers.py); one line per gate and
 per stack, and the full report (every acknowledged finding with its reason) in ``cdk.out/gates-report.json``, which
 ``pytorch-platform review`` shows.
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ops_review import GATES_REPORT
+from scripts import iam_analysers
 from stacks.settings import ENVIRONMENT_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,6 +171,18 @@ def checkov_counts(stdout: str) -> dict[str, int]:
     return {"passed": passed, "failed": failed, "skipped": skipped}
 
 
+def _analyser_gate(analysed: dict[str, Any], analyser: str, what: str) -> tuple[bool, str]:
+    """(passed, summary) of one IAM analyser: no open finding and no stale exception of its own."""
+    open_findings = [f for f in analysed["open"] if f["analyser"] == analyser]
+    excused = [f for f in analysed["excused"] if f["analyser"] == analyser]
+    stale = [e for e in analysed["stale_exceptions"] if e["analyser"] == analyser]
+    summary = (
+        f"{len(open_findings)} open, {len(excused)} excused in {iam_analysers.EXCEPTIONS_FILE.name}, "
+        f"{len(stale)} stale exceptions ({analysed['policies']} identity policies{what})"
+    )
+    return not open_findings and not stale, summary
+
+
 def run_gates(assembly: Path) -> dict[str, Any]:
     """Run every gate over the assembly and return the report (also written to ``<assembly>/gates-report.json``)."""
     named_templates = stacks(assembly) if (assembly / "manifest.json").exists() else []
@@ -180,6 +194,7 @@ def run_gates(assembly: Path) -> dict[str, Any]:
         linting = pool.submit(cfn_lint, paths)
         scanning = pool.submit(checkov, assembly)
         lint, scan = linting.result(), scanning.result()
+    analysed = iam_analysers.run(assembly)
     violations = nag_violations(assembly)
     acknowledged = acknowledged_findings(named_templates)
     skips = checkov_skips()
@@ -200,9 +215,21 @@ def run_gates(assembly: Path) -> dict[str, Any]:
             f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
             f"({sum(len(ids) for ids, _ in skips)} checks skipped in .checkov.yaml, each with its reason)",
         ),
+        **{
+            name: _analyser_gate(analysed, analyser, what)
+            for name, analyser, what in (
+                ("parliament (unknown actions and condition keys, resource mismatches)", "parliament", ""),
+                (
+                    "cloudsplaining (privilege escalation, exfiltration, exposure)",
+                    "cloudsplaining",
+                    f", {analysed['principals']} principals",
+                ),
+            )
+        },
     }
     report = {
         "gates": {name: {"passed": passed, "summary": text} for name, (passed, text) in gates.items()},
+        "iam_analysers": analysed,
         "warnings": synth_warnings(assembly),
         "unacknowledged": violations,
         "acknowledged": acknowledged,
@@ -224,6 +251,14 @@ def render(report: dict[str, Any], *, verbose: bool = False, report_file: Path |
         lines.append(report["cfn_lint_output"].rstrip())
     if report["checkov_output"]:
         lines.append(report["checkov_output"].rstrip())
+    analysed = report.get("iam_analysers", {})
+    for finding in analysed.get("open", []):
+        lines.append(
+            f"{finding['analyser']} {finding['issue']} at {finding['stack']}/{finding['principal']} "
+            f"({finding['source']}): {finding['detail']}"
+        )
+    for entry in analysed.get("stale_exceptions", []):
+        lines.append(f"stale exception ({entry['analyser']} {entry['issue']} {entry['principal']}): excuses nothing")
     for name, gate in report["gates"].items():
         lines.append(f"{'ok  ' if gate['passed'] else 'FAIL'} {name}: {gate['summary']}")
     lines += [f"     {line}" for line in report["stacks"]]
@@ -234,6 +269,10 @@ def render(report: dict[str, Any], *, verbose: bool = False, report_file: Path |
         lines.append("acknowledged findings:")
         lines += [f"  {f['stack']} {f['resource']}: {f['rule']}: {f['reason']}" for f in report["acknowledged"]]
         lines.append(skips_summary([(skip["checks"], skip["reason"]) for skip in report["checkov_skips"]]))
+        lines += [
+            f"  {f['stack']} {f['principal']}: {f['analyser']} {f['issue']} {f['detail']}: {f['reason']}"
+            for f in analysed.get("excused", [])
+        ]
     elif report_file is not None:
         lines.append(f"every acknowledgement with its reason: {report_file} (`pytorch-platform review`; VERBOSE=1)")
     return "\n".join(lines)

@@ -19,6 +19,7 @@ from stacks.compliance import acknowledge_short_retention, log_retention
 from stacks.components.logical_ids import keep_logical_ids
 from stacks.components.platform_key import PlatformKey
 from stacks.components.platform_network import PlatformNetwork, WorkloadSecurityGroup
+from stacks.components.provider_log_groups import expire_provider_logs
 from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy, RemoteJobsSecurityGroup, TrainingJobLimits
 from stacks.components.sagemaker_endpoint import ModelNetwork, endpoint_name_for
 from stacks.components.sagemaker_roles import EndpointExecutionRole, RemoteJobRole, VpcAttachment
@@ -71,6 +72,9 @@ class FoundationStack(EnvironmentStack):
                 log_group_name=TRAINING_JOB_LOG_GROUP,
                 retention=log_retention(settings.logs.retention_days),
             )
+        # CDK's provider handlers (bucket emptying, default security group) log to groups that expire.
+        expire_provider_logs(self, key=self.key, retention_days=settings.logs.retention_days,
+                             removal_policy=self.removal_policy, retention_setting="logs.retention_days")  # fmt: skip
         self._keep_deployed_logical_ids()
         self._outputs()
 

@@ -16,6 +16,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from inference_assets.tools.endpoint_environment import endpoint_environment
+from stacks.components.model_archive_check import ModelArchiveCheck
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     Autoscaling,
@@ -82,7 +83,7 @@ class GravitonEndpointStack(EnvironmentStack):
             data_capture=self._data_capture(),
             # Data capture is not retained, so that changes to its setting take effect.
             exclude_retained=["DataCaptureConfig"],
-            alarm_email=settings.alarm_email,
+            alarm_subscriptions=settings.alarm_endpoints,
             # A fixed name, so that the endpoint's log group can be created (with retention and key) before it.
             endpoint_name=endpoint_name_for(self),
             log_retention_days=settings.logs.retention_days,
@@ -91,6 +92,12 @@ class GravitonEndpointStack(EnvironmentStack):
             alarm_topic_display_name=f"Sentiment endpoint alarms ({settings.name})",
         )
         endpoint = self.sagemaker_endpoint
+        # A missing archive fails the deploy in seconds, before the model exists (not after minutes of CreateEndpoint).
+        self.model_check = ModelArchiveCheck(self, "ModelArchiveCheck", bucket=foundation.artifacts_bucket,
+            object_key=endpoint_settings.model_data_key, setting=f"environments.{settings.name}.graviton_endpoint."
+            "model_data_key", key=foundation.key, log_retention_days=settings.logs.retention_days,
+            retention_setting="logs.retention_days", removal_policy=self.removal_policy)  # fmt: skip
+        self.model_check.guard(endpoint.model)
         self.model, self.endpoint_config, self.endpoint = endpoint.model, endpoint.endpoint_config, endpoint.endpoint
         self.endpoint_name, self.endpoint_arn = endpoint.endpoint_name, endpoint.endpoint_arn
         self.scalable_target, self.alarm_topic = endpoint.scalable_target, endpoint.alarm_topic

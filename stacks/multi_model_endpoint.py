@@ -91,7 +91,7 @@ class MultiModelEndpointStack(EnvironmentStack):
             autoscaling=Autoscaling(**mme.autoscaling.model_dump()),
             # A new endpoint config keeps the instance count autoscaling chose (type and weights come from the config).
             exclude_retained=["DesiredWeight", "DataCaptureConfig"],
-            alarm_email=settings.alarm_email,
+            alarm_subscriptions=settings.alarm_endpoints,
             # A fixed name, so that the endpoint's log group can be created (with retention and key) before it.
             endpoint_name=endpoint_name_for(self),
             log_retention_days=settings.logs.retention_days,

@@ -259,19 +259,7 @@ class PromotionPipelineStack(cdk.Stack):
         environment = self.environments[target.name]
         stage = self.stage_class(scope, environment, construct_id=environment.name, today=self.today)
         endpoint = getattr(stage, "graviton_endpoint", None)
-        if endpoint is None:
-            access = SmokeTestAccessStack(
-                stage,
-                "SmokeTestAccess",
-                settings=environment,
-                tooling_account=self.account,
-                pipeline_stack_name=self.stack_name,
-                images=self.image_names,
-            )
-            return PromotionStage(stage, access=access)
-        model_key = environment.graviton_endpoint.model_data_key
-        if model_key is None:  # PlatformStage builds the endpoint only once a model version is named
-            raise RuntimeError(f"{stage.node.path}: a Graviton endpoint without graviton_endpoint.model_data_key")
+        model_key = None if endpoint is None else environment.graviton_endpoint.model_data_key
         foundation = stage.foundation
         access = SmokeTestAccessStack(
             stage,
@@ -279,11 +267,15 @@ class PromotionPipelineStack(cdk.Stack):
             settings=environment,
             tooling_account=self.account,
             pipeline_stack_name=self.stack_name,
-            model_bucket=foundation.artifacts_bucket,
+            model_bucket=None if endpoint is None else foundation.artifacts_bucket,
             model_key=model_key,
-            endpoint_name=endpoint.sagemaker_endpoint.fixed_name if smoke_tested(target) else None,
+            endpoint_name=endpoint.sagemaker_endpoint.fixed_name if endpoint and smoke_tested(target) else None,
             images=self.image_names,
         )
+        if endpoint is None:
+            return PromotionStage(stage, access=access)
+        if model_key is None:  # PlatformStage builds the endpoint only once a model version is named
+            raise RuntimeError(f"{stage.node.path}: a Graviton endpoint without graviton_endpoint.model_data_key")
         # The endpoint stack's steps (the model check included) run after the stacks it depends on: Foundation
         # (the bucket) and this role.
         endpoint.add_stack_dependency(access)

@@ -271,6 +271,14 @@ class TrainingSettings(_Settings):
     dataset: str = "tweet_eval:sentiment"
     # Hard stop of an EC2 training run: the instance powers off (and terminates) after this many hours at most.
     max_run_hours: Annotated[int, Field(ge=1, le=168)] = 24
+    # Launch EC2 runs into capacity bought ahead (p4d and p5 are often only available this way): an On-Demand Capacity
+    # Reservation or a Capacity Block for ML by its id (cr-...), or any matching reservation of a Capacity Reservation
+    # resource group (its ARN). The reservation's type, zone (training.subnet_index) and size must fit the run;
+    # `pytorch-platform preflight` checks them.
+    capacity_reservation_id: str | None = None
+    capacity_reservation_resource_group_arn: str | None = None
+    # capacity-block: the reservation is a Capacity Block for ML (EC2 launches into it only with this market type).
+    market_type: Literal["on-demand", "capacity-block"] = "on-demand"
     hyperparameters: HyperParameters = HyperParameters()
     # The private subnet EC2 runs start in, by position in the Foundation's PrivateSubnetIds output (0 = first): pick
     # the one in a zone that offers instance_type (p4d is offered only in some zones). A position, not a zone id:
@@ -367,6 +375,33 @@ class TrainingSettings(_Settings):
         if self.efa and facts is not None and not facts.efa:
             allowed = ", ".join(names_where(lambda f: f.efa and f.gpu is not None))
             raise ValueError(f"efa needs a GPU instance type with EFA ({allowed}), not {self.instance_type}")
+        return self
+
+    @field_validator("capacity_reservation_id")
+    @classmethod
+    def _reservation_id(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^cr-[0-9a-f]{17}$", value):
+            raise ValueError("must be a Capacity Reservation id: cr- and 17 hexadecimal digits")
+        return value
+
+    @field_validator("capacity_reservation_resource_group_arn")
+    @classmethod
+    def _reservation_group(cls, value: str | None) -> str | None:
+        pattern = r"^arn:aws(-[a-z]+)*:resource-groups:[a-z0-9-]+:\d{12}:group/[A-Za-z0-9_.-]{1,300}$"
+        if value is not None and not re.match(pattern, value):
+            raise ValueError("must be a resource group ARN, arn:aws:resource-groups:<region>:<account>:group/<name>")
+        return value
+
+    @model_validator(mode="after")
+    def _capacity(self) -> TrainingSettings:
+        if self.capacity_reservation_id and self.capacity_reservation_resource_group_arn:
+            raise ValueError(
+                "capacity_reservation_id and capacity_reservation_resource_group_arn: set one of them, not both"
+            )
+        if self.market_type == "capacity-block" and not self.capacity_reservation_id:
+            raise ValueError(
+                "market_type: capacity-block launches into one Capacity Block, so capacity_reservation_id must name it"
+            )
         return self
 
 
@@ -533,6 +568,9 @@ class EnvironmentSettings(_Settings):
     region: Region = DEFAULT_REGION
     removal_policy: Literal["destroy", "retain"]
     alarm_email: str | None = None
+    # Who hears the endpoints' alarms, besides alarm_email: e-mail addresses and https:// endpoints (a ChatOps or
+    # paging webhook); SNS asks each to confirm. Without any, alarms fire into a topic no one reads (review warns).
+    alarm_subscriptions: list[str] = []
     tags: TagSettings
     vpc: VpcSettings = VpcSettings()
     logs: LogSettings = LogSettings()
@@ -559,6 +597,16 @@ class EnvironmentSettings(_Settings):
     def _email(cls, value: str | None) -> str | None:
         if value is not None and not _EMAIL.match(value):
             raise ValueError("must be an e-mail address")
+        return value
+
+    @field_validator("alarm_subscriptions")
+    @classmethod
+    def _subscribers(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if not (_EMAIL.match(entry) or re.match(r"^https://[A-Za-z0-9.-]+(:\d+)?(/\S*)?$", entry)):
+                raise ValueError(f"{entry!r} must be an e-mail address or an https:// URL")
+        if len(set(value)) != len(value):
+            raise ValueError("lists an entry twice")
         return value
 
     @model_validator(mode="after")
@@ -611,6 +659,11 @@ class EnvironmentSettings(_Settings):
     @property
     def destroy_on_delete(self) -> bool:
         return self.removal_policy == "destroy"
+
+    @property
+    def alarm_endpoints(self) -> list[str]:
+        """Everyone the alarm topics notify: alarm_email, then alarm_subscriptions (each once)."""
+        return list(dict.fromkeys([*([self.alarm_email] if self.alarm_email else []), *self.alarm_subscriptions]))
 
     @property
     def resource_tags(self) -> dict[str, str]:

@@ -22,7 +22,12 @@ from constructs import Construct
 from platform_facts.instances import has_local_nvme, instance_type
 from stacks.compliance import acknowledge, acknowledge_short_retention, acknowledge_wildcards, log_retention
 from stacks.components.image_builds import BuiltImage
-from stacks.components.training_launch_template import KEEP_LOGICAL_IDS, TrainingLaunchTemplate, TrainingRun
+from stacks.components.training_launch_template import (
+    KEEP_LOGICAL_IDS,
+    CapacityTarget,
+    TrainingLaunchTemplate,
+    TrainingRun,
+)
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import TRAINING_OUTPUT_PREFIX, FoundationStack, remote_config_parameter_name
 from stacks.settings import EnvironmentSettings, HyperParameters, TrainingSettings
@@ -175,6 +180,11 @@ class TrainingStack(EnvironmentStack):
             root_volume_gib=training.root_volume_gib,
             efa=training.efa,
             nodes=training.nodes,
+            capacity=CapacityTarget.of(
+                training.capacity_reservation_id,
+                training.capacity_reservation_resource_group_arn,
+                capacity_block=training.market_type == "capacity-block",
+            ),
             version_description=f"{training.instance_type} sentiment fine-tuning, DLC {training.image_tag}",
         )
         self.security_group = self.training_template.security_group

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,21 @@ def cdk_context(**overrides: object) -> dict:
     """The context of cdk.json, as the CDK CLI would pass it, plus ``overrides``."""
     context = json.loads((ROOT / "cdk.json").read_text())["context"]
     return {**context, **overrides}
+
+
+@pytest.fixture
+def mocked_aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """moto in this process, with fake credentials and no profile (no call can reach a real account); yields the
+    region the clients default to."""
+    from moto import mock_aws
+
+    region = "us-west-2"
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.setenv(name, "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", region)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with mock_aws():
+        yield region
 
 
 @pytest.fixture(scope="session")

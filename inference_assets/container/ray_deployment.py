@@ -109,7 +109,8 @@ class SentimentDeployment:
             torch.get_num_threads(),
         )
 
-    def _answer_now(self, items: list[_Item]) -> list[Answer]:
+    def answer_together(self, items: list[_Item]) -> list[Answer]:
+        """Answer ``items`` with one forward pass over their good texts, each request with its own answer."""
         answers = answer_batch(
             [(body, headers) for body, headers, _ in items],
             self.predictor.predict_dicts,
@@ -173,7 +174,7 @@ class SentimentDeployment:
             del self._waiting[: len(taken)]
             items = [item for item, _, _ in taken]
             try:
-                answers = await loop.run_in_executor(self._forward, self._answer_now, items)
+                answers = await loop.run_in_executor(self._forward, self.answer_together, items)
             except Exception as error:  # answer_batch answers failures itself: this is the executor failing
                 for _, future, _ in taken:
                     if not future.done():

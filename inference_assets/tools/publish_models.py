@@ -208,7 +208,7 @@ def _tqdm_progress(items: Iterable[Any], total: int) -> Iterable[Any]:
     return tqdm(items, total=total, unit="model", desc="copying")
 
 
-def _parser() -> argparse.ArgumentParser:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -298,7 +298,7 @@ def _package(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = argument_parser().parse_args(argv)
     if args.command == "package":
         return _package(args)
 

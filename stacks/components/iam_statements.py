@@ -25,6 +25,19 @@ def arn(scope: IConstruct, service: str, resource: str) -> str:
     return f"arn:{stack.partition}:{service}:{stack.region}:{stack.account}:{resource}"
 
 
+def cloudwatch_logs_may_use_key(scope: IConstruct, sid: str) -> iam.PolicyStatement:
+    """The key-policy statement that lets CloudWatch Logs encrypt this account's log groups in the stack's region
+    with the key (CloudWatch Logs User Guide, "Encrypt log data in CloudWatch Logs using AWS KMS": the service
+    principal, scoped by the log group ARN in the encryption context)."""
+    return iam.PolicyStatement(
+        sid=sid,
+        principals=[iam.ServicePrincipal(f"logs.{cdk.Stack.of(scope).region}.amazonaws.com")],
+        actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
+        resources=["*"],
+        conditions={"ArnLike": {"kms:EncryptionContext:aws:logs:arn": arn(scope, "logs", "*")}},
+    )
+
+
 def reasoned_policy(
     scope: Construct,
     construct_id: str,

@@ -7,6 +7,8 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
+from stacks.components.iam_statements import cloudwatch_logs_may_use_key
+
 # The services that use the key on a principal's behalf: S3 (the buckets' SSE-KMS), SageMaker (job and endpoint
 # volumes, outputs), EC2 (EBS root volumes), ECR (the private repositories), SNS (alarm topics), CloudWatch Logs.
 VIA_SERVICES = ("s3", "sagemaker", "ec2", "ecr", "sns", "logs")
@@ -46,18 +48,7 @@ class PlatformKey(kms.Key):
         stack = cdk.Stack.of(self)
         return [
             # Services that encrypt on the platform's behalf: log groups (flow logs, training logs) and alarm topics.
-            iam.PolicyStatement(
-                sid="AllowCloudWatchLogs",
-                principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
-                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
-                resources=["*"],
-                conditions={
-                    "ArnLike": {
-                        "kms:EncryptionContext:aws:logs:arn": f"arn:{stack.partition}:logs:{stack.region}:"
-                        f"{stack.account}:*"
-                    }
-                },
-            ),
+            cloudwatch_logs_may_use_key(self, "AllowCloudWatchLogs"),
             iam.PolicyStatement(
                 sid="AllowCloudWatchAlarmsToPublishToEncryptedTopics",
                 principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],

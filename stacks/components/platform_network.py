@@ -8,6 +8,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
+from aws_cdk import region_info
 from constructs import Construct
 
 from stacks.compliance import acknowledge
@@ -145,20 +146,35 @@ class PlatformNetwork(Construct):
                 open=False,
             )
             if name in ENDPOINTS_WITH_IDENTITY_PERIMETER:
-                for statement in self._identity_perimeter():
+                for statement in self._identity_perimeter(self._resource_accounts(name)):
                     endpoint.add_to_policy(statement)
 
-    def _identity_perimeter(self) -> list[iam.PolicyStatement]:
+    def _resource_accounts(self, endpoint: str) -> list[str]:
+        """The accounts whose resources the workloads reach through ``endpoint``: this one, and for the ECR API the
+        AWS account that publishes the Deep Learning Containers in this region (CDK's regional fact), whose
+        repositories the training and serving images come from."""
+        stack = cdk.Stack.of(self)
+        if endpoint == "EcrApi":
+            return [stack.account, stack.regional_fact(region_info.FactName.DLC_REPOSITORY_ACCOUNT)]
+        return [stack.account]
+
+    def _identity_perimeter(self, resource_accounts: list[str]) -> list[iam.PolicyStatement]:
         """Interface endpoint policy: only this account's principals (and AWS services on their behalf) may call the
-        service through the platform's VPC, so credentials brought from elsewhere cannot move data out through it.
-        After aws-samples/data-perimeter-policy-examples (vpc_endpoint_policies), with the account for the org."""
+        service through the platform's VPC, and only on resources of ``resource_accounts``, so neither credentials
+        brought from elsewhere nor the platform's own can move data to another account through it. After
+        aws-samples/data-perimeter-policy-examples (vpc_endpoint_policies: AllowRequestsByOrgsIdentitiesToOrgsResources
+        and, for ECR, ...ToAWSResources), with the account for the organization. ``...IfExists``: an action on no
+        resource (sts:GetCallerIdentity, ecr:GetAuthorizationToken, the List calls) carries no resource account."""
         return [
             iam.PolicyStatement(
-                sid="AllowThisAccountsPrincipals",
+                sid="AllowThisAccountsPrincipalsToTheseAccountsResources",
                 principals=[iam.AnyPrincipal()],
                 actions=["*"],
                 resources=["*"],
-                conditions={"StringEquals": {"aws:PrincipalAccount": cdk.Stack.of(self).account}},
+                conditions={
+                    "StringEquals": {"aws:PrincipalAccount": cdk.Stack.of(self).account},
+                    "StringEqualsIfExists": {"aws:ResourceAccount": resource_accounts},
+                },
             ),
             iam.PolicyStatement(
                 sid="AllowAwsServicePrincipals",
@@ -172,9 +188,11 @@ class PlatformNetwork(Construct):
     def _s3_endpoint_policy(self) -> list[iam.PolicyStatement]:
         """S3 gateway endpoint policy: this account's principals to this account's buckets (the platform's buckets and
         the CDK asset bucket the training code comes from), plus the AWS-owned buckets the workloads read: ECR image
-        layers (ECR user guide, "Minimum Amazon S3 bucket permissions for Amazon ECR") and what SSM Agent needs for
-        Session Manager (Systems Manager user guide, "SSM Agent communications with AWS managed S3 buckets"). Any
-        other bucket, in particular one of another account, is out of reach from the private subnets."""
+        layers, the DLC account's images' too (ECR user guide, https://docs.aws.amazon.com/AmazonECR/latest/userguide/
+        vpc-endpoints.html, "Minimum Amazon S3 bucket permissions for Amazon ECR":
+        ``arn:aws:s3:::prod-region-starport-layer-bucket/*``) and what SSM Agent needs for Session Manager (Systems
+        Manager user guide, "SSM Agent communications with AWS managed S3 buckets"). Any other bucket, in particular
+        one of another account, is out of reach from the private subnets."""
         stack = cdk.Stack.of(self)
         region = stack.region
         aws_owned = [

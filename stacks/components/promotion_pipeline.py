@@ -28,6 +28,7 @@ from aws_cdk import pipelines
 from constructs import Construct
 
 from stacks.compliance import acknowledge, acknowledge_wildcards, add_template_aspects
+from stacks.components.iam_statements import cloudwatch_logs_may_use_key
 from stacks.components.image_builds import ImageBuilds, ImageDefinition, built_images, publish_commands
 from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
 
@@ -189,28 +190,13 @@ class PromotionPipeline(Construct):
     def _artifacts_key(self) -> kms.Key:
         """The key of the artifacts, build logs and cross-account deployments; CloudWatch Logs may use it for the
         build log groups of this account and region only."""
-        stack = cdk.Stack.of(self)
         key = kms.Key(
             self,
             "ArtifactsKey",
             description="Encrypts the promotion pipeline's artifacts, build logs and cross-account deployments",
             enable_key_rotation=True,
         )
-        key.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="AllowCodeBuildLogGroups",
-                principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
-                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
-                resources=["*"],
-                conditions={
-                    "ArnLike": {
-                        "kms:EncryptionContext:aws:logs:arn": stack.format_arn(
-                            service="logs", resource="*", arn_format=cdk.ArnFormat.NO_RESOURCE_NAME
-                        )
-                    }
-                },
-            )
-        )
+        key.add_to_resource_policy(cloudwatch_logs_may_use_key(self, "AllowCodeBuildLogGroups"))
         return key
 
     def _synth_step(self) -> pipelines.CodeBuildStep:

@@ -163,7 +163,8 @@ class SageMakerEndpoint(Construct, VariantMetrics):
       except for the properties in ``exclude_retained``.
     * Autoscaling tracks ``SageMakerVariantInvocationsPerInstance`` (per instance per minute).
     * ``add_alarms`` builds the alarms from one table; each notifies the KMS-encrypted, TLS-only ``alarm_topic`` on
-      alarm and on recovery; the topic policy lets this account's CloudWatch alarms publish.
+      alarm and on recovery; the topic policy lets this account's CloudWatch alarms publish. ``alarm_email`` and
+      ``alarm_subscriptions`` (e-mail addresses, https:// URLs) subscribe to it.
     * With ``endpoint_name`` (fixed), the endpoint's log group ``/aws/sagemaker/Endpoints/<name>`` is created first,
       with ``log_retention_days`` and ``key``. ``retention_setting`` names the setting that chose the days: below a
       year, the construct acknowledges Control Tower's retention control for its log groups with that name.
@@ -191,6 +192,7 @@ class SageMakerEndpoint(Construct, VariantMetrics):
         data_capture: sagemaker.CfnEndpointConfig.DataCaptureConfigProperty | None = None,
         exclude_retained: Sequence[str] = ("DataCaptureConfig",),
         alarm_email: str | None = None,
+        alarm_subscriptions: Sequence[str] = (),
         alarm_topic_display_name: str | None = None,
         endpoint_name: str | None = None,
         log_retention_days: int = 30,
@@ -225,7 +227,8 @@ class SageMakerEndpoint(Construct, VariantMetrics):
             for group in self.log_groups:
                 acknowledge_short_retention(group, log_retention_days, retention_setting)
         self.scalable_target = self._track_invocations(autoscaling)
-        self.alarm_topic = self._alarm_topic(alarm_topic_display_name, key, alarm_email)
+        subscribers = list(dict.fromkeys([*([alarm_email] if alarm_email else []), *alarm_subscriptions]))
+        self.alarm_topic = self._alarm_topic(alarm_topic_display_name, key, subscribers)
         self.alarms: list[cloudwatch.Alarm] = []
 
     def _endpoint(self, endpoint_name: str | None, exclude_retained: Sequence[str]) -> sagemaker.CfnEndpoint:
@@ -241,11 +244,17 @@ class SageMakerEndpoint(Construct, VariantMetrics):
             or None,
         )
 
-    def _alarm_topic(self, display_name: str | None, key: kms.IKey, email: str | None) -> sns.Topic:
+    def _alarm_topic(self, display_name: str | None, key: kms.IKey, subscribers: Sequence[str]) -> sns.Topic:
+        """The topic, and a subscription per e-mail address or https:// URL (SNS asks each to confirm)."""
         self.alarm_topic = sns.Topic(self, "AlarmTopic", display_name=display_name, master_key=key, enforce_ssl=True)
         self._allow_alarms_to_publish()
-        if email:
-            self.alarm_topic.add_subscription(subscriptions.EmailSubscription(email))
+        for subscriber in subscribers:
+            if subscriber.startswith("https://"):
+                self.alarm_topic.add_subscription(
+                    subscriptions.UrlSubscription(subscriber, protocol=sns.SubscriptionProtocol.HTTPS)
+                )
+            else:
+                self.alarm_topic.add_subscription(subscriptions.EmailSubscription(subscriber))
         return self.alarm_topic
 
     def _allow_alarms_to_publish(self) -> None:

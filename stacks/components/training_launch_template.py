@@ -44,6 +44,45 @@ class TrainingRun:
 METADATA_HOP_LIMIT = 1
 
 
+@dataclass(frozen=True)
+class CapacityTarget:
+    """Capacity bought ahead that runs launch into: one reservation by id (an On-Demand Capacity Reservation, or a
+    Capacity Block for ML with ``capacity_block``), or any matching reservation of a resource group (EC2 user guide,
+    "Launch instances into an existing Capacity Reservation", "Capacity Blocks for ML": a Capacity Block is targeted
+    by its id with the market type capacity-block)."""
+
+    reservation_id: str | None = None
+    resource_group_arn: str | None = None
+    capacity_block: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.reservation_id is None) == (self.resource_group_arn is None):
+            raise ValueError("a capacity target names either a reservation id or a resource group ARN")
+        if self.capacity_block and self.reservation_id is None:
+            raise ValueError("a Capacity Block is targeted by its reservation id")
+
+    @classmethod
+    def of(
+        cls, reservation_id: str | None, resource_group_arn: str | None, *, capacity_block: bool = False
+    ) -> CapacityTarget | None:
+        """The target the settings name, or None (launch On-Demand wherever EC2 has capacity)."""
+        if reservation_id is None and resource_group_arn is None:
+            return None
+        return cls(reservation_id, resource_group_arn, capacity_block)
+
+    def template_data(self) -> dict[str, Any]:
+        """The LaunchTemplateData properties that target it."""
+        target = (
+            {"CapacityReservationId": self.reservation_id}
+            if self.reservation_id
+            else {"CapacityReservationResourceGroupArn": self.resource_group_arn}
+        )
+        data: dict[str, Any] = {"CapacityReservationSpecification": {"CapacityReservationTarget": target}}
+        if self.capacity_block:
+            data["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
+        return data
+
+
 # Long: the launch template, its security group and user data, and the RunInstances statements whose conditions
 # must match the template's data (IMDSv2, hop limit, profile): a change to one lands beside the other.
 class TrainingLaunchTemplate(Construct):
@@ -68,9 +107,11 @@ class TrainingLaunchTemplate(Construct):
         root_volume_gib: int = 200,
         efa: bool = False,
         nodes: int = 1,
+        capacity: CapacityTarget | None = None,
         version_description: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
+        self.capacity = capacity
         self.instance_type = instance_type
         self.image_ssm_parameter = image_ssm_parameter
         self.instance_role = instance_role
@@ -152,6 +193,8 @@ class TrainingLaunchTemplate(Construct):
         cfn_template = self.launch_template.node.default_child
         assert isinstance(cfn_template, ec2.CfnLaunchTemplate)
         cfn_template.add_property_override("LaunchTemplateData.NetworkInterfaces", interfaces)
+        for name, value in (capacity.template_data() if capacity else {}).items():
+            cfn_template.add_property_override(f"LaunchTemplateData.{name}", value)
         if cards > 1:
             acknowledge_control(
                 self.launch_template,
@@ -296,6 +339,7 @@ class TrainingLaunchTemplate(Construct):
                 resources=[f"arn:{stack.partition}:ec2:{stack.region}::image/*"],
                 conditions={**from_template, "StringEquals": {"ec2:Owner": "amazon"}},
             ),
+            *self._capacity_statements(ec2_arn),
             iam.PolicyStatement(
                 sid="TagAtLaunch",
                 actions=["ec2:CreateTags"],
@@ -319,6 +363,22 @@ class TrainingLaunchTemplate(Construct):
                 actions=["ssm:GetParameters"],
                 resources=[f"arn:{stack.partition}:ssm:{stack.region}::parameter{self.image_ssm_parameter}"],
             ),
+        ]
+
+    def _capacity_statements(self, ec2_arn: str) -> list[iam.PolicyStatement]:
+        """RunInstances into a reservation is also authorized on the capacity-reservation resource (Service
+        Authorization Reference, RunInstances resource types; karpenter-provider-aws pull 7801). A group's member is
+        chosen by EC2 at launch, so any reservation of the account and region. No condition: this grant alone launches
+        nothing, every other resource of the launch still needs the template conditions above."""
+        if self.capacity is None:
+            return []
+        reservation = self.capacity.reservation_id or "*"
+        return [
+            iam.PolicyStatement(
+                sid="LaunchIntoTheReservation",
+                actions=["ec2:RunInstances"],
+                resources=[f"{ec2_arn}:capacity-reservation/{reservation}"],
+            )
         ]
 
     def _instance_conditions(self, from_template: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
@@ -359,5 +419,7 @@ class TrainingLaunchTemplate(Construct):
             "UseAmazonOwnedImages": "The AMI is whichever DLAMI the public SSM parameter names at launch; "
             "ec2:Owner=amazon and ec2:IsLaunchTemplateResource limit it to that image.",
             "TagAtLaunch": "Tags go on the instances, volumes and interfaces a launch creates (ec2:CreateAction).",
+            "LaunchIntoTheReservation": "EC2 picks a reservation of the configured resource group at launch; the "
+            "grant alone launches nothing (every other resource needs the launch template).",
         }
         acknowledge_wildcards(holder, *((s, reasons[s.sid]) for s in statements if s.sid in reasons))

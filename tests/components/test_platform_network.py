@@ -7,6 +7,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
+from aws_cdk import region_info
 
 from ops_review.iam_policy import Request, is_allowed, resolve
 from stacks.components.platform_network import (
@@ -91,6 +92,28 @@ def test_interface_endpoints_admit_this_accounts_principals_and_aws_services_onl
     assert through_endpoint({"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalIsAWSService": "false"})
     assert through_endpoint({"aws:PrincipalIsAWSService": "true"})
     assert not through_endpoint({"aws:PrincipalAccount": OTHER_ACCOUNT, "aws:PrincipalIsAWSService": "false"})
+
+
+@pytest.mark.parametrize("name", ENDPOINTS_WITH_IDENTITY_PERIMETER)
+def test_interface_endpoints_reach_only_this_accounts_resources_and_for_ecr_the_dlc_registry(
+    network_template: dict, name: str
+) -> None:
+    """Through an interface endpoint, even this account's principals reach only this account's resources (the ECR
+    API also the Deep Learning Containers' registry account): no copy to, or role of, another account."""
+    policy = _endpoint_policy(network_template, name)
+    assert policy is not None
+    dlc_account = region_info.Fact.find(REGION, region_info.FactName.DLC_REPOSITORY_ACCOUNT)
+    assert dlc_account and dlc_account != ACCOUNT
+    own = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalIsAWSService": "false"}
+
+    def reaches(resource_account: str | None) -> bool:
+        context = own if resource_account is None else {**own, "aws:ResourceAccount": resource_account}
+        return is_allowed(ALLOW_ALL, Request("ecr:BatchGetImage", "*", context), endpoint_policies=[policy])
+
+    assert reaches(ACCOUNT)
+    assert reaches(None)  # an action on no resource (sts:GetCallerIdentity, ecr:GetAuthorizationToken)
+    assert not reaches(OTHER_ACCOUNT)
+    assert reaches(dlc_account) == (name == "EcrApi")
 
 
 def test_s3_gateway_reaches_this_accounts_buckets_and_only_reads_the_aws_owned_ones_it_needs(

@@ -60,7 +60,7 @@ def planned(templates: dict[str, dict[str, dict]]) -> Planned:
     """The staging Graviton endpoint as synthesized (ml.c7g.4xlarge, 2 to 4 instances, one target-tracking policy)."""
     stack = StackTemplate("staging", "GravitonEndpoint", "staging-GravitonEndpoint", REGION, None,
                           templates["staging"]["GravitonEndpoint"], {})  # fmt: skip
-    return change_instance._planned(stack)
+    return change_instance.planned_from_template(stack)
 
 
 @pytest.fixture

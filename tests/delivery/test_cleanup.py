@@ -209,3 +209,26 @@ def test_cli_dry_run_reads_the_environment_from_cdk_out_and_deletes_nothing(
 def test_cli_names_an_unknown_environment(platform_assembly: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cleanup.main(["--env", "qa", "--cdk-out", str(platform_assembly), "--dry-run"]) == 2
     assert "has no stacks of environment 'qa'" in capsys.readouterr().err
+
+
+def test_plan_keeps_the_log_groups_the_templates_retain(stubs: dict[str, tuple[Any, Stubber]]) -> None:
+    """Staging and prod retain their endpoint log groups on `cdk destroy` (they expire by retention): the cleanup
+    lists them as kept and deletes nothing of them."""
+    _stub_discovery(stubs, live_endpoints=[])
+    retained = {f"{ENDPOINT_LOG_PREFIX}SentimentEndpoint-4F2A"}
+    plan = plan_cleanup(_clients(stubs), ["dev-GravitonEndpoint"], TAGS, retained)
+    assert plan.log_groups == []
+    assert plan.kept_log_groups == [f"{ENDPOINT_LOG_PREFIX}SentimentEndpoint-4F2A"]
+    assert (
+        f"log group {ENDPOINT_LOG_PREFIX}SentimentEndpoint-4F2A is kept: its stack retains it, and it expires by its "
+        "retention" in plan.lines()
+    )
+    # apply_cleanup deletes only plan.log_groups: a delete call would find no stubbed answer and fail.
+    apply_cleanup(_clients(stubs), CleanupPlan(kept_log_groups=plan.kept_log_groups))
+
+
+def test_retained_log_groups_are_read_from_the_templates(platform_assembly: Path) -> None:
+    assert cleanup.retained_log_groups(platform_assembly, "dev") == set()  # dev deletes its log groups
+    staging = cleanup.retained_log_groups(platform_assembly, "staging")
+    assert f"{ENDPOINT_LOG_PREFIX}staging-GravitonEndpoint" in staging
+    assert f"{ENDPOINT_LOG_PREFIX}staging-MultiModelEndpoint" in staging

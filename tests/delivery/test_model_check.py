@@ -10,7 +10,6 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.stub import Stubber
-from moto import mock_aws
 
 from inference_assets.tools.model_check import main
 
@@ -21,18 +20,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch):
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": REGION,
-    }.items():
-        monkeypatch.setenv(name, value)
-    with mock_aws():
-        session = boto3.session.Session(region_name=REGION)
-        session.client("s3").create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
-        yield session
+def aws(mocked_aws: str):
+    session = boto3.session.Session(region_name=mocked_aws)
+    session.client("s3").create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": mocked_aws})
+    return session
 
 
 def _upload(session, key: str = KEY) -> None:

@@ -12,6 +12,7 @@ from cfnlint.api import lint_file
 
 from app import build_app
 from ops_review.iam_policy import Request, is_allowed, resolve
+from scripts import iam_analysers
 from stacks.compliance import add_compliance_gates
 from stacks.pipeline import EXPECTED_LABELS, SYNTH_COMMANDS, PromotionPipelineStack, cdk_cli_version
 from stacks.platform_stage import PlatformStage
@@ -359,3 +360,12 @@ def test_environments_outside_the_pipeline_region_are_refused(cdk_context: dict[
         "environments.staging.region: the promotion pipeline deploys within its own region (us-west-2); "
         "set pipeline.region to eu-west-1 or deploy staging with cdk deploy."
     )
+
+
+def test_the_iam_analysers_pass_on_the_pipeline_and_its_stages(assembly: Path) -> None:
+    """parliament and cloudsplaining (the gates' scripts/iam_analysers.py) over the pipeline's roles too, with the
+    exceptions written for them."""
+    analysed = iam_analysers.run(assembly)
+    assert analysed["open"] == [] and analysed["stale_exceptions"] == [], analysed["open"][:5]
+    pipeline = {f["principal"] for f in analysed["excused"] if f["stack"] == "PromotionPipeline"}
+    assert any(name.startswith("Images") for name in pipeline)

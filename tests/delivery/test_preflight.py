@@ -10,6 +10,7 @@ finds SageMaker quotas by name.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -268,3 +269,82 @@ def test_the_command_exits_1_on_a_blocker_and_takes_cdks_context_flag(
     assert out.splitlines()[-1] == "dev: 1 blocker(s), 0 warning(s)"  # the quota
     assert all(line.split()[0] in ("OK", "WARNING", "BLOCKER") for line in out.splitlines()[:-1])
     assert preflight.main(["-c", "env=qa", "--cdk-out", str(assembly)], clients=account.client) == 2
+
+
+# --- capacity bought ahead: moto 5.2.5 does not model Capacity Reservations, so EC2 answers from a Stubber with
+# responses shaped as the EC2 API reference documents DescribeCapacityReservations (the Stubber validates them
+# against botocore's model): CapacityReservation{CapacityReservationId, InstanceType, AvailabilityZone,
+# TotalInstanceCount, AvailableInstanceCount, State, StartDate, EndDate, ReservationType}.
+
+RESERVATION = "cr-0123456789abcdef0"
+
+
+def _reservation(**changes: Any) -> dict[str, Any]:
+    return {"CapacityReservationId": RESERVATION, "InstanceType": "p4d.24xlarge", "InstancePlatform": "Linux/UNIX",
+            "AvailabilityZone": "us-west-2b", "Tenancy": "default", "TotalInstanceCount": 2,
+            "AvailableInstanceCount": 2, "State": "active", "ReservationType": "capacity-block",
+            "StartDate": datetime.datetime(2026, 12, 7, 11, 30, tzinfo=datetime.UTC),
+            "EndDate": datetime.datetime(2026, 12, 14, 11, 30, tzinfo=datetime.UTC), **changes}  # fmt: skip
+
+
+def _capacity_findings(assembly: Path, answer: dict[str, Any] | str, **needs: Any) -> list[preflight.Finding]:
+    ec2 = boto3.client("ec2", region_name="us-west-2", aws_access_key_id="a", aws_secret_access_key="b")
+    stub = Stubber(ec2)
+    params = {"CapacityReservationIds": [RESERVATION]}
+    if isinstance(answer, str):
+        stub.add_client_error("describe_capacity_reservations", answer, "not found", expected_params=params)
+    else:
+        stub.add_response("describe_capacity_reservations", {"CapacityReservations": [answer]}, params)
+    stub.activate()
+    check = Preflight(_needs(assembly, **{"reservation_id": RESERVATION, "capacity_block": True, **needs}),
+                      lambda name: ec2)  # fmt: skip
+    check.training_zone = "us-west-2b"
+    check.capacity_reservation()
+    stub.assert_no_pending_responses()
+    return check.findings
+
+
+def test_an_active_capacity_block_with_room_for_the_run_passes(assembly: Path) -> None:
+    (finding,) = _capacity_findings(assembly, _reservation())
+    assert finding.line() == (
+        f"OK       capacity reservation {RESERVATION}: active, 2 p4d.24xlarge free in us-west-2b, until "
+        "2026-12-14 11:30 UTC."
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "level", "says"),
+    [
+        ("InvalidCapacityReservationId.NotFound", "BLOCKER", "does not exist in us-west-2 for this account"),
+        (_reservation(InstanceType="p5.48xlarge"), "BLOCKER", "it reserves p5.48xlarge, the run launches p4d"),
+        (_reservation(AvailabilityZone="us-west-2c"), "BLOCKER", "set training.subnet_index to the subnet of its"),
+        (_reservation(ReservationType="default"), "BLOCKER", "not a Capacity Block: set training.market_type to on-"),
+        (_reservation(State="expired"), "BLOCKER", "it is expired: reserve capacity again"),
+        (_reservation(AvailableInstanceCount=1), "BLOCKER", "has 1 of 2 instances free; a 2-node run needs 2"),
+        (_reservation(State="scheduled"), "WARNING", "is scheduled until 2026-12-07 11:30 UTC: a run launched before"),
+    ],
+    ids=["absent", "other-type", "other-zone", "not-a-block", "expired", "too-small", "not-started"],
+)
+def test_a_reservation_the_run_cannot_use_is_named_with_what_to_do(
+    assembly: Path, answer: Any, level: str, says: str
+) -> None:
+    (finding,) = _capacity_findings(assembly, answer)
+    assert (finding.level, finding.check) == (level, f"capacity reservation {RESERVATION}")
+    assert says in finding.message, finding.message
+
+
+def test_a_reservation_group_is_named_but_not_checked(assembly: Path) -> None:
+    group = "arn:aws:resource-groups:us-west-2:111111111111:group/p4d-reservations"
+    check = Preflight(_needs(assembly, reservation_group_arn=group), lambda name: None)
+    check.capacity_reservation()
+    ((level, message),) = [(f.level, f.message) for f in check.findings]
+    assert level == "WARNING" and message.startswith(f"{group}: EC2 chooses one of its reservations at launch")
+
+
+def test_the_templates_carry_the_capacity_target_preflight_reads(assembly: Path) -> None:
+    assert (needs_of(assembly, "staging").reservation_id, needs_of(assembly, "prod").capacity_block) == (None, False)
+    data = {"CapacityReservationSpecification": {"CapacityReservationTarget": {"CapacityReservationId": RESERVATION}},
+            "InstanceMarketOptions": {"MarketType": "capacity-block"}}  # fmt: skip
+    assert preflight._capacity_target(data) == {
+        "reservation_id": RESERVATION, "reservation_group_arn": None, "capacity_block": True
+    }  # fmt: skip

@@ -399,3 +399,29 @@ def test_endpoint_policies_are_reviewed_but_their_stars_are_not_grants(old_revie
     assert policy["actions"] == ["s3:*"] and policy["public"] is False  # "*" is the endpoint policy's own principal
     (endpoint,) = old_review["network"]["vpc_endpoints"]
     assert endpoint["policy"] is True
+
+
+def test_review_lists_what_each_principal_can_do_to_which_resource(platform_assembly: Path, tmp_path: Path) -> None:
+    """Per principal, by service: the actions, the resources named after their constructs (an import named through
+    the stack that exports it), and the conditions, in the JSON and the Markdown."""
+    review = review_assembly(platform_assembly)["dev"]
+    (launcher,) = [e for n, e in review["Training"]["iam"].items() if n.startswith("TrainingLauncherPolicy")]
+    text = json.dumps(launcher["access"])
+    assert "Fn::" not in text and '"Ref"' not in text and "import(" not in text
+    run = [row for row in launcher["access"] if row["service"] == "ec2" and row["actions"] == ["RunInstances"]]
+    assert len(run) == 5  # one statement per resource type, each with its conditions
+    conditions = {c for row in run for c in row["conditions"]}
+    assert "StringEquals ec2:MetadataHttpTokens: required" in conditions
+    assert any(c.startswith("ArnLike ec2:InstanceProfile: Foundation/TrainingInstanceProfile") for c in conditions)
+    (pass_role,) = [row for row in launcher["access"] if row["service"] == "iam"]
+    assert pass_role["actions"] == ["PassRole"] and pass_role["resources"][0].startswith(
+        "Foundation/TrainingInstanceRole"
+    )
+    (role,) = [e for n, e in review["Foundation"]["iam"].items() if n.startswith("RemoteJobRole")]
+    services = [row["service"] for row in role["access"]]
+    assert services == sorted(services) and {"s3", "kms", "logs", "ecr"} <= set(services)
+    assert any(r.startswith("Datasets") for row in role["access"] if row["service"] == "s3" for r in row["resources"])
+    assert main([str(platform_assembly), "--out", str(tmp_path)]) == 0
+    markdown = (tmp_path / "dev.md").read_text()
+    assert "| service | effect | actions | resources | conditions | flags | policy |" in markdown
+    assert "StringEquals ec2:MetadataHttpTokens: required" in markdown

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from aws_cdk import region_info
 from aws_cdk.assertions import Match, Template
+
+from stacks.settings import DEFAULT_REGION
 
 ENVIRONMENTS = ["dev", "staging", "prod"]
 EXPECTED_DELETION = {"dev": "Delete", "staging": "Retain", "prod": "Retain"}
@@ -301,10 +304,16 @@ def test_s3_gateway_endpoint_reaches_only_this_accounts_buckets_and_the_aws_owne
 
 
 def test_interface_endpoints_admit_only_this_accounts_principals_where_policies_apply(foundation: dict) -> None:
+    dlc_account = region_info.Fact.find(DEFAULT_REGION, region_info.FactName.DLC_REPOSITORY_ACCOUNT)
     for name in ("EcrApi", "SageMakerApi", "SageMakerRuntime", "Sts", "Logs", "Ssm"):
         statements = _endpoint(foundation, name)["PolicyDocument"]["Statement"]
+        # This account's resources; the ECR API also the registry of AWS's Deep Learning Containers.
+        accounts = [{"Ref": "AWS::AccountId"}, *([dlc_account] if name == "EcrApi" else [])]
         assert [s["Condition"] for s in statements] == [
-            {"StringEquals": {"aws:PrincipalAccount": {"Ref": "AWS::AccountId"}}},
+            {
+                "StringEquals": {"aws:PrincipalAccount": {"Ref": "AWS::AccountId"}},
+                "StringEqualsIfExists": {"aws:ResourceAccount": accounts},
+            },
             {"Bool": {"aws:PrincipalIsAWSService": "true"}},
         ], name
     for name in ("EcrDocker", "SsmMessages", "Ec2Messages"):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from inference_assets.container.contract import DjlModelSettings, parse_properties
-from tests.serving.request_table import REQUESTS, TEST_LIMITS
+from tests.serving.request_table import REQUESTS, TEST_LIMITS, headers
 from tests.serving.torchserve_inprocess import loaded_service, predict
 
 from . import fake_djl_python
@@ -66,10 +66,6 @@ def torchserve(unpacked_torchserve_archive: Path):
             yield service
 
 
-def _headers(content_type: str | None, accept: str | None) -> dict[str, str]:
-    return {k: v for k, v in (("Content-Type", content_type), ("Accept", accept)) if v is not None}
-
-
 def _djl_answer(djl, body: bytes, headers: dict[str, str]) -> tuple[int, str | None, object]:
     output = djl.handle(Input(headers, body or None))
     return output.code, output.properties.get("Content-Type"), output.json()
@@ -77,9 +73,9 @@ def _djl_answer(djl, body: bytes, headers: dict[str, str]) -> tuple[int, str | N
 
 @pytest.mark.parametrize(("body", "content_type", "accept", "status", "fragment"), REQUESTS)
 def test_djl_and_torchserve_give_the_same_answer(djl, torchserve, body, content_type, accept, status, fragment):
-    headers = _headers(content_type, accept)
-    djl_status, djl_type, djl_body = _djl_answer(djl, body, headers)
-    (served,) = predict(torchserve, [(body, headers)])
+    sent = headers(content_type, accept)
+    djl_status, djl_type, djl_body = _djl_answer(djl, body, sent)
+    (served,) = predict(torchserve, [(body, sent)])
     assert djl_status == served.status == status
     assert djl_type == served.content_type == "application/json"
     assert djl_body == served.json()  # same predictions, same error document
@@ -89,9 +85,9 @@ def test_djl_and_torchserve_give_the_same_answer(djl, torchserve, body, content_
 
 def test_the_table_as_one_torchserve_batch_matches_the_djl_answers(djl, torchserve):
     rows = [param.values for param in REQUESTS]
-    batch = predict(torchserve, [(body, _headers(ct, accept)) for body, ct, accept, _, _ in rows])
+    batch = predict(torchserve, [(body, headers(ct, accept)) for body, ct, accept, _, _ in rows])
     for served, (body, ct, accept, status, _) in zip(batch, rows, strict=True):
-        djl_status, _, djl_body = _djl_answer(djl, body, _headers(ct, accept))
+        djl_status, _, djl_body = _djl_answer(djl, body, headers(ct, accept))
         assert served.status == djl_status == status
         if status != 200:
             assert served.json() == djl_body

@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent(
         return cold, 42
 
     mme_locustfile.models, mme_locustfile.target = 40, fake
-    args = mme_load_test._arguments(["--models", "40", "--users", "4", "--spawn-rate", "4", "--warmup", "0",
+    args = mme_load_test.parse_arguments(["--models", "40", "--users", "4", "--spawn-rate", "4", "--warmup", "0",
                                      *{window!r}])
     row = mme_load_test.run_pattern({pattern!r}, args)
     total = sum(calls.values())

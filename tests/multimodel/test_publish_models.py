@@ -8,7 +8,6 @@ from pathlib import Path
 
 import boto3
 import pytest
-from moto import mock_aws
 
 from inference_assets.container.contract import DjlModelSettings, validate_model_name
 from inference_assets.tools import package_model, publish_models
@@ -19,18 +18,11 @@ PREFIX = "multi-model/"
 
 
 @pytest.fixture
-def aws(monkeypatch):
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-west-2",
-    }.items():
-        monkeypatch.setenv(name, value)
-    with mock_aws():
-        s3 = boto3.client("s3", region_name="us-west-2")
-        s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
-        key = boto3.client("kms", region_name="us-west-2").create_key()["KeyMetadata"]["Arn"]
-        yield s3, key
+def aws(mocked_aws: str):
+    s3 = boto3.client("s3", region_name=mocked_aws)
+    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": mocked_aws})
+    key = boto3.client("kms", region_name=mocked_aws).create_key()["KeyMetadata"]["Arn"]
+    return s3, key
 
 
 @pytest.fixture
@@ -173,8 +165,8 @@ def test_cli_package_builds_a_djl_archive_by_default(tiny_model_dir, tmp_path, c
 def test_the_cli_default_is_the_settings_default():
     from stacks.settings import MultiModelEndpointSettings
 
-    args = publish_models._parser().parse_args(["package", "--model-dir", "m", "--output", "o.tar.gz"])
-    assert args.model_server == MultiModelEndpointSettings().model_server == "djl"
+    args = publish_models.argument_parser().parse_args(["package", "--model-dir", "m", "--output", "o.tar.gz"])
+    assert args.model_server == MultiModelEndpointSettings().model_server
 
 
 def test_cli_package_model_server_torchserve_builds_the_torchserve_archive(tiny_model_dir, tmp_path):

@@ -8,6 +8,7 @@ The limits are small so that every limit is reachable with small bodies (archive
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,8 @@ from inference_assets.container.contract import Limits
 
 TEST_LIMITS = Limits(max_request_batch=4, max_request_bytes=16_384)
 JSON = "application/json"
+# What an error answer must never show a caller: a stack trace or the server's paths.
+LEAKS = ("Traceback", 'File "', "/opt/", "/tmp/", "/work/", "site-packages", ".py")
 
 
 def _row(id_: str, body: bytes, content_type: str | None, accept: str | None, status: int, fragment: str = ""):
@@ -88,3 +91,22 @@ BAD = [
 ]
 
 REQUESTS = GOOD + BAD
+
+
+def headers(content_type: str | None, accept: str | None, *, lower_case: bool = False) -> dict[str, str]:
+    """The row's headers as a server hands them to the code (Starlette lower-cases names; TorchServe does not)."""
+    names = ("content-type", "accept") if lower_case else ("Content-Type", "Accept")
+    return {k: v for k, v in zip(names, (content_type, accept), strict=True) if v is not None}
+
+
+def check_answer(answer: Any, status: int, fragment: str) -> None:
+    """One JSON line with the row's status: predictions for a 200, else the error with its fragment and no leak."""
+    assert (answer.status, answer.content_type) == (status, JSON), answer
+    assert b"\n" not in answer.body
+    body = answer.json()
+    if status == 200:
+        assert isinstance(body, list) and body
+        assert all(set(p) == {"label", "score", "scores"} for p in body)
+    else:
+        assert body["code"] == status and fragment in body["error"]
+        assert not [leak for leak in LEAKS if leak in answer.body.decode()]

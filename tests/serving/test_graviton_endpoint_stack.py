@@ -167,7 +167,7 @@ def test_scalable_target_names_the_variant_of_this_endpoint_and_comes_after_it(
     assert "RoleARN" not in target, "Application Auto Scaling uses its service-linked role"
     roles = resources(endpoint_template, "AWS::IAM::Role").values()
     principals = [s["Principal"] for r in roles for s in r["Properties"]["AssumeRolePolicyDocument"]["Statement"]]
-    assert principals == [{"Service": "lambda.amazonaws.com"}], "only the ENI wait's role; no autoscaling role"
+    assert principals == [{"Service": "lambda.amazonaws.com"}] * 2, "the ENI wait's and model check's; no autoscaling"
 
 
 def test_target_tracking_on_invocations_per_instance(endpoint_template: dict, env: str) -> None:

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from .request_table import GOOD, REQUESTS, TEST_LIMITS
-from .torchserve_inprocess import WireAnswer, loaded_service, predict
+from .request_table import GOOD, REQUESTS, TEST_LIMITS, check_answer, headers
+from .torchserve_inprocess import loaded_service, predict
 
-LEAKS = ("Traceback", 'File "', "/opt/", "/tmp/", "/work/", "site-packages", ".py")
 LIMITS_ENV = TEST_LIMITS.environment()
 
 
@@ -46,10 +45,6 @@ def forward_passes(service) -> Iterator[list[int]]:
     handler.predictor.predict_dicts = original
 
 
-def _headers(content_type: str | None, accept: str | None) -> dict[str, str]:
-    return {k: v for k, v in (("Content-Type", content_type), ("Accept", accept)) if v is not None}
-
-
 def test_the_manifest_names_the_handler_torchserve_loads(unpacked_model: Path, service) -> None:
     manifest = json.loads((unpacked_model / "MAR-INF" / "MANIFEST.json").read_text())
     assert manifest["model"] == {"modelName": "model", "handler": "code/inference.py:handle", "modelVersion": "1.0"}
@@ -58,33 +53,21 @@ def test_the_manifest_names_the_handler_torchserve_loads(unpacked_model: Path, s
 
 @pytest.mark.parametrize(("body", "content_type", "accept", "status", "fragment"), REQUESTS)
 def test_each_request_alone(service, body, content_type, accept, status, fragment) -> None:
-    (answer,) = predict(service, [(body, _headers(content_type, accept))])
-    _check(answer, status, fragment)
-
-
-def _check(answer: WireAnswer, status: int, fragment: str) -> None:
-    assert (answer.status, answer.content_type) == (status, "application/json"), answer
-    assert b"\n" not in answer.body
-    body = answer.json()
-    if status == 200:
-        assert isinstance(body, list) and body
-        assert all(set(p) == {"label", "score", "scores"} for p in body)
-    else:
-        assert body["code"] == status and fragment in body["error"]
-        assert not [leak for leak in LEAKS if leak in answer.body.decode()]
+    (answer,) = predict(service, [(body, headers(content_type, accept))])
+    check_answer(answer, status, fragment)
 
 
 def test_the_whole_table_in_one_batch_is_one_forward_pass_with_per_request_answers(service, forward_passes) -> None:
     rows = [param.values for param in REQUESTS]
-    batch = predict(service, [(body, _headers(ct, accept)) for body, ct, accept, _, _ in rows])
+    batch = predict(service, [(body, headers(ct, accept)) for body, ct, accept, _, _ in rows])
     for answer, (_, _, _, status, fragment) in zip(batch, rows, strict=True):
-        _check(answer, status, fragment)
+        check_answer(answer, status, fragment)
     good_texts = sum(len(answer.json()) for answer in batch if answer.status == 200)
     assert forward_passes == [good_texts]
     # The same requests one by one give the same labels and (up to padding noise) the same scores.
     for answer, (body, ct, accept, status, _) in zip(batch, rows, strict=True):
         if status == 200:
-            (alone,) = predict(service, [(body, _headers(ct, accept))])
+            (alone,) = predict(service, [(body, headers(ct, accept))])
             assert [p["label"] for p in answer.json()] == [p["label"] for p in alone.json()]
             for got, want in zip(answer.json(), alone.json(), strict=True):
                 assert got["scores"] == pytest.approx(want["scores"], abs=1e-4)
@@ -118,4 +101,4 @@ def test_a_failing_forward_pass_is_a_clean_500_and_the_worker_keeps_serving(serv
     assert "cheese" not in answers[0].body.decode() and "request-0" in answers[0].json()["error"]
     assert "out of cheese" in caplog.text
     body, ct, accept, _, _ = GOOD[0].values
-    assert predict(service, [(body, _headers(ct, accept))])[0].status == 200
+    assert predict(service, [(body, headers(ct, accept))])[0].status == 200

@@ -9,41 +9,31 @@ import pytest
 from inference_assets.container import protocol
 from inference_assets.container.protocol import ClientError, Limits, answer_batch, parse_request
 
-from .request_table import BAD, GOOD, REQUESTS, TEST_LIMITS
-
-
-def _headers(content_type: str | None, accept: str | None) -> dict[str, str]:
-    headers = {}
-    if content_type is not None:
-        headers["Content-Type"] = content_type
-    if accept is not None:
-        headers["Accept"] = accept
-    return headers
+from .request_table import BAD, GOOD, LEAKS, REQUESTS, TEST_LIMITS, headers
 
 
 @pytest.mark.parametrize(("body", "content_type", "accept", "status", "fragment"), GOOD)
 def test_good_requests_parse_to_texts(body, content_type, accept, status, fragment):
-    texts = parse_request(body, _headers(content_type, accept), TEST_LIMITS)
+    texts = parse_request(body, headers(content_type, accept), TEST_LIMITS)
     assert texts and all(isinstance(text, str) and text.strip() for text in texts)
 
 
 @pytest.mark.parametrize(("body", "content_type", "accept", "status", "fragment"), BAD)
 def test_bad_requests_raise_their_status_and_reason(body, content_type, accept, status, fragment):
     with pytest.raises(ClientError) as raised:
-        parse_request(body, _headers(content_type, accept), TEST_LIMITS)
+        parse_request(body, headers(content_type, accept), TEST_LIMITS)
     assert int(raised.value.status) == status
     assert fragment in str(raised.value)
 
 
 @pytest.mark.parametrize(("body", "content_type", "accept", "status", "fragment"), REQUESTS)
 def test_every_answer_is_one_line_of_json_without_internals(body, content_type, accept, status, fragment):
-    (answer,) = answer_batch([(body, _headers(content_type, accept))], _echo, TEST_LIMITS)
+    (answer,) = answer_batch([(body, headers(content_type, accept))], _echo, TEST_LIMITS)
     assert (answer.status, answer.content_type) == (status, "application/json")
     assert b"\n" not in answer.body
     if status != 200:
         assert answer.json() == {"code": status, "message": answer.json()["message"], "error": answer.json()["error"]}
-        for leak in ("Traceback", 'File "', "/work", "site-packages", ".py"):
-            assert leak not in answer.body.decode()
+        assert not [leak for leak in LEAKS if leak in answer.body.decode()]
 
 
 def _echo(texts: list[str]) -> list[dict]:

@@ -18,9 +18,8 @@ from types import ModuleType
 import pytest
 from starlette.requests import Request
 
-from .request_table import GOOD, REQUESTS, TEST_LIMITS
+from .request_table import GOOD, REQUESTS, TEST_LIMITS, check_answer, headers
 
-LEAKS = ("Traceback", 'File "', "/opt/", "/tmp/", "/work/", "site-packages", ".py")
 LIMITS_ENV = TEST_LIMITS.environment()
 
 
@@ -68,22 +67,6 @@ def forward_passes(replica) -> Iterator[list[int]]:
     replica.predictor.predict_dicts = original
 
 
-def _headers(content_type: str | None, accept: str | None) -> dict[str, str]:
-    return {k: v for k, v in (("content-type", content_type), ("accept", accept)) if v is not None}
-
-
-def _check(answer, status: int, fragment: str) -> None:
-    assert (answer.status, answer.content_type) == (status, "application/json"), answer
-    assert b"\n" not in answer.body
-    body = answer.json()
-    if status == 200:
-        assert isinstance(body, list) and body
-        assert all(set(p) == {"label", "score", "scores"} for p in body)
-    else:
-        assert body["code"] == status and fragment in body["error"]
-        assert not [leak for leak in LEAKS if leak in answer.body.decode()]
-
-
 def _http(replica, method: str, path: str, body: bytes = b""):
     scope = {"type": "http", "method": method, "path": path, "headers": [], "query_string": b""}
 
@@ -95,29 +78,31 @@ def _http(replica, method: str, path: str, body: bytes = b""):
 
 @pytest.mark.parametrize(("body", "content_type", "accept", "status", "fragment"), REQUESTS)
 def test_each_request_alone(replica, body, content_type, accept, status, fragment) -> None:
-    (answer,) = replica._answer_now([(body, _headers(content_type, accept), "request-0")])
-    _check(answer, status, fragment)
+    (answer,) = replica.answer_together([(body, headers(content_type, accept, lower_case=True), "request-0")])
+    check_answer(answer, status, fragment)
 
 
 def test_the_whole_table_in_one_batch_is_one_forward_pass_with_per_request_answers(replica, forward_passes) -> None:
     rows = [param.values for param in REQUESTS]
-    items = [(body, _headers(ct, accept), f"request-{n}") for n, (body, ct, accept, _, _) in enumerate(rows)]
-    batch = replica._answer_now(items)
+    items = [
+        (body, headers(ct, accept, lower_case=True), f"request-{n}") for n, (body, ct, accept, _, _) in enumerate(rows)
+    ]
+    batch = replica.answer_together(items)
     for answer, (_, _, _, status, fragment) in zip(batch, rows, strict=True):
-        _check(answer, status, fragment)
+        check_answer(answer, status, fragment)
     good_texts = sum(len(answer.json()) for answer in batch if answer.status == 200)
     assert forward_passes == [good_texts]
     # Batch invariance: the same requests one by one give the same labels and (up to padding noise) scores.
     for answer, item, (_, _, _, status, _) in zip(batch, items, rows, strict=True):
         if status == 200:
-            (alone,) = replica._answer_now([item])
+            (alone,) = replica.answer_together([item])
             assert [p["label"] for p in answer.json()] == [p["label"] for p in alone.json()]
             for got, want in zip(answer.json(), alone.json(), strict=True):
                 assert got["scores"] == pytest.approx(want["scores"], abs=1e-4)
 
 
 def test_a_batch_of_only_bad_requests_runs_no_forward_pass(replica, forward_passes) -> None:
-    answers = replica._answer_now(
+    answers = replica.answer_together(
         [(b"{", {"content-type": "application/json"}, "a"), (b"x", {"content-type": "text/csv"}, "b")]
     )
     assert [a.status for a in answers] == [400, 415]
@@ -132,7 +117,7 @@ def test_a_failing_forward_pass_is_a_clean_500_and_the_replica_keeps_serving(rep
 
     replica.predictor.predict_dicts = broken
     try:
-        answers = replica._answer_now(
+        answers = replica.answer_together(
             [(b"fine", {"content-type": "text/plain"}, "req-7"), (b"", {"content-type": "text/plain"}, "req-8")]
         )
     finally:
@@ -141,7 +126,7 @@ def test_a_failing_forward_pass_is_a_clean_500_and_the_replica_keeps_serving(rep
     assert "cheese" not in answers[0].body.decode() and "req-7" in answers[0].json()["error"]
     assert "out of cheese" in caplog.text
     body, ct, accept, _, _ = GOOD[0].values
-    assert replica._answer_now([(body, _headers(ct, accept), "req-9")])[0].status == 200
+    assert replica.answer_together([(body, headers(ct, accept, lower_case=True), "req-9")])[0].status == 200
 
 
 def test_ping_is_an_empty_200_and_unknown_paths_a_json_404(replica) -> None:

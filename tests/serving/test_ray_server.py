@@ -25,11 +25,10 @@ from inference_assets.container.predictor import SentimentPredictor
 from inference_assets.local.local_server import LocalRayServer
 from inference_assets.local.server_process import group_alive
 
-from .request_table import REQUESTS, TEST_LIMITS
+from .request_table import LEAKS, REQUESTS, TEST_LIMITS
 
 MAX_REQUEST_BATCH = TEST_LIMITS.max_request_batch
 BATCH_SIZE = 4
-LEAKS = ("Traceback", 'File "', "/opt/", "/tmp/", "/work/", "site-packages", ".py")
 pytestmark = pytest.mark.slow
 
 SAMPLE_DATA = Path(__file__).resolve().parents[2] / "training_assets" / "sample_data" / "validation.jsonl"

@@ -1,0 +1,130 @@
+"""ModelArchiveCheck: a custom resource that fails the deploy within seconds, with one sentence, when the model archive
+an endpoint names is not in S3 (the check itself is ``handler.py``; see there for why).
+
+Make the SageMaker model depend on it (``guard``): CloudFormation runs the check before the model, endpoint config
+and endpoint, so a missing archive rolls the stack back before SageMaker starts anything. Delete does nothing.
+
+A function of its own rather than CDK's ``AwsCustomResource``: for a missing key S3 answers HEAD with a bare 404 or
+403 and no message, which ``AwsCustomResource`` passes on as it comes; its singleton function also writes to a
+``/aws/lambda/...`` log group that never expires, and its role is written as SDK calls, not as the key's ARN.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import cast
+
+import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from constructs import Construct, IConstruct
+
+from stacks.compliance import acknowledge, acknowledge_control, acknowledge_short_retention
+
+HANDLER_DIR = Path(__file__).resolve().parent
+# One HeadObject: seconds. CloudFormation waits no longer than this (plus a minute) for an answer.
+TIMEOUT = cdk.Duration.seconds(60)
+
+
+class ModelArchiveCheck(Construct):
+    """Checks, on every Create and Update, that ``s3://<bucket>/<object_key>`` exists; ``setting`` names the setting
+    that chose the key, for the sentence a failed deploy shows. ``retention_setting`` names the setting that chose
+    ``log_retention_days`` (below a year, Control Tower's retention control is acknowledged with that name)."""
+
+    # Long: one custom resource with its log group, role, policy and Lambda, declared in dependency order, each
+    # acknowledgement next to the resource it excuses.
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        bucket: s3.IBucket,
+        object_key: str,
+        setting: str,
+        key: kms.IKey,
+        log_retention_days: int = 30,
+        retention_setting: str | None = None,
+        removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = cdk.Stack.of(self)
+        self.log_group = logs.LogGroup(self, "Logs", encryption_key=key, removal_policy=removal_policy)
+        cast(logs.CfnLogGroup, self.log_group.node.default_child).retention_in_days = log_retention_days
+        if retention_setting is not None:
+            acknowledge_short_retention(self.log_group, log_retention_days, retention_setting)
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="Checks, before the endpoint's model is created, that its model archive is in S3",
+        )
+        self.policy = iam.ManagedPolicy(
+            self,
+            "Policy",
+            description="Least privilege of the model archive check: HeadObject on the one key, write its own logs",
+            roles=[self.role],
+            statements=[
+                # HeadObject is authorized as s3:GetObject and reads no data: no kms:Decrypt is needed.
+                iam.PolicyStatement(
+                    sid="HeadTheModelArchive",
+                    actions=["s3:GetObject"],
+                    # From the bucket's name, which the endpoint's model already imports: no new export.
+                    resources=[f"arn:{stack.partition}:s3:::{bucket.bucket_name}/{object_key}"],
+                ),
+                iam.PolicyStatement(
+                    sid="WriteOwnLogs",
+                    actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                    resources=[self.log_group.log_group_arn],
+                ),
+            ],
+        )
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            runtime=lambda_.Runtime.PYTHON_3_14,
+            handler="handler.handler",
+            code=lambda_.Code.from_asset(str(HANDLER_DIR), exclude=["__init__.py", "__pycache__", "*.pyc"]),
+            timeout=TIMEOUT,
+            memory_size=128,
+            role=self.role,
+            log_group=self.log_group,
+            description="Before the endpoint's model: fail the deploy with one sentence when the archive is absent",
+        )
+        # The function may not run before its permissions exist. CDK also makes it depend on the role its Role
+        # property already references (cfn-lint W3005): name only the policy.
+        cast(lambda_.CfnFunction, self.function.node.default_child).add_override(
+            "DependsOn", [stack.get_logical_id(cast(iam.CfnManagedPolicy, self.policy.node.default_child))]
+        )
+        acknowledge(
+            self.function,
+            "Calls only the S3 API, once per deploy that changes the model key: a VPC adds nothing but network "
+            "interfaces. CloudFormation invokes it once per stack operation, so neither reserved concurrency (which "
+            "can fail in new accounts with a low concurrency quota) nor a dead-letter queue (CloudFormation gets "
+            "every answer, failure included) adds anything.",
+            "NIST.800.53.R5-LambdaInsideVPC",
+            "NIST.800.53.R5-LambdaConcurrency",
+            "NIST.800.53.R5-LambdaDLQ",
+        )
+        acknowledge_control(
+            self.function,
+            "Outside the VPC on purpose (CT.LAMBDA.PR.3): it makes one S3 HeadObject call per deploy that changes "
+            "the model key and reads no data; in the VPC it would only add network interfaces.",
+            "lambda_inside_vpc_check",
+        )
+        self.resource = cdk.CustomResource(
+            self,
+            "Resource",
+            service_token=self.function.function_arn,
+            resource_type="Custom::ModelArchiveCheck",
+            properties={"Bucket": bucket.bucket_name, "Key": object_key, "Setting": setting},
+            service_timeout=TIMEOUT.plus(cdk.Duration.minutes(1)),
+        )
+        self.resource.node.add_dependency(self.policy, self.log_group)
+
+    def guard(self, *resources: IConstruct) -> None:
+        """Make ``resources`` (the SageMaker model) wait for a passed check."""
+        for resource in resources:
+            resource.node.add_dependency(self.resource)
