@@ -7,6 +7,7 @@ logical id it was deployed with (stacks/components/logical_ids.py), so no deploy
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import aws_cdk as cdk
@@ -19,7 +20,7 @@ from stacks.components.logical_ids import keep_logical_ids
 from stacks.components.platform_key import PlatformKey
 from stacks.components.platform_network import PlatformNetwork, WorkloadSecurityGroup
 from stacks.components.provider_log_groups import expire_provider_logs
-from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy, TrainingJobLimits
+from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy, RemoteJobsSecurityGroup, TrainingJobLimits
 from stacks.components.sagemaker_endpoint import ModelNetwork, endpoint_name_for
 from stacks.components.sagemaker_roles import EndpointExecutionRole, RemoteJobRole, VpcAttachment
 from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
@@ -106,7 +107,8 @@ class FoundationStack(EnvironmentStack):
 
     def _network(self) -> None:
         """A new VPC from the settings, or the existing one they name (explicit ids, no lookup: synth stays offline;
-        an imported VPC brings its own endpoints and flow logs); the workloads' security group in either."""
+        an imported VPC brings its own endpoints and flow logs); the workloads' and the @remote jobs' security groups in
+        either."""
         vpc_settings = self.settings.vpc
         self.network: PlatformNetwork | None = None
         if vpc_settings.vpc_id is not None:
@@ -128,12 +130,15 @@ class FoundationStack(EnvironmentStack):
                 flow_log_key=self.key,
                 flow_log_retention=log_retention(vpc_settings.flow_log_retention_days),
                 removal_policy=self.removal_policy,
+                image_registry_accounts=[a for a in [self.settings.training.image_registry_account] if a is not None],
             )
             acknowledge_short_retention(
                 self.network.flow_log_group, vpc_settings.flow_log_retention_days, "vpc.flow_log_retention_days"
             )
             self.vpc, self.private_subnets = self.network.vpc, self.network.private_subnets
         self.workload_security_group = WorkloadSecurityGroup(self, "WorkloadSecurityGroup", vpc=self.vpc)
+        # @remote jobs run in their own group, whose members (the instances of one job) admit each other.
+        self.remote_jobs_security_group = RemoteJobsSecurityGroup(self, "RemoteJobsSecurityGroup", vpc=self.vpc)
 
     def _roles(self) -> None:
         """One role per principal: the endpoints, the GPU training instances, @remote jobs and their launchers."""
@@ -174,7 +179,7 @@ class FoundationStack(EnvironmentStack):
             training_job_log_group=TRAINING_JOB_LOG_GROUP,
             training_repository=TRAINING_REPOSITORY,
             key=self.key,
-            network=network,
+            network=replace(network, security_group=self.remote_jobs_security_group),
         )
         self.remote_job_role = self.remote_job.role
         self.remote_job_launcher = RemoteJobLauncherPolicy(
@@ -186,7 +191,7 @@ class FoundationStack(EnvironmentStack):
             training_job_log_group=TRAINING_JOB_LOG_GROUP,
             config_parameter_name=remote_config_parameter_name(self.settings),
             allowed_tag_keys=list(self.settings.resource_tags),
-            network=network,
+            network=replace(network, security_group=self.remote_jobs_security_group),
             limits=TrainingJobLimits(
                 instance_types=(types := sagemaker_gpu_training_types()),
                 nvme_instance_types=[name for name in types if has_local_nvme(name)],

@@ -35,6 +35,7 @@ from stacks.components.promotion_pipeline import (
 from stacks.image_patching import SERVING_IMAGE, CheckedImage, ImageUse, record_images
 from stacks.platform_stage import PlatformStage
 from stacks.settings import EnvironmentSettings, PipelineSettings, SettingsError
+from stacks.training import TRAINING_IMAGE
 
 # The pipeline's commands and versions live with the construct; named here too for the stack's readers and tests.
 __all__ = [
@@ -46,7 +47,6 @@ __all__ = [
     "cdk_cli_version",
 ]
 
-TRAINING_IMAGE = "training"
 # The DLC repository the training image extends (its tag: training_base() from platform_facts/images.json).
 TRAINING_DLC_REPOSITORY = "pytorch-training"
 

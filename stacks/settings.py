@@ -243,6 +243,13 @@ class HyperParameters(_Settings):
     torch_compile: bool = True
     bf16: bool = True
     fused_adamw: bool = True
+    global_batch_size: Annotated[int, Field(ge=1, le=65536)] | None = Field(
+        default=None,
+        description="Samples per optimizer step over every GPU of every node; each GPU takes an equal share, so the "
+        "same settings take the same steps at the same learning rate on one node or several (batch_scaling.py). "
+        "None: per_device_batch_size x the GPUs of one node, the global batch of a single-node run. Must be a "
+        "multiple of training.nodes x GPUs per instance.",
+    )
 
 
 class TrainingSettings(_Settings):
@@ -278,6 +285,36 @@ class TrainingSettings(_Settings):
     subnet_index: Annotated[int, Field(ge=0, le=15)] = 0
     remote_instance_type: str = "ml.p4d.24xlarge"
     remote_image_tag: str = "2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker"
+    image_registry_account: AccountId | None = Field(
+        default=None,
+        description="The tooling account whose promotion pipeline builds the training image "
+        "(training_assets/image/Dockerfile): every EC2 node then pulls the digest the pipeline promoted to this "
+        "environment (SSM parameter /<project>/images/training, read when the stack deploys). None: each node "
+        "builds training_assets/instance/Dockerfile itself, with pip from PyPI.",
+    )
+    rendezvous_timeout_seconds: Annotated[int, Field(ge=30, le=3600)] = Field(
+        default=600,
+        description="How far apart the nodes of a multi-node EC2 run may start (image pull, data sync): the bound of "
+        "the barrier before torchrun and of torchrun's c10d rendezvous. A node missing after it stops every node "
+        "with one line naming it.",
+    )
+    max_restarts: Annotated[int, Field(ge=0, le=10)] = Field(
+        default=2,
+        description="torchrun --max-restarts: after a worker fails, every worker of the run restarts (at most this "
+        "many times) and resumes from the newest complete checkpoint.",
+    )
+    checkpoint_steps: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
+        default=5000,
+        description="A checkpoint every N optimizer steps (0: none), uploaded KMS-encrypted under the run's prefix "
+        "of the artifacts bucket; a run launched again with the same run id resumes from the newest complete one. "
+        "A p4d.24xlarge step of the default model takes 20-45 ms, so 5000 steps are a few minutes of work.",
+    )
+    collective_timeout_seconds: Annotated[int, Field(ge=60, le=3600)] = Field(
+        default=300,
+        description="Seconds a process waits in a collective (NCCL all-reduce, barrier) before the run fails: the "
+        "survivors of a lost node stop after this instead of the Trainer's default 30 minutes. Must exceed the "
+        "longest pause of a healthy run (first compilation, evaluation, a checkpoint save).",
+    )
 
     @field_validator("instance_type")
     @classmethod
@@ -315,6 +352,20 @@ class TrainingSettings(_Settings):
         if not value.startswith("/aws/service/deeplearning/ami/"):
             raise ValueError("must be a public DLAMI SSM parameter under /aws/service/deeplearning/ami/")
         return value
+
+    @model_validator(mode="after")
+    def _global_batch_divides(self) -> TrainingSettings:
+        facts = lookup(self.instance_type)
+        global_batch = self.hyperparameters.global_batch_size
+        if global_batch is not None and facts is not None and facts.gpu is not None:
+            devices = self.nodes * facts.gpu.count
+            if global_batch % devices:
+                raise ValueError(
+                    f"hyperparameters.global_batch_size: {global_batch} must be a multiple of the {devices} "
+                    f"GPUs of the run ({self.nodes} x {self.instance_type}), e.g. "
+                    f"{max(1, global_batch // devices) * devices}"
+                )
+        return self
 
     @model_validator(mode="after")
     def _efa(self) -> TrainingSettings:
@@ -584,10 +635,12 @@ class EnvironmentSettings(_Settings):
                 raise ValueError(
                     f"{isolated} downloads {sources} from the Hugging Face hub; use s3:// folders or a NAT gateway"
                 )
-            raise ValueError(
-                f"{isolated} builds its image on the instance with pip from PyPI "
-                "(training_assets/instance/Dockerfile); use at least 1 NAT gateway"
-            )
+            if training.image_registry_account is None:  # a pipeline-built image comes through the ECR endpoints
+                raise ValueError(
+                    f"{isolated} builds its image on the instance with pip from PyPI "
+                    "(training_assets/instance/Dockerfile); use at least 1 NAT gateway or "
+                    "training.image_registry_account"
+                )
         return self
 
     @property

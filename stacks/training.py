@@ -19,8 +19,9 @@ from aws_cdk import aws_ssm as ssm
 from aws_cdk import region_info
 from constructs import Construct
 
-from platform_facts.instances import has_local_nvme
+from platform_facts.instances import has_local_nvme, instance_type
 from stacks.compliance import acknowledge, acknowledge_short_retention, acknowledge_wildcards, log_retention
+from stacks.components.image_builds import BuiltImage
 from stacks.components.training_launch_template import (
     KEEP_LOGICAL_IDS,
     CapacityTarget,
@@ -29,10 +30,13 @@ from stacks.components.training_launch_template import (
 )
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import TRAINING_OUTPUT_PREFIX, FoundationStack, remote_config_parameter_name
-from stacks.settings import EnvironmentSettings, HyperParameters
+from stacks.settings import EnvironmentSettings, HyperParameters, TrainingSettings
 from training_assets.remote_jobs import REMOTE_JOBS_PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]
+# The image the promotion pipeline builds from training_assets/image/Dockerfile (stacks/pipeline.py) and the EC2 nodes
+# pull by digest when training.image_registry_account names the pipeline's account.
+TRAINING_IMAGE = "training"
 # Where the data scientist's copy of the SDK config points for the job's dependencies (relative to the repo root).
 REMOTE_DEPENDENCIES = "training_assets/requirements-remote.txt"
 # Names the SDK must not upload when IncludeLocalWorkDir packs the working directory.
@@ -116,6 +120,18 @@ def train_arguments(hyperparameters: HyperParameters) -> list[str]:
     ]  # fmt: skip
 
 
+def run_arguments(training: TrainingSettings) -> list[str]:
+    """The train_sentiment.py flags of a multi-node-safe run: the global batch fixed whatever the node count (default:
+    what one node takes), checkpoints, and the collective timeout."""
+    gpu = instance_type(training.instance_type).gpu
+    per_node = training.hyperparameters.per_device_batch_size * (gpu.count if gpu else 1)
+    return [
+        "--global-batch-size", str(training.hyperparameters.global_batch_size or per_node),
+        "--checkpoint-steps", str(training.checkpoint_steps),
+        "--collective-timeout", str(training.collective_timeout_seconds),
+    ]  # fmt: skip
+
+
 class TrainingStack(EnvironmentStack):
     """Launch template for GPU training runs on EC2 and the ``@remote`` SDK config of one environment."""
 
@@ -149,6 +165,7 @@ class TrainingStack(EnvironmentStack):
         acknowledge_short_retention(self.log_group, settings.logs.retention_days, "logs.retention_days")
         # {folder on the instance: asset}; the instance unpacks each under the same path as in the repository.
         self.code = {folder: code_asset(self, construct_id) for construct_id, (folder, _) in CODE_ASSETS.items()}
+        self.training_image = self._training_image()
         self.training_template = TrainingLaunchTemplate(
             self,
             KEEP_LOGICAL_IDS,
@@ -186,6 +203,30 @@ class TrainingStack(EnvironmentStack):
         subnets = self.foundation.private_subnets.subnets or []
         return subnets[self.settings.training.subnet_index]
 
+    def _training_image(self) -> BuiltImage | None:
+        """The pipeline-built training image when training.image_registry_account names the pipeline's account; the
+        instance role may pull it. None: each node builds its image (ec2_run.sh says so in its log)."""
+        account = self.settings.training.image_registry_account
+        if account is None:
+            return None
+        image = BuiltImage(self, "TrainingImage", project=self.settings.tags.project, image=TRAINING_IMAGE,
+                           registry_account=account)  # fmt: skip
+        # Imported as mutable, the foundation's role takes the grant in a policy of this stack (no cross-stack edit).
+        role = iam.Role.from_role_name(self, "InstanceRoleForImagePulls",
+                                       self.foundation.training_instance_role.role_name, mutable=True)  # fmt: skip
+        image.grant_pull(role)
+        policy = role.node.find_child("Policy")
+        login = iam.PolicyStatement(actions=["ecr:GetAuthorizationToken"], resources=["*"])
+        acknowledge_wildcards(policy, (login, "ecr:GetAuthorizationToken has no resource-level permissions; the pull "
+                                       "itself is scoped to the training image's repository."))  # fmt: skip
+        acknowledge(
+            policy,
+            "An iam.Policy in this stack, attached to the foundation's role, keeps the image grant here without a "
+            "dependency cycle; it is scoped to the training image's repository.",
+            "NIST.800.53.R5-IAMNoInlinePolicy",
+        )
+        return image
+
     def _training_run(self) -> TrainingRun:
         """What the instance runs: fetch the code, run ec2_run.sh with this environment's settings."""
         training = self.settings.training
@@ -202,7 +243,12 @@ class TrainingStack(EnvironmentStack):
             "DATASET": training.dataset,
             "BASE_MODEL": training.base_model,
             "EFA": "true" if training.efa else "false",
-            "TRAIN_ARGS": " ".join(train_arguments(training.hyperparameters)),
+            "TRAIN_ARGS": " ".join([*train_arguments(training.hyperparameters), *run_arguments(training)]),
+            # The pipeline's image by digest, resolved when the stack deploys: every node of a run pulls the same one.
+            "TRAINING_IMAGE_URI": self.training_image.image_uri if self.training_image else "",
+            "LOCAL_NVME": "true" if has_local_nvme(training.instance_type) else "false",
+            "RENDEZVOUS_TIMEOUT": str(training.rendezvous_timeout_seconds),
+            "MAX_RESTARTS": str(training.max_restarts),
         }
         return TrainingRun(
             code=code,
@@ -270,7 +316,8 @@ class TrainingStack(EnvironmentStack):
             "RoleArn": foundation.remote_job_role.role_arn,
             "RemoteJobsBucket": foundation.remote_jobs_bucket.bucket_name,
             "KeyArn": foundation.key.key_arn,
-            "SecurityGroupId": foundation.workload_security_group.security_group_id,
+            # The jobs' own group (stacks/components/remote_job_launcher.py): a job's instances reach each other.
+            "SecurityGroupId": foundation.remote_jobs_security_group.security_group_id,
             **{f"Subnet{i}": subnet.subnet_id for i, subnet in enumerate(subnets)},
             "DlcAccount": dlc_account,
         }

@@ -13,9 +13,18 @@ the TrainingStack; run from the repository root so the job gets ``training_asset
 ``RemoteExecutor`` (``--max-parallel-jobs`` at a time) and prints the best. Each job's model (model and tokenizer,
 safetensors) lands in ``<S3RootUri>/<job name>/output/model.tar.gz``, encrypted with the config's KMS key.
 
-On a GPU type the job runs under torchrun with one process per GPU (DistributedDataParallel; 8 on ml.p4d.24xlarge).
-The volume key follows the instance type actually used: types with NVMe instance storage (p4d, p5, g5, ...) get
-none, as SageMaker requires; EBS-only types (p3, ...) get the config's KMS key.
+On a GPU type the job runs under torchrun with one process per GPU (DistributedDataParallel; 8 on ml.p4d.24xlarge,
+the count from the platform's instance facts). ``--instance-count N`` runs one job on N instances: the SDK's
+torchrun spans them (``algo-1`` ... ``algo-N``, static rendezvous on ``algo-1``), every process calls the same
+function, and the instances reach each other through the training jobs' security group, which admits its own
+members (the Foundation stack's ``RemoteJobsSecurityGroup``). The volume key follows the instance type actually used:
+types with NVMe instance storage (p4d, p5, g5, ...) get none, as SageMaker requires; EBS-only types (p3, ...) get the
+config's KMS key.
+
+Checkpoints (``-- --checkpoint-steps N``) go to the job's ``/opt/ml/checkpoints``, which SageMaker copies to
+``<your S3 root>/checkpoints/<run id>/`` (the SDK's ``CheckpointLocation``; SageMaker's CheckpointConfig) and back
+into a restarted job; ``--spot`` runs on managed spot capacity, and an interrupted job resumes from its newest
+complete checkpoint. ``--run-id`` names the checkpoint folder, so a new job with the same run id resumes too.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -92,11 +102,13 @@ def _download_folder(uri: str, target: Path) -> None:
         raise TrainingInputError(f"{uri} holds no files")
 
 
-def run_training_job(config: dict[str, Any]) -> dict[str, Any]:
+def run_training_job(config: dict[str, Any], checkpoints: os.PathLike[str] | None = None) -> dict[str, Any]:
     """The job's body: fetch S3 inputs, train, leave saved_model/ in SM_MODEL_DIR for SageMaker to upload.
 
     Under torchrun each GPU's process runs it (train() joins them in one DDP run); rank 0 writes the model, and
     every rank returns rank 0's metrics, since each process uploads its return value to the same results key.
+    ``checkpoints``: the SDK's CheckpointLocation (the job's /opt/ml/checkpoints, which SageMaker keeps in S3): the
+    run checkpoints there and resumes from the newest complete checkpoint it finds there.
     """
     settings = TrainConfig(**config)
     for field, name in (("dataset", "dataset"), ("model", "base_model")):
@@ -104,6 +116,10 @@ def run_training_job(config: dict[str, Any]) -> dict[str, Any]:
         if value.startswith("s3://"):
             local: dict[str, Any] = {field: str(_download(value, JOB_INPUT_DIR / name))}
             settings = replace(settings, **local)
+    # The instance's processes share one tokenized copy (the output folder below is each process's own).
+    settings = replace(settings, tokenized_dir=settings.tokenized_dir or str(JOB_INPUT_DIR / "tokenized"))
+    if checkpoints is not None:
+        settings = replace(settings, checkpoint_dir=os.fspath(checkpoints))
     with tempfile.TemporaryDirectory() as output:
         metrics = train(replace(settings, output_dir=output))
         if int(os.environ.get("RANK", "0")) == 0:
@@ -269,10 +285,16 @@ def job_options(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, A
     from sagemaker.core.helper.session_helper import Session
 
     effective, instance_type = config_for_instance_type(config_for_caller(config, caller_id()), args.instance_type)
+    gpu = _instance_facts(instance_type).gpu
+    torchrun = gpu is not None or args.instance_count > 1
     options: dict[str, Any] = {
         "sagemaker_session": Session(sagemaker_config=effective),
         "instance_type": instance_type,
-        "use_torchrun": _instance_facts(instance_type).gpu is not None,
+        # Several instances only under torchrun (the SDK refuses instance_count > 1 otherwise), one process per GPU
+        # as the instance facts count them (one on a CPU type).
+        "instance_count": args.instance_count,
+        "use_torchrun": torchrun,
+        "nproc_per_node": (gpu.count if gpu else 1) if torchrun else None,
         "dependencies": str(self_contained_requirements(DEPENDENCIES)),
         "include_local_workdir": True,
         "custom_file_filter": only_training_code,
@@ -281,10 +303,26 @@ def job_options(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, A
         "max_runtime_in_seconds": args.max_runtime_hours * 3600,
         "volume_size": args.volume_gib,
     }
+    if args.spot:
+        # Managed spot: SageMaker waits up to MaxWaitTimeInSeconds (>= the run time) for capacity and restarts an
+        # interrupted job, which resumes from the checkpoints SageMaker restores (CreateTrainingJob, StoppingCondition).
+        options.update(use_spot_instances=True, max_wait_time_in_seconds=args.max_wait_hours * 3600)
     return options
 
 
-def remote_training_job(args: argparse.Namespace, config: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def checkpoint_location(args: argparse.Namespace, config: dict[str, Any], train_config: TrainConfig,
+                        suffix: str = "") -> Any:  # fmt: skip
+    """The SDK's CheckpointLocation for the run (None without checkpoints): ``<caller's S3 root>/checkpoints/<run
+    id><suffix>/``, in the RemoteJobs bucket the job role writes (SSE-KMS by the bucket's default key)."""
+    if not train_config.checkpoint_steps:
+        return None
+    from sagemaker.core.remote_function import CheckpointLocation
+
+    root = _remote_section(config_for_caller(config, caller_id()))["S3RootUri"]
+    return CheckpointLocation(f"{root}/checkpoints/{args.run_id}{suffix}/")
+
+
+def remote_training_job(args: argparse.Namespace, config: dict[str, Any]) -> Callable[..., dict[str, Any]]:
     from sagemaker.core.remote_function import remote
 
     return remote(run_training_job, **job_options(args, config))
@@ -299,7 +337,8 @@ def remote_executor(args: argparse.Namespace, config: dict[str, Any]) -> Any:
 def sweep(args: argparse.Namespace, sdk_config: dict[str, Any], config: TrainConfig) -> list[dict[str, Any]]:
     """One job per learning rate, ``max_parallel_jobs`` at a time; returns the rows best-first by macro-F1."""
     with remote_executor(args, sdk_config) as executor:
-        futures = {rate: executor.submit(run_training_job, asdict(replace(config, learning_rate=rate)))
+        futures = {rate: executor.submit(run_training_job, asdict(replace(config, learning_rate=rate)),
+                                         checkpoint_location(args, sdk_config, config, f"-lr{rate:g}"))
                    for rate in args.learning_rates}  # fmt: skip
     rows = []
     for rate, future in futures.items():
@@ -330,6 +369,16 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, TrainConfi
     parser.add_argument("--max-runtime-hours", type=int, default=24)
     parser.add_argument("--volume-gib", type=int, default=100)
     parser.add_argument("--keep-alive-seconds", type=int, default=0, help="warm pool between jobs (0: none)")
+    parser.add_argument("--instance-count", type=int, default=1, help="instances of one job (torchrun spans them)")
+    parser.add_argument("--spot", action="store_true", help="managed spot capacity; needs -- --checkpoint-steps N")
+    parser.add_argument(
+        "--max-wait-hours",
+        type=int,
+        default=None,
+        help="spot: hours SageMaker may wait for capacity and run (default: 2 x --max-runtime-hours)",
+    )
+    parser.add_argument("--run-id", default=None, help="names the run's checkpoint folder; a job with the same run id "
+                        "resumes from it (default: <job name prefix>-<UTC time>)")  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("train", help="one training job; waits for it and prints its metrics")
     sweep_parser = commands.add_parser("sweep", help="one job per learning rate through RemoteExecutor")
@@ -340,7 +389,18 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, TrainConfi
     args = parser.parse_args(argv[:split])
     if args.command == "sweep" and args.max_parallel_jobs < 1:
         parser.error("--max-parallel-jobs must be at least 1")
-    return args, parse_args(argv[split + 1 :])
+    if args.instance_count < 1:
+        parser.error("--instance-count must be at least 1")
+    args.max_wait_hours = args.max_wait_hours or 2 * args.max_runtime_hours
+    if args.max_wait_hours < args.max_runtime_hours:
+        parser.error("--max-wait-hours must be at least --max-runtime-hours (SageMaker's MaxWaitTimeInSeconds)")
+    if args.run_id is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", args.run_id):
+        parser.error("--run-id must be 1-64 letters, digits, '.', '_' or '-'")
+    args.run_id = args.run_id or f"{args.job_name_prefix}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    config = parse_args(argv[split + 1 :])
+    if args.spot and not config.checkpoint_steps:
+        parser.error("--spot needs checkpoints (-- --checkpoint-steps N): an interrupted job resumes from them")
+    return args, config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         args, config = parse(argv)
         sdk_config = load_remote_config(args.config, args.image_uri)
         if args.command == "train":
-            metrics = remote_training_job(args, sdk_config)(asdict(config))
+            location = checkpoint_location(args, sdk_config, config)
+            metrics = remote_training_job(args, sdk_config)(asdict(config), location)
             print(json.dumps({"epochs": metrics["epochs"], "throughput": metrics["throughput"]}, indent=2))
         else:
             for row in sweep(args, sdk_config, config):

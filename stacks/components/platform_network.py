@@ -3,6 +3,8 @@ with flow logs, and the security group the SageMaker workloads share."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -55,8 +57,11 @@ class PlatformNetwork(Construct):
         flow_log_key: kms.IKey,
         flow_log_retention: logs.RetentionDays,
         removal_policy: cdk.RemovalPolicy,
+        image_registry_accounts: Sequence[str] = (),
     ) -> None:
         super().__init__(scope, construct_id)
+        # Accounts whose ECR repositories the workloads pull the platform's built images from (the pipeline's).
+        self.image_registry_accounts = list(image_registry_accounts)
         private_type = ec2.SubnetType.PRIVATE_WITH_EGRESS if nat_gateways else ec2.SubnetType.PRIVATE_ISOLATED
         subnets = [ec2.SubnetConfiguration(name="Private", subnet_type=private_type, cidr_mask=20)]
         if nat_gateways:
@@ -152,10 +157,11 @@ class PlatformNetwork(Construct):
     def _resource_accounts(self, endpoint: str) -> list[str]:
         """The accounts whose resources the workloads reach through ``endpoint``: this one, and for the ECR API the
         AWS account that publishes the Deep Learning Containers in this region (CDK's regional fact), whose
-        repositories the training and serving images come from."""
+        repositories the training and serving images come from, and the accounts of the platform's built images."""
         stack = cdk.Stack.of(self)
         if endpoint == "EcrApi":
-            return [stack.account, stack.regional_fact(region_info.FactName.DLC_REPOSITORY_ACCOUNT)]
+            dlc = stack.regional_fact(region_info.FactName.DLC_REPOSITORY_ACCOUNT)
+            return list(dict.fromkeys([stack.account, dlc, *self.image_registry_accounts]))
         return [stack.account]
 
     def _identity_perimeter(self, resource_accounts: list[str]) -> list[iam.PolicyStatement]:

@@ -1,15 +1,18 @@
-"""The policy data scientists' roles attach to run ``@remote`` SageMaker training jobs, and nothing broader."""
+"""The policy data scientists' roles attach to run ``@remote`` SageMaker training jobs, and nothing broader; the
+security group those jobs run in."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from stacks.compliance import acknowledge
 from stacks.components.iam_statements import ReasonedStatement, arn, reasoned_policy, use_key
 from stacks.components.sagemaker_roles import VpcAttachment
 from training_assets.remote_jobs import CALLER_ID_VARIABLE, OWNER_TAG_KEY, REMOTE_JOBS_PREFIX
@@ -23,6 +26,33 @@ class TrainingJobLimits:
     instance_types: Sequence[str]
     nvme_instance_types: Sequence[str]
     max_runtime_seconds: int
+
+
+class RemoteJobsSecurityGroup(ec2.SecurityGroup):
+    """The @remote training jobs' group: HTTPS out, and all traffic between its members, so the instances of one job
+    (``--instance-count`` > 1: torchrun's rendezvous, NCCL, EFA) reach each other. SageMaker's "Give SageMaker AI
+    Training Jobs Access to Resources in Your Amazon VPC" (Configure the VPC Security Group): distributed training
+    needs a rule that allows inbound connections between members of the same group, and for EFA inbound and outbound
+    all traffic from the same group (https://docs.aws.amazon.com/sagemaker/latest/dg/train-vpc.html). Its own group,
+    not the workload group the endpoints share: a job's instances admit each other, nothing else."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, vpc: ec2.IVpc) -> None:
+        super().__init__(
+            scope,
+            construct_id,
+            vpc=vpc,
+            description="SageMaker @remote training jobs: all traffic between instances of the group, HTTPS out",
+            allow_all_outbound=False,
+        )
+        self.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs, registries and the hub")
+        self.add_ingress_rule(self, ec2.Port.all_traffic(), "torchrun, NCCL and EFA between instances of a job")
+        self.add_egress_rule(self, ec2.Port.all_traffic(), "torchrun, NCCL and EFA between instances of a job")
+        acknowledge(
+            self,
+            "The only inbound rule admits this security group itself (the instances of @remote training jobs), as "
+            "SageMaker requires for distributed training and EFA; nothing outside the group can connect.",
+            "NIST.800.53.R5-EC2RestrictedCommonPorts",
+        )
 
 
 class RemoteJobLauncherPolicy(Construct):

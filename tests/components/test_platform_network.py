@@ -116,6 +116,22 @@ def test_interface_endpoints_reach_only_this_accounts_resources_and_for_ecr_the_
     assert reaches(dlc_account) == (name == "EcrApi")
 
 
+def test_the_ecr_endpoint_also_reaches_the_registry_of_the_platforms_built_images() -> None:
+    """Nodes that pull the pipeline-built training image by digest pull from the pipeline's (tooling) account through
+    the ECR API endpoint: that account is admitted there, and nowhere else."""
+    registry = "222222222222"
+    stack = bare_stack()
+    PlatformNetwork(stack, "Network", cidr=CIDR, max_azs=2, nat_gateways=0, flow_log_key=kms.Key(stack, "Key"),
+                    flow_log_retention=logs.RetentionDays.TWO_WEEKS, removal_policy=cdk.RemovalPolicy.DESTROY,
+                    image_registry_accounts=[registry])  # fmt: skip
+    template = template_of(stack)
+    own = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalIsAWSService": "false"}
+    for name in ENDPOINTS_WITH_IDENTITY_PERIMETER:
+        policy = _endpoint_policy(template, name)
+        request = Request("ecr:BatchGetImage", "*", {**own, "aws:ResourceAccount": registry})
+        assert is_allowed(ALLOW_ALL, request, endpoint_policies=[policy]) == (name == "EcrApi"), name
+
+
 def test_s3_gateway_reaches_this_accounts_buckets_and_only_reads_the_aws_owned_ones_it_needs(
     network_template: dict,
 ) -> None:

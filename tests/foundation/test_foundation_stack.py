@@ -168,10 +168,18 @@ def _statements_by_sid(template: dict, policy_prefix: str) -> dict[str, dict]:
     return {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
 
 
-@pytest.mark.parametrize("policy", ["EndpointExecutionRolePolicy", "RemoteJobRolePolicy"])
-def test_vpc_attachment_is_held_to_the_platform_vpc_subnets_and_security_group(foundation: dict, policy: str) -> None:
+# Endpoints attach in the workload group; @remote jobs in their own, whose members (one job's instances) meet.
+@pytest.mark.parametrize(
+    ("policy", "group"), [("EndpointExecutionRolePolicy", "Workload"), ("RemoteJobRolePolicy", "RemoteJobs")]
+)
+def test_vpc_attachment_is_held_to_the_platform_vpc_subnets_and_security_group(
+    foundation: dict, policy: str, group: str
+) -> None:
     (vpc_id,) = resources(foundation, "AWS::EC2::VPC")
-    (group_id,) = [name for name in resources(foundation, "AWS::EC2::SecurityGroup") if name.startswith("Workload")]
+    groups = resources(foundation, "AWS::EC2::SecurityGroup")
+    (group_id,) = [name for name in groups if name.startswith(f"{group}SecurityGroup")]
+    (other_id,) = [name for name in groups if name.startswith(("WorkloadSecurityGroup", "RemoteJobsSecurityGroup"))
+                   and name != group_id]  # fmt: skip
     statements = _statements_by_sid(foundation, policy)
     create = statements["CreateInterfacesInThePlatformSubnets"]
     assert create["Action"] == "ec2:CreateNetworkInterface"
@@ -182,7 +190,7 @@ def test_vpc_attachment_is_held_to_the_platform_vpc_subnets_and_security_group(f
         name for name in resources(foundation, "AWS::EC2::Subnet") if name.startswith("VpcPrivateSubnet")
     ]
     assert private_subnets and all(name in resources_text for name in private_subnets)
-    assert "PublicSubnet" not in resources_text and group_id in resources_text
+    assert "PublicSubnet" not in resources_text and group_id in resources_text and other_id not in resources_text
     assert "subnet/*" not in resources_text and "security-group/*" not in resources_text
     manage = statements["ManageInterfacesInThePlatformVpc"]
     assert manage["Condition"] == create["Condition"]

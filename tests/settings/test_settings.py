@@ -56,9 +56,10 @@ def test_unknown_environment_in_cdk_json_is_not_silently_mapped_to_dev() -> None
         pytest.param(
             {"training__instnce_type": "p4d.24xlarge"},
             "environments.dev.training.instnce_type: unknown setting; allowed keys are base_model, "
-            "capacity_reservation_id, capacity_reservation_resource_group_arn, dataset, dlami_ssm_parameter, efa, "
-            "hyperparameters, image_tag, instance_type, market_type, max_run_hours, nodes, remote_image_tag, "
-            "remote_instance_type, root_volume_gib, subnet_index.",
+            "capacity_reservation_id, capacity_reservation_resource_group_arn, checkpoint_steps, "
+            "collective_timeout_seconds, dataset, dlami_ssm_parameter, efa, hyperparameters, image_registry_account, "
+            "image_tag, instance_type, market_type, max_restarts, max_run_hours, nodes, remote_image_tag, "
+            "remote_instance_type, rendezvous_timeout_seconds, root_volume_gib, subnet_index.",
             id="misspelled-key",
         ),
         pytest.param({"vpc__max_azs": "2"}, "environments.dev.vpc.max_azs: must be a valid integer.", id="wrong-type"),
@@ -224,8 +225,24 @@ def test_unknown_environment_in_cdk_json_is_not_silently_mapped_to_dev() -> None
             },
             "environments.dev.vpc.nat_gateways: 0 leaves the private subnets without internet access, but EC2 "
             "training builds its image on the instance with pip from PyPI (training_assets/instance/Dockerfile); use "
-            "at least 1 NAT gateway.",
+            "at least 1 NAT gateway or training.image_registry_account.",
             id="isolated-vpc-with-pip-install",
+        ),
+        pytest.param(
+            {"training__nodes": 2, "training__hyperparameters": {"global_batch_size": 100}},
+            "environments.dev.training.hyperparameters.global_batch_size: 100 must be a multiple of the 16 GPUs of "
+            "the run (2 x p4d.24xlarge), e.g. 96.",
+            id="global-batch-not-shared-equally",
+        ),
+        pytest.param(
+            {"training__rendezvous_timeout_seconds": 10},
+            "environments.dev.training.rendezvous_timeout_seconds: must be greater than or equal to 30.",
+            id="rendezvous-bound-too-short",
+        ),
+        pytest.param(
+            {"training__image_registry_account": "12345"},
+            "environments.dev.training.image_registry_account: must be a 12-digit AWS account id in quotes.",
+            id="image-registry-not-an-account",
         ),
     ],
 )
@@ -368,3 +385,28 @@ def test_turing_trains_without_bf16() -> None:
     changes = {"training__hyperparameters__bf16": False, "training__remote_instance_type": "ml.g4dn.xlarge"}
     settings = parse_environment("dev", dev_with(training__instance_type="g4dn.12xlarge", **changes))
     assert settings.training.remote_instance_type == "ml.g4dn.xlarge"
+
+
+def test_an_isolated_vpc_trains_with_the_pipeline_built_image_and_s3_inputs() -> None:
+    """No NAT gateway: the nodes pull the pipeline-built image through the ECR endpoints, not pip from PyPI."""
+    settings = parse_environment("dev", dev_with(vpc__nat_gateways=0, training__image_registry_account="999999999999",
+                                                 training__base_model="s3://my-datasets/models/roberta-base/",
+                                                 training__dataset="s3://my-datasets/tweets/"))  # fmt: skip
+    assert settings.training.image_registry_account == "999999999999"
+
+
+def test_multi_node_settings_are_described_and_bounded() -> None:
+    from stacks.settings import HyperParameters, TrainingSettings
+
+    training = TrainingSettings()
+    values = (training.rendezvous_timeout_seconds, training.max_restarts, training.checkpoint_steps,
+              training.collective_timeout_seconds, training.image_registry_account)  # fmt: skip
+    assert values == (600, 2, 5000, 300, None)
+    assert HyperParameters().global_batch_size is None
+    names = ("rendezvous_timeout_seconds", "max_restarts", "checkpoint_steps", "collective_timeout_seconds",
+             "image_registry_account")  # fmt: skip
+    for name in names:
+        assert TrainingSettings.model_fields[name].description, name
+    assert HyperParameters.model_fields["global_batch_size"].description
+    # 256 over 2 p4d nodes: 16 per GPU.
+    assert parse_environment("dev", dev_with(training__nodes=2, training__hyperparameters={"global_batch_size": 256}))

@@ -37,7 +37,8 @@ def test_dockerfile_extends_the_patched_training_dlc() -> None:
     )
     assert "-r requirements.txt" in dockerfile and "ENV PYTHONPATH=/opt/training" in dockerfile
     # Every Python module of the package is copied under its package path (so `python -m` finds them all).
-    copied = re.search(r"^COPY (.+) training_assets/instance/$", dockerfile, flags=re.MULTILINE)
+    joined = dockerfile.replace("\\\n", " ")  # continuation lines
+    copied = re.search(r"^COPY (.+) training_assets/instance/$", joined, flags=re.MULTILINE)
     assert copied and set(copied[1].split()) == {p.name for p in ASSETS.glob("*.py") if p.name != "ship_logs.py"}
 
 
@@ -110,10 +111,13 @@ def test_single_node_command(tmp_path: Path) -> None:
         "--nproc_per_node=8",
         "--standalone",
         "--nnodes=1",
+        "--max-restarts=0",
         "--module",
         MODULE,
         "--output-dir",
         "/opt/ml/output",
+        "--tokenized-dir",
+        "/opt/ml/output/tokenized",
         "--dataset",
         "/opt/ml/input/data",
         "--torch-compile",
@@ -122,7 +126,7 @@ def test_single_node_command(tmp_path: Path) -> None:
     ]
 
 
-def test_multi_node_command_uses_c10d_rendezvous_over_efa() -> None:
+def test_multi_node_command_meets_at_the_barrier_then_uses_c10d_rendezvous_over_efa() -> None:
     docker, inside = _split(
         _command(
             "--gpus",
@@ -133,6 +137,14 @@ def test_multi_node_command_uses_c10d_rendezvous_over_efa() -> None:
             "10.0.1.5:29500",
             "--rdzv-id",
             "r-0abc",
+            "--nodes",
+            "i-1@10.0.1.5,i-2@10.0.1.9",
+            "--node",
+            "i-2@10.0.1.9",
+            "--rendezvous-timeout",
+            "300",
+            "--max-restarts",
+            "2",
             "--efa",
             "--log-group",
             "/training",
@@ -143,20 +155,24 @@ def test_multi_node_command_uses_c10d_rendezvous_over_efa() -> None:
     assert "--privileged" in docker and docker[docker.index("--network") + 1] == "host"
     assert "FI_PROVIDER=efa" in docker and "FI_EFA_USE_DEVICE_RDMA=1" in docker
     assert docker[docker.index("--log-driver") + 1] == "awslogs" and "awslogs-group=/training" in docker
-    assert inside[:6] == [
-        "torchrun",
-        "--nproc_per_node=8",
-        "--nnodes=2",
-        "--rdzv_backend=c10d",
-        "--rdzv_endpoint=10.0.1.5:29500",
-        "--rdzv_id=r-0abc",
-    ]
+    # rendezvous.py holds the barrier, then starts torchrun with the c10d flags bounded by the same 300 s.
+    assert inside[: inside.index("--module")] == [
+        "python", "-m", "training_assets.instance.rendezvous", "--nodes", "i-1@10.0.1.5,i-2@10.0.1.9",
+        "--node", "i-2@10.0.1.9", "--endpoint", "10.0.1.5:29500", "--run-id", "r-0abc", "--timeout", "300",
+        "--max-restarts", "2", "--record", "/opt/ml/output/rendezvous.json", "--", "--nproc_per_node=8",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (("--gpus", "8", "--nnodes", "2"), "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
+        (("--gpus", "8", "--nnodes", "2", "--rdzv-endpoint", "h:1", "--nodes", "a"), "--nnodes 2 needs --nodes with 2"),
+        (
+            ("--gpus", "8", "--nnodes", "2", "--rdzv-endpoint", "h:1", "--nodes", "a,b", "--node", "c"),
+            "--node must be one of --nodes (a,b)",
+        ),
+        (("--gpus", "8", "--max-restarts", "-1"), "--max-restarts must be 0 or more"),
         (("--gpus", "0"), "--gpus must be a positive number"),
         (("--gpus", "8", "--bogus"), "unknown option --bogus"),
     ],
@@ -198,7 +214,9 @@ def test_the_input_check_runs_once_before_torchrun(tmp_path: Path, check_status:
                             env={"PATH": f"{fake}:/usr/bin:/bin", "CALLS": str(calls)})  # fmt: skip
     assert result.returncode == check_status
     recorded = calls.read_text().split("\n")
-    arguments = ["--output-dir", "/opt/ml/output", "--labels", "bad news,meh", "--epochs", "1"]
+    arguments = ["--output-dir", "/opt/ml/output", "--tokenized-dir", "/opt/ml/output/tokenized", "--labels",
+                 "bad news,meh", "--epochs", "1"]  # fmt: skip
     check = ["python", "-m", MODULE, "--check-only", *arguments]
-    torchrun = ["torchrun", "--nproc_per_node=2", "--standalone", "--nnodes=1", "--module", MODULE, *arguments]
+    torchrun = ["torchrun", "--nproc_per_node=2", "--standalone", "--nnodes=1", "--max-restarts=0", "--module", MODULE,
+                *arguments]  # fmt: skip
     assert recorded[:-1] == (check + torchrun if trains else check)

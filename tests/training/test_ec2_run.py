@@ -1,5 +1,6 @@
 """The instance-side run script (ec2_run.sh) against recording stand-ins for aws, curl, docker and nvidia-smi:
-node discovery, image build, inputs, the torchrun launch, packaging and upload happen in order with the right
+node discovery and the run id, the image (pulled by digest or built), inputs staged on NVMe or the root volume, the
+checkpoint restore and upload, the barrier and torchrun launch, packaging and upload happen in order with the right
 arguments. Also the log shipper's batching within the CloudWatch Logs API limits."""
 
 from __future__ import annotations
@@ -48,17 +49,28 @@ if name == "curl":
 elif name == "nvidia-smi":
     print("\n".join(f"GPU {{i}}: NVIDIA A100-SXM4-40GB" for i in range(8)))
 elif name == "aws" and args[:2] == ["ec2", "describe-instances"]:
-    print(os.environ["PEERS"])
+    print(os.environ["PEERS"].replace(";", "\n"))
+elif name == "aws" and args[:2] == ["s3api", "head-object"]:
+    sys.exit(0 if os.environ.get("FINISHED") else 254)  # 254: the CLI's status for a 404
 elif name == "aws" and args[:2] == ["ecr", "get-login-password"]:
     print("password")
 elif name == "aws" and args[:2] == ["s3", "sync"]:
     Path(args[-1]).mkdir(parents=True, exist_ok=True)
 elif name == "docker" and args[0] == "login":
     sys.stdin.read()
-elif name == "docker" and any("--check-only" in a for a in args) and os.environ.get("SAVES_MODEL"):
-    output = next(a.split(":")[0] for a in args if a.endswith(":/opt/ml/output"))
-    Path(output, "saved_model").mkdir(parents=True)
-    Path(output, "metrics.json").write_text("{{}}")
+elif name == "docker" and any("--check-only" in a for a in args):
+    output = Path(next(a.split(":")[0] for a in args if a.endswith(":/opt/ml/output")))
+    if os.environ.get("CHECKPOINTS"):  # a complete checkpoint (the marker lists every other file with its size)
+        folder = output / "checkpoints" / "checkpoint-5"
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"weights")
+        (folder / "checkpoint-complete.json").write_text(json.dumps(
+            {{"state": "complete", "step": 5, "files": {{"model.safetensors": 7}}}}))
+    if os.environ.get("TRAINING_FAILS"):
+        sys.exit(1)
+    if os.environ.get("SAVES_MODEL"):
+        (output / "saved_model").mkdir(parents=True)
+        (output / "metrics.json").write_text("{{}}")
 """
 
 
@@ -66,7 +78,7 @@ elif name == "docker" and any("--check-only" in a for a in args) and os.environ.
 def instance(tmp_path: Path) -> dict:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("aws", "curl", "docker", "nvidia-smi"):
+    for name in ("aws", "curl", "docker", "nvidia-smi", "mountpoint"):
         (bin_dir / name).write_text(FAKE.format(python=sys.executable))
         (bin_dir / name).chmod(0o755)
     work = tmp_path / "work"
@@ -89,50 +101,71 @@ def instance(tmp_path: Path) -> dict:
         "BASE_MODEL": "cardiffnlp/twitter-roberta-base-sentiment-latest",
         "EFA": "true",
         "TRAIN_ARGS": "--epochs 3 --torch-compile --bf16 --fused-adamw",
-        "PACKAGE_ARGS": "",
-        "PEERS": "10.0.1.9\t10.0.1.7",
+        # describe-instances rows (";" between rows): private IP, instance id, run-id tag.
+        "PEERS": "10.0.1.9\ti-0def\tNone;10.0.1.7\ti-0abc\tNone",
         "SAVES_MODEL": "1",
     }
     return {"work": work, "env": env, "calls": tmp_path / "calls.jsonl"}
 
 
-def _run(instance: dict, **env: str) -> list[list[str]]:
-    result = subprocess.run(["bash", "training_assets/instance/ec2_run.sh"], cwd=instance["work"], check=False,
-                            text=True, capture_output=True, env={**instance["env"], **env})  # fmt: skip
-    assert result.returncode == 0, result.stderr
+def _script(instance: dict, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "training_assets/instance/ec2_run.sh"], cwd=instance["work"], check=False,
+                          text=True, capture_output=True, env={**instance["env"], **env})  # fmt: skip
+
+
+def _calls(instance: dict) -> list[list[str]]:
     return [json.loads(line) for line in instance["calls"].read_text().splitlines()]
+
+
+def _run(instance: dict, **env: str) -> list[list[str]]:
+    result = _script(instance, **env)
+    assert result.returncode == 0, result.stderr
+    return _calls(instance)
 
 
 def _docker_runs(calls: list[list[str]]) -> list[list[str]]:
     return [call for call in calls if call[:2] == ["docker", "run"]]
 
 
-def test_two_node_efa_run_builds_trains_packages_and_uploads(instance: dict) -> None:
-    calls = _run(instance)
+def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dict) -> None:
+    result = _script(instance)
+    assert result.returncode == 0, result.stderr
+    calls = _calls(instance)
     work = str(instance["work"])
     commands = [call[:3] for call in calls if call[0] in ("aws", "docker")]
     # The registry login is a pipe: its two sides start together, in either order.
-    commands[1:3] = sorted(commands[1:3])
+    commands[2:4] = sorted(commands[2:4])
     assert commands == [
         ["aws", "ec2", "describe-instances"],
+        ["aws", "s3api", "head-object"],  # is this run id finished already?
         ["aws", "ecr", "get-login-password"],
         ["docker", "login", "--username"],
         ["docker", "build", "-t"],
+        ["aws", "s3api", "list-objects-v2"],  # the run's checkpoints in S3 (none)
         ["docker", "run", "--rm"],  # training
         ["docker", "run", "--rm"],  # packaging
         ["aws", "s3", "cp"],  # model.tar.gz
         ["aws", "s3", "cp"],  # metrics.json
     ]
+    assert "no pipeline-built image is configured (training.image_registry_account is not set)" in result.stdout
     build = next(call for call in calls if call[:2] == ["docker", "build"])
     assert "BASE_TAG=2.10.0-gpu-py313-cu130-ubuntu22.04-ec2" in build and build[-1] == "training_assets/instance/"
+    listing = next(call for call in calls if call[:2] == ["aws", "s3api"] and call[2] == "list-objects-v2")
+    assert listing[listing.index("--prefix") + 1] == "training-output/r-0123/checkpoints/"
     train, package = _docker_runs(calls)
     assert "--privileged" in train and "FI_PROVIDER=efa" in train and "awslogs-group=dev-training-logs" in train
     assert "awslogs-stream=r-0123/i-0abc/train" in train
     inside = _in_container(train[train.index("sentiment-training:latest") + 1 :])
-    assert inside[:6] == ["torchrun", "--nproc_per_node=8", "--nnodes=2", "--rdzv_backend=c10d",
-                          "--rdzv_endpoint=10.0.1.7:29500", "--rdzv_id=r-0123"]  # fmt: skip
+    # This node (10.0.1.7) is first in private-IP order: the rendezvous node. The nodes meet at the barrier, then
+    # torchrun starts with the c10d rendezvous, both bounded by RENDEZVOUS_TIMEOUT.
+    assert inside[: inside.index("--module")] == [
+        "python", "-m", "training_assets.instance.rendezvous", "--nodes", "i-0abc@10.0.1.7,i-0def@10.0.1.9",
+        "--node", "i-0abc@10.0.1.7", "--endpoint", "10.0.1.7:29500", "--run-id", "r-0123", "--timeout", "600",
+        "--max-restarts", "0", "--record", "/opt/ml/output/rendezvous.json", "--", "--nproc_per_node=8",
+    ]  # fmt: skip
     assert inside[inside.index(MODULE) + 1 :] == [
-        "--output-dir", "/opt/ml/output", "--epochs", "3", "--torch-compile", "--bf16", "--fused-adamw",
+        "--output-dir", "/opt/ml/output", "--tokenized-dir", "/opt/ml/output/tokenized",
+        "--epochs", "3", "--torch-compile", "--bf16", "--fused-adamw",
         "--dataset", "tweet_eval", "--dataset-config", "sentiment",
         "--model", "cardiffnlp/twitter-roberta-base-sentiment-latest",
     ]  # fmt: skip
@@ -148,9 +181,86 @@ def test_two_node_efa_run_builds_trains_packages_and_uploads(instance: dict) -> 
     ]
 
 
+def test_the_other_node_joins_the_barrier_with_the_run_id_of_its_tag(instance: dict) -> None:
+    """A launch tagged training-run-id=<id> names the run (a relaunch with the same tag resumes it): the rendezvous
+    id, the checkpoint prefix and the model's prefix all take it. This node is second in IP order."""
+    calls = _run(instance, PEERS="10.0.1.2\ti-0def\tsentiment-7;10.0.1.7\ti-0abc\tsentiment-7", SAVES_MODEL="",
+                 RENDEZVOUS_TIMEOUT="120", MAX_RESTARTS="2")  # fmt: skip
+    (train,) = _docker_runs(calls)
+    inside = _in_container(train[train.index("sentiment-training:latest") + 1 :])
+    assert inside[: inside.index("--")] == [
+        "python", "-m", "training_assets.instance.rendezvous", "--nodes", "i-0def@10.0.1.2,i-0abc@10.0.1.7",
+        "--node", "i-0abc@10.0.1.7", "--endpoint", "10.0.1.2:29500", "--run-id", "sentiment-7", "--timeout", "120",
+        "--max-restarts", "2", "--record", "/opt/ml/output/rendezvous.json",
+    ]  # fmt: skip
+    finished = next(call for call in calls if call[:3] == ["aws", "s3api", "head-object"])
+    assert finished[finished.index("--key") + 1] == "training-output/sentiment-7/model.tar.gz"
+
+
+def test_a_finished_run_id_is_not_trained_again(instance: dict) -> None:
+    result = _script(instance, FINISHED="1")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "run r-0123 is finished: its model is s3://dev-artifacts/training-output/r-0123/model.tar.gz; launch a new "
+        "run (another training-run-id tag)"
+    )
+    assert not [call for call in _calls(instance) if call[0] == "docker"]
+
+
+def test_every_node_pulls_the_pipeline_built_image_by_digest(instance: dict) -> None:
+    image = "999999999999.dkr.ecr.us-east-1.amazonaws.com/pytorch-platform/training@sha256:" + "a" * 64
+    result = _script(instance, TRAINING_IMAGE_URI=image)
+    assert result.returncode == 0, result.stderr
+    calls = _calls(instance)
+    assert f"training image: {image} (built and promoted by the platform's pipeline" in result.stdout
+    assert not [call for call in calls if call[:2] == ["docker", "build"]]
+    # The registry's own region (the pipeline's), not the instance's.
+    login = next(call for call in calls if call[:3] == ["aws", "ecr", "get-login-password"])
+    assert login[login.index("--region") + 1] == "us-east-1"
+    assert ["docker", "login", "--username", "AWS", "--password-stdin", image.split("/")[0]] in calls
+    assert ["docker", "pull", "--quiet", image] in calls
+    train, package = _docker_runs(calls)
+    assert image in train and image in package
+
+
+def test_inputs_and_output_are_staged_on_nvme_when_the_instance_has_it(instance: dict, tmp_path: Path) -> None:
+    nvme = tmp_path / "nvme"
+    calls = _run(instance, LOCAL_NVME="true", NVME_MOUNT=str(nvme), DATASET="s3://dev-datasets/tweets/")
+    stage = nvme / "sentiment-training"
+    assert ["mountpoint", "-q", str(nvme)] in calls
+    sync = next(call for call in calls if call[:3] == ["aws", "s3", "sync"])
+    assert sync[-1] == f"{stage}/dataset"
+    train, package = _docker_runs(calls)
+    assert f"{stage}/dataset:/opt/ml/input/data:ro" in train and f"{stage}/output:/opt/ml/output" in train
+    assert f"{stage}/output:/work/output" in package
+    uploads = [call[-2] for call in calls if call[:3] == ["aws", "s3", "cp"]]
+    assert uploads == [f"{stage}/output/model.tar.gz", f"{stage}/output/metrics.json"]
+
+
+def test_a_failed_run_uploads_its_newest_checkpoint_and_says_how_to_resume(instance: dict) -> None:
+    result = _script(instance, CHECKPOINTS="1", TRAINING_FAILS="1")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "training failed (exit status 1); to resume from its newest complete checkpoint "
+        "(s3://dev-artifacts/training-output/r-0123/checkpoints/), launch again with the instance tag "
+        "training-run-id=r-0123"
+    )
+    calls = _calls(instance)
+    work = instance["work"]
+    folder = f"{work}/output/checkpoints/checkpoint-5"
+    slot = "s3://dev-artifacts/training-output/r-0123/checkpoints/slot-0"
+    copies = [call for call in calls if call[:3] == ["aws", "s3", "cp"]]
+    # The slot is marked as being written, then the files, then the complete marker; all SSE-KMS with the key.
+    assert [call[-1] for call in copies] == [f"{slot}/checkpoint-complete.json", f"{slot}/model.safetensors",
+                                             f"{slot}/checkpoint-complete.json"]  # fmt: skip
+    assert [call[-2] for call in copies[1:]] == [f"{folder}/model.safetensors", f"{folder}/checkpoint-complete.json"]
+    assert all(call[call.index("--sse-kms-key-id") + 1] == instance["env"]["KMS_KEY_ID"] for call in copies)
+    assert len(_docker_runs(calls)) == 1  # no packaging after a failure
+
+
 def test_single_node_with_s3_inputs_and_no_model_on_this_node(instance: dict) -> None:
-    calls = _run(instance, PEERS="10.0.1.7", EFA="false", SAVES_MODEL="", DATASET="s3://dev-datasets/tweets/",
-                 BASE_MODEL="s3://dev-datasets/models/roberta/")  # fmt: skip
+    calls = _run(instance, PEERS="10.0.1.7\ti-0abc\tNone", EFA="false", SAVES_MODEL="",
+                 DATASET="s3://dev-datasets/tweets/", BASE_MODEL="s3://dev-datasets/models/roberta/")  # fmt: skip
     work = str(instance["work"])
     syncs = [call[-2:] for call in calls if call[:3] == ["aws", "s3", "sync"]]
     assert syncs == [["s3://dev-datasets/tweets/", f"{work}/dataset"],
@@ -159,9 +269,10 @@ def test_single_node_with_s3_inputs_and_no_model_on_this_node(instance: dict) ->
     assert "--privileged" not in train and "--network" not in train
     assert f"{work}/dataset:/opt/ml/input/data:ro" in train and f"{work}/base_model:/opt/ml/input/model:ro" in train
     inside = _in_container(train[train.index("sentiment-training:latest") + 1 :])
-    assert inside[:4] == ["torchrun", "--nproc_per_node=8", "--standalone", "--nnodes=1"]
-    assert inside[inside.index(MODULE) + 1 :][:6] == [
-        "--output-dir", "/opt/ml/output", "--dataset", "/opt/ml/input/data", "--model", "/opt/ml/input/model"
+    assert inside[:5] == ["torchrun", "--nproc_per_node=8", "--standalone", "--nnodes=1", "--max-restarts=0"]
+    assert inside[inside.index(MODULE) + 1 :][:8] == [
+        "--output-dir", "/opt/ml/output", "--tokenized-dir", "/opt/ml/output/tokenized",
+        "--dataset", "/opt/ml/input/data", "--model", "/opt/ml/input/model",
     ]  # fmt: skip
     assert not [call for call in calls if call[:3] == ["aws", "s3", "cp"]]
 

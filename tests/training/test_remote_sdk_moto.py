@@ -127,7 +127,9 @@ def _create_platform(templates: dict[str, dict[str, dict]], tmp_path: Path) -> P
         ["AssumeRolePolicyDocument"]))["Role"]  # fmt: skip
     vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
     subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.40.{i}.0/24")["Subnet"]["SubnetId"] for i in (1, 2)]
-    group = ec2.create_security_group(GroupName="workload", Description="workload", VpcId=vpc)["GroupId"]
+    # The endpoints' group and the jobs' own group: a request naming the wrong one is refused by the launcher policy.
+    workload = ec2.create_security_group(GroupName="workload", Description="workload", VpcId=vpc)["GroupId"]
+    group = ec2.create_security_group(GroupName="remote-jobs", Description="remote jobs", VpcId=vpc)["GroupId"]
     buckets = {}
     for name in ("RemoteJobs", "Datasets", "Artifacts"):
         buckets[name] = f"dev-foundation-{name.lower()}-moto"
@@ -147,7 +149,9 @@ def _create_platform(templates: dict[str, dict[str, dict]], tmp_path: Path) -> P
         refs.update({bucket_id: bucket, f"{bucket_id}.Arn": f"arn:aws:s3:::{bucket}"})
     for i, subnet in enumerate(subnets, start=1):
         refs[logical_id(foundation, "AWS::EC2::Subnet", f"VpcPrivateSubnet{i}Subnet")] = subnet
-    refs[f"{logical_id(foundation, 'AWS::EC2::SecurityGroup', 'WorkloadSecurityGroup')}.GroupId"] = group
+    refs[f"{logical_id(foundation, 'AWS::EC2::SecurityGroup', 'WorkloadSecurityGroup')}.GroupId"] = workload
+    # The jobs' own group (all traffic between the instances of a job): config.yaml names it.
+    refs[f"{logical_id(foundation, 'AWS::EC2::SecurityGroup', 'RemoteJobsSecurityGroup')}.GroupId"] = group
     refs[logical_id(foundation, "AWS::EC2::VPC", "Vpc")] = vpc  # the ec2:Vpc condition of the VPC attachment
 
     launcher_id = logical_id(foundation, "AWS::IAM::ManagedPolicy", "RemoteJobLauncherPolicy")
@@ -415,7 +419,8 @@ def test_the_job_runs_one_process_per_gpu_under_torchrun(platform: Platform, tmp
     (request,) = platform.create_requests
     arguments = request["AlgorithmSpecification"]["ContainerArguments"]
     assert arguments[arguments.index("--distribution") + 1] == "torchrun"
-    assert "--user_nproc_per_node" not in arguments  # nproc_per_node: the GPUs the bootstrap finds
+    # One process per GPU, as the platform's instance facts count them (8 A100s on ml.p4d.24xlarge).
+    assert arguments[arguments.index("--user_nproc_per_node") + 1] == "8"
     entrypoint = request["AlgorithmSpecification"]["ContainerEntrypoint"]
     (scripts,) = [c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]
                   if f"/opt/ml/input/data/{c['ChannelName']}/" in entrypoint[-1]]  # fmt: skip
@@ -426,8 +431,9 @@ def test_the_job_runs_one_process_per_gpu_under_torchrun(platform: Platform, tmp
     monkeypatch.setattr(bootstrap, "num_gpus", lambda: 8)
     monkeypatch.setenv("TRAINING_JOB_NAME", request["TrainingJobName"])
     distribution = arguments[arguments.index("--distribution") + 1]
+    nproc = arguments[arguments.index("--user_nproc_per_node") + 1]
     bootstrap.set_env({"current_host": "algo-1", "current_instance_type": "ml.p4d.24xlarge", "hosts": ["algo-1"],
-                       "network_interface_name": "eth0"}, distribution=distribution, user_nproc_per_node=None,
+                       "network_interface_name": "eth0"}, distribution=distribution, user_nproc_per_node=nproc,
                       output_file=str(tmp_path / "sm_training.env"))  # fmt: skip
     assert "export SM_NPROC_PER_NODE='8'" in (tmp_path / "sm_training.env").read_text().splitlines()
 

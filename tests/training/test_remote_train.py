@@ -82,7 +82,8 @@ def test_the_decorated_function_is_built_from_config_yaml(offline_sdk: Path) -> 
     assert settings.s3_root_uri == "s3://dev-remote-jobs/jobs/AROAEXAMPLE:alice@example.com"  # the caller's prefix
     assert settings.s3_kms_key == KEY
     assert settings.volume_kms_key is None  # p4d has NVMe instance storage: SageMaker refuses a volume key
-    assert settings.use_torchrun is True and settings.nproc_per_node is None  # one process per GPU found
+    assert settings.use_torchrun is True and settings.nproc_per_node == 8  # one process per GPU (instance facts)
+    assert settings.instance_count == 1 and settings.use_spot_instances is False
     assert settings.vpc_config == {"Subnets": ["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"],
                                    "SecurityGroupIds": ["sg-0123456789abcdef0"]}  # fmt: skip
     assert settings.instance_type == "ml.p4d.24xlarge"

@@ -160,10 +160,15 @@ def test_user_data_trains_packages_ships_logs_and_powers_off(training_templates,
     assert trap < next(i for i, line in enumerate(lines) if "aws s3 cp" in line)
     assert lines[trap].endswith("shutdown -h now' EXIT") and "ship_logs.py" in lines[trap]
     assert "shutdown -h +1440 " in script
+    # The global batch of one p4d node (32 x 8 GPUs) whatever the node count: 2 nodes take 16 per GPU.
     assert (
         "export TRAIN_ARGS='--epochs 3 --per-device-batch-size 32 --learning-rate 2e-05 --max-seq-length 128 "
-        "--seed 42 --torch-compile --bf16 --fused-adamw'" in script
+        "--seed 42 --torch-compile --bf16 --fused-adamw --global-batch-size 256 --checkpoint-steps 5000 "
+        "--collective-timeout 300'" in script
     )
+    for line in ("export LOCAL_NVME=true", "export RENDEZVOUS_TIMEOUT=600", "export MAX_RESTARTS=2",
+                 "export TRAINING_IMAGE_URI=''"):  # fmt: skip
+        assert line in lines, line
     assert "export DATASET=tweet_eval:sentiment" in script
     assert "export BASE_MODEL=cardiffnlp/twitter-roberta-base-sentiment-latest" in script
     assert "export IMAGE_TAG=2.10.0-gpu-py313-cu130-ubuntu22.04-ec2" in script
@@ -188,7 +193,8 @@ def test_training_log_group_is_encrypted_with_retention(training_templates, envi
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_instance_policy_is_scoped_to_this_stack(training_templates, environment) -> None:
     template = training_templates[environment]
-    (policy,) = _resources(template, "AWS::IAM::Policy").values()
+    policies = _resources(template, "AWS::IAM::Policy")
+    (policy,) = [p for name, p in policies.items() if name.startswith("TrainingInstance")]
     properties = policy["Properties"]
     assert re.fullmatch(
         rf"{environment}-Foundation:ExportsOutputRefTrainingInstanceRole\w+", properties["Roles"][0]["Fn::ImportValue"]

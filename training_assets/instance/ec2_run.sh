@@ -3,28 +3,41 @@
 # after unpacking training_assets/instance/ and inference_assets/ into the current folder). Every node of one
 # `aws ec2 run-instances --count N` call runs it; the nodes find each other through their shared reservation:
 #
-#   1. count the instances of this reservation (N nodes) and pick the rendezvous node (lowest private IP);
-#   2. log in to the regional DLC registry and build the training image from training_assets/instance/Dockerfile;
-#   3. fetch the dataset and base model when they are S3 URIs (else the script loads them from the hub);
-#   4. run launch_training.sh (torchrun, one process per GPU, c10d rendezvous and EFA on several nodes),
-#      streaming the container's output to CloudWatch Logs;
+#   1. list the instances of this reservation (N nodes, in private-IP order: the first is the rendezvous node) and
+#      the run id: the instance tag training-run-id when the launch set one, else the reservation id;
+#   2. get the training image: pull the digest the platform's pipeline built and promoted (TRAINING_IMAGE_URI), or,
+#      where none is configured, log in to the regional DLC registry and build training_assets/instance/Dockerfile;
+#   3. stage the inputs where the instance has room to read them fast (its NVMe instance storage, /opt/dlami/nvme on
+#      the DLAMI, when LOCAL_NVME is true; else the root volume): the dataset and base model when they are S3 URIs
+#      (else the script loads them from the hub), and the newest complete checkpoint of this run id, if any;
+#   4. run launch_training.sh: the nodes meet at a barrier (bounded by RENDEZVOUS_TIMEOUT seconds; a missing node
+#      stops every node with one line naming it), then torchrun (one process per GPU, c10d rendezvous, EFA on several
+#      nodes, MAX_RESTARTS worker restarts), streaming the container's output to CloudWatch Logs; meanwhile the
+#      rendezvous node uploads each new complete checkpoint to s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX<run id>/checkpoints/
+#      (SSE-KMS with $KMS_KEY_ID);
 #   5. on the node that ran rank 0: package saved_model/ into model.tar.gz (in the image, no AWS calls) and upload
-#      it with metrics.json from the host to s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX<reservation id>/ (SSE-KMS with
-#      $KMS_KEY_ID).
+#      it with metrics.json from the host to s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX<run id>/ (SSE-KMS with
+#      $KMS_KEY_ID). A run id whose model.tar.gz exists is finished: launching it again stops at step 1.
 #
 # Settings come from the environment the user data exports:
 #   AWS_REGION DLC_ACCOUNT REGISTRY_DOMAIN IMAGE_TAG LOG_GROUP ARTIFACTS_BUCKET OUTPUT_PREFIX KMS_KEY_ID
 #   DATASET (s3://... folder, or hub NAME[:CONFIG]) BASE_MODEL (s3://... folder or hub id) EFA (true|false)
 #   TRAIN_ARGS (hyper-parameter flags of train_sentiment.py)
-#   PACKAGE_ARGS (extra flags of inference_assets.tools.package_model: --vendor when the endpoint takes vendored deps)
+#   TRAINING_IMAGE_URI (optional: the pipeline-built image by digest) LOCAL_NVME (true|false, default false)
+#   RENDEZVOUS_TIMEOUT (seconds, default 600) MAX_RESTARTS (default 0) CHECKPOINT_UPLOAD_SECONDS (default 60)
 set -euo pipefail
 
 : "${AWS_REGION:?}" "${DLC_ACCOUNT:?}" "${REGISTRY_DOMAIN:?}" "${IMAGE_TAG:?}" "${LOG_GROUP:?}"
 : "${ARTIFACTS_BUCKET:?}" "${OUTPUT_PREFIX:?}" "${KMS_KEY_ID:?}" "${DATASET:?}" "${BASE_MODEL:?}" "${EFA:?}"
 TRAIN_ARGS="${TRAIN_ARGS:-}"
-PACKAGE_ARGS="${PACKAGE_ARGS:-}"
+TRAINING_IMAGE_URI="${TRAINING_IMAGE_URI:-}"
+LOCAL_NVME="${LOCAL_NVME:-false}"
+NVME_MOUNT="${NVME_MOUNT:-/opt/dlami/nvme}"  # where the DLAMI mounts the instance's NVMe storage (release notes)
+RENDEZVOUS_TIMEOUT="${RENDEZVOUS_TIMEOUT:-600}"
+MAX_RESTARTS="${MAX_RESTARTS:-0}"
+CHECKPOINT_UPLOAD_SECONDS="${CHECKPOINT_UPLOAD_SECONDS:-60}"
+RUN_ID_TAG=training-run-id
 RDZV_PORT=29500
-IMAGE=sentiment-training:latest
 WORK="$(pwd)"
 
 imds() {
@@ -37,57 +50,119 @@ instance_id="$(imds instance-id)"
 reservation="$(imds reservation-id)"
 my_ip="$(imds local-ipv4)"
 
-# --- 1. the nodes of this run ------------------------------------------------------------------------------------
-mapfile -t peers < <(aws ec2 describe-instances --region "$AWS_REGION" \
+# --- 1. the nodes of this run, and its id ------------------------------------------------------------------------
+# One row per instance: private IP, instance id, run-id tag (None when the launch set none); in private-IP order.
+mapfile -t rows < <(aws ec2 describe-instances --region "$AWS_REGION" \
   --filters "Name=reservation-id,Values=$reservation" "Name=instance-state-name,Values=pending,running" \
-  --query 'Reservations[].Instances[].PrivateIpAddress' --output text | tr '\t' '\n' | sed '/^$/d' | sort -V)
-nodes="${#peers[@]}"
-((nodes >= 1)) || { echo "no instance found for reservation $reservation" >&2; exit 1; }
-echo "run $reservation: $nodes node(s) ${peers[*]}; this node $instance_id $my_ip"
-launch_args=(--nnodes "$nodes" --log-group "$LOG_GROUP" --log-stream "$reservation/$instance_id/train"
-  --output-dir "$WORK/output")
-if ((nodes > 1)); then
-  launch_args+=(--rdzv-endpoint "${peers[0]}:$RDZV_PORT" --rdzv-id "$reservation")
+  --query "Reservations[].Instances[].[PrivateIpAddress,InstanceId,Tags[?Key=='$RUN_ID_TAG']|[0].Value]" \
+  --output text | sed '/^[[:space:]]*$/d' | sort -V)
+nodes=()
+run_id="$reservation"
+for row in "${rows[@]}"; do
+  read -r ip id tag <<<"$row"
+  nodes+=("$id@$ip")
+  if [[ "$id" == "$instance_id" && -n "$tag" && "$tag" != None ]]; then run_id="$tag"; fi
+done
+count="${#nodes[@]}"
+((count >= 1)) || { echo "no instance found for reservation $reservation" >&2; exit 1; }
+[[ "$run_id" =~ ^[A-Za-z0-9._-]{1,64}$ ]] || { echo "tag $RUN_ID_TAG='$run_id': use 1-64 letters, digits, . _ -" >&2; exit 1; }
+me="$instance_id@$my_ip"
+first_ip="${nodes[0]#*@}"
+echo "run $run_id (reservation $reservation): $count node(s) ${nodes[*]}; this node $me"
+destination="s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX$run_id"
+if aws s3api head-object --bucket "$ARTIFACTS_BUCKET" --key "$OUTPUT_PREFIX$run_id/model.tar.gz" >/dev/null 2>&1; then
+  echo "run $run_id is finished: its model is $destination/model.tar.gz; launch a new run (another $RUN_ID_TAG tag)" >&2
+  exit 1
 fi
-[[ "$EFA" == true ]] && launch_args+=(--efa)
 
 # --- 2. the training image ---------------------------------------------------------------------------------------
-registry="$DLC_ACCOUNT.dkr.ecr.$AWS_REGION.$REGISTRY_DOMAIN"
-aws ecr get-login-password --region "$AWS_REGION" | docker login --username AWS --password-stdin "$registry"
-docker build -t "$IMAGE" --build-arg "DLC_ACCOUNT=$DLC_ACCOUNT" --build-arg "REGION=$AWS_REGION" \
-  --build-arg "REGISTRY_DOMAIN=$REGISTRY_DOMAIN" --build-arg "BASE_TAG=$IMAGE_TAG" training_assets/instance/
+if [[ -n "$TRAINING_IMAGE_URI" ]]; then
+  # <account>.dkr.ecr.<region>.<domain>/<repository>@sha256:...: the pipeline's registry, maybe in another region.
+  registry="${TRAINING_IMAGE_URI%%/*}"
+  registry_region="$(cut -d. -f4 <<<"$registry")"
+  echo "training image: $TRAINING_IMAGE_URI (built and promoted by the platform's pipeline; every node pulls it)"
+  aws ecr get-login-password --region "$registry_region" | docker login --username AWS --password-stdin "$registry"
+  docker pull --quiet "$TRAINING_IMAGE_URI"
+  IMAGE="$TRAINING_IMAGE_URI"
+else
+  echo "training image: no pipeline-built image is configured (training.image_registry_account is not set):" \
+    "building training_assets/instance/Dockerfile on this node"
+  IMAGE=sentiment-training:latest
+  registry="$DLC_ACCOUNT.dkr.ecr.$AWS_REGION.$REGISTRY_DOMAIN"
+  aws ecr get-login-password --region "$AWS_REGION" | docker login --username AWS --password-stdin "$registry"
+  docker build -t "$IMAGE" --build-arg "DLC_ACCOUNT=$DLC_ACCOUNT" --build-arg "REGION=$AWS_REGION" \
+    --build-arg "REGISTRY_DOMAIN=$REGISTRY_DOMAIN" --build-arg "BASE_TAG=$IMAGE_TAG" training_assets/instance/
+fi
 
-# --- 3. inputs ---------------------------------------------------------------------------------------------------
+# --- 3. inputs, on NVMe where the instance has it -----------------------------------------------------------------
+STAGE="$WORK"
+if [[ "$LOCAL_NVME" == true ]]; then
+  if mountpoint -q "$NVME_MOUNT"; then
+    STAGE="$NVME_MOUNT/sentiment-training"
+    echo "staging the data, checkpoints and output on the instance's NVMe storage ($NVME_MOUNT)"
+  else
+    echo "warning: the instance type has NVMe storage but $NVME_MOUNT is not mounted: staging on the root volume"
+  fi
+fi
+OUT="$STAGE/output"
+mkdir -p "$OUT"
+launch_args=(--nnodes "$count" --log-group "$LOG_GROUP" --log-stream "$reservation/$instance_id/train"
+  --output-dir "$OUT" --max-restarts "$MAX_RESTARTS")
+if ((count > 1)); then
+  launch_args+=(--rdzv-endpoint "$first_ip:$RDZV_PORT" --rdzv-id "$run_id" --nodes "$(IFS=,; echo "${nodes[*]}")"
+    --node "$me" --rendezvous-timeout "$RENDEZVOUS_TIMEOUT")
+fi
+[[ "$EFA" == true ]] && launch_args+=(--efa)
 read -r -a train_args <<<"$TRAIN_ARGS"
-read -r -a package_args <<<"$PACKAGE_ARGS"
 if [[ "$DATASET" == s3://* ]]; then
-  aws s3 sync --only-show-errors "$DATASET" "$WORK/dataset"
-  launch_args+=(--data-dir "$WORK/dataset")
+  aws s3 sync --only-show-errors "$DATASET" "$STAGE/dataset"
+  launch_args+=(--data-dir "$STAGE/dataset")
 else
   train_args+=(--dataset "${DATASET%%:*}")
   [[ "$DATASET" == *:* ]] && train_args+=(--dataset-config "${DATASET#*:}")
 fi
 if [[ "$BASE_MODEL" == s3://* ]]; then
-  aws s3 sync --only-show-errors "$BASE_MODEL" "$WORK/base_model"
-  launch_args+=(--model-dir "$WORK/base_model")
+  aws s3 sync --only-show-errors "$BASE_MODEL" "$STAGE/base_model"
+  launch_args+=(--model-dir "$STAGE/base_model")
 else
   train_args+=(--model "$BASE_MODEL")
 fi
+# The newest complete checkpoint of this run id (a run launched again resumes from it; train_sentiment.py decides).
+checkpoints=(python3 training_assets/instance/checkpoint_sync.py --local "$OUT/checkpoints"
+  --s3 "$destination/checkpoints/" --kms-key-id "$KMS_KEY_ID")
+"${checkpoints[@]:0:2}" restore "${checkpoints[@]:2}"
 
-# --- 4. training -------------------------------------------------------------------------------------------------
-bash training_assets/instance/launch_training.sh --image "$IMAGE" "${launch_args[@]}" -- "${train_args[@]}"
+# --- 4. training (the rendezvous node uploads the checkpoints meanwhile) ------------------------------------------
+uploader=""
+if [[ "$me" == "${nodes[0]}" ]]; then
+  "${checkpoints[@]:0:2}" upload "${checkpoints[@]:2}" --watch "$CHECKPOINT_UPLOAD_SECONDS" &
+  uploader=$!
+fi
+status=0
+bash training_assets/instance/launch_training.sh --image "$IMAGE" "${launch_args[@]}" -- "${train_args[@]}" || status=$?
+if [[ -n "$uploader" ]]; then
+  kill -TERM "$uploader" 2>/dev/null || true  # it uploads a checkpoint it has not uploaded yet, then stops
+  wait "$uploader" || echo "warning: the last checkpoint upload failed" >&2
+fi
+if [[ -f "$OUT/rendezvous.json" ]]; then  # the rendezvous node's record of when the nodes started
+  aws s3 cp --only-show-errors --sse aws:kms --sse-kms-key-id "$KMS_KEY_ID" "$OUT/rendezvous.json" \
+    "$destination/rendezvous.json"
+fi
+if ((status != 0)); then
+  echo "training failed (exit status $status); to resume from its newest complete checkpoint" \
+    "($destination/checkpoints/), launch again with the instance tag $RUN_ID_TAG=$run_id" >&2
+  exit "$status"
+fi
 
 # --- 5. package and upload (only the node of rank 0 holds saved_model/) ------------------------------------------
-if [[ -d "$WORK/output/saved_model" ]]; then
-  destination="s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX$reservation"
+if [[ -d "$OUT/saved_model" ]]; then
   # The container only writes the archive: on its bridge network the metadata hop limit of 1 (launch template)
   # keeps the instance role's credentials from it, so every AWS call runs here on the host.
-  docker run --rm -v "$WORK:/work" -w /work "$IMAGE" \
-    python -m inference_assets.tools.package_model --model-dir output/saved_model --output output/model.tar.gz \
-    "${package_args[@]}"
+  docker run --rm -v "$WORK:/work" -v "$OUT:/work/output" -w /work "$IMAGE" \
+    python -m inference_assets.tools.package_model --model-dir output/saved_model --output output/model.tar.gz
   for file in model.tar.gz metrics.json; do
     aws s3 cp --only-show-errors --sse aws:kms --sse-kms-key-id "$KMS_KEY_ID" \
-      "$WORK/output/$file" "$destination/$file"
+      "$OUT/$file" "$destination/$file"
   done
   echo "model: $destination/model.tar.gz"
 fi

@@ -8,6 +8,13 @@
 #   --nnodes N            number of nodes (default: 1); every node runs this script with the same settings
 #   --rdzv-endpoint H:P   torchrun c10d rendezvous host:port, the first node's private IP (needed when --nnodes > 1)
 #   --rdzv-id ID          run id shared by the nodes of one run (default: sentiment)
+#   --nodes A,B,...       the run's nodes, the rendezvous node first (needed when --nnodes > 1): they meet at a
+#                         barrier on the rendezvous node before torchrun starts (rendezvous.py)
+#   --node NAME           this node, as --nodes names it
+#   --rendezvous-timeout S  seconds the nodes may start apart: the bound of the barrier and of torchrun's
+#                         rendezvous (default: 600); a node missing after it stops the run with one line naming it
+#   --max-restarts N      torchrun restarts every worker after one fails, at most N times; with checkpoints they
+#                         resume from the newest complete one (default: 0)
 #   --efa                 NCCL over EFA (p4d: 4 x 100 Gbit/s): privileged container on the host network
 #   --data-dir DIR        host folder with the dataset, mounted read-only and passed as --dataset
 #   --model-dir DIR       host folder with the base model, mounted read-only and passed as --model
@@ -29,6 +36,10 @@ gpus=""
 nnodes=1
 rdzv_endpoint=""
 rdzv_id="sentiment"
+nodes=""
+node=""
+rendezvous_timeout=600
+max_restarts=0
 efa=false
 data_dir=""
 model_dir=""
@@ -46,6 +57,10 @@ while (($#)); do
     --nnodes) nnodes="${2:?--nnodes needs a value}"; shift 2 ;;
     --rdzv-endpoint) rdzv_endpoint="${2:?--rdzv-endpoint needs a value}"; shift 2 ;;
     --rdzv-id) rdzv_id="${2:?--rdzv-id needs a value}"; shift 2 ;;
+    --nodes) nodes="${2:?--nodes needs a value}"; shift 2 ;;
+    --node) node="${2:?--node needs a value}"; shift 2 ;;
+    --rendezvous-timeout) rendezvous_timeout="${2:?--rendezvous-timeout needs a value}"; shift 2 ;;
+    --max-restarts) max_restarts="${2:?--max-restarts needs a value}"; shift 2 ;;
     --efa) efa=true; shift ;;
     --data-dir) data_dir="${2:?--data-dir needs a value}"; shift 2 ;;
     --model-dir) model_dir="${2:?--model-dir needs a value}"; shift 2 ;;
@@ -66,8 +81,13 @@ if [[ -z "$gpus" ]]; then
 fi
 [[ "$gpus" =~ ^[1-9][0-9]*$ ]] || fail "--gpus must be a positive number, got '$gpus'"
 [[ "$nnodes" =~ ^[1-9][0-9]*$ ]] || fail "--nnodes must be a positive number, got '$nnodes'"
+[[ "$rendezvous_timeout" =~ ^[1-9][0-9]*$ ]] || fail "--rendezvous-timeout must be a positive number of seconds"
+[[ "$max_restarts" =~ ^[0-9]+$ ]] || fail "--max-restarts must be 0 or more, got '$max_restarts'"
 if ((nnodes > 1)); then
   [[ "$rdzv_endpoint" =~ ^[A-Za-z0-9.-]+:[0-9]+$ ]] || fail "--nnodes $nnodes needs --rdzv-endpoint HOST:PORT"
+  IFS=, read -r -a node_list <<<"$nodes"
+  ((${#node_list[@]} == nnodes)) || fail "--nnodes $nnodes needs --nodes with $nnodes names, got '$nodes'"
+  [[ ",$nodes," == *",$node,"* && -n "$node" ]] || fail "--node must be one of --nodes ($nodes), got '$node'"
 fi
 for dir in "$data_dir" "$model_dir"; do
   [[ -z "$dir" || -d "$dir" || "$dry_run" == true ]] || fail "folder $dir does not exist"
@@ -91,7 +111,8 @@ if [[ -n "$log_group" ]]; then
   docker_cmd+=(--log-driver awslogs --log-opt "awslogs-group=$log_group" --log-opt "awslogs-stream=$log_stream")
 fi
 
-script_args=(--output-dir /opt/ml/output)
+# Tokenized splits are shared by the processes of this node, beside the output (on NVMe where ec2_run.sh stages it).
+script_args=(--output-dir /opt/ml/output --tokenized-dir /opt/ml/output/tokenized)
 docker_cmd+=(-v "$(host_path "$output_dir"):/opt/ml/output")
 if [[ -n "$data_dir" ]]; then
   docker_cmd+=(-v "$(host_path "$data_dir"):/opt/ml/input/data:ro")
@@ -102,11 +123,13 @@ if [[ -n "$model_dir" ]]; then
   script_args+=(--model /opt/ml/input/model)
 fi
 
-torchrun_cmd=(torchrun "--nproc_per_node=$gpus")
 if ((nnodes > 1)); then
-  torchrun_cmd+=("--nnodes=$nnodes" --rdzv_backend=c10d "--rdzv_endpoint=$rdzv_endpoint" "--rdzv_id=$rdzv_id")
+  # The nodes meet at a barrier first; then rendezvous.py starts torchrun with its c10d rendezvous bounded the same.
+  torchrun_cmd=(python -m training_assets.instance.rendezvous --nodes "$nodes" --node "$node"
+    --endpoint "$rdzv_endpoint" --run-id "$rdzv_id" --timeout "$rendezvous_timeout" --max-restarts "$max_restarts"
+    --record /opt/ml/output/rendezvous.json -- "--nproc_per_node=$gpus")
 else
-  torchrun_cmd+=(--standalone --nnodes=1)
+  torchrun_cmd=(torchrun "--nproc_per_node=$gpus" --standalone --nnodes=1 "--max-restarts=$max_restarts")
 fi
 
 # The image holds the code as the package it is in the repository (PYTHONPATH=/opt/training). One process checks

@@ -56,6 +56,7 @@ from transformers import (
     TrainingArguments,
 )
 
+from training_assets.instance import batch_scaling, checkpoints, data_staging
 from training_assets.instance.batching import (
     PADDING_MODES,
     BucketCollator,
@@ -125,6 +126,15 @@ class TrainConfig:
     compile_optimizer: bool | None = None
     # GPU only: torch.cuda.set_sync_debug_mode for the steady steps ("error": a hidden host-device sync fails the run).
     sync_debug: str = "off"
+    # Multi-node runs: checkpoints and resume, the collective timeout (checkpoints.py); where the tokenized splits
+    # are shared once per node (data_staging.py); the global batch and learning-rate scaling (batch_scaling.py).
+    checkpoint_steps: int = 0
+    checkpoint_dir: str | None = None
+    collective_timeout_seconds: int = checkpoints.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
+    tokenized_dir: str | None = None
+    global_batch_size: int | None = None
+    lr_scaling: str = "none"
+    reference_global_batch: int = batch_scaling.REFERENCE_GLOBAL_BATCH
 
     def __post_init__(self) -> None:
         self.labels = tuple(self.labels)
@@ -153,6 +163,8 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise TrainingInputError(f"{name} must be 0 or more, got {value}")
+        checkpoints.check(self)
+        batch_scaling.check(self)
 
 
 # --------------------------------------------------------------------------------------------------- input checks
@@ -181,11 +193,11 @@ def to_dataset(split: Split) -> Any:
 
 
 class TokenizedSplit(torch.utils.data.Dataset):
-    """Tokenized rows (``input_ids``, ``label``) as plain lists: what the collator and the samplers read. Not a
-    ``datasets.Dataset``, so a training run from local files does not import ``datasets`` (the benchmark's GPU
-    machine has no such package)."""
+    """Tokenized rows (``input_ids``, ``label``): what the collator and the samplers read. The ids are lists, or the
+    rows of the node's saved copy (data_staging.py). Not a ``datasets.Dataset``, so a training run from local files
+    does not import ``datasets`` (the benchmark's GPU machine has no such package)."""
 
-    def __init__(self, input_ids: list[list[int]], labels: list[int]) -> None:
+    def __init__(self, input_ids: Sequence[Sequence[int]], labels: list[int]) -> None:
         self.input_ids = input_ids
         self.labels = labels
 
@@ -197,6 +209,8 @@ class TokenizedSplit(torch.utils.data.Dataset):
 
     @property
     def lengths(self) -> list[int]:
+        if isinstance(self.input_ids, data_staging.RaggedRows):  # from the row offsets, without reading the rows
+            return self.input_ids.lengths()
         return [len(ids) for ids in self.input_ids]
 
 
@@ -753,7 +767,6 @@ def trainer_settings(config: TrainConfig, use_cuda: bool, distributed: bool) -> 
     without a GPU, where ``TrainingArguments`` refuses bf16)."""
     assert config.dataloader_workers is not None  # resolved
     return dict(
-        output_dir=config.output_dir,
         num_train_epochs=config.epochs,
         per_device_train_batch_size=config.per_device_batch_size,
         per_device_eval_batch_size=config.per_device_batch_size,
@@ -770,7 +783,6 @@ def trainer_settings(config: TrainConfig, use_cuda: bool, distributed: bool) -> 
         eval_strategy="epoch",
         logging_strategy="steps" if config.logging_steps else "epoch",
         logging_steps=config.logging_steps or 500,
-        save_strategy="no",
         report_to="none",
         # Full training batches only: the batch dimension stays static for torch.compile and CUDA graphs
         # (off when the split is smaller than one batch: see batch_plan).
@@ -788,6 +800,7 @@ def trainer_settings(config: TrainConfig, use_cuda: bool, distributed: bool) -> 
         dataloader_pin_memory=use_cuda,
         accelerator_config={"non_blocking": use_cuda},
         disable_tqdm=True,
+        **checkpoints.trainer_arguments(config),  # output_dir, save_*, ddp_timeout
     )
 
 
@@ -818,12 +831,16 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     # Everything that can be wrong with the input is checked before any process group or model is created.
     model_reference, raw = check_inputs(config, use_cuda)
     config = resolve(config, use_cuda)
+    # The per-device batch and learning rate that keep the same settings learning the same on any device count.
+    schedule = batch_scaling.schedule(config, batch_scaling.devices(use_cuda, torch.cuda.device_count()))
+    config = batch_scaling.apply(config, schedule)
     notes = [warning for split in raw.values() for warning in split.warnings]
     notes += label_warnings(raw["train"], config.labels)
 
     output_dir = Path(config.output_dir)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun
     args = training_arguments(config, use_cuda, distributed)
+    resume = checkpoints.resume_point(config, args.local_process_index == 0)
     world_size = args.world_size
     # train_batch_size counts every GPU of one process (nn.DataParallel when not launched by torchrun).
     global_batch = args.train_batch_size * world_size
@@ -847,14 +864,15 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     )
     max_length = min(config.max_seq_length, _position_limit(model.config, tokenizer))
     buckets = bucket_lengths(max_length)
-    # No padding here: the collator pads each batch (to its bucket, or to max_length with --padding max_length).
-    encoded = {
-        name: TokenizedSplit(
-            tokenizer(split.texts, truncation=True, max_length=max_length, return_attention_mask=False)["input_ids"],
-            list(split.labels),
-        )
-        for name, split in raw.items()
-    }
+
+    def tokenize(texts: list[str]) -> list[list[int]]:
+        # No padding here: the collator pads each batch (to its bucket, or to max_length with --padding max_length).
+        return tokenizer(texts, truncation=True, max_length=max_length, return_attention_mask=False)["input_ids"]
+
+    # Once per node: the first process tokenizes and saves, every process of the node maps the saved tokens.
+    key = data_staging.fingerprint(raw, tokenizer, max_length)
+    tokens = data_staging.tokenize_once_per_node(raw, tokenize, folder=data_staging.tokenized_dir(config), key=key)
+    encoded = {name: TokenizedSplit(split.input_ids, split.labels) for name, split in tokens.items()}
 
     cuda_graphs = use_cuda and bool(config.torch_compile) and config.torch_compile_mode in CUDA_GRAPH_MODES
     counter = TokenCounter()
@@ -871,7 +889,7 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         eval_dataset=encoded["validation"],
         processing_class=tokenizer,
         compute_metrics=compute_metrics,
-        callbacks=[meter, reporter, *([sync_check] if sync_check else []), *callbacks],
+        callbacks=[meter, reporter, *([sync_check] if sync_check else []), *checkpoints.callbacks(config), *callbacks],
         token_counter=counter,
         clone_eval_outputs=cuda_graphs,
         buckets=buckets if config.group_by_length else None,
@@ -881,7 +899,7 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     graphs_before = graphs_compiled()
     try:
         with _compile_settings(config, buckets):
-            result = trainer.train()
+            result = trainer.train(resume_from_checkpoint=resume)
     finally:
         if sync_check is not None:
             sync_check.switch(False)
@@ -918,6 +936,8 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         "throughput": meter.summary(ModelFlops.from_config(model.config)),
         "train_runtime_seconds": round(result.metrics["train_runtime"], 3),
         "saved_model": str(output_dir / SAVED_MODEL_DIR),
+        **batch_scaling.report(schedule, trainer.state.log_history),
+        **checkpoints.report(config, resume),
     }
     if sync_check is not None:
         metrics["sync_debug"] = {"mode": config.sync_debug, "steps_checked": sync_check.steps_checked}
@@ -927,6 +947,7 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         (saved / "training_args.bin").unlink(missing_ok=True)  # a pickle the served model does not need
         (output_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
     trainer.accelerator.wait_for_everyone()
+    checkpoints.finish(config, args.local_process_index == 0)
     return metrics
 
 
@@ -1023,6 +1044,8 @@ def _parser() -> argparse.ArgumentParser:
         ("use-cpu", False, "train on CPU even if a GPU is present"),
     ):
         parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=default, help=text)
+    for module in (checkpoints, data_staging, batch_scaling):
+        module.add_arguments(parser)
     parser.add_argument("--verbose", action="store_true", help="on an error, also print its traceback")
     parser.add_argument(
         "--check-only",

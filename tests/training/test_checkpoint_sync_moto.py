@@ -1,0 +1,82 @@
+"""The checkpoints' copy in S3 (checkpoint_sync.py) with the real AWS CLI (v1, the one aws-cdk-lib ships) against a
+moto server: two slots written in turn, SSE-KMS with the platform key, the newest complete one restored, and a slot
+whose upload stopped halfway never restored."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import boto3
+import pytest
+
+from tests.training import test_ec2_run_moto as ec2_run_moto
+from training_assets.instance.checkpoint_sync import MARKER, S3Checkpoints, is_complete, write_marker
+
+REGION = ec2_run_moto.REGION
+BUCKET = "checkpoint-sync"  # not the bucket test_ec2_run_moto creates on the same module-scoped moto server
+PREFIX = "training-output/r-0123/checkpoints/"
+aws_cli = ec2_run_moto.aws_cli  # the fixtures: the unpacked CLI and a moto server
+endpoint = ec2_run_moto.endpoint
+
+
+def _cli(aws_cli: Path, endpoint: str) -> Callable[[Sequence[str]], str]:
+    environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(aws_cli), "AWS_ENDPOINT_URL": endpoint,
+                   "AWS_DEFAULT_REGION": REGION, "AWS_CONFIG_FILE": "/nonexistent",
+                   "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", **ec2_run_moto.HOST_CREDENTIALS}  # fmt: skip
+
+    def run(arguments: Sequence[str]) -> str:
+        result = subprocess.run([sys.executable, str(aws_cli / "aws"), *arguments], env=environment,
+                                capture_output=True, text=True, check=False)  # fmt: skip
+        if result.returncode:
+            raise RuntimeError(result.stderr)
+        return result.stdout
+
+    return run
+
+
+def _checkpoint(root: Path, step: int) -> Path:
+    folder = root / f"checkpoint-{step}"
+    (folder / "nested").mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(bytes([step]) * 1000)
+    (folder / "nested" / "rng_state_0.pth").write_bytes(b"r" * step)
+    write_marker(folder, step)
+    return folder
+
+
+@pytest.mark.slow
+def test_checkpoints_take_turns_in_two_encrypted_slots_and_the_newest_complete_one_comes_back(
+    aws_cli: Path, endpoint: str, tmp_path: Path
+) -> None:
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=endpoint, **{
+        "aws_access_key_id": "testing", "aws_secret_access_key": "testing"})  # fmt: skip
+    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+    kms = boto3.client("kms", region_name=REGION, endpoint_url=endpoint, aws_access_key_id="testing",
+                       aws_secret_access_key="testing")  # fmt: skip
+    key = kms.create_key()["KeyMetadata"]["Arn"]
+    remote = S3Checkpoints(f"s3://{BUCKET}/{PREFIX}", kms_key_id=key, aws=_cli(aws_cli, endpoint))
+    local = tmp_path / "node-a"
+
+    assert remote.newest() is None and remote.restore(tmp_path / "empty") is None
+    for step in (5, 10, 15):
+        assert remote.upload(_checkpoint(local, step))
+    assert not remote.upload(local / "checkpoint-15")  # already there
+    slots = remote.slots()
+    # 5 went to slot-0, 10 to slot-1, 15 over the older of the two (slot-0): the newest complete one is never hit.
+    assert {slot: marker and marker["step"] for slot, marker in slots.items()} == {"slot-0": 15, "slot-1": 10}
+    for item in s3.list_objects_v2(Bucket=BUCKET, Prefix=PREFIX)["Contents"]:
+        head = s3.head_object(Bucket=BUCKET, Key=item["Key"])
+        assert (head["ServerSideEncryption"], head["SSEKMSKeyId"]) == ("aws:kms", key), item["Key"]
+
+    restored = remote.restore(tmp_path / "node-b")
+    assert restored == tmp_path / "node-b" / "checkpoint-15" and is_complete(restored)
+    assert (restored / "nested" / "rng_state_0.pth").read_bytes() == b"r" * 15
+
+    # An upload of 20 stopped after marking slot-1 as being written: slot-0 (15) stays the newest complete one.
+    s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}slot-1/{MARKER}", Body=b'{"state": "writing", "step": 20}')
+    assert remote.newest() is not None and remote.newest()[1]["step"] == 15  # type: ignore[index]
+    # A slot missing one of its marker's files is not complete either: nothing is left to resume from.
+    s3.delete_object(Bucket=BUCKET, Key=f"{PREFIX}slot-0/nested/rng_state_0.pth")
+    assert remote.newest() is None and remote.restore(tmp_path / "node-c") is None
