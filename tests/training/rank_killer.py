@@ -4,7 +4,7 @@ under torchrun and alone.
 
     python tests/training/rank_killer.py --kill-rank 1 --kill-at-step 12 <train_sentiment.py arguments>
 
-Only the first attempt is killed: under torchrun the restarted workers (TORCHELASTIC_RESTART_COUNT > 0) run on.
+Only the first attempt is killed: workers that torchrun restarts (TORCHELASTIC_RESTART_COUNT > 0) run on.
 """
 
 from __future__ import annotations

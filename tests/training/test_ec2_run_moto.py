@@ -101,7 +101,15 @@ def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: P
     archive = s3.get_object(Bucket=BUCKET, Key=prefix + "model.tar.gz")["Body"].read()
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         names = set(tar.getnames())
-    assert {"config.json", "model.safetensors", "code/inference.py", "code/requirements.txt"} <= names
+    # The Ray Serve archive the Graviton endpoint serves: model files, Ray's config and deployment, the serving code.
+    ray_archive = {
+        "config.json",
+        "model.safetensors",
+        "config.yaml",
+        "deployment.py",
+        "code/sentiment_serving/ray_server.py",
+    }
+    assert ray_archive <= names
     metrics = s3.get_object(Bucket=BUCKET, Key=prefix + "metrics.json")["Body"].read()
     assert json.loads(metrics) == {"eval_accuracy": 0.7}
     # The container's output went to the run's stream through Docker's awslogs driver.
