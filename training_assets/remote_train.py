@@ -67,7 +67,7 @@ class RemoteSetupError(ValueError):
 # ------------------------------------------------------------------------------------------- inside the training job
 
 
-def _download(uri: str, target: Path) -> Path:
+def download_once_per_instance(uri: str, target: Path) -> Path:
     """Copy an s3:// folder into ``target`` once per instance (the job role reads the datasets bucket).
 
     Under torchrun every process of the instance runs this: the first to take the lock downloads, the others wait
@@ -114,7 +114,7 @@ def run_training_job(config: dict[str, Any], checkpoints: os.PathLike[str] | Non
     for field, name in (("dataset", "dataset"), ("model", "base_model")):
         value = getattr(settings, field)
         if value.startswith("s3://"):
-            local: dict[str, Any] = {field: str(_download(value, JOB_INPUT_DIR / name))}
+            local: dict[str, Any] = {field: str(download_once_per_instance(value, JOB_INPUT_DIR / name))}
             settings = replace(settings, **local)
     # The instance's processes share one tokenized copy (the output folder below is each process's own).
     settings = replace(settings, tokenized_dir=settings.tokenized_dir or str(JOB_INPUT_DIR / "tokenized"))

@@ -193,13 +193,20 @@ def test_image_uri_override_is_the_image_whose_python_is_checked(offline_sdk: Pa
     assert config["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]["ImageUri"] == image
 
 
-def test_inputs_are_downloaded_once_per_instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under torchrun every process of an instance asks for the dataset; the first downloads, the others reuse it."""
-    downloads: list[str] = []
-    monkeypatch.setattr(remote_train, "_download_folder", lambda uri, target: downloads.append(uri))
-    for _ in range(3):
-        assert remote_train._download("s3://datasets/tweets/", tmp_path / "dataset") == tmp_path / "dataset"
-    assert downloads == ["s3://datasets/tweets/"]
+def test_inputs_are_downloaded_once_per_instance(tmp_path: Path, mocked_aws: str) -> None:
+    """Under torchrun every process of an instance asks for the dataset; the first downloads, the others reuse it
+    (after the first, the S3 folder is emptied: a second download would fail with "holds no files")."""
+    import boto3
+
+    s3 = boto3.client("s3", region_name=mocked_aws)
+    s3.create_bucket(Bucket="datasets", CreateBucketConfiguration={"LocationConstraint": mocked_aws})
+    s3.put_object(Bucket="datasets", Key="tweets/train.jsonl", Body=b'{"text": "hi", "label": 1}\n')
+    target = tmp_path / "dataset"
+    assert remote_train.download_once_per_instance("s3://datasets/tweets/", target) == target
+    s3.delete_object(Bucket="datasets", Key="tweets/train.jsonl")
+    for _ in range(2):
+        assert remote_train.download_once_per_instance("s3://datasets/tweets/", target) == target
+    assert (target / "train.jsonl").read_bytes() == b'{"text": "hi", "label": 1}\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset", "dataset.done", "dataset.lock"]
 
 
