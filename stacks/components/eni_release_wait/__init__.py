@@ -14,11 +14,11 @@ from typing import cast
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks.compliance import acknowledge, acknowledge_control, acknowledge_wildcards
+from stacks.compliance import acknowledge_wildcards
+from stacks.components.stack_function import stack_function
 
 HANDLER_DIR = Path(__file__).resolve().parent
 # Lambda's limit; the handler keeps 30 s of it to answer CloudFormation, so it waits up to 14.5 minutes.
@@ -73,38 +73,20 @@ class EniReleaseWait(Construct):
         acknowledge_wildcards(
             self.policy, (describe, "ec2:DescribeNetworkInterfaces has no resource-level permissions.")
         )
-        self.function = lambda_.Function(
+        self.function = stack_function(
             self,
-            "Function",
-            runtime=lambda_.Runtime.PYTHON_3_14,
-            handler="handler.handler",
-            code=lambda_.Code.from_asset(str(HANDLER_DIR), exclude=["__init__.py", "__pycache__", "*.pyc"]),
+            handler_dir=HANDLER_DIR,
             timeout=TIMEOUT,
-            memory_size=128,
             role=self.role,
+            policy=self.policy,
             log_group=self.log_group,
             description="On delete: wait until no network interface of the SageMaker security group remains",
-        )
-        # The function may not run before its permissions exist, nor lose them while it waits. CDK also makes it
-        # depend on the role its Role property already references (cfn-lint W3005): name only the policy.
-        cast(lambda_.CfnFunction, self.function.node.default_child).add_override(
-            "DependsOn", [stack.get_logical_id(cast(iam.CfnManagedPolicy, self.policy.node.default_child))]
-        )
-        acknowledge(
-            self.function,
-            "Kept out of the VPC on purpose: its own network interfaces would sit in the subnets whose release it "
-            "waits for. CloudFormation invokes it once per stack operation, so neither reserved concurrency (which "
-            "can fail in new accounts with a low concurrency quota) nor a dead-letter queue (CloudFormation gets "
-            "every answer, failure included) adds anything.",
-            "NIST.800.53.R5-LambdaInsideVPC",
-            "NIST.800.53.R5-LambdaConcurrency",
-            "NIST.800.53.R5-LambdaDLQ",
-        )
-        acknowledge_control(
-            self.function,
-            "Kept out of the VPC on purpose (CT.LAMBDA.PR.3): its own network interfaces would sit in the subnets "
-            "whose release it waits for; it calls only the EC2 and SageMaker APIs.",
-            "lambda_inside_vpc_check",
+            outside_vpc="Kept out of the VPC on purpose: its own network interfaces would sit in the subnets whose "
+            "release it waits for.",
+            outside_vpc_control=(
+                "Kept out of the VPC on purpose (CT.LAMBDA.PR.3): its own network interfaces would sit in the subnets "
+                "whose release it waits for; it calls only the EC2 and SageMaker APIs."
+            ),
         )
         self.resource = cdk.CustomResource(
             self,

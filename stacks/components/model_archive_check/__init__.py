@@ -17,12 +17,12 @@ from typing import cast
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct, IConstruct
 
-from stacks.compliance import acknowledge, acknowledge_control, acknowledge_short_retention
+from stacks.compliance import acknowledge_short_retention
+from stacks.components.stack_function import stack_function
 
 HANDLER_DIR = Path(__file__).resolve().parent
 # One HeadObject: seconds. CloudFormation waits no longer than this (plus a minute) for an answer.
@@ -81,38 +81,20 @@ class ModelArchiveCheck(Construct):
                 ),
             ],
         )
-        self.function = lambda_.Function(
+        self.function = stack_function(
             self,
-            "Function",
-            runtime=lambda_.Runtime.PYTHON_3_14,
-            handler="handler.handler",
-            code=lambda_.Code.from_asset(str(HANDLER_DIR), exclude=["__init__.py", "__pycache__", "*.pyc"]),
+            handler_dir=HANDLER_DIR,
             timeout=TIMEOUT,
-            memory_size=128,
             role=self.role,
+            policy=self.policy,
             log_group=self.log_group,
             description="Before the endpoint's model: fail the deploy with one sentence when the archive is absent",
-        )
-        # The function may not run before its permissions exist. CDK also makes it depend on the role its Role
-        # property already references (cfn-lint W3005): name only the policy.
-        cast(lambda_.CfnFunction, self.function.node.default_child).add_override(
-            "DependsOn", [stack.get_logical_id(cast(iam.CfnManagedPolicy, self.policy.node.default_child))]
-        )
-        acknowledge(
-            self.function,
-            "Calls only the S3 API, once per deploy that changes the model key: a VPC adds nothing but network "
-            "interfaces. CloudFormation invokes it once per stack operation, so neither reserved concurrency (which "
-            "can fail in new accounts with a low concurrency quota) nor a dead-letter queue (CloudFormation gets "
-            "every answer, failure included) adds anything.",
-            "NIST.800.53.R5-LambdaInsideVPC",
-            "NIST.800.53.R5-LambdaConcurrency",
-            "NIST.800.53.R5-LambdaDLQ",
-        )
-        acknowledge_control(
-            self.function,
-            "Outside the VPC on purpose (CT.LAMBDA.PR.3): it makes one S3 HeadObject call per deploy that changes "
-            "the model key and reads no data; in the VPC it would only add network interfaces.",
-            "lambda_inside_vpc_check",
+            outside_vpc="Calls only the S3 API, once per deploy that changes the model key: a VPC adds nothing but "
+            "network interfaces.",
+            outside_vpc_control=(
+                "Outside the VPC on purpose (CT.LAMBDA.PR.3): it makes one S3 HeadObject call per deploy that changes "
+                "the model key and reads no data; in the VPC it would only add network interfaces."
+            ),
         )
         self.resource = cdk.CustomResource(
             self,
