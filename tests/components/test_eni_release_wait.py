@@ -16,6 +16,7 @@ from aws_cdk.assertions import Match, Template
 from botocore.stub import Stubber
 
 from stacks.components.eni_release_wait import EniReleaseWait, handler
+from tests.components.cloudformation_answers import capture_answers
 
 GROUP = "sg-0123456789abcdef0"
 FILTER = {"Filters": [{"Name": "group-id", "Values": [GROUP]}]}
@@ -141,24 +142,8 @@ def _event(request_type: str) -> dict[str, Any]:
 
 @pytest.fixture
 def answers(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    sent: list[dict[str, Any]] = []
-
-    class _Response:
-        status = 200
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            return None
-
-    def urlopen(request, timeout: float):
-        assert request.method == "PUT" and request.full_url.startswith("https://")
-        sent.append(json.loads(request.data))
-        return _Response()
-
-    monkeypatch.setattr(handler.urllib.request, "urlopen", urlopen)
-    return sent
+    """What the handler answers CloudFormation (the PUT to the pre-signed URL)."""
+    return capture_answers(monkeypatch, handler)
 
 
 @pytest.mark.parametrize("request_type", ["Create", "Update"])

@@ -17,6 +17,7 @@ from moto import mock_aws
 from ops_review.iam_policy import Call, Request, is_allowed, logical_id, requests_for, role_policies
 from stacks.components.model_archive_check import ModelArchiveCheck, handler
 from tests.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
+from tests.components.cloudformation_answers import capture_answers
 
 KEY = "endpoints/sentiment/model-v2.tar.gz"
 SETTING = "environments.staging.graviton_endpoint.model_data_key"
@@ -67,24 +68,7 @@ def _event(request_type: str, bucket: str) -> dict[str, Any]:
 @pytest.fixture
 def answers(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """What the handler answers CloudFormation (the PUT to the pre-signed URL)."""
-    sent: list[dict[str, Any]] = []
-
-    class _Response:
-        status = 200
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            return None
-
-    def urlopen(request, timeout: float):
-        assert request.method == "PUT" and request.full_url.startswith("https://")
-        sent.append(json.loads(request.data))
-        return _Response()
-
-    monkeypatch.setattr(handler.urllib.request, "urlopen", urlopen)
-    return sent
+    return capture_answers(monkeypatch, handler)
 
 
 def _refs(template: dict[str, Any]) -> dict[str, Any]:
