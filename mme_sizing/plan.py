@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import math
+import statistics
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -90,7 +91,10 @@ WORKERS_PER_MODEL = 1
 # environments (parity search included) takes seconds.
 WARMUP_S = 30.0
 WINDOW_S = 60.0
-SEED = 0  # every plan is deterministic
+SEED = 0  # every plan is deterministic: the parity search and the advice run this seed
+# The table's rows also run seeds SEED..SEEDS-1 and show their spread: a pattern that keeps up on one seed and not on
+# another is at the edge of its capacity, and the plan says so.
+SEEDS = 3
 # "Keeps up": within 10% of uniform's throughput (the issue's parity rule), uniform itself serving 90% of the offered
 # rate, and p99 within the objective.
 PARITY_SHARE = 0.9
@@ -157,10 +161,33 @@ def sizing_inputs(endpoint: SizingInputs | EndpointSettings) -> SizingInputs:
 
 
 @dataclass(frozen=True)
+class SeedSpread:
+    """One pattern over ``seeds`` seeds: the standard deviations of its figures and how many seeds keep up."""
+
+    seeds: int
+    throughput_sd: float
+    hit_ratio_sd: float
+    keeping_up: int
+
+    @classmethod
+    def of(cls, runs: list[tuple[Prediction, bool]]) -> SeedSpread:
+        def sd(values: list[float]) -> float:
+            return statistics.stdev(values) if len(values) > 1 else 0.0
+
+        return cls(
+            seeds=len(runs),
+            throughput_sd=sd([prediction.throughput_rps for prediction, _ in runs]),
+            hit_ratio_sd=sd([prediction.hit_ratio for prediction, _ in runs]),
+            keeping_up=sum(keeps for _, keeps in runs),
+        )
+
+
+@dataclass(frozen=True)
 class PatternPlan:
     pattern: str
-    prediction: Prediction
+    prediction: Prediction  # seed SEED
     keeps_up: bool
+    spread: SeedSpread  # over SEEDS seeds
 
 
 @dataclass(frozen=True)
@@ -181,7 +208,12 @@ class EndpointPlan:
             "instances": self.instances,
             "autoscaled_instances": self.autoscaled_instances,
             "patterns": [
-                {**dataclasses.asdict(row.prediction), "vs_uniform": _vs_uniform(self, row), "keeps_up": row.keeps_up}
+                {
+                    **dataclasses.asdict(row.prediction),
+                    "vs_uniform": _vs_uniform(self, row),
+                    "keeps_up": row.keeps_up,
+                    "seeds": dataclasses.asdict(row.spread),
+                }
                 for row in self.patterns
             ],
             "parity_instances": self.parity_instances,
@@ -219,12 +251,21 @@ def _model_cost(inputs: SizingInputs) -> ModelCost:
 
 
 @cache
-def simulate_pattern(inputs: SizingInputs, instances: int, pattern: str) -> Prediction:
+def simulate_pattern(inputs: SizingInputs, instances: int, pattern: str, seed: int = SEED) -> Prediction:
     """One pattern, open loop at the planned rate, from the prewarmed steady state (cached per process)."""
     workload = Workload(pattern, inputs.models, requests_per_second=inputs.requests_per_second)
     return simulate_fleet(
-        _fleet(inputs, instances), _model_cost(inputs), workload, duration_s=WINDOW_S, warmup_s=WARMUP_S, seed=SEED
+        _fleet(inputs, instances), _model_cost(inputs), workload, duration_s=WINDOW_S, warmup_s=WARMUP_S, seed=seed
     )
+
+
+def _seed_spread(inputs: SizingInputs, instances: int, pattern: str) -> SeedSpread:
+    runs = []
+    for seed in range(SEED, SEED + SEEDS):
+        uniform = simulate_pattern(inputs, instances, "uniform", seed)
+        prediction = simulate_pattern(inputs, instances, pattern, seed)
+        runs.append((prediction, keeps_up(inputs, prediction, uniform)))
+    return SeedSpread.of(runs)
 
 
 def keeps_up(inputs: SizingInputs, prediction: Prediction, uniform: Prediction) -> bool:
@@ -362,6 +403,15 @@ def advice(
             f"Autoscaling settles on {_instances(autoscaled)} at {inputs.requests_per_second:g} requests/s: lower "
             f"{SETTINGS_PREFIX}.autoscaling.target_invocations_per_instance to {target} so that it reaches {parity}."
         )
+    count = autoscaled if simulated is None else simulated
+    for row in plan_rows:
+        if 0 < row.spread.keeping_up < row.spread.seeds:
+            lines.append(
+                f"On {_instances(count)} the {row.pattern} pattern keeps up in {row.spread.keeping_up} of "
+                f"{row.spread.seeds} seeds: the rate is at the edge of what this count holds; leave a margin with a "
+                f"higher {SETTINGS_PREFIX}.autoscaling.min_capacity or a lower "
+                f"{SETTINGS_PREFIX}.autoscaling.target_invocations_per_instance."
+            )
     if simulated is not None and simulated < parity and not all(row.keeps_up for row in plan_rows):
         lines.append(
             f"On {_instances(simulated)} a pattern falls behind until autoscaling adds instances: if this rate can "
@@ -377,7 +427,7 @@ def predict(inputs: SizingInputs, instances: int | None = None) -> EndpointPlan:
     count = autoscaled if instances is None else instances
     uniform = simulate_pattern(inputs, count, "uniform")
     rows = tuple(
-        PatternPlan(pattern, prediction, keeps_up(inputs, prediction, uniform))
+        PatternPlan(pattern, prediction, keeps_up(inputs, prediction, uniform), _seed_spread(inputs, count, pattern))
         for pattern in PATTERNS
         for prediction in [simulate_pattern(inputs, count, pattern)]
     )
@@ -405,6 +455,7 @@ TABLE_HEADERS = (
     "p99 ms",
     "cold loads/min",
     "keeps up",
+    "seeds keeping up",
 )
 
 
@@ -423,13 +474,14 @@ def table_rows(plan: EndpointPlan) -> list[list[str]]:
         [
             row.pattern,
             str(plan.instances),
-            f"{row.prediction.throughput_rps:.1f}",
+            f"{row.prediction.throughput_rps:.1f} ± {row.spread.throughput_sd:.1f}",
             f"{_vs_uniform(plan, row):.2f}",
-            f"{row.prediction.hit_ratio:.1%}",
+            f"{row.prediction.hit_ratio:.1%} ± {row.spread.hit_ratio_sd:.1%}",
             f"{row.prediction.p50_ms:.0f}",
             f"{row.prediction.p99_ms:.0f}",
             f"{row.prediction.cold_loads_per_minute:.1f}",
             "yes" if row.keeps_up else "NO",
+            f"{row.spread.keeping_up}/{row.spread.seeds}",
         ]
         for row in plan.patterns
     ]

@@ -15,7 +15,9 @@ import pytest
 
 from mme_sizing import costs
 from mme_sizing.plan import (
+    SEEDS,
     PatternPlan,
+    SeedSpread,
     SizingInputs,
     advice,
     autoscaled_instances,
@@ -38,7 +40,8 @@ def sizing(**changes: object) -> SizingInputs:
 
 def rows(*, hot_model_keeps_up: bool = True) -> tuple[PatternPlan, ...]:
     prediction = Prediction("any", 100, 10.0, 1.0, 100.0, 200.0, 0.0, 0, 0, 0, 60.0)
-    return tuple(PatternPlan(p, prediction, p != "hot-model" or hot_model_keeps_up) for p in PATTERNS)
+    keeps = {p: p != "hot-model" or hot_model_keeps_up for p in PATTERNS}
+    return tuple(PatternPlan(p, prediction, keeps[p], SeedSpread(SEEDS, 0.0, 0.0, SEEDS * keeps[p])) for p in PATTERNS)
 
 
 @pytest.mark.parametrize(
@@ -130,6 +133,27 @@ def test_plans_are_deterministic_and_cached() -> None:
     assert predict(inputs) == plan  # same seed, same prediction
 
 
+def test_a_pattern_at_the_edge_of_its_capacity_is_named_by_its_spread_over_seeds() -> None:
+    """Near the rate one instance holds, seeds disagree: the table shows it and the advice says so, even where seed 0
+    alone would call the plan fine."""
+    edges = []
+    for rate in (26, 30, 33, 36):  # dev's instance type, one instance: from comfortable to overloaded
+        plan = predict(sizing(models=12, instance_type="ml.c5.2xlarge", min_capacity=1, max_capacity=1,
+                              requests_per_second=rate))  # fmt: skip
+        for row in plan.patterns:
+            assert row.spread.seeds == SEEDS and 0 <= row.spread.keeping_up <= SEEDS
+            assert row.spread.keeping_up > 0 if row.keeps_up else row.spread.keeping_up < SEEDS  # seed 0 is one of them
+            at_edge = 0 < row.spread.keeping_up < SEEDS
+            said = any(f"the {row.pattern} pattern keeps up in {row.spread.keeping_up} of" in line
+                       for line in plan.advice)  # fmt: skip
+            assert said == at_edge
+            if at_edge:
+                assert row.spread.throughput_sd > 0 or row.spread.hit_ratio_sd > 0
+                edges.append((rate, row.pattern, row.keeps_up))
+    assert edges, "no rate between comfortable and overloaded put a pattern at the edge"
+    assert any(keeps for _, _, keeps in edges), "a single seed would have hidden an edge"
+
+
 # --- the command -----------------------------------------------------------------------------------------------------
 
 
@@ -155,7 +179,8 @@ def test_command_prints_three_patterns_parity_and_advice_per_environment(
     for block in blocks:
         lines = block.splitlines()
         assert lines[1].split() == ["pattern", "instances", "throughput/s", "vs", "uniform", "hit", "ratio", "p50",
-                                    "ms", "p99", "ms", "cold", "loads/min", "keeps", "up"]  # fmt: skip
+                                    "ms", "p99", "ms", "cold", "loads/min", "keeps", "up", "seeds", "keeping",
+                                    "up"]  # fmt: skip
         assert [line.split()[0] for line in lines[2:5]] == list(PATTERNS)
         assert lines[5].startswith("Parity: ")
         assert all(line.startswith("- ") for line in lines[6:]) and len(lines) > 6
