@@ -52,7 +52,7 @@ from benchmarks.mme_window import Budget, CpuAccount, lru_loads
 from inference_assets.local.local_mme import LocalModelServer, LocalMultiModelEndpoint
 from inference_assets.tools.publish_models import build_archive, copy_names
 from mme_sizing.simulation import HOT_SET, PATTERNS
-from mme_sizing.validation import SEEDS, judge, predict, write_results
+from mme_sizing.validation import SEEDS, judge, predict_row, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE_REPEATS = 3
@@ -294,12 +294,17 @@ def _run(endpoint: LocalMultiModelEndpoint, server: LocalModelServer, resident: 
 
 
 def render(path: Path) -> None:
-    """Judge a results file's measured rows again (the current verdict rules, a rate interval cut at 0) and rewrite
-    its .json and .md: the same measurements, the current report."""
+    """Judge a results file's measured rows again (the current verdict rules, a rate interval cut at 0, the
+    diagnosis at the window's load cost where it is missing) and rewrite its .json and .md: the same measurements,
+    the current report."""
     result = json.loads(path.read_text())
+    settings = result["settings"]
     for row in result["rows"]:
         if row["tps_interval"] is not None:
             row["tps_interval"]["low"] = max(0.0, row["tps_interval"]["low"])
+        if "predicted_at_window_load_cost" not in row:  # results from before the diagnosis: the same prediction
+            predict_row(row, result["costs"], users=settings["users"], warmup_s=settings["warmup_s"],
+                        seeds=result["seeds"])  # fmt: skip
         judge(row)
     write_results(result, path.parent, path.stem)
 
@@ -337,18 +342,8 @@ def main(argv: list[str] | None = None) -> int:
                 for pattern in args.patterns:
                     row = _run(endpoint, server, resident, pattern, args, cpu)
                     row.update(models=args.models, resident=resident)
-                    row["predicted"] = predict(
-                        costs,
-                        cores=row["cpu"]["cores_left"],
-                        models=args.models,
-                        resident=resident,
-                        pattern=pattern,
-                        users=args.users,
-                        window_s=row["window_s"],
-                        warmup_s=args.warmup,
-                        seeds=args.seeds,
-                    )
-                    judge(row)  # fmt: skip
+                    predict_row(row, costs, users=args.users, warmup_s=args.warmup, seeds=args.seeds)
+                    judge(row)
                     rows.append(row)
                     print(_line(row), flush=True)
                     settings = {"users": args.users, "warmup_s": args.warmup, **dataclasses.asdict(args.budget)}

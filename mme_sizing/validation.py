@@ -80,6 +80,20 @@ def predict(
     }
 
 
+def predict_row(row: dict[str, Any], costs: dict[str, Any], *, users: int, warmup_s: float, seeds: int) -> None:
+    """Predict a measured row's window (``predicted``) and, as a diagnosis, the same window with the load cost the
+    run itself showed (``predicted_at_window_load_cost``): when only the second agrees, the simulation's physics hold
+    and the probe's load cost was the input that did not."""
+    window = {"cores": row["cpu"]["cores_left"], "models": row["models"], "resident": row["resident"],
+              "pattern": row["pattern"], "users": users, "window_s": row["window_s"], "warmup_s": warmup_s,
+              "seeds": seeds}  # fmt: skip
+    row["predicted"] = predict(costs, **window)
+    load_cpu_s = window_load_cpu_s(row, costs)
+    row["predicted_at_window_load_cost"] = (
+        None if math.isnan(load_cpu_s) else predict({**costs, "load_cpu_s": load_cpu_s}, **window)
+    )
+
+
 def _spread(values: list[float]) -> dict[str, float]:
     return {
         "mean": statistics.fmean(values),
@@ -182,8 +196,9 @@ def write_results(result: dict[str, Any], output_dir: Path, name: str = "mme_fle
         f"{max(0.0, costs['first_load_s'] - costs['reload_s']):.2f} s, unload {costs['unload_s']:.3f} s.",
         "",
         "| models | resident | pattern | requests | loads | measured TPS [95% CI] | predicted TPS | TPS verdict "
-        "| measured hit ratio [95% CI] | predicted | hit verdict | cores | window | passes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| measured hit ratio [95% CI] | predicted | hit verdict | cores | window | passes | predicted TPS at the "
+        "window's load cost |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
@@ -191,7 +206,7 @@ def write_results(result: dict[str, Any], output_dir: Path, name: str = "mme_fle
             f"{_cell(row, 'tps')} | {_predicted(row, 'tps')} | {row['tps_verdict']} ({row['tps_error']:+.0%}) | "
             f"{_cell(row, 'hit_ratio')} | {_predicted(row, 'hit_ratio')} | {row['hit_ratio_verdict']} | "
             f"{row['cpu']['cores_left']:.2f} | {row['window_s']:.0f} s{'' if row['conclusive'] else ', inconclusive'} "
-            f"| {outcome(row)} |"
+            f"| {outcome(row)} | {_at_window_load_cost(row)} |"
         )
     lines += [
         "",
@@ -210,16 +225,37 @@ def write_results(result: dict[str, Any], output_dir: Path, name: str = "mme_fle
             "registered models), and the loads an ideal LRU cache of the limit would have made for the same "
             "requests in the same order:",
             "",
-            "| models | resident limit | pattern | harness held | TorchServe registered | loads | ideal LRU loads |",
-            "|---|---|---|---|---|---|---|",
+            "| models | resident limit | pattern | harness held | TorchServe registered | loads | ideal LRU loads | "
+            f"load CPU s in the window (the prediction's: {costs['load_cpu_s']:.2f}) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for row in rows:
             samples = row.get("samples", {})
             lines.append(
                 f"| {row['models']} | {row['resident']} | {row['pattern']} | {samples.get('resident', math.nan):.1f} "
-                f"| {samples.get('registered', math.nan):.1f} | {row['model_loads']} | {row['replay_loads']} |"
+                f"| {samples.get('registered', math.nan):.1f} | {row['model_loads']} | {row['replay_loads']} | "
+                f"{window_load_cpu_s(row, costs):.2f} |"
             )
     (output_dir / f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
+def _at_window_load_cost(row: dict[str, Any]) -> str:
+    again = row.get("predicted_at_window_load_cost")
+    if not again:
+        return "no loads"
+    tps = again["tps"]["mean"]
+    return f"{tps:.2f} ({verdict(tps, row['tps_interval'])}, {relative_error(tps, row['tps']):+.0%})"
+
+
+def window_load_cpu_s(row: dict[str, Any], costs: dict[str, Any]) -> float:
+    """What a load cost in the run's own window: the server's CPU (Java frontend and workers) less what its requests
+    took at the probe's per-request cost, per load (NaN without loads). Set beside the probe's ``load_cpu_s`` (the
+    prediction's input), it shows when the probe's cost does not hold for the run."""
+    if not row["model_loads"]:
+        return math.nan
+    per_request = costs["own_models_cpu_per_request"]
+    server_s = row["cpu"]["frontend_s"] + row["cpu"]["workers_s"]
+    return (server_s - row["requests"] * (per_request["frontend_s"] + per_request["workers_s"])) / row["model_loads"]
 
 
 def _resident_words(rows: list[dict[str, Any]]) -> str:

@@ -10,12 +10,23 @@ from pathlib import Path
 import pytest
 
 from mme_sizing.intervals import batch_means, wilson
-from mme_sizing.validation import INSIDE, OUTSIDE, WITHIN, judge, predict, verdict, write_results
+from mme_sizing.validation import (
+    INSIDE,
+    OUTSIDE,
+    WITHIN,
+    judge,
+    predict,
+    predict_row,
+    verdict,
+    window_load_cpu_s,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 COSTS = {"first_load_s": 4.2, "reload_s": 4.0, "unload_s": 0.03, "warm_request_s": 0.007, "one_model_rps": 250.0,
          "own_models_rps": 180.0, "worker_s": 0.004, "frontend_s": 0.007, "concurrent_reload_s": 9.0,
-         "load_cpu_s": 4.5}  # fmt: skip
+         "load_cpu_s": 4.5, "own_models_cpu_per_request": {"client_s": 0.001, "frontend_s": 0.002,
+                                                           "workers_s": 0.002}}  # fmt: skip
 WINDOW = {"users": 4, "window_s": 120.0, "warmup_s": 10.0}
 
 
@@ -66,7 +77,8 @@ def _row(measured_tps: list[float], hits: int, requests: int, predicted_tps: flo
         "models": 16, "resident": 4, "pattern": "uniform", "requests": requests, "model_loads": requests - hits,
         "tps": tps.estimate, "tps_interval": tps.as_dict(), "hit_ratio": hit_ratio.estimate,
         "hit_ratio_interval": hit_ratio.as_dict(), "window_s": 50.0, "conclusive": True,
-        "cpu": {"cores_left": 1.6}, "samples": {"resident": 3.9, "registered": 4.0}, "replay_loads": 60,
+        "cpu": {"cores_left": 1.6, "frontend_s": 0.5, "workers_s": 300.0},
+        "samples": {"resident": 3.9, "registered": 4.0}, "replay_loads": 60,
         "predicted": {"tps": {"mean": predicted_tps, "sd": 0.05}, "hit_ratio": {"mean": predicted_hits, "sd": 0.01}},
     }  # fmt: skip
 
@@ -89,10 +101,33 @@ def test_report_shows_intervals_predictions_verdicts_and_what_the_harness_held(t
     assert "| 1.50 ± 0.05 | outside (+50%) |" in report and "50 s, inconclusive | inconclusive (no) |" in report
     assert "1 of 2 windows were conclusive; 1 of them pass" in report
     assert "0 of the 1 inconclusive runs have the prediction inside" in report
-    assert "| 16 | 4 | uniform | 3.9 | 4.0 | 75 | 60 |" in report
+    assert "| 16 | 4 | uniform | 3.9 | 4.0 | 75 | 60 | 4.00 |" in report  # (300.5 - 100 x 4 ms) / 75 loads
+    assert "(the prediction's: 4.50)" in report
     assert "Wilson" in report and "batch means" in report
     saved = json.loads((tmp_path / "mme_fleet_validation.json").read_text())
     assert saved["summary"]["conclusive_pass"] == 1 and saved["rows"][1]["tps_verdict"] == OUTSIDE
+
+
+def test_the_diagnosis_predicts_again_at_the_load_cost_the_run_had() -> None:
+    """A run whose loads cost less CPU than the probe said: the prediction from the probe misses, the same prediction
+    at the window's own load cost does not, which puts the miss on the input, not on the simulation."""
+    window = {"cores": 2.0, "models": 16, "resident": 8, "pattern": "uniform", "users": 4, "window_s": 120.0,
+              "warmup_s": 10.0}  # fmt: skip
+    run = predict({**COSTS, "load_cpu_s": 3.0}, seeds=1, **window)["runs"][0]  # the "measured" run
+    requests, loads = run["requests"], run["loads"]
+    per_request = COSTS["own_models_cpu_per_request"]
+    row = {"models": 16, "resident": 8, "pattern": "uniform", "window_s": 120.0, "requests": requests,
+           "model_loads": loads, "tps": run["tps"], "tps_interval": batch_means([run["tps"] * f for f in
+           (0.95, 1.0, 1.05, 1.0, 1.0)]).as_dict(), "hit_ratio": run["hit_ratio"],
+           "hit_ratio_interval": wilson(requests - loads, requests).as_dict(),
+           "cpu": {"cores_left": 2.0, "frontend_s": requests * per_request["frontend_s"],
+                   "workers_s": loads * 3.0 + requests * per_request["workers_s"]}}  # fmt: skip
+    assert window_load_cpu_s(row, COSTS) == pytest.approx(3.0)
+    predict_row(row, COSTS, users=4, warmup_s=10.0, seeds=3)  # COSTS: a load takes 4.5 s
+    judge(row)
+    again = row["predicted_at_window_load_cost"]["tps"]["mean"]
+    assert row["tps_verdict"] == OUTSIDE and row["predicted"]["tps"]["mean"] < 0.8 * run["tps"]
+    assert verdict(again, row["tps_interval"]) != OUTSIDE
 
 
 @pytest.mark.parametrize(
