@@ -85,7 +85,7 @@ lint: $(DEV_INSTALLED)
 clean:
 	rm -rf cdk.out .pytest_cache
 
-## Local demo: tiny model -> a short CPU fine-tune -> model.tar.gz -> real SageMaker toolkit + TorchServe on localhost.
+## Local demo: tiny model -> a short CPU fine-tune -> model.tar.gz -> Ray Serve on localhost, as the endpoint serves it.
 DEMO_DIR ?= build/demo
 DEMO_TEXT ?= Covid cases are increasing fast!
 demo: $(DEV_INSTALLED)
