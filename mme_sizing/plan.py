@@ -332,15 +332,6 @@ def hot_set_resident(endpoint: SizingInputs | EndpointSettings) -> str | None:
         instance_type(inputs.instance_type)
     except UnknownInstanceType as error:
         return f"The hot set cannot be checked: {error}."
-    if inputs.model_server == "torchserve":
-        needed = hot_set_workers(inputs)["hot-model"]
-        available = inputs.workers_per_model * inputs.min_capacity
-        if needed > available:
-            return (
-                f"At {per_rate} the hot model keeps {needed} workers busy, but TorchServe gives it at most "
-                f"{available} ({inputs.workers_per_model} per model x min_capacity {inputs.min_capacity}); "
-                f"set {SETTINGS_PREFIX}.model_server to djl, which adds workers to a busy model."
-            )
     per_instance_mib = _fleet(inputs, 1).memory_mib
     models = {"hot-model": 1, "top-10": HOT_SET}
 
@@ -376,12 +367,6 @@ def advice(
     """One sentence per change that would let the patterns keep up, each naming the cdk.json key and value
     (``simulated``: the instance count of ``plan_rows`` when it was chosen instead of the autoscaled one)."""
     lines = []
-    hot_model = next(row for row in plan_rows if row.pattern == "hot-model")
-    if inputs.model_server == "torchserve" and not hot_model.keeps_up:
-        lines.append(
-            f"The hot model falls behind on TorchServe's fixed {inputs.workers_per_model} worker(s) per model: "
-            f"set {SETTINGS_PREFIX}.model_server to djl."
-        )
     if hot_set := hot_set_resident(inputs):
         lines.append(hot_set)
     limit = SEARCH_FACTOR * inputs.max_capacity

@@ -15,8 +15,7 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from inference_assets.container.contract import Limits
-from mme_sizing.plan import METADATA_KEY, WORKERS_PER_MODEL, SizingInputs, hot_set_resident
+from mme_sizing.plan import METADATA_KEY, SizingInputs, hot_set_resident
 from platform_facts.instances import instance_type
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
@@ -36,18 +35,9 @@ MODEL_CACHE_HIT_RATIO = 0.5  # fewer than half the requests find their model loa
 CPU_UTILIZATION_SHARE = 0.8  # of all vCPUs (SageMaker reports CPUUtilization as 100% per vCPU)
 MEMORY_UTILIZATION_PERCENT = 85.0
 # Many models share the cores: one intra-op thread per worker. DJL then allows a busy model up to #vCPU workers
-# (its maxWorkers default is #CPU / OMP_NUM_THREADS); TorchServe starts one worker per loaded model. The request
-# limits are the contract's defaults: TorchServe's handler reads them from the environment (DJL from each model's
-# serving.properties, written when the model is published).
-CONTAINER_ENVIRONMENT = {
-    "djl": {"OMP_NUM_THREADS": "1"},
-    "torchserve": {
-        "SAGEMAKER_MULTI_MODEL": "true",
-        "SAGEMAKER_MODEL_SERVER_WORKERS": str(WORKERS_PER_MODEL),
-        "OMP_NUM_THREADS": "1",
-        **Limits().environment(),
-    },
-}
+# (its maxWorkers default is #CPU / OMP_NUM_THREADS). The request limits reach DJL through each model's
+# serving.properties, written when the model is published.
+CONTAINER_ENVIRONMENT = {"OMP_NUM_THREADS": "1"}
 
 
 class MultiModelEndpointStack(EnvironmentStack):
@@ -81,7 +71,7 @@ class MultiModelEndpointStack(EnvironmentStack):
             image=DlcImage.parse(mme.djl_image),
             model_data_url=self.models_s3_uri,  # a prefix (ends in '/'): TargetModel is the key below it
             mode="MultiModel",
-            environment=CONTAINER_ENVIRONMENT[mme.model_server],
+            environment=CONTAINER_ENVIRONMENT,
             # Archives are self-contained (dependencies vendored): the container needs no network of its own;
             # SageMaker still fetches the archives from S3 for it.
             network=foundation.model_network(isolated=True),

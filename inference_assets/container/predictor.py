@@ -8,7 +8,7 @@ Run-time options come from the container environment (the endpoint stack sets th
                                 On Graviton the fp32 model with DNNL_DEFAULT_FPMATH_MODE=BF16 (oneDNN's bf16
                                 fast-math GEMM kernels, read by oneDNN itself) is the recommended route; autocast
                                 is the equivalent on x86 CPUs with AVX512-BF16/AMX, used to measure accuracy here.
-    SENTIMENT_TORCH_COMPILE     1: torch.compile the model at load and warm it up (start-up cost, see README)
+    SENTIMENT_TORCH_COMPILE     1: torch.compile the model at load and warm it up (start-up cost: docs/benchmarks.md)
 """
 
 from __future__ import annotations

@@ -4,10 +4,11 @@
 
 It does what AWS's Ray Serve DLC entrypoint does (aws/deep-learning-containers,
 scripts/docker/ray/sagemaker_entrypoint.sh: ``ray start --head --include-dashboard=False``, then
-``serve run /opt/ml/model/config.yaml``), in one process and without the DLC's second HTTP hop: Ray Serve's own
-proxy listens on SageMaker's port (``SAGEMAKER_BIND_TO_PORT``, else 8080) and the deployment answers ``/ping`` and
-``/invocations`` itself (ray_deployment.py). Nothing is installed at start-up: the image holds every dependency
-(the DLC pip-installs ``code/requirements.txt`` when it starts, which needs egress the endpoint does not have).
+``serve run /opt/ml/model/config.yaml``), in one process and without the DLC's second HTTP hop: with one replica
+the replica itself listens on SageMaker's port (``SAGEMAKER_BIND_TO_PORT``, else 8080: Ray Serve's direct ingress),
+with several Ray Serve's proxy does; the deployment answers ``/ping`` and ``/invocations`` itself
+(ray_deployment.py). Nothing is installed at start-up: the image holds every dependency (the DLC pip-installs
+``code/requirements.txt`` when it starts, which needs egress the endpoint does not have).
 
 - A new Ray instance, local to the container (``address="local"``: never one found through RAY_ADDRESS or
   /tmp/ray), without the dashboard's web UI. Ray's processes inherit this process's environment, so every worker

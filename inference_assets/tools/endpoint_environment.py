@@ -17,9 +17,9 @@ Ray Serve (the server of the platform's Graviton serving image and of the local 
 Read by the model code and torch in every replica:
 
 - ``OMP_WAIT_POLICY=PASSIVE``: idle OpenMP threads sleep instead of spinning. With every core given to the replicas'
-  threads, spinning starves the server's own processes (Ray's proxy; TorchServe's Java frontend when it was
-  measured on RoBERTa-base, benchmarks/results/serving_latency.md: p50 at one request in flight went from ~1 s
-  spinning to ~80 ms passive, against ~56 ms for the bare forward pass).
+  threads, spinning starves the server's own processes (Ray's daemons and proxy; measured with TorchServe's Java
+  frontend on RoBERTa-base before the move to Ray Serve: p50 at one request in flight went from ~1 s spinning to
+  ~80 ms passive, against ~56 ms for the bare forward pass; that results file has since been rerun on Ray Serve).
 - ``SENTIMENT_MAX_REQUEST_BATCH`` / ``SENTIMENT_MAX_REQUEST_BYTES``: the request limits of the serving contract
   (``inference_assets/container/contract.py``; 413 above them).
 - Graviton fast paths from PyTorch's "Inference Performance Tuning on AWS Graviton Processors" recipe

@@ -221,7 +221,7 @@ class RemoteJobLauncherPolicy(Construct):
                 "of all training jobs.",
             ),
             (
-                # The README's first step (the FetchRemoteFunctionConfigCommand output): fetch config.yaml.
+                # docs/training.md's first @remote step (FetchRemoteFunctionConfigCommand's output): fetch config.yaml.
                 iam.PolicyStatement(
                     sid="ReadTheRemoteFunctionConfig",
                     actions=["ssm:GetParameter"],

@@ -156,7 +156,7 @@ class TrainingLaunchTemplate(Construct):
             # 1 hop (Control Tower CT.EC2.PR.2): a container on Docker's bridge network (single-node runs) cannot
             # reach IMDS, so it gets no credentials; the host does every AWS call. It does NOT protect multi-node EFA
             # runs: their container uses the host network (--network host --privileged), adds no hop and reaches
-            # IMDS and the instance role like the host (README, "What a training container can reach").
+            # IMDS and the instance role like the host (docs/training.md, "What a training container can reach").
             http_put_response_hop_limit=METADATA_HOP_LIMIT,
             instance_profile=instance_profile,
             detailed_monitoring=True,

@@ -78,16 +78,6 @@ def test_advice_when_no_count_keeps_up_and_when_nothing_needs_changing() -> None
     assert advice(sizing(requests_per_second=1), rows(), autoscaled=1, parity=1) == []
 
 
-def test_advice_sends_a_lagging_hot_model_from_torchserve_to_djl() -> None:
-    torchserve = sizing(model_server="torchserve", requests_per_second=1)
-    lines = advice(torchserve, rows(hot_model_keeps_up=False), autoscaled=1, parity=1)
-    assert lines == [
-        "The hot model falls behind on TorchServe's fixed 1 worker(s) per model: "
-        "set multi_model_endpoint.model_server to djl."
-    ]
-    assert advice(dataclasses.replace(torchserve, model_server="djl"), rows(hot_model_keeps_up=False), 1, 1) == []
-
-
 def test_hot_set_that_does_not_fit_min_capacity_names_the_numbers_and_the_key() -> None:
     inputs = sizing(instance_type="ml.c5.large", min_capacity=1, max_capacity=2, requests_per_second=2000)
     workers = hot_set_workers(inputs)["top-10"]  # ten models' weights: the larger hot set
@@ -105,14 +95,6 @@ def test_hot_set_that_does_not_fit_min_capacity_names_the_numbers_and_the_key() 
 def test_hot_set_workers_follow_the_rate_and_the_warm_latency() -> None:
     inputs = sizing(requests_per_second=1000, warm_latency_ms=100)
     assert hot_set_workers(inputs) == {"hot-model": 90, "top-10": 10 * 9}  # 0.9 x 100 busy; 10 x ceil(8.9)
-
-
-def test_torchserve_cannot_scale_the_hot_model_past_its_fixed_workers() -> None:
-    inputs = sizing(model_server="torchserve", min_capacity=2, max_capacity=4, requests_per_second=100)
-    warning = hot_set_resident(inputs)
-    assert warning is not None and "at most 2 (1 per model x min_capacity 2)" in warning
-    assert "multi_model_endpoint.model_server to djl" in warning
-    assert hot_set_resident(dataclasses.replace(inputs, requests_per_second=5)) is None
 
 
 def test_an_instance_type_without_facts_is_a_warning_not_a_crash() -> None:
