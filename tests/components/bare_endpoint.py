@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import aws_cdk as cdk
+from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 
-from stacks.components.sagemaker_endpoint import Autoscaling, DlcImage, ModelNetwork, SageMakerEndpoint
+from stacks.components.sagemaker_endpoint import AlarmSpec, Autoscaling, DlcImage, ModelNetwork, SageMakerEndpoint
 
 ACCOUNT, REGION = "111122223333", "us-west-2"
 IMAGE = DlcImage("pytorch-inference-arm64", "2.6.0-cpu-py312-ubuntu22.04-sagemaker")
@@ -42,3 +43,15 @@ def endpoint_on_bare_stack(
         **overrides,
     }
     return stack, SageMakerEndpoint(stack, "Sentiment", **props)
+
+
+def server_errors_alarm(endpoint: SageMakerEndpoint, threshold: int) -> AlarmSpec:
+    """An alarm ("Errors") when the endpoint answers ``threshold`` or more 5xx errors in one period."""
+    return AlarmSpec(
+        "Errors",
+        "server errors",
+        endpoint.metric_invocation5xx_errors(),
+        threshold,
+        cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+        periods=1,
+    )

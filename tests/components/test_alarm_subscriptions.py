@@ -9,14 +9,12 @@ from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
-from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk.assertions import Template
 
 from ops_review import __main__ as review_cli
 from ops_review.review import StackTemplate, load_prices, review_stack
-from stacks.components.sagemaker_endpoint import AlarmSpec
 from stacks.settings import parse_environment
-from tests.components.bare_endpoint import endpoint_on_bare_stack
+from tests.components.bare_endpoint import endpoint_on_bare_stack, server_errors_alarm
 from tests.conftest import cdk_context
 
 RAW = cdk_context()["environments"]
@@ -25,18 +23,7 @@ HOOK = "https://hooks.example.com/services/T000/B000/XXXX"
 
 def _template(**overrides) -> dict:
     stack, endpoint = endpoint_on_bare_stack(**overrides)
-    endpoint.add_alarms(
-        [
-            AlarmSpec(
-                "Errors",
-                "server errors",
-                endpoint.metric_invocation5xx_errors(),
-                5,
-                cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                periods=1,
-            )
-        ]
-    )
+    endpoint.add_alarms([server_errors_alarm(endpoint, threshold=5)])
     return Template.from_stack(stack).to_json()
 
 

@@ -15,7 +15,7 @@ from stacks.components.sagemaker_endpoint import (
     endpoint_name_for,
 )
 from stacks.settings import DEFAULT_REGION
-from tests.components.bare_endpoint import ACCOUNT, AUTOSCALING, REGION, endpoint_on_bare_stack
+from tests.components.bare_endpoint import ACCOUNT, AUTOSCALING, REGION, endpoint_on_bare_stack, server_errors_alarm
 from tests.conftest import cdk_context
 
 
@@ -24,14 +24,7 @@ def single() -> tuple[cdk.Stack, SageMakerEndpoint, Template]:
     stack, endpoint = endpoint_on_bare_stack(environment={"OMP_NUM_THREADS": "4"}, alarm_email="oncall@example.com")
     endpoint.add_alarms(
         [
-            AlarmSpec(
-                "Errors",
-                "server errors",
-                endpoint.metric_invocation5xx_errors(),
-                5,
-                cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                periods=1,
-            ),
+            server_errors_alarm(endpoint, threshold=5),
             AlarmSpec(
                 "Latency",
                 "slow",

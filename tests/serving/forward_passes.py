@@ -1,4 +1,4 @@
-"""Counting the forward passes of a loaded predictor: the TorchServe handler's and the Ray replica's."""
+"""The forward passes of a loaded predictor (the TorchServe handler's and the Ray replica's), counted or failing."""
 
 from __future__ import annotations
 
@@ -20,5 +20,24 @@ def counted_forward_passes(holder: Any) -> Iterator[list[int]]:
     holder.predictor.predict_dicts = counting
     try:
         yield sizes
+    finally:
+        holder.predictor.predict_dicts = original
+
+
+# A failure inside the model, with a path the answer must not show the client.
+FAILURE = "out of cheese at /opt/ml/model/code/sentiment_serving/predictor.py"
+
+
+@contextmanager
+def failing_forward_passes(holder: Any) -> Iterator[None]:
+    """Every forward pass of ``holder.predictor`` raises (RuntimeError: FAILURE) while the block runs."""
+    original = holder.predictor.predict_dicts
+
+    def broken(texts):
+        raise RuntimeError(FAILURE)
+
+    holder.predictor.predict_dicts = broken
+    try:
+        yield
     finally:
         holder.predictor.predict_dicts = original

@@ -19,7 +19,7 @@ import pytest
 from starlette.requests import Request
 
 from .archive_modules import forget_modules
-from .forward_passes import counted_forward_passes
+from .forward_passes import FAILURE, counted_forward_passes, failing_forward_passes
 from .request_table import GOOD, REQUESTS, TEST_LIMITS, check_answer, headers
 
 LIMITS_ENV = TEST_LIMITS.environment()
@@ -98,21 +98,13 @@ def test_a_batch_of_only_bad_requests_runs_no_forward_pass(replica, forward_pass
 
 
 def test_a_failing_forward_pass_is_a_clean_500_and_the_replica_keeps_serving(replica, caplog) -> None:
-    original = replica.predictor.predict_dicts
-
-    def broken(texts):
-        raise RuntimeError("out of cheese at /opt/ml/model/code/sentiment_serving/predictor.py")
-
-    replica.predictor.predict_dicts = broken
-    try:
+    with failing_forward_passes(replica):
         answers = replica.answer_together(
             [(b"fine", {"content-type": "text/plain"}, "req-7"), (b"", {"content-type": "text/plain"}, "req-8")]
         )
-    finally:
-        replica.predictor.predict_dicts = original
     assert [a.status for a in answers] == [500, 400]
     assert "cheese" not in answers[0].body.decode() and "req-7" in answers[0].json()["error"]
-    assert "out of cheese" in caplog.text
+    assert FAILURE in caplog.text
     body, ct, accept, _, _ = GOOD[0].values
     assert replica.answer_together([(body, headers(ct, accept, lower_case=True), "req-9")])[0].status == 200
 
