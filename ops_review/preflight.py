@@ -143,10 +143,11 @@ def needs_of(cdk_out: Path, environment: str) -> Needs:
                  foundation_stack=stacks["Foundation"].stack_name, training_type=launch["LaunchTemplateData"]
                  ["InstanceType"], nodes=max(counts or [1]), zone_index=int(zone), zones=len(subnets),
                  remote_type=remote[0] if remote else None, endpoint_maxima=maxima, model_key=model_key,
-                 stacks=tuple(stacks.values()), **_capacity_target(launch["LaunchTemplateData"]))  # fmt: skip
+                 stacks=tuple(stacks.values()), **capacity_target(launch["LaunchTemplateData"]))  # fmt: skip
 
 
-def _capacity_target(data: dict[str, Any]) -> dict[str, Any]:
+def capacity_target(data: dict[str, Any]) -> dict[str, Any]:
+    """The capacity a launch template's data targets: a reservation, a reservation group, a capacity block."""
     target = (data.get("CapacityReservationSpecification") or {}).get("CapacityReservationTarget") or {}
     return {
         "reservation_id": target.get("CapacityReservationId"),

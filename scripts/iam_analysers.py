@@ -31,6 +31,8 @@ from typing import Any
 
 import yaml
 
+from stacks.image_names import image_of_parameter, image_repository_name
+
 EXCEPTIONS_FILE = Path(__file__).with_name("iam_analysers_exceptions.yaml")
 PLACEHOLDER_ACCOUNT = "123456789012"
 PLACEHOLDER_REGION = "us-east-1"
@@ -74,10 +76,6 @@ _REF_IS_ARN = (
     "AWS::SageMaker::EndpointConfig",
     "AWS::SageMaker::Model",
 )
-
-
-# SSM parameters holding a built image's digest URI (stacks/components/image_builds.py, image_parameter_name).
-_IMAGE_PARAMETER = re.compile(r"^/([^/]+)/images/([^/]+)$")
 
 
 @dataclass(frozen=True)
@@ -214,10 +212,10 @@ class Resolver:
         parameter = template.template.get("Parameters", {}).get(name)
         if parameter is not None:
             default = parameter.get("Default", name.lower())
-            image = _IMAGE_PARAMETER.match(default) if parameter.get("Type", "").startswith("AWS::SSM::") else None
+            image = image_of_parameter(default) if parameter.get("Type", "").startswith("AWS::SSM::") else None
             if image:  # read when the stack deploys: an image digest URI of the shape the pipeline writes
                 registry = f"{template.account}.dkr.ecr.{template.region}.amazonaws.com"
-                return f"{registry}/{image[1]}/{image[2]}@sha256:{'0' * 64}"
+                return f"{registry}/{image_repository_name(*image)}@sha256:{'0' * 64}"
             return default
         resource = template.template.get("Resources", {}).get(name)
         if resource is None:

@@ -171,7 +171,7 @@ def checkov_counts(stdout: str) -> dict[str, int]:
     return {"passed": passed, "failed": failed, "skipped": skipped}
 
 
-def _analyser_gate(analysed: dict[str, Any], analyser: str, what: str) -> tuple[bool, str]:
+def analyser_gate(analysed: dict[str, Any], analyser: str, what: str) -> tuple[bool, str]:
     """(passed, summary) of one IAM analyser: no open finding and no stale exception of its own."""
     open_findings = [f for f in analysed["open"] if f["analyser"] == analyser]
     excused = [f for f in analysed["excused"] if f["analyser"] == analyser]
@@ -216,7 +216,7 @@ def run_gates(assembly: Path) -> dict[str, Any]:
             f"({sum(len(ids) for ids, _ in skips)} checks skipped in .checkov.yaml, each with its reason)",
         ),
         **{
-            name: _analyser_gate(analysed, analyser, what)
+            name: analyser_gate(analysed, analyser, what)
             for name, analyser, what in (
                 ("parliament (unknown actions and condition keys, resource mismatches)", "parliament", ""),
                 (

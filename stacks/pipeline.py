@@ -18,7 +18,7 @@ from aws_cdk import region_info
 from constructs import Construct
 
 from platform_facts.images import ImageFact, PatchStatus, image_facts
-from stacks.components.image_builds import Architecture, BaseRegistry, ImageDefinition, image_parameter_name
+from stacks.components.image_builds import Architecture, BaseRegistry, ImageDefinition
 from stacks.components.promotion_pipeline import (
     EXPECTED_LABELS,
     KEEP_LOGICAL_IDS,
@@ -32,6 +32,7 @@ from stacks.components.promotion_pipeline import (
     smoke_test_role_name,
     smoke_tested,
 )
+from stacks.image_names import image_parameter_name
 from stacks.image_patching import SERVING_IMAGE, CheckedImage, ImageUse, record_images
 from stacks.platform_stage import PlatformStage
 from stacks.settings import EnvironmentSettings, PipelineSettings, SettingsError

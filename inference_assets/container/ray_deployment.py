@@ -138,10 +138,20 @@ class SentimentDeployment:
             self._arrived, self._arrived_loop = asyncio.Event(), loop
         return self._arrived
 
+    @property
+    def expected_requests(self) -> int:
+        """How many requests the next forward pass waits for (up to ``batch_wait_timeout_s``)."""
+        return self._expected
+
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.002, max_concurrent_batches=_FORMING_BATCHES)
     async def answer(self, items: list[_Item]) -> list[Answer]:
-        """One batch as Ray forms it (size and wait replaced from the settings): queued for the forward pass, which
-        may merge it with batches formed while the model was busy."""
+        """One batch as Ray forms it (size and wait replaced from the settings)."""
+        return await self.queue(items)
+
+    async def queue(self, items: list[_Item]) -> list[Answer]:
+        """Queue ``items`` for the forward pass, which may merge them with batches formed while the model was busy,
+        and wait for their answers: what every batch Ray forms goes through (tests call it without Ray, whose
+        batching runs only inside a replica)."""
         loop = asyncio.get_running_loop()
         waiting = [(item, loop.create_future(), loop.time()) for item in items]
         self._waiting.extend(waiting)

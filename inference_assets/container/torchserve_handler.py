@@ -71,12 +71,13 @@ class BatchHandler:
         return [answer.body for answer in answers]
 
 
-_handler = BatchHandler()
+# The worker's one handler: TorchServe imports this module once per worker.
+batch_handler = BatchHandler()
 
 
 def handle(data: list[dict[str, Any]] | None, context: Any) -> list[bytes] | None:
     """TorchServe's entry point (``code/inference.py:handle`` in the archive's MANIFEST.json)."""
     if data is None:  # the load call
-        _handler.initialize(context)
+        batch_handler.initialize(context)
         return None
-    return _handler.handle(data, context)
+    return batch_handler.handle(data, context)

@@ -7,8 +7,9 @@ and a role that may push only to that repository. The project builds from the pi
 repository at the commit being promoted), so neither ``cdk synth`` nor the tests need Docker: ``steps()`` gives the
 pipeline one action per image, each exporting the pushed image's digest URI as the CodePipeline variable
 ``#{<variables_namespace>.IMAGE_URI}``. The pipeline writes that URI into each environment's SSM parameter
-``image_parameter_name()`` as it promotes the stage, and ``rebuild_weekly()`` starts the pipeline every week, so a
-rebuild on freshly patched base images is promoted exactly like a commit (dev, staging, approval, prod).
+``image_parameter_name()`` (stacks/image_names.py) as it promotes the stage, and ``rebuild_weekly()`` starts the
+pipeline every week, so a rebuild on freshly patched base images is promoted exactly like a commit (dev, staging,
+approval, prod).
 
 ``BuiltImage`` is the other end: in an environment's stack it reads that parameter (resolved at deploy time) and
 grants the pull across accounts.
@@ -39,6 +40,7 @@ from aws_cdk import pipelines
 from constructs import Construct
 
 from stacks.compliance import acknowledge
+from stacks.image_names import image_parameter_name, image_repository_name
 
 # The CodePipeline output variable each image build exports (buildspec env.exported-variables).
 IMAGE_URI_VARIABLE = "IMAGE_URI"
@@ -92,18 +94,6 @@ class ImageDefinition:
     build_args: Mapping[str, str] = field(default_factory=dict)
     base_registries: Sequence[BaseRegistry] = ()
     compute_type: codebuild.ComputeType = codebuild.ComputeType.LARGE
-
-
-def image_repository_name(project: str, image: str) -> str:
-    """The ECR repository of ``image`` in the tooling account (a fixed name: environments in other accounts pull
-    from it by ARN)."""
-    return f"{project}/{image}"
-
-
-def image_parameter_name(project: str, image: str) -> str:
-    """The SSM parameter, in each environment's account and region, holding the digest URI of ``image`` that the
-    pipeline promoted to that environment. The one place this name is made."""
-    return f"/{project}/images/{image}"
 
 
 def variables_namespace(image: str) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 import aws_cdk as cdk
 
+from stacks.compliance import add_compliance_gates
 from tests.conftest import cdk_context
 
 ACCOUNT = "123456789012"
@@ -18,12 +19,27 @@ def bare_stack(name: str = "Bare") -> cdk.Stack:
     return cdk.Stack(cdk.App(context=cdk_context()), name, env=cdk.Environment(account=ACCOUNT, region=REGION))
 
 
+def synth_through_the_gates(stack: cdk.Stack) -> None:
+    """Synthesize ``stack``'s app with the platform's compliance gates: an unacknowledged cdk-nag or Control Tower
+    finding fails it."""
+    app = stack.node.scope
+    assert isinstance(app, cdk.App)
+    add_compliance_gates(app)
+    app.synth()
+
+
 def template_of(stack: cdk.Stack) -> dict[str, Any]:
     return cdk.assertions.Template.from_stack(stack).to_json()
 
 
 def resources(template: dict[str, Any], resource_type: str) -> dict[str, dict[str, Any]]:
     return {name: r for name, r in template["Resources"].items() if r["Type"] == resource_type}
+
+
+def launch_data(template: dict[str, Any]) -> dict[str, Any]:
+    """The LaunchTemplateData of the template's one launch template."""
+    (launch,) = resources(template, "AWS::EC2::LaunchTemplate").values()
+    return launch["Properties"]["LaunchTemplateData"]
 
 
 def refs(template: dict[str, Any]) -> dict[str, Any]:

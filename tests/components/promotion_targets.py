@@ -13,6 +13,15 @@ SOURCE = PipelineSource(
     connection_arn=f"arn:aws:codeconnections:{REGION}:{TOOLING}:connection/0123abcd-0123-4567-89ab-0123456789ab",
 )
 
+# cdk.json's "pipeline" settings for the same source and tooling account.
+PIPELINE = {
+    "account": TOOLING,
+    "region": REGION,
+    "connection_arn": SOURCE.connection_arn,
+    "repository": SOURCE.repository,
+    "branch": SOURCE.branch,
+}
+
 
 def targets() -> list[PromotionTarget]:
     return [PromotionTarget(name, REGION, account, "pytorch-platform") for name, account in ACCOUNTS.items()]

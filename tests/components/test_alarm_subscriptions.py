@@ -9,14 +9,12 @@ from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
-from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk.assertions import Template
 
 from ops_review import __main__ as review_cli
 from ops_review.review import StackTemplate, load_prices, review_stack
-from stacks.components.sagemaker_endpoint import AlarmSpec
-from stacks.settings import SettingsError, parse_environment
-from tests.components.test_sagemaker_endpoint import _endpoint
+from stacks.settings import parse_environment
+from tests.components.bare_endpoint import endpoint_on_bare_stack, server_errors_alarm
 from tests.conftest import cdk_context
 
 RAW = cdk_context()["environments"]
@@ -24,19 +22,8 @@ HOOK = "https://hooks.example.com/services/T000/B000/XXXX"
 
 
 def _template(**overrides) -> dict:
-    stack, endpoint = _endpoint(**overrides)
-    endpoint.add_alarms(
-        [
-            AlarmSpec(
-                "Errors",
-                "server errors",
-                endpoint.metric_invocation5xx_errors(),
-                5,
-                cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                periods=1,
-            )
-        ]
-    )
+    stack, endpoint = endpoint_on_bare_stack(**overrides)
+    endpoint.add_alarms([server_errors_alarm(endpoint, threshold=5)])
     return Template.from_stack(stack).to_json()
 
 
@@ -63,25 +50,6 @@ def test_review_warns_about_an_alarm_topic_without_subscribers() -> None:
     (warning,) = review_stack(_stack(_template()), load_prices())["warnings"]
     assert re.match(r"alarm topic Sentiment\S*AlarmTopic\S* has no subscription: its alarms reach no one", warning)
     assert "environments.dev.alarm_subscriptions" in warning
-
-
-def test_settings_merge_alarm_email_and_subscriptions() -> None:
-    settings = parse_environment("dev", {**RAW["dev"], "alarm_email": "a@example.com", "alarm_subscriptions": [HOOK]})
-    assert settings.alarm_endpoints == ["a@example.com", HOOK]
-
-
-@pytest.mark.parametrize(
-    ("entries", "message"),
-    [
-        (["pager"], "environments.dev.alarm_subscriptions: 'pager' must be an e-mail address or an https:// URL."),
-        (["http://hooks.example.com/x"], "'http://hooks.example.com/x' must be an e-mail address or an https:// URL"),
-        (["a@example.com", "a@example.com"], "environments.dev.alarm_subscriptions: lists an entry twice."),
-    ],
-)
-def test_settings_refuse_what_sns_cannot_deliver_to(entries: list[str], message: str) -> None:
-    with pytest.raises(SettingsError) as error:
-        parse_environment("dev", {**RAW["dev"], "alarm_subscriptions": entries})
-    assert message in str(error.value)
 
 
 def test_review_cli_prints_the_warnings(cloud_assembly, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

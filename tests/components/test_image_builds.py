@@ -27,8 +27,6 @@ from stacks.components.image_builds import (
     ImageBuilds,
     ImageDefinition,
     built_images,
-    image_parameter_name,
-    image_repository_name,
     image_uri_variable,
     publish_commands,
 )
@@ -38,6 +36,7 @@ from stacks.components.promotion_pipeline import (
     PromotionStage,
     PromotionTarget,
 )
+from stacks.image_names import image_parameter_name, image_repository_name
 from tests.components.promotion_targets import ACCOUNTS, SOURCE, targets
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,61 +6,25 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk.assertions import Match, Template
 
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
-    Autoscaling,
     DlcImage,
-    ModelNetwork,
     SageMakerEndpoint,
     endpoint_name_for,
 )
 from stacks.settings import DEFAULT_REGION
+from tests.components.bare_endpoint import ACCOUNT, AUTOSCALING, REGION, endpoint_on_bare_stack, server_errors_alarm
 from tests.conftest import cdk_context
-
-IMAGE = DlcImage("pytorch-inference-arm64", "2.6.0-cpu-py312-ubuntu22.04-sagemaker")
-NETWORK = ModelNetwork(subnet_ids=["subnet-0123456789abcdef0"], security_group_ids=["sg-0123456789abcdef0"])
-
-
-def _endpoint(instance_type: str = "ml.c7g.xlarge", **overrides) -> tuple[cdk.Stack, SageMakerEndpoint]:
-    app = cdk.App(context={"@aws-cdk/core:enablePartitionLiterals": True})
-    stack = cdk.Stack(app, "Bare", env=cdk.Environment(account="111122223333", region="us-west-2"))
-    role = iam.Role(stack, "Role", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
-    props = {
-        "role": role,
-        "image": IMAGE,
-        "model_data_url": "s3://bucket/endpoints/model.tar.gz",
-        "network": NETWORK,
-        "instance_type": instance_type,
-        "initial_instance_count": 1,
-        "key": kms.Key(stack, "Key"),
-        "autoscaling": Autoscaling(
-            min_capacity=1,
-            max_capacity=3,
-            target_invocations_per_instance=500,
-            scale_in_cooldown_seconds=300,
-            scale_out_cooldown_seconds=60,
-        ),
-        **overrides,
-    }
-    return stack, SageMakerEndpoint(stack, "Sentiment", **props)
 
 
 @pytest.fixture(scope="module")
 def single() -> tuple[cdk.Stack, SageMakerEndpoint, Template]:
-    stack, endpoint = _endpoint(environment={"OMP_NUM_THREADS": "4"}, alarm_email="oncall@example.com")
+    stack, endpoint = endpoint_on_bare_stack(environment={"OMP_NUM_THREADS": "4"}, alarm_email="oncall@example.com")
     endpoint.add_alarms(
         [
-            AlarmSpec(
-                "Errors",
-                "server errors",
-                endpoint.metric_invocation5xx_errors(),
-                5,
-                cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                periods=1,
-            ),
+            server_errors_alarm(endpoint, threshold=5),
             AlarmSpec(
                 "Latency",
                 "slow",
@@ -164,14 +128,14 @@ def test_config_is_encrypted_and_the_endpoint_keeps_scaled_counts(single) -> Non
     "instance_type", ["ml.c6gd.2xlarge", "ml.c5d.xlarge", "ml.g5.xlarge", "ml.m5d.xlarge", "ml.r5d.xlarge"]
 )
 def test_types_with_local_nvme_get_no_config_key(instance_type: str) -> None:
-    stack, _ = _endpoint(instance_type)
+    stack, _ = endpoint_on_bare_stack(instance_type)
     Template.from_stack(stack).has_resource_properties("AWS::SageMaker::EndpointConfig", {"KmsKeyId": Match.absent()})
 
 
 # p3 is "EBS only" in AWS's instance-store table (https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html).
 @pytest.mark.parametrize("instance_type", ["ml.p3.2xlarge", "ml.c5.xlarge"])
 def test_ebs_only_types_get_the_platform_key(instance_type: str) -> None:
-    stack, _ = _endpoint(instance_type)
+    stack, _ = endpoint_on_bare_stack(instance_type)
     template = Template.from_stack(stack)
     template.has_resource_properties(
         "AWS::SageMaker::EndpointConfig", {"KmsKeyId": {"Fn::GetAtt": [_id(template, "AWS::KMS::Key"), "Arn"]}}
@@ -189,8 +153,8 @@ def test_autoscaling_tracks_invocations_after_the_endpoint(single) -> None:
             },
             "ScalableDimension": "sagemaker:variant:DesiredInstanceCount",
             "ServiceNamespace": "sagemaker",
-            "MinCapacity": 1,
-            "MaxCapacity": 3,
+            "MinCapacity": AUTOSCALING.min_capacity,
+            "MaxCapacity": AUTOSCALING.max_capacity,
             "RoleARN": Match.absent(),
         },
     )
@@ -200,7 +164,7 @@ def test_autoscaling_tracks_invocations_after_the_endpoint(single) -> None:
             "TargetTrackingScalingPolicyConfiguration": Match.object_like(
                 {
                     "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
-                    "TargetValue": 500,
+                    "TargetValue": AUTOSCALING.target_invocations_per_instance,
                 }
             )
         },
@@ -264,7 +228,7 @@ def test_grant_invoke_allows_invoke_on_this_endpoint_only(single) -> None:
 
 
 def test_invoke_statement_limits_target_models() -> None:
-    stack, endpoint = _endpoint(mode="MultiModel", model_data_url="s3://bucket/multi-model/")
+    stack, endpoint = endpoint_on_bare_stack(mode="MultiModel", model_data_url="s3://bucket/multi-model/")
     statement = stack.resolve(endpoint.invoke_statement(["tenant-a.tar.gz"]).to_statement_json())
     assert statement["Condition"] == {"StringEquals": {"sagemaker:TargetModel": ["tenant-a.tar.gz"]}}
     with pytest.raises(ValueError, match="at least one"):
@@ -320,7 +284,7 @@ def test_cloudwatch_alarms_may_publish_to_the_topic_from_this_account_only(singl
     stack, endpoint, _ = single
     template = Template.from_stack(stack).to_json()
     topic = stack.get_logical_id(endpoint.alarm_topic.node.default_child)
-    assert _alarm_publish_statements(template, topic) == [_expected_alarm_statement(topic, "111122223333", "us-west-2")]
+    assert _alarm_publish_statements(template, topic) == [_expected_alarm_statement(topic, ACCOUNT, REGION)]
 
 
 def test_every_alarm_topic_of_every_environment_accepts_its_alarms(templates) -> None:
@@ -357,7 +321,7 @@ def test_every_alarm_topic_of_every_environment_accepts_its_alarms(templates) ->
 
 
 def test_a_named_endpoint_gets_its_log_group_first() -> None:
-    stack, endpoint = _endpoint(endpoint_name="dev-Sentiment", log_retention_days=14)
+    stack, endpoint = endpoint_on_bare_stack(endpoint_name="dev-Sentiment", log_retention_days=14)
     template = Template.from_stack(stack)
     group = stack.get_logical_id(endpoint.log_group.node.default_child)
     template.has_resource(

@@ -21,8 +21,8 @@ from stacks.components.training_launch_template import (
     TrainingLaunchTemplate,
     TrainingRun,
 )
-from stacks.settings import SettingsError, parse_environment
-from tests.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
+from stacks.settings import parse_environment
+from tests.components.bare_stack import ACCOUNT, REGION, bare_stack, launch_data, refs, resources, template_of
 from tests.conftest import cdk_context
 
 DLAMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
@@ -62,11 +62,6 @@ def _build(capacity: CapacityTarget | None) -> dict[str, Any]:
     return template_of(stack)
 
 
-def _launch_data(template: dict[str, Any]) -> dict[str, Any]:
-    (launch,) = resources(template, "AWS::EC2::LaunchTemplate").values()
-    return launch["Properties"]["LaunchTemplateData"]
-
-
 def _requests(template: dict[str, Any], data: dict[str, Any] | None = None) -> tuple[list[dict], list[Request]]:
     """The launcher's policy and the requests of `run-instances --launch-template` (two nodes), both resolved."""
     values = refs(template)
@@ -76,7 +71,7 @@ def _requests(template: dict[str, Any], data: dict[str, Any] | None = None) -> t
     (role_id,) = (lid for lid in resources(template, "AWS::IAM::Role") if lid.startswith("InstanceRole"))
     known = {values[launch_id]: {
         "arn": f"arn:aws:ec2:{REGION}:{ACCOUNT}:launch-template/{values[launch_id]}",
-        "data": resolve(data or _launch_data(template), refs=values), "image_id": "ami-0dlami",
+        "data": resolve(data or launch_data(template), refs=values), "image_id": "ami-0dlami",
         "image_owner": "amazon", "instance_role_arn": values[f"{role_id}.Arn"],
     }}  # fmt: skip
     call = Call("ec2", "RunInstances", {"LaunchTemplate": {"LaunchTemplateId": values[launch_id]}, "MinCount": 2,
@@ -92,7 +87,7 @@ def _reservation_request(requests: list[Request]) -> Request:
 @pytest.mark.parametrize("block", [False, True], ids=["on-demand-reservation", "capacity-block"])
 def test_a_run_launches_into_its_reservation_and_no_other(block: bool) -> None:
     template = _build(CapacityTarget(reservation_id=RESERVATION, capacity_block=block))
-    data = _launch_data(template)
+    data = launch_data(template)
     assert data["CapacityReservationSpecification"] == {"CapacityReservationTarget": {"CapacityReservationId":
                                                                                       RESERVATION}}  # fmt: skip
     assert data.get("InstanceMarketOptions") == ({"MarketType": "capacity-block"} if block else None)
@@ -111,7 +106,7 @@ def test_a_run_launches_into_its_reservation_and_no_other(block: bool) -> None:
 
 def test_a_resource_group_lets_ec2_choose_its_reservation() -> None:
     template = _build(CapacityTarget(resource_group_arn=GROUP))
-    data = _launch_data(template)
+    data = launch_data(template)
     assert data["CapacityReservationSpecification"]["CapacityReservationTarget"] == {
         "CapacityReservationResourceGroupArn": GROUP
     }
@@ -124,7 +119,7 @@ def test_a_resource_group_lets_ec2_choose_its_reservation() -> None:
 
 def test_without_a_target_no_reservation_is_granted() -> None:
     template = _build(None)
-    data = _launch_data(template)
+    data = launch_data(template)
     assert "CapacityReservationSpecification" not in data and "InstanceMarketOptions" not in data
     policies, requests = _requests(template)
     assert all(is_allowed(policies, r) for r in requests)
@@ -135,28 +130,6 @@ def test_without_a_target_no_reservation_is_granted() -> None:
     assert not is_allowed(policies, _reservation_request(into_reservation))
 
 
-@pytest.mark.parametrize(
-    ("training", "message"),
-    [
-        ({"capacity_reservation_id": "cr-123"},
-         "environments.dev.training.capacity_reservation_id: must be a Capacity Reservation id: cr- and 17 "
-         "hexadecimal digits."),
-        ({"capacity_reservation_resource_group_arn": "p4d-reservations"},
-         "environments.dev.training.capacity_reservation_resource_group_arn: must be a resource group ARN"),
-        ({"capacity_reservation_id": RESERVATION, "capacity_reservation_resource_group_arn": GROUP},
-         "set one of them, not both"),
-        ({"market_type": "capacity-block"}, "capacity_reservation_id must name it"),
-        ({"market_type": "spot"}, "environments.dev.training.market_type: must be 'on-demand' or 'capacity-block'."),
-    ],
-    ids=["id", "group", "both", "block-without-id", "market"],
-)  # fmt: skip
-def test_settings_refuse_a_target_ec2_cannot_launch_into(training: dict[str, Any], message: str) -> None:
-    raw = {**RAW["dev"], "training": {**RAW["dev"].get("training", {}), **training}}
-    with pytest.raises(SettingsError) as error:
-        parse_environment("dev", raw)
-    assert message in str(error.value)
-
-
 def test_the_training_stack_targets_what_the_settings_name() -> None:
     from stacks.platform_stage import PlatformStage
 
@@ -165,7 +138,7 @@ def test_the_training_stack_targets_what_the_settings_name() -> None:
     settings = parse_environment("staging", {**RAW["staging"], "training": training})
     stage = PlatformStage(cdk.App(context=cdk_context()), settings, construct_id="reserved")
     template = cdk.assertions.Template.from_stack(stage.training).to_json()
-    data = _launch_data(template)
+    data = launch_data(template)
     assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
     assert data["CapacityReservationSpecification"]["CapacityReservationTarget"]["CapacityReservationId"] == (
         RESERVATION

@@ -9,9 +9,16 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 
 from ops_review.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
-from stacks.compliance import add_compliance_gates
 from stacks.components.training_instance_role import TrainingInstanceRole
-from tests.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
+from tests.components.bare_stack import (
+    ACCOUNT,
+    REGION,
+    bare_stack,
+    refs,
+    resources,
+    synth_through_the_gates,
+    template_of,
+)
 
 KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/platform"
 DLC = f"arn:aws:ecr:{REGION}:763104351884:repository"
@@ -69,10 +76,7 @@ def test_the_instances_may_do_a_training_run_and_nothing_around_it(template: dic
 def test_the_role_passes_the_compliance_gates_with_every_wildcard_explained() -> None:
     stack = bare_stack()
     _build(stack)
-    app = stack.node.scope
-    assert isinstance(app, cdk.App)
-    add_compliance_gates(app)
-    app.synth()
+    synth_through_the_gates(stack)
 
 
 def test_checkov_hears_why_session_manager_needs_a_wildcard(template: dict) -> None:

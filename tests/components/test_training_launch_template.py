@@ -16,6 +16,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk.assertions import Template
 
 from stacks.components.training_launch_template import KEEP_LOGICAL_IDS, TrainingLaunchTemplate, TrainingRun
+from tests.components.bare_stack import launch_data, resources
 
 ACCOUNT, REGION = "111122223333", "us-west-2"
 DLAMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
@@ -63,22 +64,13 @@ def efa() -> dict[str, Any]:
     return _build(instance_type="p4d.24xlarge", efa=True, nodes=2)
 
 
-def _of_type(template: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
-    return {name: r for name, r in template["Resources"].items() if r["Type"] == kind}
-
-
-def _launch_data(template: dict[str, Any]) -> dict[str, Any]:
-    (resource,) = _of_type(template, "AWS::EC2::LaunchTemplate").values()
-    return resource["Properties"]["LaunchTemplateData"]
-
-
 def test_logical_ids_are_those_of_direct_children_of_the_stack(single: dict[str, Any]) -> None:
     names = set(single["Resources"])
     assert {"TrainingLaunchTemplate049E303C", "TrainingSecurityGroup8F11F539"} <= names
 
 
 def test_the_template_pins_image_type_volume_imds_and_subnet(single: dict[str, Any]) -> None:
-    data = _launch_data(single)
+    data = launch_data(single)
     assert data["ImageId"] == f"resolve:ssm:{DLAMI}"
     assert data["InstanceType"] == "g5.2xlarge"
     assert data["MetadataOptions"] == {
@@ -91,20 +83,20 @@ def test_the_template_pins_image_type_volume_imds_and_subnet(single: dict[str, A
     (interface,) = data["NetworkInterfaces"]
     assert interface["SubnetId"]["Ref"].startswith("VpcPrivateSubnet2"), "the subnet passed in, not the first"
     assert interface["AssociatePublicIpAddress"] is False and "InterfaceType" not in interface
-    assert "Placement" not in data and not _of_type(single, "AWS::EC2::PlacementGroup")
+    assert "Placement" not in data and not resources(single, "AWS::EC2::PlacementGroup")
     tags = {t["Key"]: t["Value"] for spec in data["TagSpecifications"] for t in spec["Tags"]}
     assert tags["Name"] == "Bare/TrainingLaunchTemplate", "the hidden Default id stays out of instance names"
 
 
 def test_efa_puts_an_interface_on_each_card_in_one_subnet_and_a_cluster_group(efa: dict[str, Any]) -> None:
-    data = _launch_data(efa)
+    data = launch_data(efa)
     cards = [(i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in data["NetworkInterfaces"]]
     assert cards == [(0, 0, "efa"), (1, 1, "efa"), (2, 1, "efa"), (3, 1, "efa")]
     assert len({json.dumps(i["SubnetId"]) for i in data["NetworkInterfaces"]}) == 1
-    ((_, group),) = _of_type(efa, "AWS::EC2::PlacementGroup").items()
+    ((_, group),) = resources(efa, "AWS::EC2::PlacementGroup").items()
     assert group["Properties"]["Strategy"] == "cluster"
-    ((sg_id, _),) = _of_type(efa, "AWS::EC2::SecurityGroup").items()
-    (ingress,) = _of_type(efa, "AWS::EC2::SecurityGroupIngress").values()
+    ((sg_id, _),) = resources(efa, "AWS::EC2::SecurityGroup").items()
+    (ingress,) = resources(efa, "AWS::EC2::SecurityGroupIngress").values()
     assert ingress["Properties"]["SourceSecurityGroupId"] == {"Fn::GetAtt": [sg_id, "GroupId"]}
 
 
@@ -112,7 +104,7 @@ def test_efa_puts_an_interface_on_each_card_in_one_subnet_and_a_cluster_group(ef
 # one EFA interface goes on each card.
 @pytest.mark.parametrize(("instance_type", "cards"), [("p5.48xlarge", 32), ("g6e.48xlarge", 4), ("g5.12xlarge", 1)])
 def test_efa_interfaces_follow_the_types_network_cards(instance_type: str, cards: int) -> None:
-    interfaces = _launch_data(_build(instance_type=instance_type, efa=True, nodes=2))["NetworkInterfaces"]
+    interfaces = launch_data(_build(instance_type=instance_type, efa=True, nodes=2))["NetworkInterfaces"]
     assert [i["NetworkCardIndex"] for i in interfaces] == list(range(cards))
     assert {i["InterfaceType"] for i in interfaces} == {"efa"}
 
@@ -133,14 +125,14 @@ def _ec2_refuses(interfaces: list[dict[str, Any]]) -> str | None:
 
 @pytest.mark.parametrize("build", ["single", "efa"])
 def test_ec2_accepts_the_network_interfaces(build: str, request: pytest.FixtureRequest) -> None:
-    interfaces = _launch_data(request.getfixturevalue(build))["NetworkInterfaces"]
+    interfaces = launch_data(request.getfixturevalue(build))["NetworkInterfaces"]
     assert _ec2_refuses(interfaces) is None
     # No public address either way: one interface says so, several cannot have one (private subnet).
     assert all(i.get("AssociatePublicIpAddress", False) is False for i in interfaces)
 
 
 def test_user_data_arms_power_off_before_anything_can_fail(single: dict[str, Any]) -> None:
-    parts = _launch_data(single)["UserData"]["Fn::Base64"]
+    parts = launch_data(single)["UserData"]["Fn::Base64"]
     script = parts if isinstance(parts, str) else "".join(p for p in parts["Fn::Join"][1] if isinstance(p, str))
     lines = script.splitlines()
     trap = next(i for i, line in enumerate(lines) if line.startswith("trap "))
@@ -211,19 +203,19 @@ def _allowed(statements: list[dict[str, Any]], action: str, resource: str, conte
 
 
 def _statements(template: dict[str, Any]) -> list[dict[str, Any]]:
-    (policy,) = _of_type(template, "AWS::IAM::ManagedPolicy").values()
+    (policy,) = resources(template, "AWS::IAM::ManagedPolicy").values()
     return _render(policy["Properties"]["PolicyDocument"]["Statement"])
 
 
 def _subnet_id(template: dict[str, Any]) -> str:
-    (interface, *_) = _launch_data(template)["NetworkInterfaces"]
+    (interface, *_) = launch_data(template)["NetworkInterfaces"]
     return _render(interface["SubnetId"])
 
 
 def _instance_context(template: dict[str, Any]) -> dict[str, str]:
     """The instance resource's keys as EC2 fills them from the launch template's own data."""
-    data = _launch_data(template)
-    (profile,) = _of_type(template, "AWS::IAM::InstanceProfile")
+    data = launch_data(template)
+    (profile,) = resources(template, "AWS::IAM::InstanceProfile")
     assert data["IamInstanceProfile"] == {"Arn": {"Fn::GetAtt": [profile, "Arn"]}}
     return {
         "ec2:InstanceType": data["InstanceType"],
@@ -238,7 +230,7 @@ def _request(template: dict[str, Any], **overrides: Any) -> list[tuple[str, dict
     """The resources one `run-instances --launch-template` request is authorized on, with their condition keys."""
     base = {"ec2:LaunchTemplate": TEMPLATE_ARN, "ec2:IsLaunchTemplateResource": "true"}
     arn = f"arn:aws:ec2:{REGION}:{ACCOUNT}"
-    (group_id,) = _of_type(template, "AWS::EC2::SecurityGroup")
+    (group_id,) = resources(template, "AWS::EC2::SecurityGroup")
     request = {
         "launch-template": (TEMPLATE_ARN, {"ec2:LaunchTemplate": TEMPLATE_ARN}),
         "instance": (f"{arn}:instance/*", {**base, **_instance_context(template)}),
@@ -260,7 +252,7 @@ def _launch_allowed(template: dict[str, Any], **overrides: Any) -> bool:
 
 def test_a_launch_from_the_template_as_it_is_is_allowed(single: dict[str, Any], efa: dict[str, Any]) -> None:
     assert _launch_allowed(single)
-    (group,) = _of_type(efa, "AWS::EC2::PlacementGroup")
+    (group,) = resources(efa, "AWS::EC2::PlacementGroup")
     placement = (
         f"arn:aws:ec2:{REGION}:{ACCOUNT}:placement-group/<{group}>",
         {"ec2:LaunchTemplate": TEMPLATE_ARN, "ec2:IsLaunchTemplateResource": "true"},
@@ -328,7 +320,7 @@ def test_the_dlami_parameter_is_the_only_parameter_read(single: dict[str, Any]) 
 def test_a_role_grantee_gets_the_same_statements(single: dict[str, Any]) -> None:
     (operator_policy,) = [
         p
-        for p in _of_type(single, "AWS::IAM::Policy").values()
+        for p in resources(single, "AWS::IAM::Policy").values()
         if p["Properties"]["Roles"][0]["Ref"].startswith("Operator")
     ]
     sids = [s["Sid"] for s in operator_policy["Properties"]["PolicyDocument"]["Statement"]]

@@ -30,6 +30,8 @@ from ops_review import change_instance
 from ops_review.change_instance import DIMENSION, ChangeRefused, Planned, change_instance_type, required_policy
 from ops_review.review import StackTemplate
 from scripts.aws_calls import Gate, Principal, install
+from stacks.settings import parse_environment
+from tests.conftest import cdk_context as load_cdk_context
 
 REGION, ACCOUNT = "us-west-2", "123456789012"
 OLD, NEW = "ml.c7g.2xlarge", "ml.c7g.4xlarge"
@@ -190,12 +192,16 @@ def test_nothing_happens_when_the_type_does_not_change(aws: dict[str, Any], plan
 
 def test_the_synthesized_endpoint_is_read_from_the_cloud_assembly(cloud_assembly: Any) -> None:
     planned = change_instance.planned_endpoint(Path(cloud_assembly.directory), "staging", "graviton")
+    settings = parse_environment("staging", load_cdk_context()["environments"]["staging"]).graviton_endpoint
     assert (planned.endpoint_name, planned.stack_path) == ("staging-GravitonEndpoint", "staging/GravitonEndpoint")
-    assert planned.instance_types == {"AllTraffic": "ml.c7g.4xlarge"}
+    assert planned.instance_types == {"AllTraffic": settings.instance_type}
     ((resource_id, scaling),) = planned.scaling.items()
     assert resource_id == "endpoint/staging-GravitonEndpoint/variant/AllTraffic"
-    assert (scaling["MinCapacity"], scaling["MaxCapacity"]) == (2, 4)
+    autoscaling = settings.autoscaling
+    assert (scaling["MinCapacity"], scaling["MaxCapacity"]) == (autoscaling.min_capacity, autoscaling.max_capacity)
     (policy,) = scaling["policies"].values()
-    assert policy["TargetTrackingScalingPolicyConfiguration"]["TargetValue"] == 600
+    assert (
+        policy["TargetTrackingScalingPolicyConfiguration"]["TargetValue"] == autoscaling.target_invocations_per_instance
+    )
     with pytest.raises(ChangeRefused, match="no dev/GravitonEndpoint stack"):
         change_instance.planned_endpoint(Path(cloud_assembly.directory), "dev", "graviton")

@@ -17,16 +17,9 @@ from stacks.compliance import add_compliance_gates
 from stacks.pipeline import EXPECTED_LABELS, SYNTH_COMMANDS, PromotionPipelineStack, cdk_cli_version
 from stacks.platform_stage import PlatformStage
 from stacks.settings import SettingsError, load_environments, load_pipeline
+from tests.components.promotion_targets import PIPELINE, TOOLING
 
-TOOLING = "999999999999"
 ACCOUNTS = {"dev": "111111111111", "staging": "222222222222", "prod": "333333333333"}
-PIPELINE = {
-    "account": TOOLING,
-    "region": "us-west-2",
-    "connection_arn": f"arn:aws:codeconnections:us-west-2:{TOOLING}:connection/0123abcd-0123-4567-89ab-0123456789ab",
-    "repository": "example-org/pytorch-platform",
-    "branch": "main",
-}
 
 
 MODEL_KEY = "endpoints/sentiment/model-v3.tar.gz"
@@ -307,37 +300,6 @@ def test_app_adds_the_pipeline_of_all_environments_whenever_settings_exist(cdk_c
         assert [stage.node.id for stage in pipeline.stages] == list(cdk_context["environments"])
         assert all(type(stage) is PlatformStage for stage in pipeline.stages)
     assert build_app(context={**cdk_context, "env": "dev"}).node.try_find_child("PromotionPipeline") is None
-
-
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        ({"account": "12345"}, "pipeline.account: must be a 12-digit AWS account id in quotes."),
-        (
-            {"connection_arn": "arn:aws:s3:::bucket"},
-            "pipeline.connection_arn: must be a CodeConnections connection ARN",
-        ),
-        ({"repository": "pytorch-platform"}, "pipeline.repository: must be owner/repository"),
-        ({"branch": "feature..x"}, "pipeline.branch: must be a git branch name"),
-        ({"branch": "release/"}, "pipeline.branch: must be a git branch name"),
-        ({"region": "oregon"}, "pipeline.region: must be an AWS region code"),
-        ({"stages": ["dev"]}, "pipeline.stages: unknown setting; allowed keys are account, branch, connection_arn"),
-    ],
-)
-def test_bad_pipeline_settings_stop_synth_with_one_sentence(change: dict[str, Any], message: str) -> None:
-    with pytest.raises(SettingsError) as error:
-        load_pipeline({**PIPELINE, **change})
-    assert str(error.value).startswith(message)
-    assert str(error.value).count(".") >= 1 and "\n" not in str(error.value)
-
-
-def test_pipeline_settings_are_optional_and_must_be_an_object() -> None:
-    assert load_pipeline(None) is None
-    assert load_pipeline(PIPELINE).branch == "main"
-    with pytest.raises(SettingsError, match=r"^pipeline: must be an object"):
-        load_pipeline("true")
-    with pytest.raises(SettingsError, match=r"^pipeline.repository: is required\.$"):
-        load_pipeline({k: v for k, v in PIPELINE.items() if k != "repository"})
 
 
 def test_pipeline_templates_lint_clean(assembly: Path) -> None:

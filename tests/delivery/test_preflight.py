@@ -22,7 +22,9 @@ from botocore.stub import Stubber
 from moto import mock_aws
 
 from ops_review import preflight
-from ops_review.preflight import Needs, Preflight, ec2_vcpu_quota, needs_of
+from ops_review.preflight import Needs, Preflight, capacity_target, ec2_vcpu_quota, needs_of
+from stacks.settings import parse_environment
+from tests.conftest import cdk_context as load_cdk_context
 
 NO_SUCH_STACK = "Stack with id {} does not exist"
 
@@ -32,8 +34,20 @@ def assembly(cloud_assembly: Any) -> Path:
     return Path(cloud_assembly.directory)
 
 
+# What the checks below are played on, whatever cdk.json asks: a two-node p4d run (and @remote jobs on its SageMaker
+# twin), a Graviton endpoint of up to 4 ml.c7g.4xlarge serving a named model, a multi-model endpoint of up to 6
+# ml.c5.9xlarge. The stacks, subnets and names come from the environment's templates.
+SCENARIO: dict[str, Any] = {
+    "training_type": "p4d.24xlarge",
+    "nodes": 2,
+    "remote_type": "ml.p4d.24xlarge",
+    "endpoint_maxima": {"ml.c7g.4xlarge": 4, "ml.c5.9xlarge": 6},
+    "model_key": "endpoints/sentiment/model-v1.tar.gz",
+}
+
+
 def _needs(assembly: Path, environment: str = "staging", **changes: Any) -> Needs:
-    return replace(needs_of(assembly, environment), **changes)
+    return replace(needs_of(assembly, environment), **{**SCENARIO, **changes})
 
 
 def _quota(service: str, code: str, name: str, value: float) -> dict[str, Any]:
@@ -120,13 +134,32 @@ def _first_deploy(account: Account, needs: Needs) -> None:
 
 
 def test_the_needs_come_from_the_synthesized_templates(assembly: Path) -> None:
-    staging = needs_of(assembly, "staging")
-    assert (staging.training_type, staging.nodes, staging.zone_index, staging.zones) == ("p4d.24xlarge", 2, 0, 2)
-    assert staging.remote_type == "ml.p4d.24xlarge"
-    assert staging.endpoint_maxima == {"ml.c7g.4xlarge": 4, "ml.c5.9xlarge": 6}
-    assert staging.model_key == "endpoints/sentiment/model-v1.tar.gz"
-    dev = needs_of(assembly, "dev")
-    assert (dev.nodes, dev.model_key, dev.endpoint_maxima) == (1, None, {"ml.c5.2xlarge": 2})
+    """What cdk.json asks of staging (a Graviton endpoint: it names a model) and dev (none), read back from the
+    templates."""
+    wanted = {name: parse_environment(name, load_cdk_context()["environments"][name]) for name in ("staging", "dev")}
+    staging, settings = needs_of(assembly, "staging"), wanted["staging"]
+    assert (staging.training_type, staging.nodes, staging.zone_index, staging.zones) == (
+        settings.training.instance_type,
+        settings.training.nodes,
+        settings.training.subnet_index,
+        settings.vpc.max_azs,
+    )
+    assert staging.remote_type == settings.training.remote_instance_type
+    graviton, multi_model = settings.graviton_endpoint, settings.multi_model_endpoint
+    assert staging.endpoint_maxima == {
+        graviton.instance_type: graviton.autoscaling.max_capacity,
+        multi_model.instance_type: multi_model.autoscaling.max_capacity,
+    }
+    assert staging.model_key == graviton.model_data_key
+    assert staging.model_key is not None
+    dev, settings = needs_of(assembly, "dev"), wanted["dev"]
+    multi_model = settings.multi_model_endpoint
+    assert (dev.nodes, dev.model_key, dev.endpoint_maxima) == (
+        settings.training.nodes,
+        settings.graviton_endpoint.model_data_key,
+        {multi_model.instance_type: multi_model.autoscaling.max_capacity},
+    )
+    assert dev.model_key is None
 
 
 def test_quota_codes_by_family() -> None:
@@ -345,6 +378,6 @@ def test_the_templates_carry_the_capacity_target_preflight_reads(assembly: Path)
     assert (needs_of(assembly, "staging").reservation_id, needs_of(assembly, "prod").capacity_block) == (None, False)
     data = {"CapacityReservationSpecification": {"CapacityReservationTarget": {"CapacityReservationId": RESERVATION}},
             "InstanceMarketOptions": {"MarketType": "capacity-block"}}  # fmt: skip
-    assert preflight._capacity_target(data) == {
+    assert capacity_target(data) == {
         "reservation_id": RESERVATION, "reservation_group_arn": None, "capacity_block": True
     }  # fmt: skip

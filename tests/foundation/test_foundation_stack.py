@@ -6,10 +6,13 @@ import pytest
 from aws_cdk import region_info
 from aws_cdk.assertions import Match, Template
 
-from stacks.settings import DEFAULT_REGION
+from stacks.settings import DEFAULT_REGION, parse_environment
+from tests.conftest import cdk_context
 
-ENVIRONMENTS = ["dev", "staging", "prod"]
-EXPECTED_DELETION = {"dev": "Delete", "staging": "Retain", "prod": "Retain"}
+SETTINGS = {name: parse_environment(name, raw) for name, raw in cdk_context()["environments"].items()}
+ENVIRONMENTS = list(SETTINGS)
+# What each environment's removal policy (cdk.json) makes of its key and buckets.
+EXPECTED_DELETION = {name: "Delete" if settings.destroy_on_delete else "Retain" for name, settings in SETTINGS.items()}
 
 
 @pytest.fixture(scope="module", params=ENVIRONMENTS)
@@ -72,7 +75,7 @@ def test_every_bucket_is_encrypted_tls_only_versioned_private_logged_and_retaine
 
 def test_dev_buckets_are_emptied_on_destroy_and_retained_ones_are_not(foundation: dict, env: str) -> None:
     auto_delete = resources(foundation, "Custom::S3AutoDeleteObjects")
-    assert len(auto_delete) == (4 if env == "dev" else 0)
+    assert len(auto_delete) == (4 if SETTINGS[env].destroy_on_delete else 0)
 
 
 def _statements(template: dict):
@@ -233,12 +236,13 @@ def test_training_job_log_group_gets_retention_from_one_environment_and_is_never
         if r["Properties"].get("LogGroupName") == "/aws/sagemaker/TrainingJobs"
     ]
     retention = list(resources(foundation, "Custom::LogRetention").values())
-    if env != "prod":
+    if not SETTINGS[env].logs.manage_training_job_log_group:
         assert retention == []
         return
     (custom,) = retention
     assert custom["Properties"]["LogGroupName"] == "/aws/sagemaker/TrainingJobs"
-    assert custom["Properties"]["RetentionInDays"] == 365 and custom["Properties"]["RemovalPolicy"] == "retain"
+    assert custom["Properties"]["RetentionInDays"] == SETTINGS[env].logs.retention_days
+    assert custom["Properties"]["RemovalPolicy"] == "retain"
     (policy_id,) = [name for name in resources(foundation, "AWS::IAM::ManagedPolicy") if "LogRetention" in name]
     assert policy_id in custom["DependsOn"]
     statements = _statements_by_sid(foundation, "TrainingJobLogRetentionPolicy")

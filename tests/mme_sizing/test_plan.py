@@ -74,7 +74,7 @@ def test_advice_names_the_key_and_value_when_parity_needs_more_than_max_capacity
 def test_advice_when_no_count_keeps_up_and_when_nothing_needs_changing() -> None:
     inputs = sizing(max_capacity=3)
     (line,) = [line for line in advice(inputs, rows(), autoscaled=3, parity=None) if "hot set" not in line]
-    assert line.startswith("No count up to 6 x ml.c5.2xlarge") and "multi_model_endpoint.instance_type" in line
+    assert line.startswith(f"No count up to 6 x {BASE.instance_type}") and "multi_model_endpoint.instance_type" in line
     assert advice(sizing(requests_per_second=1), rows(), autoscaled=1, parity=1) == []
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from inference_assets.container.contract import DjlModelSettings, parse_properties
+from inference_assets.container.contract import DjlModelSettings, Limits, parse_properties
+from tests.serving.archive_modules import forget_modules
 from tests.serving.request_table import REQUESTS, TEST_LIMITS, headers
 from tests.serving.torchserve_inprocess import loaded_service, predict
 
@@ -30,23 +31,16 @@ def _import(path: Path, name: str):
     return module
 
 
-def _forget(*modules: str) -> None:
-    """Drop modules imported from the unpacked archive, so later tests import their own copies."""
-    for name in list(sys.modules):
-        if name in modules or name.split(".")[0] in modules:
-            sys.modules.pop(name, None)
-
-
 @pytest.fixture(scope="module")
 def djl(unpacked_djl_archive: Path):
     """model.py loaded the way DJL loads it; the first (empty) call initialises it from the properties."""
     saved_path = list(sys.path)
-    _forget("sentiment_serving")
+    forget_modules("sentiment_serving")
     sys.modules["djl_python"] = fake_djl_python.module()
     model = _import(unpacked_djl_archive / "model.py", "djl_model_under_test")
     assert model.handle(Input(_load_properties(unpacked_djl_archive))) is None  # the load call
     yield model
-    _forget("djl_python", "djl_model_under_test", "sentiment_serving")
+    forget_modules("djl_python", "djl_model_under_test", "sentiment_serving")
     sys.path[:] = saved_path
 
 
@@ -124,7 +118,7 @@ def test_a_dynamic_batch_of_several_requests_is_refused(djl):
 
 
 def test_the_load_call_refuses_batch_size_above_one(unpacked_djl_archive):
-    _forget("sentiment_serving")
+    forget_modules("sentiment_serving")
     sys.modules["djl_python"] = fake_djl_python.module()
     saved_path = list(sys.path)
     try:
@@ -133,20 +127,23 @@ def test_the_load_call_refuses_batch_size_above_one(unpacked_djl_archive):
         with pytest.raises(ValueError, match=r"batch_size=4: DJL Serving 0\.36 gives every request"):
             model.handle(Input(properties))
     finally:
-        _forget("djl_python", "djl_model_batch_test", "sentiment_serving")
+        forget_modules("djl_python", "djl_model_batch_test", "sentiment_serving")
         sys.path[:] = saved_path
 
 
 def test_serving_properties_in_the_archive(unpacked_djl_archive):
+    """The archive is built with the request table's limits and two workers (tests/multimodel/conftest.py); the rest
+    are the contract's defaults."""
     properties = parse_properties((unpacked_djl_archive / "serving.properties").read_text())
+    defaults = DjlModelSettings()
     assert properties == {
         "engine": "Python",
         "option.entryPoint": "model.py",
-        "option.max_request_batch": "4",
-        "option.max_request_bytes": "16384",
-        "max_idle_time": "600",
+        "option.max_request_batch": str(TEST_LIMITS.max_request_batch),
+        "option.max_request_bytes": str(TEST_LIMITS.max_request_bytes),
+        "max_idle_time": str(defaults.max_idle_time_seconds),
         "batch_size": "1",
-        "max_batch_delay": "100",
+        "max_batch_delay": str(defaults.max_batch_delay_ms),
         "maxWorkers": "2",
     }
     assert (unpacked_djl_archive / "code" / "sentiment_serving" / "djl_adapter.py").is_file()
@@ -177,8 +174,8 @@ def test_serving_properties_render_every_setting():
     assert parse_properties(text) == {
         "engine": "Python",
         "option.entryPoint": "model.py",
-        "option.max_request_batch": "32",
-        "option.max_request_bytes": "6291456",
+        "option.max_request_batch": str(Limits().max_request_batch),
+        "option.max_request_bytes": str(Limits().max_request_bytes),
         "max_idle_time": "60",
         "batch_size": "1",
         "max_batch_delay": "20",

@@ -13,15 +13,18 @@ from aws_cdk import cx_api
 from aws_cdk.assertions import Annotations, Match, Template
 
 from mme_sizing.plan import METADATA_KEY, SizingInputs, hot_set_resident
+from platform_facts.instances import has_local_nvme, instance_type
 from stacks.compliance import acknowledge, add_compliance_gates
 from stacks.foundation import FoundationStack
-from stacks.multi_model_endpoint import MultiModelEndpointStack
-from stacks.settings import SettingsError, parse_environment
+from stacks.multi_model_endpoint import CPU_UTILIZATION_SHARE, MultiModelEndpointStack
+from stacks.settings import parse_environment
 from tests.conftest import cdk_context
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTEXT = cdk_context()
 ENVIRONMENTS = CONTEXT["environments"]
+# What cdk.json asks of each environment's multi-model endpoint: the templates must carry it.
+MME = {name: parse_environment(name, ENVIRONMENTS[name]).multi_model_endpoint for name in ("dev", "prod")}
 ALLOWED = ["tenant-a.tar.gz", "team/tenant-b.tar.gz"]
 
 
@@ -96,7 +99,9 @@ def test_image_is_djl_in_every_environment(templates):
     """DJL Serving is the only multi-model server: the TorchServe DLC ended patching (platform_facts/images.json)."""
     for name in ("dev", "staging", "prod"):
         image = json.dumps(_one(templates[name], "AWS::SageMaker::Model")["Properties"]["PrimaryContainer"]["Image"])
-        assert "763104351884.dkr.ecr.us-west-2." in image and "/djl-inference:0.36.0-cpu-full" in image
+        djl_image = parse_environment(name, ENVIRONMENTS[name]).multi_model_endpoint.djl_image
+        assert djl_image.startswith("djl-inference:")
+        assert "763104351884.dkr.ecr.us-west-2." in image and f"/{djl_image}" in image
     dev_environment = _one(templates["dev"], "AWS::SageMaker::Model")["Properties"]["PrimaryContainer"]["Environment"]
     assert dev_environment == {"OMP_NUM_THREADS": "1"}  # DJL: maxWorkers = #CPU / OMP_NUM_THREADS
 
@@ -107,13 +112,18 @@ def test_model_waits_for_the_execution_role(synthesized):
 
 
 def test_endpoint_config_key_only_where_the_type_allows_it(templates):
+    # cdk.json gives dev an EBS-only type (it takes the platform key) and prod one with local NVMe (it refuses one).
+    assert (has_local_nvme(MME["dev"].instance_type), has_local_nvme(MME["prod"].instance_type)) == (False, True)
     dev = _one(templates["dev"], "AWS::SageMaker::EndpointConfig")["Properties"]
-    assert "KmsKeyId" in dev  # ml.c5.2xlarge: EBS storage takes the platform key
+    assert "KmsKeyId" in dev
     assert "EndpointConfigName" not in dev
     prod = _one(templates["prod"], "AWS::SageMaker::EndpointConfig")
-    assert "KmsKeyId" not in prod["Properties"]  # ml.c5d.18xlarge: local NVMe refuses a key
+    assert "KmsKeyId" not in prod["Properties"]
     variant = prod["Properties"]["ProductionVariants"][0]
-    assert (variant["InstanceType"], variant["InitialInstanceCount"]) == ("ml.c5d.18xlarge", 4)
+    assert (variant["InstanceType"], variant["InitialInstanceCount"]) == (
+        MME["prod"].instance_type,
+        MME["prod"].initial_instance_count,
+    )
 
 
 def test_endpoint_keeps_the_scaled_instance_count_on_updates(templates):
@@ -125,7 +135,8 @@ def test_endpoint_keeps_the_scaled_instance_count_on_updates(templates):
         if "LogGroupName" in g["Properties"]
     ]
     assert group["LogGroupName"] == "/aws/sagemaker/Endpoints/dev-MultiModelEndpoint"
-    assert group["RetentionInDays"] == 30 and "KmsKeyId" in group
+    assert group["RetentionInDays"] == parse_environment("dev", ENVIRONMENTS["dev"]).logs.retention_days
+    assert "KmsKeyId" in group
     assert endpoint["RetainAllVariantProperties"] is True
     excluded = {p["VariantPropertyType"] for p in endpoint["ExcludeRetainedVariantProperties"]}
     assert excluded == {"DesiredWeight", "DataCaptureConfig"}  # DesiredInstanceCount is kept
@@ -138,7 +149,8 @@ def test_scalable_target_follows_the_endpoint_and_tracks_invocations(templates):
     assert target["ResourceId"] == {
         "Fn::Join": ["", ["endpoint/", {"Fn::GetAtt": [endpoint_id, "EndpointName"]}, "/variant/AllTraffic"]]
     }  # the GetAtt orders the target after the endpoint
-    assert (target["MinCapacity"], target["MaxCapacity"]) == (4, 20)
+    scaling = MME["prod"].autoscaling
+    assert (target["MinCapacity"], target["MaxCapacity"]) == (scaling.min_capacity, scaling.max_capacity)
     assert target["ScalableDimension"] == "sagemaker:variant:DesiredInstanceCount"
     assert "RoleARN" not in target  # the service-linked role, not a role without permissions
     roles = template.find_resources("AWS::IAM::Role").values()
@@ -149,7 +161,11 @@ def test_scalable_target_follows_the_endpoint_and_tracks_invocations(templates):
     assert tracking["PredefinedMetricSpecification"] == {
         "PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"
     }
-    assert (tracking["TargetValue"], tracking["ScaleInCooldown"], tracking["ScaleOutCooldown"]) == (6000, 600, 60)
+    assert (tracking["TargetValue"], tracking["ScaleInCooldown"], tracking["ScaleOutCooldown"]) == (
+        scaling.target_invocations_per_instance,
+        scaling.scale_in_cooldown_seconds,
+        scaling.scale_out_cooldown_seconds,
+    )
 
 
 def test_alarms_watch_loading_cache_errors_cpu_and_memory(templates):
@@ -165,7 +181,8 @@ def test_alarms_watch_loading_cache_errors_cpu_and_memory(templates):
     }
     assert by_metric["ModelCacheHit"]["ComparisonOperator"] == "LessThanThreshold"
     assert by_metric["CPUUtilization"]["Namespace"] == "/aws/sagemaker/Endpoints"
-    assert by_metric["CPUUtilization"]["Threshold"] == 0.8 * 100 * 8  # ml.c5.2xlarge has 8 vCPUs
+    vcpus = instance_type(MME["dev"].instance_type).vcpus
+    assert by_metric["CPUUtilization"]["Threshold"] == CPU_UTILIZATION_SHARE * 100 * vcpus
     assert by_metric["ModelLoadingWaitTime"]["Namespace"] == "AWS/SageMaker"
     topic_id = _logical_id(template, "AWS::SNS::Topic")
     for alarm in by_metric.values():
@@ -215,13 +232,6 @@ def test_grant_invoke_refuses_bad_model_lists(synthesized):
         stacks["dev"].invoke_statement(["not a model"])
 
 
-def test_settings_refuse_bad_allowed_models():
-    raw = json.loads(json.dumps(ENVIRONMENTS["dev"]))
-    raw["multi_model_endpoint"]["invoke_allowed_models"] = ["../other.tar.gz"]
-    with pytest.raises(SettingsError, match=r"multi_model_endpoint\.invoke_allowed_models.*model name"):
-        parse_environment("dev", raw)
-
-
 # --- sizing: what the endpoint is sized for travels in the template; synth warns when the hot set cannot stay loaded
 
 HOT_SET_WARNING = re.compile(r"hot (set|model)")
@@ -232,7 +242,12 @@ def test_endpoint_records_its_sizing_inputs_for_the_review(synthesized, template
     endpoint = _one(templates["prod"], "AWS::SageMaker::Endpoint")
     recorded = SizingInputs.from_metadata(endpoint["Metadata"][METADATA_KEY])
     assert recorded == SizingInputs.from_settings(stacks["prod"].settings.multi_model_endpoint)
-    assert (recorded.instance_type, recorded.models, recorded.requests_per_second) == ("ml.c5d.18xlarge", 1000, 1000)
+    sizing = MME["prod"].sizing
+    assert (recorded.instance_type, recorded.models, recorded.requests_per_second) == (
+        MME["prod"].instance_type,
+        sizing.models,
+        sizing.requests_per_second,
+    )
 
 
 def test_cdk_json_environments_keep_the_hot_set_resident(synthesized):

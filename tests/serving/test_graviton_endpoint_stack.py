@@ -16,10 +16,10 @@ from stacks.compliance import add_compliance_gates
 from stacks.components.image_builds import IMAGE_BY_DIGEST, PULL_ACTIONS
 from stacks.components.sagemaker_endpoint import DlcImage
 from stacks.foundation import FoundationStack
-from stacks.graviton_endpoint import GravitonEndpointStack, image_source
+from stacks.graviton_endpoint import CPU_UTILIZATION_PERCENT, GravitonEndpointStack, image_source
 from stacks.image_patching import SERVING_IMAGE
 from stacks.platform_stage import no_model_yet
-from stacks.settings import SettingsError, parse_environment
+from stacks.settings import parse_environment
 from tests.conftest import cdk_context
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,7 +133,8 @@ def test_ray_replicas_and_threads_fill_the_instance_with_the_graviton_runtime_se
     assert environment["SENTIMENT_SERVE_MAX_BATCH_SIZE"] == str(settings.server_batch_size)
     assert float(environment["SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S"]) == settings.server_max_batch_delay_ms / 1000
     assert environment["SENTIMENT_MAX_REQUEST_BATCH"] == str(settings.max_request_batch)
-    assert environment["LRU_CACHE_CAPACITY"] == "1024" and environment["THP_MEM_ALLOC_ENABLE"] == "1"
+    assert environment["LRU_CACHE_CAPACITY"] == str(settings.lru_cache_capacity)
+    assert environment["THP_MEM_ALLOC_ENABLE"] == ("1" if settings.transparent_huge_pages else "0")
     assert not [name for name in environment if name.startswith(("SAGEMAKER_", "TS_"))]
 
 
@@ -223,7 +224,8 @@ def test_alarms_watch_5xx_latency_and_cpu_of_this_variant_and_notify_the_encrypt
     assert alarms["Invocation5XXErrors"]["Namespace"] == "AWS/SageMaker"
     assert alarms["ModelLatency"]["ExtendedStatistic"] == "p99"
     assert alarms["CPUUtilization"]["Namespace"] == "/aws/sagemaker/Endpoints"
-    assert alarms["CPUUtilization"]["Threshold"] == 80 * VCPUS[SETTINGS[env].graviton_endpoint.instance_type]
+    cpus = VCPUS[SETTINGS[env].graviton_endpoint.instance_type]
+    assert alarms["CPUUtilization"]["Threshold"] == CPU_UTILIZATION_PERCENT * cpus
     assert not resources(endpoint_template, "AWS::SNS::Subscription"), "no alarm_email in cdk.json"
 
 
@@ -425,21 +427,6 @@ def _dev_stack(graviton_endpoint: dict, **settings_overrides) -> GravitonEndpoin
 def test_model_data_outside_the_endpoint_prefix_is_refused() -> None:
     with pytest.raises(ValueError, match=r"graviton_endpoint\.model_data_key: must start with 'endpoints/'"):
         _dev_stack({"model_data_key": "models/m.tar.gz"})
-
-
-@pytest.mark.parametrize(
-    ("key", "value"),
-    [
-        ("image_repository", "pytorch-inference-arm64"),
-        ("image_tag", "2.6.0-cpu-py312-ubuntu22.04-sagemaker"),
-        ("dependencies", "install_at_startup"),
-    ],
-)
-def test_the_torchserve_image_settings_are_gone(key: str, value: str) -> None:
-    """The endpoint runs the platform's image only: the DLC's settings and start-up installs stop synth by name."""
-    raw = _with_model(RAW, "dev")
-    with pytest.raises(SettingsError, match=rf"^environments\.dev\.graviton_endpoint\.{key}: "):
-        parse_environment("dev", {**raw, "graviton_endpoint": {**raw["graviton_endpoint"], key: value}})
 
 
 def test_nvme_instance_types_get_no_kms_key_and_say_why() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from .forward_passes import FAILURE, counted_forward_passes, failing_forward_passes
 from .request_table import GOOD, REQUESTS, TEST_LIMITS, check_answer, headers
 from .torchserve_inprocess import loaded_service, predict
 
@@ -32,17 +33,8 @@ def service(torchserve_model: Path) -> Iterator:
 @pytest.fixture
 def forward_passes(service) -> Iterator[list[int]]:
     """Record how many texts each forward pass of the loaded handler gets."""
-    handler = sys.modules["sentiment_serving.torchserve_handler"]._handler
-    original = handler.predictor.predict_dicts
-    sizes: list[int] = []
-
-    def counting(texts):
-        sizes.append(len(texts))
-        return original(texts)
-
-    handler.predictor.predict_dicts = counting
-    yield sizes
-    handler.predictor.predict_dicts = original
+    with counted_forward_passes(sys.modules["sentiment_serving.torchserve_handler"].batch_handler) as sizes:
+        yield sizes
 
 
 def test_the_manifest_names_the_handler_torchserve_loads(torchserve_model: Path, service) -> None:
@@ -86,19 +78,10 @@ def test_a_request_without_a_body_parameter_is_a_client_error(service) -> None:
 
 
 def test_a_failing_forward_pass_is_a_clean_500_and_the_worker_keeps_serving(service, caplog) -> None:
-    handler = sys.modules["sentiment_serving.torchserve_handler"]._handler
-    original = handler.predictor.predict_dicts
-
-    def broken(texts):
-        raise RuntimeError("out of cheese at /opt/ml/model/code/sentiment_serving/predictor.py")
-
-    handler.predictor.predict_dicts = broken
-    try:
+    with failing_forward_passes(sys.modules["sentiment_serving.torchserve_handler"].batch_handler):
         answers = predict(service, [(b"fine", {"Content-Type": "text/plain"}), (b"", {"Content-Type": "text/plain"})])
-    finally:
-        handler.predictor.predict_dicts = original
     assert [a.status for a in answers] == [500, 400]
     assert "cheese" not in answers[0].body.decode() and "request-0" in answers[0].json()["error"]
-    assert "out of cheese" in caplog.text
+    assert FAILURE in caplog.text
     body, ct, accept, _, _ = GOOD[0].values
     assert predict(service, [(body, headers(ct, accept))])[0].status == 200

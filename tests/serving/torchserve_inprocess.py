@@ -20,6 +20,8 @@ from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.model_loader import TsModelLoader
 from ts.service import Service
 
+from .archive_modules import forget_modules
+
 ARCHIVE_MODULES = ("inference", "sentiment_serving")
 
 
@@ -34,12 +36,6 @@ class WireAnswer:
         return json.loads(self.body)
 
 
-def _forget_archive_modules() -> None:
-    for name in list(sys.modules):
-        if name.split(".")[0] in ARCHIVE_MODULES:
-            del sys.modules[name]
-
-
 @contextmanager
 def loaded_service(model_dir: Path, *, batch_size: int = 8) -> Iterator[Service]:
     """The model loaded as a TorchServe worker loads it: handler from the manifest, ``code/`` on the path."""
@@ -47,7 +43,7 @@ def loaded_service(model_dir: Path, *, batch_size: int = 8) -> Iterator[Service]
     handler = manifest["model"]["handler"]
     handler_dir = str(model_dir / handler.split(":")[0].rsplit("/", 1)[0])  # what TorchServe puts on PYTHONPATH
     saved_path = list(sys.path)
-    _forget_archive_modules()
+    forget_modules(*ARCHIVE_MODULES)
     sys.path.insert(0, handler_dir)
     try:
         metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
@@ -57,7 +53,7 @@ def loaded_service(model_dir: Path, *, batch_size: int = 8) -> Iterator[Service]
         yield service
     finally:
         sys.path[:] = saved_path
-        _forget_archive_modules()
+        forget_modules(*ARCHIVE_MODULES)
 
 
 def predict(service: Service, requests: Sequence[tuple[bytes | None, Mapping[str, str]]]) -> list[WireAnswer]:

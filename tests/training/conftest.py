@@ -1,11 +1,14 @@
-"""Fixtures for the training tests: one tiny RoBERTa classifier per session, built offline."""
+"""Fixtures for the training tests: the sample data, the session's training templates, and the host side of an EC2
+run (the real AWS CLI and a moto server)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from scripts.ec2_host import patch_moto_reservation_filter, unpack_aws_cli
 from training_assets.tiny_model import SAMPLE_DATA
 
 
@@ -19,3 +22,25 @@ def training_templates(templates: dict[str, dict[str, dict]]) -> dict[str, dict]
     """{environment: TrainingStack template}, from the session's one synth of every environment (with the
     compliance gates: an unacknowledged cdk-nag finding fails it)."""
     return {environment: stacks["Training"] for environment, stacks in templates.items()}
+
+
+@pytest.fixture(scope="module")
+def aws_cli(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The AWS CLI v1 that aws-cdk-lib ships (for BucketDeployment), unpacked: the CLI of the instance's host."""
+    return unpack_aws_cli(tmp_path_factory.mktemp("awscli"))
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    """A moto server of the module's own on a free local port; its URL."""
+    from moto.server import ThreadedMotoServer
+
+    undo = patch_moto_reservation_filter()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+        undo()

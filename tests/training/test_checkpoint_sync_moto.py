@@ -9,23 +9,19 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import boto3
 import pytest
 
-from tests.training import test_ec2_run_moto as ec2_run_moto
+from tests.training.moto_host import HOST_CREDENTIALS, REGION, host_client
 from training_assets.instance.checkpoint_sync import MARKER, S3Checkpoints, is_complete, write_marker
 
-REGION = ec2_run_moto.REGION
-BUCKET = "checkpoint-sync"  # not the bucket test_ec2_run_moto creates on the same module-scoped moto server
+BUCKET = "checkpoint-sync"
 PREFIX = "training-output/r-0123/checkpoints/"
-aws_cli = ec2_run_moto.aws_cli  # the fixtures: the unpacked CLI and a moto server
-endpoint = ec2_run_moto.endpoint
 
 
 def _cli(aws_cli: Path, endpoint: str) -> Callable[[Sequence[str]], str]:
     environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(aws_cli), "AWS_ENDPOINT_URL": endpoint,
                    "AWS_DEFAULT_REGION": REGION, "AWS_CONFIG_FILE": "/nonexistent",
-                   "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", **ec2_run_moto.HOST_CREDENTIALS}  # fmt: skip
+                   "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", **HOST_CREDENTIALS}  # fmt: skip
 
     def run(arguments: Sequence[str]) -> str:
         result = subprocess.run([sys.executable, str(aws_cli / "aws"), *arguments], env=environment,
@@ -48,15 +44,12 @@ def _checkpoint(root: Path, step: int) -> Path:
 
 @pytest.mark.slow
 def test_checkpoints_take_turns_in_two_encrypted_slots_and_the_newest_complete_one_comes_back(
-    aws_cli: Path, endpoint: str, tmp_path: Path
+    aws_cli: Path, moto_endpoint: str, tmp_path: Path
 ) -> None:
-    s3 = boto3.client("s3", region_name=REGION, endpoint_url=endpoint, **{
-        "aws_access_key_id": "testing", "aws_secret_access_key": "testing"})  # fmt: skip
+    s3 = host_client("s3", moto_endpoint)
     s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
-    kms = boto3.client("kms", region_name=REGION, endpoint_url=endpoint, aws_access_key_id="testing",
-                       aws_secret_access_key="testing")  # fmt: skip
-    key = kms.create_key()["KeyMetadata"]["Arn"]
-    remote = S3Checkpoints(f"s3://{BUCKET}/{PREFIX}", kms_key_id=key, aws=_cli(aws_cli, endpoint))
+    key = host_client("kms", moto_endpoint).create_key()["KeyMetadata"]["Arn"]
+    remote = S3Checkpoints(f"s3://{BUCKET}/{PREFIX}", kms_key_id=key, aws=_cli(aws_cli, moto_endpoint))
     local = tmp_path / "node-a"
 
     assert remote.newest() is None and remote.restore(tmp_path / "empty") is None

@@ -28,7 +28,11 @@ def test_a_fixed_global_batch_is_shared_equally_by_the_devices() -> None:
     config = TrainConfig(global_batch_size=256, per_device_batch_size=32)
     for devices, per_device in ((1, 256), (8, 32), (16, 16)):
         plan = batch_scaling.schedule(config, devices)
-        assert (plan.global_batch, plan.per_device_batch_size, plan.learning_rate) == (256, per_device, 2e-5)
+        assert (plan.global_batch, plan.per_device_batch_size, plan.learning_rate) == (
+            256,
+            per_device,
+            config.learning_rate,
+        )
         assert plan.rule == "fixed global batch"
     with pytest.raises(TrainingInputError, match=r"^global_batch_size 256 must be a multiple of the 24 devices"):
         batch_scaling.schedule(config, 24)
@@ -37,11 +41,12 @@ def test_a_fixed_global_batch_is_shared_equally_by_the_devices() -> None:
 def test_linear_scaling_multiplies_the_learning_rate_by_global_over_reference_batch() -> None:
     config = TrainConfig(per_device_batch_size=32, lr_scaling="linear")  # reference: 32, one GPU's batch
     one, eight, sixteen = (batch_scaling.schedule(config, devices) for devices in (1, 8, 16))
-    assert [(p.global_batch, p.learning_rate) for p in (one, eight, sixteen)] == [(32, 2e-5), (256, 1.6e-4),
-                                                                                  (512, 3.2e-4)]  # fmt: skip
-    assert sixteen.rule == "linear: 2e-05 x 512 / 32"
+    rate = config.learning_rate
+    assert [p.global_batch for p in (one, eight, sixteen)] == [32, 256, 512]
+    assert [p.learning_rate for p in (one, eight, sixteen)] == pytest.approx([rate, rate * 8, rate * 16])
+    assert sixteen.rule == f"linear: {rate} x 512 / 32"
     unscaled = batch_scaling.schedule(TrainConfig(per_device_batch_size=32), 16)
-    assert (unscaled.global_batch, unscaled.learning_rate, unscaled.rule) == (512, 2e-5, "per-device batch")
+    assert (unscaled.global_batch, unscaled.learning_rate, unscaled.rule) == (512, rate, "per-device batch")
 
 
 def test_the_tokens_folder_changes_with_anything_the_tokens_depend_on(tiny_model_dir: Path) -> None:

@@ -11,55 +11,23 @@ import json
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
-from scripts.ec2_host import install_host_tools, patch_moto_reservation_filter, unpack_aws_cli
+from scripts.ec2_host import install_host_tools
+from tests.training.moto_host import HOST_CREDENTIALS, REGION, host_client
 
 ROOT = Path(__file__).resolve().parents[2]
-REGION = "us-west-2"
 BUCKET = "dev-artifacts"
-HOST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-
-
-@pytest.fixture(scope="module")
-def aws_cli(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return unpack_aws_cli(tmp_path_factory.mktemp("awscli"))
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    undo = patch_moto_reservation_filter()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-        undo()
-
-
-def _client(service: str, endpoint: str):  # type: ignore[no-untyped-def]
-    return boto3.client(
-        service,
-        region_name=REGION,
-        endpoint_url=endpoint,
-        aws_access_key_id=HOST_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=HOST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-    )
 
 
 @pytest.mark.slow
-def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: Path, endpoint: str) -> None:
-    ec2, s3 = _client("ec2", endpoint), _client("s3", endpoint)
+def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: Path, moto_endpoint: str) -> None:
+    ec2, s3 = host_client("ec2", moto_endpoint), host_client("s3", moto_endpoint)
     s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
-    key_arn = _client("kms", endpoint).create_key()["KeyMetadata"]["Arn"]
-    _client("logs", endpoint).create_log_group(logGroupName="dev-training-logs")  # the TrainingStack's
+    key_arn = host_client("kms", moto_endpoint).create_key()["KeyMetadata"]["Arn"]
+    host_client("logs", moto_endpoint).create_log_group(logGroupName="dev-training-logs")  # the TrainingStack's
     image = ec2.describe_images()["Images"][0]["ImageId"]
     reservation = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, InstanceType="p4d.24xlarge")
     instance = reservation["Instances"][0]
@@ -72,7 +40,7 @@ def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: P
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "HOME": str(tmp_path),
         **HOST_CREDENTIALS,
-        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ENDPOINT_URL": moto_endpoint,
         "AWS_CONFIG_FILE": "/nonexistent",
         "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
         "IMDS_instance_id": instance["InstanceId"],
@@ -113,5 +81,5 @@ def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: P
     metrics = s3.get_object(Bucket=BUCKET, Key=prefix + "metrics.json")["Body"].read()
     assert json.loads(metrics) == {"eval_accuracy": 0.7}
     # The container's output went to the run's stream through Docker's awslogs driver.
-    streams = _client("logs", endpoint).describe_log_streams(logGroupName="dev-training-logs")["logStreams"]
+    streams = host_client("logs", moto_endpoint).describe_log_streams(logGroupName="dev-training-logs")["logStreams"]
     assert [s["logStreamName"] for s in streams] == [f"{reservation['ReservationId']}/{instance['InstanceId']}/train"]

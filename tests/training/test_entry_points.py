@@ -23,7 +23,7 @@ import pytest
 from stacks.settings import HyperParameters
 from stacks.training import train_arguments
 from training_assets import remote_train
-from training_assets.instance.train_sentiment import bf16_native
+from training_assets.instance.train_sentiment import TrainConfig, bf16_native
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "training_assets.instance.train_sentiment"
@@ -48,7 +48,9 @@ def test_train_sentiment_defaults(tiny_model_dir: Path, sample_data: Path, tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert_fast_path(metrics)
-    assert metrics["config"]["epochs"] == 3 and metrics["config"]["per_device_batch_size"] == 32
+    defaults = TrainConfig()
+    assert metrics["config"]["epochs"] == defaults.epochs
+    assert metrics["config"]["per_device_batch_size"] == defaults.per_device_batch_size
 
 
 @pytest.mark.slow
@@ -185,4 +187,5 @@ def test_ec2_run_with_the_training_stacks_arguments(stand_ins: dict[str, Any]) -
     metrics = json.loads(uploaded.read_text())
     assert_fast_path(metrics)
     assert metrics["config"]["torch_compile"] and metrics["optimizer_step"].startswith("compiled")
-    assert metrics["config"]["max_seq_length"] == 128 and metrics["max_seq_length"] == 64  # the tiny model's limit
+    assert metrics["config"]["max_seq_length"] == HyperParameters().max_seq_length  # what the stack sends
+    assert metrics["max_seq_length"] == 64  # the tiny model's limit

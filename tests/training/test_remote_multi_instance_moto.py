@@ -44,8 +44,8 @@ def test_one_job_on_two_instances_runs_the_function_under_the_sdks_torchrun(
 ) -> None:
     from sagemaker.core.remote_function.runtime_environment import bootstrap_runtime_environment as bootstrap
 
-    dataset = harness._upload_dataset(platform)
-    harness._run(platform, "--instance-count", "2", "train", "--", "--dataset", dataset, "--epochs", "1")
+    dataset = harness.upload_dataset(platform)
+    harness.run_launcher(platform, "--instance-count", "2", "train", "--", "--dataset", dataset, "--epochs", "1")
     assert set(platform.refused(LAUNCHER)) <= harness.TOLERATED_REFUSALS and platform.refused(JOB) == []
     assert platform.job_exit_codes == [0]
     (request,) = platform.create_requests
@@ -120,11 +120,11 @@ def test_a_spot_job_checkpoints_to_the_callers_prefix_and_resumes_there(
 
     def recording_train(config: Any) -> dict[str, Any]:
         seen.append(config)
-        return harness._stub_train(config)
+        return harness.stub_train(config)
 
     monkeypatch.setattr(remote_train, "train", recording_train)
-    dataset = harness._upload_dataset(platform)
-    harness._run(platform, "--spot", "--run-id", "tweets-7", "train", "--", "--dataset", dataset,
+    dataset = harness.upload_dataset(platform)
+    harness.run_launcher(platform, "--spot", "--run-id", "tweets-7", "train", "--", "--dataset", dataset,
                  "--checkpoint-steps", "50")  # fmt: skip
     assert set(platform.refused(LAUNCHER)) <= harness.TOLERATED_REFUSALS and platform.refused(JOB) == []
     (request,) = platform.create_requests

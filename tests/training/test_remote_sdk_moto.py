@@ -232,7 +232,8 @@ def platform(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(remote_train, "JOB_INPUT_DIR", tmp_path / "job" / "input")
-    monkeypatch.setattr(remote_train, "train", _stub_train)
+    monkeypatch.setattr(remote_train, "train", stub_train)
+    # sagemaker-core has no public setting for RemoteExecutor's polling intervals (1 s / 10 s): its private table.
     monkeypatch.setattr(remote_client, "_API_CALL_LIMIT", dict.fromkeys(remote_client._API_CALL_LIMIT, 0))
     # The SDK sleeps 5 s before its first DescribeTrainingJob; moto's job is complete at once.
     monkeypatch.setattr(remote_job, "_wait_until", functools.partial(remote_job._wait_until, poll=0))
@@ -307,7 +308,7 @@ def _propagate_principal_to_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(threading.Thread, "run", run_in_context)
 
 
-def _stub_train(config: Any) -> dict[str, Any]:
+def stub_train(config: Any) -> dict[str, Any]:
     """Stands in for train_sentiment.train inside the played job: checks the downloaded dataset, writes a model."""
     dataset = Path(config.dataset)
     assert (dataset / "train.csv").is_file() and (dataset / "validation.csv").is_file()
@@ -320,14 +321,16 @@ def _stub_train(config: Any) -> dict[str, Any]:
     return metrics
 
 
-def _upload_dataset(platform: Platform) -> str:
+def upload_dataset(platform: Platform) -> str:
+    """A two-row dataset in the Datasets bucket; its S3 prefix."""
     s3 = boto3.client("s3", region_name=REGION)
     for split in ("train", "validation"):
         s3.put_object(Bucket=platform.buckets["Datasets"], Key=f"tweets/{split}.csv", Body=b"text,label\nhi,1\n")
     return f"s3://{platform.buckets['Datasets']}/tweets/"
 
 
-def _run(platform: Platform, *argv: str, principal: str = LAUNCHER) -> tuple[int, str]:
+def run_launcher(platform: Platform, *argv: str, principal: str = LAUNCHER) -> tuple[int, str]:
+    """``python -m training_assets.remote_train`` as ``principal`` with the fetched config.yaml; (0, its output)."""
     out, err = io.StringIO(), io.StringIO()
     with _as(principal), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = remote_train.main(["--config", str(platform.config_path), "--image-uri", IMAGE_PY311, *argv])
@@ -339,8 +342,8 @@ def _run(platform: Platform, *argv: str, principal: str = LAUNCHER) -> tuple[int
 
 
 def test_train_runs_the_real_remote_path_within_the_launcher_policy(platform: Platform) -> None:
-    dataset = _upload_dataset(platform)
-    code, out = _run(platform, "train", "--", "--dataset", dataset, "--epochs", "1")
+    dataset = upload_dataset(platform)
+    code, out = run_launcher(platform, "train", "--", "--dataset", dataset, "--epochs", "1")
 
     assert code == 0, out
     assert ("ssm", "GetParameter") in platform.operations(LAUNCHER)  # config.yaml fetched under the launcher policy
@@ -374,7 +377,8 @@ def test_train_runs_the_real_remote_path_within_the_launcher_policy(platform: Pl
     assert all(channel["DataSource"]["S3DataSource"]["S3Uri"].startswith(root) for channel in channels)
     assert request["VpcConfig"] == {"Subnets": platform.subnets, "SecurityGroupIds": [platform.security_group]}
     resources = request["ResourceConfig"]
-    assert resources["InstanceType"] == "ml.p4d.24xlarge" and resources["InstanceCount"] == 1
+    remote_function = platform.config["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]
+    assert resources["InstanceType"] == remote_function["InstanceType"] and resources["InstanceCount"] == 1
     assert "VolumeKmsKeyId" not in resources  # SageMaker refuses a volume key for p4d's NVMe instance storage
     assert {"Key": "environment", "Value": "dev"} in request["Tags"]
     assert {"Key": "remote-job-owner", "Value": caller} in request["Tags"]
@@ -388,7 +392,7 @@ def test_the_uploaded_workspace_holds_the_training_code_and_a_self_contained_dep
 ) -> None:
     """The job runs `pip install -r <workspace>/requirements-remote.txt`: an `-r` include would point at a file the
     workspace does not have (the job's bootstrap would stop there)."""
-    _run(platform, "train", "--", "--dataset", _upload_dataset(platform))
+    run_launcher(platform, "train", "--", "--dataset", upload_dataset(platform))
     (request,) = platform.create_requests
     (uri,) = [c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]
               if c["ChannelName"] == "sm_rf_user_ws"]  # fmt: skip
@@ -414,7 +418,7 @@ def test_the_job_runs_one_process_per_gpu_under_torchrun(platform: Platform, tmp
     """Issue 12.3: the job specification the SDK sends starts torchrun, which the SDK's bootstrap sizes to the GPUs."""
     from sagemaker.core.remote_function.runtime_environment import bootstrap_runtime_environment as bootstrap
 
-    code, _ = _run(platform, "train", "--", "--dataset", _upload_dataset(platform))
+    code, _ = run_launcher(platform, "train", "--", "--dataset", upload_dataset(platform))
     assert code == 0
     (request,) = platform.create_requests
     arguments = request["AlgorithmSpecification"]["ContainerArguments"]
@@ -439,8 +443,8 @@ def test_the_job_runs_one_process_per_gpu_under_torchrun(platform: Platform, tmp
 
 
 def test_sweep_through_remote_executor_within_the_launcher_policy(platform: Platform) -> None:
-    dataset = _upload_dataset(platform)
-    code, out = _run(platform, "sweep", "--learning-rates", "1e-5,3e-5", "--max-parallel-jobs", "2", "--",
+    dataset = upload_dataset(platform)
+    code, out = run_launcher(platform, "sweep", "--learning-rates", "1e-5,3e-5", "--max-parallel-jobs", "2", "--",
                      "--dataset", dataset)  # fmt: skip
     assert code == 0
     rows = [json.loads(line) for line in out.splitlines() if line.startswith('{"learning_rate"')]
@@ -455,7 +459,9 @@ def test_sweep_through_remote_executor_within_the_launcher_policy(platform: Plat
 
 
 def test_an_ebs_only_override_gets_the_volume_key_and_sagemaker_accepts_the_request(platform: Platform) -> None:
-    code, _ = _run(platform, "--instance-type", "ml.p3.16xlarge", "train", "--", "--dataset", _upload_dataset(platform))
+    code, _ = run_launcher(
+        platform, "--instance-type", "ml.p3.16xlarge", "train", "--", "--dataset", upload_dataset(platform)
+    )
     assert code == 0
     (request,) = platform.create_requests
     assert request["ResourceConfig"]["InstanceType"] == "ml.p3.16xlarge"
@@ -468,7 +474,7 @@ def test_without_the_callers_prefix_the_sdk_is_refused_at_its_first_upload(
     """Why remote_train puts the caller's id into S3RootUri: the shared root (jobs/) is nobody's to write."""
     monkeypatch.setattr(remote_train, "config_for_caller", lambda config, caller: config)
     with pytest.raises(ClientError, match="AccessDenied"):
-        _run(platform, "train", "--", "--dataset", _upload_dataset(platform))
+        run_launcher(platform, "train", "--", "--dataset", upload_dataset(platform))
     refused = [r.call for r in platform.calls if not r.allowed and r.call.operation != "ListBuckets"]
     caller = f"jobs/{IDENTITIES[LAUNCHER]['aws:userid']}/"
     keys = [c.params.get("Key", c.params.get("Prefix", "")) for c in refused]
@@ -481,7 +487,7 @@ def test_another_data_scientist_cannot_touch_a_callers_jobs_or_objects(platform:
     environment, stop A's job, replace A's results (which A's client unpickles after checking only a SHA-256 stored
     next to them: sagemaker-core 2.27 client.py, serialization.deserialize_obj_from_s3 without a key) or pass a job
     off as A's is refused; the same requests as A, or as B on B's own job, are allowed."""
-    _run(platform, "train", "--", "--dataset", _upload_dataset(platform))
+    run_launcher(platform, "train", "--", "--dataset", upload_dataset(platform))
     (request,) = platform.create_requests
     name, bucket = request["TrainingJobName"], platform.buckets["RemoteJobs"]
     prefix = f"jobs/{IDENTITIES[LAUNCHER]['aws:userid']}/"
@@ -522,7 +528,7 @@ def test_without_the_log_statement_waiting_for_the_job_fails(platform: Platform)
     (policy,) = platform.policies[LAUNCHER]
     policy["Statement"] = [s for s in policy["Statement"] if s.get("Sid") != "FollowTrainingJobLogs"]
     with pytest.raises(ClientError, match="AccessDenied"):
-        _run(platform, "train", "--", "--dataset", _upload_dataset(platform))
+        run_launcher(platform, "train", "--", "--dataset", upload_dataset(platform))
     assert ("logs", "DescribeLogStreams") in platform.refused(LAUNCHER)
 
 

@@ -15,6 +15,7 @@ import yaml
 
 from stacks.training import remote_function_config
 from training_assets import remote_train
+from training_assets.instance.train_sentiment import TrainConfig
 from training_assets.remote_train import RemoteSetupError
 
 ROOT = Path(remote_train.__file__).resolve().parents[1]
@@ -60,7 +61,8 @@ def test_parse_train_and_sweep_arguments() -> None:
                                        "--epochs", "2", "--bf16"])  # fmt: skip
     assert (args.command, args.instance_type, config.epochs, config.bf16) == ("train", "ml.g5.2xlarge", 2, True)
     args, config = remote_train.parse(["sweep", "--learning-rates", "1e-5,2e-5,5e-5", "--max-parallel-jobs", "3"])
-    assert args.learning_rates == [1e-5, 2e-5, 5e-5] and args.max_parallel_jobs == 3 and config.epochs == 3
+    assert args.learning_rates == [1e-5, 2e-5, 5e-5] and args.max_parallel_jobs == 3
+    assert config.epochs == TrainConfig().epochs  # no training flags: train_sentiment's own defaults
 
 
 @pytest.mark.parametrize("rates", ["fast", "0", "1e-5,1e-5", "2"])
@@ -71,6 +73,7 @@ def test_bad_learning_rates(rates: str, capsys: pytest.CaptureFixture) -> None:
 
 
 def _job_settings(job) -> object:
+    # sagemaker-core keeps a decorated function's job settings only in its closure (no public accessor).
     (settings,) = [c.cell_contents for c in job.__closure__ if type(c.cell_contents).__name__ == "_JobSettings"]
     return settings
 

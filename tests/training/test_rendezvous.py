@@ -106,7 +106,7 @@ def test_torchrun_takes_its_timeouts_from_the_one_bound() -> None:
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
-    from torch.distributed.run import _parse_rendezvous_config
+    from torch.distributed.run import _parse_rendezvous_config  # torchrun's own --rdzv_conf parser (private)
 
     port = _free_port()
     conf = _parse_rendezvous_config("join_timeout=7,read_timeout=9,is_host=true")

@@ -245,7 +245,7 @@ def test_bf16_on_a_gpu_without_it(tiny_model_dir: Path, data_dir: Path, monkeypa
 
 
 def test_bf16_on_a_cpu_without_it(tiny_model_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(train_sentiment, "_cpu_flags", lambda: {"sse4_2", "avx2"})
+    monkeypatch.setattr(train_sentiment, "cpu_flags", lambda: {"sse4_2", "avx2"})
     with pytest.raises(TrainingInputError, match=r"--bf16 needs native bfloat16 on this CPU"):
         train(_config(tiny_model_dir, data_dir, bf16=True))
 

@@ -11,38 +11,38 @@ import yaml
 from aws_cdk.assertions import Match, Template
 from sagemaker.core.config.config_schema import SAGEMAKER_PYTHON_SDK_CONFIG_SCHEMA
 
-from stacks.settings import TrainingSettings
+from platform_facts.instances import has_local_nvme
+from stacks.settings import TrainingSettings, parse_environment
 from stacks.training import remote_function_config
+from tests.components.bare_stack import launch_data, resources
+from tests.conftest import cdk_context
 
 ENVIRONMENTS = ("dev", "staging", "prod")
-
-
-def _resources(template: dict, kind: str) -> dict[str, dict]:
-    return {name: r for name, r in template["Resources"].items() if r["Type"] == kind}
-
-
-def _launch_data(template: dict) -> dict:
-    (resource,) = _resources(template, "AWS::EC2::LaunchTemplate").values()
-    return resource["Properties"]["LaunchTemplateData"]
+# What cdk.json asks of each environment's training: the templates must carry it.
+TRAINING = {name: parse_environment(name, cdk_context()["environments"][name]).training for name in ENVIRONMENTS}
 
 
 def _user_data(template: dict) -> str:
     """The user data script with every CloudFormation reference written as <ref>."""
-    parts = _launch_data(template)["UserData"]["Fn::Base64"]["Fn::Join"][1]
+    parts = launch_data(template)["UserData"]["Fn::Base64"]["Fn::Join"][1]
     return "".join(part if isinstance(part, str) else "<ref>" for part in parts)
 
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_instances_require_imdsv2_and_reach_it_from_containers(training_templates, environment) -> None:
-    options = _launch_data(training_templates[environment])["MetadataOptions"]
+    options = launch_data(training_templates[environment])["MetadataOptions"]
     assert options == {"HttpTokens": "required", "HttpPutResponseHopLimit": 1}
 
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
-def test_root_volume_is_200_gib_gp3_encrypted_with_the_platform_key(training_templates, environment) -> None:
-    (mapping,) = _launch_data(training_templates[environment])["BlockDeviceMappings"]
+def test_root_volume_is_gp3_of_the_set_size_encrypted_with_the_platform_key(training_templates, environment) -> None:
+    (mapping,) = launch_data(training_templates[environment])["BlockDeviceMappings"]
     ebs = mapping["Ebs"]
-    assert (mapping["DeviceName"], ebs["VolumeSize"], ebs["VolumeType"]) == ("/dev/sda1", 200, "gp3")
+    assert (mapping["DeviceName"], ebs["VolumeSize"], ebs["VolumeType"]) == (
+        "/dev/sda1",
+        TRAINING[environment].root_volume_gib,
+        "gp3",
+    )
     assert ebs["Encrypted"] is True and ebs["DeleteOnTermination"] is True
     assert re.fullmatch(
         rf"{environment}-Foundation:ExportsOutputFnGetAttPlatformKey\w+Arn\w+", ebs["KmsKeyId"]["Fn::ImportValue"]
@@ -51,14 +51,14 @@ def test_root_volume_is_200_gib_gp3_encrypted_with_the_platform_key(training_tem
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_ami_is_the_dlami_resolved_at_launch(training_templates, environment) -> None:
-    image = _launch_data(training_templates[environment])["ImageId"]
+    image = launch_data(training_templates[environment])["ImageId"]
     assert image == f"resolve:ssm:{TrainingSettings().dlami_ssm_parameter}"
 
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_instance_settings(training_templates, environment) -> None:
-    data = _launch_data(training_templates[environment])
-    assert data["InstanceType"] == "p4d.24xlarge"
+    data = launch_data(training_templates[environment])
+    assert data["InstanceType"] == TRAINING[environment].instance_type
     assert data["InstanceInitiatedShutdownBehavior"] == "terminate"
     assert data["Monitoring"] == {"Enabled": True} and data["EbsOptimized"] is True
     assert "KeyName" not in data, "no SSH key pair: Session Manager only"
@@ -86,7 +86,7 @@ def test_nothing_launches_on_deploy(training_templates, environment) -> None:
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_no_inbound_from_outside(training_templates, environment) -> None:
     template = training_templates[environment]
-    ((group_id, group),) = _resources(template, "AWS::EC2::SecurityGroup").items()
+    ((group_id, group),) = resources(template, "AWS::EC2::SecurityGroup").items()
     assert "SecurityGroupIngress" not in group["Properties"]
     (egress,) = group["Properties"]["SecurityGroupEgress"]
     assert (egress["CidrIp"], egress["IpProtocol"], egress["FromPort"], egress["ToPort"]) == (
@@ -95,7 +95,7 @@ def test_no_inbound_from_outside(training_templates, environment) -> None:
         443,
         443,
     )
-    ingress = list(_resources(template, "AWS::EC2::SecurityGroupIngress").values())
+    ingress = list(resources(template, "AWS::EC2::SecurityGroupIngress").values())
     if environment == "dev":
         assert ingress == []
     else:  # EFA: all traffic, but only from the group itself
@@ -106,17 +106,17 @@ def test_no_inbound_from_outside(training_templates, environment) -> None:
 
 def test_single_node_environment_has_one_plain_interface_and_no_placement_group(training_templates) -> None:
     template = training_templates["dev"]
-    (interface,) = _launch_data(template)["NetworkInterfaces"]
+    (interface,) = launch_data(template)["NetworkInterfaces"]
     assert "InterfaceType" not in interface and interface["DeviceIndex"] == 0
-    assert "Placement" not in _launch_data(template)
-    assert not _resources(template, "AWS::EC2::PlacementGroup")
+    assert "Placement" not in launch_data(template)
+    assert not resources(template, "AWS::EC2::PlacementGroup")
     assert "RunMultiNodeTrainingCommand" not in template["Outputs"]
 
 
 @pytest.mark.parametrize("environment", ["staging", "prod"])
 def test_efa_uses_four_network_cards_in_a_cluster_placement_group(training_templates, environment) -> None:
     template = training_templates[environment]
-    interfaces = _launch_data(template)["NetworkInterfaces"]
+    interfaces = launch_data(template)["NetworkInterfaces"]
     assert [(i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in interfaces] == [
         (0, 0, "efa"),
         (1, 1, "efa"),
@@ -124,9 +124,9 @@ def test_efa_uses_four_network_cards_in_a_cluster_placement_group(training_templ
         (3, 1, "efa"),
     ]
     assert len({json.dumps(i["SubnetId"]) for i in interfaces}) == 1, "one subnet: one AZ for the cluster"
-    ((group_name, group),) = _resources(template, "AWS::EC2::PlacementGroup").items()
+    ((group_name, group),) = resources(template, "AWS::EC2::PlacementGroup").items()
     assert group["Properties"]["Strategy"] == "cluster"
-    assert _launch_data(template)["Placement"] == {"GroupName": {"Fn::GetAtt": [group_name, "GroupName"]}}
+    assert launch_data(template)["Placement"] == {"GroupName": {"Fn::GetAtt": [group_name, "GroupName"]}}
     assert "EFA=true" in _user_data(template)
 
 
@@ -193,7 +193,7 @@ def test_training_log_group_is_encrypted_with_retention(training_templates, envi
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_instance_policy_is_scoped_to_this_stack(training_templates, environment) -> None:
     template = training_templates[environment]
-    policies = _resources(template, "AWS::IAM::Policy")
+    policies = resources(template, "AWS::IAM::Policy")
     (policy,) = [p for name, p in policies.items() if name.startswith("TrainingInstance")]
     properties = policy["Properties"]
     assert re.fullmatch(
@@ -209,7 +209,7 @@ def test_instance_policy_is_scoped_to_this_stack(training_templates, environment
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_launcher_policy_only_launches_from_the_template(training_templates, environment) -> None:
-    (policy,) = _resources(training_templates[environment], "AWS::IAM::ManagedPolicy").values()
+    (policy,) = resources(training_templates[environment], "AWS::IAM::ManagedPolicy").values()
     statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
     run = statements["RunFromTheTrainingTemplate"]
     assert run["Action"] == "ec2:RunInstances" and "ec2:LaunchTemplate" in run["Condition"]["ArnLike"]
@@ -237,7 +237,7 @@ CONCRETE = {
 
 def _rendered_config(template: dict) -> dict:
     """The SSM parameter's YAML as CloudFormation would write it, with concrete values for the references."""
-    (parameter,) = _resources(template, "AWS::SSM::Parameter").values()
+    (parameter,) = resources(template, "AWS::SSM::Parameter").values()
     body, references = parameter["Properties"]["Value"]["Fn::Sub"]
     names = set(re.findall(r"\$\{([^}]+)\}", body))
     assert names <= set(CONCRETE), names - set(CONCRETE)
@@ -253,12 +253,14 @@ def test_generated_remote_config_validates_against_the_sdk_schema(training_templ
     assert remote["RoleArn"] == CONCRETE["RoleArn"]
     assert remote["S3RootUri"] == "s3://dev-foundation-remotejobs-abc/jobs"
     assert remote["S3KmsKeyId"] == CONCRETE["KeyArn"]
-    assert "VolumeKmsKeyId" not in remote  # ml.p4d.24xlarge has NVMe instance storage: SageMaker refuses a key
+    # cdk.json's remote instance type has NVMe instance storage: SageMaker refuses a volume key there.
+    assert has_local_nvme(TRAINING[environment].remote_instance_type)
+    assert "VolumeKmsKeyId" not in remote
     session = config["SageMaker"]["PythonSDK"]["Modules"]["Session"]
     assert session == {"DefaultS3Bucket": "dev-foundation-remotejobs-abc", "DefaultS3ObjectKeyPrefix": "jobs"}
     assert remote["VpcConfig"]["SecurityGroupIds"] == ["sg-0123456789abcdef0"]
     assert remote["VpcConfig"]["Subnets"][0] == "subnet-0123456789abcdef0"
-    assert remote["InstanceType"] == "ml.p4d.24xlarge"
+    assert remote["InstanceType"] == TRAINING[environment].remote_instance_type
     assert remote["ImageUri"] == (
         "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker"
     )
@@ -300,7 +302,6 @@ def test_runs_start_in_the_configured_subnet_and_the_outputs_say_where(training_
     from stacks.foundation import FoundationStack
     from stacks.settings import parse_environment
     from stacks.training import TrainingStack
-    from tests.conftest import cdk_context
 
     raw = cdk_context()["environments"]["dev"]
     settings = parse_environment("dev", {**raw, "training": {**raw["training"], "subnet_index": 1}})
@@ -309,9 +310,9 @@ def test_runs_start_in_the_configured_subnet_and_the_outputs_say_where(training_
     template = Template.from_stack(TrainingStack(stage, "Training", settings=settings, foundation=foundation)).to_json()
 
     for chosen, index, subnet in ((template, 1, "PrivateSubnet2"), (training_templates["dev"], 0, "PrivateSubnet1")):
-        (interface,) = _launch_data(chosen)["NetworkInterfaces"]
+        (interface,) = launch_data(chosen)["NetworkInterfaces"]
         assert subnet in interface["SubnetId"]["Fn::ImportValue"]
-        (launcher,) = _resources(chosen, "AWS::IAM::ManagedPolicy").values()
+        (launcher,) = resources(chosen, "AWS::IAM::ManagedPolicy").values()
         subnets = set(re.findall(r"ExportsOutputRefVpc\w+Subnet\w+", json.dumps(launcher["Properties"])))
         assert {f"dev-Foundation:{name}" for name in subnets} == {interface["SubnetId"]["Fn::ImportValue"]}, (
             "the launch grant names the same subnet only"

@@ -226,7 +226,8 @@ def check_model(reference: str) -> str:
     return reference
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags, from /proc/cpuinfo (x86 ``flags``, Arm ``Features``); none where it cannot be read."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -251,7 +252,7 @@ def _cpu_model() -> str:
 def bf16_native(use_cuda: bool) -> bool:
     if use_cuda:
         return bool(torch.cuda.is_bf16_supported(including_emulation=False))
-    return bool({"avx512_bf16", "amx_bf16", "bf16"} & _cpu_flags())
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & cpu_flags())
 
 
 def check_bf16(use_cuda: bool) -> None:
@@ -264,7 +265,7 @@ def check_bf16(use_cuda: bool) -> None:
                 f"{torch.cuda.get_device_name()} has {major}.{minor}. Run without --bf16."
             )
         return
-    native = {"avx512_bf16", "amx_bf16", "bf16"} & _cpu_flags()
+    native = {"avx512_bf16", "amx_bf16", "bf16"} & cpu_flags()
     if not native:
         raise TrainingInputError(
             f"--bf16 needs native bfloat16 on this CPU ({platform.machine()} without avx512_bf16/amx_bf16/bf16 "

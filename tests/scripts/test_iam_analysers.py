@@ -111,7 +111,7 @@ def test_planted_bad_statements_are_caught_by_each_analyser(cloud_assembly, tmp_
     } <= found, found  # fmt: skip
     # Only the planted statements are open, and only in the environment they were planted in.
     assert {(f["stack"], f["principal"]) for f in analysed["open"]} == {launcher, remote}
-    passed, summary = template_gates._analyser_gate(analysed, "cloudsplaining", "")
+    passed, summary = template_gates.analyser_gate(analysed, "cloudsplaining", "")
     opened = sum(f["analyser"] == "cloudsplaining" for f in analysed["open"])
     assert not passed and opened >= 4 and summary.startswith(f"{opened} open"), summary
 
@@ -128,8 +128,8 @@ def test_an_exception_that_excuses_nothing_fails_and_one_that_matches_excuses(cl
     absent = {**stale, "principal": "PromotionPipeline/SomeRole"}  # a principal this assembly does not hold
     analysed = iam_analysers.run(Path(cloud_assembly.directory), [*exceptions, stale, absent])
     assert analysed["stale_exceptions"] == [stale]
-    assert not template_gates._analyser_gate(analysed, "parliament", "")[0]
-    assert template_gates._analyser_gate(analysed, "cloudsplaining", "")[0]
+    assert not template_gates.analyser_gate(analysed, "parliament", "")[0]
+    assert template_gates.analyser_gate(analysed, "cloudsplaining", "")[0]
     # Without the exceptions, the findings they excuse are open.
     bare = iam_analysers.run(Path(cloud_assembly.directory), [])
     assert len(bare["open"]) == len(analysed["excused"]) > 0
@@ -164,8 +164,8 @@ def test_an_open_finding_and_a_stale_exception_print_in_full_and_fail_the_gate()
     gates = {
         name: {"passed": passed, "summary": summary}
         for name, (passed, summary) in (
-            ("cloudsplaining", template_gates._analyser_gate(analysed, "cloudsplaining", "")),
-            ("parliament", template_gates._analyser_gate(analysed, "parliament", "")),
+            ("cloudsplaining", template_gates.analyser_gate(analysed, "cloudsplaining", "")),
+            ("parliament", template_gates.analyser_gate(analysed, "parliament", "")),
         )
     }
     report = {

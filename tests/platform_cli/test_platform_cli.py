@@ -11,7 +11,7 @@ import pytest
 
 import platform_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", sorted(platform_cli.SUBCOMMANDS))
