@@ -4,6 +4,10 @@ One table that synth (stacks/image_patching.py), the ops review and the docs rea
 gets no security fixes, so synth refuses it unless an environment accepts that risk with a written reason, and warns
 ``WARN_DAYS`` ahead. Dates are publisher facts with a source and the date they were checked; "today" is always passed
 in, so the checks are testable at any date.
+
+A training DLC's row also carries what its tag may not spell (``training``: EC2 or SageMaker flavour, Python, CUDA):
+the settings choose a training image by tag and read its repository, CUDA and Python from here (stacks/settings.py,
+the image URIs and pull grants of the stacks, training_assets/remote_train.py's Python check).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from datetime import date
 from enum import StrEnum
 from functools import cache
 from pathlib import Path
+from typing import Literal, cast, get_args
 
 IMAGES_FILE = Path(__file__).with_name("images.json")
 # The template metadata key under which a stack lists the images it runs (written at synth, read by the ops review).
@@ -29,6 +34,25 @@ class PatchStatus(StrEnum):
     UNDECLARED = "no end declared"
 
 
+# Where a training DLC runs: "ec2" is the flavour for docker run on EC2 (ECS, EKS), "sagemaker" the flavour SageMaker
+# training jobs start (the SageMaker training toolkit and entry point); AWS publishes each version in both.
+TrainingPlatform = Literal["ec2", "sagemaker"]
+
+
+@dataclass(frozen=True)
+class TrainingRuntime:
+    """What a training DLC brings, from AWS's image data (images.json cites it): the Python the image runs (a
+    ``@remote`` caller needs the same major.minor) and the CUDA version (which GPUs can run the image)."""
+
+    platform: TrainingPlatform
+    python: str  # major.minor, e.g. "3.12"
+    cuda: str  # major.minor, e.g. "13.3"
+
+    @property
+    def cuda_major(self) -> int:
+        return int(self.cuda.split(".")[0])
+
+
 @dataclass(frozen=True)
 class ImageFact:
     image: str  # repository:tag
@@ -38,6 +62,7 @@ class ImageFact:
     source: str
     checked: date
     replacement: str
+    training: TrainingRuntime | None = None  # None: not a training DLC
 
     @property
     def repository(self) -> str:
@@ -76,9 +101,18 @@ def image_facts(path: Path = IMAGES_FILE) -> dict[str, ImageFact]:
             source=entry["source"],
             checked=date.fromisoformat(entry["checked"]),
             replacement=entry["replacement"],
+            training=_training_runtime(image, entry.get("training")),
         )
         for image, entry in raw.items()
     }
+
+
+def _training_runtime(image: str, raw: dict[str, str] | None) -> TrainingRuntime | None:
+    if raw is None:
+        return None
+    if raw["platform"] not in get_args(TrainingPlatform):
+        raise ValueError(f"{IMAGES_FILE.name}: {image}: training.platform must be one of {get_args(TrainingPlatform)}")
+    return TrainingRuntime(platform=cast(TrainingPlatform, raw["platform"]), python=raw["python"], cuda=raw["cuda"])
 
 
 def image_fact(image: str) -> ImageFact:
@@ -89,3 +123,31 @@ def image_fact(image: str) -> ImageFact:
             f"{image} has no end-of-patching fact in platform_facts/{IMAGES_FILE.name}; add it with its source"
         )
     return facts[image]
+
+
+def training_images(platform: TrainingPlatform) -> list[ImageFact]:
+    """The training DLCs of ``platform`` in the table, ended ones included (an environment may accept one's risk)."""
+    return [fact for fact in image_facts().values() if fact.training and fact.training.platform == platform]
+
+
+def training_image(tag: str, platform: TrainingPlatform) -> ImageFact:
+    """The training DLC of ``platform`` whose tag is ``tag``: the table, not the tag's spelling, says which repository
+    it lives in and which Python and CUDA it runs. ValueError names the tags there are."""
+    facts = [fact for fact in training_images(platform) if fact.tag == tag]
+    if not facts:
+        tags = ", ".join(fact.tag for fact in training_images(platform))
+        raise ValueError(
+            f"{tag} is no {platform} training image of platform_facts/{IMAGES_FILE.name}; use one of {tags} "
+            "(or add the image there with its source)"
+        )
+    (fact,) = facts
+    return fact
+
+
+def fact_of_uri(uri: str) -> ImageFact | None:
+    """The fact of an image URI (``<registry>/<repository>:<tag>`` as a job or a node pulls it), None when the table
+    holds no such repository:tag (an image of the user's own)."""
+    facts = image_facts()
+    first, _, rest = uri.partition("/")
+    # A registry host has a dot or a port (763104351884.dkr.ecr.us-west-2.amazonaws.com); a repository has neither.
+    return facts.get(uri) or (facts.get(rest) if rest and ("." in first or ":" in first) else None)

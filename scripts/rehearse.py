@@ -72,15 +72,18 @@ from ops_review.iam_policy import resolve
 from ops_review.review import StackTemplate, load_assembly
 from scripts.aws_calls import GATE_ENV, STEP_ENV, Gate, Principal, Record, install, refusals
 from scripts.ec2_host import install_host_tools, patch_moto_reservation_filter, unpack_aws_cli
+from stacks.settings import TrainingSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCOUNT = "123456789012"  # moto's default account
 MODEL_KEY = "endpoints/sentiment/rehearsal.tar.gz"
 TEXT = "Covid cases are increasing fast!"
 MME_MODEL = "sentiment-rehearsal.tar.gz"
-# The @remote job runs Python 3.11 here while the default DLC tag is py313: the SDK refuses a mismatch, as it must.
-REMOTE_IMAGE = (
-    "763104351884.dkr.ecr.{region}.amazonaws.com/pytorch-training:2.10.0-gpu-py311-cu130-ubuntu22.04-sagemaker"
+# The @remote job runs this machine's Python here while the default job image (the image table's entry for
+# training.remote_image_tag) runs its own, and remote_train refuses a mismatch, as it must: the rehearsal names a
+# stand-in tag of the same repository (so the job role's pull grant is the real one) that spells this Python.
+REMOTE_IMAGE = "763104351884.dkr.ecr.{region}.amazonaws.com/" + (
+    f"{TrainingSettings().remote_image.image}-py{sys.version_info.major}{sys.version_info.minor}"
 )
 
 # The one refusal a tool is built to meet: boto3's Bucket.creation_date lists all buckets and treats AccessDenied as

@@ -33,8 +33,6 @@ TRAINING_OUTPUT_PREFIX = "training-output/"
 DATA_CAPTURE_PREFIX = "data-capture/"
 # The one log group SageMaker writes every training job's streams to (<job name>/algo-<n>-<timestamp>).
 TRAINING_JOB_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
-# The Deep Learning Containers repository of the training image (EC2 runs and @remote jobs).
-TRAINING_REPOSITORY = "pytorch-training"
 
 
 def remote_config_parameter_name(settings: EnvironmentSettings) -> str:
@@ -164,7 +162,8 @@ class FoundationStack(EnvironmentStack):
             datasets=self.datasets_bucket,
             artifacts=self.artifacts_bucket,
             training_output_prefix=TRAINING_OUTPUT_PREFIX,
-            training_repository=TRAINING_REPOSITORY,
+            # The DLC repository of the nodes' image, as the image table names it (training.image_tag's entry).
+            training_repository=self.settings.training.image.repository,
             key=self.key,
         )
         self.training_instance_role = self.training_instance.role
@@ -177,7 +176,8 @@ class FoundationStack(EnvironmentStack):
             artifacts=self.artifacts_bucket,
             training_output_prefix=TRAINING_OUTPUT_PREFIX,
             training_job_log_group=TRAINING_JOB_LOG_GROUP,
-            training_repository=TRAINING_REPOSITORY,
+            # The DLC repository of the @remote jobs' image (training.remote_image_tag's entry of the image table).
+            training_repository=self.settings.training.remote_image.repository,
             key=self.key,
             network=replace(network, security_group=self.remote_jobs_security_group),
         )

@@ -57,8 +57,9 @@ def images_in_use(settings: EnvironmentSettings) -> list[ImageUse]:
     """The images the environment's enabled parts choose, with the key that chooses each."""
     training = settings.training
     uses = [
-        ImageUse("Training", "training.image_tag", f"pytorch-training:{training.image_tag}"),
-        ImageUse("Training", "training.remote_image_tag", f"pytorch-training:{training.remote_image_tag}"),
+        # repository:tag from the image table: the table, not the tag, says which repository a DLC lives in.
+        ImageUse("Training", "training.image_tag", training.image.image),
+        ImageUse("Training", "training.remote_image_tag", training.remote_image.image),
     ]
     graviton = settings.graviton_endpoint
     if graviton.enabled:

@@ -17,7 +17,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import region_info
 from constructs import Construct
 
-from platform_facts.images import ImageFact, PatchStatus, image_facts
+from platform_facts.images import ImageFact, PatchStatus, training_images
 from stacks.components.image_builds import Architecture, BaseRegistry, ImageDefinition
 from stacks.components.promotion_pipeline import (
     EXPECTED_LABELS,
@@ -48,24 +48,18 @@ __all__ = [
     "cdk_cli_version",
 ]
 
-# The DLC repository the training image extends (its tag: training_base() from platform_facts/images.json).
-TRAINING_DLC_REPOSITORY = "pytorch-training"
-
 
 def training_base(today: date) -> ImageFact:
     """The training image's base: the EC2 flavour of the PyTorch training DLC with the latest end of patching in
-    platform_facts/images.json (the table is the one place a DLC tag is chosen). Past its end, synth stops."""
-    candidates = [
-        fact
-        for fact in image_facts().values()
-        if fact.repository == TRAINING_DLC_REPOSITORY and fact.tag.endswith("-ec2") and fact.end_of_patching
-    ]
+    platform_facts/images.json (the table is the one place a DLC is chosen, with its repository). Past its end, synth
+    stops."""
+    candidates = [fact for fact in training_images("ec2") if fact.end_of_patching]
     if not candidates:
-        raise SettingsError(f"platform_facts/images.json: no {TRAINING_DLC_REPOSITORY} image of the EC2 flavour.")
+        raise SettingsError("platform_facts/images.json: no training image of the EC2 flavour.")
     newest = max(candidates, key=lambda fact: cast(date, fact.end_of_patching))
     if newest.status(today) is PatchStatus.ENDED:
         raise SettingsError(
-            f"platform_facts/images.json: the newest {TRAINING_DLC_REPOSITORY} image, {newest.image}, ended patching "
+            f"platform_facts/images.json: the newest EC2 training image, {newest.image}, ended patching "
             f"on {newest.end_of_patching}, so the training image would get no security fixes; add its successor "
             f"({newest.replacement})."
         )
@@ -86,9 +80,10 @@ def platform_images(scope: Construct, today: date) -> list[ImageDefinition]:
             architecture=Architecture.X86_64,
             build_args={
                 "DLC_REGISTRY": f"{dlc_account}.dkr.ecr.{stack.region}.{stack.url_suffix}",
+                "DLC_REPOSITORY": base.repository,
                 "BASE_TAG": base.tag,
             },
-            base_registries=[BaseRegistry(account=dlc_account, repository=TRAINING_DLC_REPOSITORY)],
+            base_registries=[BaseRegistry(account=dlc_account, repository=base.repository)],
         ),
         ImageDefinition(
             name=SERVING_IMAGE,

@@ -6,8 +6,9 @@ Graviton types, min <= max) are validators next to the field they guard. ``Setti
 into one sentence that names the key and what is allowed, so a bad cdk.json stops ``cdk synth`` at the door.
 
 This module is data and its validation only: instance rules read the platform's instance facts
-(platform_facts/instances.py), serving limits and names the serving contract (inference_assets/container/
-contract.py); what the settings turn into (container environment, resources) is the stacks' business.
+(platform_facts/instances.py), training image tags the image table (platform_facts/images.py), serving limits and
+names the serving contract (inference_assets/container/contract.py); what the settings turn into (container
+environment, resources) is the stacks' business.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from inference_assets.container.contract import (
     Precision,
     validate_model_name,
 )
+from platform_facts.images import ImageFact, training_image
 from platform_facts.instances import (
     BF16_MIN_COMPUTE_CAPABILITY,
     CUDA13_MIN_COMPUTE_CAPABILITY,
@@ -57,9 +59,6 @@ _CONNECTION_ARN = re.compile(
 )
 _REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _BRANCH = re.compile(r"^(?!/)(?!.*(\.\.|//|@\{))[A-Za-z0-9._/-]+(?<![/.])$")
-
-
-_CUDA_IN_TAG = re.compile(r"-cu(?P<major>\d+)\d-")  # 2.10.0-gpu-py313-cu130-... -> CUDA 13
 
 
 def _instance(value: str, ml: bool, rule: Any, message: str) -> InstanceType:
@@ -98,19 +97,24 @@ def _graviton_hosting(facts: InstanceType) -> bool:
     return _autoscaled_hosting(facts) and facts.architecture == "arm64" and facts.accelerator is None
 
 
-def _gpu_runs_the_image(type_key: str, instance_type: str, tag_key: str, image_tag: str, bf16: bool) -> None:
-    """Refuse a GPU the training image or bf16 cannot use, naming the key and the families that can."""
+def _gpu_runs_the_image(type_key: str, instance_type: str, tag_key: str, image: ImageFact, bf16: bool) -> None:
+    """Refuse a GPU the training image or bf16 cannot use, naming the key and the families that can. The image's CUDA
+    version is a fact of the image table (platform_facts/images.json), not read from its tag: the Amazon Linux 2023
+    images' ``cu133`` is CUDA 13.3, and every CUDA 13 release runs on Turing (7.5) and newer, not on Volta (the V100 of
+    p3): NVIDIA's CUDA 13.0 features ("all NVIDIA architectures from Turing through Grace Blackwell"); the torch of
+    the 2.13 images is PyTorch's cu130 build (aws/deep-learning-containers docker/pytorch/2.13/cuda/pyproject.toml),
+    whose wheels target 7.5 and newer (pytorch/pytorch#157517)."""
     facts = lookup(instance_type)
     gpu = facts.gpu if facts else None
     if facts is None or gpu is None or gpu.compute_capability is None:
         return
     capability = gpu.compute_capability
-    cuda = _CUDA_IN_TAG.search(image_tag)
+    cuda_major = image.training.cuda_major if image.training else None
     needs = [
         (minimum, why)
         for minimum, why, applies in (
-            (CUDA13_MIN_COMPUTE_CAPABILITY, f"the CUDA {cuda and cuda['major']} image of {tag_key}",
-             bool(cuda and int(cuda["major"]) >= 13)),
+            (CUDA13_MIN_COMPUTE_CAPABILITY, f"the CUDA {cuda_major} image of {tag_key}",
+             cuda_major is not None and cuda_major >= 13),
             (BF16_MIN_COMPUTE_CAPABILITY, "training.hyperparameters.bf16", bf16),
         )
         if applies and capability < minimum
@@ -262,7 +266,11 @@ class TrainingSettings(_Settings):
     dlami_ssm_parameter: str = (
         "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
     )
-    image_tag: str = "2.10.0-gpu-py313-cu130-ubuntu22.04-ec2"
+    image_tag: str = Field(
+        default="2.13.0-cu133-amzn2023",
+        description="The tag of the PyTorch GPU training DLC (EC2 flavour) the nodes' image extends: a training image "
+        "of platform_facts/images.json, which says its repository, Python, CUDA and end of patching.",
+    )
     # A hub id or an s3:// folder (save_pretrained output) in the datasets bucket.
     base_model: str = "cardiffnlp/twitter-roberta-base-sentiment-latest"
     # A hub dataset as NAME:CONFIG (or NAME), or an s3:// folder with train/validation files in the datasets bucket.
@@ -284,7 +292,11 @@ class TrainingSettings(_Settings):
     # a position can be checked at synth (README: GPU capacity).
     subnet_index: Annotated[int, Field(ge=0, le=15)] = 0
     remote_instance_type: str = "ml.p4d.24xlarge"
-    remote_image_tag: str = "2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker"
+    remote_image_tag: str = Field(
+        default="2.13.0-cu133-amzn2023-sagemaker",
+        description="The tag of the PyTorch GPU training DLC (SageMaker flavour) the @remote jobs run: a training "
+        "image of platform_facts/images.json; the caller's Python must be the image's (remote_train checks it).",
+    )
     image_registry_account: AccountId | None = Field(
         default=None,
         description="The tooling account whose promotion pipeline builds the training image "
@@ -332,6 +344,22 @@ class TrainingSettings(_Settings):
         message = f"must be a SageMaker training type (ml.) with an NVIDIA GPU, of the families {allowed}"
         _instance(value, True, _sagemaker_gpu_training, message)
         return value
+
+    @field_validator("image_tag", "remote_image_tag")
+    @classmethod
+    def _training_image(cls, value: str, info: ValidationInfo) -> str:
+        training_image(value, "ec2" if info.field_name == "image_tag" else "sagemaker")
+        return value
+
+    @property
+    def image(self) -> ImageFact:
+        """The EC2 nodes' training DLC (image_tag), from the image table: repository, Python, CUDA, patch window."""
+        return training_image(self.image_tag, "ec2")
+
+    @property
+    def remote_image(self) -> ImageFact:
+        """The @remote jobs' training DLC (remote_image_tag), from the image table."""
+        return training_image(self.remote_image_tag, "sagemaker")
 
     @field_validator("base_model", "dataset")
     @classmethod
@@ -611,9 +639,9 @@ class EnvironmentSettings(_Settings):
         training = self.training
         bf16 = training.hyperparameters.bf16
         _gpu_runs_the_image("training.instance_type", training.instance_type, "training.image_tag",
-                            training.image_tag, bf16)  # fmt: skip
+                            training.image, bf16)  # fmt: skip
         _gpu_runs_the_image("training.remote_instance_type", training.remote_instance_type,
-                            "training.remote_image_tag", training.remote_image_tag, bf16)  # fmt: skip
+                            "training.remote_image_tag", training.remote_image, bf16)  # fmt: skip
         return self
 
     @model_validator(mode="after")

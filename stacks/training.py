@@ -185,7 +185,7 @@ class TrainingStack(EnvironmentStack):
                 training.capacity_reservation_resource_group_arn,
                 capacity_block=training.market_type == "capacity-block",
             ),
-            version_description=f"{training.instance_type} sentiment fine-tuning, DLC {training.image_tag}",
+            version_description=f"{training.instance_type} sentiment fine-tuning, DLC {training.image.image}",
         )
         self.security_group = self.training_template.security_group
         self.placement_group = self.training_template.placement_group
@@ -235,6 +235,7 @@ class TrainingStack(EnvironmentStack):
             "AWS_REGION": self.region,
             "DLC_ACCOUNT": cdk.Stack.of(self).regional_fact(region_info.FactName.DLC_REPOSITORY_ACCOUNT),
             "REGISTRY_DOMAIN": self.url_suffix,
+            "DLC_REPOSITORY": training.image.repository,
             "IMAGE_TAG": training.image_tag,
             "LOG_GROUP": self.log_group.log_group_name,
             "ARTIFACTS_BUCKET": self.foundation.artifacts_bucket.bucket_name,
@@ -329,8 +330,8 @@ class TrainingStack(EnvironmentStack):
             subnets=[f"${{Subnet{i}}}" for i in range(len(subnets))],
             tags=self.settings.resource_tags,
             instance_type=training.remote_instance_type,
-            image_uri=f"${{DlcAccount}}.dkr.ecr.${{AWS::Region}}.${{AWS::URLSuffix}}/pytorch-training:"
-            f"{training.remote_image_tag}",
+            # repository:tag of the image table's entry for remote_image_tag (the table names the repository).
+            image_uri=f"${{DlcAccount}}.dkr.ecr.${{AWS::Region}}.${{AWS::URLSuffix}}/{training.remote_image.image}",
         )
         return ssm.StringParameter(
             self,

@@ -169,15 +169,30 @@ def load_remote_config(config_path: Path, image_uri: str | None = None) -> dict[
         settings["ImageUri"] = image_uri
     if Path.cwd().resolve() != ROOT:
         raise RemoteSetupError(f"run from the repository root ({ROOT}): the job imports training_assets/ from there")
-    image_python = re.search(r"-py(\d)(\d+)-", settings.get("ImageUri", ""))
+    image = settings.get("ImageUri", "")
+    python = image_python(image)
     local_python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    if image_python and f"{image_python[1]}.{image_python[2]}" != local_python:
+    if python is not None and python != local_python:
         raise RemoteSetupError(
-            f"the job image runs Python {image_python[1]}.{image_python[2]} but this is Python {local_python}; "
-            "@remote needs the same major.minor version on both sides (use a matching virtualenv, or an image "
-            "with your version via --image-uri)"
+            f"the job image runs Python {python} but this is Python {local_python}; @remote needs the same "
+            "major.minor version on both sides (use a matching virtualenv, or an image with your version via "
+            "--image-uri)"
         )
     return config
+
+
+def image_python(image_uri: str) -> str | None:
+    """The Python (major.minor) that ``image_uri`` runs: the image table's fact for a training DLC it lists (the
+    Amazon Linux 2023 DLC tags carry no Python version), else the ``pyXY`` part of the tag of an image of the user's
+    own (AWS's older tag convention, e.g. ``-py311-``); None when neither says."""
+    from platform_facts.images import fact_of_uri  # local side only: the job gets training_assets/ alone
+
+    fact = fact_of_uri(image_uri)
+    if fact is not None and fact.training is not None:
+        return fact.training.python
+    tag = image_uri.rpartition(":")[2] if ":" in image_uri.rpartition("/")[2] else ""
+    spelled = re.search(r"(?:^|-)py(\d)(\d+)(?:-|$)", tag)
+    return f"{spelled[1]}.{spelled[2]}" if spelled else None
 
 
 def _remote_section(config: dict[str, Any]) -> dict[str, Any]:

@@ -17,16 +17,19 @@ import pytest
 from app import build_app
 from ops_review.__main__ import main as review_main
 from ops_review.review import review_assembly
-from platform_facts.images import WARN_DAYS, PatchStatus, image_facts
+from platform_facts.images import WARN_DAYS, PatchStatus, image_facts, training_images
 from stacks.image_patching import SERVING_IMAGE_BASE, check_images
-from stacks.settings import SettingsError, parse_environment
+from stacks.settings import SettingsError, TrainingSettings, parse_environment
 from tests.conftest import ROOT, cdk_context
 
 GRAVITON_TORCHSERVE = "pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"  # ended; nobody chooses it
-TRAINING = "pytorch-training:2.10.0-gpu-py313-cu130-ubuntu22.04-ec2"
-REMOTE_TRAINING = "pytorch-training:2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker"
+# The training DLCs every environment runs (none overrides the defaults): the image table's entries, with their ends.
+_EC2, _SAGEMAKER = TrainingSettings().image, TrainingSettings().remote_image
+TRAINING, REMOTE_TRAINING = _EC2.image, _SAGEMAKER.image
+assert _EC2.end_of_patching and _SAGEMAKER.end_of_patching
+TRAINING_END = _EC2.end_of_patching
+AFTER_TRAINING = max(TRAINING_END, _SAGEMAKER.end_of_patching) + timedelta(days=1)  # both training DLCs have ended
 CHECKED_ON = date(2026, 12, 5)
-AFTER_TRAINING = date(2027, 1, 22)  # the day after the training DLC's end of patching
 REASON = "The p4d runs are pinned to this image until the AL2023 PyTorch image is validated (ticket ML-123)."
 
 
@@ -44,13 +47,12 @@ def test_every_entry_has_a_source_a_checked_date_and_a_replacement() -> None:
 @pytest.mark.parametrize(
     ("image", "today", "status", "days"),
     [
-        (TRAINING, date(2026, 11, 1), PatchStatus.PATCHED, 81),
-        (TRAINING, date(2027, 1, 21) - timedelta(days=WARN_DAYS), PatchStatus.ENDING, 60),
-        (TRAINING, date(2027, 1, 21), PatchStatus.ENDING, 0),
-        (TRAINING, AFTER_TRAINING, PatchStatus.ENDED, -1),
+        (TRAINING, TRAINING_END - timedelta(days=WARN_DAYS + 1), PatchStatus.PATCHED, WARN_DAYS + 1),
+        (TRAINING, TRAINING_END - timedelta(days=WARN_DAYS), PatchStatus.ENDING, 60),
+        (TRAINING, TRAINING_END, PatchStatus.ENDING, 0),
+        (TRAINING, TRAINING_END + timedelta(days=1), PatchStatus.ENDED, -1),
         (GRAVITON_TORCHSERVE, CHECKED_ON, PatchStatus.ENDED, -158),
         (SERVING_IMAGE_BASE, CHECKED_ON, PatchStatus.PATCHED, 938),
-        ("pytorch:2.13.0-cu133-amzn2023", CHECKED_ON, PatchStatus.PATCHED, 227),
         ("djl-inference:0.36.0-cpu-full", CHECKED_ON, PatchStatus.UNDECLARED, None),
     ],
 )
@@ -79,13 +81,13 @@ def test_an_ended_image_without_acceptance_stops_synth_with_one_sentence() -> No
         check_images(settings, AFTER_TRAINING)
     message = str(error.value)
     assert message.startswith(f"environments.prod.training.image_tag: {TRAINING} ended patching")
-    assert "2027-01-21" in message and "environments.prod.accept_unpatched_images" in message
+    assert str(TRAINING_END) in message and "environments.prod.accept_unpatched_images" in message
     assert message.count(". ") == 0 and message.endswith(".")
 
 
 def test_the_same_image_passes_before_its_end() -> None:
     settings = parse_environment("prod", _raw("prod"))
-    assert {c.use.image for c in check_images(settings, date(2027, 1, 21))} >= {SERVING_IMAGE_BASE, TRAINING}
+    assert {c.use.image for c in check_images(settings, TRAINING_END)} >= {SERVING_IMAGE_BASE, TRAINING}
 
 
 def test_an_accepted_risk_passes_and_carries_its_reason() -> None:
@@ -118,9 +120,36 @@ def test_an_acceptance_for_an_image_nobody_chooses_is_refused() -> None:
 
 def test_an_image_without_a_fact_is_refused() -> None:
     raw = _raw("dev")
-    raw["training"]["image_tag"] = "2.99.0-gpu-py313-cu130-ubuntu22.04-ec2"
+    raw["training"]["image_tag"] = "2.99.0-cu999-amzn2023"
     with pytest.raises(SettingsError, match=r"^environments\.dev\.training\.image_tag: .* platform_facts/images\.json"):
         check_images(parse_environment("dev", raw), CHECKED_ON)
+
+
+@pytest.mark.parametrize(("key", "platform"), [("image_tag", "sagemaker"), ("remote_image_tag", "ec2")])
+def test_a_training_image_of_the_other_flavour_is_refused(key: str, platform: str) -> None:
+    """The EC2 runs need the EC2 flavour (docker run), the @remote jobs the SageMaker one (its training toolkit)."""
+    raw = _raw("dev")
+    raw["training"][key] = next(fact.tag for fact in training_images(platform))  # type: ignore[arg-type]
+    with pytest.raises(SettingsError, match=rf"^environments\.dev\.training\.{key}: .* is no \w+ training image of"):
+        parse_environment("dev", raw)
+
+
+def test_the_ubuntu_training_images_are_history_that_nothing_chooses() -> None:
+    """Every training DLC the environments or the pipeline choose is the newest of its flavour; each older one names
+    its replacement, a row of the table of the same flavour patched longer (AWS: the Ubuntu 2.8-2.10 images cannot
+    be fully patched)."""
+    for platform, chosen in (("ec2", _EC2), ("sagemaker", _SAGEMAKER)):
+        rows = training_images(platform)  # type: ignore[arg-type]
+        newest = max(rows, key=lambda fact: fact.end_of_patching or date.min)
+        assert chosen == newest, platform
+        for name in ("dev", "staging", "prod"):
+            settings = parse_environment(name, _raw(name)).training
+            assert (settings.image if platform == "ec2" else settings.remote_image) == newest
+        for old in (fact for fact in rows if fact != newest):
+            replacement = image_facts()[old.replacement.split(" ")[0]]
+            assert replacement.training and replacement.training.platform == platform, old.image
+            assert replacement.end_of_patching and old.end_of_patching
+            assert replacement.end_of_patching > old.end_of_patching, old.image
 
 
 @pytest.mark.parametrize("reason", ["", "   because   "])
@@ -132,7 +161,7 @@ def test_an_acceptance_needs_a_real_reason(reason: str) -> None:
 
 
 def test_cdk_synth_prints_the_sentence_and_exits_1(tmp_path: Path) -> None:
-    context = cdk_context(env="prod", today="2027-01-22")
+    context = cdk_context(env="prod", today=AFTER_TRAINING.isoformat())
     result = subprocess.run(
         [sys.executable, "app.py"],
         cwd=ROOT,
@@ -143,14 +172,18 @@ def test_cdk_synth_prints_the_sentence_and_exits_1(tmp_path: Path) -> None:
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("cdk.json: environments.prod.training.image_tag: pytorch-training:2.10.0")
-    assert "ended patching on 2027-01-21" in line
+    assert line.startswith(f"cdk.json: environments.prod.training.image_tag: {TRAINING} ")
+    assert f"ended patching on {TRAINING_END}" in line
+
+
+# A synth 47 days before the training DLC's end: inside the warning window, well before the other images' ends.
+SYNTH_DAY = TRAINING_END - timedelta(days=47)
 
 
 @pytest.fixture(scope="module")
 def prod_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
     outdir = tmp_path_factory.mktemp("prod-images")
-    build_app(context=cdk_context(env="prod", today=CHECKED_ON.isoformat()), outdir=str(outdir)).synth()
+    build_app(context=cdk_context(env="prod", today=SYNTH_DAY.isoformat()), outdir=str(outdir)).synth()
     return outdir
 
 
@@ -178,10 +211,11 @@ def test_the_review_lists_every_image_with_its_days_left(prod_assembly: Path, tm
     listed = {i["image"]: i for review in reviews.values() for i in review["images"]}
     assert listed[SERVING_IMAGE_BASE]["days_left"] == 938 and listed[SERVING_IMAGE_BASE]["accepted_risk"] is None
     assert GRAVITON_TORCHSERVE not in listed
-    assert listed[TRAINING]["days_left"] == 47
+    assert listed[TRAINING]["days_left"] == (TRAINING_END - CHECKED_ON).days  # counted from the review's day
     assert listed["djl-inference:0.36.0-cpu-full"]["days_left"] is None
-    assert review_main([str(prod_assembly), "--out", str(tmp_path), "--today", "2027-01-01"]) == 0
+    review_day = TRAINING_END - timedelta(days=20)
+    assert review_main([str(prod_assembly), "--out", str(tmp_path), "--today", review_day.isoformat()]) == 0
     markdown = (tmp_path / "prod.md").read_text()
     assert "## Images and their patch windows" in markdown
     row = next(line for line in markdown.splitlines() if line.startswith(f"| {TRAINING} "))
-    assert "| 20 |" in row  # days left counted from --today, not from the clock
+    assert "| 20 |" in row  # days left counted from --today, not from the clock or the synth's day

@@ -10,7 +10,7 @@ import re
 import shlex
 import subprocess
 import sys
-from datetime import date
+from datetime import date, timedelta
 from pathlib import Path
 
 import aws_cdk as cdk
@@ -18,7 +18,7 @@ import pytest
 from packaging.version import Version
 
 from inference_assets.local.local_server import SERVER_MODULE
-from platform_facts.images import PatchStatus, image_fact
+from platform_facts.images import PatchStatus, image_fact, training_images
 from stacks.components.image_builds import Architecture
 from stacks.image_patching import SERVING_IMAGE_BASE
 from stacks.pipeline import SERVING_IMAGE, TRAINING_IMAGE, platform_images, training_base
@@ -168,14 +168,23 @@ def test_training_image_extends_the_dlc_the_facts_table_chooses() -> None:
     training = DEFINITIONS[TRAINING_IMAGE]
     assert training.architecture is Architecture.X86_64  # type: ignore[attr-defined]
     base = training_base(TODAY)
-    assert base.image == "pytorch-training:2.10.0-gpu-py313-cu130-ubuntu22.04-ec2"
+    # The EC2-flavour training DLC patched longest, the Amazon Linux 2023 one: the Ubuntu rows stay in the table as
+    # history (with their replacement) and nothing chooses them.
+    ec2 = training_images("ec2")
+    assert base.training and base.training.platform == "ec2" and base in ec2
+    assert base.end_of_patching == max(fact.end_of_patching for fact in ec2 if fact.end_of_patching)
+    assert base.status(TODAY) is PatchStatus.PATCHED
+    assert training.build_args["DLC_REPOSITORY"] == base.repository  # type: ignore[attr-defined]
     assert training.build_args["BASE_TAG"] == base.tag  # type: ignore[attr-defined]
     registry = STACK.resolve(training.build_args["DLC_REGISTRY"])  # type: ignore[attr-defined]
     assert registry == {"Fn::Join": ["", ["763104351884.dkr.ecr.us-west-2.", {"Ref": "AWS::URLSuffix"}]]}
+    # The build may pull from exactly that repository of the DLC account.
+    (dlc,) = training.base_registries  # type: ignore[attr-defined]
+    assert dlc.repository == base.repository
     instructions = _instructions(ROOT / training.dockerfile)  # type: ignore[attr-defined]
-    # No default tag in the Dockerfile: the table is the one place a tag is chosen.
-    assert instructions[:3] == [("ARG", "DLC_REGISTRY"), ("ARG", "BASE_TAG"),
-                                ("FROM", "${DLC_REGISTRY}/pytorch-training:${BASE_TAG}")]  # fmt: skip
+    # No default in the Dockerfile: the table is the one place an image is chosen, with its repository.
+    assert instructions[:4] == [("ARG", "DLC_REGISTRY"), ("ARG", "DLC_REPOSITORY"), ("ARG", "BASE_TAG"),
+                                ("FROM", "${DLC_REGISTRY}/${DLC_REPOSITORY}:${BASE_TAG}")]  # fmt: skip
     # The same pinned file the EC2 nodes' image and the tests use, and the training package's modules.
     assert _pip_requirement_files(ROOT / training.dockerfile) == [ROOT / "training_assets/instance/requirements.txt"]  # type: ignore[attr-defined]
     copied = {word for instruction, arguments in instructions if instruction == "COPY" for word in arguments.split()}
@@ -186,8 +195,11 @@ def test_training_image_extends_the_dlc_the_facts_table_chooses() -> None:
 
 
 def test_training_image_refuses_a_base_past_its_end_of_patching() -> None:
-    with pytest.raises(Exception, match=r"ended patching on 2027-01-21, so the training image would get no security"):
-        training_base(date(2027, 2, 1))
+    end = training_base(TODAY).end_of_patching
+    assert end is not None
+    with pytest.raises(Exception, match=rf"ended patching on {end}, so the training image would get no security"):
+        training_base(end + timedelta(days=1))
+    assert training_base(end) == training_base(TODAY)  # patched through its last day
 
 
 def test_serving_image_is_arm64_on_the_patched_base_of_the_facts_table() -> None:

@@ -316,7 +316,7 @@ def test_mme_sizing_defaults_describe_the_sentiment_model_and_djl() -> None:
     assert sizing.max_idle_time_seconds == DjlModelSettings().max_idle_time_seconds  # what models are published with
 
 
-# CUDA 13 (the cu130 training images) supports Turing (7.5) and newer, not Volta (V100, 7.0):
+# CUDA 13 (every training image of platform_facts/images.json) supports Turing (7.5) and newer, not Volta (V100, 7.0):
 # https://docs.nvidia.com/cuda/cuda-features-archive/index.html. bf16 needs compute capability 8.0 (Ampere) or newer;
 # capabilities from https://developer.nvidia.com/cuda-gpus. Families: AWS's accelerated-computing instance types.
 _FOR_BF16 = "g5, g6, g6e, g7, g7e, p4d, p4de, p5, p5e, p5en, p6-b200, p6-b300"

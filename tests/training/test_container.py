@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from stacks.settings import TrainingSettings
-
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "training_assets" / "instance"
 LAUNCHER = ASSETS / "launch_training.sh"
@@ -25,16 +23,20 @@ def _pins(path: Path) -> dict[str, str]:
     return pins
 
 
-def test_dockerfile_extends_the_patched_training_dlc() -> None:
+def test_dockerfile_extends_the_training_dlc_that_ec2_run_names() -> None:
+    """The base is DLC_REPOSITORY:BASE_TAG with no default (ec2_run.sh passes the user data's DLC_REPOSITORY and
+    IMAGE_TAG, the image table's entry for training.image_tag): no second copy of the image to fall out of date."""
     dockerfile = (ASSETS / "Dockerfile").read_text()
-    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", dockerfile, flags=re.MULTILINE))
-    assert args["BASE_TAG"] == TrainingSettings().image_tag
-    assert args["DLC_ACCOUNT"] == "763104351884" and args["REGION"] == "us-west-2"
+    defaults = dict(re.findall(r"^ARG (\w+)=(\S+)$", dockerfile, flags=re.MULTILINE))
+    assert defaults == {"DLC_ACCOUNT": "763104351884", "REGION": "us-west-2", "REGISTRY_DOMAIN": "amazonaws.com"}
+    assert {"DLC_REPOSITORY", "BASE_TAG"} <= set(re.findall(r"^ARG (\w+)$", dockerfile, flags=re.MULTILINE))
     assert re.search(
-        r"^FROM \$\{DLC_ACCOUNT\}\.dkr\.ecr\.\$\{REGION\}\.\$\{REGISTRY_DOMAIN\}/pytorch-training:\$\{BASE_TAG\}$",
+        r"^FROM \$\{DLC_ACCOUNT\}\.dkr\.ecr\.\$\{REGION\}\.\$\{REGISTRY_DOMAIN\}/\$\{DLC_REPOSITORY\}:\$\{BASE_TAG\}$",
         dockerfile,
         flags=re.MULTILINE,
     )
+    run = (ASSETS / "ec2_run.sh").read_text()
+    assert '--build-arg "DLC_REPOSITORY=$DLC_REPOSITORY"' in run and '--build-arg "BASE_TAG=$IMAGE_TAG"' in run
     assert "-r requirements.txt" in dockerfile and "ENV PYTHONPATH=/opt/training" in dockerfile
     # Every Python module of the package is copied under its package path (so `python -m` finds them all).
     joined = dockerfile.replace("\\\n", " ")  # continuation lines

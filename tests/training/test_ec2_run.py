@@ -15,9 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from stacks.settings import TrainingSettings
 from training_assets.instance import ship_logs
 
 ROOT = Path(__file__).resolve().parents[2]
+# The nodes' training DLC as the stack exports it (the image table's entry for the default training.image_tag).
+IMAGE = TrainingSettings().image
 
 MODULE = "training_assets.instance.train_sentiment"
 
@@ -92,7 +95,8 @@ def instance(tmp_path: Path) -> dict:
         "AWS_REGION": "us-west-2",
         "DLC_ACCOUNT": "763104351884",
         "REGISTRY_DOMAIN": "amazonaws.com",
-        "IMAGE_TAG": "2.10.0-gpu-py313-cu130-ubuntu22.04-ec2",
+        "DLC_REPOSITORY": IMAGE.repository,
+        "IMAGE_TAG": IMAGE.tag,
         "LOG_GROUP": "dev-training-logs",
         "ARTIFACTS_BUCKET": "dev-artifacts",
         "OUTPUT_PREFIX": "training-output/",
@@ -149,7 +153,9 @@ def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dic
     ]
     assert "no pipeline-built image is configured (training.image_registry_account is not set)" in result.stdout
     build = next(call for call in calls if call[:2] == ["docker", "build"])
-    assert "BASE_TAG=2.10.0-gpu-py313-cu130-ubuntu22.04-ec2" in build and build[-1] == "training_assets/instance/"
+    # The node builds on the DLC the image table names: repository and tag from the user data, no Dockerfile default.
+    assert f"DLC_REPOSITORY={IMAGE.repository}" in build and f"BASE_TAG={IMAGE.tag}" in build
+    assert build[-1] == "training_assets/instance/"
     listing = next(call for call in calls if call[:2] == ["aws", "s3api"] and call[2] == "list-objects-v2")
     assert listing[listing.index("--prefix") + 1] == "training-output/r-0123/checkpoints/"
     train, package = _docker_runs(calls)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from scripts.ec2_host import install_host_tools
+from stacks.settings import TrainingSettings
 from tests.training.moto_host import HOST_CREDENTIALS, REGION, host_client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +50,8 @@ def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: P
         "AWS_REGION": REGION,
         "DLC_ACCOUNT": "763104351884",
         "REGISTRY_DOMAIN": "amazonaws.com",
-        "IMAGE_TAG": "2.10.0-gpu-py313-cu130-ubuntu22.04-ec2",
+        "DLC_REPOSITORY": TrainingSettings().image.repository,
+        "IMAGE_TAG": TrainingSettings().image_tag,
         "LOG_GROUP": "dev-training-logs",
         "ARTIFACTS_BUCKET": BUCKET,
         "OUTPUT_PREFIX": "training-output/",

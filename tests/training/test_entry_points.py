@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from stacks.settings import HyperParameters
+from stacks.settings import HyperParameters, TrainingSettings
 from stacks.training import train_arguments
 from training_assets import remote_train
 from training_assets.instance.train_sentiment import TrainConfig, bf16_native
@@ -175,7 +175,8 @@ def test_ec2_run_with_the_training_stacks_arguments(stand_ins: dict[str, Any]) -
         **stand_ins["env"],
         "TORCH_COMPILE_DISABLE": "1",
         "AWS_REGION": "us-west-2", "DLC_ACCOUNT": "763104351884", "REGISTRY_DOMAIN": "amazonaws.com",
-        "IMAGE_TAG": "2.10.0-gpu-py313-cu130-ubuntu22.04-ec2", "LOG_GROUP": "dev-training-logs",
+        "DLC_REPOSITORY": TrainingSettings().image.repository, "IMAGE_TAG": TrainingSettings().image_tag,
+        "LOG_GROUP": "dev-training-logs",
         "ARTIFACTS_BUCKET": "dev-artifacts", "OUTPUT_PREFIX": "training-output/", "KMS_KEY_ID": "key",
         "DATASET": "s3://dev-datasets/tweets/", "BASE_MODEL": "s3://dev-datasets/models/tiny/", "EFA": "false",
         "TRAIN_ARGS": " ".join(arguments),

@@ -13,8 +13,9 @@ What moto does not do, the harness does (test-only workarounds, none in product 
   plays the job in-process as the job role (the SDK's own ``invoke_function`` entry point with the request's
   container arguments and secret key), with ``train()`` replaced by a stub that writes a model, and writes the
   job's log stream as SageMaker would.
-- The harness runs Python 3.11 while the default DLC tag is py313: it passes ``--image-uri`` with a py311 tag (the
-  version check refuses a mismatch, as it must).
+- The harness runs this machine's Python while the default job image (the image table's entry for
+  training.remote_image_tag) runs its own: it passes ``--image-uri`` with a stand-in tag of that image's repository
+  that spells this Python (the version check refuses a mismatch, as it must).
 - RemoteExecutor's polling intervals (1 s / 10 s) and the job waiter's first sleep (5 s) are set to 0.
 """
 
@@ -26,6 +27,7 @@ import functools
 import io
 import json
 import os
+import sys
 import threading
 import time
 import zipfile
@@ -52,14 +54,15 @@ from ops_review.iam_policy import (
     role_policies,
     template_exports,
 )
+from stacks.settings import TrainingSettings
 from training_assets import remote_train
 
 moto = pytest.importorskip("moto")
 
 ROOT = Path(remote_train.__file__).resolve().parents[1]
 ACCOUNT, REGION = "123456789012", "us-west-2"
-IMAGE_PY311 = (
-    f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch-training:2.10.0-gpu-py311-cu130-ubuntu22.04-sagemaker"
+STAND_IN_IMAGE = f"763104351884.dkr.ecr.{REGION}.amazonaws.com/" + (
+    f"{TrainingSettings().remote_image.image}-py{sys.version_info.major}{sys.version_info.minor}"
 )
 LAUNCHER, OTHER_LAUNCHER, JOB = "launcher", "other-launcher", "job"
 # Two data scientists sharing one role (sessions of the same role: the hardest case to keep apart) and the job role
@@ -333,7 +336,7 @@ def run_launcher(platform: Platform, *argv: str, principal: str = LAUNCHER) -> t
     """``python -m training_assets.remote_train`` as ``principal`` with the fetched config.yaml; (0, its output)."""
     out, err = io.StringIO(), io.StringIO()
     with _as(principal), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = remote_train.main(["--config", str(platform.config_path), "--image-uri", IMAGE_PY311, *argv])
+        code = remote_train.main(["--config", str(platform.config_path), "--image-uri", STAND_IN_IMAGE, *argv])
     assert code == 0, err.getvalue()
     return code, out.getvalue()
 
@@ -382,7 +385,7 @@ def test_train_runs_the_real_remote_path_within_the_launcher_policy(platform: Pl
     assert "VolumeKmsKeyId" not in resources  # SageMaker refuses a volume key for p4d's NVMe instance storage
     assert {"Key": "environment", "Value": "dev"} in request["Tags"]
     assert {"Key": "remote-job-owner", "Value": caller} in request["Tags"]
-    assert request["AlgorithmSpecification"]["TrainingImage"] == IMAGE_PY311
+    assert request["AlgorithmSpecification"]["TrainingImage"] == STAND_IN_IMAGE
     # The played job left the model where SageMaker packs output/model.tar.gz from.
     assert (Path(os.environ["SM_MODEL_DIR"]) / "model.safetensors").is_file()
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from platform_facts.images import image_facts
+from stacks.settings import TrainingSettings
 from stacks.training import remote_function_config
 from training_assets import remote_train
 from training_assets.instance.train_sentiment import TrainConfig
@@ -22,6 +24,12 @@ ROOT = Path(remote_train.__file__).resolve().parents[1]
 PYTHON = f"py{sys.version_info.major}{sys.version_info.minor}"
 KEY = "arn:aws:kms:us-west-2:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 ROLE = "arn:aws:iam::123456789012:role/dev-Foundation-RemoteJobRole"
+REGISTRY = "763104351884.dkr.ecr.us-west-2.amazonaws.com"
+
+
+def _stand_in_image(python: str) -> str:
+    """An image of the user's own in the default job image's repository, whose tag spells ``python`` (pyXY)."""
+    return f"{REGISTRY}/{TrainingSettings().remote_image.image}-{python}"
 
 
 def _write_config(path: Path, python: str = PYTHON, instance_type: str = "ml.p4d.24xlarge") -> Path:
@@ -33,7 +41,7 @@ def _write_config(path: Path, python: str = PYTHON, instance_type: str = "ml.p4d
         subnets=["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"],
         tags={"environment": "dev"},
         instance_type=instance_type,
-        image_uri=f"763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.10.0-gpu-{python}-cu130-ubuntu22.04-sagemaker",
+        image_uri=_stand_in_image(python),
     )
     path.write_text(yaml.safe_dump(config))
     return path
@@ -90,7 +98,7 @@ def test_the_decorated_function_is_built_from_config_yaml(offline_sdk: Path) -> 
     assert settings.vpc_config == {"Subnets": ["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"],
                                    "SecurityGroupIds": ["sg-0123456789abcdef0"]}  # fmt: skip
     assert settings.instance_type == "ml.p4d.24xlarge"
-    assert settings.image_uri.endswith(f"pytorch-training:2.10.0-gpu-{PYTHON}-cu130-ubuntu22.04-sagemaker")
+    assert settings.image_uri == _stand_in_image(PYTHON)
     assert {"Key": "environment", "Value": "dev"} in settings.tags
     assert Path(settings.dependencies).name == "requirements-remote.txt"  # a self-contained copy of it
     assert settings.include_local_workdir is True
@@ -152,6 +160,26 @@ def test_python_version_mismatch_stops_before_any_job(offline_sdk: Path) -> None
         remote_train.load_remote_config(other)
 
 
+def test_a_table_images_python_is_the_tables_fact(offline_sdk: Path) -> None:
+    """The Amazon Linux 2023 DLC tags spell no Python version: for an image of the image table the check reads the
+    table's fact, so a job that would fail on the version mismatch inside SageMaker stops here first."""
+    training = [fact for fact in image_facts().values() if fact.training]
+    assert {fact.training.platform for fact in training if fact.training} == {"ec2", "sagemaker"}
+    for fact in training:
+        assert fact.training is not None
+        assert remote_train.image_python(f"{REGISTRY}/{fact.image}") == fact.training.python, fact.image
+    local = f"{sys.version_info.major}.{sys.version_info.minor}"
+    remote = TrainingSettings().remote_image
+    assert remote.training and "-py" not in remote.tag  # the default job image's tag says nothing of its Python
+    other = next(fact for fact in training if fact.training and fact.training.python != local)
+    python = other.training.python if other.training else None
+    with pytest.raises(RemoteSetupError, match=rf"runs Python {python} but this is Python {local};"):
+        remote_train.load_remote_config(offline_sdk, image_uri=f"{REGISTRY}/{other.image}")
+    # An image of the user's own that says nothing of its Python is not checked (nothing to compare with).
+    assert remote_train.image_python(f"{REGISTRY}/my-training:latest") is None
+    assert remote_train.image_python(f"{REGISTRY}/my-training:2.0-py310-cu121") == "3.10"
+
+
 def test_missing_or_foreign_config(offline_sdk: Path, tmp_path: Path) -> None:
     with pytest.raises(RemoteSetupError, match="does not exist: fetch it with the FetchRemoteFunctionConfigCommand"):
         remote_train.load_remote_config(tmp_path / "absent.yaml")
@@ -189,9 +217,7 @@ def test_job_body_trains_and_leaves_the_model_for_sagemaker(tiny_model_dir: Path
 def test_image_uri_override_is_the_image_whose_python_is_checked(offline_sdk: Path) -> None:
     """The version-check message says to pass --image-uri: that must then satisfy the check."""
     other = _write_config(offline_sdk.with_name("other.yaml"), python="py27")
-    image = (
-        f"763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.10.0-gpu-{PYTHON}-cu130-ubuntu22.04-sagemaker"
-    )
+    image = _stand_in_image(PYTHON)
     config = remote_train.load_remote_config(other, image_uri=image)
     assert config["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]["ImageUri"] == image
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -11,15 +13,27 @@ import yaml
 from aws_cdk.assertions import Match, Template
 from sagemaker.core.config.config_schema import SAGEMAKER_PYTHON_SDK_CONFIG_SCHEMA
 
+from platform_facts.images import TrainingPlatform, image_facts, training_images
 from platform_facts.instances import has_local_nvme
 from stacks.settings import TrainingSettings, parse_environment
 from stacks.training import remote_function_config
 from tests.components.bare_stack import launch_data, resources
 from tests.conftest import cdk_context
+from training_assets.remote_train import image_python
 
 ENVIRONMENTS = ("dev", "staging", "prod")
+ROOT = Path(__file__).resolve().parents[2]
 # What cdk.json asks of each environment's training: the templates must carry it.
 TRAINING = {name: parse_environment(name, cdk_context()["environments"][name]).training for name in ENVIRONMENTS}
+
+
+def _newest_training_image(image: str, platform: TrainingPlatform) -> None:
+    """``image`` (repository:tag) is a training DLC of the image table for ``platform``, and of those the one patched
+    longest: what a run starts on is the table's newest image, not a tag copied somewhere."""
+    fact = image_facts()[image]
+    assert fact.training is not None and fact.training.platform == platform, image
+    ends = [f.end_of_patching for f in training_images(platform) if f.end_of_patching]
+    assert fact.end_of_patching == max(ends), image
 
 
 def _user_data(template: dict) -> str:
@@ -171,7 +185,11 @@ def test_user_data_trains_packages_ships_logs_and_powers_off(training_templates,
         assert line in lines, line
     assert "export DATASET=tweet_eval:sentiment" in script
     assert "export BASE_MODEL=cardiffnlp/twitter-roberta-base-sentiment-latest" in script
-    assert "export IMAGE_TAG=2.10.0-gpu-py313-cu130-ubuntu22.04-ec2" in script
+    exported = dict(shlex.split(line)[1].split("=", 1) for line in lines if line.startswith("export "))
+    # Every variable ec2_run.sh requires is exported (it stops on the first one missing).
+    required = re.findall(r"\$\{(\w+):\?\}", (ROOT / "training_assets/instance/ec2_run.sh").read_text())
+    assert "DLC_REPOSITORY" in required and set(required) <= set(exported)
+    _newest_training_image(f"{exported['DLC_REPOSITORY']}:{exported['IMAGE_TAG']}", "ec2")
     assert "export OUTPUT_PREFIX=training-output/" in script
     assert "PACKAGE_ARGS" not in script  # the Graviton image holds every dependency: the archive vendors nothing
     assert "python3 -m zipfile -e code.zip training_assets/instance && rm code.zip" in script
@@ -261,9 +279,12 @@ def test_generated_remote_config_validates_against_the_sdk_schema(training_templ
     assert remote["VpcConfig"]["SecurityGroupIds"] == ["sg-0123456789abcdef0"]
     assert remote["VpcConfig"]["Subnets"][0] == "subnet-0123456789abcdef0"
     assert remote["InstanceType"] == TRAINING[environment].remote_instance_type
-    assert remote["ImageUri"] == (
-        "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker"
-    )
+    registry, _, image = remote["ImageUri"].partition("/")
+    assert registry == "763104351884.dkr.ecr.us-west-2.amazonaws.com"  # the region's DLC account
+    _newest_training_image(image, "sagemaker")
+    # The Python a caller needs is the table's fact for that image (its tag spells none).
+    fact = image_facts()[image]
+    assert fact.training and image_python(remote["ImageUri"]) == fact.training.python
     assert {"Key": "environment", "Value": environment} in remote["Tags"]
     assert remote["Dependencies"] == "training_assets/requirements-remote.txt"
 
@@ -277,7 +298,7 @@ def test_the_schema_check_rejects_the_seeds_flat_vpc_keys() -> None:
         subnets=["subnet-0123456789abcdef0"],
         tags={"a": "b"},
         instance_type="ml.g5.2xlarge",
-        image_uri="763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:x",
+        image_uri=f"763104351884.dkr.ecr.us-west-2.amazonaws.com/{TrainingSettings().remote_image.image}",
     )
     jsonschema.validate(config, SAGEMAKER_PYTHON_SDK_CONFIG_SCHEMA)
     remote = config["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]

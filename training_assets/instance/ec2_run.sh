@@ -20,15 +20,17 @@
 #      $KMS_KEY_ID). A run id whose model.tar.gz exists is finished: launching it again stops at step 1.
 #
 # Settings come from the environment the user data exports:
-#   AWS_REGION DLC_ACCOUNT REGISTRY_DOMAIN IMAGE_TAG LOG_GROUP ARTIFACTS_BUCKET OUTPUT_PREFIX KMS_KEY_ID
+#   AWS_REGION DLC_ACCOUNT REGISTRY_DOMAIN DLC_REPOSITORY IMAGE_TAG (the training DLC, as platform_facts/images.json
+#   names it) LOG_GROUP ARTIFACTS_BUCKET OUTPUT_PREFIX KMS_KEY_ID
 #   DATASET (s3://... folder, or hub NAME[:CONFIG]) BASE_MODEL (s3://... folder or hub id) EFA (true|false)
 #   TRAIN_ARGS (hyper-parameter flags of train_sentiment.py)
 #   TRAINING_IMAGE_URI (optional: the pipeline-built image by digest) LOCAL_NVME (true|false, default false)
 #   RENDEZVOUS_TIMEOUT (seconds, default 600) MAX_RESTARTS (default 0) CHECKPOINT_UPLOAD_SECONDS (default 60)
 set -euo pipefail
 
-: "${AWS_REGION:?}" "${DLC_ACCOUNT:?}" "${REGISTRY_DOMAIN:?}" "${IMAGE_TAG:?}" "${LOG_GROUP:?}"
-: "${ARTIFACTS_BUCKET:?}" "${OUTPUT_PREFIX:?}" "${KMS_KEY_ID:?}" "${DATASET:?}" "${BASE_MODEL:?}" "${EFA:?}"
+: "${AWS_REGION:?}" "${DLC_ACCOUNT:?}" "${REGISTRY_DOMAIN:?}" "${DLC_REPOSITORY:?}" "${IMAGE_TAG:?}"
+: "${LOG_GROUP:?}" "${ARTIFACTS_BUCKET:?}" "${OUTPUT_PREFIX:?}" "${KMS_KEY_ID:?}" "${DATASET:?}" "${BASE_MODEL:?}"
+: "${EFA:?}"
 TRAIN_ARGS="${TRAIN_ARGS:-}"
 TRAINING_IMAGE_URI="${TRAINING_IMAGE_URI:-}"
 LOCAL_NVME="${LOCAL_NVME:-false}"
@@ -91,7 +93,8 @@ else
   registry="$DLC_ACCOUNT.dkr.ecr.$AWS_REGION.$REGISTRY_DOMAIN"
   aws ecr get-login-password --region "$AWS_REGION" | docker login --username AWS --password-stdin "$registry"
   docker build -t "$IMAGE" --build-arg "DLC_ACCOUNT=$DLC_ACCOUNT" --build-arg "REGION=$AWS_REGION" \
-    --build-arg "REGISTRY_DOMAIN=$REGISTRY_DOMAIN" --build-arg "BASE_TAG=$IMAGE_TAG" training_assets/instance/
+    --build-arg "REGISTRY_DOMAIN=$REGISTRY_DOMAIN" --build-arg "DLC_REPOSITORY=$DLC_REPOSITORY" \
+    --build-arg "BASE_TAG=$IMAGE_TAG" training_assets/instance/
 fi
 
 # --- 3. inputs, on NVMe where the instance has it -----------------------------------------------------------------
