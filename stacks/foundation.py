@@ -162,8 +162,7 @@ class FoundationStack(EnvironmentStack):
             datasets=self.datasets_bucket,
             artifacts=self.artifacts_bucket,
             training_output_prefix=TRAINING_OUTPUT_PREFIX,
-            # The DLC repository of the nodes' image, as the image table names it (training.image_tag's entry).
-            training_repository=self.settings.training.image.repository,
+            training_repository=self.settings.training.image.repository,  # the image table's entry of image_tag
             key=self.key,
         )
         self.training_instance_role = self.training_instance.role
@@ -176,8 +175,7 @@ class FoundationStack(EnvironmentStack):
             artifacts=self.artifacts_bucket,
             training_output_prefix=TRAINING_OUTPUT_PREFIX,
             training_job_log_group=TRAINING_JOB_LOG_GROUP,
-            # The DLC repository of the @remote jobs' image (training.remote_image_tag's entry of the image table).
-            training_repository=self.settings.training.remote_image.repository,
+            training_repository=self.settings.training.remote_image.repository,  # ... of remote_image_tag
             key=self.key,
             network=replace(network, security_group=self.remote_jobs_security_group),
         )
