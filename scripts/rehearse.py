@@ -524,19 +524,32 @@ class Rehearsal:
         self.bin_dir = self.work / "bin"
         self.gate_file = self.work / "gate.json"
         self.uninstall: Callable[[], None] = lambda: None
+        self._session: Any = None
+        self._clients: dict[tuple[str, str], Any] = {}
+        self._clients_lock = threading.Lock()
 
     # --- plumbing -----------------------------------------------------------------------------------------------------
 
     def client(self, service: str, principal: str = DEPLOYER) -> Any:
+        """A client of the moto server acting as ``principal`` (its keys; the gate knows it by them). One per service
+        and principal, all from one session: a new session per call loaded the service's model (megabytes of JSON)
+        again each time, 50 times in a rehearsal. The gate asks for clients from the SDK's threads too: the lock."""
         import boto3
 
         assert self.gate is not None
-        credentials = self.gate.principal(principal)
-        return boto3.session.Session(
-            aws_access_key_id=credentials.access_key,
-            aws_secret_access_key=credentials.secret_key,
-            region_name=self.region,
-        ).client(service, endpoint_url=self.endpoint_url)
+        with self._clients_lock:
+            key = (service, principal)
+            if key not in self._clients:
+                credentials = self.gate.principal(principal)
+                if self._session is None:
+                    self._session = boto3.session.Session(region_name=self.region)
+                self._clients[key] = self._session.client(
+                    service,
+                    endpoint_url=self.endpoint_url,
+                    aws_access_key_id=credentials.access_key,
+                    aws_secret_access_key=credentials.secret_key,
+                )
+            return self._clients[key]
 
     @contextlib.contextmanager
     def acting_as(self, principal: str) -> Iterator[None]:

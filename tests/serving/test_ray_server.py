@@ -1,7 +1,8 @@
 """The archive served by Ray Serve on localhost, started as the endpoint's container starts it (the archive's own
 ``sentiment_serving.ray_server`` running its ``config.yaml`` + ``deployment.py``).
 
-One server for the module (Ray's start-up costs ~20-40 s here), with batching on: predictions must equal the
+One server for the module (a Ray Serve start costs ~13 CPU-seconds and 20-40 s here), with batching on, and one
+second server beside it with two replicas (the balancing and the stopping tests share it): predictions must equal the
 in-process predictor's; concurrent requests must share one forward pass (``@serve.batch``) and keep their own status
 and Content-Type; every request of the shared table (tests/serving/request_table.py) must get its status with a
 one-line JSON body and no traceback or path, and the server must keep answering afterwards; stopping a server must
@@ -133,25 +134,48 @@ def test_one_replica_serves_the_sagemaker_port_itself(server: LocalRayServer, te
     assert status == 200 and len(json.loads(body)) == 1, body
 
 
-def test_several_replicas_are_balanced_by_rays_proxy_on_the_sagemaker_port(model_archive: Path) -> None:
-    """One port reaches one replica: with two, Ray's proxy listens on the port and spreads the requests."""
+@pytest.fixture(scope="module")
+def second_server(model_archive: Path, server: LocalRayServer) -> Iterator[LocalRayServer]:
+    """A second server on the same host, started while the module's serves, with two replicas (Ray's proxy on the
+    port): the balancing test uses it, then the stopping test stops it (one Ray start for both, not two)."""
     with LocalRayServer(model_archive, workers=2, max_batch_delay_ms=2) as two:
-        assert _listener(two).cmdline()[0].startswith("ray::ProxyActor")
-        assert two.ping() == 200  # one replica holds the model; the proxy routes only to replicas that are up
-        assert two.workdir is not None
+        yield two
+
+
+def test_several_replicas_are_balanced_by_rays_proxy_on_the_sagemaker_port(second_server: LocalRayServer) -> None:
+    """One port reaches one replica: with two, Ray's proxy listens on the port and spreads the requests."""
+    two = second_server
+    assert two.workdir is not None, "stopped already: the stopping test runs after this one"
+    assert _listener(two).cmdline()[0].startswith("ray::ProxyActor")
+    assert two.ping() == 200  # one replica holds the model; the proxy routes only to replicas that are up
+    logs = (two.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log")
+    deadline = time.monotonic() + 120
+    while sum("sentiment model loaded" in path.read_text(errors="replace") for path in logs) < 2:
+        assert time.monotonic() < deadline, "the second replica did not load the model"
+        time.sleep(0.5)
         logs = (two.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log")
-        deadline = time.monotonic() + 120
-        while sum("sentiment model loaded" in path.read_text(errors="replace") for path in logs) < 2:
-            assert time.monotonic() < deadline, "the second replica did not load the model"
-            time.sleep(0.5)
-            logs = (two.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log")
-        time.sleep(2)  # the controller tells the proxy's router about the new replica
-        with ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda n: two.invoke(f"text {n}".encode(), content_type="text/plain"), range(32)))
-        assert [status for status, _, _ in answers] == [200] * 32
-        logs = sorted((two.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log"))
-        passes = [path.read_text(errors="replace").count("requests answered with one forward pass") for path in logs]
-        assert len(passes) == 2 and min(passes) >= 1, passes
+    time.sleep(2)  # the controller tells the proxy's router about the new replica
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda n: two.invoke(f"text {n}".encode(), content_type="text/plain"), range(32)))
+    assert [status for status, _, _ in answers] == [200] * 32
+    logs = sorted((two.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log"))
+    passes = [path.read_text(errors="replace").count("requests answered with one forward pass") for path in logs]
+    assert len(passes) == 2 and min(passes) >= 1, passes
+
+
+def test_stopping_one_server_leaves_no_process_behind(second_server: LocalRayServer, server: LocalRayServer) -> None:
+    """A second server on the same host starts, serves and stops without touching the module's server."""
+    other = second_server
+    assert other.port != server.port
+    assert other.invoke(b'{"inputs": "two servers"}')[0] == 200
+    group = other.process_group
+    processes = _processes(other)
+    assert any(process.cmdline()[0].startswith("ray::ServeReplica") for process in processes[1:])
+    other.stop()
+    assert not group_alive(group)
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    assert not alive, [process.pid for process in alive]
+    assert server.ping() == 200
 
 
 def test_single_text_matches_the_in_process_predictor(
@@ -304,17 +328,3 @@ def test_a_batch_never_exceeds_the_configured_size(server: LocalRayServer) -> No
     assert statuses == [200] * 12
     batches = _batches(server)[before:]
     assert sum(batches) == 12 and max(batches) <= BATCH_SIZE, batches
-
-
-def test_stopping_one_server_leaves_no_process_behind(model_archive: Path, server: LocalRayServer) -> None:
-    """A second server on the same host starts, serves and stops without touching the module's server."""
-    with LocalRayServer(model_archive, workers=1) as other:
-        assert other.port != server.port
-        assert other.invoke(b'{"inputs": "two servers"}')[0] == 200
-        group = other.process_group
-        processes = _processes(other)
-        assert any(process.cmdline()[0].startswith("ray::ServeReplica") for process in processes[1:])
-    assert not group_alive(group)
-    _, alive = psutil.wait_procs(processes, timeout=10)
-    assert not alive, [process.pid for process in alive]
-    assert server.ping() == 200
