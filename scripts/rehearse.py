@@ -38,7 +38,7 @@ What moto or this machine lacks, the rehearsal plays, and says so here (none of 
 - moto has no placement groups (the launch template is created without one; RunInstances is still checked against
   it), and refuses ``/aws/service/...`` SSM parameters (the image is an Amazon-owned moto AMI) and ``ml.c7g`` types.
 - SageMaker runs nothing in moto: when an endpoint starts, the rehearsal loads its model as the endpoint's execution
-  role, and InvokeEndpoint answers through the local TorchServe server over the same archive (DJL Serving, the
+  role, and InvokeEndpoint answers through the local Ray Serve server over the same archive (DJL Serving, the
   multi-model endpoint's server, cannot run here: the played multi-model endpoint reads the archive as the role
   would, checks its layout and answers through the same local server). A training job is played as in
   tests/training/test_remote_sdk_moto.py (the SDK's own invoke_function as the job role, train() stubbed).
@@ -72,7 +72,8 @@ from ops_review.iam_policy import resolve
 from ops_review.review import StackTemplate, load_assembly
 from scripts.aws_calls import GATE_ENV, STEP_ENV, Gate, Principal, Record, install, refusals
 from scripts.ec2_host import install_host_tools, patch_moto_reservation_filter, unpack_aws_cli
-from stacks.settings import TrainingSettings
+from stacks.image_names import image_parameter_name
+from stacks.settings import TagSettings, TrainingSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCOUNT = "123456789012"  # moto's default account
@@ -1005,7 +1006,7 @@ class Rehearsal:
         key_arn = self.stack_output("Foundation", "PlatformKeyArn")
         prefix = self.stack_output("MultiModelEndpoint", "ModelsPrefix")
         endpoint = self.stack_output("MultiModelEndpoint", "EndpointName")
-        self.local_model_server()  # started before the first invocation reaches it (TorchServe takes a while)
+        self.local_model_server()  # started before the first invocation reaches it (Ray Serve takes a while)
         with self.acting_as(OPERATOR), contextlib.redirect_stdout(io.StringIO()):
             publish_models.main(["package", "--model-dir", str(self.trained_model), "--output", str(archive)])
             publish_models.main(["publish", "--archive", str(archive), "--name", MME_MODEL, "--bucket", artifacts,
@@ -1081,7 +1082,10 @@ class Rehearsal:
         assert self.deployment is not None
         # The image digest, as the pipeline would publish it (docs/images.md, "Deploying by hand").
         self.client("ssm", OPERATOR).put_parameter(
-            Name=f"/pytorch-platform/images/{SERVING_IMAGE}", Type="String", Value=SERVING_DIGEST, Overwrite=True
+            Name=image_parameter_name(TagSettings().project, SERVING_IMAGE),
+            Type="String",
+            Value=SERVING_DIGEST,
+            Overwrite=True,
         )
         deployed = self.deployment.deploy("GravitonEndpoint")
         self.refresh_role_policies()
