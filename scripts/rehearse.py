@@ -73,7 +73,7 @@ from ops_review.review import StackTemplate, load_assembly
 from scripts.aws_calls import GATE_ENV, STEP_ENV, Gate, Principal, Record, install, refusals
 from scripts.ec2_host import install_host_tools, patch_moto_reservation_filter, unpack_aws_cli
 from stacks.image_names import image_parameter_name
-from stacks.settings import TagSettings, TrainingSettings
+from stacks.settings import EnvironmentSettings, TrainingSettings, parse_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCOUNT = "123456789012"  # moto's default account
@@ -1074,6 +1074,11 @@ class Rehearsal:
         prediction = prediction[0] if isinstance(prediction, list) else prediction
         return f"Ray Serve on {server.url}: {prediction['label']}"
 
+    def settings(self) -> EnvironmentSettings:
+        """The rehearsed environment's settings, as cdk.json gives them."""
+        context = json.loads((ROOT / "cdk.json").read_text())["context"]
+        return parse_environment(self.environment, context["environments"][self.environment])
+
     # --- 9. deploy the endpoint and smoke-test it ---------------------------------------------------------------------
 
     def deploy_endpoint_and_smoke_test(self) -> str:
@@ -1082,7 +1087,7 @@ class Rehearsal:
         assert self.deployment is not None
         # The image digest, as the pipeline would publish it (docs/images.md, "Deploying by hand").
         self.client("ssm", OPERATOR).put_parameter(
-            Name=image_parameter_name(TagSettings().project, SERVING_IMAGE),
+            Name=image_parameter_name(self.settings().tags.project, SERVING_IMAGE),
             Type="String",
             Value=SERVING_DIGEST,
             Overwrite=True,
