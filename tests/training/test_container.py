@@ -47,7 +47,7 @@ def test_dockerfile_extends_the_training_dlc_that_ec2_run_names() -> None:
 def test_container_pins_match_the_tested_versions() -> None:
     container = _pins(ASSETS / "requirements.txt")
     tested = _pins(ROOT / "requirements-dev.txt")
-    assert set(container) == {"transformers", "tokenizers", "safetensors", "datasets", "accelerate", "scikit-learn"}
+    assert set(container) == {"transformers", "tokenizers", "safetensors", "datasets", "accelerate"}
     assert "torch" not in container, "the DLC's CUDA build of torch must not be replaced"
     for package, version in container.items():
         assert tested[package] == version, f"{package}: container {version}, tests {tested[package]}"

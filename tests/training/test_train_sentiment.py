@@ -324,3 +324,22 @@ def test_cli_flags_map_onto_the_config() -> None:
     assert config.labels == ("neg", "pos") and config.epochs == 2 and config.dataset_config == "sentiment"
     with pytest.raises(TrainingInputError, match="learning_rate must be between 0 and 1"):
         train_sentiment.parse_args(["--learning-rate", "3"])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_metrics_agree_with_scikit_learn(seed: int) -> None:
+    """The script's accuracy and macro-F1 are scikit-learn's, also where a class occurs only in the labels or only in
+    the predictions, or not at all."""
+    import numpy as np
+    from sklearn.metrics import accuracy_score, f1_score
+
+    rng = np.random.default_rng(seed)
+    size, classes = int(rng.integers(1, 40)), 3
+    labels = rng.integers(0, classes - (seed % 2), size)  # odd seeds: the last class never in the labels
+    logits = rng.normal(size=(size, classes))
+    if seed == 4:
+        logits[:, 1] = -10  # class 1 never predicted
+    predicted = logits.argmax(axis=-1)
+    metrics = train_sentiment.compute_metrics(type("Prediction", (), {"predictions": logits, "label_ids": labels}))
+    assert metrics["accuracy"] == pytest.approx(accuracy_score(labels, predicted))
+    assert metrics["macro_f1"] == pytest.approx(f1_score(labels, predicted, average="macro", zero_division=0))

@@ -47,7 +47,6 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from sklearn.metrics import accuracy_score, f1_score
 from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -648,10 +647,23 @@ def compute_metrics(prediction: Any) -> dict[str, float]:
     logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
     predicted = np.asarray(logits).argmax(axis=-1)
     labels = np.asarray(prediction.label_ids)
-    return {
-        "accuracy": float(accuracy_score(labels, predicted)),
-        "macro_f1": float(f1_score(labels, predicted, average="macro", zero_division=0)),
-    }
+    return {"accuracy": float(np.mean(predicted == labels)) if labels.size else 0.0,
+            "macro_f1": macro_f1(labels, predicted)}  # fmt: skip
+
+
+def macro_f1(labels: np.ndarray, predicted: np.ndarray) -> float:
+    """F1 averaged over every class that occurs in the labels or the predictions, each 2TP / (2TP + FP + FN): what
+    scikit-learn's ``f1_score(average="macro", zero_division=0)`` computes, without importing scikit-learn (1.3 s of
+    CPU in every training process, for two numbers)."""
+    classes = np.union1d(labels, predicted)
+    if not classes.size:
+        return 0.0
+    scores = []
+    for label in classes:
+        true_positive = np.sum((predicted == label) & (labels == label))
+        wrong = np.sum((predicted == label) != (labels == label))  # false positives + false negatives
+        scores.append(2 * true_positive / (2 * true_positive + wrong))
+    return float(np.mean(scores))
 
 
 def _device_info(use_cuda: bool, world_size: int) -> dict[str, Any]:
