@@ -8,11 +8,12 @@ from typing import cast
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks.compliance import acknowledge, acknowledge_control
+from stacks.compliance import acknowledge, acknowledge_control, acknowledge_short_retention
 
 # Why neither reserved concurrency nor a dead-letter queue: true of every function a custom resource calls.
 ONCE_PER_STACK_OPERATION = (
@@ -20,6 +21,34 @@ ONCE_PER_STACK_OPERATION = (
     "accounts with a low concurrency quota) nor a dead-letter queue (CloudFormation gets every answer, failure "
     "included) adds anything."
 )
+
+
+def function_logs_and_role(
+    scope: Construct,
+    *,
+    key: kms.IKey,
+    log_retention_days: int,
+    removal_policy: cdk.RemovalPolicy,
+    role_description: str,
+    retention_setting: str | None = None,
+) -> tuple[logs.LogGroup, iam.Role]:
+    """The function's own log group ("Logs", encrypted with ``key``) and role ("Role", assumed by Lambda), created
+    before its policy; ``retention_setting`` names the setting behind a retention shorter than the rules ask for."""
+    log_group = logs.LogGroup(scope, "Logs", encryption_key=key, removal_policy=removal_policy)
+    cast(logs.CfnLogGroup, log_group.node.default_child).retention_in_days = log_retention_days
+    if retention_setting is not None:
+        acknowledge_short_retention(log_group, log_retention_days, retention_setting)
+    role = iam.Role(
+        scope, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"), description=role_description
+    )
+    return log_group, role
+
+
+def write_own_logs(log_group: logs.ILogGroup) -> iam.PolicyStatement:
+    """The statement every such function's policy carries: its log streams and events in its own log group."""
+    return iam.PolicyStatement(
+        sid="WriteOwnLogs", actions=["logs:CreateLogStream", "logs:PutLogEvents"], resources=[log_group.log_group_arn]
+    )
 
 
 def stack_function(

@@ -14,11 +14,10 @@ from typing import cast
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from stacks.compliance import acknowledge_wildcards
-from stacks.components.stack_function import stack_function
+from stacks.components.stack_function import function_logs_and_role, stack_function, write_own_logs
 
 HANDLER_DIR = Path(__file__).resolve().parent
 # Lambda's limit; the handler keeps 30 s of it to answer CloudFormation, so it waits up to 14.5 minutes.
@@ -42,13 +41,12 @@ class EniReleaseWait(Construct):
         stack = cdk.Stack.of(self)
         self._shared_with: list[str] = []
         self._describe_endpoints_added = False
-        self.log_group = logs.LogGroup(self, "Logs", encryption_key=key, removal_policy=removal_policy)
-        cast(logs.CfnLogGroup, self.log_group.node.default_child).retention_in_days = log_retention_days
-        self.role = iam.Role(
+        self.log_group, self.role = function_logs_and_role(
             self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description="Waits, on stack deletion, until SageMaker has released its network interfaces",
+            key=key,
+            log_retention_days=log_retention_days,
+            removal_policy=removal_policy,
+            role_description="Waits, on stack deletion, until SageMaker has released its network interfaces",
         )
         describe = iam.PolicyStatement(
             sid="ListTheGroupsInterfaces", actions=["ec2:DescribeNetworkInterfaces"], resources=["*"]
@@ -63,11 +61,7 @@ class EniReleaseWait(Construct):
             roles=[self.role],
             statements=[
                 describe,
-                iam.PolicyStatement(
-                    sid="WriteOwnLogs",
-                    actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                    resources=[self.log_group.log_group_arn],
-                ),
+                write_own_logs(self.log_group),
             ],
         )
         acknowledge_wildcards(

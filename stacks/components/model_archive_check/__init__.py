@@ -12,17 +12,14 @@ A function of its own rather than CDK's ``AwsCustomResource``: for a missing key
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct, IConstruct
 
-from stacks.compliance import acknowledge_short_retention
-from stacks.components.stack_function import stack_function
+from stacks.components.stack_function import function_logs_and_role, stack_function, write_own_logs
 
 HANDLER_DIR = Path(__file__).resolve().parent
 # One HeadObject: seconds. CloudFormation waits no longer than this (plus a minute) for an answer.
@@ -51,15 +48,13 @@ class ModelArchiveCheck(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         stack = cdk.Stack.of(self)
-        self.log_group = logs.LogGroup(self, "Logs", encryption_key=key, removal_policy=removal_policy)
-        cast(logs.CfnLogGroup, self.log_group.node.default_child).retention_in_days = log_retention_days
-        if retention_setting is not None:
-            acknowledge_short_retention(self.log_group, log_retention_days, retention_setting)
-        self.role = iam.Role(
+        self.log_group, self.role = function_logs_and_role(
             self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description="Checks, before the endpoint's model is created, that its model archive is in S3",
+            key=key,
+            log_retention_days=log_retention_days,
+            removal_policy=removal_policy,
+            role_description="Checks, before the endpoint's model is created, that its model archive is in S3",
+            retention_setting=retention_setting,
         )
         self.policy = iam.ManagedPolicy(
             self,
@@ -74,11 +69,7 @@ class ModelArchiveCheck(Construct):
                     # From the bucket's name, which the endpoint's model already imports: no new export.
                     resources=[f"arn:{stack.partition}:s3:::{bucket.bucket_name}/{object_key}"],
                 ),
-                iam.PolicyStatement(
-                    sid="WriteOwnLogs",
-                    actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                    resources=[self.log_group.log_group_arn],
-                ),
+                write_own_logs(self.log_group),
             ],
         )
         self.function = stack_function(
