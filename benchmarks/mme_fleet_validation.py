@@ -52,7 +52,7 @@ from benchmarks.mme_window import Budget, CpuAccount, lru_loads
 from inference_assets.local.local_mme import LocalModelServer, LocalMultiModelEndpoint
 from inference_assets.tools.publish_models import build_archive, copy_names
 from mme_sizing.simulation import HOT_SET, PATTERNS
-from mme_sizing.validation import SEEDS, judge, predict_row, write_results
+from mme_sizing.validation import SEEDS, diagnose_row, judge, predict_row, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE_REPEATS = 3
@@ -302,9 +302,9 @@ def render(path: Path) -> None:
     for row in result["rows"]:
         if row["tps_interval"] is not None:
             row["tps_interval"]["low"] = max(0.0, row["tps_interval"]["low"])
-        if "predicted_at_window_load_cost" not in row:  # results from before the diagnosis: the same prediction
-            predict_row(row, result["costs"], users=settings["users"], warmup_s=settings["warmup_s"],
-                        seeds=result["seeds"])  # fmt: skip
+        if "predicted_at_window_load_cost" not in row:  # results from before the diagnosis
+            diagnose_row(row, result["costs"], users=settings["users"], warmup_s=settings["warmup_s"],
+                         seeds=result["seeds"])  # fmt: skip
         judge(row)
     write_results(result, path.parent, path.stem)
 

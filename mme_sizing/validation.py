@@ -81,13 +81,21 @@ def predict(
 
 
 def predict_row(row: dict[str, Any], costs: dict[str, Any], *, users: int, warmup_s: float, seeds: int) -> None:
-    """Predict a measured row's window (``predicted``) and, as a diagnosis, the same window with the load cost the
-    run itself showed (``predicted_at_window_load_cost``): when only the second agrees, the simulation's physics hold
-    and the probe's load cost was the input that did not."""
-    window = {"cores": row["cpu"]["cores_left"], "models": row["models"], "resident": row["resident"],
-              "pattern": row["pattern"], "users": users, "window_s": row["window_s"], "warmup_s": warmup_s,
-              "seeds": seeds}  # fmt: skip
-    row["predicted"] = predict(costs, **window)
+    """Predict a measured row's window (``predicted``) and its diagnosis (``diagnose_row``)."""
+    row["predicted"] = predict(costs, **_window(row, users=users, warmup_s=warmup_s, seeds=seeds))
+    diagnose_row(row, costs, users=users, warmup_s=warmup_s, seeds=seeds)
+
+
+def _window(row: dict[str, Any], *, users: int, warmup_s: float, seeds: int) -> dict[str, Any]:
+    return {"cores": row["cpu"]["cores_left"], "models": row["models"], "resident": row["resident"],
+            "pattern": row["pattern"], "users": users, "window_s": row["window_s"], "warmup_s": warmup_s,
+            "seeds": seeds}  # fmt: skip
+
+
+def diagnose_row(row: dict[str, Any], costs: dict[str, Any], *, users: int, warmup_s: float, seeds: int) -> None:
+    """The row's window predicted again with the load cost the run itself showed (``predicted_at_window_load_cost``):
+    when only this one agrees, the simulation's physics hold and the probe's load cost was the input that did not."""
+    window = _window(row, users=users, warmup_s=warmup_s, seeds=seeds)
     load_cpu_s = window_load_cpu_s(row, costs)
     row["predicted_at_window_load_cost"] = (
         None if math.isnan(load_cpu_s) else predict({**costs, "load_cpu_s": load_cpu_s}, **window)
