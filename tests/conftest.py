@@ -9,6 +9,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,38 @@ def pytest_configure(config: pytest.Config) -> None:
     if "PYTEST_XDIST_WORKER" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
         workers = max(1, int(getattr(config.option, "numprocesses", 0) or 0))
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+
+
+# Test modules that run on one worker together, because each process computes what they share once: these review or
+# plan cdk.json's multi-model endpoints (`pytorch-platform review`, `mme-plan`), and mme_sizing.plan simulates each
+# environment's plan once per process (prod's takes ~15 CPU-s).
+SAME_WORKER = {
+    "sizing-plans": (
+        "tests/components/test_alarm_subscriptions.py",
+        "tests/foundation/test_image_patching.py",
+        "tests/mme_sizing/test_plan.py",
+        "tests/scripts/test_template_gates.py",
+    ),
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's loadscope (each test module on one worker, so that its module fixtures start once), except that
+    the modules of a SAME_WORKER group go to one worker together. (xdist's own xdist_group marks cannot do this: its
+    loadgroup spreads every unmarked test alone, and with pytest 9.2 its workers no longer tag the marked ones.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    group_of = {module: group for group, modules in SAME_WORKER.items() for module in modules}
+    missing = [module for module in group_of if not (ROOT / module).is_file()]
+    assert not missing, f"SAME_WORKER names modules that do not exist: {missing}"
+
+    class ModuleOrGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return group_of.get(scope.split("::", 1)[0], scope)
+
+    return ModuleOrGroupScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
