@@ -69,7 +69,29 @@ def test_checkpoints_take_turns_in_two_encrypted_slots_and_the_newest_complete_o
 
     # An upload of 20 stopped after marking slot-1 as being written: slot-0 (15) stays the newest complete one.
     s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}slot-1/{MARKER}", Body=b'{"state": "writing", "step": 20}')
-    assert remote.newest() is not None and remote.newest()[1]["step"] == 15  # type: ignore[index]
+    newest = remote.newest()
+    assert newest is not None and newest[1]["step"] == 15
     # A slot missing one of its marker's files is not complete either: nothing is left to resume from.
     s3.delete_object(Bucket=BUCKET, Key=f"{PREFIX}slot-0/nested/rng_state_0.pth")
     assert remote.newest() is None and remote.restore(tmp_path / "node-c") is None
+
+
+def test_a_checkpoint_copies_in_one_call_unless_a_folder_name_holds_a_glob_character(tmp_path: Path) -> None:
+    """The CLI prefixes --include patterns with the source folder unescaped: a name's glob characters are bracketed,
+    and a folder with one in its name is copied file by file."""
+    calls: list[list[str]] = []
+    remote = S3Checkpoints(f"s3://{BUCKET}/{PREFIX}", kms_key_id="key", aws=lambda args: calls.append([*args]) or "")
+    for root in (tmp_path / "plain", tmp_path / "odd[1]"):
+        folder = _checkpoint(root, 5)
+        (folder / "a*b?.bin").write_bytes(b"x")
+        write_marker(folder, 5)
+        calls.clear()
+        assert remote.upload(folder)
+        copies = [call for call in calls if call[:2] == ["s3", "cp"]][1:-1]  # between the two markers
+        if root.name == "plain":
+            (files,) = copies
+            assert files[-8:] == ["--exclude", "*", "--include", "a[*]b[?].bin", "--include", "model.safetensors",
+                                  "--include", "nested/rng_state_0.pth"]  # fmt: skip
+        else:
+            assert sorted(call[-1].removeprefix(remote.uri) for call in copies) == [
+                "slot-0/a*b?.bin", "slot-0/model.safetensors", "slot-0/nested/rng_state_0.pth"]  # fmt: skip

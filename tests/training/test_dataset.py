@@ -380,25 +380,21 @@ def test_throughput_without_steps_after_the_warmup_says_why() -> None:
 
 
 @pytest.mark.slow
-def test_the_issues_small_csv_trains(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """36 rows, one class missing, a BOM, --epochs 1 and the default batch: it trains, saves and explains."""
+def test_the_issues_small_csv_trains(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """36 rows, one class missing, a BOM, --epochs 1 and the default batch: it trains, saves and explains (the CLI's
+    main() in this process: the module run as a process is test_no_traceback_reaches_the_user_of_the_module)."""
     sample = [json.loads(line) for line in (ROOT / "training_assets/sample_data/train.jsonl").read_text().splitlines()]
     rows = [[row["text"], ["negative", "neutral", "positive"][row["label"]]] for row in sample if row["label"]][:36]
     data = tmp_path / "small"
     _csv(data / "train.csv", rows, prefix=b"\xef\xbb\xbf")
     _csv(data / "validation.csv", rows[:10])
-    result = subprocess.run(
-        [sys.executable, "-m", "training_assets.instance.train_sentiment", "--model", str(tiny_model_dir),
-         "--dataset", str(data), "--output-dir", str(tmp_path / "out"), "--epochs", "1", "--max-seq-length", "32",
-         "--use-cpu"],
-        cwd=ROOT, check=False, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("train_sentiment: warning: ")]
-    assert len(warnings) == 3 and "Traceback" not in result.stderr
+    code, err = _main(capsys, tiny_model_dir, data, "--epochs", "1", "--max-seq-length", "32")
+    assert code == 0, err[-3000:]
+    warnings = [line for line in err.splitlines() if line.startswith("train_sentiment: warning: ")]
+    assert len(warnings) == 3 and "Traceback" not in err
     assert "no row has label 0 (negative)" in warnings[0]
     assert "leaves out 4 row(s)" in warnings[1] and "1 optimizer step(s) in all" in warnings[2]
-    assert "train_sentiment: throughput not measured: the run had 1 optimizer step(s)" in result.stderr
+    assert "train_sentiment: throughput not measured: the run had 1 optimizer step(s)" in err
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["throughput"]["measured"] is False and metrics["optimizer_steps"] == 1
     assert metrics["warnings"] == [line.removeprefix("train_sentiment: warning: ") for line in warnings]

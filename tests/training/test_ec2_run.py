@@ -256,10 +256,13 @@ def test_a_failed_run_uploads_its_newest_checkpoint_and_says_how_to_resume(insta
     folder = f"{work}/output/checkpoints/checkpoint-5"
     slot = "s3://dev-artifacts/training-output/r-0123/checkpoints/slot-0"
     copies = [call for call in calls if call[:3] == ["aws", "s3", "cp"]]
-    # The slot is marked as being written, then the files, then the complete marker; all SSE-KMS with the key.
-    assert [call[-1] for call in copies] == [f"{slot}/checkpoint-complete.json", f"{slot}/model.safetensors",
-                                             f"{slot}/checkpoint-complete.json"]  # fmt: skip
-    assert [call[-2] for call in copies[1:]] == [f"{folder}/model.safetensors", f"{folder}/checkpoint-complete.json"]
+    # The slot is marked as being written, then the files (one call: the marker's files, the marker excluded), then
+    # the complete marker; all SSE-KMS with the key.
+    marking, files, marker = copies
+    assert marking[-1] == marker[-1] == f"{slot}/checkpoint-complete.json"
+    assert marker[-2] == f"{folder}/checkpoint-complete.json"
+    assert files[-6:] == [f"{folder}/", f"{slot}/", "--exclude", "*", "--include", "model.safetensors"]
+    assert "--recursive" in files
     assert all(call[call.index("--sse-kms-key-id") + 1] == instance["env"]["KMS_KEY_ID"] for call in copies)
     assert len(_docker_runs(calls)) == 1  # no packaging after a failure
 

@@ -93,6 +93,7 @@ def test_the_instance_role_allows_every_call_of_the_checkpoint_sync(templates) -
     write = {"Key": f"{run}/checkpoints/slot-1/optimizer.pt", "ServerSideEncryption": "aws:kms", "SSEKMSKeyId": key_arn}
     calls = [
         ("ListObjectsV2", {"Bucket": "artifacts", "Prefix": f"{run}/checkpoints/"}),
+        ("ListObjectsV2", {"Bucket": "artifacts", "Prefix": f"{run}/checkpoints/slot-0/"}),  # a slot's download
         ("HeadObject", {"Bucket": "artifacts", "Key": f"{run}/model.tar.gz"}),
         ("GetObject", {"Bucket": "artifacts", "Key": f"{run}/checkpoints/slot-0/checkpoint-complete.json"}),
         ("PutObject", {"Bucket": "artifacts", **write}),

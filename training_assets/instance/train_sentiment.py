@@ -30,6 +30,7 @@ the warm-up, otherwise metrics.json says why not.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -47,13 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from transformers import (
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    Trainer,
-    TrainerCallback,
-    TrainingArguments,
-)
+from transformers import TrainerCallback, TrainingArguments
 
 from training_assets.instance import batch_scaling, checkpoints, data_staging
 from training_assets.instance.batching import (
@@ -583,64 +578,72 @@ class SyncCheck(TrainerCallback):
         self.switch(False)
 
 
-class SentimentTrainer(Trainer):
-    """Counts non-padding tokens on the device; batches texts of one bucket together (``LengthBucketSampler``);
-    compiles the optimizer step when asked (``CompiledOptimizerStep``); drops the last partial batch in training only
-    (evaluation sees every row); with CUDA graphs, copies evaluation outputs out of the graph's memory before the
-    next batch reuses it; with a ``SyncCheck``, arms it for each steady step."""
+@functools.cache
+def sentiment_trainer() -> type:
+    """``SentimentTrainer``, defined on first use: importing ``transformers.Trainer`` loads the model code and
+    ``datasets`` (about 2 CPU-seconds per process), which ``--check-only`` and an input error's exit never use."""
+    from transformers import Trainer
 
-    def __init__(
-        self,
-        *args: Any,
-        token_counter: TokenCounter,
-        clone_eval_outputs: bool,
-        buckets: tuple[int, ...] | None = None,
-        compile_optimizer: bool = False,
-        sync_check: SyncCheck | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.token_counter = token_counter
-        self.clone_eval_outputs = clone_eval_outputs
-        self.buckets = buckets
-        self.compile_optimizer = compile_optimizer
-        self.sync_check = sync_check
+    class SentimentTrainer(Trainer):
+        """Counts non-padding tokens on the device; batches texts of one bucket together
+        (``LengthBucketSampler``); compiles the optimizer step when asked (``CompiledOptimizerStep``); drops the last
+        partial batch in training only (evaluation sees every row); with CUDA graphs, copies evaluation outputs out of
+        the graph's memory before the next batch reuses it; with a ``SyncCheck``, arms it for each steady step."""
 
-    def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
-        # The Trainer's own count (include_num_input_tokens_seen) reads it back with .item() every step.
-        self.token_counter.add(inputs["attention_mask"])
-        if self.sync_check is not None:
-            self.sync_check.step_starts(len(self.token_counter.shapes) - 1)
-        return super().training_step(model, inputs, num_items_in_batch)
+        def __init__(
+            self,
+            *args: Any,
+            token_counter: TokenCounter,
+            clone_eval_outputs: bool,
+            buckets: tuple[int, ...] | None = None,
+            compile_optimizer: bool = False,
+            sync_check: SyncCheck | None = None,
+            **kwargs: Any,
+        ) -> None:
+            super().__init__(*args, **kwargs)
+            self.token_counter = token_counter
+            self.clone_eval_outputs = clone_eval_outputs
+            self.buckets = buckets
+            self.compile_optimizer = compile_optimizer
+            self.sync_check = sync_check
 
-    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
-        dataset = self.train_dataset if train_dataset is None else train_dataset
-        if self.buckets is None or not isinstance(dataset, TokenizedSplit):
-            return super()._get_train_sampler(train_dataset)
-        batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
-        return LengthBucketSampler(dataset.lengths, self.buckets, batch)
+        def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+            # The Trainer's own count (include_num_input_tokens_seen) reads it back with .item() every step.
+            self.token_counter.add(inputs["attention_mask"])
+            if self.sync_check is not None:
+                self.sync_check.step_starts(len(self.token_counter.shapes) - 1)
+            return super().training_step(model, inputs, num_items_in_batch)
 
-    def create_optimizer(self, model: Any = None) -> torch.optim.Optimizer:
-        optimizer = super().create_optimizer(model)
-        if self.compile_optimizer and not isinstance(optimizer.step, CompiledOptimizerStep):
-            optimizer.step = CompiledOptimizerStep(optimizer)
-        return optimizer
+        def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+            dataset = self.train_dataset if train_dataset is None else train_dataset
+            if self.buckets is None or not isinstance(dataset, TokenizedSplit):
+                return super()._get_train_sampler(train_dataset)
+            batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
+            return LengthBucketSampler(dataset.lengths, self.buckets, batch)
 
-    def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
-        outputs = super().prediction_step(*args, **kwargs)
-        if not self.clone_eval_outputs:
-            return outputs
-        # CUDA graph trees reuse a graph's output memory on its next replay, and the evaluation loop keeps the first
-        # batch's logits while the next batch runs; "clone the tensor outside of torch.compile()" is the fix the
-        # error message and https://docs.pytorch.org/docs/stable/torch.compiler_cudagraph_trees.html give.
-        return torch.utils._pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, outputs)
+        def create_optimizer(self, model: Any = None) -> torch.optim.Optimizer:
+            optimizer = super().create_optimizer(model)
+            if self.compile_optimizer and not isinstance(optimizer.step, CompiledOptimizerStep):
+                optimizer.step = CompiledOptimizerStep(optimizer)
+            return optimizer
 
-    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
-        drop_last, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
-        try:
-            return super().get_eval_dataloader(eval_dataset)
-        finally:
-            self.args.dataloader_drop_last = drop_last
+        def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
+            outputs = super().prediction_step(*args, **kwargs)
+            if not self.clone_eval_outputs:
+                return outputs
+            # CUDA graph trees reuse a graph's output memory on its next replay, and the evaluation loop keeps the first
+            # batch's logits while the next batch runs; "clone the tensor outside of torch.compile()" is the fix the
+            # error message and https://docs.pytorch.org/docs/stable/torch.compiler_cudagraph_trees.html give.
+            return torch.utils._pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, outputs)
+
+        def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+            drop_last, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
+            try:
+                return super().get_eval_dataloader(eval_dataset)
+            finally:
+                self.args.dataloader_drop_last = drop_last
+
+    return SentimentTrainer
 
 
 def compute_metrics(prediction: Any) -> dict[str, float]:
@@ -863,6 +866,9 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     if int(os.environ.get("RANK", "0")) == 0:
         for note in notes:
             print(f"train_sentiment: warning: {note}", file=sys.stderr, flush=True)
+    # The model code, only now: --check-only and an input error stop before it (see sentiment_trainer).
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
     transformers.set_seed(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_reference)
     model = AutoModelForSequenceClassification.from_pretrained(
@@ -894,7 +900,7 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     meter = ThroughputMeter(config.warmup_steps, plan.samples_per_step, counter, use_cuda, shape_warmups)
     reporter = EpochReporter()
     sync_check = SyncCheck(config.sync_debug, meter) if config.sync_debug != "off" else None
-    trainer = SentimentTrainer(
+    trainer = sentiment_trainer()(
         model=model,
         args=args,
         data_collator=BucketCollator(tokenizer.pad_token_id, buckets, config.padding),
