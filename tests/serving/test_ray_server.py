@@ -1,13 +1,15 @@
 """The archive served by Ray Serve on localhost, started as the endpoint's container starts it (the archive's own
 ``sentiment_serving.ray_server`` running its ``config.yaml`` + ``deployment.py``).
 
-One server for the module (a Ray Serve start costs ~13 CPU-seconds and 20-40 s here), with batching on, and one
-second server beside it with two replicas (the balancing and the stopping tests share it): predictions must equal the
-in-process predictor's; concurrent requests must share one forward pass (``@serve.batch``) and keep their own status
-and Content-Type; every request of the shared table (tests/serving/request_table.py) must get its status with a
-one-line JSON body and no traceback or path, and the server must keep answering afterwards; stopping a server must
-leave none of Ray's processes behind. Started as the endpoint starts it, one replica serves the port itself (Ray
-Serve's throughput-optimized mode with direct ingress); with two, Ray's proxy serves the port and spreads the requests.
+One server for the module (a Ray Serve start costs ~12 CPU-seconds and 20-40 s here), with batching on, and one
+second server beside it with two replicas, started by the local server's command as a script's background job starts
+it (the balancing and the stopping tests share it; stopping it with SIGINT on its pid is test_local_shutdown.py's
+SIGINT case of this harness): predictions must equal the in-process predictor's; concurrent requests must share one
+forward pass (``@serve.batch``) and keep their own status and Content-Type; every request of the shared table
+(tests/serving/request_table.py) must get its status with a one-line JSON body and no traceback or path, and the
+server must keep answering afterwards; stopping a server must leave none of Ray's processes behind. Started as the
+endpoint starts it, one replica serves the port itself (Ray Serve's throughput-optimized mode with direct ingress);
+with two, Ray's proxy serves the port and spreads the requests.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -27,8 +32,8 @@ import yaml
 
 from inference_assets.container.predictor import SentimentPredictor
 from inference_assets.local.local_server import LocalRayServer
-from inference_assets.local.server_process import group_alive
 
+from .harness_processes import harness_tree, kill_tree, start_harness, stop_and_check
 from .request_table import LEAKS, REQUESTS, TEST_LIMITS
 
 MAX_REQUEST_BATCH = TEST_LIMITS.max_request_batch
@@ -113,68 +118,97 @@ def test_the_replica_runs_with_the_endpoint_threads_and_batch_settings(server: L
     assert f"ServeSettings(replicas=1, threads={threads}, max_batch_size={BATCH_SIZE}, batch_wait_timeout_s=0.3)" in log
 
 
-def _listener(server: LocalRayServer) -> psutil.Process:
-    """The process of the server's tree that listens on its port (the port SageMaker's requests arrive on)."""
-    for process in _processes(server):
+def _listener(processes: list[psutil.Process], port: int) -> psutil.Process:
+    """The process of a server's tree that listens on its port (the port SageMaker's requests arrive on)."""
+    for process in processes:
         try:
             connections = process.net_connections(kind="tcp")
         except psutil.Error:
             continue
-        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == server.port for c in connections):
+        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in connections):
             return process
-    raise AssertionError(f"no process of the server listens on {server.port}")
+    raise AssertionError(f"no process of the server listens on {port}")
 
 
 def test_one_replica_serves_the_sagemaker_port_itself(server: LocalRayServer, texts: list[str]) -> None:
     """Started as the endpoint starts it, the server runs Ray Serve's throughput-optimized mode with direct ingress:
     the replica that holds the model owns the port, and /ping and /invocations are answered there."""
-    assert _listener(server).cmdline()[0].startswith("ray::ServeReplica:sentiment:SentimentClassifier")
+    listener = _listener(_processes(server), server.port)
+    assert listener.cmdline()[0].startswith("ray::ServeReplica:sentiment:SentimentClassifier")
     assert server.request("GET", "/ping")[::2] == (200, b"")
     status, _, body = server.invoke(json.dumps({"inputs": texts[0]}).encode())
     assert status == 200 and len(json.loads(body)) == 1, body
 
 
+@dataclass(frozen=True)
+class _Harness:
+    """The local server's command, run as a background job: its process, port and work directory."""
+
+    process: subprocess.Popen
+    port: int
+    workdir: Path
+
+    def invoke(self, body: bytes, content_type: str = "application/json") -> int:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            connection.request("POST", "/invocations", body=body, headers={"Content-Type": content_type})
+            response = connection.getresponse()
+            response.read()
+            return response.status
+        finally:
+            connection.close()
+
+    def replica_logs(self) -> list[Path]:
+        return sorted((self.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log"))
+
+
 @pytest.fixture(scope="module")
-def second_server(model_archive: Path, server: LocalRayServer) -> Iterator[LocalRayServer]:
-    """A second server on the same host, started while the module's serves, with two replicas (Ray's proxy on the
-    port): the balancing test uses it, then the stopping test stops it (one Ray start for both, not two)."""
-    with LocalRayServer(model_archive, workers=2, max_batch_delay_ms=2) as two:
-        yield two
+def second_server(
+    model_archive: Path, server: LocalRayServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[_Harness]:
+    """A second server on the same host, started while the module's serves, as ``pytorch-platform serve`` starts it
+    from a script (``python -m inference_assets.local.local_server ... &``), with two replicas (Ray's proxy on the
+    port): the balancing test uses it, then the stopping test stops it with SIGINT on its pid (one Ray start for
+    both, and for test_local_shutdown's SIGINT case of this harness)."""
+    process, match = start_harness(
+        ["inference_assets.local.local_server", "--model", str(model_archive), "--workers", "2",
+         "--max-batch-delay-ms", "2"],
+        re.compile(r"at http://127\.0\.0\.1:(\d+) \(/ping, /invocations\); work dir (\S+)\n"),
+        tmp_path_factory.mktemp("second-server") / "harness.out",
+    )  # fmt: skip
+    try:
+        yield _Harness(process, int(match[1]), Path(match[2]))
+    finally:  # stopped by the stopping test, unless a test failed before it
+        if process.poll() is None:
+            kill_tree(process, int(match[1]))
 
 
-def test_several_replicas_are_balanced_by_rays_proxy_on_the_sagemaker_port(second_server: LocalRayServer) -> None:
+def test_several_replicas_are_balanced_by_rays_proxy_on_the_sagemaker_port(second_server: _Harness) -> None:
     """One port reaches one replica: with two, Ray's proxy listens on the port and spreads the requests."""
     two = second_server
-    assert two.workdir is not None, "stopped already: the stopping test runs after this one"
-    assert _listener(two).cmdline()[0].startswith("ray::ProxyActor")
-    assert two.ping() == 200  # one replica holds the model; the proxy routes only to replicas that are up
-    logs = (two.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log")
+    assert two.process.poll() is None, "stopped already: the stopping test runs after this one"
+    assert _listener(harness_tree(two.process.pid, two.port), two.port).cmdline()[0].startswith("ray::ProxyActor")
+    assert two.invoke(b'{"inputs": "hi"}') == 200  # one replica holds the model; the proxy routes only to those up
     deadline = time.monotonic() + 120
-    while sum("sentiment model loaded" in path.read_text(errors="replace") for path in logs) < 2:
+    while sum("sentiment model loaded" in path.read_text(errors="replace") for path in two.replica_logs()) < 2:
         assert time.monotonic() < deadline, "the second replica did not load the model"
         time.sleep(0.5)
-        logs = (two.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log")
     time.sleep(2)  # the controller tells the proxy's router about the new replica
     with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda n: two.invoke(f"text {n}".encode(), content_type="text/plain"), range(32)))
-    assert [status for status, _, _ in answers] == [200] * 32
-    logs = sorted((two.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log"))
+        statuses = list(pool.map(lambda n: two.invoke(f"text {n}".encode(), content_type="text/plain"), range(32)))
+    assert statuses == [200] * 32
+    logs = two.replica_logs()
     passes = [path.read_text(errors="replace").count("requests answered with one forward pass") for path in logs]
     assert len(passes) == 2 and min(passes) >= 1, passes
 
 
-def test_stopping_one_server_leaves_no_process_behind(second_server: LocalRayServer, server: LocalRayServer) -> None:
-    """A second server on the same host starts, serves and stops without touching the module's server."""
+def test_stopping_one_server_leaves_no_process_behind(second_server: _Harness, server: LocalRayServer) -> None:
+    """A second server on the same host starts, serves, and stops on ``kill -INT <pid>`` (a script's background
+    job: SIGINT inherited ignored), leaving no process and a closed port, without touching the module's server."""
     other = second_server
     assert other.port != server.port
-    assert other.invoke(b'{"inputs": "two servers"}')[0] == 200
-    group = other.process_group
-    processes = _processes(other)
-    assert any(process.cmdline()[0].startswith("ray::ServeReplica") for process in processes[1:])
-    other.stop()
-    assert not group_alive(group)
-    _, alive = psutil.wait_procs(processes, timeout=10)
-    assert not alive, [process.pid for process in alive]
+    assert other.invoke(b'{"inputs": "two servers"}') == 200
+    stop_and_check(other.process, other.port, signal.SIGINT, "ray::ServeReplica")
     assert server.ping() == 200
 
 
