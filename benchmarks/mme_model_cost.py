@@ -185,14 +185,15 @@ def _measure_size(server: LocalModelServer, size: ModelSize, work: Path, repeats
     for _ in range(repeats):  # first load: the archive unpacked, then registered
         first.append(timed(lambda: server.load(name, _unpack(archive, unpacked))))
         unload.append(timed(lambda: server.unload(name)))
-    for _ in range(repeats):  # reload: already unpacked on local disk, registered again
-        reload.append(timed(lambda: server.load(name, unpacked)))
-        unload.append(timed(lambda: server.unload(name)))
-
     frontend = _frontend(server)
-    workers_before = set(_workers(server))
-    frontend_before = _memory(frontend)["rss"]
-    server.load(name, unpacked)
+    for attempt in range(repeats):  # reload: already unpacked on local disk, registered again
+        if attempt:
+            unload.append(timed(lambda: server.unload(name)))
+        workers_before = set(_workers(server))
+        frontend_before = _memory(frontend)["rss"]
+        reload.append(timed(lambda: server.load(name, unpacked)))
+    # The last reload's worker is the model in service measured below (a load of its own would start one more
+    # worker process, importing torch and the model again, for the same numbers).
     worker = _new_worker(server, workers_before)
     latency_ms = _warm_latency_ms(server, name)
     worker_memory = _memory(worker)  # after it served requests, as a model in service
@@ -421,6 +422,8 @@ def measure(
     """Measure every size on one fresh local server (stopped at the end); the result dict of mme_model_cost.json."""
     if len(sizes) < 2:
         raise ValueError("the fits need at least two sizes")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
