@@ -6,8 +6,9 @@ a shell script's background job (``pytorch-platform serve ... &``) or a supervis
 which is what POSIX shells without job control do to asynchronous commands. The test waits for its "serving" line,
 sends the signal to the harness's own pid (not to its group, as a terminal's Ctrl-C would) and checks that the
 process exits, the port stops answering and no process of the harness's process tree is left
-(tests/serving/harness_processes.py). The Ray Serve harness's SIGINT case is test_ray_server.py's stopping test:
-its second server is this harness, with two replicas, and a Ray Serve start costs ~12 CPU-seconds.
+(tests/serving/harness_processes.py). The Ray Serve harness's cases are test_ray_server.py's: both of its servers
+are this harness's command, and each is stopped that way, one with SIGTERM, one with SIGINT (a Ray Serve start costs
+~12 CPU-seconds, so the servers that test the serving are the ones stopped).
 """
 
 from __future__ import annotations
@@ -21,15 +22,6 @@ import pytest
 from .harness_processes import start_harness, stop_and_check
 
 pytestmark = pytest.mark.slow
-
-
-def test_local_server_stops_its_ray_serve_on_sigterm(model_archive: Path, tmp_path: Path) -> None:
-    process, match = start_harness(
-        ["inference_assets.local.local_server", "--model", str(model_archive), "--workers", "1"],
-        re.compile(r"at http://127\.0\.0\.1:(\d+) "),
-        tmp_path / "harness.out",
-    )
-    stop_and_check(process, int(match[1]), signal.SIGTERM, "ray::ServeReplica")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
