@@ -177,7 +177,11 @@ def _build(size: ModelSize, work: Path) -> tuple[Path, float, float]:
     return archive, weights / MIB, archive.stat().st_size / MIB
 
 
-def _measure_size(server: LocalModelServer, size: ModelSize, work: Path, repeats: int) -> dict[str, Any]:
+def _measure_size(
+    server: LocalModelServer, size: ModelSize, work: Path, repeats: int, *, keep_loaded: bool = False
+) -> dict[str, Any]:
+    """One row; ``keep_loaded``: the model stays loaded afterwards, back to one worker, as the first of the
+    saturation's models (each model loaded starts a worker process that imports torch and the model)."""
     archive, weights_mib, archive_mib = _build(size, work)
     name = f"cost-{size.label}"
     unpacked = work / "unpacked" / name
@@ -206,8 +210,11 @@ def _measure_size(server: LocalModelServer, size: ModelSize, work: Path, repeats
         _invoke_ok(server, name)
     second_memory = _memory(second)
     first_with_two = _memory(worker)
-    server.unload(name)
-    shutil.rmtree(unpacked, ignore_errors=True)
+    if keep_loaded:
+        _scale(server, name, 1)
+    else:
+        server.unload(name)
+        shutil.rmtree(unpacked, ignore_errors=True)
     row = {
         "label": size.label,
         "hidden_size": size.hidden_size,
@@ -240,11 +247,15 @@ def _measure_size(server: LocalModelServer, size: ModelSize, work: Path, repeats
 # --- saturation -----------------------------------------------------------------------------------------------------
 
 
-def _saturate(server: LocalModelServer, archive: Path, work: Path, clients: int, seconds: float) -> dict[str, Any]:
-    """K models, K closed-loop clients (one model each), ``seconds`` long: completed requests per second."""
-    names = [f"sat-{index}" for index in range(clients)]
-    for name in names:
+def _saturate(
+    server: LocalModelServer, archive: Path, work: Path, clients: int, seconds: float, loaded: str
+) -> dict[str, Any]:
+    """K models, K closed-loop clients (one model each), ``seconds`` long: completed requests per second. The first
+    model is ``loaded`` (the archive's, with one worker), the others are loaded here."""
+    names = [loaded, *(f"sat-{index}" for index in range(1, clients))]
+    for name in names[1:]:
         server.load(name, _unpack(archive, work / "unpacked" / name))
+    for name in names:
         _invoke_ok(server, name)
     counts = [0] * clients
     errors: list[str] = []
@@ -433,10 +444,15 @@ def measure(
     try:
         time.sleep(2)  # let the frontend settle after start-up
         frontend_rss = _memory(_frontend(server))["rss"]
-        rows = [_measure_size(server, size, work_dir, repeats) for size in sizes]
         smallest = min(sizes, key=lambda s: s.hidden_size * s.layers)
+        # The smallest last: it stays loaded as the saturation's first model (rows keep the order of ``sizes``).
+        measured = {
+            size.label: _measure_size(server, size, work_dir, repeats, keep_loaded=size is smallest)
+            for size in sorted(sizes, key=lambda s: s is smallest)
+        }
+        rows = [measured[size.label] for size in sizes]
         saturated = _saturate(server, work_dir / f"{smallest.label}.tar.gz", work_dir, saturation_clients,
-                              saturation_seconds)  # fmt: skip
+                              saturation_seconds, loaded=f"cost-{smallest.label}")  # fmt: skip
         server.check_alive()
         processes = [{"pid": p.pid, "create_time": p.create_time()} for p in _server_processes(server)]
     finally:
