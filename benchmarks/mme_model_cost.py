@@ -177,7 +177,11 @@ def _build(size: ModelSize, work: Path) -> tuple[Path, float, float]:
     return archive, weights / MIB, archive.stat().st_size / MIB
 
 
-def _measure_size(server: LocalModelServer, size: ModelSize, work: Path, repeats: int) -> dict[str, Any]:
+def _measure_size(
+    server: LocalModelServer, size: ModelSize, work: Path, repeats: int, *, keep_loaded: bool = False
+) -> dict[str, Any]:
+    """One row; ``keep_loaded``: the model stays loaded afterwards, back to one worker, as the first of the
+    saturation's models (each model loaded starts a worker process that imports torch and the model)."""
     archive, weights_mib, archive_mib = _build(size, work)
     name = f"cost-{size.label}"
     unpacked = work / "unpacked" / name
@@ -185,14 +189,15 @@ def _measure_size(server: LocalModelServer, size: ModelSize, work: Path, repeats
     for _ in range(repeats):  # first load: the archive unpacked, then registered
         first.append(timed(lambda: server.load(name, _unpack(archive, unpacked))))
         unload.append(timed(lambda: server.unload(name)))
-    for _ in range(repeats):  # reload: already unpacked on local disk, registered again
-        reload.append(timed(lambda: server.load(name, unpacked)))
-        unload.append(timed(lambda: server.unload(name)))
-
     frontend = _frontend(server)
-    workers_before = set(_workers(server))
-    frontend_before = _memory(frontend)["rss"]
-    server.load(name, unpacked)
+    for attempt in range(repeats):  # reload: already unpacked on local disk, registered again
+        if attempt:
+            unload.append(timed(lambda: server.unload(name)))
+        workers_before = set(_workers(server))
+        frontend_before = _memory(frontend)["rss"]
+        reload.append(timed(lambda: server.load(name, unpacked)))
+    # The last reload's worker is the model in service measured below (a load of its own would start one more
+    # worker process, importing torch and the model again, for the same numbers).
     worker = _new_worker(server, workers_before)
     latency_ms = _warm_latency_ms(server, name)
     worker_memory = _memory(worker)  # after it served requests, as a model in service
@@ -205,8 +210,11 @@ def _measure_size(server: LocalModelServer, size: ModelSize, work: Path, repeats
         _invoke_ok(server, name)
     second_memory = _memory(second)
     first_with_two = _memory(worker)
-    server.unload(name)
-    shutil.rmtree(unpacked, ignore_errors=True)
+    if keep_loaded:
+        _scale(server, name, 1)
+    else:
+        server.unload(name)
+        shutil.rmtree(unpacked, ignore_errors=True)
     row = {
         "label": size.label,
         "hidden_size": size.hidden_size,
@@ -239,11 +247,15 @@ def _measure_size(server: LocalModelServer, size: ModelSize, work: Path, repeats
 # --- saturation -----------------------------------------------------------------------------------------------------
 
 
-def _saturate(server: LocalModelServer, archive: Path, work: Path, clients: int, seconds: float) -> dict[str, Any]:
-    """K models, K closed-loop clients (one model each), ``seconds`` long: completed requests per second."""
-    names = [f"sat-{index}" for index in range(clients)]
-    for name in names:
+def _saturate(
+    server: LocalModelServer, archive: Path, work: Path, clients: int, seconds: float, loaded: str
+) -> dict[str, Any]:
+    """K models, K closed-loop clients (one model each), ``seconds`` long: completed requests per second. The first
+    model is ``loaded`` (the archive's, with one worker), the others are loaded here."""
+    names = [loaded, *(f"sat-{index}" for index in range(1, clients))]
+    for name in names[1:]:
         server.load(name, _unpack(archive, work / "unpacked" / name))
+    for name in names:
         _invoke_ok(server, name)
     counts = [0] * clients
     errors: list[str] = []
@@ -421,6 +433,8 @@ def measure(
     """Measure every size on one fresh local server (stopped at the end); the result dict of mme_model_cost.json."""
     if len(sizes) < 2:
         raise ValueError("the fits need at least two sizes")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
@@ -430,10 +444,15 @@ def measure(
     try:
         time.sleep(2)  # let the frontend settle after start-up
         frontend_rss = _memory(_frontend(server))["rss"]
-        rows = [_measure_size(server, size, work_dir, repeats) for size in sizes]
         smallest = min(sizes, key=lambda s: s.hidden_size * s.layers)
+        # The smallest last: it stays loaded as the saturation's first model (rows keep the order of ``sizes``).
+        measured = {
+            size.label: _measure_size(server, size, work_dir, repeats, keep_loaded=size is smallest)
+            for size in sorted(sizes, key=lambda s: s is smallest)
+        }
+        rows = [measured[size.label] for size in sizes]
         saturated = _saturate(server, work_dir / f"{smallest.label}.tar.gz", work_dir, saturation_clients,
-                              saturation_seconds)  # fmt: skip
+                              saturation_seconds, loaded=f"cost-{smallest.label}")  # fmt: skip
         server.check_alive()
         processes = [{"pid": p.pid, "create_time": p.create_time()} for p in _server_processes(server)]
     finally:

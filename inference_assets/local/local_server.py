@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from inference_assets.container.contract import Limits
 from inference_assets.local.server_process import GRACEFUL_STOP, ServerCommand, ServerProcess, StopStep, free_port
 from inference_assets.local.shutdown import stop_signals_as_interrupt
 from inference_assets.tools.endpoint_environment import endpoint_environment
@@ -188,9 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, help="model replicas (default: the endpoint's rule, cores / 4)")
     parser.add_argument("--batch-size", type=int, help="requests per forward pass (default: the endpoint's)")
     parser.add_argument("--max-batch-delay-ms", type=int, help="how long a batch waits (default: the endpoint's)")
+    # An environment's endpoint settings may set the request limits (max_request_batch, max_request_bytes).
+    parser.add_argument("--max-request-batch", type=int, help="texts per request (default: the serving contract's)")
+    parser.add_argument("--max-request-bytes", type=int, help="body bytes per request (default: the contract's)")
     parser.add_argument("--text", help="send this text once, print the answer and stop (instead of serving)")
     args = parser.parse_args(argv)
-    options = {
+    options: dict[str, Any] = {
         name: value
         for name, value in (
             ("workers", args.workers),
@@ -199,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         if value is not None
     }
+    limits = {"max_request_batch": args.max_request_batch, "max_request_bytes": args.max_request_bytes}
+    if any(value is not None for value in limits.values()):
+        try:
+            options["limits"] = Limits(**{name: value for name, value in limits.items() if value is not None})
+        except ValueError as error:
+            parser.error(str(error))
     try:
         with stop_signals_as_interrupt(), LocalRayServer(args.model, **options) as server:
             if args.text is not None:

@@ -144,6 +144,7 @@ class ServerProcess:
     def _wait_until_ready(self) -> None:
         assert self._process is not None
         deadline = time.monotonic() + self.command.startup_timeout_s
+        pause = 0.05  # a quick server is ready at once; a slow one (seconds) is asked twice a second at most
         while time.monotonic() < deadline:
             try:
                 if self.command.ready():
@@ -154,7 +155,8 @@ class ServerProcess:
             # means the server is not coming; poll() reaps the leader so that a zombie does not count.
             if self._process.poll() is not None and not group_alive(self._process.pid):
                 raise ServerError(f"the server exited with {self._process.returncode}; log:\n{self.log_tail()}")
-            time.sleep(0.5)
+            time.sleep(pause)
+            pause = min(0.5, pause * 2)
         raise ServerError(f"not ready after {self.command.startup_timeout_s:.0f} s; log:\n{self.log_tail()}")
 
     def running(self) -> bool:

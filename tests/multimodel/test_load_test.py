@@ -1,6 +1,7 @@
 """The Locust traffic patterns and the runner's measurements, against an in-process fake endpoint.
 
-Locust monkey-patches the interpreter with gevent on import, so these run in a child Python process.
+Locust monkey-patches the interpreter with gevent on import, so these run in a child Python process, one for the
+module.
 """
 
 from __future__ import annotations
@@ -15,54 +16,85 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# Every run of the module in one child process (each process imports Locust and gevent: ~0.5 CPU-s): the jobs come
+# as JSON on stdin, each answered with one JSON line: a measured row, or what the runner's command line said.
 SCRIPT = textwrap.dedent(
     """
-    import collections, json, sys, time
+    import collections, contextlib, io, json, sys, time
     import gevent
     from benchmarks import mme_load_test, mme_locustfile
     from benchmarks.mme_locustfile import InvokeError
 
-    calls, seen = collections.Counter(), set()
-    def fake(model):
-        calls[model] += 1
-        if {fail!r} and calls[model] % 5 == 0:
-            raise InvokeError(model + " answered 500")
-        cold = model not in seen
-        seen.add(model)
-        gevent.sleep(0.05 if cold else 0.002)
-        return cold, 42
+    def measure(pattern, fail, window):
+        calls, seen = collections.Counter(), set()
+        def fake(model):
+            calls[model] += 1
+            if fail and calls[model] % 5 == 0:
+                raise InvokeError(model + " answered 500")
+            cold = model not in seen
+            seen.add(model)
+            gevent.sleep(0.05 if cold else 0.002)
+            return cold, 42
 
-    mme_locustfile.models, mme_locustfile.target = 40, fake
-    args = mme_load_test.parse_arguments(["--models", "40", "--users", "4", "--spawn-rate", "4", "--warmup", "0",
-                                     *{window!r}])
-    row = mme_load_test.run_pattern({pattern!r}, args)
-    total = sum(calls.values())
-    row["share_model_0"] = calls[mme_locustfile.model_name(0)] / total
-    row["share_top_10"] = sum(calls[mme_locustfile.model_name(i)] for i in range(10)) / total
-    row["calls"] = total
-    print(json.dumps(row))
+        mme_locustfile.models, mme_locustfile.target = 40, fake
+        args = mme_load_test.parse_arguments(["--models", "40", "--users", "4", "--spawn-rate", "4", "--warmup", "0",
+                                              *window])
+        row = mme_load_test.run_pattern(pattern, args)
+        total = sum(calls.values())
+        row["share_model_0"] = calls[mme_locustfile.model_name(0)] / total
+        row["share_top_10"] = sum(calls[mme_locustfile.model_name(i)] for i in range(10)) / total
+        row["calls"] = total
+        return row
+
+    def command(argv):
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            try:
+                code = mme_load_test.main(argv)
+            except SystemExit as exit_:
+                code = exit_.code
+        return {"code": code, "stderr": stderr.getvalue()}
+
+    for job in json.load(sys.stdin):
+        answer = command(job["argv"]) if "argv" in job else measure(job["pattern"], job["fail"], job["window"])
+        print(json.dumps({"id": job["id"], **answer}), flush=True)
     """
 )
+WINDOW = ("--duration", "3", "--max-requests", "100000")
+PATTERNS = [("uniform", (0.0, 0.08), (0.15, 0.35)), ("hot-model", (0.85, 0.95), (0.85, 0.97)),
+            ("top-10", (0.05, 0.15), (0.84, 0.94))]  # fmt: skip
+REFUSED = [
+    (["--models", "8"], "must exceed 10"),
+    (["--models", "12", "--max-resident-models", "12"], "below --models"),
+    (["--patterns", "hot-model"], "must include uniform"),
+    (["--duration", "15", "--batch-seconds", "10"], "must hold at least two batches"),
+]
+JOBS = [
+    *({"id": pattern, "pattern": pattern, "fail": False, "window": WINDOW} for pattern, _, _ in PATTERNS),
+    {"id": "failing", "pattern": "uniform", "fail": True, "window": WINDOW},
+    {"id": "precise", "pattern": "hot-model", "fail": False,
+     "window": ("--duration", "60", "--batch-seconds", "0.5", "--precision", "0.5", "--max-requests", "100000")},
+    {"id": "request-budget", "pattern": "uniform", "fail": False,
+     "window": ("--duration", "60", "--batch-seconds", "0.5", "--precision", "0", "--max-requests", "100")},
+    *({"id": " ".join(argv), "argv": argv} for argv, _ in REFUSED),
+]  # fmt: skip
 
 
-def _run(
-    pattern: str, fail: bool = False, window: tuple[str, ...] = ("--duration", "3", "--max-requests", "100000")
-) -> dict:
-    script = SCRIPT.format(pattern=pattern, fail=fail, window=list(window))
+@pytest.fixture(scope="module")
+def runs() -> dict[str, dict]:
+    """Every job's answer, by id."""
     result = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
-    )
+        [sys.executable, "-c", SCRIPT], input=json.dumps(JOBS), cwd=ROOT, capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    answers = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"id": ')]
+    return {answer.pop("id"): answer for answer in answers}
 
 
-@pytest.mark.parametrize(
-    ("pattern", "share_0", "share_top_10"),
-    [("uniform", (0.0, 0.08), (0.15, 0.35)), ("hot-model", (0.85, 0.95), (0.85, 0.97)),
-     ("top-10", (0.05, 0.15), (0.84, 0.94))],
-)  # fmt: skip
-def test_patterns_split_traffic_like_the_seed(pattern, share_0, share_top_10):
-    row = _run(pattern)
+@pytest.mark.parametrize(("pattern", "share_0", "share_top_10"), PATTERNS)
+def test_patterns_split_traffic_like_the_seed(runs, pattern, share_0, share_top_10):
+    row = runs[pattern]
     assert row["requests_total"] == row["calls"] > row["requests"] > 200 and row["errors"] == 0
     assert share_0[0] <= row["share_model_0"] <= share_0[1]
     assert share_top_10[0] <= row["share_top_10"] <= share_top_10[1]
@@ -76,37 +108,27 @@ def test_patterns_split_traffic_like_the_seed(pattern, share_0, share_top_10):
     assert row["stopped"] == "time budget spent" and not row["conclusive"]  # three 1 s batches: fewer than five
 
 
-def test_failed_requests_are_counted_as_errors():
-    row = _run("uniform", fail=True)
+def test_failed_requests_are_counted_as_errors(runs):
+    row = runs["failing"]
     assert row["errors"] > 0 and row["requests_total"] == row["calls"]
     assert "answered 500" in row["error_examples"][0]
 
 
-def test_a_window_stops_once_its_intervals_are_narrow_enough():
-    row = _run("hot-model", window=("--duration", "60", "--batch-seconds", "0.5", "--precision", "0.5",
-                                    "--max-requests", "100000"))  # fmt: skip
+def test_a_window_stops_once_its_intervals_are_narrow_enough(runs):
+    row = runs["precise"]
     assert row["stopped"] == "precise" and row["conclusive"]
     assert 5 <= row["batches"] < 120  # at least the five batches a window needs, long before its 60 s budget
     for interval in (row["tps_interval"], row["hit_ratio_interval"]):
         assert interval["high"] - interval["low"] <= interval["estimate"]  # half-width at most 50%
 
 
-def test_a_window_stops_when_its_request_budget_is_spent():
-    row = _run("uniform", window=("--duration", "60", "--batch-seconds", "0.5", "--precision", "0",
-                                  "--max-requests", "100"))  # fmt: skip
+def test_a_window_stops_when_its_request_budget_is_spent(runs):
+    row = runs["request-budget"]
     assert row["stopped"] == "request budget spent" and not row["conclusive"]
     assert row["requests"] >= 100 and row["window_s"] < 60
 
 
-def test_runner_refuses_settings_without_cold_loads_or_baseline():
-    for argv, message in [
-        (["--models", "8"], "must exceed 10"),
-        (["--models", "12", "--max-resident-models", "12"], "below --models"),
-        (["--patterns", "hot-model"], "must include uniform"),
-        (["--duration", "15", "--batch-seconds", "10"], "must hold at least two batches"),
-    ]:
-        result = subprocess.run(
-            [sys.executable, "-m", "benchmarks.mme_load_test", *argv],
-            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
-        assert result.returncode == 2 and message in result.stderr, result.stderr
+def test_runner_refuses_settings_without_cold_loads_or_baseline(runs):
+    for argv, message in REFUSED:
+        answer = runs[" ".join(argv)]
+        assert answer["code"] == 2 and message in answer["stderr"], answer["stderr"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,18 +37,23 @@ def models_dir(torchserve_archive: Path, tmp_path_factory: pytest.TempPathFactor
     return models
 
 
-def test_load_invoke_by_name_and_unload(server, unpacked_torchserve_archive):
+@pytest.fixture(scope="module")
+def tenant(server, unpacked_torchserve_archive) -> Iterator[str]:
+    """One model loaded for the module (each load starts a worker process that imports torch and the model): the
+    tests that need a loaded model share it, and the module's last test unloads it."""
     server.load("tenant-a", unpacked_torchserve_archive)
-    assert "tenant-a" in server.loaded()
-    answer = server.invoke("tenant-a", GOOD)
+    yield "tenant-a"
+    if "tenant-a" in server.loaded():
+        server.unload("tenant-a")
+
+
+def test_load_and_invoke_by_name(server, tenant):
+    assert tenant in server.loaded()
+    answer = server.invoke(tenant, GOOD)
     assert answer.status == 200 and answer.content_type.startswith("application/json")
     predictions = answer.json()
     assert len(predictions) == 2 and {p["label"] for p in predictions} <= {"negative", "neutral", "positive"}
     assert all(abs(sum(p["scores"].values()) - 1) < 1e-3 for p in predictions)
-
-    server.unload("tenant-a")
-    assert "tenant-a" not in server.loaded()
-    assert server.invoke("tenant-a", GOOD).status == 404
 
 
 def test_unknown_model_is_a_clear_not_found(server):
@@ -57,21 +63,17 @@ def test_unknown_model_is_a_clear_not_found(server):
     assert "no-such-model" in answer.json()["message"]
 
 
-def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, unpacked_torchserve_archive):
-    server.load("tenant-b", unpacked_torchserve_archive)
-    try:
-        bad = {
-            (b'{"inputs": ', "application/json"): 400,
-            (b'{"text": "no inputs key"}', "application/json"): 400,
-            (b"<xml/>", "application/xml"): 415,
-            (json.dumps({"inputs": ["t"] * 33}).encode(), "application/json"): 413,  # the toolkit's default limit, 32
-        }
-        for (body, content_type), status in bad.items():
-            answer = server.invoke("tenant-b", body, content_type)
-            assert answer.status == status, (body, answer.body[:200])
-        assert server.invoke("tenant-b", GOOD).status == 200
-    finally:
-        server.unload("tenant-b")
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, tenant):
+    bad = {
+        (b'{"inputs": ', "application/json"): 400,
+        (b'{"text": "no inputs key"}', "application/json"): 400,
+        (b"<xml/>", "application/xml"): 415,
+        (json.dumps({"inputs": ["t"] * 33}).encode(), "application/json"): 413,  # the toolkit's default limit, 32
+    }
+    for (body, content_type), status in bad.items():
+        answer = server.invoke(tenant, body, content_type)
+        assert answer.status == status, (body, answer.body[:200])
+    assert server.invoke(tenant, GOOD).status == 200
 
 
 def test_endpoint_loads_on_first_use_and_unloads_the_least_recently_used(server, models_dir):
@@ -118,10 +120,9 @@ def test_endpoint_refuses_unknown_and_invalid_target_models(server, models_dir):
         LocalMultiModelEndpoint(server, models_dir, max_resident_models=0)
 
 
-def test_a_model_load_does_not_hold_up_requests_to_loaded_models(server, unpacked_torchserve_archive):
+def test_a_model_load_does_not_hold_up_requests_to_loaded_models(server, tenant, unpacked_torchserve_archive):
     """TorchServe runs a synchronous load on the Netty thread that read it, and inference shares those threads: with
     its default (2 x CPUs) one of these eight new connections would wait for the whole load."""
-    server.load("stall-a", unpacked_torchserve_archive)
     loader = threading.Thread(target=server.load, args=("stall-b", unpacked_torchserve_archive))
     try:
         loader.start()
@@ -129,11 +130,17 @@ def test_a_model_load_does_not_hold_up_requests_to_loaded_models(server, unpacke
             assert loader.is_alive(), "the load ended before it was listed"
         for _ in range(8):
             with requests.Session() as connection:  # a new connection, on the next Netty thread
-                answer = connection.post(f"{server.inference_url}/models/stall-a/invoke", data=GOOD,
+                answer = connection.post(f"{server.inference_url}/models/{tenant}/invoke", data=GOOD,
                                          headers={"Content-Type": "application/json"}, timeout=120)  # fmt: skip
             assert answer.status_code == 200
         assert loader.is_alive()  # every request was answered while the load was still running
     finally:
         loader.join()
-        server.unload("stall-a")
         server.unload("stall-b")
+
+
+def test_an_unloaded_model_is_gone_and_its_name_unknown(server, tenant):
+    """The module's last test: the shared model is unloaded."""
+    server.unload(tenant)
+    assert tenant not in server.loaded()
+    assert server.invoke(tenant, GOOD).status == 404

@@ -1,13 +1,17 @@
 """The archive served by Ray Serve on localhost, started as the endpoint's container starts it (the archive's own
 ``sentiment_serving.ray_server`` running its ``config.yaml`` + ``deployment.py``).
 
-One server for the module (a Ray Serve start costs ~13 CPU-seconds and 20-40 s here), with batching on, and one
-second server beside it with two replicas (the balancing and the stopping tests share it): predictions must equal the
-in-process predictor's; concurrent requests must share one forward pass (``@serve.batch``) and keep their own status
-and Content-Type; every request of the shared table (tests/serving/request_table.py) must get its status with a
-one-line JSON body and no traceback or path, and the server must keep answering afterwards; stopping a server must
-leave none of Ray's processes behind. Started as the endpoint starts it, one replica serves the port itself (Ray
-Serve's throughput-optimized mode with direct ingress); with two, Ray's proxy serves the port and spreads the requests.
+Both servers run as ``pytorch-platform serve`` runs from a script (``python -m inference_assets.local.local_server
+... &``: a background job, SIGINT inherited ignored), and each test that stops one stops it with a signal on the
+command's own pid, which must stop every process of its tree (issue 21: SIGTERM for the module's server, SIGINT for
+the second; test_local_shutdown.py checks the multi-model harness). A Ray Serve start costs ~12 CPU-seconds and
+20-40 s here, so there are two: the module's, with one replica and batching on, and a second beside it with two
+replicas (the balancing and the stopping tests share it). Predictions must equal the in-process predictor's;
+concurrent requests must share one forward pass (``@serve.batch``) and keep their own status and Content-Type; every
+request of the shared table (tests/serving/request_table.py) must get its status with a one-line JSON body and no
+traceback or path, and the server must keep answering afterwards. Started as the endpoint starts it, one replica
+serves the port itself (Ray Serve's throughput-optimized mode with direct ingress); with two, Ray's proxy serves the
+port and spreads the requests.
 """
 
 from __future__ import annotations
@@ -15,10 +19,14 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -26,9 +34,8 @@ import pytest
 import yaml
 
 from inference_assets.container.predictor import SentimentPredictor
-from inference_assets.local.local_server import LocalRayServer
-from inference_assets.local.server_process import group_alive
 
+from .harness_processes import harness_tree, kill_tree, start_harness, stop_and_check
 from .request_table import LEAKS, REQUESTS, TEST_LIMITS
 
 MAX_REQUEST_BATCH = TEST_LIMITS.max_request_batch
@@ -38,28 +45,88 @@ pytestmark = pytest.mark.slow
 SAMPLE_DATA = Path(__file__).resolve().parents[2] / "training_assets" / "sample_data" / "validation.jsonl"
 
 
-def _processes(server: LocalRayServer) -> list[psutil.Process]:
-    leader = psutil.Process(server.process_group)
-    return [leader, *leader.children(recursive=True)]
+@dataclass(frozen=True)
+class _Harness:
+    """The local server's command (``pytorch-platform serve``), run as a script's background job: its process, port
+    and work directory, and requests to it."""
+
+    process: subprocess.Popen
+    port: int
+    workdir: Path
+
+    @property
+    def model_dir(self) -> Path:
+        return self.workdir / "opt_ml" / "model"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "server.log"
+
+    def processes(self) -> list[psutil.Process]:
+        """The container's command (``sentiment_serving.ray_server``, the harness's child) and what it started."""
+        launcher = next(
+            child for child in psutil.Process(self.process.pid).children()
+            if "sentiment_serving.ray_server" in " ".join(child.cmdline())
+        )  # fmt: skip
+        return [launcher, *launcher.children(recursive=True)]
+
+    def replica_logs(self) -> list[Path]:
+        """What the replicas logged (Ray Serve writes each replica's log under the session's logs/serve/)."""
+        return sorted((self.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log"))
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        finally:
+            connection.close()
+
+    def ping(self) -> int:
+        return self.request("GET", "/ping")[0]
+
+    def invoke(
+        self, body: bytes, *, content_type: str | None = "application/json", accept: str | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        headers = {}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        if accept is not None:
+            headers["Accept"] = accept
+        return self.request("POST", "/invocations", body, headers)
+
+
+_SERVING = re.compile(r"at http://127\.0\.0\.1:(\d+) \(/ping, /invocations\); work dir (\S+)\n")
+
+
+@contextmanager
+def _harness(model_archive: Path, log: Path, *options: str) -> Iterator[_Harness]:
+    """``python -m inference_assets.local.local_server --model <archive> <options>`` as a background job, serving;
+    killed with its tree afterwards if a test has not stopped it."""
+    process, match = start_harness(["inference_assets.local.local_server", "--model", str(model_archive), *options],
+                                   _SERVING, log)  # fmt: skip
+    try:
+        yield _Harness(process, int(match[1]), Path(match[2]))
+    finally:
+        if process.poll() is None:
+            kill_tree(process, int(match[1]))
 
 
 @pytest.fixture(scope="module")
-def server(model_archive: Path) -> Iterator[LocalRayServer]:
-    local = LocalRayServer(
-        model_archive,
-        workers=1,
-        batch_size=BATCH_SIZE,
-        max_batch_delay_ms=300,  # long, so that concurrent test requests reliably share a batch
-        limits=TEST_LIMITS,
-    )
-    local.start()
-    processes = _processes(local)
-    try:
-        yield local
-    finally:
-        local.stop()
-    _, alive = psutil.wait_procs(processes, timeout=10)
-    assert not alive, f"outlived stop(): {[p.pid for p in alive]}"
+def server(model_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Harness]:
+    """The module's server, started by the local server's command as a script starts it (the module's last test
+    stops it with SIGTERM on its pid): one replica, batches of at most BATCH_SIZE that wait up to 300 ms (long, so
+    that concurrent test requests reliably share a batch), the request table's limits."""
+    with _harness(
+        model_archive, tmp_path_factory.mktemp("server") / "harness.out",
+        "--workers", "1", "--batch-size", str(BATCH_SIZE), "--max-batch-delay-ms", "300",
+        "--max-request-batch", str(TEST_LIMITS.max_request_batch),
+        "--max-request-bytes", str(TEST_LIMITS.max_request_bytes),
+    ) as harness:  # fmt: skip
+        yield harness
 
 
 @pytest.fixture(scope="module")
@@ -84,102 +151,100 @@ def _assert_same_predictions(served: list[dict], expected: list[dict]) -> None:
         assert got["score"] == pytest.approx(want["score"], abs=1e-5)
 
 
-def _replica_log(server: LocalRayServer) -> str:
-    """What the replica logged (Ray Serve writes each replica's log under the session's logs/serve/)."""
-    assert server.workdir is not None
-    logs = (server.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log")
-    return "\n".join(path.read_text(errors="replace") for path in logs)
+def _replica_log(server: _Harness) -> str:
+    """What the replica logged."""
+    return "\n".join(path.read_text(errors="replace") for path in server.replica_logs())
 
 
-def test_ping_answers_with_an_empty_200(server: LocalRayServer) -> None:
+def test_ping_answers_with_an_empty_200(server: _Harness) -> None:
     status, _, body = server.request("GET", "/ping")
     assert (status, body) == (200, b"")
 
 
-def test_ray_serve_runs_the_archive_config_and_deployment(server: LocalRayServer) -> None:
+def test_ray_serve_runs_the_archive_config_and_deployment(server: _Harness) -> None:
     config = yaml.safe_load((server.model_dir / "config.yaml").read_text())
     assert config["applications"] == [{"name": "sentiment", "route_prefix": "/", "import_path": "deployment:app"}]
     assert (server.model_dir / "deployment.py").is_file()
-    commands = [" ".join(process.cmdline()) for process in _processes(server)]
+    commands = [" ".join(process.cmdline()) for process in server.processes()]
     assert "-m sentiment_serving.ray_server serve" in commands[0]  # as SageMaker starts it: `<image> serve`
     assert any(command.startswith("ray::ServeReplica:sentiment:SentimentClassifier") for command in commands)
     assert f"Ray Serve: {server.model_dir}/config.yaml on http://127.0.0.1:{server.port}" in server.log_path.read_text()
 
 
-def test_the_replica_runs_with_the_endpoint_threads_and_batch_settings(server: LocalRayServer) -> None:
+def test_the_replica_runs_with_the_endpoint_threads_and_batch_settings(server: _Harness) -> None:
     log = _replica_log(server)
-    threads = int(server.environment["OMP_NUM_THREADS"])
+    threads = int(server.processes()[0].environ()["OMP_NUM_THREADS"])  # the endpoint's rule for the host's cores
     assert f"torch threads {threads})" in log, log[-2000:]
     assert f"ServeSettings(replicas=1, threads={threads}, max_batch_size={BATCH_SIZE}, batch_wait_timeout_s=0.3)" in log
 
 
-def _listener(server: LocalRayServer) -> psutil.Process:
-    """The process of the server's tree that listens on its port (the port SageMaker's requests arrive on)."""
-    for process in _processes(server):
+def _listener(processes: list[psutil.Process], port: int) -> psutil.Process:
+    """The process of a server's tree that listens on its port (the port SageMaker's requests arrive on)."""
+    for process in processes:
         try:
             connections = process.net_connections(kind="tcp")
         except psutil.Error:
             continue
-        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == server.port for c in connections):
+        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in connections):
             return process
-    raise AssertionError(f"no process of the server listens on {server.port}")
+    raise AssertionError(f"no process of the server listens on {port}")
 
 
-def test_one_replica_serves_the_sagemaker_port_itself(server: LocalRayServer, texts: list[str]) -> None:
+def test_one_replica_serves_the_sagemaker_port_itself(server: _Harness, texts: list[str]) -> None:
     """Started as the endpoint starts it, the server runs Ray Serve's throughput-optimized mode with direct ingress:
     the replica that holds the model owns the port, and /ping and /invocations are answered there."""
-    assert _listener(server).cmdline()[0].startswith("ray::ServeReplica:sentiment:SentimentClassifier")
+    listener = _listener(server.processes(), server.port)
+    assert listener.cmdline()[0].startswith("ray::ServeReplica:sentiment:SentimentClassifier")
     assert server.request("GET", "/ping")[::2] == (200, b"")
     status, _, body = server.invoke(json.dumps({"inputs": texts[0]}).encode())
     assert status == 200 and len(json.loads(body)) == 1, body
 
 
 @pytest.fixture(scope="module")
-def second_server(model_archive: Path, server: LocalRayServer) -> Iterator[LocalRayServer]:
+def second_server(
+    model_archive: Path, server: _Harness, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[_Harness]:
     """A second server on the same host, started while the module's serves, with two replicas (Ray's proxy on the
-    port): the balancing test uses it, then the stopping test stops it (one Ray start for both, not two)."""
-    with LocalRayServer(model_archive, workers=2, max_batch_delay_ms=2) as two:
-        yield two
+    port): the balancing test uses it, then the stopping test stops it with SIGINT on its pid (one Ray start for
+    both)."""
+    with _harness(
+        model_archive, tmp_path_factory.mktemp("second-server") / "harness.out",
+        "--workers", "2", "--max-batch-delay-ms", "2",
+    ) as harness:  # fmt: skip
+        yield harness
 
 
-def test_several_replicas_are_balanced_by_rays_proxy_on_the_sagemaker_port(second_server: LocalRayServer) -> None:
+def test_several_replicas_are_balanced_by_rays_proxy_on_the_sagemaker_port(second_server: _Harness) -> None:
     """One port reaches one replica: with two, Ray's proxy listens on the port and spreads the requests."""
     two = second_server
-    assert two.workdir is not None, "stopped already: the stopping test runs after this one"
-    assert _listener(two).cmdline()[0].startswith("ray::ProxyActor")
-    assert two.ping() == 200  # one replica holds the model; the proxy routes only to replicas that are up
-    logs = (two.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log")
+    assert two.process.poll() is None, "stopped already: the stopping test runs after this one"
+    assert _listener(harness_tree(two.process.pid, two.port), two.port).cmdline()[0].startswith("ray::ProxyActor")
+    assert two.invoke(b'{"inputs": "hi"}')[0] == 200  # one replica holds the model; the proxy routes only to those up
     deadline = time.monotonic() + 120
-    while sum("sentiment model loaded" in path.read_text(errors="replace") for path in logs) < 2:
+    while sum("sentiment model loaded" in path.read_text(errors="replace") for path in two.replica_logs()) < 2:
         assert time.monotonic() < deadline, "the second replica did not load the model"
         time.sleep(0.5)
-        logs = (two.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log")
     time.sleep(2)  # the controller tells the proxy's router about the new replica
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda n: two.invoke(f"text {n}".encode(), content_type="text/plain"), range(32)))
     assert [status for status, _, _ in answers] == [200] * 32
-    logs = sorted((two.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log"))
+    logs = two.replica_logs()
     passes = [path.read_text(errors="replace").count("requests answered with one forward pass") for path in logs]
     assert len(passes) == 2 and min(passes) >= 1, passes
 
 
-def test_stopping_one_server_leaves_no_process_behind(second_server: LocalRayServer, server: LocalRayServer) -> None:
-    """A second server on the same host starts, serves and stops without touching the module's server."""
+def test_stopping_one_server_leaves_no_process_behind(second_server: _Harness, server: _Harness) -> None:
+    """A second server on the same host starts, serves, and stops on ``kill -INT <pid>`` (a script's background
+    job: SIGINT inherited ignored), leaving no process and a closed port, without touching the module's server."""
     other = second_server
     assert other.port != server.port
     assert other.invoke(b'{"inputs": "two servers"}')[0] == 200
-    group = other.process_group
-    processes = _processes(other)
-    assert any(process.cmdline()[0].startswith("ray::ServeReplica") for process in processes[1:])
-    other.stop()
-    assert not group_alive(group)
-    _, alive = psutil.wait_procs(processes, timeout=10)
-    assert not alive, [process.pid for process in alive]
+    stop_and_check(other.process, other.port, signal.SIGINT, "ray::ServeReplica")
     assert server.ping() == 200
 
 
 def test_single_text_matches_the_in_process_predictor(
-    server: LocalRayServer, predictor: SentimentPredictor, texts: list[str]
+    server: _Harness, predictor: SentimentPredictor, texts: list[str]
 ) -> None:
     status, headers, body = server.invoke(json.dumps({"inputs": texts[0]}).encode())
     assert status == 200, body
@@ -188,7 +253,7 @@ def test_single_text_matches_the_in_process_predictor(
 
 
 def test_batch_matches_the_in_process_predictor_in_order(
-    server: LocalRayServer, predictor: SentimentPredictor, texts: list[str]
+    server: _Harness, predictor: SentimentPredictor, texts: list[str]
 ) -> None:
     status, _, body = server.invoke(json.dumps({"inputs": texts}).encode())
     assert status == 200, body
@@ -197,7 +262,7 @@ def test_batch_matches_the_in_process_predictor_in_order(
     _assert_same_predictions(served, _expected(predictor, texts))
 
 
-def test_the_root_route_answers_as_invocations_does(server: LocalRayServer, texts: list[str]) -> None:
+def test_the_root_route_answers_as_invocations_does(server: _Harness, texts: list[str]) -> None:
     """AWS's Ray Serve DLC proxies /invocations to the application's route "/" (sagemaker_serve.py)."""
     body = json.dumps({"inputs": texts[:2]}).encode()
     via_root = server.request("POST", "/", body, {"Content-Type": "application/json"})
@@ -206,7 +271,7 @@ def test_the_root_route_answers_as_invocations_does(server: LocalRayServer, text
     assert json.loads(via_root[2]) == json.loads(via_invocations[2])
 
 
-def test_other_paths_are_404_with_one_line_of_json(server: LocalRayServer) -> None:
+def test_other_paths_are_404_with_one_line_of_json(server: _Harness) -> None:
     status, headers, body = server.request("POST", "/predictions/model", b"{}", {"Content-Type": "application/json"})
     assert status == 404 and headers["content-type"] == "application/json" and b"\n" not in body
     assert json.loads(body)["code"] == 404
@@ -214,7 +279,7 @@ def test_other_paths_are_404_with_one_line_of_json(server: LocalRayServer) -> No
 
 @pytest.mark.parametrize("content_type", ["text/plain", "text/plain; charset=utf-8"])
 def test_plain_text_is_one_input(
-    server: LocalRayServer, predictor: SentimentPredictor, texts: list[str], content_type: str
+    server: _Harness, predictor: SentimentPredictor, texts: list[str], content_type: str
 ) -> None:
     status, _, body = server.invoke(texts[1].encode(), content_type=content_type)
     assert status == 200, body
@@ -222,14 +287,14 @@ def test_plain_text_is_one_input(
 
 
 @pytest.mark.parametrize("accept", ["application/json", "*/*", "application/json, text/plain;q=0.5"])
-def test_json_compatible_accept_headers_are_served(server: LocalRayServer, accept: str) -> None:
+def test_json_compatible_accept_headers_are_served(server: _Harness, accept: str) -> None:
     status, _, body = server.invoke(b'{"inputs": "fine"}', accept=accept)
     assert status == 200, body
 
 
 @pytest.mark.parametrize(("body", "content_type", "accept", "status", "fragment"), REQUESTS)
 def test_every_request_gets_its_status_and_one_line_of_json(
-    server: LocalRayServer, body: bytes, content_type: str | None, accept: str | None, status: int, fragment: str
+    server: _Harness, body: bytes, content_type: str | None, accept: str | None, status: int, fragment: str
 ) -> None:
     got_status, headers, answer = server.invoke(body, content_type=content_type, accept=accept)
     assert got_status == status, answer
@@ -250,7 +315,7 @@ ANY_TEXT = _AnyText()
 
 
 @pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH"])
-def test_other_methods_on_invocations_get_a_4xx_json_answer(server: LocalRayServer, method: str) -> None:
+def test_other_methods_on_invocations_get_a_4xx_json_answer(server: _Harness, method: str) -> None:
     """Any method on /invocations reaches the protocol, as TorchServe's did: no body is a 4xx, not a 500."""
     for headers in ({}, {"Content-Type": "application/json"}):
         status, answer_headers, answer = server.request(method, "/invocations", headers=headers)
@@ -259,13 +324,13 @@ def test_other_methods_on_invocations_get_a_4xx_json_answer(server: LocalRayServ
     assert server.ping() == 200
 
 
-def test_a_multipart_form_is_refused_with_415(server: LocalRayServer) -> None:
+def test_a_multipart_form_is_refused_with_415(server: _Harness) -> None:
     body = b'--xx\r\nContent-Disposition: form-data; name="inputs"\r\n\r\nhello\r\n--xx--\r\n'
     status, _, answer = server.invoke(body, content_type="multipart/form-data; boundary=xx")
     assert status == 415, answer
 
 
-def _batches(server: LocalRayServer) -> list[int]:
+def _batches(server: _Harness) -> list[int]:
     """The size of every batch the replica logged, once its log has stopped growing (it is written asynchronously)."""
     sizes: list[int] = []
     for _ in range(20):
@@ -278,7 +343,7 @@ def _batches(server: LocalRayServer) -> list[int]:
 
 
 def test_concurrent_requests_share_one_forward_pass_and_keep_their_own_answers(
-    server: LocalRayServer, predictor: SentimentPredictor, texts: list[str]
+    server: _Harness, predictor: SentimentPredictor, texts: list[str]
 ) -> None:
     requests = [
         (json.dumps({"inputs": texts[:2]}).encode(), "application/json", 200),
@@ -320,7 +385,7 @@ def test_concurrent_requests_share_one_forward_pass_and_keep_their_own_answers(
     assert sum(batches) == len(requests) and max(batches) > 1, batches  # they shared forward passes
 
 
-def test_a_batch_never_exceeds_the_configured_size(server: LocalRayServer) -> None:
+def test_a_batch_never_exceeds_the_configured_size(server: _Harness) -> None:
     before = len(_batches(server))
     with ThreadPoolExecutor(3 * BATCH_SIZE) as pool:
         answers = list(pool.map(lambda n: server.invoke(f"text {n}".encode(), content_type="text/plain"), range(12)))
@@ -328,3 +393,23 @@ def test_a_batch_never_exceeds_the_configured_size(server: LocalRayServer) -> No
     assert statuses == [200] * 12
     batches = _batches(server)[before:]
     assert sum(batches) == 12 and max(batches) <= BATCH_SIZE, batches
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [("--max-request-batch", "0", "max_request_batch"), ("--max-request-bytes", "100", "max_request_bytes")],
+)
+def test_the_command_refuses_limits_out_of_bounds(
+    option: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from inference_assets.local.local_server import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--model", "model.tar.gz", option, value])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_sigterm_on_the_harness_pid_stops_its_ray_serve(server: _Harness) -> None:
+    """The module's last test: ``kill <pid>`` on the local server's command (a script's background job) stops it and
+    every process of its tree, and closes its port (test_local_shutdown.py checks the multi-model harness)."""
+    stop_and_check(server.process, server.port, signal.SIGTERM, "ray::ServeReplica")
