@@ -24,9 +24,10 @@ def training_templates(templates: dict[str, dict[str, dict]]) -> dict[str, dict]
     return {environment: stacks["Training"] for environment, stacks in templates.items()}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def aws_cli(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The AWS CLI v1 that aws-cdk-lib ships (for BucketDeployment), unpacked: the CLI of the instance's host."""
+    """The AWS CLI v1 that aws-cdk-lib ships (for BucketDeployment), unpacked: the CLI of the instance's host. Once
+    per session: its first call compiles the CLI's modules (0.7 CPU-s), the later ones read the bytecode."""
     return unpack_aws_cli(tmp_path_factory.mktemp("awscli"))
 
 

@@ -233,6 +233,9 @@ def platform(
         monkeypatch.setenv(name, value)
     for name in ("SAGEMAKER_USER_CONFIG_OVERRIDE", "SAGEMAKER_ADMIN_CONFIG_OVERRIDE", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
+    # moto's own setting: no EC2 backend loads its ~hundreds of default AMIs (each one created loads them all), as
+    # nothing here launches an instance.
+    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(remote_train, "JOB_INPUT_DIR", tmp_path / "job" / "input")
     monkeypatch.setattr(remote_train, "train", stub_train)
