@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import functools
 import json
 import os
 import re
@@ -291,36 +290,6 @@ def _inlined(path: Path, seen: tuple[Path, ...]) -> list[str]:
     return lines
 
 
-@functools.cache
-def _sdk_config_validator() -> tuple[Any, Callable[..., Any]]:
-    """The SDK config schema's validator, the schema checked against its metaschema once; jsonschema's best_match."""
-    import jsonschema  # type: ignore[import-untyped]  # no stubs installed
-    from sagemaker.core.config.config_schema import SAGEMAKER_PYTHON_SDK_CONFIG_SCHEMA as schema
-
-    validator_class = jsonschema.validators.validator_for(schema)
-    validator_class.check_schema(schema)
-    return validator_class(schema), jsonschema.exceptions.best_match
-
-
-def _validate_sdk_config(sagemaker_config: dict[str, Any] | None = None) -> None:
-    """``jsonschema.validate(sagemaker_config, <the SDK's schema>)``, what sagemaker-core runs, less the schema's own
-    check: the same error (jsonschema's best match) for an invalid config."""
-    validator, best_match = _sdk_config_validator()
-    error = best_match(validator.iter_errors(sagemaker_config))
-    if error is not None:
-        raise error
-
-
-def _validate_sdk_config_cheaply() -> None:
-    """sagemaker-core validates the whole config at each of the ~20 config values a job reads
-    (``SageMakerConfig.validate_sagemaker_config`` calls ``jsonschema.validate``), and ``jsonschema.validate`` checks
-    the schema itself against the metaschema every time: 0.06 CPU-s a call, where the config's own check takes
-    0.04 ms. Validating with one validator built once keeps every check of the config and drops the repeats."""
-    from sagemaker.core.config.config_manager import SageMakerConfig
-
-    SageMakerConfig.validate_sagemaker_config = staticmethod(_validate_sdk_config)
-
-
 def job_options(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any]:
     """Decorator/executor arguments; the rest (role, S3, KMS, VPC, tags) comes from the config through the session.
 
@@ -330,7 +299,6 @@ def job_options(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, A
     """
     from sagemaker.core.helper.session_helper import Session
 
-    _validate_sdk_config_cheaply()
     effective, instance_type = config_for_instance_type(config_for_caller(config, caller_id()), args.instance_type)
     gpu = _instance_facts(instance_type).gpu
     torchrun = gpu is not None or args.instance_count > 1

@@ -297,24 +297,3 @@ def test_the_callers_config_holds_its_own_prefix_and_owner_tag(offline_sdk: Path
     assert remote["Tags"][-1] == {"Key": "remote-job-owner", "Value": "AROAEXAMPLE:alice@example.com"}
     with pytest.raises(RemoteSetupError, match="cannot be a SageMaker tag value"):
         remote_train.config_for_caller(config, "bad|id")
-
-
-def test_the_sdk_config_is_validated_as_jsonschema_validate_does(offline_sdk: Path) -> None:
-    """job_options swaps in a validator that checks the SDK's schema once: a bad config fails with the error
-    jsonschema.validate gives, a good one passes, and the SDK's config lookups use it."""
-    import jsonschema
-    from sagemaker.core.config.config_manager import SageMakerConfig
-    from sagemaker.core.config.config_schema import SAGEMAKER_PYTHON_SDK_CONFIG_SCHEMA
-
-    config = remote_train.load_remote_config(offline_sdk)
-    args, _ = remote_train.parse(["--config", str(offline_sdk), "train"])
-    remote_train.job_options(args, config)
-    assert SageMakerConfig.validate_sagemaker_config is remote_train._validate_sdk_config
-    SageMakerConfig().validate_sagemaker_config(config)
-    bad = yaml.safe_load(yaml.safe_dump(config))
-    bad["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]["InstanceType"] = 5
-    with pytest.raises(jsonschema.ValidationError) as expected:
-        jsonschema.validate(bad, SAGEMAKER_PYTHON_SDK_CONFIG_SCHEMA)
-    with pytest.raises(jsonschema.ValidationError) as ours:
-        SageMakerConfig().validate_sagemaker_config(bad)
-    assert str(ours.value) == str(expected.value)
