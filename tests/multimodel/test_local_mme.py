@@ -6,6 +6,7 @@ import json
 import shutil
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -76,38 +77,55 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, tenant):
     assert server.invoke(tenant, GOOD).status == 200
 
 
-def test_endpoint_loads_on_first_use_and_unloads_the_least_recently_used(server, models_dir):
+@dataclass
+class _EndpointRun:
+    endpoint: LocalMultiModelEndpoint
+    calls: list[tuple[int, bool]]  # (status, cold) of each request, in order
+    together: list[tuple[int, bool]]  # the four first requests of a model sent at once
+    cold_loads_before: int
+    server_loaded: list[str]
+
+
+@pytest.fixture(scope="module")
+def endpoint_run(server, models_dir) -> Iterator[_EndpointRun]:
+    """One run of the endpoint at two resident models (a cold load starts a worker process that imports torch and
+    the model, so the least-recently-used and the concurrent-first-requests tests share it): 0000 cold, then warm,
+    0001 cold, 0000 again (now the most recently used), then four first requests of 0002 at once, over the cap."""
     endpoint = LocalMultiModelEndpoint(server, models_dir, max_resident_models=2)
-    first, cold = endpoint.invoke("sentiment-0000.tar.gz", GOOD)
-    assert (first.status, cold) == (200, True)
-    assert endpoint.invoke("sentiment-0000.tar.gz", GOOD)[1] is False  # warm: already loaded
-    assert endpoint.invoke("sentiment-0001.tar.gz", GOOD)[1] is True
-    endpoint.invoke("sentiment-0000.tar.gz", GOOD)  # 0000 is now the most recently used
-    answer, cold = endpoint.invoke("sentiment-0002.tar.gz", GOOD)  # over the cap: 0001 goes
-    assert (answer.status, cold) == (200, True)
-    assert endpoint.resident() == ["sentiment-0000.tar.gz", "sentiment-0002.tar.gz"]
-    assert "sentiment-0001" not in server.loaded()
-    assert (endpoint.cold_loads, endpoint.unloads) == (3, 1)
-    for name in endpoint.resident():
-        server.unload(endpoint.server_name(name))
-
-
-def test_concurrent_first_requests_load_a_model_once(server, models_dir):
-    endpoint = LocalMultiModelEndpoint(server, models_dir, max_resident_models=1)
-    results = []
+    calls = []
+    for name in ("sentiment-0000.tar.gz", "sentiment-0000.tar.gz", "sentiment-0001.tar.gz", "sentiment-0000.tar.gz"):
+        answer, cold = endpoint.invoke(name, GOOD)
+        calls.append((answer.status, cold))
+    cold_loads_before = endpoint.cold_loads
+    together = []
 
     def call() -> None:
-        answer, cold = endpoint.invoke("sentiment-0001.tar.gz", GOOD)
-        results.append((answer.status, cold))
+        answer, cold = endpoint.invoke("sentiment-0002.tar.gz", GOOD)
+        together.append((answer.status, cold))
 
     threads = [threading.Thread(target=call) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert sorted(results) == [(200, False)] * 3 + [(200, True)]
-    assert endpoint.cold_loads == 1
-    server.unload("sentiment-0001")
+    try:
+        yield _EndpointRun(endpoint, calls, together, cold_loads_before, server.loaded())
+    finally:
+        for name in endpoint.resident():
+            server.unload(endpoint.server_name(name))
+
+
+def test_endpoint_loads_on_first_use_and_unloads_the_least_recently_used(endpoint_run):
+    assert endpoint_run.calls[:3] == [(200, True), (200, False), (200, True)]  # 0000 cold, warm; 0001 cold
+    assert (200, True) in endpoint_run.together  # 0002, over the cap: 0001 goes
+    assert endpoint_run.endpoint.resident() == ["sentiment-0000.tar.gz", "sentiment-0002.tar.gz"]
+    assert "sentiment-0001" not in endpoint_run.server_loaded
+    assert (endpoint_run.endpoint.cold_loads, endpoint_run.endpoint.unloads) == (3, 1)
+
+
+def test_concurrent_first_requests_load_a_model_once(endpoint_run):
+    assert sorted(endpoint_run.together) == [(200, False)] * 3 + [(200, True)]
+    assert endpoint_run.endpoint.cold_loads == endpoint_run.cold_loads_before + 1
 
 
 def test_endpoint_refuses_unknown_and_invalid_target_models(server, models_dir):
