@@ -74,10 +74,14 @@ mme-plan: $(SYNTH_INSTALLED)
 
 ## Lint, format check and type check, beside the whole test suite (templates, settings, assets, real local model servers).
 # Both at once: the suite leaves about a fifth of the two cores idle while its tests wait on servers and processes,
-# and a cold mypy (CI's fresh clone) fits in those gaps instead of adding half a minute before the first test.
-# Either failing fails `make test`.
+# and a cold mypy (CI's fresh clone) fits in those gaps instead of adding half a minute before the first test. The
+# lint's output is printed after the tests' (which stream as they run); either failing fails `make test`.
 test: install
-	@$(MAKE) --no-print-directory -j2 --output-sync=line lint pytest
+	@log=$$(mktemp); $(MAKE) --no-print-directory lint >$$log 2>&1 & lint=$$!; \
+	$(MAKE) --no-print-directory pytest; tests=$$?; \
+	wait $$lint; linted=$$?; cat $$log; rm -f $$log; \
+	if [ $$linted -ne 0 ]; then echo "make lint failed (its output is above)"; fi; \
+	exit $$(( tests || linted ))
 
 # PYTHONDONTWRITEBYTECODE emptied for pytest: the project's modules compile once per run, and pytest keeps its rewritten
 # test modules, instead of every worker and subprocess compiling them again.
