@@ -56,6 +56,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -70,7 +71,7 @@ from typing import Any
 
 from ops_review.iam_policy import resolve
 from ops_review.review import StackTemplate, load_assembly
-from scripts.aws_calls import GATE_ENV, STEP_ENV, Gate, Principal, Record, install, refusals
+from scripts.aws_calls import GATE_ENV, STEP_ENV, Gate, Principal, Record, install, refusals, start_server
 from scripts.ec2_host import install_host_tools, patch_moto_reservation_filter, unpack_aws_cli
 from stacks.image_names import image_parameter_name
 from stacks.settings import EnvironmentSettings, TrainingSettings, parse_environment
@@ -700,14 +701,25 @@ class Rehearsal:
 
     def _open_gate(self) -> None:
         """The call gate, with the principals that have no synthesized policy; deploy adds the others."""
-        self.bin_dir = install_host_tools(self.work / "bin", unpack_aws_cli(self.work / "awscli"), gated=True)
+        aws_cli = unpack_aws_cli(self.work / "awscli")
+        # The nodes' and the operator's `aws` calls, forked from one server that imported the CLI once.
+        socket_dir = Path(tempfile.mkdtemp(prefix="rehearsal-aws-"))  # short: a socket's path has 107 bytes at most
+        self.bin_dir = install_host_tools(self.work / "bin", aws_cli, gated=True, aws_server=socket_dir / "aws.sock")
         unchecked = [_principal(name, KEYS[name], None, f"arn:aws:iam::{ACCOUNT}:role/{name.split()[0]}", "rehearsal")
                      for name in (DEPLOYER, OPERATOR, AWS_SERVICE)]  # fmt: skip
         self.gate = Gate(ACCOUNT, self.region, self.work / "calls.jsonl", unchecked)
         self.gate.save(self.gate_file)
         os.environ["AWS_DEFAULT_REGION"] = self.region
         stand_ins = {**self._cloudformation_stand_ins(), **self._quota_stand_ins()}
-        self.uninstall = install(self.gate, stand_ins=stand_ins, resource_tags=self._tags)
+        stop_server = start_server(socket_dir / "aws.sock", aws_cli, self._base_environment(), self.work / "aws.log")
+        uninstall = install(self.gate, stand_ins=stand_ins, resource_tags=self._tags)
+
+        def stop() -> None:
+            uninstall()
+            stop_server()
+            shutil.rmtree(socket_dir, ignore_errors=True)
+
+        self.uninstall = stop
 
     # --- 2. preflight -------------------------------------------------------------------------------------------------
 
