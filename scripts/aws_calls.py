@@ -30,7 +30,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime
 from pathlib import Path
@@ -282,16 +282,18 @@ def _child(connection: socket.socket, call: dict[str, Any], fds: list[int], impo
             os._exit(code)
 
 
-def start_server(path: Path, aws_cli: Path, environment: dict[str, str], log: Path) -> Callable[[], None]:
+def start_server(
+    path: Path, aws_cli: Path, environment: dict[str, str], log: Path, services: Iterable[str] = ()
+) -> Callable[[], None]:
     """``serve`` in a process of its own, answering on ``path`` (a short path: Unix sockets allow 107 bytes) with the
-    CLI of ``aws_cli`` (scripts/ec2_host.py's ``unpack_aws_cli``); returns the function that stops it. The callers
-    bring their own environment, so ``environment`` only needs to run the server (PATH, HOME)."""
+    CLI of ``aws_cli`` (scripts/ec2_host.py's ``unpack_aws_cli``), the models of ``services`` loaded ahead; returns the
+    function that stops it. The callers bring their own environment: ``environment`` only runs the server."""
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
     with log.open("ab") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "scripts.aws_calls", "serve", str(path)],
+            [sys.executable, "-m", "scripts.aws_calls", "serve", str(path), *services],
             env={**environment, "PYTHONPATH": f"{root}:{aws_cli}"},
             stdin=subprocess.DEVNULL,
             stdout=output,
@@ -312,16 +314,33 @@ def start_server(path: Path, aws_cli: Path, environment: dict[str, str], log: Pa
     return stop
 
 
-def serve(path: Path) -> None:
-    """Answer ``aws`` calls on the Unix socket ``path`` until SIGTERM (see the module docstring)."""
+def serve(path: Path, services: Iterable[str] = ()) -> None:
+    """Answer ``aws`` calls on the Unix socket ``path`` until SIGTERM (see the module docstring); the models of
+    ``services`` are loaded before the first call."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen(64)
     before = dict(os.environ)
+    import botocore.client  # what install() imports, once
+    import botocore.loaders
     from awscli.clidriver import create_clidriver
 
-    create_clidriver()  # imports the CLI's plugins; each call still builds its own driver and session
-    import botocore.client  # noqa: F401 - what install() imports, once
+    # The CLI's JSON data (its commands, endpoints, the services' models: megabytes, half of a call's CPU) parsed once
+    # here: a child reads the parsed copy it inherits, and whatever it changes stays in the child.
+    load_file = botocore.loaders.JSONFileLoader.load_file
+    parsed: dict[str, Any] = {}
+
+    def parsed_once(loader: Any, file_path: str) -> Any:
+        if file_path not in parsed:
+            parsed[file_path] = load_file(loader, file_path)
+        return parsed[file_path]
+
+    botocore.loaders.JSONFileLoader.load_file = parsed_once
+    driver = create_clidriver()  # imports the CLI's plugins; each call still builds its own driver and session
+    driver._get_command_table()
+    driver.session.get_component("endpoint_resolver")
+    for service in services:
+        driver.session.get_service_model(service)
 
     # What the import wrote into the environment (awscli sets AWS_DATA_PATH to its data): each call's too.
     imported = {name: value for name, value in os.environ.items() if before.get(name) != value}
@@ -365,10 +384,8 @@ def _reap(*, block: bool) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "serve":
-        serve(Path(sys.argv[2]))
+    if len(sys.argv) >= 3 and sys.argv[1] == "serve":
+        serve(Path(sys.argv[2]), sys.argv[3:])
     if len(sys.argv) < 2 or sys.argv[1] != "aws":
-        sys.exit(
-            "usage: python -m scripts.aws_calls aws ARGS | serve SOCKET (with REHEARSAL_GATE naming the gate file)"
-        )
+        sys.exit("usage: python -m scripts.aws_calls aws ARGS | serve SOCKET [SERVICE...] (REHEARSAL_GATE: gate file)")
     sys.exit(_run_aws_cli(sys.argv[2:]))

@@ -105,6 +105,9 @@ KEYS = {DEPLOYER: "deployer0000", OPERATOR: "operator0000", AWS_SERVICE: "awsser
         INSTANCE: "instance0000", ENDPOINT_ROLE: "endpointrole", MME_CLIENT: "mmeclient000",
         REMOTE_LAUNCHER: "remotelaunch", REMOTE_JOB: "remotejob000", MODEL_CHECK: "modelcheck00"}  # fmt: skip
 
+# The services the hosts' and the operator's AWS CLI calls reach (the call server loads their models ahead).
+HOST_CLI_SERVICES = ("s3", "ec2", "logs", "ecr", "ssm", "sts", "sagemaker-runtime")
+
 STEPS = (
     "synth",
     "preflight",
@@ -711,7 +714,8 @@ class Rehearsal:
         self.gate.save(self.gate_file)
         os.environ["AWS_DEFAULT_REGION"] = self.region
         stand_ins = {**self._cloudformation_stand_ins(), **self._quota_stand_ins()}
-        stop_server = start_server(socket_dir / "aws.sock", aws_cli, self._base_environment(), self.work / "aws.log")
+        stop_server = start_server(socket_dir / "aws.sock", aws_cli, self._base_environment(), self.work / "aws.log",
+                                   services=HOST_CLI_SERVICES)  # fmt: skip
         uninstall = install(self.gate, stand_ins=stand_ins, resource_tags=self._tags)
 
         def stop() -> None:
