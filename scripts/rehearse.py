@@ -1126,6 +1126,10 @@ class Rehearsal:
                                          "--poll", "0"])  # fmt: skip
         if code != 0:
             raise StepFailed(f"smoke test exited {code}: {err.getvalue().strip()}")
+        # That was the last invocation (the later steps invoke no endpoint): Ray stops now, not idle till the end.
+        if self.local_server is not None:
+            self.local_server.stop()
+            self.local_server = None
         return f"{checked} {out.getvalue().strip()}"
 
     def _model_archive_check(self) -> str:
