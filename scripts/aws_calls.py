@@ -243,6 +243,29 @@ def _run_aws_cli(argv: list[str]) -> int:
     return int(aws_main())
 
 
+def parse_json_data_once() -> Callable[[], None]:
+    """botocore's JSON data files (endpoints, service models: megabytes) parsed once per process instead of once per
+    session: each session has its own loader, and the tools and SDKs a rehearsal runs in one process make dozens of
+    sessions. botocore already shares what a loader parsed between the clients of a session; the one change it makes to
+    a model, merging its sdk-extras, gives the same model when made again. Returns the undo."""
+    import botocore.loaders
+
+    load_file = botocore.loaders.JSONFileLoader.load_file
+    parsed: dict[str, Any] = {}
+
+    def parsed_once(loader: Any, file_path: str) -> Any:
+        if file_path not in parsed:
+            parsed[file_path] = load_file(loader, file_path)
+        return parsed[file_path]
+
+    botocore.loaders.JSONFileLoader.load_file = parsed_once
+
+    def undo() -> None:
+        botocore.loaders.JSONFileLoader.load_file = load_file
+
+    return undo
+
+
 def _receive(connection: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """One call: a JSON line {argv, env, cwd} and the caller's stdin, stdout and stderr (SCM_RIGHTS)."""
     data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
@@ -325,21 +348,12 @@ def serve(path: Path, services: Iterable[str] = ()) -> None:
     listener.bind(str(path))
     listener.listen(64)
     before = dict(os.environ)
-    import botocore.client  # what install() imports, once
-    import botocore.loaders
+    import botocore.client  # noqa: F401 - what install() imports, once
     from awscli.clidriver import create_clidriver
 
     # The CLI's JSON data (its commands, endpoints, the services' models: megabytes, half of a call's CPU) parsed once
     # here: a child reads the parsed copy it inherits, and whatever it changes stays in the child.
-    load_file = botocore.loaders.JSONFileLoader.load_file
-    parsed: dict[str, Any] = {}
-
-    def parsed_once(loader: Any, file_path: str) -> Any:
-        if file_path not in parsed:
-            parsed[file_path] = load_file(loader, file_path)
-        return parsed[file_path]
-
-    botocore.loaders.JSONFileLoader.load_file = parsed_once
+    parse_json_data_once()
     driver = create_clidriver()  # imports the CLI's plugins; each call still builds its own driver and session
     driver._get_command_table()
     driver.session.get_component("endpoint_resolver")

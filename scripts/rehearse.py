@@ -73,7 +73,17 @@ from typing import Any
 
 from ops_review.iam_policy import resolve
 from ops_review.review import StackTemplate, load_assembly
-from scripts.aws_calls import GATE_ENV, STEP_ENV, Gate, Principal, Record, install, refusals, start_server
+from scripts.aws_calls import (
+    GATE_ENV,
+    STEP_ENV,
+    Gate,
+    Principal,
+    Record,
+    install,
+    parse_json_data_once,
+    refusals,
+    start_server,
+)
 from scripts.ec2_host import install_host_tools, patch_moto_reservation_filter, unpack_aws_cli
 from stacks.image_names import image_parameter_name
 from stacks.settings import EnvironmentSettings, TrainingSettings, parse_environment
@@ -608,6 +618,7 @@ class Rehearsal:
         # made while the first steps wait on moto and on the nodes' shell scripts.
         threading.Thread(target=_import_late_steps, daemon=True).start()
         _quiet()
+        undo_parsing = parse_json_data_once()
         undo = _patch_moto()
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
@@ -662,6 +673,7 @@ class Rehearsal:
             _reset_moto(self.endpoint_url)
             server.stop()
             undo()
+            undo_parsing()
             for name, value in saved_env.items():
                 os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
         return Report(self.environment, self.results, self.gate.records() if self.gate else [])
