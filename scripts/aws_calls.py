@@ -10,7 +10,10 @@ the emulator. Each call is one JSON line in the gate's log, with the rehearsal s
 
 A subprocess joins the gate through the environment: ``REHEARSAL_GATE`` names the gate file and
 ``python -m scripts.aws_calls aws ARGS`` runs the AWS CLI with the gate installed (the ``aws`` shim of the rehearsal's
-hosts).
+hosts). ``python -m scripts.aws_calls serve SOCKET`` does the same for many calls: it imports the CLI once and forks a
+child per call, which takes the caller's arguments, environment, working folder and standard streams and runs the
+CLI as that process would (scripts/ec2_host.py's ``AWS_CLIENT`` is the caller's side). A rehearsal makes dozens of
+CLI calls from its nodes' shell scripts, and a new Python importing the CLI spent 0.4 CPU-s on each.
 
 Principals without policies (``policies=None``) are recorded but not checked: AWS services acting on their own (EC2
 terminating an instance that powered off) and the administrator who deploys and operates the platform, for whom
@@ -19,12 +22,15 @@ the templates define no policy.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime
 from pathlib import Path
@@ -237,7 +243,167 @@ def _run_aws_cli(argv: list[str]) -> int:
     return int(aws_main())
 
 
+def parse_json_data_once() -> Callable[[], None]:
+    """botocore's JSON data files (endpoints, service models: megabytes) parsed once per process instead of once per
+    session: each session has its own loader, and the tools and SDKs a rehearsal runs in one process make dozens of
+    sessions. botocore already shares what a loader parsed between the clients of a session; the one change it makes to
+    a model, merging its sdk-extras, gives the same model when made again. Returns the undo."""
+    import botocore.loaders
+
+    load_file = botocore.loaders.JSONFileLoader.load_file
+    parsed: dict[str, Any] = {}
+
+    def parsed_once(loader: Any, file_path: str) -> Any:
+        if file_path not in parsed:
+            parsed[file_path] = load_file(loader, file_path)
+        return parsed[file_path]
+
+    botocore.loaders.JSONFileLoader.load_file = parsed_once
+
+    def undo() -> None:
+        botocore.loaders.JSONFileLoader.load_file = load_file
+
+    return undo
+
+
+def _receive(connection: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """One call: a JSON line {argv, env, cwd} and the caller's stdin, stdout and stderr (SCM_RIGHTS)."""
+    data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+    while not data.endswith(b"\n"):
+        more = connection.recv(1 << 20)
+        if not more:
+            raise EOFError("the caller hung up")
+        data += more
+    return json.loads(data), fds
+
+
+def _child(connection: socket.socket, call: dict[str, Any], fds: list[int], imported: dict[str, str]) -> None:
+    """In the forked child: become the caller's ``aws`` process, run the CLI, send its exit code back."""
+    code = 255
+    try:
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(call["cwd"])
+        os.environ.clear()
+        os.environ.update({**call["env"], **imported})
+        try:
+            code = _run_aws_cli(call["argv"])
+        except SystemExit as exit_:  # argparse's usage errors, as the CLI's own process ends with them
+            code = exit_.code if isinstance(exit_.code, int) else 255
+        except BaseException:  # what an uncaught exception would print, then the CLI's 255
+            import traceback
+
+            traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # the caller may have closed its end
+                stream.flush()
+        try:
+            connection.sendall(f"{code}\n".encode())
+        finally:
+            os._exit(code)
+
+
+def start_server(
+    path: Path, aws_cli: Path, environment: dict[str, str], log: Path, services: Iterable[str] = ()
+) -> Callable[[], None]:
+    """``serve`` in a process of its own, answering on ``path`` (a short path: Unix sockets allow 107 bytes) with the
+    CLI of ``aws_cli`` (scripts/ec2_host.py's ``unpack_aws_cli``), the models of ``services`` loaded ahead; returns the
+    function that stops it. The callers bring their own environment: ``environment`` only runs the server."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    with log.open("ab") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "scripts.aws_calls", "serve", str(path), *services],
+            env={**environment, "PYTHONPATH": f"{root}:{aws_cli}"},
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+
+    def stop() -> None:
+        process.terminate()  # the server waits for the calls still running
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # a call that hangs: it is left to end on its own
+            process.kill()
+            process.wait()
+        path.unlink(missing_ok=True)
+
+    deadline = time.monotonic() + 60
+    while not path.exists():  # bound before the CLI is imported: a call made earlier waits in the queue
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop()
+            raise RuntimeError(f"the aws call server did not start: {log.read_text()[-2000:]}")
+        time.sleep(0.01)
+    return stop
+
+
+def serve(path: Path, services: Iterable[str] = ()) -> None:
+    """Answer ``aws`` calls on the Unix socket ``path`` until SIGTERM (see the module docstring); the models of
+    ``services`` are loaded before the first call."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(64)
+    before = dict(os.environ)
+    import botocore.client  # noqa: F401 - what install() imports, once
+    from awscli.clidriver import create_clidriver
+
+    # The CLI's JSON data (its commands, endpoints, the services' models: megabytes, half of a call's CPU) parsed once
+    # here: a child reads the parsed copy it inherits, and whatever it changes stays in the child.
+    parse_json_data_once()
+    driver = create_clidriver()  # imports the CLI's plugins; each call still builds its own driver and session
+    driver._get_command_table()
+    driver.session.get_component("endpoint_resolver")
+    for service in services:
+        driver.session.get_service_model(service)
+
+    # What the import wrote into the environment (awscli sets AWS_DATA_PATH to its data): each call's too.
+    imported = {name: value for name, value in os.environ.items() if before.get(name) != value}
+
+    def stop(*_: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while True:
+            connection, _ = listener.accept()
+            try:
+                call, fds = _receive(connection)
+            except (OSError, ValueError, EOFError):
+                connection.close()
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if os.fork() == 0:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                listener.close()
+                _child(connection, call, fds, imported)
+            for fd in fds:  # the caller's streams stay open only in the child: a reader of its output sees the end
+                os.close(fd)
+            connection.close()
+            _reap(block=False)
+    finally:
+        # Waited for, not left to the kernel: so their CPU time counts in this process's children, as a process
+        # per call counted in its caller's.
+        _reap(block=True)
+
+
+def _reap(*, block: bool) -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "serve":
+        serve(Path(sys.argv[2]), sys.argv[3:])
     if len(sys.argv) < 2 or sys.argv[1] != "aws":
-        sys.exit("usage: python -m scripts.aws_calls aws ARGS (with REHEARSAL_GATE naming the gate file)")
+        sys.exit("usage: python -m scripts.aws_calls aws ARGS | serve SOCKET [SERVICE...] (REHEARSAL_GATE: gate file)")
     sys.exit(_run_aws_cli(sys.argv[2:]))

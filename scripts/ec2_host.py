@@ -15,7 +15,8 @@ for real with bash; what an instance has and this machine does not is played:
   terminates the instance (``InstanceInitiatedShutdownBehavior: terminate``), made by EC2 itself (``EC2_SERVICE_*``
   credentials); other ``shutdown`` calls (the max-run-hours timer) do nothing;
 - ``aws``: the AWS CLI v1 that aws-cdk-lib ships (the DLAMI ships the CLI too), with the rehearsal's call gate when
-  one is given.
+  one is given; with a server of scripts/aws_calls.py (``aws_server``), each call is forked from it instead of a new
+  Python importing the CLI (``AWS_CLIENT``), and runs in its own process as before when the server is gone.
 """
 
 from __future__ import annotations
@@ -107,6 +108,34 @@ ship(result.stdout + result.stderr)
 sys.exit(result.returncode)
 """
 
+# The `aws` command when a call server runs (scripts/aws_calls.py's serve): the arguments, environment, working folder
+# and standard streams go to the server, whose forked child runs the CLI with them; its exit code comes back. Run
+# with -I -S: the standard library only, so the shim itself costs a few milliseconds.
+AWS_CLIENT = r"""#!{python} -IS
+import json, os, socket, sys
+os.environ["PYTHONPATH"] = {pythonpath!r}
+argv = sys.argv[1:]
+connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    connection.connect({server!r})
+except OSError:  # no server (stopped): the CLI in a process of its own
+    os.execv({python!r}, [{python!r}, "-m", "scripts.aws_calls", "aws", *argv])
+fds = []
+for fd in (0, 1, 2):
+    try:
+        os.fstat(fd)
+        fds.append(fd)
+    except OSError:  # a closed stream reads as empty and swallows what is written, as /dev/null does
+        fds.append(os.open(os.devnull, os.O_RDWR))
+call = json.dumps({{"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}}).encode() + b"\n"
+sent = socket.send_fds(connection, [call], fds)
+connection.sendall(call[sent:])
+reply = b""
+while chunk := connection.recv(64):
+    reply += chunk
+sys.exit(int(reply) if reply.strip() else 255)
+"""
+
 # The instance metadata the host reads (token, then instance-id / reservation-id / local-ipv4).
 CURL = r"""#!{python}
 import os, sys
@@ -137,16 +166,20 @@ def unpack_aws_cli(target: Path) -> Path:
     return target / "awscli"
 
 
-def install_host_tools(bin_dir: Path, aws_cli: Path, *, gated: bool = False) -> Path:
+def install_host_tools(bin_dir: Path, aws_cli: Path, *, gated: bool = False, aws_server: Path | None = None) -> Path:
     """Write the shims into ``bin_dir`` (put it first on the host's PATH). ``gated``: the ``aws`` shim runs the CLI
-    under the call gate named by ``REHEARSAL_GATE`` (scripts/aws_calls.py)."""
+    under the call gate named by ``REHEARSAL_GATE`` (scripts/aws_calls.py); ``aws_server``: the socket of a gated
+    call server (``scripts.aws_calls.start_server``) that runs them."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     python = sys.executable
-    aws = (
-        f'#!/bin/sh\nPYTHONPATH="{ROOT}:{aws_cli}" exec "{python}" -m scripts.aws_calls aws "$@"\n'
-        if gated
-        else f'#!/bin/sh\nPYTHONPATH="{aws_cli}" exec "{python}" "{aws_cli}/aws" "$@"\n'
-    )
+    if aws_server is not None and not gated:
+        raise ValueError("aws_server: the call server runs the gated CLI; set gated=True")
+    if aws_server is not None:
+        aws = AWS_CLIENT.format(python=python, pythonpath=f"{ROOT}:{aws_cli}", server=str(aws_server))
+    elif gated:
+        aws = f'#!/bin/sh\nPYTHONPATH="{ROOT}:{aws_cli}" exec "{python}" -m scripts.aws_calls aws "$@"\n'
+    else:
+        aws = f'#!/bin/sh\nPYTHONPATH="{aws_cli}" exec "{python}" "{aws_cli}/aws" "$@"\n'
     scripts = {
         "docker": DOCKER.format(python=python, python_dir=Path(python).parent),
         "curl": CURL.format(python=python),

@@ -49,13 +49,16 @@ What moto or this machine lacks, the rehearsal plays, and says so here (none of 
 from __future__ import annotations
 
 import argparse
+import atexit
 import base64
 import contextlib
+import functools
 import hashlib
 import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -70,7 +73,17 @@ from typing import Any
 
 from ops_review.iam_policy import resolve
 from ops_review.review import StackTemplate, load_assembly
-from scripts.aws_calls import GATE_ENV, STEP_ENV, Gate, Principal, Record, install, refusals
+from scripts.aws_calls import (
+    GATE_ENV,
+    STEP_ENV,
+    Gate,
+    Principal,
+    Record,
+    install,
+    parse_json_data_once,
+    refusals,
+    start_server,
+)
 from scripts.ec2_host import install_host_tools, patch_moto_reservation_filter, unpack_aws_cli
 from stacks.image_names import image_parameter_name
 from stacks.settings import EnvironmentSettings, TrainingSettings, parse_environment
@@ -103,6 +116,9 @@ MODEL_CHECK = "model archive check"
 KEYS = {DEPLOYER: "deployer0000", OPERATOR: "operator0000", AWS_SERVICE: "awsservice00", LAUNCHER: "launcher0000",
         INSTANCE: "instance0000", ENDPOINT_ROLE: "endpointrole", MME_CLIENT: "mmeclient000",
         REMOTE_LAUNCHER: "remotelaunch", REMOTE_JOB: "remotejob000", MODEL_CHECK: "modelcheck00"}  # fmt: skip
+
+# The services the hosts' and the operator's AWS CLI calls reach (the call server loads their models ahead).
+HOST_CLI_SERVICES = ("s3", "ec2", "logs", "ecr", "ssm", "sts", "sagemaker-runtime")
 
 STEPS = (
     "synth",
@@ -602,6 +618,7 @@ class Rehearsal:
         # made while the first steps wait on moto and on the nodes' shell scripts.
         threading.Thread(target=_import_late_steps, daemon=True).start()
         _quiet()
+        undo_parsing = parse_json_data_once()
         undo = _patch_moto()
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
@@ -656,6 +673,7 @@ class Rehearsal:
             _reset_moto(self.endpoint_url)
             server.stop()
             undo()
+            undo_parsing()
             for name, value in saved_env.items():
                 os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
         return Report(self.environment, self.results, self.gate.records() if self.gate else [])
@@ -700,14 +718,26 @@ class Rehearsal:
 
     def _open_gate(self) -> None:
         """The call gate, with the principals that have no synthesized policy; deploy adds the others."""
-        self.bin_dir = install_host_tools(self.work / "bin", unpack_aws_cli(self.work / "awscli"), gated=True)
+        aws_cli = _aws_cli()
+        # The nodes' and the operator's `aws` calls, forked from one server that imported the CLI once.
+        socket_dir = Path(tempfile.mkdtemp(prefix="rehearsal-aws-"))  # short: a socket's path has 107 bytes at most
+        self.bin_dir = install_host_tools(self.work / "bin", aws_cli, gated=True, aws_server=socket_dir / "aws.sock")
         unchecked = [_principal(name, KEYS[name], None, f"arn:aws:iam::{ACCOUNT}:role/{name.split()[0]}", "rehearsal")
                      for name in (DEPLOYER, OPERATOR, AWS_SERVICE)]  # fmt: skip
         self.gate = Gate(ACCOUNT, self.region, self.work / "calls.jsonl", unchecked)
         self.gate.save(self.gate_file)
         os.environ["AWS_DEFAULT_REGION"] = self.region
         stand_ins = {**self._cloudformation_stand_ins(), **self._quota_stand_ins()}
-        self.uninstall = install(self.gate, stand_ins=stand_ins, resource_tags=self._tags)
+        stop_server = start_server(socket_dir / "aws.sock", aws_cli, self._base_environment(), self.work / "aws.log",
+                                   services=HOST_CLI_SERVICES)  # fmt: skip
+        uninstall = install(self.gate, stand_ins=stand_ins, resource_tags=self._tags)
+
+        def stop() -> None:
+            uninstall()
+            stop_server()
+            shutil.rmtree(socket_dir, ignore_errors=True)
+
+        self.uninstall = stop
 
     # --- 2. preflight -------------------------------------------------------------------------------------------------
 
@@ -1108,6 +1138,10 @@ class Rehearsal:
                                          "--poll", "0"])  # fmt: skip
         if code != 0:
             raise StepFailed(f"smoke test exited {code}: {err.getvalue().strip()}")
+        # That was the last invocation (the later steps invoke no endpoint): Ray stops now, not idle till the end.
+        if self.local_server is not None:
+            self.local_server.stop()
+            self.local_server = None
         return f"{checked} {out.getvalue().strip()}"
 
     def _model_archive_check(self) -> str:
@@ -1214,6 +1248,14 @@ def _quiet() -> None:
 
     for name in ("botocore", "werkzeug", "sagemaker"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@functools.cache
+def _aws_cli() -> Path:
+    """The AWS CLI, unpacked once per process (37 MB; only read): every rehearsal of a test session uses it."""
+    folder = Path(tempfile.mkdtemp(prefix="rehearsal-awscli-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return unpack_aws_cli(folder)
 
 
 def _reset_moto(endpoint_url: str) -> None:

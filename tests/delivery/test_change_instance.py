@@ -12,6 +12,7 @@ RetainAllVariantProperties (the stack's setting).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,6 +58,12 @@ def _update_endpoint(self: SageMakerResponse) -> str:
     return json.dumps({"EndpointArn": endpoint.arn})
 
 
+@functools.cache
+def _session(access_key: str, secret_key: str) -> boto3.session.Session:
+    """One session per principal for the module: a new one parsed the services' models (megabytes of JSON) again."""
+    return boto3.session.Session(access_key, secret_key, region_name=REGION)
+
+
 @pytest.fixture
 def planned(templates: dict[str, dict[str, dict]]) -> Planned:
     """The staging Graviton endpoint as synthesized (ml.c7g.4xlarge, 2 to 4 instances, one target-tracking policy)."""
@@ -83,8 +90,7 @@ def aws(planned: Planned, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
 
         def client(principal: str) -> Any:
             key = gate.principal(principal)
-            session = boto3.session.Session(key.access_key, key.secret_key, region_name=REGION)
-            return session.client
+            return _session(key.access_key, key.secret_key).client
 
         sagemaker, autoscaling = client(DEPLOYER)("sagemaker"), client(DEPLOYER)("application-autoscaling")
         iam = client(DEPLOYER)("iam")
