@@ -47,7 +47,37 @@ RAY_STOP = (StopStep(signal.SIGTERM, 30.0, leader_only=True), *GRACEFUL_STOP)
 SERVER_MODULE = "sentiment_serving.ray_server"
 
 
-class LocalRayServer:
+class ContainerRequests:
+    """Requests to the SageMaker routes of a serving container listening on 127.0.0.1:``port``."""
+
+    port: int
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        finally:
+            connection.close()
+
+    def ping(self) -> int:
+        return self.request("GET", "/ping")[0]
+
+    def invoke(
+        self, body: bytes, *, content_type: str | None = "application/json", accept: str | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        headers = {}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        if accept is not None:
+            headers["Accept"] = accept
+        return self.request("POST", "/invocations", body, headers)
+
+
+class LocalRayServer(ContainerRequests):
     """Ray Serve serving one model archive on 127.0.0.1, started as the endpoint's container starts it.
 
     ``with LocalRayServer(archive, workers=1) as server: server.invoke(b'{"inputs": "hi"}')``
@@ -157,30 +187,6 @@ class LocalRayServer:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
-
-    def request(
-        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
-    ) -> tuple[int, dict[str, str], bytes]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            connection.request(method, path, body=body, headers=headers or {})
-            response = connection.getresponse()
-            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-        finally:
-            connection.close()
-
-    def ping(self) -> int:
-        return self.request("GET", "/ping")[0]
-
-    def invoke(
-        self, body: bytes, *, content_type: str | None = "application/json", accept: str | None = None
-    ) -> tuple[int, dict[str, str], bytes]:
-        headers = {}
-        if content_type is not None:
-            headers["Content-Type"] = content_type
-        if accept is not None:
-            headers["Accept"] = accept
-        return self.request("POST", "/invocations", body, headers)
 
 
 def main(argv: list[str] | None = None) -> int:

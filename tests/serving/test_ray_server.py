@@ -34,6 +34,7 @@ import pytest
 import yaml
 
 from inference_assets.container.predictor import SentimentPredictor
+from inference_assets.local.local_server import ContainerRequests
 
 from .harness_processes import harness_tree, kill_tree, start_harness, stop_and_check
 from .request_table import LEAKS, REQUESTS, TEST_LIMITS
@@ -46,7 +47,7 @@ SAMPLE_DATA = Path(__file__).resolve().parents[2] / "training_assets" / "sample_
 
 
 @dataclass(frozen=True)
-class _Harness:
+class _Harness(ContainerRequests):
     """The local server's command (``pytorch-platform serve``), run as a script's background job: its process, port
     and work directory, and requests to it."""
 
@@ -73,30 +74,6 @@ class _Harness:
     def replica_logs(self) -> list[Path]:
         """What the replicas logged (Ray Serve writes each replica's log under the session's logs/serve/)."""
         return sorted((self.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log"))
-
-    def request(
-        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
-    ) -> tuple[int, dict[str, str], bytes]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            connection.request(method, path, body=body, headers=headers or {})
-            response = connection.getresponse()
-            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-        finally:
-            connection.close()
-
-    def ping(self) -> int:
-        return self.request("GET", "/ping")[0]
-
-    def invoke(
-        self, body: bytes, *, content_type: str | None = "application/json", accept: str | None = None
-    ) -> tuple[int, dict[str, str], bytes]:
-        headers = {}
-        if content_type is not None:
-            headers["Content-Type"] = content_type
-        if accept is not None:
-            headers["Accept"] = accept
-        return self.request("POST", "/invocations", body, headers)
 
 
 _SERVING = re.compile(r"at http://127\.0\.0\.1:(\d+) \(/ping, /invocations\); work dir (\S+)\n")
