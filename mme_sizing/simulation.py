@@ -181,7 +181,7 @@ class _Model:
 
     @property
     def idle(self) -> bool:
-        return not self.loading and not self.busy and not self.queue and not self.in_front and not self.starting
+        return not self.loading and self.outstanding == 0 and self.starting == 0
 
 
 class _Instance:
@@ -202,12 +202,12 @@ class _Instance:
 
     # --- processor sharing --------------------------------------------------------------------------------------
 
-    # The simulation's innermost loop (each request passes here twice): the rate, min(1, cores / jobs), is written
-    # out where it is used instead of in a method; a plan of the prod settings runs ~1.5 million requests.
+    def _rate(self) -> float:
+        return min(1.0, self.cores / len(self.jobs)) if self.jobs else 1.0
 
     def _advance(self) -> None:
-        now, jobs = self.sim.now, len(self.jobs)
-        self.virtual += (now - self.updated_at) * (min(1.0, self.cores / jobs) if jobs else 1.0)
+        now = self.sim.now
+        self.virtual += (now - self.updated_at) * self._rate()
         self.updated_at = now
 
     def run(self, work_s: float, done: Callable[[], None]) -> None:
@@ -218,21 +218,17 @@ class _Instance:
 
     def _reschedule(self) -> None:
         self.version += 1
-        jobs = self.jobs
-        if jobs:
-            sim = self.sim
-            rate = min(1.0, self.cores / len(jobs))
-            due = sim.now + max(0.0, jobs[0][0] - self.virtual) / rate
-            heapq.heappush(sim.events, (due, next(sim.sequence), self._complete, (self.version,)))
+        if self.jobs:
+            due = self.sim.now + max(0.0, self.jobs[0][0] - self.virtual) / self._rate()
+            self.sim.at(due, self._complete, self.version)
 
     def _complete(self, version: int) -> None:
         if version != self.version:
             return  # a later arrival or completion rescheduled this instance
         self._advance()
-        jobs, reached = self.jobs, self.virtual + 1e-12
         finished = []
-        while jobs and jobs[0][0] <= reached:
-            finished.append(heapq.heappop(jobs)[2])
+        while self.jobs and self.jobs[0][0] <= self.virtual + 1e-12:
+            finished.append(heapq.heappop(self.jobs)[2])
         for done in finished:
             done()
         self._reschedule()
