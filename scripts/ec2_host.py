@@ -21,10 +21,14 @@ for real with bash; what an instance has and this machine does not is played:
 
 from __future__ import annotations
 
+import atexit
+import functools
 import importlib.metadata
 import io
+import shutil
 import sys
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -164,6 +168,15 @@ def unpack_aws_cli(target: Path) -> Path:
         assert layer is not None
         zipfile.ZipFile(io.BytesIO(layer.read())).extractall(target)
     return target / "awscli"
+
+
+@functools.cache
+def shared_aws_cli() -> Path:
+    """``unpack_aws_cli`` once per process (37 MB, only read; its first call compiles the CLI's modules, 0.7 CPU-s,
+    and later calls read the bytecode), removed when the process ends: every rehearsal and host test uses it."""
+    folder = Path(tempfile.mkdtemp(prefix="awscli-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return unpack_aws_cli(folder)
 
 
 def install_host_tools(bin_dir: Path, aws_cli: Path, *, gated: bool = False, aws_server: Path | None = None) -> Path:

@@ -49,10 +49,8 @@ What moto or this machine lacks, the rehearsal plays, and says so here (none of 
 from __future__ import annotations
 
 import argparse
-import atexit
 import base64
 import contextlib
-import functools
 import hashlib
 import io
 import json
@@ -84,7 +82,7 @@ from scripts.aws_calls import (
     refusals,
     start_server,
 )
-from scripts.ec2_host import install_host_tools, patch_moto_reservation_filter, unpack_aws_cli
+from scripts.ec2_host import install_host_tools, patch_moto_reservation_filter, shared_aws_cli
 from stacks.image_names import image_parameter_name
 from stacks.settings import EnvironmentSettings, TrainingSettings, parse_environment
 
@@ -718,7 +716,7 @@ class Rehearsal:
 
     def _open_gate(self) -> None:
         """The call gate, with the principals that have no synthesized policy; deploy adds the others."""
-        aws_cli = _aws_cli()
+        aws_cli = shared_aws_cli()
         # The nodes' and the operator's `aws` calls, forked from one server that imported the CLI once.
         socket_dir = Path(tempfile.mkdtemp(prefix="rehearsal-aws-"))  # short: a socket's path has 107 bytes at most
         self.bin_dir = install_host_tools(self.work / "bin", aws_cli, gated=True, aws_server=socket_dir / "aws.sock")
@@ -1248,14 +1246,6 @@ def _quiet() -> None:
 
     for name in ("botocore", "werkzeug", "sagemaker"):
         logging.getLogger(name).setLevel(logging.WARNING)
-
-
-@functools.cache
-def _aws_cli() -> Path:
-    """The AWS CLI, unpacked once per process (37 MB; only read): every rehearsal of a test session uses it."""
-    folder = Path(tempfile.mkdtemp(prefix="rehearsal-awscli-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return unpack_aws_cli(folder)
 
 
 def _reset_moto(endpoint_url: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from scripts.aws_calls import GATE_ENV, Gate, Principal, start_server
-from scripts.ec2_host import install_host_tools, unpack_aws_cli
+from scripts.ec2_host import install_host_tools, shared_aws_cli
 
 ACCOUNT = "123456789012"
 # A principal recorded only, and one whose policy allows one S3 read and nothing else.
@@ -31,7 +31,7 @@ READER = Principal(
 def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, Gate, dict[str, str]]]:
     """(bin folder, the server's socket, the gate, the environment of a caller); the server stopped afterwards."""
     work = tmp_path_factory.mktemp("aws-call-server")
-    aws_cli = unpack_aws_cli(work / "awscli")
+    aws_cli = shared_aws_cli()
     gate = Gate(ACCOUNT, "us-west-2", work / "calls.jsonl", [OPERATOR, READER])
     gate.save(work / "gate.json")
     socket = Path(tempfile.mkdtemp(prefix="aws-test-")) / "aws.sock"  # a socket path has 107 bytes at most

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.ec2_host import patch_moto_reservation_filter, unpack_aws_cli
+from scripts.ec2_host import patch_moto_reservation_filter, shared_aws_cli
 from training_assets.tiny_model import SAMPLE_DATA
 
 
@@ -25,10 +25,10 @@ def training_templates(templates: dict[str, dict[str, dict]]) -> dict[str, dict]
 
 
 @pytest.fixture(scope="session")
-def aws_cli(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The AWS CLI v1 that aws-cdk-lib ships (for BucketDeployment), unpacked: the CLI of the instance's host. Once
-    per session: its first call compiles the CLI's modules (0.7 CPU-s), the later ones read the bytecode."""
-    return unpack_aws_cli(tmp_path_factory.mktemp("awscli"))
+def aws_cli() -> Path:
+    """The AWS CLI v1 that aws-cdk-lib ships (for BucketDeployment), unpacked once per process: the CLI of the
+    instance's host (and of the rehearsal's, when one runs in the same worker)."""
+    return shared_aws_cli()
 
 
 @pytest.fixture(scope="module")
