@@ -102,7 +102,10 @@ def test_patterns_split_traffic_like_the_seed(runs, pattern, share_0, share_top_
     # The window counts the requests that completed in it: the first uses of models (cold) included.
     assert row["cold_requests"] > 0 and row["cold_p50_ms"] > row["warm_p50_ms"]
     assert row["model_loads"] == row["cold_requests"] and row["batches"] == 3 and row["window_s"] == 3
-    assert row["hit_ratio"] == 1 - row["model_loads"] / (row["requests"] - row["errors"])
+    answered = row["requests"] - row["errors"]
+    # Hits over answered requests, computed as such: 1 - loads / answered can differ in the last bit (4408 / 4448 is
+    # 0.9910071942446043, 1 - 40 / 4448 is 0.9910071942446044, and a run failed on that).
+    assert row["hit_ratio"] == (answered - row["model_loads"]) / answered
     assert row["tps_interval"]["low"] < row["tps"] < row["tps_interval"]["high"]
     assert row["hit_ratio_interval"]["low"] < row["hit_ratio"] < row["hit_ratio_interval"]["high"]
     assert row["stopped"] == "time budget spent" and not row["conclusive"]  # three 1 s batches: fewer than five
