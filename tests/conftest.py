@@ -35,6 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
 SAME_WORKER = {
     "sizing-plans": (
         "tests/components/test_alarm_subscriptions.py",
+        "tests/delivery/test_review.py",
         "tests/foundation/test_image_patching.py",
         "tests/mme_sizing/test_plan.py",
         "tests/scripts/test_template_gates.py",
@@ -49,25 +50,71 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     loadgroup spreads every unmarked test alone, and with pytest 9.2 its workers no longer tag the marked ones.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    group_of = {module: group for group, modules in SAME_WORKER.items() for module in modules}
-    missing = [module for module in group_of if not (ROOT / module).is_file()]
+    missing = [module for modules in SAME_WORKER.values() for module in modules if not (ROOT / module).is_file()]
     assert not missing, f"SAME_WORKER names modules that do not exist: {missing}"
 
     class ModuleOrGroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            return group_of.get(scope.split("::", 1)[0], scope)
+            scope = _scope(nodeid)
+            return scope if scope in SAME_WORKER else super()._split_scope(nodeid)
 
     return ModuleOrGroupScheduling(config, log)
 
 
+# Each test module's (or SAME_WORKER group's) seconds in a full run, for the order below; `pytest
+# --record-durations` writes it again from the run it finishes (worth it when modules got much slower or faster).
+DURATIONS = ROOT / "tests" / "durations.json"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-durations", action="store_true", help=f"write each module's seconds to {DURATIONS}")
+
+
+def _scope(nodeid: str) -> str:
+    """A test's module, or the SAME_WORKER group its module belongs to (what pytest-xdist hands to one worker)."""
+    module = nodeid.split("::", 1)[0]
+    return next((group for group, modules in SAME_WORKER.items() if module in modules), module)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Modules with slow tests first (each keeps its order): pytest-xdist hands out one module at a time as a worker
-    runs short of work (--no-loadscope-reorder keeps this order), so the minutes-long modules (a training run, a
-    model server, the rehearsal) start early on both workers and the quick ones fill the gaps, instead of one worker
-    starting the last slow module while the other has nothing left. Scopes as loadscope splits them."""
-    slow = {item.nodeid.rsplit("::", 1)[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.rsplit("::", 1)[0] not in slow)
+    """The longest scopes first (each keeps its order): pytest-xdist hands out one scope at a time as a worker runs
+    short of work (--no-loadscope-reorder keeps this order), so the minutes-long ones (a training run, a model
+    server, the rehearsal) start early on both workers and the quick ones fill the gaps at the end, instead of one
+    worker starting a long module while the other has nothing left. A scope DURATIONS does not know yet goes
+    first if it has slow tests, else among the quickest."""
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    slow = {_scope(item.nodeid) for item in items if item.get_closest_marker("slow")}
+
+    def cost(item: pytest.Item) -> float:
+        scope = _scope(item.nodeid)
+        return seconds.get(scope, float("inf") if scope in slow else 0.0)
+
+    items.sort(key=cost, reverse=True)
+
+
+class _DurationRecorder:
+    """Sums each scope's test phases (setup, call, teardown) as the workers report them, and writes them into
+    DURATIONS (the scopes this run did not run keep their seconds; modules that no longer exist are dropped)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        scope = _scope(report.nodeid)
+        self.seconds[scope] = self.seconds.get(scope, 0.0) + report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+        seconds = {**known, **{scope: round(s, 1) for scope, s in self.seconds.items()}}
+        kept = {scope: s for scope, s in seconds.items() if scope in SAME_WORKER or (ROOT / scope).is_file()}
+        DURATIONS.write_text(json.dumps(dict(sorted(kept.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # The controller (or the only process) records; pytest-xdist's workers report to it.
+    if session.config.getoption("record_durations") and "PYTEST_XDIST_WORKER" not in os.environ:
+        session.config.pluginmanager.register(_DurationRecorder(), "record-durations")
 
 
 @pytest.fixture(autouse=True)
