@@ -17,6 +17,7 @@ from inference_assets.local.local_mme import LocalModelServer, LocalMultiModelEn
 pytestmark = pytest.mark.slow  # a real TorchServe + toolkit server
 
 GOOD = json.dumps({"inputs": ["what a great day", "this is awful"]}).encode()
+TENANT = LocalMultiModelEndpoint.server_name("sentiment-0000.tar.gz")  # the endpoint run's model in service
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +37,6 @@ def models_dir(torchserve_archive: Path, tmp_path_factory: pytest.TempPathFactor
     for index in range(3):
         shutil.copy(torchserve_archive, models / f"sentiment-{index:04d}.tar.gz")
     return models
-
-
-@pytest.fixture(scope="module")
-def tenant(server, unpacked_torchserve_archive) -> Iterator[str]:
-    """One model loaded for the module (each load starts a worker process that imports torch and the model): the
-    tests that need a loaded model share it, and the module's last test unloads it."""
-    server.load("tenant-a", unpacked_torchserve_archive)
-    yield "tenant-a"
-    if "tenant-a" in server.loaded():
-        server.unload("tenant-a")
 
 
 def test_load_and_invoke_by_name(server, tenant):
@@ -84,17 +75,17 @@ class _EndpointRun:
     together: list[tuple[int, bool]]  # the four first requests of a model sent at once
     cold_loads_before: int
     server_loaded: list[str]
-    during_load: list[int]  # statuses of the requests to the loaded tenant, each on a new connection, during that load
+    during_load: list[int]  # statuses of the requests to loaded 0000, each on a new connection, during 0002's load
     load_ran_throughout: bool  # 0002's load had not returned when the last of them was answered
 
 
 @pytest.fixture(scope="module")
-def endpoint_run(server, models_dir, tenant) -> Iterator[_EndpointRun]:
+def endpoint_run(server, models_dir) -> Iterator[_EndpointRun]:
     """One run of the endpoint at two resident models (a cold load starts a worker process that imports torch and
     the model, so the least-recently-used, the concurrent-first-requests and the load-does-not-hold-up tests share
     it): 0000 cold, then warm, 0001 cold, 0000 again (now the most recently used), then four first requests of 0002
     at once, over the cap; once 0002 is registered (its worker starting, its load not answered yet), eight requests
-    to the tenant, each on a new connection."""
+    to 0000, each on a new connection, straight to the server."""
     endpoint = LocalMultiModelEndpoint(server, models_dir, max_resident_models=2)
     calls = []
     for name in ("sentiment-0000.tar.gz", "sentiment-0000.tar.gz", "sentiment-0001.tar.gz", "sentiment-0000.tar.gz"):
@@ -116,7 +107,7 @@ def endpoint_run(server, models_dir, tenant) -> Iterator[_EndpointRun]:
             assert any(thread.is_alive() for thread in threads), "the load ended before it was listed"
         for _ in range(8):
             with requests.Session() as connection:  # a new connection, on the next Netty thread
-                answer = connection.post(f"{server.inference_url}/models/{tenant}/invoke", data=GOOD,
+                answer = connection.post(f"{server.inference_url}/models/{TENANT}/invoke", data=GOOD,
                                          headers={"Content-Type": "application/json"}, timeout=120)  # fmt: skip
             during_load.append(answer.status_code)
         load_ran_throughout = endpoint.cold_loads == cold_loads_before  # counted once server.load returns
@@ -128,8 +119,19 @@ def endpoint_run(server, models_dir, tenant) -> Iterator[_EndpointRun]:
             endpoint, calls, together, cold_loads_before, server.loaded(), during_load, load_ran_throughout
         )
     finally:
+        loaded = server.loaded()  # the module's last test unloaded the tenant itself
         for name in endpoint.resident():
-            server.unload(endpoint.server_name(name))
+            if endpoint.server_name(name) in loaded:
+                server.unload(endpoint.server_name(name))
+
+
+@pytest.fixture(scope="module")
+def tenant(endpoint_run) -> str:
+    """One model loaded for the module (each load starts a worker process that imports torch and the model): the
+    endpoint run's 0000, which the endpoint registered with server.load under its server name; the tests that need a
+    loaded model share it, and the module's last test unloads it."""
+    assert TENANT in endpoint_run.server_loaded
+    return TENANT
 
 
 def test_endpoint_loads_on_first_use_and_unloads_the_least_recently_used(endpoint_run):
