@@ -7,7 +7,10 @@ longest window, not the sum of them (the windows mostly wait on the fake endpoin
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -115,12 +118,20 @@ JOBS = [
 @pytest.fixture(scope="module")
 def runs() -> dict[str, dict]:
     """Every job's answer, by id."""
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT], input=json.dumps(JOBS), cwd=ROOT, capture_output=True, text=True,
-        timeout=300, check=False,
+    # A session of its own: should the run hang, its forked jobs are killed with it.
+    child = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=ROOT, text=True, start_new_session=True,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    answers = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"id": ')]
+    try:
+        stdout, stderr = child.communicate(json.dumps(JOBS), timeout=300)
+    except BaseException:  # a timeout or an interrupt: the child is not reaped yet, so its group id is still its own
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        raise
+    assert child.returncode == 0, stderr[-2000:]
+    answers = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"id": ')]
     return {answer.pop("id"): answer for answer in answers}
 
 
