@@ -48,6 +48,7 @@ from mme_sizing import costs
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
 WARM_REQUESTS = 20
+FRONTEND_SETTLE_S = 2.0  # the Java frontend's RSS is measured this long after it answers its first ping
 # A git directory of deepjavalibrary/djl-serving (a clone or a bare mirror) to export the real djl_python from; without
 # one the DJL row runs the adapter on the tests' stand-in for djl_python (and says so).
 DJL_MIRROR = Path(os.environ.get("DJL_SERVING_GIT_DIR", "/work/.mirror/deepjavalibrary+djl-serving/repo"))
@@ -178,11 +179,18 @@ def _build(size: ModelSize, work: Path) -> tuple[Path, float, float]:
 
 
 def _measure_size(
-    server: LocalModelServer, size: ModelSize, work: Path, repeats: int, *, keep_loaded: bool = False
+    server: LocalModelServer,
+    size: ModelSize,
+    built: tuple[Path, float, float],
+    work: Path,
+    repeats: int,
+    *,
+    keep_loaded: bool = False,
 ) -> dict[str, Any]:
-    """One row; ``keep_loaded``: the model stays loaded afterwards, back to one worker, as the first of the
-    saturation's models (each model loaded starts a worker process that imports torch and the model)."""
-    archive, weights_mib, archive_mib = _build(size, work)
+    """One row, of ``size`` as _build built it; ``keep_loaded``: the model stays loaded afterwards, back to one
+    worker, as the first of the saturation's models (each model loaded starts a worker process that imports torch and
+    the model)."""
+    archive, weights_mib, archive_mib = built
     name = f"cost-{size.label}"
     unpacked = work / "unpacked" / name
     first, reload, unload = [], [], []
@@ -442,12 +450,15 @@ def measure(
     server.start()
     processes: list[dict[str, float]] = []
     try:
-        time.sleep(2)  # let the frontend settle after start-up
+        settled = time.monotonic() + FRONTEND_SETTLE_S
+        # Every size's model and archive are built while the frontend settles (nothing of it is measured).
+        built = {size.label: _build(size, work_dir) for size in sizes}
+        time.sleep(max(0.0, settled - time.monotonic()))
         frontend_rss = _memory(_frontend(server))["rss"]
         smallest = min(sizes, key=lambda s: s.hidden_size * s.layers)
         # The smallest last: it stays loaded as the saturation's first model (rows keep the order of ``sizes``).
         measured = {
-            size.label: _measure_size(server, size, work_dir, repeats, keep_loaded=size is smallest)
+            size.label: _measure_size(server, size, built[size.label], work_dir, repeats, keep_loaded=size is smallest)
             for size in sorted(sizes, key=lambda s: s is smallest)
         }
         rows = [measured[size.label] for size in sizes]

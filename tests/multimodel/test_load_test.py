@@ -1,12 +1,16 @@
 """The Locust traffic patterns and the runner's measurements, against an in-process fake endpoint.
 
 Locust monkey-patches the interpreter with gevent on import, so these run in a child Python process, one for the
-module.
+module: it imports Locust once, then forks one process per job, all at once, so the module takes about as long as its
+longest window, not the sum of them (the windows mostly wait on the fake endpoint's sleeps).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -16,11 +20,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Every run of the module in one child process (each process imports Locust and gevent: ~0.5 CPU-s): the jobs come
-# as JSON on stdin, each answered with one JSON line: a measured row, or what the runner's command line said.
+# Every run of the module in one child process (each process imports Locust and gevent: ~0.5 CPU-s), which forks one
+# process per job (the fake endpoint and its counters are module globals: one window per process), all started at
+# once: the jobs come as JSON on stdin, each answered with one JSON line: a measured row, or what the runner's command
+# line said. A forked job writes its line to a file of its own (a long line written to a shared pipe could interleave
+# with another's); the parent prints them once every job has ended.
 SCRIPT = textwrap.dedent(
     """
-    import collections, contextlib, io, json, sys, time
+    import collections, contextlib, io, json, os, sys, tempfile, time, traceback
     import gevent
     from benchmarks import mme_load_test, mme_locustfile
     from benchmarks.mme_locustfile import InvokeError
@@ -55,9 +62,37 @@ SCRIPT = textwrap.dedent(
                 code = exit_.code
         return {"code": code, "stderr": stderr.getvalue()}
 
-    for job in json.load(sys.stdin):
+    def run(job):
         answer = command(job["argv"]) if "argv" in job else measure(job["pattern"], job["fail"], job["window"])
-        print(json.dumps({"id": job["id"], **answer}), flush=True)
+        return json.dumps({"id": job["id"], **answer})
+
+    jobs, failed = json.load(sys.stdin), []
+    with tempfile.TemporaryDirectory() as answers:
+        children = {}
+        for index, job in enumerate(jobs):
+            path = os.path.join(answers, str(index))
+            pid = os.fork()  # gevent's fork: the child gets a fresh hub, random reseeds itself
+            if pid == 0:
+                code = 1
+                try:
+                    line = run(job)
+                    with open(path, "w") as stream:
+                        stream.write(line + "\\n")
+                    code = 0
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    sys.stderr.flush()
+                    os._exit(code)  # no atexit handlers nor the parent's buffers in a forked child
+            children[pid] = job["id"]
+        for pid, job_id in children.items():
+            _, status = os.waitpid(pid, 0)
+            if os.waitstatus_to_exitcode(status) != 0:
+                failed.append(job_id)
+        for index in range(len(jobs)):
+            with contextlib.suppress(FileNotFoundError), open(os.path.join(answers, str(index))) as stream:
+                print(stream.read(), end="", flush=True)
+    sys.exit(f"jobs failed: {failed}" if failed else 0)
     """
 )
 WINDOW = ("--duration", "3", "--max-requests", "100000")
@@ -83,12 +118,20 @@ JOBS = [
 @pytest.fixture(scope="module")
 def runs() -> dict[str, dict]:
     """Every job's answer, by id."""
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT], input=json.dumps(JOBS), cwd=ROOT, capture_output=True, text=True,
-        timeout=300, check=False,
+    # A session of its own: should the run hang, its forked jobs are killed with it.
+    child = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=ROOT, text=True, start_new_session=True,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    answers = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"id": ')]
+    try:
+        stdout, stderr = child.communicate(json.dumps(JOBS), timeout=300)
+    except BaseException:  # a timeout or an interrupt: the child is not reaped yet, so its group id is still its own
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        raise
+    assert child.returncode == 0, stderr[-2000:]
+    answers = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"id": ')]
     return {answer.pop("id"): answer for answer in answers}
 
 

@@ -17,6 +17,7 @@ from inference_assets.local.local_mme import LocalModelServer, LocalMultiModelEn
 pytestmark = pytest.mark.slow  # a real TorchServe + toolkit server
 
 GOOD = json.dumps({"inputs": ["what a great day", "this is awful"]}).encode()
+TENANT = LocalMultiModelEndpoint.server_name("sentiment-0000.tar.gz")  # the endpoint run's model in service
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +37,6 @@ def models_dir(torchserve_archive: Path, tmp_path_factory: pytest.TempPathFactor
     for index in range(3):
         shutil.copy(torchserve_archive, models / f"sentiment-{index:04d}.tar.gz")
     return models
-
-
-@pytest.fixture(scope="module")
-def tenant(server, unpacked_torchserve_archive) -> Iterator[str]:
-    """One model loaded for the module (each load starts a worker process that imports torch and the model): the
-    tests that need a loaded model share it, and the module's last test unloads it."""
-    server.load("tenant-a", unpacked_torchserve_archive)
-    yield "tenant-a"
-    if "tenant-a" in server.loaded():
-        server.unload("tenant-a")
 
 
 def test_load_and_invoke_by_name(server, tenant):
@@ -84,13 +75,17 @@ class _EndpointRun:
     together: list[tuple[int, bool]]  # the four first requests of a model sent at once
     cold_loads_before: int
     server_loaded: list[str]
+    during_load: list[int]  # statuses of the requests to loaded 0000, each on a new connection, during 0002's load
+    load_ran_throughout: bool  # 0002's load had not returned when the last of them was answered
 
 
 @pytest.fixture(scope="module")
 def endpoint_run(server, models_dir) -> Iterator[_EndpointRun]:
     """One run of the endpoint at two resident models (a cold load starts a worker process that imports torch and
-    the model, so the least-recently-used and the concurrent-first-requests tests share it): 0000 cold, then warm,
-    0001 cold, 0000 again (now the most recently used), then four first requests of 0002 at once, over the cap."""
+    the model, so the least-recently-used, the concurrent-first-requests and the load-does-not-hold-up tests share
+    it): 0000 cold, then warm, 0001 cold, 0000 again (now the most recently used), then four first requests of 0002
+    at once, over the cap; once 0002 is registered (its worker starting, its load not answered yet), eight requests
+    to 0000, each on a new connection, straight to the server."""
     endpoint = LocalMultiModelEndpoint(server, models_dir, max_resident_models=2)
     calls = []
     for name in ("sentiment-0000.tar.gz", "sentiment-0000.tar.gz", "sentiment-0001.tar.gz", "sentiment-0000.tar.gz"):
@@ -104,15 +99,39 @@ def endpoint_run(server, models_dir) -> Iterator[_EndpointRun]:
         together.append((answer.status, cold))
 
     threads = [threading.Thread(target=call) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    during_load = []
     try:
-        yield _EndpointRun(endpoint, calls, together, cold_loads_before, server.loaded())
+        for thread in threads:
+            thread.start()
+        while "sentiment-0002" not in server.loaded():  # registered: its worker is starting, its POST not answered yet
+            assert any(thread.is_alive() for thread in threads), "the load ended before it was listed"
+        for _ in range(8):
+            with requests.Session() as connection:  # a new connection, on the next Netty thread
+                answer = connection.post(f"{server.inference_url}/models/{TENANT}/invoke", data=GOOD,
+                                         headers={"Content-Type": "application/json"}, timeout=120)  # fmt: skip
+            during_load.append(answer.status_code)
+        load_ran_throughout = endpoint.cold_loads == cold_loads_before  # counted once server.load returns
     finally:
+        for thread in threads:
+            thread.join()
+    try:
+        yield _EndpointRun(
+            endpoint, calls, together, cold_loads_before, server.loaded(), during_load, load_ran_throughout
+        )
+    finally:
+        loaded = server.loaded()  # the module's last test unloaded the tenant itself
         for name in endpoint.resident():
-            server.unload(endpoint.server_name(name))
+            if endpoint.server_name(name) in loaded:
+                server.unload(endpoint.server_name(name))
+
+
+@pytest.fixture(scope="module")
+def tenant(endpoint_run) -> str:
+    """One model loaded for the module (each load starts a worker process that imports torch and the model): the
+    endpoint run's 0000, which the endpoint registered with server.load under its server name; the tests that need a
+    loaded model share it, and the module's last test unloads it."""
+    assert TENANT in endpoint_run.server_loaded
+    return TENANT
 
 
 def test_endpoint_loads_on_first_use_and_unloads_the_least_recently_used(endpoint_run):
@@ -138,23 +157,12 @@ def test_endpoint_refuses_unknown_and_invalid_target_models(server, models_dir):
         LocalMultiModelEndpoint(server, models_dir, max_resident_models=0)
 
 
-def test_a_model_load_does_not_hold_up_requests_to_loaded_models(server, tenant, unpacked_torchserve_archive):
-    """TorchServe runs a synchronous load on the Netty thread that read it, and inference shares those threads: with
-    its default (2 x CPUs) one of these eight new connections would wait for the whole load."""
-    loader = threading.Thread(target=server.load, args=("stall-b", unpacked_torchserve_archive))
-    try:
-        loader.start()
-        while "stall-b" not in server.loaded():  # registered: its worker is starting, its POST not answered yet
-            assert loader.is_alive(), "the load ended before it was listed"
-        for _ in range(8):
-            with requests.Session() as connection:  # a new connection, on the next Netty thread
-                answer = connection.post(f"{server.inference_url}/models/{tenant}/invoke", data=GOOD,
-                                         headers={"Content-Type": "application/json"}, timeout=120)  # fmt: skip
-            assert answer.status_code == 200
-        assert loader.is_alive()  # every request was answered while the load was still running
-    finally:
-        loader.join()
-        server.unload("stall-b")
+def test_a_model_load_does_not_hold_up_requests_to_loaded_models(endpoint_run):
+    """TorchServe runs a synchronous load on the Netty thread that read it (the endpoint's load of 0002 here), and
+    inference shares those threads: with its default (2 x CPUs) one of these eight new connections would wait for the
+    whole load."""
+    assert endpoint_run.during_load == [200] * 8
+    assert endpoint_run.load_ran_throughout  # every request was answered while the load was still running
 
 
 def test_an_unloaded_model_is_gone_and_its_name_unknown(server, tenant):
