@@ -1,15 +1,19 @@
-"""Fixtures for the training tests: the sample data, the session's training templates, and the host side of an EC2
-run (the real AWS CLI and a moto server)."""
+"""Fixtures for the training tests: the sample data, the session's training templates, the host side of an EC2
+run (the real AWS CLI and a moto server), and a `python` for training processes that starts warm."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from scripts.ec2_host import patch_moto_reservation_filter, shared_aws_cli
+from tests.training.warm_python import WarmPython
 from training_assets.tiny_model import SAMPLE_DATA
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +49,13 @@ def moto_endpoint() -> Iterator[str]:
     finally:
         server.stop()
         undo()
+
+
+@pytest.fixture(scope="session")
+def warm_python() -> Iterator[WarmPython]:
+    """``python`` for the training processes the tests start (and torchrun's workers, by ``env()``'s PYTHON_EXEC),
+    each forked from one interpreter that imported torch and transformers once (warm_python.py), with the
+    repository on the import path as ``python -m`` from its root would have it."""
+    python = WarmPython({**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"})
+    yield python
+    python.close()

@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.training.warm_python import WarmPython
 from training_assets.instance import checkpoints
 from training_assets.instance.checkpoint_sync import (
     MARKER,
@@ -88,7 +88,8 @@ def test_trainer_arguments_checkpoint_on_every_node_and_bound_the_collectives(tm
 # ------------------------------------------------------------------------------------------- killed and resumed
 
 
-def _train(tmp: Path, name: str, model: Path, data: Path, *, processes: int, kill: tuple[int, int] | None = None,
+def _train(python: WarmPython, tmp: Path, name: str, model: Path, data: Path, *, processes: int,
+           kill: tuple[int, int] | None = None,
            output: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
     output = output or tmp / name
     per_device = str(16 // processes)  # the same global batch of 16 either way
@@ -96,10 +97,10 @@ def _train(tmp: Path, name: str, model: Path, data: Path, *, processes: int, kil
     arguments = [*killing, "--model", str(model), "--dataset", str(data), "--output-dir", str(output),
                  "--tokenized-dir", str(tmp / "tokens"), "--per-device-batch-size", per_device, *TRAIN]  # fmt: skip
     if processes == 1:
-        command = [sys.executable, str(KILLER), *arguments]
+        command = [python.executable, str(KILLER), *arguments]
     else:
         command = [
-            sys.executable,
+            python.executable,
             "-m",
             "torch.distributed.run",
             f"--nproc_per_node={processes}",
@@ -107,7 +108,7 @@ def _train(tmp: Path, name: str, model: Path, data: Path, *, processes: int, kil
             str(KILLER),
             *arguments,
         ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+    env = python.env()
     result = _attempt(command, tmp, env)
     if result.returncode and any(sign in result.stderr for sign in SANDBOX_GLOO_FAILURES):
         # Seen on this sandbox's loopback (gVisor), under load or not: two processes could not open their gloo
@@ -148,21 +149,21 @@ def _largest_difference(first: Path, second: Path) -> float:
 @pytest.mark.slow
 @pytest.mark.timeout(6 * ATTEMPT_SECONDS + 60)  # three runs, each with one retry
 def test_a_rank_killed_mid_epoch_stops_the_run_and_its_relaunch_ends_with_the_uninterrupted_weights(
-    tiny_model_dir: Path, sample_data: Path, tmp_path: Path
+    tiny_model_dir: Path, sample_data: Path, tmp_path: Path, warm_python: WarmPython
 ) -> None:
     """Two ranks, one SIGKILLed mid-epoch: torchrun stops the survivor and fails the run; the run launched again on
     the same output resumes from the newest complete checkpoint, and ends bit for bit where an uninterrupted run
     ends. (torchrun's in-place restart, --max-restarts, re-creates the gloo group on the agent's store: on this
     sandbox the restarted workers' gloo connect then never completed, every time on an idle host; the multi-node
     GPU runs restart with NCCL, which this machine cannot run. So the relaunch is what is proven here.)"""
-    whole = _train(tmp_path, "whole", tiny_model_dir, sample_data, processes=2)
+    whole = _train(warm_python, tmp_path, "whole", tiny_model_dir, sample_data, processes=2)
     assert whole.returncode == 0, whole.stderr[-3000:]
     # Rank 1 dies after step 12 of 30 (epoch 1, mid-epoch); checkpoint-10 is the newest complete one.
-    killed = _train(tmp_path, "killed", tiny_model_dir, sample_data, processes=2, kill=(1, 12))
+    killed = _train(warm_python, tmp_path, "killed", tiny_model_dir, sample_data, processes=2, kill=(1, 12))
     assert killed.returncode != 0
     assert "rank_killer: killing rank 1 after step 12" in killed.stderr
     assert not (tmp_path / "killed" / "saved_model").exists()
-    again = _train(tmp_path, "killed", tiny_model_dir, sample_data, processes=2)
+    again = _train(warm_python, tmp_path, "killed", tiny_model_dir, sample_data, processes=2)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"train_sentiment: resuming from {tmp_path / 'killed' / 'checkpoints' / 'checkpoint-10'} (step 10)" in (
         again.stderr
@@ -175,14 +176,14 @@ def test_a_rank_killed_mid_epoch_stops_the_run_and_its_relaunch_ends_with_the_un
 
 @pytest.mark.slow
 def test_a_run_launched_again_resumes_from_its_newest_complete_checkpoint(
-    tiny_model_dir: Path, sample_data: Path, tmp_path: Path
+    tiny_model_dir: Path, sample_data: Path, tmp_path: Path, warm_python: WarmPython
 ) -> None:
     # The uninterrupted run in this process (the same code and arguments; the process is not what it is for).
     train(parse_args(["--model", str(tiny_model_dir), "--dataset", str(sample_data), "--output-dir",
                       str(tmp_path / "whole"), "--tokenized-dir", str(tmp_path / "tokens"),
                       "--per-device-batch-size", "16", *TRAIN]))  # fmt: skip
     output = tmp_path / "run"
-    first = _train(tmp_path, "run", tiny_model_dir, sample_data, processes=1, kill=(0, 12))
+    first = _train(warm_python, tmp_path, "run", tiny_model_dir, sample_data, processes=1, kill=(0, 12))
     assert first.returncode == -9  # SIGKILL: nothing after step 12 ran, no model
     root = output / "checkpoints"
     assert [folder.name for _, folder in complete_checkpoints(root)] == ["checkpoint-5", "checkpoint-10"]
@@ -190,7 +191,7 @@ def test_a_run_launched_again_resumes_from_its_newest_complete_checkpoint(
     partial = root / "checkpoint-15"
     partial.mkdir()
     (partial / "model.safetensors").write_bytes(b"half")
-    again = _train(tmp_path, "run", tiny_model_dir, sample_data, processes=1, output=output)
+    again = _train(warm_python, tmp_path, "run", tiny_model_dir, sample_data, processes=1, output=output)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"train_sentiment: resuming from {root / 'checkpoint-10'} (step 10)" in again.stderr
     assert _largest_difference(tmp_path / "whole", output) <= TOLERANCE

@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.training.warm_python import WarmPython
 from training_assets.instance import batch_scaling, data_staging
 from training_assets.instance.dataset import Split, TrainingInputError
 from training_assets.instance.train_sentiment import TrainConfig, train
@@ -86,16 +85,15 @@ def test_saved_tokens_read_back_as_the_rows_tokenized(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_two_processes_tokenize_once_and_learn_on_the_schedule_of_one(
-    tiny_model_dir: Path, sample_data: Path, tmp_path: Path
+    tiny_model_dir: Path, sample_data: Path, tmp_path: Path, warm_python: WarmPython
 ) -> None:
     tokens = tmp_path / "tokens"
     arguments = [f"--{key.replace('_', '-')}={value}" for key, value in SETTINGS.items()]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "--module", MODULE,
-         "--model", str(tiny_model_dir), "--dataset", str(sample_data), "--output-dir", str(tmp_path / "two"),
-         "--tokenized-dir", str(tokens), "--use-cpu", *arguments],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False,
+        [warm_python.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+         "--module", MODULE, "--model", str(tiny_model_dir), "--dataset", str(sample_data),
+         "--output-dir", str(tmp_path / "two"), "--tokenized-dir", str(tokens), "--use-cpu", *arguments],
+        cwd=tmp_path, env=warm_python.env(), capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     # Two processes of one node: one tokenized (and said so), both trained on the saved arrays.

@@ -5,16 +5,15 @@ apart by less and by more than the bound."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.training.warm_python import WarmPython
 from training_assets.instance import rendezvous
 from training_assets.instance.rendezvous import NodesMissing, barrier, torchrun_rendezvous_arguments
 
@@ -120,12 +119,12 @@ def test_torchrun_takes_its_timeouts_from_the_one_bound() -> None:
 # --------------------------------------------------------------------------------------- two real torchrun agents
 
 
-def _agent(name: str, *, tmp: Path, model: Path, data: Path, ports: tuple[int, int], timeout: int,
+def _agent(python: WarmPython, name: str, *, tmp: Path, model: Path, data: Path, ports: tuple[int, int], timeout: int,
            max_restarts: int = 0) -> subprocess.Popen[str]:  # fmt: skip
     """One node: the rendezvous module in front of torchrun (one CPU process), as launch_training.sh starts it."""
     store, barrier_port = ports
     command = [
-        sys.executable, "-m", "training_assets.instance.rendezvous", "--nodes", "a,b", "--node", name,
+        python.executable, "-m", "training_assets.instance.rendezvous", "--nodes", "a,b", "--node", name,
         "--endpoint", f"127.0.0.1:{store}", "--run-id", "r-skew", "--timeout", str(timeout),
         "--max-restarts", str(max_restarts), "--barrier-port", str(barrier_port),
         "--record", str(tmp / "rendezvous.json"),
@@ -133,18 +132,19 @@ def _agent(name: str, *, tmp: Path, model: Path, data: Path, ports: tuple[int, i
         "--model", str(model), "--dataset", str(data), "--output-dir", str(tmp / f"out-{name}"),
         "--tokenized-dir", str(tmp / f"tokens-{name}"), *TRAIN,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        command, cwd=tmp, env=python.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 @pytest.mark.slow
 def test_two_torchrun_agents_started_apart_within_the_bound_train_together(
-    tiny_model_dir: Path, sample_data: Path, tmp_path: Path
+    tiny_model_dir: Path, sample_data: Path, tmp_path: Path, warm_python: WarmPython
 ) -> None:
     ports = (_free_port(), _free_port())
-    first = _agent("a", tmp=tmp_path, model=tiny_model_dir, data=sample_data, ports=ports, timeout=60)
+    first = _agent(warm_python, "a", tmp=tmp_path, model=tiny_model_dir, data=sample_data, ports=ports, timeout=60)
     time.sleep(2)  # the second node starts 2 s later: well past nothing, within the 60 s bound
-    second = _agent("b", tmp=tmp_path, model=tiny_model_dir, data=sample_data, ports=ports, timeout=60)
+    second = _agent(warm_python, "b", tmp=tmp_path, model=tiny_model_dir, data=sample_data, ports=ports, timeout=60)
     results = [process.communicate(timeout=600) for process in (first, second)]
     assert [first.returncode, second.returncode] == [0, 0], [err[-3000:] for _, err in results]
     metrics = json.loads((tmp_path / "out-a" / "metrics.json").read_text())
@@ -157,12 +157,12 @@ def test_two_torchrun_agents_started_apart_within_the_bound_train_together(
 
 @pytest.mark.slow
 def test_two_torchrun_agents_started_apart_beyond_the_bound_stop_with_the_line(
-    tiny_model_dir: Path, sample_data: Path, tmp_path: Path
+    tiny_model_dir: Path, sample_data: Path, tmp_path: Path, warm_python: WarmPython
 ) -> None:
     ports = (_free_port(), _free_port())
-    first = _agent("a", tmp=tmp_path, model=tiny_model_dir, data=sample_data, ports=ports, timeout=2)
+    first = _agent(warm_python, "a", tmp=tmp_path, model=tiny_model_dir, data=sample_data, ports=ports, timeout=2)
     _, first_err = first.communicate(timeout=120)  # the rendezvous node gives up after its bound...
-    second = _agent("b", tmp=tmp_path, model=tiny_model_dir, data=sample_data, ports=ports, timeout=2)
+    second = _agent(warm_python, "b", tmp=tmp_path, model=tiny_model_dir, data=sample_data, ports=ports, timeout=2)
     _, second_err = second.communicate(timeout=120)  # ...and the late node after its own
     assert (first.returncode, second.returncode) == (rendezvous.NODES_MISSING, rendezvous.NODES_MISSING)
     assert first_err.strip().splitlines()[-1] == (

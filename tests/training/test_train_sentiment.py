@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from inference_assets.container.predictor import SentimentPredictor
+from tests.training.warm_python import WarmPython
 from training_assets.instance import train_sentiment
 from training_assets.instance.train_sentiment import TrainConfig, TrainingInputError, train
 
@@ -26,19 +25,22 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    # The repository on the import path, as `python -m` from its root would have it (the tests run elsewhere).
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
-    return subprocess.run(command, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+def _run(python: WarmPython, arguments: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``python <arguments>``, with the repository on the import path as ``python -m`` from its root would have it
+    (the tests run elsewhere)."""
+    return subprocess.run([python.executable, *arguments], check=False, cwd=cwd, env=python.env(), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def compiled_run(tiny_model_dir: Path, sample_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def compiled_run(
+    tiny_model_dir: Path, sample_data: Path, tmp_path_factory: pytest.TempPathFactory, warm_python: WarmPython
+) -> Path:
     """One CLI run with torch.compile and fused AdamW on; the tests below inspect what it left."""
     output = tmp_path_factory.mktemp("compiled")
     result = _run(
+        warm_python,
         [
-            sys.executable,
             "-m",
             MODULE,
             "--model",
@@ -108,11 +110,13 @@ def test_saved_model_reloads_and_predicts_like_the_trained_one(compiled_run: Pat
 
 
 @pytest.mark.slow
-def test_torchrun_two_processes_with_gloo(tiny_model_dir: Path, sample_data: Path, tmp_path: Path) -> None:
+def test_torchrun_two_processes_with_gloo(
+    tiny_model_dir: Path, sample_data: Path, tmp_path: Path, warm_python: WarmPython
+) -> None:
     output = tmp_path / "ddp"
     result = _run(
+        warm_python,
         [
-            sys.executable,
             "-m",
             "torch.distributed.run",
             "--nproc_per_node=2",
@@ -285,10 +289,10 @@ def test_csv_and_saved_to_disk_inputs_load(tmp_path: Path) -> None:
     assert reloaded["validation"]["label"] == [2, 1, 0]
 
 
-def test_cli_prints_the_error_and_exits_2(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_cli_prints_the_error_and_exits_2(tiny_model_dir: Path, tmp_path: Path, warm_python: WarmPython) -> None:
     result = _run(
+        warm_python,
         [
-            sys.executable,
             "-m",
             MODULE,
             "--model",
