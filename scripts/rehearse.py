@@ -534,6 +534,7 @@ class Rehearsal:
         self.gate: Gate | None = None
         self.deployment: Deployment | None = None
         self.local_server: Any = None
+        self._stopping: list[threading.Thread] = []
         self.facts: dict[str, Any] = {}
         self.stacks: dict[str, StackTemplate] = {}
         self.bin_dir = self.work / "bin"
@@ -609,8 +610,6 @@ class Rehearsal:
     # --- the run ------------------------------------------------------------------------------------------------------
 
     def run(self) -> Report:
-        from moto.server import ThreadedMotoServer
-
         self.work.mkdir(parents=True, exist_ok=True)
         # The @remote step's imports (the SDK, torch and transformers through the training code) take half a minute:
         # made while the first steps wait on moto and on the nodes' shell scripts.
@@ -618,7 +617,7 @@ class Rehearsal:
         _quiet()
         undo_parsing = parse_json_data_once()
         undo = _patch_moto()
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server = _moto_server()
         server.start()
         host, port = server.get_host_and_port()
         self.endpoint_url = f"http://{host}:{port}"
@@ -666,8 +665,7 @@ class Rehearsal:
                     break
         finally:
             self.uninstall()
-            if self.local_server is not None:
-                self.local_server.stop()
+            self._stop_local_server(wait=True)
             _reset_moto(self.endpoint_url)
             server.stop()
             undo()
@@ -1083,6 +1081,16 @@ class Rehearsal:
 
         handlers[endpoint.lower()] = answer
 
+    def _stop_local_server(self, *, wait: bool) -> None:
+        """Stop the local Ray Serve server in the background; ``wait``: and wait for every stop begun."""
+        server, self.local_server = self.local_server, None
+        if server is not None:
+            self._stopping.append(threading.Thread(target=server.stop, name="stop local server"))
+            self._stopping[-1].start()
+        if wait:
+            for thread in self._stopping:
+                thread.join()
+
     def local_model_server(self) -> Any:
         if self.local_server is None:
             from inference_assets.local.local_server import LocalRayServer
@@ -1136,10 +1144,9 @@ class Rehearsal:
                                          "--poll", "0"])  # fmt: skip
         if code != 0:
             raise StepFailed(f"smoke test exited {code}: {err.getvalue().strip()}")
-        # That was the last invocation (the later steps invoke no endpoint): Ray stops now, not idle till the end.
-        if self.local_server is not None:
-            self.local_server.stop()
-            self.local_server = None
+        # That was the last invocation (the later steps invoke no endpoint): Ray stops now, not idle till the end,
+        # and while the next steps run (its shutdown takes seconds, mostly waiting).
+        self._stop_local_server(wait=False)
         return f"{checked} {out.getvalue().strip()}"
 
     def _model_archive_check(self) -> str:
@@ -1246,6 +1253,23 @@ def _quiet() -> None:
 
     for name in ("botocore", "werkzeug", "sagemaker"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _moto_server() -> Any:
+    """moto's threaded server on a free port of 127.0.0.1 that stops at once: its serve_forever looks for the
+    shutdown every 50 ms, not every 0.5 s (moto's ThreadedMotoServer, otherwise as it is)."""
+    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    class Server(ThreadedMotoServer):
+        def _server_entry(self) -> None:
+            app = DomainDispatcherApplication(create_backend_app)
+            self._server = make_server(self._ip_address, self._port, app, True, request_handler=MotoRequestHandler)
+            self._server_ready_event.set()
+            self._server.serve_forever(poll_interval=0.05)
+
+    return Server(ip_address="127.0.0.1", port=0, verbose=False)
 
 
 def _reset_moto(endpoint_url: str) -> None:
