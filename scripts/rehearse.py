@@ -716,24 +716,15 @@ class Rehearsal:
         """The call gate, with the principals that have no synthesized policy; deploy adds the others."""
         aws_cli = shared_aws_cli()
         # The nodes' and the operator's `aws` calls, forked from one server that imported the CLI once.
-        socket_dir = Path(tempfile.mkdtemp(prefix="rehearsal-aws-"))  # short: a socket's path has 107 bytes at most
-        self.bin_dir = install_host_tools(self.work / "bin", aws_cli, gated=True, aws_server=socket_dir / "aws.sock")
+        server = _call_server(aws_cli, self._base_environment())
+        self.bin_dir = install_host_tools(self.work / "bin", aws_cli, gated=True, aws_server=server)
         unchecked = [_principal(name, KEYS[name], None, f"arn:aws:iam::{ACCOUNT}:role/{name.split()[0]}", "rehearsal")
                      for name in (DEPLOYER, OPERATOR, AWS_SERVICE)]  # fmt: skip
         self.gate = Gate(ACCOUNT, self.region, self.work / "calls.jsonl", unchecked)
         self.gate.save(self.gate_file)
         os.environ["AWS_DEFAULT_REGION"] = self.region
         stand_ins = {**self._cloudformation_stand_ins(), **self._quota_stand_ins()}
-        stop_server = start_server(socket_dir / "aws.sock", aws_cli, self._base_environment(), self.work / "aws.log",
-                                   services=HOST_CLI_SERVICES)  # fmt: skip
-        uninstall = install(self.gate, stand_ins=stand_ins, resource_tags=self._tags)
-
-        def stop() -> None:
-            uninstall()
-            stop_server()
-            shutil.rmtree(socket_dir, ignore_errors=True)
-
-        self.uninstall = stop
+        self.uninstall = install(self.gate, stand_ins=stand_ins, resource_tags=self._tags)
 
     # --- 2. preflight -------------------------------------------------------------------------------------------------
 
@@ -1234,6 +1225,30 @@ class Rehearsal:
         if alive:
             raise StepFailed("; ".join(alive))
         return f"listed {len(listed)}: {'; '.join(listed)}; {done[-1] if done else ''}"
+
+
+# ------------------------------------------------------------------------------------------------ aws call server
+
+_call_servers: dict[Path, Path] = {}  # unpacked AWS CLI -> the socket of this process's call server
+_call_servers_lock = threading.Lock()
+
+
+def _call_server(aws_cli: Path, environment: dict[str, str]) -> Path:
+    """The socket of this process's aws call server (scripts/aws_calls.py ``serve``), started by the first rehearsal
+    and stopped when the process ends (or, killed, by itself): the rehearsals of one process share it, since each
+    call brings its caller's environment (gate file, step, credentials, endpoint) and working folder, and each
+    rehearsal after the first saves the server's start (the CLI imported, its data parsed: ~0.9 CPU-s)."""
+    import atexit
+
+    with _call_servers_lock:
+        if aws_cli not in _call_servers:
+            folder = Path(tempfile.mkdtemp(prefix="rehearsal-aws-"))  # short: a socket's path has 107 bytes at most
+            socket = folder / "aws.sock"
+            stop = start_server(socket, aws_cli, environment, folder / "aws.log", services=HOST_CLI_SERVICES)
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            atexit.register(stop)  # atexit runs the last registered first: the server stops, then its folder goes
+            _call_servers[aws_cli] = socket
+        return _call_servers[aws_cli]
 
 
 # --------------------------------------------------------------------------------------------------- moto patches

@@ -5,6 +5,7 @@ every call through the gate; and with the server gone the shim runs that process
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -85,3 +86,46 @@ def test_without_the_server_the_shim_runs_the_cli_itself_with_the_same_answer(ho
     by_itself = _bash("aws sts no-such-operation", {**environment, "PATH": f"{alone}:/usr/bin:/bin"}, OPERATOR)
     assert served.returncode == by_itself.returncode == 2  # argparse's usage error
     assert served.stderr == by_itself.stderr and "Invalid choice" in served.stderr
+
+
+# Starts a server and ends without stopping it (as a killed process would), printing the server's pid.
+_STARTER = """
+import os, sys
+from pathlib import Path
+import psutil
+from scripts.aws_calls import start_server
+socket = Path(sys.argv[1])
+start_server(socket, Path(sys.argv[2]), dict(os.environ), socket.with_name("server.log"))
+print(psutil.Process().children()[0].pid, flush=True)
+os._exit(0)
+"""
+
+
+def test_a_server_whose_starter_is_gone_stops_by_itself(tmp_path: Path) -> None:
+    import os
+    import sys
+    import time
+
+    import psutil
+
+    socket = Path(tempfile.mkdtemp(prefix="aws-test-")) / "aws.sock"
+    try:
+        started = subprocess.run([sys.executable, "-c", _STARTER, str(socket), str(shared_aws_cli())],
+                                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+                                 capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+        server = psutil.Process(int(started.stdout))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if server.status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.1)
+        else:
+            server.kill()
+            raise AssertionError(
+                f"the server outlived its starter by 60 s: {(socket.parent / 'server.log').read_text()}"
+            )
+    finally:
+        shutil.rmtree(socket.parent, ignore_errors=True)
