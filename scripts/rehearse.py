@@ -36,7 +36,8 @@ What moto or this machine lacks, the rehearsal plays, and says so here (none of 
   DescribeStacks / ListStacks / ListStackResources from what it deployed (calls still checked). Service Quotas:
   moto knows only the vpc service's; the rehearsal's account has every quota the templates use raised to 1000.
 - moto has no placement groups (the launch template is created without one; RunInstances is still checked against
-  it), and refuses ``/aws/service/...`` SSM parameters (the image is an Amazon-owned moto AMI) and ``ml.c7g`` types.
+  it), and refuses ``/aws/service/...`` SSM parameters (the image is moto's Amazon-owned Deep Learning AMI) and
+  ``ml.c7g`` types.
 - SageMaker runs nothing in moto: when an endpoint starts, the rehearsal loads its model as the endpoint's execution
   role, and InvokeEndpoint answers through the local Ray Serve server over the same archive (DJL Serving, the
   multi-model endpoint's server, cannot run here: the played multi-model endpoint reads the archive as the role
@@ -402,7 +403,9 @@ class Deployment:
         user_data = self.resolve(stack_id, data.pop("UserData")["Fn::Base64"])
         resolved = self.resolve(stack_id, data)
         ec2 = self.client("ec2")
-        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        # moto's Amazon-owned Deep Learning AMI (by name: all 1,300 of moto's images cost seconds to list and parse).
+        dlami = [{"Name": "name", "Values": ["Deep Learning AMI Amazon Linux*"]}]
+        image = ec2.describe_images(Owners=["amazon"], Filters=dlami)["Images"][0]["ImageId"]
         # moto refuses /aws/service SSM parameters and has no placement groups.
         emulated = {k: v for k, v in resolved.items() if k != "Placement"}
         emulated["ImageId"] = image
