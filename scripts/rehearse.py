@@ -516,6 +516,21 @@ class Deployment:
 
 # ------------------------------------------------------------------------------------------------ the rehearsal
 
+_sessions: dict[str, Any] = {}  # region -> this process's boto3 session for the rehearsal's own clients
+_sessions_lock = threading.Lock()
+
+
+def _session(region: str) -> Any:
+    """One boto3 session per region and process: a session keeps the service models and endpoint rules its clients
+    loaded, so a new session per client loaded them again (50 times in a rehearsal), and a new one per rehearsal
+    once more in each rehearsal of a process. Its clients bring their own endpoint and keys."""
+    import boto3
+
+    with _sessions_lock:
+        if region not in _sessions:
+            _sessions[region] = boto3.session.Session(region_name=region)
+        return _sessions[region]
+
 
 def _principal(name: str, key: str, policies: list[dict[str, Any]] | None, arn: str, session: str) -> Principal:
     identity = {"aws:PrincipalArn": arn, "aws:userid": f"AROA{key[-12:].upper()}:{session}"}
@@ -543,7 +558,6 @@ class Rehearsal:
         self.bin_dir = self.work / "bin"
         self.gate_file = self.work / "gate.json"
         self.uninstall: Callable[[], None] = lambda: None
-        self._session: Any = None
         self._clients: dict[tuple[str, str], Any] = {}
         self._clients_lock = threading.Lock()
 
@@ -551,18 +565,14 @@ class Rehearsal:
 
     def client(self, service: str, principal: str = DEPLOYER) -> Any:
         """A client of the moto server acting as ``principal`` (its keys; the gate knows it by them). One per service
-        and principal, all from one session: a new session per call loaded the service's model (megabytes of JSON)
-        again each time, 50 times in a rehearsal. The gate asks for clients from the SDK's threads too: the lock."""
-        import boto3
-
+        and principal, all from the process's session of the region (``_session``). The gate asks for clients from
+        the SDK's threads too: the lock."""
         assert self.gate is not None
         with self._clients_lock:
             key = (service, principal)
             if key not in self._clients:
                 credentials = self.gate.principal(principal)
-                if self._session is None:
-                    self._session = boto3.session.Session(region_name=self.region)
-                self._clients[key] = self._session.client(
+                self._clients[key] = _session(self.region).client(
                     service,
                     endpoint_url=self.endpoint_url,
                     aws_access_key_id=credentials.access_key,
