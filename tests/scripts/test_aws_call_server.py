@@ -5,13 +5,17 @@ every call through the gate; and with the server gone the shim runs that process
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from scripts.aws_calls import GATE_ENV, Gate, Principal, start_server
@@ -101,29 +105,23 @@ os._exit(0)
 """
 
 
-def test_a_server_whose_starter_is_gone_stops_by_itself(tmp_path: Path) -> None:
-    import os
-    import sys
-    import time
-
-    import psutil
-
+def test_a_server_whose_starter_is_gone_stops_by_itself() -> None:
     socket = Path(tempfile.mkdtemp(prefix="aws-test-")) / "aws.sock"
     try:
         started = subprocess.run([sys.executable, "-c", _STARTER, str(socket), str(shared_aws_cli())],
                                  env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
                                  capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
-        server = psutil.Process(int(started.stdout))
+        pid = int(started.stdout)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if server.status() == psutil.STATUS_ZOMBIE:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
                     break
             except psutil.NoSuchProcess:
                 break
             time.sleep(0.1)
         else:
-            server.kill()
+            psutil.Process(pid).kill()
             raise AssertionError(
                 f"the server outlived its starter by 60 s: {(socket.parent / 'server.log').read_text()}"
             )
