@@ -13,7 +13,8 @@ A subprocess joins the gate through the environment: ``REHEARSAL_GATE`` names th
 hosts). ``python -m scripts.aws_calls serve SOCKET`` does the same for many calls: it imports the CLI once and forks a
 child per call, which takes the caller's arguments, environment, working folder and standard streams and runs the
 CLI as that process would (scripts/ec2_host.py's ``AWS_CLIENT`` is the caller's side). A rehearsal makes dozens of
-CLI calls from its nodes' shell scripts, and a new Python importing the CLI spent 0.4 CPU-s on each.
+CLI calls from its nodes' shell scripts, and a new Python importing the CLI spent 0.4 CPU-s on each. A server
+outlives no caller: it stops by itself when the process that started it is gone.
 
 Principals without policies (``policies=None``) are recorded but not checked: AWS services acting on their own (EC2
 terminating an instance that powered off) and the administrator who deploys and operates the platform, for whom
@@ -344,6 +345,7 @@ def start_server(
 def serve(path: Path, services: Iterable[str] = ()) -> None:
     """Answer ``aws`` calls on the Unix socket ``path`` until SIGTERM (see the module docstring); the models of
     ``services`` are loaded before the first call."""
+    parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen(64)
@@ -367,6 +369,7 @@ def serve(path: Path, services: Iterable[str] = ()) -> None:
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, stop)
+    threading.Thread(target=_stop_when_orphaned, args=(parent,), daemon=True).start()
     try:
         while True:
             connection, _ = listener.accept()
@@ -389,6 +392,14 @@ def serve(path: Path, services: Iterable[str] = ()) -> None:
         # Waited for, not left to the kernel: so their CPU time counts in this process's children, as a process
         # per call counted in its caller's.
         _reap(block=True)
+
+
+def _stop_when_orphaned(parent: int) -> None:
+    """A server whose caller is gone without stopping it (killed, or ended without running its exit handlers)
+    stops itself: SIGTERM, as the caller would have sent it, within a second."""
+    while os.getppid() == parent:
+        time.sleep(1)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _reap(*, block: bool) -> None:

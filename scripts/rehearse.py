@@ -36,7 +36,8 @@ What moto or this machine lacks, the rehearsal plays, and says so here (none of 
   DescribeStacks / ListStacks / ListStackResources from what it deployed (calls still checked). Service Quotas:
   moto knows only the vpc service's; the rehearsal's account has every quota the templates use raised to 1000.
 - moto has no placement groups (the launch template is created without one; RunInstances is still checked against
-  it), and refuses ``/aws/service/...`` SSM parameters (the image is an Amazon-owned moto AMI) and ``ml.c7g`` types.
+  it), and refuses ``/aws/service/...`` SSM parameters (the image is moto's Amazon-owned Deep Learning AMI) and
+  ``ml.c7g`` types.
 - SageMaker runs nothing in moto: when an endpoint starts, the rehearsal loads its model as the endpoint's execution
   role, and InvokeEndpoint answers through the local Ray Serve server over the same archive (DJL Serving, the
   multi-model endpoint's server, cannot run here: the played multi-model endpoint reads the archive as the role
@@ -402,7 +403,9 @@ class Deployment:
         user_data = self.resolve(stack_id, data.pop("UserData")["Fn::Base64"])
         resolved = self.resolve(stack_id, data)
         ec2 = self.client("ec2")
-        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        # moto's Amazon-owned Deep Learning AMI (by name: all 1,300 of moto's images cost seconds to list and parse).
+        dlami = [{"Name": "name", "Values": ["Deep Learning AMI Amazon Linux*"]}]
+        image = ec2.describe_images(Owners=["amazon"], Filters=dlami)["Images"][0]["ImageId"]
         # moto refuses /aws/service SSM parameters and has no placement groups.
         emulated = {k: v for k, v in resolved.items() if k != "Placement"}
         emulated["ImageId"] = image
@@ -513,6 +516,21 @@ class Deployment:
 
 # ------------------------------------------------------------------------------------------------ the rehearsal
 
+_sessions: dict[str, Any] = {}  # region -> this process's boto3 session for the rehearsal's own clients
+_sessions_lock = threading.Lock()
+
+
+def _session(region: str) -> Any:
+    """One boto3 session per region and process: a session keeps the service models and endpoint rules its clients
+    loaded, so a new session per client loaded them again (50 times in a rehearsal), and a new one per rehearsal
+    once more in each rehearsal of a process. Its clients bring their own endpoint and keys."""
+    import boto3
+
+    with _sessions_lock:
+        if region not in _sessions:
+            _sessions[region] = boto3.session.Session(region_name=region)
+        return _sessions[region]
+
 
 def _principal(name: str, key: str, policies: list[dict[str, Any]] | None, arn: str, session: str) -> Principal:
     identity = {"aws:PrincipalArn": arn, "aws:userid": f"AROA{key[-12:].upper()}:{session}"}
@@ -534,12 +552,12 @@ class Rehearsal:
         self.gate: Gate | None = None
         self.deployment: Deployment | None = None
         self.local_server: Any = None
+        self._stopping: list[threading.Thread] = []
         self.facts: dict[str, Any] = {}
         self.stacks: dict[str, StackTemplate] = {}
         self.bin_dir = self.work / "bin"
         self.gate_file = self.work / "gate.json"
         self.uninstall: Callable[[], None] = lambda: None
-        self._session: Any = None
         self._clients: dict[tuple[str, str], Any] = {}
         self._clients_lock = threading.Lock()
 
@@ -547,18 +565,14 @@ class Rehearsal:
 
     def client(self, service: str, principal: str = DEPLOYER) -> Any:
         """A client of the moto server acting as ``principal`` (its keys; the gate knows it by them). One per service
-        and principal, all from one session: a new session per call loaded the service's model (megabytes of JSON)
-        again each time, 50 times in a rehearsal. The gate asks for clients from the SDK's threads too: the lock."""
-        import boto3
-
+        and principal, all from the process's session of the region (``_session``). The gate asks for clients from
+        the SDK's threads too: the lock."""
         assert self.gate is not None
         with self._clients_lock:
             key = (service, principal)
             if key not in self._clients:
                 credentials = self.gate.principal(principal)
-                if self._session is None:
-                    self._session = boto3.session.Session(region_name=self.region)
-                self._clients[key] = self._session.client(
+                self._clients[key] = _session(self.region).client(
                     service,
                     endpoint_url=self.endpoint_url,
                     aws_access_key_id=credentials.access_key,
@@ -609,8 +623,6 @@ class Rehearsal:
     # --- the run ------------------------------------------------------------------------------------------------------
 
     def run(self) -> Report:
-        from moto.server import ThreadedMotoServer
-
         self.work.mkdir(parents=True, exist_ok=True)
         # The @remote step's imports (the SDK, torch and transformers through the training code) take half a minute:
         # made while the first steps wait on moto and on the nodes' shell scripts.
@@ -618,7 +630,7 @@ class Rehearsal:
         _quiet()
         undo_parsing = parse_json_data_once()
         undo = _patch_moto()
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server = _moto_server()
         server.start()
         host, port = server.get_host_and_port()
         self.endpoint_url = f"http://{host}:{port}"
@@ -666,8 +678,7 @@ class Rehearsal:
                     break
         finally:
             self.uninstall()
-            if self.local_server is not None:
-                self.local_server.stop()
+            self._stop_local_server(wait=True)
             _reset_moto(self.endpoint_url)
             server.stop()
             undo()
@@ -718,24 +729,15 @@ class Rehearsal:
         """The call gate, with the principals that have no synthesized policy; deploy adds the others."""
         aws_cli = shared_aws_cli()
         # The nodes' and the operator's `aws` calls, forked from one server that imported the CLI once.
-        socket_dir = Path(tempfile.mkdtemp(prefix="rehearsal-aws-"))  # short: a socket's path has 107 bytes at most
-        self.bin_dir = install_host_tools(self.work / "bin", aws_cli, gated=True, aws_server=socket_dir / "aws.sock")
+        server = _call_server(aws_cli, self._base_environment())
+        self.bin_dir = install_host_tools(self.work / "bin", aws_cli, gated=True, aws_server=server)
         unchecked = [_principal(name, KEYS[name], None, f"arn:aws:iam::{ACCOUNT}:role/{name.split()[0]}", "rehearsal")
                      for name in (DEPLOYER, OPERATOR, AWS_SERVICE)]  # fmt: skip
         self.gate = Gate(ACCOUNT, self.region, self.work / "calls.jsonl", unchecked)
         self.gate.save(self.gate_file)
         os.environ["AWS_DEFAULT_REGION"] = self.region
         stand_ins = {**self._cloudformation_stand_ins(), **self._quota_stand_ins()}
-        stop_server = start_server(socket_dir / "aws.sock", aws_cli, self._base_environment(), self.work / "aws.log",
-                                   services=HOST_CLI_SERVICES)  # fmt: skip
-        uninstall = install(self.gate, stand_ins=stand_ins, resource_tags=self._tags)
-
-        def stop() -> None:
-            uninstall()
-            stop_server()
-            shutil.rmtree(socket_dir, ignore_errors=True)
-
-        self.uninstall = stop
+        self.uninstall = install(self.gate, stand_ins=stand_ins, resource_tags=self._tags)
 
     # --- 2. preflight -------------------------------------------------------------------------------------------------
 
@@ -1083,6 +1085,16 @@ class Rehearsal:
 
         handlers[endpoint.lower()] = answer
 
+    def _stop_local_server(self, *, wait: bool) -> None:
+        """Stop the local Ray Serve server in the background; ``wait``: and wait for every stop begun."""
+        server, self.local_server = self.local_server, None
+        if server is not None:
+            self._stopping.append(threading.Thread(target=server.stop, name="stop local server"))
+            self._stopping[-1].start()
+        if wait:
+            for thread in self._stopping:
+                thread.join()
+
     def local_model_server(self) -> Any:
         if self.local_server is None:
             from inference_assets.local.local_server import LocalRayServer
@@ -1136,10 +1148,9 @@ class Rehearsal:
                                          "--poll", "0"])  # fmt: skip
         if code != 0:
             raise StepFailed(f"smoke test exited {code}: {err.getvalue().strip()}")
-        # That was the last invocation (the later steps invoke no endpoint): Ray stops now, not idle till the end.
-        if self.local_server is not None:
-            self.local_server.stop()
-            self.local_server = None
+        # That was the last invocation (the later steps invoke no endpoint): Ray stops now, not idle till the end,
+        # and while the next steps run (its shutdown takes seconds, mostly waiting).
+        self._stop_local_server(wait=False)
         return f"{checked} {out.getvalue().strip()}"
 
     def _model_archive_check(self) -> str:
@@ -1229,6 +1240,30 @@ class Rehearsal:
         return f"listed {len(listed)}: {'; '.join(listed)}; {done[-1] if done else ''}"
 
 
+# ------------------------------------------------------------------------------------------------ aws call server
+
+_call_servers: dict[Path, Path] = {}  # unpacked AWS CLI -> the socket of this process's call server
+_call_servers_lock = threading.Lock()
+
+
+def _call_server(aws_cli: Path, environment: dict[str, str]) -> Path:
+    """The socket of this process's aws call server (scripts/aws_calls.py ``serve``), started by the first rehearsal
+    and stopped when the process ends (or, killed, by itself): the rehearsals of one process share it, since each
+    call brings its caller's environment (gate file, step, credentials, endpoint) and working folder, and each
+    rehearsal after the first saves the server's start (the CLI imported, its data parsed: ~0.9 CPU-s)."""
+    import atexit
+
+    with _call_servers_lock:
+        if aws_cli not in _call_servers:
+            folder = Path(tempfile.mkdtemp(prefix="rehearsal-aws-"))  # short: a socket's path has 107 bytes at most
+            socket = folder / "aws.sock"
+            stop = start_server(socket, aws_cli, environment, folder / "aws.log", services=HOST_CLI_SERVICES)
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            atexit.register(stop)  # atexit runs the last registered first: the server stops, then its folder goes
+            _call_servers[aws_cli] = socket
+        return _call_servers[aws_cli]
+
+
 # --------------------------------------------------------------------------------------------------- moto patches
 
 
@@ -1246,6 +1281,23 @@ def _quiet() -> None:
 
     for name in ("botocore", "werkzeug", "sagemaker"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _moto_server() -> Any:
+    """moto's threaded server on a free port of 127.0.0.1 that stops at once: its serve_forever looks for the
+    shutdown every 50 ms, not every 0.5 s (moto's ThreadedMotoServer, otherwise as it is)."""
+    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    class Server(ThreadedMotoServer):
+        def _server_entry(self) -> None:
+            app = DomainDispatcherApplication(create_backend_app)
+            self._server = make_server(self._ip_address, self._port, app, True, request_handler=MotoRequestHandler)
+            self._server_ready_event.set()
+            self._server.serve_forever(poll_interval=0.05)
+
+    return Server(ip_address="127.0.0.1", port=0, verbose=False)
 
 
 def _reset_moto(endpoint_url: str) -> None:

@@ -5,12 +5,15 @@ played as SageMaker would run it: the SDK's own ``invoke_function`` entry point 
 arguments and secret key, as the job's role (its access key in the environment), with ``train()`` replaced by a stub
 that writes a model (real training is tests/training/test_train_sentiment.py's subject); then the job's log stream
 is written by SageMaker itself. The same stand-ins as tests/training/test_remote_sdk_moto.py: the job's input folder
-moves under the work folder, and RemoteExecutor's polling intervals are set to 0.
+moves under the work folder, and RemoteExecutor's polling intervals and the job waiter's first sleep (5 s) are set to 0.
+The SDK validates its config against its JSON schema each time it reads a value (19 times a job, 66 ms each): here
+each distinct config is validated once, with the same outcome.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -55,8 +58,10 @@ def stub_train(config: Any, callbacks: Any = ()) -> dict[str, Any]:
 def played_remote_jobs(actor: Actor, work: Path) -> Iterator[PlayedJobs]:
     import boto3
     import botocore.client
+    from sagemaker.core.config.config_manager import SageMakerConfig
     from sagemaker.core.remote_function import client as remote_client
     from sagemaker.core.remote_function import invoke_function
+    from sagemaker.core.remote_function import job as remote_job
 
     from training_assets import remote_train
 
@@ -96,12 +101,25 @@ def played_remote_jobs(actor: Actor, work: Path) -> Iterator[PlayedJobs]:
         return response
 
     saved_attributes = (remote_train.JOB_INPUT_DIR, remote_train.train, dict(remote_client._API_CALL_LIMIT))
+    wait_until = remote_job._wait_until
+    validate = SageMakerConfig.__dict__["validate_sagemaker_config"]
+    valid: set[str] = set()
+
+    def validate_once(sagemaker_config: dict[str, Any] | None = None) -> None:
+        key = json.dumps(sagemaker_config, sort_keys=True, default=str)
+        if key not in valid:
+            validate.__func__(sagemaker_config)  # raises for an invalid config, every time
+            valid.add(key)
+
     saved_environment = {name: os.environ.get(name) for name in ("SM_MODEL_DIR",)}
     saved_cwd = Path.cwd()
     botocore.client.BaseClient._make_api_call = with_jobs
     remote_train.JOB_INPUT_DIR = work / "job" / "input"
     remote_train.train = stub_train
     remote_client._API_CALL_LIMIT.update(dict.fromkeys(remote_client._API_CALL_LIMIT, 0))
+    # The SDK's job.wait() sleeps 5 s before its first DescribeTrainingJob; the played job is complete at once.
+    remote_job._wait_until = functools.partial(wait_until, poll=0)
+    SageMakerConfig.validate_sagemaker_config = staticmethod(validate_once)
     os.environ["SM_MODEL_DIR"] = str(work / "job" / "model")
     os.chdir(remote_train.ROOT)  # the job gets training_assets/ and the dependencies file from here
     boto3.DEFAULT_SESSION = None
@@ -111,6 +129,8 @@ def played_remote_jobs(actor: Actor, work: Path) -> Iterator[PlayedJobs]:
         botocore.client.BaseClient._make_api_call = inner
         remote_train.JOB_INPUT_DIR, remote_train.train = saved_attributes[0], saved_attributes[1]
         remote_client._API_CALL_LIMIT.update(saved_attributes[2])
+        remote_job._wait_until = wait_until
+        SageMakerConfig.validate_sagemaker_config = validate
         for name, value in saved_environment.items():
             os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
         os.chdir(saved_cwd)

@@ -5,12 +5,17 @@ every call through the gate; and with the server gone the shim runs that process
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from scripts.aws_calls import GATE_ENV, Gate, Principal, start_server
@@ -85,3 +90,40 @@ def test_without_the_server_the_shim_runs_the_cli_itself_with_the_same_answer(ho
     by_itself = _bash("aws sts no-such-operation", {**environment, "PATH": f"{alone}:/usr/bin:/bin"}, OPERATOR)
     assert served.returncode == by_itself.returncode == 2  # argparse's usage error
     assert served.stderr == by_itself.stderr and "Invalid choice" in served.stderr
+
+
+# Starts a server and ends without stopping it (as a killed process would), printing the server's pid.
+_STARTER = """
+import os, sys
+from pathlib import Path
+import psutil
+from scripts.aws_calls import start_server
+socket = Path(sys.argv[1])
+start_server(socket, Path(sys.argv[2]), dict(os.environ), socket.with_name("server.log"))
+print(psutil.Process().children()[0].pid, flush=True)
+os._exit(0)
+"""
+
+
+def test_a_server_whose_starter_is_gone_stops_by_itself() -> None:
+    socket = Path(tempfile.mkdtemp(prefix="aws-test-")) / "aws.sock"
+    try:
+        started = subprocess.run([sys.executable, "-c", _STARTER, str(socket), str(shared_aws_cli())],
+                                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+                                 capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+        pid = int(started.stdout)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.1)
+        else:
+            psutil.Process(pid).kill()
+            raise AssertionError(
+                f"the server outlived its starter by 60 s: {(socket.parent / 'server.log').read_text()}"
+            )
+    finally:
+        shutil.rmtree(socket.parent, ignore_errors=True)
