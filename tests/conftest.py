@@ -195,3 +195,13 @@ def templates(cloud_assembly) -> dict[str, dict[str, dict]]:
             stack.hierarchical_id.split("/")[-1]: stack.template for stack in stage.nested_assembly.stacks
         }
     return result
+
+
+@pytest.fixture()
+def sdk_config_validated_once() -> Iterator[None]:
+    """The SageMaker SDK validates its whole config against its JSON schema every time it reads a value (19 times per
+    job, 66 ms each): here each distinct config once, with the same outcome (scripts/remote_job_player.py)."""
+    from scripts.remote_job_player import sdk_config_validated_once
+
+    with sdk_config_validated_once():
+        yield

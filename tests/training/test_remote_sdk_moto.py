@@ -57,6 +57,9 @@ from ops_review.iam_policy import (
 from stacks.settings import TrainingSettings
 from training_assets import remote_train
 
+# The SDK's config validated once per distinct config (tests/conftest.py): ~1 CPU-s per job otherwise.
+pytestmark = pytest.mark.usefixtures("sdk_config_validated_once")
+
 moto = pytest.importorskip("moto")
 
 ROOT = Path(remote_train.__file__).resolve().parents[1]
