@@ -4,7 +4,6 @@ function and the sweep's executor are built from the environment's config.yaml (
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import yaml
 from platform_facts.images import image_facts
 from stacks.settings import TrainingSettings
 from stacks.training import remote_function_config
+from tests.training.warm_python import WarmPython
 from training_assets import remote_train
 from training_assets.instance.train_sentiment import TrainConfig
 from training_assets.remote_train import RemoteSetupError
@@ -244,7 +244,7 @@ def test_inputs_are_downloaded_once_per_instance(tmp_path: Path, mocked_aws: str
 
 @pytest.mark.slow
 def test_job_body_under_torchrun_trains_one_ddp_run_and_every_rank_returns_rank_zeros_metrics(
-    tiny_model_dir: Path, sample_data: Path, tmp_path: Path
+    tiny_model_dir: Path, sample_data: Path, tmp_path: Path, warm_python: WarmPython
 ) -> None:
     """What the SDK's job driver does on a multi-GPU instance, on CPU: torchrun starts 2 processes that each call
     run_training_job (gloo instead of NCCL); train() joins them in one DDP run."""
@@ -258,12 +258,8 @@ def test_job_body_under_torchrun_trains_one_ddp_run_and_every_rank_returns_rank_
         f"out = os.path.join({str(tmp_path)!r}, 'rank' + os.environ['RANK'] + '.json')\n"
         "open(out, 'w').write(json.dumps(metrics))\n"
     )
-    environment = {
-        **os.environ,
-        "SM_MODEL_DIR": str(tmp_path / "model"),
-        "PYTHONPATH": str(ROOT),
-        "OMP_NUM_THREADS": "1",
-    }
+    # torchrun's workers start warm (PYTHON_EXEC: tests/training/warm_python.py).
+    environment = warm_python.env(SM_MODEL_DIR=str(tmp_path / "model"), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", "2", "--master_port", "29517",
                     str(script)], cwd=ROOT, env=environment, check=True, timeout=900)  # fmt: skip
     rank0, rank1 = (json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1))

@@ -39,13 +39,14 @@ import time
 from pathlib import Path
 
 # What torchrun sets for its workers (torch.distributed.elastic: the agent and the launcher), read when a worker
-# initializes its process group, never when torch is imported; and pytest's name of the test that runs.
+# initializes its process group, never when torch is imported; pytest's name of the test that runs; and what a
+# SageMaker job's code reads when it runs (training_assets/remote_train.py: SM_MODEL_DIR in run_training_job).
 # fmt: off
-PER_WORKER = {"LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+READ_AT_RUN_TIME = {"LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
               "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
               "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
               "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-              "NCCL_ASYNC_ERROR_HANDLING", "PYTEST_CURRENT_TEST"}
+              "NCCL_ASYNC_ERROR_HANDLING", "PYTEST_CURRENT_TEST", "SM_MODEL_DIR"}
 # fmt: on
 # What a training process imports before it trains (torch, transformers' Trainer and model classes, what they pull
 # in; torchrun's launcher), but not the modules the commands run: ``python -m`` runs its module as __main__ only.
@@ -182,7 +183,7 @@ def _refusal(request: dict, baseline: dict[str, str], imported: dict[str, str]) 
         return "options"
     env = request["env"]
     differ = sorted(
-        key for key in (set(env) | set(baseline)) - PER_WORKER
+        key for key in (set(env) | set(baseline)) - READ_AT_RUN_TIME
         if env.get(key) != baseline.get(key) and not (key in imported and env.get(key) == imported[key])
     )  # fmt: skip
     return f"environment: {', '.join(differ)}" if differ else None
