@@ -27,14 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def start_harness(args: list[str], ready: re.Pattern[str], log: Path) -> tuple[subprocess.Popen, re.Match[str]]:
     """``python -m <args>`` as a background job, once its output matches ``ready`` (its "serving" line)."""
-    process = launch_harness(args, log)
-    return process, await_harness(process, ready, log)
-
-
-def launch_harness(args: list[str], log: Path) -> subprocess.Popen:
-    """``python -m <args>`` as a background job, its output to ``log``; :func:`await_harness` waits until it serves."""
     stream = log.open("w")
-    return subprocess.Popen(
+    process = subprocess.Popen(
         [sys.executable, "-m", *args],
         cwd=ROOT,
         stdout=stream,
@@ -42,18 +36,13 @@ def launch_harness(args: list[str], log: Path) -> subprocess.Popen:
         start_new_session=True,
         preexec_fn=_as_background_job,
     )
-
-
-def await_harness(process: subprocess.Popen, ready: re.Pattern[str], log: Path) -> re.Match[str]:
-    """The match of ``ready`` in the harness's output once it appears; the harness killed with its tree, and the test
-    failed with its output, if it exits or does not come up in 240 s."""
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         if match := ready.search(log.read_text()):
-            return match
+            return process, match
         if process.poll() is not None:
             break
-        time.sleep(0.2)
+        time.sleep(0.5)
     kill_tree(process, 0)
     pytest.fail(f"harness did not come up:\n{log.read_text()[-3000:]}")
 

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,7 @@ import yaml
 from inference_assets.container.predictor import SentimentPredictor
 from inference_assets.local.local_server import ContainerRequests
 
-from .harness_processes import await_harness, harness_tree, kill_tree, launch_harness, stop_and_check
+from .harness_processes import harness_tree, kill_tree, start_harness, stop_and_check
 from .request_table import LEAKS, REQUESTS, TEST_LIMITS
 
 MAX_REQUEST_BATCH = TEST_LIMITS.max_request_batch
@@ -78,50 +79,31 @@ class _Harness(ContainerRequests):
 _SERVING = re.compile(r"at http://127\.0\.0\.1:(\d+) \(/ping, /invocations\); work dir (\S+)\n")
 
 
-@dataclass(frozen=True)
-class _Launch:
-    """A harness launched in the background: its process and its output."""
-
-    process: subprocess.Popen
-    log: Path
-
-    def serving(self) -> _Harness:
-        """The harness once it serves."""
-        match = await_harness(self.process, _SERVING, self.log)
-        return _Harness(self.process, int(match[1]), Path(match[2]))
-
-
-@pytest.fixture(scope="module")
-def launched(model_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, _Launch]]:
-    """Both servers' commands (``python -m inference_assets.local.local_server --model <archive> <options>`` as
-    background jobs), launched together: a Ray Serve start mostly waits, so the second one's overlaps the module
-    server's instead of following the tests before it. Whatever a test left running is killed with its tree."""
-    launches = {
-        # One replica, batches of at most BATCH_SIZE that wait up to 300 ms (long, so that concurrent test requests
-        # reliably share a batch), the request table's limits.
-        "server": ("--workers", "1", "--batch-size", str(BATCH_SIZE), "--max-batch-delay-ms", "300",
-                   "--max-request-batch", str(TEST_LIMITS.max_request_batch),
-                   "--max-request-bytes", str(TEST_LIMITS.max_request_bytes)),
-        "second-server": ("--workers", "2", "--max-batch-delay-ms", "2"),
-    }  # fmt: skip
-    started: dict[str, _Launch] = {}
+@contextmanager
+def _harness(model_archive: Path, log: Path, *options: str) -> Iterator[_Harness]:
+    """``python -m inference_assets.local.local_server --model <archive> <options>`` as a background job, serving;
+    killed with its tree afterwards if a test has not stopped it."""
+    process, match = start_harness(["inference_assets.local.local_server", "--model", str(model_archive), *options],
+                                   _SERVING, log)  # fmt: skip
     try:
-        for name, options in launches.items():
-            log = tmp_path_factory.mktemp(name) / "harness.out"
-            args = ["inference_assets.local.local_server", "--model", str(model_archive), *options]
-            started[name] = _Launch(launch_harness(args, log), log)
-        yield started
+        yield _Harness(process, int(match[1]), Path(match[2]))
     finally:
-        for launch in started.values():
-            if launch.process.poll() is None:
-                match = _SERVING.search(launch.log.read_text())
-                kill_tree(launch.process, int(match[1]) if match else 0)
+        if process.poll() is None:
+            kill_tree(process, int(match[1]))
 
 
 @pytest.fixture(scope="module")
-def server(launched: dict[str, _Launch]) -> _Harness:
-    """The module's server (the module's last test stops it with SIGTERM on its pid)."""
-    return launched["server"].serving()
+def server(model_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Harness]:
+    """The module's server, started by the local server's command as a script starts it (the module's last test
+    stops it with SIGTERM on its pid): one replica, batches of at most BATCH_SIZE that wait up to 300 ms (long, so
+    that concurrent test requests reliably share a batch), the request table's limits."""
+    with _harness(
+        model_archive, tmp_path_factory.mktemp("server") / "harness.out",
+        "--workers", "1", "--batch-size", str(BATCH_SIZE), "--max-batch-delay-ms", "300",
+        "--max-request-batch", str(TEST_LIMITS.max_request_batch),
+        "--max-request-bytes", str(TEST_LIMITS.max_request_bytes),
+    ) as harness:  # fmt: skip
+        yield harness
 
 
 @pytest.fixture(scope="module")
@@ -196,10 +178,17 @@ def test_one_replica_serves_the_sagemaker_port_itself(server: _Harness, texts: l
 
 
 @pytest.fixture(scope="module")
-def second_server(launched: dict[str, _Launch], server: _Harness) -> _Harness:
-    """A second server on the same host, serving beside the module's, with two replicas (Ray's proxy on the port):
-    the balancing test uses it, then the stopping test stops it with SIGINT on its pid (one Ray start for both)."""
-    return launched["second-server"].serving()
+def second_server(
+    model_archive: Path, server: _Harness, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[_Harness]:
+    """A second server on the same host, started while the module's serves, with two replicas (Ray's proxy on the
+    port): the balancing test uses it, then the stopping test stops it with SIGINT on its pid (one Ray start for
+    both)."""
+    with _harness(
+        model_archive, tmp_path_factory.mktemp("second-server") / "harness.out",
+        "--workers", "2", "--max-batch-delay-ms", "2",
+    ) as harness:  # fmt: skip
+        yield harness
 
 
 def test_several_replicas_are_balanced_by_rays_proxy_on_the_sagemaker_port(second_server: _Harness) -> None:
