@@ -212,7 +212,7 @@ def sdk_config_validated_once() -> Iterator[None]:
 def pytest_unconfigure(config: pytest.Config) -> None:
     """A pytest-xdist worker ends as soon as pytest is done with it, once every exit handler has run (temporary folders
     removed, jsii's node process stopped): the interpreter's own teardown of torch's, transformers', moto's and the
-    CDK's objects then took seconds of each worker's exit, and the run waited for both (7.4 s -> 1.4 s after the last
+    CDK's objects then took seconds of each worker's exit, and the run waited for both (7.4 s -> ~2 s after the last
     test). The exit status is pytest-xdist's concern: the worker has sent its results already."""
     if "PYTEST_XDIST_WORKER" in os.environ:
         atexit._run_exitfuncs()
