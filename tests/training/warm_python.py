@@ -52,6 +52,7 @@ READ_AT_RUN_TIME = {"LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME"
 # in; torchrun's launcher), but not the modules the commands run: ``python -m`` runs its module as __main__ only.
 WARM_MODULES = ("numpy", "torch", "torch._dynamo.utils", "torch.distributed.launcher.api", "transformers")
 WARM_NAMES = ("Trainer", "TrainerCallback", "TrainingArguments", "AutoModelForSequenceClassification", "AutoTokenizer")
+REQUESTS_LOG = "requests.log"  # beside the socket: what the warm interpreter did with each command
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 
 # The stand-in: no site, no imports beyond the standard library's smallest, so that it starts in milliseconds.
@@ -111,7 +112,7 @@ class WarmPython:
 
     def requests(self) -> list[str]:
         """One line per command the stand-in passed on: ``warm <argv>`` or ``plain <argv> (why)``."""
-        log = self.folder / "requests.log"
+        log = self.folder / REQUESTS_LOG
         return log.read_text().splitlines() if log.exists() else []
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -150,7 +151,7 @@ def _serve(address: str) -> tuple[list[str], str]:
         if os.fork() == 0:
             listener.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            return _supervise(connection, baseline, imported)
+            return _supervise(connection, baseline, imported, Path(address).with_name(REQUESTS_LOG))
         connection.close()
 
 
@@ -189,10 +190,12 @@ def _refusal(request: dict, baseline: dict[str, str], imported: dict[str, str]) 
     return f"environment: {', '.join(differ)}" if differ else None
 
 
-def _supervise(connection: socket.socket, baseline: dict[str, str], imported: dict[str, str]) -> tuple[list[str], str]:
+def _supervise(
+    connection: socket.socket, baseline: dict[str, str], imported: dict[str, str], requests_log: Path
+) -> tuple[list[str], str]:
     request, fds = _receive(connection)
     refusal = _refusal(request, baseline, imported)
-    with open(Path(sys.argv[1]).with_name("requests.log"), "a") as log:
+    with requests_log.open("a") as log:
         print(f"{'plain' if refusal else 'warm'} {' '.join(request['argv'][:4])}{f' ({refusal})' if refusal else ''}",
               file=log)  # fmt: skip
     if refusal:
