@@ -29,6 +29,16 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _listening(port: int) -> bool:
+    """Whether a socket of this machine listens on TCP ``port`` (read from /proc/net/tcp*, without connecting to it)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            local, state = row.split()[1], row.split()[3]
+            if int(local.rsplit(":", 1)[1], 16) == port and state == "0A":  # 0A: TCP_LISTEN
+                return True
+    return False
+
+
 def _meet(nodes: list[str], starts: dict[str, float], timeout: float, port: int) -> dict[str, object]:
     """Run the barrier for each node in ``starts`` in a thread, each after its delay; node -> result or error."""
     outcome: dict[str, object] = {}
@@ -143,7 +153,11 @@ def test_two_torchrun_agents_started_apart_within_the_bound_train_together(
 ) -> None:
     ports = (_free_port(), _free_port())
     first = _agent(warm_python, "a", tmp=tmp_path, model=tiny_model_dir, data=sample_data, ports=ports, timeout=60)
-    time.sleep(2)  # the second node starts 2 s later: well past nothing, within the 60 s bound
+    # The second node starts 2 s after the first is at its barrier (its own start, slower under load, not counted):
+    # well past nothing, within the 60 s bound.
+    while not _listening(ports[1]) and first.poll() is None:
+        time.sleep(0.05)
+    time.sleep(2)
     second = _agent(warm_python, "b", tmp=tmp_path, model=tiny_model_dir, data=sample_data, ports=ports, timeout=60)
     results = [process.communicate(timeout=600) for process in (first, second)]
     assert [first.returncode, second.returncode] == [0, 0], [err[-3000:] for _, err in results]
