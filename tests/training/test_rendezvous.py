@@ -71,16 +71,16 @@ def test_nodes_that_start_apart_within_the_bound_meet_and_the_skew_is_measured()
 
 
 def test_a_node_missing_stops_every_node_with_one_line_naming_it() -> None:
-    outcome = _meet(["a", "b", "c"], {"a": 0.0, "b": 0.2}, timeout=2, port=_free_port())
-    line = "rendezvous: run r-1: node c did not reach the barrier within 2 s (arrived: a, b)"
+    outcome = _meet(["a", "b", "c"], {"a": 0.0, "b": 0.2}, timeout=1, port=_free_port())
+    line = "rendezvous: run r-1: node c did not reach the barrier within 1 s (arrived: a, b)"
     assert [str(outcome[name]) for name in "ab"] == [line, line]
 
 
 def test_a_missing_rendezvous_node_is_named_by_the_node_that_waited_for_it() -> None:
     port = _free_port()
-    outcome = _meet(["a", "b"], {"b": 0.0}, timeout=1.5, port=port)
+    outcome = _meet(["a", "b"], {"b": 0.0}, timeout=1, port=port)
     assert str(outcome["b"]) == (
-        f"rendezvous: run r-1: node a did not reach the barrier within 1.5 s (the rendezvous node, 127.0.0.1:{port}, "
+        f"rendezvous: run r-1: node a did not reach the barrier within 1 s (the rendezvous node, 127.0.0.1:{port}, "
         "did not answer b)"
     )
 
@@ -174,16 +174,16 @@ def test_two_torchrun_agents_started_apart_beyond_the_bound_stop_with_the_line(
     tiny_model_dir: Path, sample_data: Path, tmp_path: Path, warm_python: WarmPython
 ) -> None:
     ports = (_free_port(), _free_port())
-    first = _agent(warm_python, "a", tmp=tmp_path, model=tiny_model_dir, data=sample_data, ports=ports, timeout=2)
+    first = _agent(warm_python, "a", tmp=tmp_path, model=tiny_model_dir, data=sample_data, ports=ports, timeout=1)
     _, first_err = first.communicate(timeout=120)  # the rendezvous node gives up after its bound...
-    second = _agent(warm_python, "b", tmp=tmp_path, model=tiny_model_dir, data=sample_data, ports=ports, timeout=2)
+    second = _agent(warm_python, "b", tmp=tmp_path, model=tiny_model_dir, data=sample_data, ports=ports, timeout=1)
     _, second_err = second.communicate(timeout=120)  # ...and the late node after its own
     assert (first.returncode, second.returncode) == (rendezvous.NODES_MISSING, rendezvous.NODES_MISSING)
     assert first_err.strip().splitlines()[-1] == (
-        "rendezvous: run r-skew: node b did not reach the barrier within 2 s (arrived: a)"
+        "rendezvous: run r-skew: node b did not reach the barrier within 1 s (arrived: a)"
     )
     assert second_err.strip().splitlines()[-1] == (
-        f"rendezvous: run r-skew: node a did not reach the barrier within 2 s (the rendezvous node, "
+        f"rendezvous: run r-skew: node a did not reach the barrier within 1 s (the rendezvous node, "
         f"127.0.0.1:{ports[1]}, did not answer b)"
     )
     assert not (tmp_path / "out-a").exists() and not (tmp_path / "out-b").exists()  # no training started
