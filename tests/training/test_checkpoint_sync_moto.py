@@ -4,33 +4,53 @@ whose upload stopped halfway never restored."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
-import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
+from scripts.aws_calls import GATE_ENV, Gate, Principal, start_server
+from scripts.ec2_host import install_host_tools
 from tests.training.moto_host import HOST_CREDENTIALS, REGION, host_client
 from training_assets.instance.checkpoint_sync import MARKER, S3Checkpoints, is_complete, write_marker
 
 BUCKET = "checkpoint-sync"
 PREFIX = "training-output/r-0123/checkpoints/"
+AwsCli = Callable[[Sequence[str]], str]
 
 
-def _cli(aws_cli: Path, endpoint: str) -> Callable[[Sequence[str]], str]:
-    environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(aws_cli), "AWS_ENDPOINT_URL": endpoint,
-                   "AWS_DEFAULT_REGION": REGION, "AWS_CONFIG_FILE": "/nonexistent",
+@pytest.fixture(scope="module")
+def aws(aws_cli: Path, moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AwsCli]:
+    """``aws ARGS`` as the host runs it, against the moto server: each call forked from one call server that imported
+    the CLI once (scripts/aws_calls.py, as the rehearsal's hosts run theirs; a new Python importing the CLI spent
+    ~0.9 CPU-s on each of this module's ~15 calls). Its gate records the calls of the host's credentials without
+    checking them: this module is about the copies, the rehearsal about their permissions."""
+    work = tmp_path_factory.mktemp("aws-calls")
+    host = Principal("host", HOST_CREDENTIALS["AWS_ACCESS_KEY_ID"], policies=None)
+    gate = Gate("123456789012", REGION, work / "calls.jsonl", [host])
+    server = Path(tempfile.mkdtemp(prefix="aws-")) / "aws.sock"  # a socket path has 107 bytes at most
+    bin_dir = install_host_tools(work / "bin", aws_cli, gated=True, aws_server=server)
+    environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", GATE_ENV: str(gate.save(work / "gate.json")),
+                   "AWS_ENDPOINT_URL": moto_endpoint, "AWS_DEFAULT_REGION": REGION, "AWS_CONFIG_FILE": "/nonexistent",
                    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", **HOST_CREDENTIALS}  # fmt: skip
+    stop = start_server(server, aws_cli, environment, work / "server.log", services=("s3",))
 
     def run(arguments: Sequence[str]) -> str:
-        result = subprocess.run([sys.executable, str(aws_cli / "aws"), *arguments], env=environment,
-                                capture_output=True, text=True, check=False)  # fmt: skip
+        result = subprocess.run([bin_dir / "aws", *arguments], env=environment, capture_output=True, text=True,
+                                check=False)  # fmt: skip
         if result.returncode:
             raise RuntimeError(result.stderr)
         return result.stdout
 
-    return run
+    try:
+        yield run
+        assert {record.operation for record in gate.records()} >= {"PutObject", "ListObjectsV2"}  # they went there
+    finally:
+        stop()
+        shutil.rmtree(server.parent, ignore_errors=True)
 
 
 def _checkpoint(root: Path, step: int) -> Path:
@@ -44,12 +64,12 @@ def _checkpoint(root: Path, step: int) -> Path:
 
 @pytest.mark.slow
 def test_checkpoints_take_turns_in_two_encrypted_slots_and_the_newest_complete_one_comes_back(
-    aws_cli: Path, moto_endpoint: str, tmp_path: Path
+    aws: AwsCli, moto_endpoint: str, tmp_path: Path
 ) -> None:
     s3 = host_client("s3", moto_endpoint)
     s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
     key = host_client("kms", moto_endpoint).create_key()["KeyMetadata"]["Arn"]
-    remote = S3Checkpoints(f"s3://{BUCKET}/{PREFIX}", kms_key_id=key, aws=_cli(aws_cli, moto_endpoint))
+    remote = S3Checkpoints(f"s3://{BUCKET}/{PREFIX}", kms_key_id=key, aws=aws)
     local = tmp_path / "node-a"
 
     assert remote.newest() is None and remote.restore(tmp_path / "empty") is None
