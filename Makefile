@@ -73,11 +73,12 @@ mme-plan: $(SYNTH_INSTALLED)
 	$(BIN)/python -m stacks.mme_plan $(if $(ENV),--env $(ENV))
 
 ## Lint, format check and type check, beside the whole test suite (templates, settings, assets, real local model servers).
-# Both at once: the suite leaves about a fifth of the two cores idle while its tests wait on servers and processes,
-# and a cold mypy (CI's fresh clone) fits in those gaps instead of adding half a minute before the first test. The
-# lint's output is printed after the tests' (which stream as they run); either failing fails `make test`.
+# Both at once, the lint at the lowest CPU priority (nice 19): the suite leaves about a tenth of the two cores idle
+# while its tests wait on servers and processes, and a cold mypy (CI's fresh clone, ~30 CPU-s) runs in those gaps
+# instead of taking its share from the tests. The lint's output is printed after the tests' (which stream as they
+# run); either failing fails `make test`.
 test: install
-	@log=$$(mktemp); $(MAKE) --no-print-directory lint >$$log 2>&1 & lint=$$!; \
+	@log=$$(mktemp); nice -n 19 $(MAKE) --no-print-directory lint >$$log 2>&1 & lint=$$!; \
 	$(MAKE) --no-print-directory pytest; tests=$$?; \
 	wait $$lint; linted=$$?; cat $$log; rm -f $$log; \
 	if [ $$linted -ne 0 ]; then echo "make lint failed (its output is above)"; fi; \
