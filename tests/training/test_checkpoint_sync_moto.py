@@ -4,17 +4,13 @@ whose upload stopped halfway never restored."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from scripts.aws_calls import GATE_ENV, Gate, Principal, start_server
-from scripts.ec2_host import install_host_tools
-from tests.training.moto_host import HOST_CREDENTIALS, REGION, host_client
+from tests.training.moto_host import REGION, host_client, host_tools
 from training_assets.instance.checkpoint_sync import MARKER, S3Checkpoints, is_complete, write_marker
 
 BUCKET = "checkpoint-sync"
@@ -24,33 +20,18 @@ AwsCli = Callable[[Sequence[str]], str]
 
 @pytest.fixture(scope="module")
 def aws(aws_cli: Path, moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AwsCli]:
-    """``aws ARGS`` as the host runs it, against the moto server: each call forked from one call server that imported
-    the CLI once (scripts/aws_calls.py, as the rehearsal's hosts run theirs; a new Python importing the CLI spent
-    ~0.9 CPU-s on each of this module's ~15 calls). Its gate records the calls of the host's credentials without
-    checking them: this module is about the copies, the rehearsal about their permissions."""
-    work = tmp_path_factory.mktemp("aws-calls")
-    host = Principal("host", HOST_CREDENTIALS["AWS_ACCESS_KEY_ID"], policies=None)
-    gate = Gate("123456789012", REGION, work / "calls.jsonl", [host])
-    server = Path(tempfile.mkdtemp(prefix="aws-")) / "aws.sock"  # a socket path has 107 bytes at most
-    bin_dir = install_host_tools(work / "bin", aws_cli, gated=True, aws_server=server)
-    environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", GATE_ENV: str(gate.save(work / "gate.json")),
-                   "AWS_ENDPOINT_URL": moto_endpoint, "AWS_DEFAULT_REGION": REGION, "AWS_CONFIG_FILE": "/nonexistent",
-                   "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", **HOST_CREDENTIALS}  # fmt: skip
-    stop = start_server(server, aws_cli, environment, work / "server.log", services=("s3",))
+    """``aws ARGS`` as the host runs it (moto_host.host_tools: the real CLI, each call forked from one call server)."""
+    with host_tools(aws_cli, moto_endpoint, tmp_path_factory.mktemp("host")) as (bin_dir, environment, gate):
 
-    def run(arguments: Sequence[str]) -> str:
-        result = subprocess.run([bin_dir / "aws", *arguments], env=environment, capture_output=True, text=True,
-                                check=False)  # fmt: skip
-        if result.returncode:
-            raise RuntimeError(result.stderr)
-        return result.stdout
+        def run(arguments: Sequence[str]) -> str:
+            result = subprocess.run([bin_dir / "aws", *arguments], env=environment, capture_output=True, text=True,
+                                    check=False)  # fmt: skip
+            if result.returncode:
+                raise RuntimeError(result.stderr)
+            return result.stdout
 
-    try:
         yield run
         assert {record.operation for record in gate.records()} >= {"PutObject", "ListObjectsV2"}  # they went there
-    finally:
-        stop()
-        shutil.rmtree(server.parent, ignore_errors=True)
 
 
 def _checkpoint(root: Path, step: int) -> Path:

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.ec2_host import install_host_tools
 from stacks.settings import TrainingSettings
-from tests.training.moto_host import HOST_CREDENTIALS, REGION, host_client
+from tests.training.moto_host import REGION, host_client, host_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "dev-artifacts"
@@ -33,35 +32,31 @@ def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: P
     reservation = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, InstanceType="p4d.24xlarge")
     instance = reservation["Instances"][0]
 
-    bin_dir = install_host_tools(tmp_path / "bin", aws_cli)
     work = tmp_path / "work"
     for folder in ("training_assets/instance", "inference_assets"):
         shutil.copytree(ROOT / folder, work / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    env = {
-        "PATH": f"{bin_dir}:/usr/bin:/bin",
-        "HOME": str(tmp_path),
-        **HOST_CREDENTIALS,
-        "AWS_ENDPOINT_URL": moto_endpoint,
-        "AWS_CONFIG_FILE": "/nonexistent",
-        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-        "IMDS_instance_id": instance["InstanceId"],
-        "IMDS_reservation_id": reservation["ReservationId"],
-        "IMDS_local_ipv4": instance["PrivateIpAddress"],
-        "AWS_REGION": REGION,
-        "DLC_ACCOUNT": "763104351884",
-        "REGISTRY_DOMAIN": "amazonaws.com",
-        "DLC_REPOSITORY": TrainingSettings().image.repository,
-        "IMAGE_TAG": TrainingSettings().image_tag,
-        "LOG_GROUP": "dev-training-logs",
-        "ARTIFACTS_BUCKET": BUCKET,
-        "OUTPUT_PREFIX": "training-output/",
-        "KMS_KEY_ID": key_arn,
-        "DATASET": "tweet_eval:sentiment",
-        "BASE_MODEL": "cardiffnlp/twitter-roberta-base-sentiment-latest",
-        "EFA": "false",
-    }
-    result = subprocess.run(["bash", "training_assets/instance/ec2_run.sh"], cwd=work, env=env, check=False,
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    with host_tools(aws_cli, moto_endpoint, tmp_path) as (_, host_environment, _):
+        env = {
+            **host_environment,
+            "HOME": str(tmp_path),
+            "IMDS_instance_id": instance["InstanceId"],
+            "IMDS_reservation_id": reservation["ReservationId"],
+            "IMDS_local_ipv4": instance["PrivateIpAddress"],
+            "AWS_REGION": REGION,
+            "DLC_ACCOUNT": "763104351884",
+            "REGISTRY_DOMAIN": "amazonaws.com",
+            "DLC_REPOSITORY": TrainingSettings().image.repository,
+            "IMAGE_TAG": TrainingSettings().image_tag,
+            "LOG_GROUP": "dev-training-logs",
+            "ARTIFACTS_BUCKET": BUCKET,
+            "OUTPUT_PREFIX": "training-output/",
+            "KMS_KEY_ID": key_arn,
+            "DATASET": "tweet_eval:sentiment",
+            "BASE_MODEL": "cardiffnlp/twitter-roberta-base-sentiment-latest",
+            "EFA": "false",
+        }
+        result = subprocess.run(["bash", "training_assets/instance/ec2_run.sh"], cwd=work, env=env, check=False,
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
 
     prefix = f"training-output/{reservation['ReservationId']}/"
