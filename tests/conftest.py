@@ -198,22 +198,26 @@ def templates(cloud_assembly) -> dict[str, dict[str, dict]]:
     return result
 
 
-@pytest.fixture(scope="module")
-def sdk_work_once() -> Iterator[None]:
-    """What the SDKs redo for every job, done once in the module that asks: the SageMaker SDK validates its whole config
-    against its JSON schema every time it reads a value (19 times per job, 66 ms each: here each distinct config once,
-    with the same outcome; scripts/remote_job_player.py), and botocore parses its service models (megabytes of JSON)
-    once per session, of which a job makes several (here once, as the rehearsal does; scripts/aws_calls.py):
-    test_remote_sdk_moto parsed them 455 times, 9 of its 18 CPU-s."""
+@pytest.fixture(scope="session", autouse=True)
+def _botocore_models_parsed_once() -> Iterator[None]:
+    """botocore parses its service models (megabytes of JSON) once per session, and the SDKs, tools and moto in these
+    tests make hundreds of sessions (test_remote_sdk_moto alone parsed them 455 times, 9 of its 18 CPU-s): here once per
+    process, as the rehearsal does (scripts/aws_calls.parse_json_data_once)."""
     from scripts.aws_calls import parse_json_data_once
+
+    undo = parse_json_data_once()
+    yield
+    undo()
+
+
+@pytest.fixture(scope="module")
+def sdk_config_validated_once() -> Iterator[None]:
+    """The SageMaker SDK validates its whole config against its JSON schema every time it reads a value (19 times per
+    job, 66 ms each): here each distinct config once, with the same outcome (scripts/remote_job_player.py)."""
     from scripts.remote_job_player import sdk_config_validated_once
 
-    undo_parsing = parse_json_data_once()
-    try:
-        with sdk_config_validated_once():
-            yield
-    finally:
-        undo_parsing()
+    with sdk_config_validated_once():
+        yield
 
 
 @pytest.hookimpl(trylast=True)

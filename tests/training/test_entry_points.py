@@ -25,8 +25,8 @@ from stacks.training import train_arguments
 from training_assets import remote_train
 from training_assets.instance.train_sentiment import TrainConfig, bf16_native, main
 
-# The SDK's config validated and botocore's models parsed once (tests/conftest.py): seconds per job otherwise.
-pytestmark = pytest.mark.usefixtures("sdk_work_once")
+# The SDK's config validated once per distinct config (tests/conftest.py): ~1 CPU-s per job otherwise.
+pytestmark = pytest.mark.usefixtures("sdk_config_validated_once")
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "training_assets.instance.train_sentiment"

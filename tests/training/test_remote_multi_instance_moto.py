@@ -24,8 +24,8 @@ from ops_review.iam_policy import (
 from tests.training import test_remote_sdk_moto as harness
 from training_assets import remote_train
 
-# The SDK's config validated and botocore's models parsed once (tests/conftest.py): seconds per job otherwise.
-pytestmark = pytest.mark.usefixtures("sdk_work_once")
+# The SDK's config validated once per distinct config (tests/conftest.py): ~1 CPU-s per job otherwise.
+pytestmark = pytest.mark.usefixtures("sdk_config_validated_once")
 
 platform = harness.platform  # the fixture: moto with the dev resources, every call checked
 JOB, LAUNCHER = harness.JOB, harness.LAUNCHER

@@ -20,8 +20,8 @@ from training_assets import remote_train
 from training_assets.instance.train_sentiment import TrainConfig
 from training_assets.remote_train import RemoteSetupError
 
-# The SDK's config validated and botocore's models parsed once (tests/conftest.py): seconds per job otherwise.
-pytestmark = pytest.mark.usefixtures("sdk_work_once")
+# The SDK's config validated once per distinct config (tests/conftest.py): ~1 CPU-s per job otherwise.
+pytestmark = pytest.mark.usefixtures("sdk_config_validated_once")
 
 ROOT = Path(remote_train.__file__).resolve().parents[1]
 PYTHON = f"py{sys.version_info.major}{sys.version_info.minor}"
