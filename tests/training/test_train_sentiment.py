@@ -41,7 +41,7 @@ def one_bucket_data(tiny_model_dir: Path, sample_data: Path, tmp_path_factory: p
     """The sample texts of at most the smallest bucket's tokens, whole batches of training ones: every training batch
     pads to that one bucket, so TorchInductor compiles the training step for one shape (each further shape took ~25
     more C++ kernels, ~25 CPU-seconds here). That each bucket length compiles once, and only then, is TorchDynamo's
-    decision, tested on texts of many lengths in test_fast_path."""
+    decision, tested on texts of several lengths in test_fast_path."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -92,6 +92,7 @@ def test_compiled_run_learns_and_reports_every_epoch(compiled_run: Path) -> None
     # TorchInductor for real: the optimizer step compiled with the model, each batch shape compiled once.
     assert metrics["optimizer_step"].startswith("compiled")
     assert metrics["compilation"]["steps_that_compiled"] == metrics["compilation"]["first_steps_of_each_shape"]
+    assert list(metrics["padding"]["steps_per_length"]) == [str(SMALLEST_BUCKET)]  # one shape: one_bucket_data's
     epochs = metrics["epochs"]
     assert [row["epoch"] for row in epochs] == [float(epoch) for epoch in range(1, COMPILED_EPOCHS + 1)]
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
