@@ -10,9 +10,6 @@ import pytest
 
 from ops_review.iam_policy import Request, is_allowed, logical_id, resolve, role_policies, template_exports
 
-# The SDK's config validated once per distinct config (tests/conftest.py): ~1 CPU-s per job otherwise.
-pytestmark = pytest.mark.usefixtures("sdk_config_validated_once")
-
 ACCOUNT, REGION = "123456789012", "us-west-2"
 BUCKETS = {"Artifacts": "artifacts-bucket", "RemoteJobs": "remote-jobs-bucket", "Datasets": "datasets-bucket"}
 

@@ -33,8 +33,8 @@ def _listening(port: int) -> bool:
     """Whether a socket of this machine listens on TCP ``port`` (read from /proc/net/tcp*, without connecting to it)."""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for row in Path(table).read_text().splitlines()[1:]:
-            local, state = row.split()[1], row.split()[3]
-            if int(local.rsplit(":", 1)[1], 16) == port and state == "0A":  # 0A: TCP_LISTEN
+            fields = row.split()  # sl, local_address, rem_address, st, ...
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: TCP_LISTEN
                 return True
     return False
 
