@@ -119,11 +119,11 @@ check-model: $(DEV_INSTALLED)
 	$(BIN)/python -m inference_assets.tools.model_check --env $(or $(ENV),dev)
 
 ## The README's journey in one piece against one moto server, every AWS call checked against the synthesized policy of
-## the principal making it (scripts/rehearse.py): synthesizes ENV (default dev, with a model key set), or rehearses
+## the principal making it (proving_ground/rehearsal/rehearse.py): synthesizes ENV (default dev, with a model key set), or rehearses
 ## ASSEMBLY=cdk.out.
 .PHONY: rehearse
 rehearse: $(DEV_INSTALLED)
-	$(BIN)/python -m scripts.rehearse --env $(or $(ENV),dev) $(if $(ASSEMBLY),--assembly $(ASSEMBLY))
+	$(BIN)/python -m proving_ground.rehearsal.rehearse --env $(or $(ENV),dev) $(if $(ASSEMBLY),--assembly $(ASSEMBLY))
 
 ## Regenerate docs/settings.md from the settings model and cdk.json (tests/docs fails while it is stale).
 .PHONY: docs

@@ -23,12 +23,10 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "publish": Subcommand("inference_assets.tools.publish_models", "package, publish, list, remove MME models"),
     "check-model": Subcommand("inference_assets.tools.model_check", "before a deploy: is the endpoint's model in S3?"),
     "serve": Subcommand("inference_assets.local.local_server", "serve model.tar.gz locally with Ray Serve"),
-    "serve-mme": Subcommand("inference_assets.local.local_mme", "serve many models locally, multi-model mode"),
     "invoke": Subcommand("inference_assets.tools.endpoint_client", "invoke a deployed endpoint", ("invoke",)),
     "smoke-test": Subcommand(
         "inference_assets.tools.endpoint_client", "smoke-test a deployed endpoint", ("smoke-test",)
     ),
-    "load-test": Subcommand("benchmarks.mme_load_test", "the three MME traffic patterns, local or deployed"),
     "mme-plan": Subcommand("stacks.mme_plan", "predict each environment's multi-model endpoint for the three patterns"),
     "review": Subcommand("ops_review.__main__", "ops review of cdk.out (or --diff of two)"),
     "cleanup": Subcommand("ops_review.cleanup", "what SageMaker and EC2 leave outside CloudFormation"),

@@ -2,10 +2,12 @@
 
 * Instance types: vCPUs and memory from the platform's one table of instance facts (platform_facts/instances.json,
   from EC2's DescribeInstanceTypes data; an ``ml.<type>`` has the hardware of the EC2 ``<type>``).
-* Model costs: measured on the local multi-model server by ``python -m benchmarks.mme_model_cost`` and recorded, with
+* Model costs: measured on the local multi-model server by ``python -m proving_ground.benchmarks.mme_model_cost`` and
+recorded, with
   the measurement's provenance (command, date, machine, results file), in ``measured_costs.json`` next to this module.
   Synthesis and the plan read that checked-in data, never a benchmark's output; re-measuring changes the predictions
-  only when the new measurement is recorded (``python -m benchmarks.mme_model_cost --record-from <results>``), and a
+  only when the new measurement is recorded (``python -m proving_ground.benchmarks.mme_model_cost --record-from
+  <results>``), and a
   test fails while the data and the results file it names disagree. A loaded model's memory is its weights times
   the fit's slope, once per instance (its workers share the mapped weights), plus the worker runtime (the fit's
   intercept) for every worker; loading a model into a worker takes the reload fit at the archive's size (measured
@@ -33,13 +35,15 @@ MEMORY_PLANNING_SHARE = 0.85
 
 @cache
 def measured_costs(path: Path = MEASURED_COSTS_FILE) -> dict[str, Any]:
-    """The recorded measurement of the local multi-model server (``sizing_data`` of benchmarks/mme_model_cost.py's
+    """The recorded measurement of the local multi-model server (``sizing_data`` of
+    proving_ground/benchmarks/mme_model_cost.py's
     result)."""
     return json.loads(path.read_text())
 
 
 def sizing_data(result: dict[str, Any], *, source: str, date: str) -> dict[str, Any]:
-    """What the sizing model reads from a model-cost measurement (the result of benchmarks/mme_model_cost.py), with
+    """What the sizing model reads from a model-cost measurement (the result of
+    proving_ground/benchmarks/mme_model_cost.py), with
     where it comes from: ``source`` is the results file (relative to the repository), ``date`` the measurement's day
     when the result does not carry one."""
     host = result["host"]

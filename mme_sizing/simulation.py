@@ -18,7 +18,8 @@ Routing, as AWS describes it for multi-model endpoints ("Invoke a multi-model en
 model's requests outstanding); a model's requests spill to another instance, which loads it, when every holder
 already has more than twice the model's worker limit outstanding; a model nobody holds is loaded on the instance with
 the fewest outstanding requests. SageMaker does not publish its exact algorithm: these rules are this model's
-assumptions, and only the single-instance part is checked against measurements (benchmarks/mme_fleet_validation.py).
+assumptions, and only the single-instance part is checked against measurements
+(proving_ground/benchmarks/mme_fleet_validation.py).
 
 Traffic is either open (Poisson arrivals at a rate: what an operator plans for) or closed (N clients that send the
 next request when the last returns: what a load test does). Everything is deterministic for a given seed.
@@ -59,7 +60,7 @@ class Fleet:
     max_workers_per_model: int | None = None  # djl: None = vcpus (DJL's default with OMP_NUM_THREADS=1)
     max_idle_s: float = 600.0  # djl: a worker idle this long stops (serving.properties max_idle_time)
     # The CPU the instance's requests and loads share (default: every vCPU). The validation passes what a shared host
-    # left to the harness during a run (benchmarks/mme_window.py measures it).
+    # left to the harness during a run (proving_ground/benchmarks/mme_window.py measures it).
     cores: float | None = None
 
     def __post_init__(self) -> None:
@@ -88,7 +89,8 @@ class ModelCost:
     service_s: float  # one warm request in a worker, on one core
     unload_s: float = 0.0  # stopping an evicted model's workers, before the load that needed the room
     # The weights, once per instance: its workers map the same safetensors file and share those pages
-    # (benchmarks/results/mme_model_cost.md: a second worker adds the runtime only, whatever the model's size).
+    # (proving_ground/benchmarks/results/mme_model_cost.md: a second worker adds the runtime only, whatever the
+    # model's size).
     model_memory_mib: float = 0.0
     # CPU a request takes outside the model's workers before it queues (the server's front end; on the local harness
     # also the load-test client on the same host). It needs no worker, so it overlaps with a busy worker.

@@ -1,1 +1,3 @@
-"""Entry points run from the checkout: the synth gates, the settings reference, the rehearsal and its shims."""
+"""Entry points run from the checkout beside app.py: the post-synth gates (``template_gates``, ``iam_analysers``) and
+the settings reference generator (``settings_reference``). They import the stacks and facts, never the proving
+ground."""

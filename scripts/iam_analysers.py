@@ -13,7 +13,7 @@ resource checks see real ARNs; an ``Fn::ImportValue`` resolves through the expor
 Identity policies only: inline role policies and ``AWS::IAM::Policy`` / ``AWS::IAM::ManagedPolicy`` documents,
 cloudsplaining on each principal's policies together (an escalation can need actions from two of them), parliament
 on each document. AWS managed policies attached by ARN are AWS's and are not analysed; resource, key and endpoint
-policies are left to the platform's own evaluator (``ops_review/iam_policy.py``) and cdk-nag.
+policies are left to the platform's own evaluator (``proving_ground/iam_policy.py``) and cdk-nag.
 """
 
 from __future__ import annotations

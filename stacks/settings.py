@@ -517,7 +517,8 @@ class MultiModelSizingSettings(_Settings):
 
     ``warm_latency_ms`` is one request on one core of the instance type: the operator's number to measure with the
     Serving benchmark on the real instance type (100 ms is a planning default; RoBERTa-base measured 63.7 ms at 2
-    threads on a local x86 machine, benchmarks/results/serving_latency.md). ``download_mib_per_second`` (S3 to the
+    threads on a local x86 machine, proving_ground/benchmarks/results/serving_latency.md). ``download_mib_per_second``
+    (S3 to the
     instance) is an assumption: compare the endpoint's ModelDownloadingTime metric. ``p99_objective_ms`` is what
     "fast" means for the prediction; ``max_idle_time_seconds`` is the DJL worker idle stop the models are published
     with (serving.properties ``max_idle_time``).

@@ -40,7 +40,16 @@ TRAINING_IMAGE = "training"
 # Where the data scientist's copy of the SDK config points for the job's dependencies (relative to the repo root).
 REMOTE_DEPENDENCIES = "training_assets/requirements-remote.txt"
 # Names the SDK must not upload when IncludeLocalWorkDir packs the working directory.
-REMOTE_IGNORED_NAMES = [".venv*", "node_modules", "cdk.out", ".git", "__pycache__", "tests", "benchmarks", "*.tar.gz"]
+REMOTE_IGNORED_NAMES = [
+    ".venv*",
+    "node_modules",
+    "cdk.out",
+    ".git",
+    "__pycache__",
+    "tests",
+    "proving_ground",
+    "*.tar.gz",
+]
 # The code the training instances fetch (construct id -> folder under the repository root, folder-specific exclude
 # patterns): what the instance runs, and the inference package that ec2_run.sh calls to build model.tar.gz. Local
 # harnesses and test files stay out, so editing them leaves the Training stack (its asset hashes) unchanged. The

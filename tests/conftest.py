@@ -203,7 +203,7 @@ def _botocore_models_parsed_once() -> Iterator[None]:
     """botocore parses its service models (megabytes of JSON) once per session, and the SDKs, tools and moto in these
     tests make hundreds of sessions (test_remote_sdk_moto alone parsed them 455 times, 9 of its 18 CPU-s): here once per
     process, as the rehearsal does (scripts/aws_calls.parse_json_data_once)."""
-    from scripts.aws_calls import parse_json_data_once
+    from proving_ground.rehearsal.aws_calls import parse_json_data_once
 
     undo = parse_json_data_once()
     yield
@@ -213,8 +213,9 @@ def _botocore_models_parsed_once() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def sdk_config_validated_once() -> Iterator[None]:
     """The SageMaker SDK validates its whole config against its JSON schema every time it reads a value (19 times per
-    job, 66 ms each): here each distinct config once, with the same outcome (scripts/remote_job_player.py)."""
-    from scripts.remote_job_player import sdk_config_validated_once
+    job, 66 ms each): here each distinct config once, with the same outcome
+    (proving_ground/rehearsal/remote_job_player.py)."""
+    from proving_ground.rehearsal.remote_job_player import sdk_config_validated_once
 
     with sdk_config_validated_once():
         yield

@@ -20,7 +20,7 @@ only once a replica holds the model):
 Dynamic batching is ``@serve.batch``: concurrent requests wait up to ``batch_wait_timeout_s`` for up to
 ``max_batch_size`` requests, and ``protocol.answer_batch`` answers them with ONE forward pass (a bad request gets its
 own 4xx and does not touch its neighbours). Two things are added to what ``@serve.batch`` does by itself, both
-measured with benchmarks/serving_latency.py (8 single-text clients against full batch-8 forward passes):
+measured with proving_ground/benchmarks/serving_latency.py (8 single-text clients against full batch-8 forward passes):
 
 - Ray forms the next batch while the current one runs (ray/serve/batching.py ``_process_batches`` calls
   ``wait_for_batch`` again at once; ``max_concurrent_batches`` gates only the execution), so requests that arrive

@@ -8,7 +8,7 @@ import pytest
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 
-from ops_review.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
+from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
 from stacks.components.training_instance_role import TrainingInstanceRole
 from tests.components.bare_stack import (
     ACCOUNT,

@@ -30,7 +30,7 @@ from moto.sagemaker.responses import SageMakerResponse
 from ops_review import change_instance
 from ops_review.change_instance import DIMENSION, ChangeRefused, Planned, change_instance_type, required_policy
 from ops_review.review import StackTemplate
-from scripts.aws_calls import Gate, Principal, install
+from proving_ground.rehearsal.aws_calls import Gate, Principal, install
 from stacks.settings import parse_environment
 from tests.conftest import cdk_context as load_cdk_context
 

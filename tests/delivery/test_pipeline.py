@@ -11,7 +11,7 @@ import pytest
 from cfnlint.api import lint_file
 
 from app import build_app
-from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_policy import Request, is_allowed, resolve
 from scripts import iam_analysers
 from stacks.compliance import add_compliance_gates
 from stacks.pipeline import EXPECTED_LABELS, SYNTH_COMMANDS, PromotionPipelineStack, cdk_cli_version

@@ -1,4 +1,5 @@
-"""The rehearsal (scripts/rehearse.py, `make rehearse`): the README's journey in one piece against one moto server,
+"""The rehearsal (proving_ground/rehearsal/rehearse.py, `make rehearse`): the README's journey in one piece against
+one moto server,
 on the session's synthesized assembly, every AWS call checked against its principal's synthesized policy; and two
 broken joints, each named by the step where the journey stops."""
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from scripts.rehearse import STEPS, Report, rehearse
+from proving_ground.rehearsal.rehearse import STEPS, Report, rehearse
 
 pytestmark = pytest.mark.slow
 

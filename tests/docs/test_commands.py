@@ -153,7 +153,7 @@ def test_the_key_finder_finds_keys_and_skips_code() -> None:
 # The repository's own folders (build outputs such as build/ or cdk.out/ are not checked).
 _TOP_LEVEL = [
     name
-    for name in ("stacks", "tests", "training_assets", "inference_assets", "benchmarks", "mme_sizing", "ops_review",
+    for name in ("stacks", "tests", "training_assets", "inference_assets", "proving_ground", "mme_sizing", "ops_review",
                  "platform_facts", "scripts", "docs", ".github", ".ci")
     if (ROOT / name).is_dir()
 ]  # fmt: skip
@@ -161,7 +161,8 @@ _TOP_LEVEL = [
 
 @pytest.mark.parametrize("page", CHECKED, ids=IDS)
 def test_every_repository_path_named_exists(page: Path) -> None:
-    """Paths into the repository's folders (`stacks/foundation.py`, `benchmarks/results/...`) name real files."""
+    """Paths into the repository's folders (`stacks/foundation.py`, `proving_ground/benchmarks/results/...`) name
+    real files."""
     roots = "|".join(re.escape(name) for name in _TOP_LEVEL)
     pattern = re.compile(rf"(?<![\w./-])(?:{roots})/[\w./<>*{{}}-]*")
     named = {m.group(0).rstrip(".") for s in code(page.read_text(encoding="utf-8")) for m in pattern.finditer(s)}

@@ -45,20 +45,21 @@ def test_a_fleet_plans_with_the_memory_below_the_alarm_less_the_frontend() -> No
 
 def test_the_sizing_data_is_the_measurement_it_names() -> None:
     """Re-measuring changes the predictions only deliberately: record the new results file with
-    `python -m benchmarks.mme_model_cost --record-from benchmarks/results/mme_model_cost.json`."""
+    `python -m proving_ground.benchmarks.mme_model_cost --record-from
+    proving_ground/benchmarks/results/mme_model_cost.json`."""
     data = json.loads(costs.MEASURED_COSTS_FILE.read_text())
     provenance = data["provenance"]
     assert {"command", "date", "machine", "server", "source"} <= provenance.keys()
     result = json.loads((ROOT / provenance["source"]).read_text())
     assert data == costs.sizing_data(result, source=provenance["source"], date=provenance["date"]), (
         f"{costs.MEASURED_COSTS_FILE.name} is not the measurement in {provenance['source']}: record it with "
-        f"python -m benchmarks.mme_model_cost --record-from {provenance['source']}"
+        f"python -m proving_ground.benchmarks.mme_model_cost --record-from {provenance['source']}"
     )
 
 
 def test_sizing_data_takes_the_fits_the_median_unload_and_the_provenance() -> None:
     result = {
-        "command": "python -m benchmarks.mme_model_cost --quick",
+        "command": "python -m proving_ground.benchmarks.mme_model_cost --quick",
         "host": {"cpus": 2},
         "server": "TorchServe",
         "frontend_rss_mib": 100.0,
@@ -69,8 +70,9 @@ def test_sizing_data_takes_the_fits_the_median_unload_and_the_provenance() -> No
     data = costs.sizing_data(result, source="results.json", date="2026-12-03")
     assert data["unload_s"] == 0.02 and data["largest_archive_mib"] == 40.0
     assert data["fits"] == MEASURED["fits"]  # what the model reads, nothing more
-    assert data["provenance"] == {"command": "python -m benchmarks.mme_model_cost --quick", "date": "2026-12-03",
-                                  "machine": "2 CPUs (the result records no more)", "server": "TorchServe",
+    assert data["provenance"] == {"command": "python -m proving_ground.benchmarks.mme_model_cost --quick",
+                                  "date": "2026-12-03", "machine": "2 CPUs (the result records no more)",
+                                  "server": "TorchServe",
                                   "source": "results.json"}  # fmt: skip
     dated = costs.sizing_data({**result, "date": "2027-01-02", "machine": "x"}, source="r.json", date="2026-12-03")
     assert (dated["provenance"]["date"], dated["provenance"]["machine"]) == ("2027-01-02", "x")
@@ -80,12 +82,12 @@ SIZING_IMPORTS = """
 import builtins, sys
 opened = []
 sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == "open" else None)
-from mme_sizing import plan, validation
+from mme_sizing import plan
 inputs = plan.SizingInputs("ml.c5.2xlarge", 1, 2, 1000, "djl", 1, 12, 5.0, 476.0, 100.0, 100.0, 1000.0, 600.0)
 plan.predict(inputs)
 plan.hot_set_resident(inputs)
-print(sorted(name for name in sys.modules if name.split(".")[0] in ("stacks", "benchmarks")))
-print([path for path in opened if "benchmarks" in path])
+print(sorted(name for name in sys.modules if name.split(".")[0] in ("stacks", "proving_ground")))
+print([path for path in opened if "proving_ground" in path])
 """
 
 

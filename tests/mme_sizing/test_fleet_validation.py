@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mme_sizing.intervals import batch_means, wilson
-from mme_sizing.validation import (
+from proving_ground.sizing_validation import (
     INSIDE,
     OUTSIDE,
     WITHIN,
@@ -88,7 +88,7 @@ def test_report_shows_intervals_predictions_verdicts_and_what_the_harness_held(t
     failing = judge({**_row([1.0, 1.1, 0.9, 1.0, 1.0], 25, 100, 1.5, 0.25), "conclusive": False})
     assert passing["passes"] and (passing["tps_verdict"], passing["hit_ratio_verdict"]) == (INSIDE, INSIDE)
     assert not failing["passes"] and failing["tps_verdict"] == OUTSIDE
-    result = {"command": "python -m benchmarks.mme_fleet_validation", "costs": COSTS, "seeds": 5,
+    result = {"command": "python -m proving_ground.benchmarks.mme_fleet_validation", "costs": COSTS, "seeds": 5,
               "host": {"machine": "2 CPUs", "cpus": 2, "load_average_before": 0.1}, "rows": [passing, failing],
               "settings": {"users": 4, "warmup_s": 10.0, "precision": 0.2, "max_requests": 1500,
                            "max_window_s": 150.0, "batch_s": 10.0}}  # fmt: skip
@@ -138,6 +138,6 @@ def test_the_diagnosis_predicts_again_at_the_load_cost_the_run_had() -> None:
      (["--costs-from", "no-such-results.json"], "no results file at no-such-results.json")],
 )  # fmt: skip
 def test_bad_arguments_stop_before_any_server_starts(argv: list[str], message: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "benchmarks.mme_fleet_validation", *argv],
+    result = subprocess.run([sys.executable, "-m", "proving_ground.benchmarks.mme_fleet_validation", *argv],
                             cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert result.returncode == 2 and message in result.stderr, result.stderr

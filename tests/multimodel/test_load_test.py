@@ -29,8 +29,8 @@ SCRIPT = textwrap.dedent(
     """
     import collections, contextlib, io, json, os, sys, tempfile, time, traceback
     import gevent
-    from benchmarks import mme_load_test, mme_locustfile
-    from benchmarks.mme_locustfile import InvokeError
+    from proving_ground.benchmarks import mme_load_test, mme_locustfile
+    from proving_ground.benchmarks.mme_locustfile import InvokeError
 
     def measure(pattern, fail, window):
         calls, seen = collections.Counter(), set()

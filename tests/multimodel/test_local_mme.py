@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from inference_assets.local.local_mme import LocalModelServer, LocalMultiModelEndpoint, ModelNotFound
+from proving_ground.local_mme import LocalModelServer, LocalMultiModelEndpoint, ModelNotFound
 
 pytestmark = pytest.mark.slow  # a real TorchServe + toolkit server
 

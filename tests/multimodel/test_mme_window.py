@@ -1,4 +1,5 @@
-"""The measured window's pure rules (benchmarks/mme_window.py): its counts and intervals, when it stops, the CPU
+"""The measured window's pure rules (proving_ground/benchmarks/mme_window.py): its counts and intervals, when it
+stops, the CPU
 account and the ideal LRU replay."""
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import time
 
 import pytest
 
-from benchmarks.mme_window import (
+from mme_sizing.intervals import batch_means, wilson
+from proving_ground.benchmarks.mme_window import (
     PRECISE,
     REQUEST_BUDGET,
     TIME_BUDGET,
@@ -20,7 +22,6 @@ from benchmarks.mme_window import (
     stop_reason,
     window_statistics,
 )
-from mme_sizing.intervals import batch_means, wilson
 
 
 def requests_per_batch(counts: list[int], *, cold_every: int = 0, failed_every: int = 0) -> list[Completed]:

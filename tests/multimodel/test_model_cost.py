@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 import pytest
 
-from benchmarks.mme_model_cost import QUICK_SIZES, measure, write_results
+from proving_ground.benchmarks.mme_model_cost import QUICK_SIZES, measure, write_results
 
 pytestmark = pytest.mark.slow
 

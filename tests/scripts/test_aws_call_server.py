@@ -1,4 +1,5 @@
-"""The rehearsal's aws call server (scripts/aws_calls.py ``serve``, the ``aws`` shim of scripts/ec2_host.py): a call
+"""The rehearsal's aws call server (proving_ground/rehearsal/aws_calls.py ``serve``, the ``aws`` shim of
+proving_ground/rehearsal/ec2_host.py): a call
 forked from it behaves as the gated CLI in a process of its own: the caller's streams, exit codes and credentials,
 every call through the gate; and with the server gone the shim runs that process itself."""
 
@@ -18,8 +19,8 @@ from typing import Any
 import psutil
 import pytest
 
-from scripts.aws_calls import GATE_ENV, Gate, Principal, start_server
-from scripts.ec2_host import install_host_tools, shared_aws_cli
+from proving_ground.rehearsal.aws_calls import GATE_ENV, Gate, Principal, start_server
+from proving_ground.rehearsal.ec2_host import install_host_tools, shared_aws_cli
 
 ACCOUNT = "123456789012"
 # A principal recorded only, and one whose policy allows one S3 read and nothing else.
@@ -97,7 +98,7 @@ _STARTER = """
 import os, sys
 from pathlib import Path
 import psutil
-from scripts.aws_calls import start_server
+from proving_ground.rehearsal.aws_calls import start_server
 socket = Path(sys.argv[1])
 start_server(socket, Path(sys.argv[2]), dict(os.environ), socket.with_name("server.log"))
 print(psutil.Process().children()[0].pid, flush=True)

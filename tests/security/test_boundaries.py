@@ -1,4 +1,4 @@
-"""Attacks on the principals of the synthesized dev templates, evaluated by ops_review/iam_policy.py: each must
+"""Attacks on the principals of the synthesized dev templates, evaluated by proving_ground/iam_policy.py: each must
 be denied, while the legitimate request next to it is allowed (the recorded SDK flows are in
 tests/training/test_remote_sdk_moto.py). The evaluator itself is checked against AWS's documented examples."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ops_review.iam_policy import Request, is_allowed, logical_id, resolve, role_policies, template_exports
+from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies, template_exports
 
 ACCOUNT, REGION = "123456789012", "us-west-2"
 BUCKETS = {"Artifacts": "artifacts-bucket", "RemoteJobs": "remote-jobs-bucket", "Datasets": "datasets-bucket"}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.ec2_host import patch_moto_reservation_filter, shared_aws_cli
+from proving_ground.rehearsal.ec2_host import patch_moto_reservation_filter, shared_aws_cli
 from tests.training.warm_python import WarmPython
 from training_assets.tiny_model import SAMPLE_DATA
 

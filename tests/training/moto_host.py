@@ -13,8 +13,8 @@ from typing import Any
 
 import boto3
 
-from scripts.aws_calls import GATE_ENV, Gate, Principal, start_server
-from scripts.ec2_host import install_host_tools
+from proving_ground.rehearsal.aws_calls import GATE_ENV, Gate, Principal, start_server
+from proving_ground.rehearsal.ec2_host import install_host_tools
 
 REGION = "us-west-2"
 HOST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
@@ -33,8 +33,10 @@ def host_client(service: str, endpoint: str) -> Any:
 
 @contextmanager
 def host_tools(aws_cli: Path, endpoint: str, work: Path) -> Iterator[tuple[Path, dict[str, str], Gate]]:
-    """The host's shims (scripts/ec2_host.py) in ``work``/bin, its ``aws`` calls forked from one call server that
-    imported the CLI once (scripts/aws_calls.py, as the rehearsal's hosts run theirs: a new Python importing the CLI
+    """The host's shims (proving_ground/rehearsal/ec2_host.py) in ``work``/bin, its ``aws`` calls forked from one call
+    server that
+    imported the CLI once (proving_ground/rehearsal/aws_calls.py, as the rehearsal's hosts run theirs: a new Python
+    importing the CLI
     spent ~0.9 CPU-s per call). Yields the bin folder, what a caller's environment needs (the PATH, the gate's file,
     the moto endpoint and the host's credentials), and the gate: it records the host's calls without checking them
     (these tests are about what the host does; the rehearsal checks its permissions). The server stops afterwards."""

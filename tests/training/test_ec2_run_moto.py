@@ -1,8 +1,9 @@
 """ec2_run.sh for real against a moto server: the real AWS CLI on the "host" (the CLI v1 that aws-cdk-lib ships for
 BucketDeployment), a container shim for ``docker`` that runs the container's command on this machine with what a
 bridge-networked container has on the instance: the network, but no AWS credentials (the launch template's
-metadata hop limit of 1 keeps IMDS, and so the instance role, from it). The shims are scripts/ec2_host.py's, shared
-with the rehearsal (scripts/rehearse.py). The trained model must land in S3 under the platform key."""
+metadata hop limit of 1 keeps IMDS, and so the instance role, from it). The shims are
+proving_ground/rehearsal/ec2_host.py's, shared
+with the rehearsal (proving_ground/rehearsal/rehearse.py). The trained model must land in S3 under the platform key."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from typing import Any
 import boto3
 import pytest
 
-from ops_review.iam_policy import (
+from proving_ground.iam_policy import (
     Call,
     Request,
     is_allowed,

@@ -43,7 +43,7 @@ import pytest
 import yaml
 from botocore.exceptions import ClientError
 
-from ops_review.iam_policy import (
+from proving_ground.iam_policy import (
     Call,
     Request,
     Unsupported,

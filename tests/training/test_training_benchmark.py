@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, RobertaForSequenceClassification
 
-from benchmarks import training_throughput
+from proving_ground.benchmarks import training_throughput
 from training_assets.instance.train_sentiment import ModelFlops
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,8 +86,9 @@ def test_the_benchmark_runs_without_datasets(tmp_path: Path) -> None:
 
     output = tmp_path / "result.json"
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.training_throughput", "--synthetic-rows", "64", "--epochs", "1",
-         "--batch-size", "8", "--max-seq-length", "64", "--rounds", "1", "--variants", "baseline,fast_path@4",
+        [sys.executable, "-m", "proving_ground.benchmarks.training_throughput", "--synthetic-rows", "64",
+         "--epochs", "1", "--batch-size", "8", "--max-seq-length", "64", "--rounds", "1",
+         "--variants", "baseline,fast_path@4",
          "--output", str(output)],
         cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
