@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ops_review import GATES_REPORT
+from ops_review import GATES_REPORT, PLACEHOLDER_METADATA
 from scripts import iam_analysers
 from stacks.settings import ENVIRONMENT_NAMES
 
@@ -116,9 +116,10 @@ def stack_lines(named_templates: list[tuple[str, Path]]) -> list[str]:
         counts = collections.Counter(r["Type"] for r in resources)
         retained = sum(r.get("DeletionPolicy") == "Retain" for r in resources)
         top = ", ".join(f"{n} {t.removeprefix('AWS::')}" for t, n in counts.most_common(4))
+        placeholder = template.get("Metadata", {}).get(PLACEHOLDER_METADATA)
         lines.append(
-            f"{name}: {sum(counts.values())} resources ({top}, ...), {retained} retained, "
-            f"{len(template.get('Outputs', {}))} outputs"
+            f"{name}{f' ({placeholder})' if placeholder else ''}: {sum(counts.values())} resources ({top}, ...), "
+            f"{retained} retained, {len(template.get('Outputs', {}))} outputs"
         )
     return lines
 
