@@ -81,7 +81,14 @@ def nag_violations(assembly: Path) -> list[str]:
     if not report.exists():
         return []
     plugins = json.loads(report.read_text())["pluginReports"]
-    return [
+    # A plugin that failed without a violation crashed (seen: the Control Tower validator on a key policy it could
+    # not read); its error is a finding, or the gate would pass on templates no one checked.
+    crashed = [
+        f"{plugin['pluginName']} failed: {plugin.get('metadata', {}).get('error', 'no error given').splitlines()[0]}"
+        for plugin in plugins
+        if plugin.get("conclusion") == "failure" and not plugin["violations"]
+    ]
+    return crashed + [
         f"{violation['ruleName']} at {resource['constructPath']}"
         for plugin in plugins
         for violation in plugin["violations"]

@@ -64,3 +64,22 @@ def test_control_tower_sees_what_no_stage_gate_saw(tmp_path: Path) -> None:
     assert not report.success
     assert {resource.template_path for v in report.violations for resource in v.violating_resources} == {paths[1]}
     assert "s3_bucket_versioning_enabled_check" in {v.rule_name for v in report.violations}
+
+
+def test_a_crashed_validation_plugin_fails_the_gates(tmp_path: Path) -> None:
+    """The Control Tower validator once crashed on a key policy (no violation, conclusion failure): the gates read
+    that as a finding instead of a pass."""
+    report = {
+        "pluginReports": [
+            {
+                "pluginName": "cdk-validator-cfnguard",
+                "conclusion": "failure",
+                "metadata": {"error": "Of property Object.resourceLogicalId: Unable to serialize value as string\n..."},
+                "violations": [],
+            }
+        ]
+    }
+    (tmp_path / "validation-report.json").write_text(json.dumps(report))
+    assert template_gates.nag_violations(tmp_path) == [
+        "cdk-validator-cfnguard failed: Of property Object.resourceLogicalId: Unable to serialize value as string"
+    ]
