@@ -170,7 +170,7 @@ class Preflight:
     def run(self) -> list[Finding]:
         self.foundation = self._stack_outputs(self.needs.foundation_stack)
         for check in (self.ec2_quota, self.zone_offering, self.capacity_reservation, self.sagemaker_quotas,
-                      self.key_and_buckets, self.model_objects, self.fixed_names):  # fmt: skip
+                      self.key_and_buckets, self.model_objects, self.images, self.fixed_names):  # fmt: skip
             try:
                 check()
             except Exception as error:  # a check that cannot run is a finding, not a crash
@@ -400,6 +400,19 @@ class Preflight:
                      "upload it (pytorch-platform package --upload) before deploying the endpoint.")  # fmt: skip
         else:
             self.add("OK", "Graviton endpoint model", f"s3://{bucket}/{key} exists.")
+
+    # --- images -------------------------------------------------------------------------------------------------------
+
+    def images(self) -> None:
+        """Each image a stack resolves from SSM when it deploys (ops_review/image_check.py, also
+        `pytorch-platform check-images`): present, of its instances' architecture, pullable by this account."""
+        from ops_review.image_check import ImageCheck, image_needs
+
+        # ECR in the region the digest URI names: the pipeline publishes within its own region, the environment's.
+        checker = ImageCheck(lambda service, region: self.client(service), self.needs.region)
+        for need in image_needs(list(self.needs.stacks)):
+            result = checker.check(need)
+            self.add("OK" if result.ok else "BLOCKER", f"image {need.parameter}", f"{result.message}")
 
     # --- fixed names --------------------------------------------------------------------------------------------------
 

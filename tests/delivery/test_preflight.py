@@ -11,6 +11,7 @@ finds SageMaker quotas by name.
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -125,8 +126,34 @@ def _levels(findings: list[preflight.Finding]) -> dict[str, str]:
     return {f.check: f.level for f in findings}
 
 
+SERVING_PARAMETER = "/pytorch-platform/images/graviton-serving"
+
+
+def _publish_serving_image(region: str, architecture: str = "arm64") -> str:
+    """README's first-deploy step 2 in moto: the serving image (an index of one platform) in this account's ECR and
+    its digest URI in the parameter the Graviton endpoint resolves."""
+    ecr = boto3.client("ecr", region_name=region)
+    repository = "pytorch-platform/graviton-serving"
+    if not ecr.describe_repositories()["repositories"]:
+        ecr.create_repository(repositoryName=repository)
+    elif ecr.list_images(repositoryName=repository, filter={"tagStatus": "TAGGED"})["imageIds"]:
+        ecr.batch_delete_image(repositoryName=repository, imageIds=[{"imageTag": architecture}])
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "size": 1, "digest": "sha256:" + "a" * 64,
+         "platform": {"architecture": architecture, "os": "linux"}}]})  # fmt: skip
+    ecr.put_image(repositoryName=repository, imageManifest=manifest, imageTag=architecture)
+    (image,) = ecr.batch_get_image(repositoryName=repository, imageIds=[{"imageTag": architecture}])["images"]
+    account = boto3.client("sts", region_name=region).get_caller_identity()["Account"]
+    uri = f"{account}.dkr.ecr.{region}.amazonaws.com/{repository}@{image['imageId']['imageDigest']}"
+    ssm = boto3.client("ssm", region_name=region)
+    ssm.put_parameter(Name=SERVING_PARAMETER, Type="String", Value=uri, Overwrite=True)
+    return uri
+
+
 def _first_deploy(account: Account, needs: Needs) -> None:
-    """Quota answers that fit the needs; nothing deployed."""
+    """Quota answers that fit the needs; nothing deployed but the images (README, First deploy, step 2)."""
+    if any(s.stack == "GravitonEndpoint" for s in needs.stacks):
+        _publish_serving_image(needs.region)
     account.stacks({}, [needs.foundation_stack])
     account.ec2_quota("L-417A185B", 384.0)
     quotas = {f"{t} for endpoint usage": 20.0 for t in needs.endpoint_maxima}
@@ -381,3 +408,21 @@ def test_the_templates_carry_the_capacity_target_preflight_reads(assembly: Path)
     assert capacity_target(data) == {
         "reservation_id": RESERVATION, "reservation_group_arn": None, "capacity_block": True
     }  # fmt: skip
+
+
+def test_an_image_the_endpoint_cannot_run_blocks_its_deploy(aws: None, assembly: Path) -> None:
+    """Item 1 of issue 40, in preflight: the serving image built for x86_64 is a blocker naming what to do (absent
+    and unpullable images: tests/delivery/test_image_check.py, the same check)."""
+    needs = _needs(assembly)
+    uri = _publish_serving_image(needs.region, architecture="amd64")
+    account = Account(needs.region)
+    account.stacks({}, [needs.foundation_stack])
+    account.ec2_quota("L-417A185B", 384.0)
+    quotas = {f"{t} for endpoint usage": 20.0 for t in needs.endpoint_maxima}
+    account.sagemaker_quotas({**quotas, f"{needs.remote_type} for training job usage": 1.0})
+    account.stacks({}, [s.stack_name for s in needs.stacks])
+    blockers = [f.line() for f in Preflight(needs, account.client).run() if f.level == "BLOCKER"]
+    assert blockers == [
+        f"BLOCKER  image {SERVING_PARAMETER}: {uri} is built for x86_64, ml.c7g.4xlarge runs arm64: build it on "
+        "arm64 (the pipeline's image builds do) and write that digest."
+    ]
