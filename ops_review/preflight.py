@@ -562,6 +562,54 @@ class Preflight:
         return True
 
 
+def codebuild_quotas(cdk_out: Path, clients: Callable[[str], Any]) -> list[Finding]:
+    """The promotion pipeline's account: CodeBuild runs no more builds at once per environment type and compute type
+    than its "Concurrently running builds for <OS>/<size> environment" quota, and a new account's may start at 0 (no
+    build runs at all until it is raised). Quotas found by name, as for SageMaker (the codes are per type); each type
+    the pipeline's projects use needs at least one, and as many as its projects to run a wave's builds side by side."""
+    from ops_review.review import load_assembly
+
+    stacks = [s for s in load_assembly(cdk_out) if s.stack == "PromotionPipeline" and "/" not in s.environment]
+    if not stacks:
+        raise ValueError(f"{cdk_out} has no PromotionPipeline stack; run `make synth` first.")
+    wanted: dict[str, int] = {}
+    for resource in stacks[0].template["Resources"].values():
+        if resource["Type"] != "AWS::CodeBuild::Project":
+            continue
+        environment = resource["Properties"]["Environment"]
+        system = "arm" if environment["Type"].startswith("ARM") else "linux"
+        size = str(environment["ComputeType"]).removeprefix("BUILD_GENERAL1_").lower()
+        key = f"{system}/{size} environment"
+        wanted[key] = wanted.get(key, 0) + 1
+    quotas = clients("service-quotas")
+    applied = _pages(quotas, "list_service_quotas", "Quotas", ServiceCode="codebuild")
+    found = {q["QuotaName"].lower(): q for q in applied}
+    defaults = _pages(quotas, "list_aws_default_service_quotas", "Quotas", ServiceCode="codebuild")
+    for quota in defaults:
+        found.setdefault(quota["QuotaName"].lower(), quota)
+    findings = []
+    for key, projects in sorted(wanted.items()):
+        matches = [q for name, q in found.items() if "concurrently running builds" in name and name.endswith(key)]
+        check = f"CodeBuild quota for {key.removesuffix(' environment')} builds"
+        if not matches:
+            findings.append(Finding("WARNING", check, f"no quota named '...{key}' in Service Quotas: check the "
+                                    "account's concurrent-build quota for this type in the console."))  # fmt: skip
+            continue
+        quota = matches[0]
+        value = float(quota["Value"])
+        request = ("request an increase (aws service-quotas request-service-quota-increase --service-code codebuild "
+                   f"--quota-code {quota['QuotaCode']} --desired-value {projects})")  # fmt: skip
+        if value < 1:
+            findings.append(Finding("BLOCKER", check, f"{value:g}: no {key.split(' ')[0]} build can run, so the "
+                                    f"pipeline cannot start; {request}."))  # fmt: skip
+        elif value < projects:
+            findings.append(Finding("WARNING", check, f"{value:g} at once for the pipeline's {projects} projects of "
+                                    f"this type: builds of one wave queue; {request}."))  # fmt: skip
+        else:
+            findings.append(Finding("OK", check, f"{value:g} at once; the pipeline has {projects} projects of it."))
+    return findings
+
+
 def _environment(args: argparse.Namespace) -> str:
     for item in args.context:
         key, _, value = item.partition("=")
@@ -578,7 +626,21 @@ def main(argv: list[str] | None = None, *, clients: Callable[[str], Any] | None 
     parser.add_argument("--env", help="the environment (same as -c env=...)")
     parser.add_argument("--cdk-out", type=Path, default=Path("cdk.out"), help="cloud assembly (default: cdk.out)")
     parser.add_argument("--region", help="AWS region (default: the environment's in the cloud assembly)")
+    parser.add_argument("--pipeline", action="store_true", help="check the pipeline's account instead (CodeBuild)")
     args = parser.parse_args(argv)
+    if args.pipeline:
+        if clients is None:
+            import boto3
+
+            clients = boto3.session.Session(region_name=args.region).client
+        try:
+            pipeline_findings = codebuild_quotas(args.cdk_out, clients)
+        except (OSError, ValueError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        for finding in pipeline_findings:
+            print(finding.line())
+        return 1 if any(f.level == "BLOCKER" for f in pipeline_findings) else 0
     environment = _environment(args)
     try:
         needs = needs_of(args.cdk_out, environment)

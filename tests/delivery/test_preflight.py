@@ -487,3 +487,37 @@ def test_an_interface_endpoint_service_missing_from_a_zone_blocks_the_foundation
     offered = Preflight(needs, Account(needs.region).client)
     offered.endpoint_services()
     assert {f.level for f in offered.findings} == {"OK"}
+
+
+def test_a_new_pipeline_account_whose_codebuild_runs_no_build_is_a_blocker(tmp_path: Path) -> None:
+    """The pipeline's projects (a hand-made template of two project types, as the pipeline's synth and image builds
+    use) against Service Quotas answered as a new account may: Linux/Medium at 0. The quota names are as preflight
+    expects them ("Concurrently running builds for <OS>/<size> environment"), not read from AWS here."""
+    project = {"Type": "AWS::CodeBuild::Project", "Properties": {"Environment": {}}}
+
+    def of(kind: str, size: str) -> dict[str, Any]:
+        return {**project, "Properties": {"Environment": {"Type": kind, "ComputeType": f"BUILD_GENERAL1_{size}"}}}
+
+    template = {"Resources": {"Synth": of("LINUX_CONTAINER", "MEDIUM"), "Assets": of("LINUX_CONTAINER", "MEDIUM"),
+                              "Serving": of("ARM_CONTAINER", "LARGE")}}  # fmt: skip
+    (tmp_path / "PromotionPipeline.template.json").write_text(json.dumps(template))
+    manifest = {"version": "48.0.0", "artifacts": {"PromotionPipeline": {"type": "aws:cloudformation:stack",
+                "environment": "aws://999999999999/us-west-2",
+                "properties": {"templateFile": "PromotionPipeline.template.json"}}}}  # fmt: skip
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    quotas = boto3.session.Session(region_name="us-west-2").client("service-quotas")
+    stub = Stubber(quotas)
+    stub.add_response("list_service_quotas", {"Quotas": []}, {"ServiceCode": "codebuild"})
+    name = "Concurrently running builds for {} environment"
+    defaults = [_quota("codebuild", "L-00000001", name.format("Linux/Medium"), 0.0),
+                _quota("codebuild", "L-00000002", name.format("ARM/Large"), 1.0),
+                _quota("codebuild", "L-00000003", name.format("Linux/2XLarge"), 1.0)]  # fmt: skip
+    stub.add_response("list_aws_default_service_quotas", {"Quotas": defaults}, {"ServiceCode": "codebuild"})
+    stub.activate()
+    lines = [f.line() for f in preflight.codebuild_quotas(tmp_path, lambda name: quotas)]
+    assert lines == [
+        "OK       CodeBuild quota for arm/large builds: 1 at once; the pipeline has 1 projects of it.",
+        "BLOCKER  CodeBuild quota for linux/medium builds: 0: no linux/medium build can run, so the pipeline cannot "
+        "start; request an increase (aws service-quotas request-service-quota-increase --service-code codebuild "
+        "--quota-code L-00000001 --desired-value 2).",
+    ]
