@@ -274,7 +274,7 @@ def _guardrail_findings(label: str, before: dict[str, Any], after: dict[str, Any
 def _create_only(resource_type: str, region: str) -> list[list[str]]:
     """The create-only property paths of a type (["EndpointName"], ["VpcConfig", "SubnetIds"]) from cfn-lint's copy
     of the CloudFormation resource type schemas; none for a type it does not know (Custom::...)."""
-    from cfnlint.schema import PROVIDER_SCHEMA_MANAGER
+    from cfnlint.schema import PROVIDER_SCHEMA_MANAGER  # type: ignore[import-untyped]
 
     try:
         schema = PROVIDER_SCHEMA_MANAGER.get_resource_schema(region, resource_type).schema
