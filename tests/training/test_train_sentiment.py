@@ -11,9 +11,11 @@ import pytest
 
 from inference_assets.container.predictor import SentimentPredictor
 from tests.training.warm_python import WarmPython
-from training_assets.instance import train_sentiment
+from training_assets.instance import hardware, train_config, train_sentiment
 from training_assets.instance.batching import SMALLEST_BUCKET
-from training_assets.instance.train_sentiment import TrainConfig, TrainingInputError, train
+from training_assets.instance.dataset import TrainingInputError
+from training_assets.instance.train_config import TrainConfig
+from training_assets.instance.train_sentiment import train
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "training_assets.instance.train_sentiment"
@@ -275,7 +277,7 @@ def test_bf16_on_a_gpu_without_it(tiny_model_dir: Path, data_dir: Path, monkeypa
 
 
 def test_bf16_on_a_cpu_without_it(tiny_model_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(train_sentiment, "cpu_flags", lambda: {"sse4_2", "avx2"})
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: {"sse4_2", "avx2"})
     with pytest.raises(TrainingInputError, match=r"--bf16 needs native bfloat16 on this CPU"):
         train(_config(tiny_model_dir, data_dir, bf16=True))
 
@@ -337,7 +339,7 @@ def test_cli_prints_the_error_and_exits_2(tiny_model_dir: Path, tmp_path: Path, 
 
 
 def test_cli_flags_map_onto_the_config() -> None:
-    config = train_sentiment.parse_args(
+    config = train_config.parse_args(
         [
             "--torch-compile",
             "--bf16",
@@ -353,7 +355,7 @@ def test_cli_flags_map_onto_the_config() -> None:
     assert (config.torch_compile, config.bf16, config.fused_adamw) == (True, True, False)
     assert config.labels == ("neg", "pos") and config.epochs == 2 and config.dataset_config == "sentiment"
     with pytest.raises(TrainingInputError, match="learning_rate must be between 0 and 1"):
-        train_sentiment.parse_args(["--learning-rate", "3"])
+        train_config.parse_args(["--learning-rate", "3"])
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoTokenizer, RobertaForSequenceClassification
 
 from proving_ground.benchmarks import training_throughput
-from training_assets.instance.train_sentiment import ModelFlops
+from training_assets.instance.throughput import ModelFlops
 
 ROOT = Path(__file__).resolve().parents[2]
 
