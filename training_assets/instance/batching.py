@@ -56,6 +56,22 @@ def padded_length(longest: int, buckets: Sequence[int]) -> int:
     raise ValueError(f"a text of {longest} tokens is longer than the largest bucket {buckets[-1]}")
 
 
+class PaddedIndex(int):
+    """A row index that carries the padded length of the global batch its row belongs to (``LengthBucketSampler``):
+    the collator of each rank pads its share of the global batch to that length, so every rank runs the same shape
+    at the same step, even in a batch at the border of two buckets. An ``int`` everywhere else."""
+
+    padded_length: int
+
+    def __new__(cls, index: int, padded_length: int) -> PaddedIndex:
+        value = super().__new__(cls, index)
+        value.padded_length = padded_length
+        return value
+
+    def __reduce__(self) -> tuple[type, tuple[int, int]]:  # DataLoader workers get the indices pickled
+        return (PaddedIndex, (int(self), self.padded_length))
+
+
 @dataclass(frozen=True)
 class BucketCollator:
     """Collates tokenized rows (``input_ids``, ``label``) into padded tensors.
@@ -76,6 +92,8 @@ class BucketCollator:
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         sizes = [len(row["input_ids"]) for row in rows]
         width = self.buckets[-1] if self.padding == "max_length" else padded_length(max(sizes), self.buckets)
+        if self.padding != "max_length" and "padded_length" in rows[0]:  # the global batch's length (PaddedIndex)
+            width = max(width, *(row["padded_length"] for row in rows))
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, (row, size) in enumerate(zip(rows, sizes, strict=True)):
@@ -105,6 +123,11 @@ class LengthBucketSampler(Sampler[int]):
       the last sorted mega-batch.
 
     As there, the batch of the longest bucket comes first, so an out-of-memory error shows in the first step.
+
+    ``batch_size`` is the global batch (every rank's batch, and the accumulated steps): accelerate deals its
+    consecutive per-device batches to the ranks in turn (``BatchSamplerShard``), so one global batch is one step on
+    every rank. Each index is a ``PaddedIndex`` carrying its global batch's bucket, so a global batch that spans two
+    buckets pads to the longer on every rank.
     """
 
     def __init__(
@@ -137,7 +160,8 @@ class LengthBucketSampler(Sampler[int]):
             batches = [batches[i] for i in torch.randperm(len(batches)).tolist()]
             longest = max(range(len(batches)), key=lambda i: max(self.bucket_of[j] for j in batches[i]))
             batches[0], batches[longest] = batches[longest], batches[0]
-        return iter([index for batch in batches for index in batch] + rest)
+        padded = [PaddedIndex(index, max(self.bucket_of[i] for i in batch)) for batch in batches for index in batch]
+        return iter(padded + rest)
 
 
 class TokenCounter:

@@ -229,6 +229,9 @@ def trainer_settings(config: TrainConfig, use_cuda: bool, distributed: bool) -> 
         # Both default to reading a device value every step: the token count (.item()) and the NaN check of the loss
         # (a Python `if` on a tensor; transformers#33693). Tokens are counted on the device instead (TokenCounter).
         include_num_input_tokens_seen="no",
+        # The rows carry what the collator needs besides the model's inputs (the global batch's padded length:
+        # batching.PaddedIndex); the Trainer would otherwise drop every key the model's forward does not name.
+        remove_unused_columns=False,
         logging_nan_inf_filter=False,
         # Batches are collated in worker processes into pinned memory (only with CUDA: pinning is for copies to a
         # GPU) and copied to the GPU without blocking the host.

@@ -50,7 +50,13 @@ import transformers
 from transformers import TrainerCallback
 
 from training_assets.instance import batch_scaling, checkpoints, data_staging
-from training_assets.instance.batching import BucketCollator, LengthBucketSampler, TokenCounter, bucket_lengths
+from training_assets.instance.batching import (
+    BucketCollator,
+    LengthBucketSampler,
+    PaddedIndex,
+    TokenCounter,
+    bucket_lengths,
+)
 from training_assets.instance.dataset import (
     CHARS_PER_TOKEN_KEPT,
     Schema,
@@ -112,7 +118,10 @@ class TokenizedSplit(torch.utils.data.Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        return {"input_ids": self.input_ids[index], "label": self.labels[index]}
+        row = {"input_ids": self.input_ids[index], "label": self.labels[index]}
+        if isinstance(index, PaddedIndex):
+            row["padded_length"] = index.padded_length
+        return row
 
     @property
     def lengths(self) -> list[int]:
@@ -145,7 +154,9 @@ class EpochReporter(TrainerCallback):
         row = {
             "epoch": round(state.epoch or 0.0, 3),
             "train_loss": round(train_losses[-1], 6) if train_losses else float("nan"),
-            "eval_loss": round(metrics["eval_loss"], 6),
+            # From the gathered logits (compute_metrics): the Trainer's eval_loss repeats each batch's mean, so on
+            # several ranks a last batch that accelerate filled up with repeated rows skews it.
+            "eval_loss": round(metrics.get("eval_cross_entropy", metrics["eval_loss"]), 6),
             "eval_accuracy": round(metrics["eval_accuracy"], 6),
             "eval_macro_f1": round(metrics["eval_macro_f1"], 6),
         }
@@ -219,6 +230,12 @@ def sentiment_trainer() -> type:
             **kwargs: Any,
         ) -> None:
             super().__init__(*args, **kwargs)
+            # RoBERTa's forward takes **kwargs, so the Trainer concludes it accepts loss keyword arguments; then
+            # (transformers 5.23 Trainer.compute_loss) it multiplies each rank's loss by the number of processes
+            # when average_tokens_across_devices (default True), and training_step skips the division by the
+            # gradient accumulation steps, while the classification head returns a plain mean and ignores
+            # num_items_in_batch. False: the mean loss as one process computes it, and no per-step label count.
+            self.model_accepts_loss_kwargs = False
             self.token_counter = token_counter
             self.clone_eval_outputs = clone_eval_outputs
             self.buckets = buckets
@@ -236,7 +253,9 @@ def sentiment_trainer() -> type:
             dataset = self.train_dataset if train_dataset is None else train_dataset
             if self.buckets is None or not isinstance(dataset, TokenizedSplit):
                 return super()._get_train_sampler(train_dataset)
-            batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
+            # Grouped by the global batch: accelerate deals consecutive per-device batches to the ranks in turn
+            # (BatchSamplerShard), so each run of world_size batches is one bucket on every rank at the same step.
+            batch = self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
             return LengthBucketSampler(dataset.lengths, self.buckets, batch)
 
         def create_optimizer(self, model: Any = None) -> torch.optim.Optimizer:
@@ -268,8 +287,20 @@ def compute_metrics(prediction: Any) -> dict[str, float]:
     logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
     predicted = np.asarray(logits).argmax(axis=-1)
     labels = np.asarray(prediction.label_ids)
-    return {"accuracy": float(np.mean(predicted == labels)) if labels.size else 0.0,
-            "macro_f1": macro_f1(labels, predicted)}  # fmt: skip
+    return {
+        "accuracy": float(np.mean(predicted == labels)) if labels.size else 0.0,
+        "macro_f1": macro_f1(labels, predicted),
+        "cross_entropy": cross_entropy(np.asarray(logits), labels),
+    }
+
+
+def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> float:
+    """The mean cross-entropy of ``labels`` under ``logits`` (what the classification head's loss computes)."""
+    if not labels.size:
+        return float("nan")
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return float(-log_probs[np.arange(labels.size), labels].mean())
 
 
 def macro_f1(labels: np.ndarray, predicted: np.ndarray) -> float:
@@ -429,7 +460,9 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         "epochs": reporter.epochs,
         # The train loss of every logging window (--logging-steps N: every N optimizer steps).
         "train_loss_log": [
-            {"step": row["step"], "loss": row["loss"]} for row in trainer.state.log_history if "loss" in row
+            {"step": row["step"], "loss": row["loss"], "grad_norm": row.get("grad_norm")}
+            for row in trainer.state.log_history
+            if "loss" in row
         ],
         "throughput": meter.summary(ModelFlops.from_config(model.config)),
         "train_runtime_seconds": round(result.metrics["train_runtime"], 3),
