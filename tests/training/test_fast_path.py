@@ -61,9 +61,10 @@ def test_collator_pads_to_the_bucket_or_to_max_length() -> None:
 
 def test_token_counts_are_kept_per_step_and_read_once() -> None:
     counter = TokenCounter()
-    counter.add(torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]]))
-    counter.add(torch.tensor([[1, 0, 0, 0]]))
-    counter.add(torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]]))
+    collate = BucketCollator(pad_token_id=1, buckets=(4,))
+    for lengths in ([2, 3], [1], [4, 1]):  # what the collator counts on the host is what the counter keeps
+        batch = collate([{"input_ids": [0] * length, "label": 0} for length in lengths])
+        counter.add(*batch["token_counts"], tuple(batch["input_ids"].shape))
     # tokens, sum of squared text lengths (2*2 + 3*3), positions computed
     assert counter.read() == [Counts(5, 13, 8), Counts(1, 1, 4), Counts(5, 17, 8)]
     assert counter.shapes == [(2, 4), (1, 4), (2, 4)] and counter.earlier == [0, 0, 1]
@@ -332,7 +333,7 @@ def test_the_meter_records_cuda_events_and_waits_once_after_training(monkeypatch
     meter.on_epoch_begin(None, None, None)
     for width in (16, 16, 16, 24, 16, 16):
         meter.on_step_begin(None, None, None)
-        counter.add(torch.ones(32, width, dtype=torch.long))
+        counter.add(32 * width, 32 * width * width, (32, width))  # 32 texts filling their rows
         meter.on_step_end(None, None, None)
     assert waits == []
     summary = meter.summary(ModelFlops(layers=1, hidden=2, intermediate=4))
@@ -376,7 +377,7 @@ def test_gpu_defaults_are_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None
                                     "--no-group-by-length"]), use_cuda=True)  # fmt: skip
     assert (seed.torch_compile, seed.bf16, seed.fused_adamw, seed.padding) == (False, False, False, "max_length")
     assert seed.compile_optimizer is False and train_config.optimizer_name(seed) == "adamw_torch"
-    with pytest.raises(TrainingInputError, match="padding must be one of bucketed, max_length"):
+    with pytest.raises(TrainingInputError, match="padding must be one of bucketed, max_length, packed"):
         TrainConfig(padding="longest")
 
 
@@ -413,7 +414,7 @@ def test_the_sync_check_is_on_for_steady_steps_only(monkeypatch: pytest.MonkeyPa
     logs = type("Control", (), {**vars(type(quiet)), "should_log": True})()
     widths = (16, 16, 16, 16, 24, 24, 24, 16)
     for step, width in enumerate(widths, start=1):
-        counter.add(torch.ones(8, width, dtype=torch.long))
+        counter.add(8 * width, 8 * width * width, (8, width))
         check.step_starts(len(counter.shapes) - 1)
         check.on_step_end(None, None, logs if step == 4 else quiet)
     check.on_epoch_end(None, None, quiet)

@@ -8,7 +8,6 @@ runs would differ by design, not by a bug."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -34,16 +33,6 @@ LOSS_TOLERANCE = 1e-5
 WEIGHT_TOLERANCE = 1e-4
 
 
-@pytest.fixture(scope="module")
-def model_without_dropout(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("no-dropout") / "model"
-    shutil.copytree(tiny_model_dir, folder)
-    config = json.loads((folder / "config.json").read_text())
-    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout=0.0)
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
-
-
 def _run(python: WarmPython, processes: int, arguments: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     launcher = [python.executable]
     if processes > 1:
@@ -53,15 +42,14 @@ def _run(python: WarmPython, processes: int, arguments: list[str], cwd: Path) ->
 
 
 @pytest.fixture(scope="module")
-def runs(
-    model_without_dropout: Path, sample_data: Path, tmp_path_factory: pytest.TempPathFactory, warm_python: WarmPython
-) -> dict[int, Path]:
+def runs(tiny_model_without_dropout: Path, sample_data: Path, tmp_path_factory: pytest.TempPathFactory,
+         warm_python: WarmPython) -> dict[int, Path]:  # fmt: skip
     """{processes: output folder} of the same training with one process and with two (each writes its shapes)."""
     root = tmp_path_factory.mktemp("ranks")
     outputs = {}
     for processes in (1, 2):
         output = root / f"processes-{processes}"
-        arguments = ["--record-dir", str(output / "shapes"), "--model", str(model_without_dropout),
+        arguments = ["--record-dir", str(output / "shapes"), "--model", str(tiny_model_without_dropout),
                      "--dataset", str(sample_data), "--output-dir", str(output), *SETTINGS]  # fmt: skip
         result = _run(warm_python, processes, arguments, root)
         if result.returncode and "Gloo connectFullMesh failed" in result.stderr:
@@ -96,14 +84,14 @@ def test_two_ranks_log_the_loss_and_gradient_norm_of_one_process(runs: dict[int,
 
 
 @pytest.mark.slow
-def test_two_ranks_end_with_the_weights_of_one_process(runs: dict[int, Path], model_without_dropout: Path) -> None:
+def test_two_ranks_end_with_the_weights_of_one_process(runs: dict[int, Path], tiny_model_without_dropout: Path) -> None:
     single = load_file(runs[1] / "saved_model" / "model.safetensors")
     double = load_file(runs[2] / "saved_model" / "model.safetensors")
     assert single.keys() == double.keys()
     worst = max((single[name] - double[name]).abs().max().item() for name in single)
     assert worst <= WEIGHT_TOLERANCE
     # The runs moved the weights far more than they differ: the comparison is not between two untrained models.
-    start = load_file(model_without_dropout / "model.safetensors")
+    start = load_file(tiny_model_without_dropout / "model.safetensors")
     assert max((single[name] - start[name]).abs().max().item() for name in single) > 100 * WEIGHT_TOLERANCE
 
 

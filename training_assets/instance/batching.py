@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-PADDING_MODES = ("bucketed", "max_length")
+# "packed": several texts per row (packing.py); evaluation then runs bucketed batches.
+PADDING_MODES = ("bucketed", "max_length", "packed")
 # Tensor cores work on multiples of 8; no bucket is shorter than this.
 SMALLEST_BUCKET = 8
 
@@ -86,10 +87,10 @@ class BucketCollator:
     padding: str = "bucketed"
 
     def __post_init__(self) -> None:
-        if self.padding not in PADDING_MODES:
+        if self.padding not in ("bucketed", "max_length"):
             raise ValueError(f"padding must be one of {', '.join(PADDING_MODES)}, got {self.padding!r}")
 
-    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         sizes = [len(row["input_ids"]) for row in rows]
         width = self.buckets[-1] if self.padding == "max_length" else padded_length(max(sizes), self.buckets)
         if self.padding != "max_length" and "padded_length" in rows[0]:  # the global batch's length (PaddedIndex)
@@ -99,7 +100,9 @@ class BucketCollator:
         for i, (row, size) in enumerate(zip(rows, sizes, strict=True)):
             input_ids[i, :size] = torch.as_tensor(row["input_ids"], dtype=torch.long)
             attention_mask[i, :size] = 1
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+        # Host integers the collator knows anyway: non-padding tokens and the sum of squared lengths (TokenCounter).
+        batch: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask,
+                                 "token_counts": [sum(sizes), sum(size * size for size in sizes)]}  # fmt: skip
         if "label" in rows[0]:
             batch["labels"] = torch.tensor([row["label"] for row in rows], dtype=torch.long)
         return batch
@@ -165,21 +168,20 @@ class LengthBucketSampler(Sampler[int]):
 
 
 class TokenCounter:
-    """Per optimizer step: the non-padding tokens and the sum of squared text lengths, on the device (never read
-    back while training runs; the squares give the attention FLOPs, which grow with each text's length), and the
-    batch shape, on the host (known without reading the device). ``read`` reads every step's counts at once.
+    """Per optimizer step: the non-padding tokens and the sum of squared text lengths (the squares give the attention
+    FLOPs, which grow with each text's length), as the collator counted them on the host (``token_counts``: no
+    device work, no device read), and the batch shape. ``read`` sums every step's counts over the ranks at once.
     """
 
-    def __init__(self) -> None:
-        self.counts: list[torch.Tensor] = []  # [tokens, sum of squared lengths] per step, on the device
-        self.shapes: list[tuple[int, ...]] = []  # (batch, padded length) per step
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)  # where the all-reduce runs (NCCL needs the GPU)
+        self.counts: list[tuple[int, int]] = []  # (tokens, sum of squared lengths) per step
+        self.shapes: list[tuple[int, ...]] = []  # (rows, padded length) per step
         self.earlier: list[int] = []  # per step: how many earlier steps had the same shape
         self._seen: Counter[tuple[int, ...]] = Counter()
 
-    def add(self, attention_mask: torch.Tensor) -> None:
-        lengths = attention_mask.sum(dim=-1)
-        self.counts.append(torch.stack([lengths.sum(), (lengths * lengths).sum()]))
-        shape = tuple(attention_mask.shape)
+    def add(self, tokens: int, squared_lengths: int, shape: tuple[int, ...]) -> None:
+        self.counts.append((tokens, squared_lengths))
         self.shapes.append(shape)
         self.earlier.append(self._seen[shape])
         self._seen[shape] += 1
@@ -194,13 +196,8 @@ class TokenCounter:
         steps together, after training (each rank must call it)."""
         if not self.counts:
             return []
-        values = torch.cat(
-            [
-                torch.stack(self.counts).to(torch.long),
-                torch.tensor(self.positions, device=self.counts[0].device)[:, None],
-            ],
-            dim=1,
-        )
+        rows = [[*counts, positions] for counts, positions in zip(self.counts, self.positions, strict=True)]
+        values = torch.tensor(rows, dtype=torch.long, device=self.device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(values)
         return [Counts(*row) for row in values.tolist()]

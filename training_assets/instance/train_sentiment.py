@@ -49,7 +49,7 @@ import torch
 import transformers
 from transformers import TrainerCallback
 
-from training_assets.instance import batch_scaling, checkpoints, data_staging
+from training_assets.instance import batch_scaling, checkpoints, data_staging, packing
 from training_assets.instance.batching import (
     BucketCollator,
     LengthBucketSampler,
@@ -227,6 +227,7 @@ def sentiment_trainer() -> type:
             buckets: tuple[int, ...] | None = None,
             compile_optimizer: bool = False,
             sync_check: SyncCheck | None = None,
+            eval_collator: Any = None,
             **kwargs: Any,
         ) -> None:
             super().__init__(*args, **kwargs)
@@ -241,10 +242,12 @@ def sentiment_trainer() -> type:
             self.buckets = buckets
             self.compile_optimizer = compile_optimizer
             self.sync_check = sync_check
+            self.eval_collator = eval_collator
 
         def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
             # The Trainer's own count (include_num_input_tokens_seen) reads it back with .item() every step.
-            self.token_counter.add(inputs["attention_mask"])
+            tokens, squared = inputs.pop("token_counts")
+            self.token_counter.add(tokens, squared, tuple(inputs["input_ids"].shape))
             if self.sync_check is not None:
                 self.sync_check.step_starts(len(self.token_counter.shapes) - 1)
             return super().training_step(model, inputs, num_items_in_batch)
@@ -264,8 +267,9 @@ def sentiment_trainer() -> type:
                 optimizer.step = CompiledOptimizerStep(optimizer)
             return optimizer
 
-        def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
-            outputs = super().prediction_step(*args, **kwargs)
+        def prediction_step(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+            inputs.pop("token_counts", None)  # the collator's host counts are for training steps
+            outputs = super().prediction_step(model, inputs, *args, **kwargs)
             if not self.clone_eval_outputs:
                 return outputs
             # CUDA graph trees reuse a graph's output memory on its next replay, and the evaluation loop keeps the first
@@ -275,10 +279,18 @@ def sentiment_trainer() -> type:
 
         def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
             drop_last, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
+            collator = self.data_collator
+            self.data_collator = self.eval_collator or collator  # packed training still evaluates padded batches
             try:
                 return super().get_eval_dataloader(eval_dataset)
             finally:
                 self.args.dataloader_drop_last = drop_last
+                self.data_collator = collator
+
+        def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+            # The Trainer's count walks every parameter each step (PreTrainedModel.num_parameters) for a total_flos
+            # nothing reads; the model's FLOPs are counted once, after training (ModelFlops).
+            return 0
 
     return SentimentTrainer
 
@@ -404,16 +416,21 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     encoded = {name: TokenizedSplit(split.input_ids, split.labels) for name, split in tokens.items()}
 
     cuda_graphs = use_cuda and bool(config.torch_compile) and config.torch_compile_mode in CUDA_GRAPH_MODES
-    counter = TokenCounter()
+    counter = TokenCounter(args.device)
     # A shape's first run compiles it; with CUDA graphs its second records the graph (see ThroughputMeter).
     shape_warmups = 2 if cuda_graphs else 1 if config.torch_compile else 0
     meter = ThroughputMeter(config.warmup_steps, plan.samples_per_step, counter, use_cuda, shape_warmups)
     reporter = EpochReporter()
     sync_check = SyncCheck(config.sync_debug, meter) if config.sync_debug != "off" else None
+    packed = config.padding == "packed"
+    if packed and (reason := packing.check_packable(model.config)):
+        raise TrainingInputError(f"--padding packed: {reason}")
+    padded = BucketCollator(tokenizer.pad_token_id, buckets, "bucketed" if packed else config.padding)
     trainer = sentiment_trainer()(
-        model=model,
+        model=packing.PackedClassifier(model) if packed else model,
         args=args,
-        data_collator=BucketCollator(tokenizer.pad_token_id, buckets, config.padding),
+        data_collator=packing.PackingCollator(tokenizer.pad_token_id, max_length) if packed else padded,
+        eval_collator=padded,
         train_dataset=encoded["train"],
         eval_dataset=encoded["validation"],
         processing_class=tokenizer,
@@ -421,7 +438,7 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         callbacks=[meter, reporter, *([sync_check] if sync_check else []), *checkpoints.callbacks(config), *callbacks],
         token_counter=counter,
         clone_eval_outputs=cuda_graphs,
-        buckets=buckets if config.group_by_length else None,
+        buckets=buckets if config.group_by_length and not packed else None,
         compile_optimizer=bool(config.compile_optimizer),
         sync_check=sync_check,
     )
@@ -442,9 +459,10 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         "padding": {
             "mode": config.padding,
             "bucket_lengths": list(buckets),
-            "group_by_length": config.group_by_length,
-            # Optimizer steps per padded length: which buckets the run used, and how often.
+            "group_by_length": config.group_by_length and not packed,
+            # Optimizer steps per padded length: which buckets the run used, and how often (packed: per rows).
             "steps_per_length": dict(sorted(Counter(shape[-1] for shape in counter.shapes).items())),
+            "steps_per_rows": dict(sorted(Counter(shape[0] for shape in counter.shapes).items())),
         },
         "optimizer_step": optimizer_step(config),
         "cuda_graphs": cuda_graphs,
@@ -474,12 +492,20 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         metrics["sync_debug"] = {"mode": config.sync_debug, "steps_checked": sync_check.steps_checked}
     if trainer.is_world_process_zero():
         saved = output_dir / SAVED_MODEL_DIR
-        trainer.save_model(str(saved))
+        if packed:  # the model inside the packing wrapper, as the padded path saves it
+            model.save_pretrained(str(saved))
+            tokenizer.save_pretrained(str(saved))
+        else:
+            trainer.save_model(str(saved))
         (saved / "training_args.bin").unlink(missing_ok=True)  # a pickle the served model does not need
         (output_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
     trainer.accelerator.wait_for_everyone()
     checkpoints.finish(config, args.local_process_index == 0)
     return metrics
+
+
+# Distinct row counts of packed batches that compile before TorchDynamo would fall back to eager.
+PACKED_ROW_COUNTS = 32
 
 
 def _compile_settings(config: TrainConfig, buckets: tuple[int, ...]) -> Any:
@@ -494,6 +520,9 @@ def _compile_settings(config: TrainConfig, buckets: tuple[int, ...]) -> Any:
     if not (config.torch_compile or config.compile_optimizer):
         return nullcontext()
     limit = max(torch._dynamo.config.recompile_limit, 2 * len(buckets) + 4)
+    if config.padding == "packed":
+        # A packed batch's row count varies a few rows around (texts x mean length / width): one graph per count.
+        limit += PACKED_ROW_COUNTS
     return torch._dynamo.config.patch(recompile_limit=limit, automatic_dynamic_shapes=False)
 
 
