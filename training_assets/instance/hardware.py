@@ -4,6 +4,7 @@ metrics.json records. Imports torch only; nothing here starts training."""
 from __future__ import annotations
 
 import platform
+import resource
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +68,11 @@ def device_info(use_cuda: bool, world_size: int) -> dict[str, Any]:
     else:
         info.update(name=cpu_model(), threads=torch.get_num_threads())
     return info
+
+
+def peak_memory_bytes(use_cuda: bool) -> int:
+    """The most memory the run held: on a GPU what PyTorch's allocator held at most (``max_memory_allocated``), on
+    a CPU the process's peak resident set (``ru_maxrss``, kibibytes on Linux)."""
+    if use_cuda:
+        return int(torch.cuda.max_memory_allocated())
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

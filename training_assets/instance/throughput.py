@@ -47,7 +47,14 @@ class ThroughputMeter(TrainerCallback):
         self.shape_warmups = shape_warmups
         self.steps: list[tuple[Any, Any]] = []  # (start mark, end mark) per optimizer step
         self.compiled: list[bool] = []  # per optimizer step: did TorchDynamo compile a graph during it
+        # Host clock per step: from on_step_begin to on_step_end (the host's own work: launching, the Python of the
+        # Trainer), and the wait before it since the previous step ended (the next batch from the data loader).
+        self.host_seconds: list[float] = []
+        self.excluded: set[int] = set()  # steps (0-based) left out of the steady steps: profiled ones
+        self.loader_wait_seconds: list[float | None] = []
         self._start: Any = None
+        self._host_start = 0.0
+        self._host_end: float | None = None
         self._graphs = 0
 
     def _mark(self) -> Any:
@@ -59,12 +66,17 @@ class ThroughputMeter(TrainerCallback):
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._start = self._mark()
+        self._host_end = None  # the epoch's first batch waits for the loader's start-up: not a step's wait
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._graphs = graphs_compiled()
+        self._host_start = time.perf_counter()
+        self.loader_wait_seconds.append(None if self._host_end is None else self._host_start - self._host_end)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         end = self._mark()
+        self._host_end = time.perf_counter()
+        self.host_seconds.append(self._host_end - self._host_start)
         self.steps.append((self._start, end))
         self._start = end
         self.compiled.append(graphs_compiled() > self._graphs)
@@ -92,8 +104,122 @@ class ThroughputMeter(TrainerCallback):
             squared_lengths=(warm.squared_lengths, whole.squared_lengths),
             flops=flops,
         )
-        steady = [i for i in range(len(seconds)) if self.steady_shape(i) and not self.compiled[i]]
-        return {**summary, **steady_summary(seconds, counts, steady, self.samples_per_step, flops)}
+        steady = [
+            i for i in range(len(seconds)) if self.steady_shape(i) and not self.compiled[i] and i not in self.excluded
+        ]
+        return {**summary, **steady_summary(seconds, counts, steady, self.samples_per_step, flops),
+                **self.host_summary(seconds, steady)}  # fmt: skip
+
+    def host_summary(self, seconds: list[float], steady: list[int]) -> dict[str, Any]:
+        """Per steady step: the host's time, the device's (CUDA events; on CPU the host's wall clock, whole step),
+        and the wait for the next batch; the median, and the host's slowest step (a pause shows there)."""
+        if not steady:
+            return {}
+        host = [self.host_seconds[i] for i in steady]
+        waits = [wait for i in steady if (wait := self.loader_wait_seconds[i]) is not None]
+        return {
+            "steady_host_seconds_per_step": round(statistics.median(host), 6),
+            "steady_host_seconds_per_step_max": round(max(host), 6),
+            "steady_device_seconds_per_step": round(statistics.median(seconds[i] for i in steady), 6),
+            "steady_data_loader_wait_seconds": round(statistics.median(waits), 6) if waits else None,
+        }
+
+
+def compiler_counts() -> dict[str, Any]:
+    """TorchDynamo's and TorchInductor's counters and compile clock so far in this process (``observed_compilation``
+    subtracts the values from before training)."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    compile_seconds = sum(compilation_time_metrics.get("_compile.compile_inner", []))
+    # The backward graph compiles at the first backward pass, outside the frame's compile.
+    compile_seconds += sum(sum(times) for key, times in compilation_time_metrics.items() if "bw_compiler" in key)
+    return {
+        "frames_compiled": counters["frames"]["ok"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "graph_break_reasons": dict(counters["graph_break"]),
+        "cuda_graph_skips": counters["inductor"]["cudagraph_skips"],
+        "fx_graph_cache_hits": counters["inductor"]["fxgraph_cache_hit"],
+        "fx_graph_cache_misses": counters["inductor"]["fxgraph_cache_miss"],
+        "compile_seconds": compile_seconds,
+        "cuda_graph_rerecords": cuda_graph_rerecords(),
+    }
+
+
+def cuda_graph_rerecords() -> int:
+    """CUDA graphs recorded again (cudagraph trees' ``num_rerecord``: a static input moved, so the graph was captured
+    anew), over the devices of this process; 0 where no CUDA graph tree exists."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return 0
+    from torch._inductor import cudagraph_trees
+
+    total_ = 0
+    for device in range(torch.cuda.device_count()):
+        manager = cudagraph_trees.get_manager(device, create_if_none_exists=False)
+        if manager is not None:
+            total_ += sum(sum(per_function.values()) for per_function in manager.num_rerecord.values())
+    return total_
+
+
+def observed_compilation(before: dict[str, Any], steps_that_compiled: list[int]) -> dict[str, Any]:
+    """What compilation did during the run, as observed (not as configured): graph breaks (and why), recompiles
+    (frames compiled after the first step, which compiles each function once), CUDA graph skips (TorchInductor ran
+    a graph without CUDA graphs, and said why in a warning) and re-records, FX graph cache hits, compile seconds."""
+    after = compiler_counts()
+    reasons = {reason: count - before["graph_break_reasons"].get(reason, 0)
+               for reason, count in after["graph_break_reasons"].items()}  # fmt: skip
+    return {
+        "graph_breaks": after["graph_breaks"] - before["graph_breaks"],
+        "graph_break_reasons": {reason: count for reason, count in reasons.items() if count},
+        "frames_compiled": after["frames_compiled"] - before["frames_compiled"],
+        "steps_that_compiled": steps_that_compiled,
+        "cuda_graph_skips": after["cuda_graph_skips"] - before["cuda_graph_skips"],
+        "cuda_graph_rerecords": after["cuda_graph_rerecords"] - before["cuda_graph_rerecords"],
+        "fx_graph_cache_hits": after["fx_graph_cache_hits"] - before["fx_graph_cache_hits"],
+        "fx_graph_cache_misses": after["fx_graph_cache_misses"] - before["fx_graph_cache_misses"],
+        "compile_seconds": round(after["compile_seconds"] - before["compile_seconds"], 3),
+    }
+
+
+# What the host calls to start work on a GPU: a kernel, or a whole CUDA graph (one launch for all its kernels).
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+
+
+class LaunchCounter(TrainerCallback):
+    """Counts, with torch.profiler, what the host launches during ``steps`` optimizer steps at the end of training
+    (shapes compiled and CUDA graphs recorded by then): kernel and CUDA graph launches on a GPU, aten operators on a
+    CPU (which has no launches; the count still shows the work per step). The profiler slows the steps it watches:
+    the meter leaves them out of the throughput (``ThroughputMeter.excluded``)."""
+
+    def __init__(self, steps: int, use_cuda: bool) -> None:
+        self.steps = steps
+        self.use_cuda = use_cuda
+        self.first = -1
+        self.result: dict[str, Any] = {}
+        self._profiler: Any = None
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.first = max(0, state.max_steps - self.steps) if self.first < 0 else self.first
+        if state.global_step == self.first and self._profiler is None:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.use_cuda:
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._profiler = torch.profiler.profile(activities=activities)
+            self._profiler.__enter__()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._profiler is None or state.global_step < self.first + self.steps:
+            return
+        profiler, self._profiler = self._profiler, None
+        profiler.__exit__(None, None, None)
+        steps = state.global_step - self.first
+        names = [event.name for event in profiler.events()]
+        launches = sum(name in LAUNCH_CALLS for name in names)
+        self.result = {
+            "profiled_steps": list(range(self.first + 1, state.global_step + 1)),
+            "kernel_launches_per_step": round(launches / steps, 1) if self.use_cuda else None,
+            "cuda_graph_launches_per_step": round(names.count("cudaGraphLaunch") / steps, 1) if self.use_cuda else None,
+            "aten_ops_per_step": round(sum(name.startswith("aten::") for name in names) / steps, 1),
+        }
 
 
 def steady_summary(

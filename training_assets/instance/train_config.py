@@ -77,6 +77,10 @@ class TrainConfig:
     collective_timeout_seconds: int = checkpoints.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
     tokenized_dir: str | None = None
     global_batch_size: int | None = None
+    # Host work off the step: gc.freeze() after the warm-up (collections then skip the long-lived objects).
+    gc_freeze: bool = True
+    # N > 0: profile the last N optimizer steps and report the launches per step (left out of the throughput).
+    profile_steps: int = 0
     lr_scaling: str = "none"
     reference_global_batch: int = batch_scaling.REFERENCE_GLOBAL_BATCH
 
@@ -103,7 +107,7 @@ class TrainConfig:
             raise TrainingInputError(
                 f"sync_debug must be one of {', '.join(SYNC_DEBUG_MODES)}, got {self.sync_debug!r}"
             )
-        for name in ("dataloader_workers", "logging_steps"):
+        for name in ("dataloader_workers", "logging_steps", "profile_steps"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise TrainingInputError(f"{name} must be 0 or more, got {value}")
@@ -301,6 +305,12 @@ def parser() -> argparse.ArgumentParser:
         "the run; the benchmark's GPU run uses it)",
     )
     parser.add_argument(
+        "--profile-steps",
+        type=int,
+        default=defaults.profile_steps,
+        help="profile the last N optimizer steps: kernel launches per step in metrics.json (default 0: off)",
+    )
+    parser.add_argument(
         "--logging-steps",
         type=int,
         default=defaults.logging_steps,
@@ -313,6 +323,11 @@ def parser() -> argparse.ArgumentParser:
         ("compile-optimizer", None, "compile the optimizer step with torch.compile (default: with --torch-compile)"),
         ("group-by-length", True, "batch texts of similar length together (default: on)"),
         ("use-cpu", False, "train on CPU even if a GPU is present"),
+        (
+            "gc-freeze",
+            True,
+            "gc.freeze() after the warm-up steps: collections skip what lives all run (default: on)",
+        ),
     ):
         parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=default, help=text)
     for module in (checkpoints, data_staging, batch_scaling):

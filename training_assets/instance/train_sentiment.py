@@ -33,6 +33,7 @@ measurement ``throughput.py``, and the hardware checks ``hardware.py``.
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import sys
@@ -65,8 +66,16 @@ from training_assets.instance.dataset import (
     looks_local,
     read_splits,
 )
-from training_assets.instance.hardware import check_bf16, device_info
-from training_assets.instance.throughput import ModelFlops, SyncCheck, ThroughputMeter, graphs_compiled
+from training_assets.instance.hardware import check_bf16, device_info, peak_memory_bytes
+from training_assets.instance.throughput import (
+    LaunchCounter,
+    ModelFlops,
+    SyncCheck,
+    ThroughputMeter,
+    compiler_counts,
+    graphs_compiled,
+    observed_compilation,
+)
 from training_assets.instance.train_config import (
     CUDA_GRAPH_MODES,
     METRICS_FILE,
@@ -167,6 +176,23 @@ class EpochReporter(TrainerCallback):
                 "macro_f1={eval_macro_f1}".format(**row),
                 flush=True,
             )
+
+
+class FreezeGarbage(TrainerCallback):
+    """After the warm-up steps: one full collection, then ``gc.freeze()``, which moves every object alive (the model,
+    the Trainer, the imported modules) to a generation the collector never scans again; the collections that the
+    steps' short-lived objects trigger then skip them. Undone at the end of training."""
+
+    def __init__(self, after_step: int) -> None:
+        self.after_step = after_step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.after_step:
+            gc.collect()
+            gc.freeze()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        gc.unfreeze()
 
 
 class CompiledOptimizerStep:
@@ -422,6 +448,9 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     meter = ThroughputMeter(config.warmup_steps, plan.samples_per_step, counter, use_cuda, shape_warmups)
     reporter = EpochReporter()
     sync_check = SyncCheck(config.sync_debug, meter) if config.sync_debug != "off" else None
+    launches = LaunchCounter(config.profile_steps, use_cuda) if config.profile_steps else None
+    host = [*([FreezeGarbage(max(1, config.warmup_steps))] if config.gc_freeze else []),
+            *([launches] if launches else [])]  # fmt: skip
     packed = config.padding == "packed"
     if packed and (reason := packing.check_packable(model.config)):
         raise TrainingInputError(f"--padding packed: {reason}")
@@ -435,14 +464,21 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         eval_dataset=encoded["validation"],
         processing_class=tokenizer,
         compute_metrics=compute_metrics,
-        callbacks=[meter, reporter, *([sync_check] if sync_check else []), *checkpoints.callbacks(config), *callbacks],
+        callbacks=[
+            meter,
+            reporter,
+            *([sync_check] if sync_check else []),
+            *host,
+            *checkpoints.callbacks(config),
+            *callbacks,
+        ],
         token_counter=counter,
         clone_eval_outputs=cuda_graphs,
         buckets=buckets if config.group_by_length and not packed else None,
         compile_optimizer=bool(config.compile_optimizer),
         sync_check=sync_check,
     )
-    graphs_before = graphs_compiled()
+    graphs_before, compiler_before = graphs_compiled(), compiler_counts()
     try:
         with _compile_settings(config, buckets):
             result = trainer.train(resume_from_checkpoint=resume)
@@ -450,6 +486,15 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         if sync_check is not None:
             sync_check.switch(False)
 
+    compilation = {
+        # TorchDynamo graphs compiled during the run (training and evaluation), and the (1-based) optimizer
+        # steps during which one was: with static shapes, the first step of each new batch shape.
+        "graphs": graphs_compiled() - graphs_before,
+        **observed_compilation(compiler_before, [step + 1 for step, compiled in enumerate(meter.compiled) if compiled]),
+        "first_steps_of_each_shape": [step + 1 for step, earlier in enumerate(counter.earlier) if not earlier],
+    }
+    if launches and launches.result:
+        meter.excluded = {step - 1 for step in launches.result["profiled_steps"]}
     metrics = {
         "config": {**asdict(config), "labels": list(config.labels)},
         "device": device_info(use_cuda, world_size),
@@ -465,13 +510,14 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
             "steps_per_rows": dict(sorted(Counter(shape[0] for shape in counter.shapes).items())),
         },
         "optimizer_step": optimizer_step(config),
-        "cuda_graphs": cuda_graphs,
-        "compilation": {
-            # TorchDynamo graphs compiled during the run (training and evaluation), and the (1-based) optimizer
-            # steps during which one was: with static shapes, the first step of each new batch shape.
-            "graphs": graphs_compiled() - graphs_before,
-            "steps_that_compiled": [step + 1 for step, compiled in enumerate(meter.compiled) if compiled],
-            "first_steps_of_each_shape": [step + 1 for step, earlier in enumerate(counter.earlier) if not earlier],
+        # As configured, and whether it ran so: a CUDA graph skip (TorchInductor ran a graph without) observed.
+        "cuda_graphs_configured": cuda_graphs,
+        "cuda_graphs": cuda_graphs and not compilation["cuda_graph_skips"],
+        "compilation": compilation,
+        "host": {
+            "gc_freeze_after_step": max(1, config.warmup_steps) if config.gc_freeze else None,
+            "peak_memory_bytes": peak_memory_bytes(use_cuda),
+            **(launches.result if launches else {}),
         },
         "optimizer_steps": len(meter.steps),
         "warnings": notes,
