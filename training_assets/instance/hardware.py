@@ -3,6 +3,7 @@ metrics.json records. Imports torch only; nothing here starts training."""
 
 from __future__ import annotations
 
+import os
 import platform
 import resource
 from pathlib import Path
@@ -68,6 +69,13 @@ def device_info(use_cuda: bool, world_size: int) -> dict[str, Any]:
     else:
         info.update(name=cpu_model(), threads=torch.get_num_threads())
     return info
+
+
+def compile_threads(local_processes: int) -> int:
+    """TorchInductor's compile workers for one process: this node's usable CPUs shared by its processes. Each process
+    would otherwise start one per CPU (``decide_compile_threads``), eight ranks compiling at once 8x the cores."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cpus // max(1, local_processes))
 
 
 def peak_memory_bytes(use_cuda: bool) -> int:

@@ -33,6 +33,9 @@ SYNC_DEBUG_MODES = ("off", "warn", "error")
 # DataLoader workers per GPU process: collating a batch of token lists takes well under a millisecond each, so a
 # few keep ahead of a step; more only take cores from the other ranks' host threads.
 MAX_WORKERS_PER_GPU = 4
+# The least collective timeout of a compiled run: the first step of each shape compiles (forward, backward and the
+# optimizer step) before the ranks meet in the gradient all-reduce; docs/training.md scales what two CPU ranks took.
+COMPILE_COLLECTIVE_TIMEOUT_SECONDS = 1800
 
 
 @dataclass
@@ -77,6 +80,9 @@ class TrainConfig:
     collective_timeout_seconds: int = checkpoints.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
     tokenized_dir: str | None = None
     global_batch_size: int | None = None
+    # TorchInductor's cache (TORCHINDUCTOR_CACHE_DIR): a folder that outlives the process, on storage every node
+    # reads, so a restarted or added node reuses the kernels compiled before (None: torch's default, /tmp).
+    compile_cache_dir: str | None = None
     # Host work off the step: gc.freeze() after the warm-up (collections then skip the long-lived objects).
     gc_freeze: bool = True
     # N > 0: profile the last N optimizer steps and report the launches per step (left out of the throughput).
@@ -182,6 +188,10 @@ def resolve(config: TrainConfig, use_cuda: bool) -> TrainConfig:
         torch_compile_mode=mode if compile_on else None,
         dataloader_workers=workers,
         compile_optimizer=compile_on if config.compile_optimizer is None else config.compile_optimizer,
+        # A rank waits in its first collectives while the others compile each new shape (docs/training.md).
+        collective_timeout_seconds=max(config.collective_timeout_seconds, COMPILE_COLLECTIVE_TIMEOUT_SECONDS)
+        if compile_on or config.compile_optimizer
+        else config.collective_timeout_seconds,
     )
 
 
@@ -303,6 +313,11 @@ def parser() -> argparse.ArgumentParser:
         default=defaults.sync_debug,
         help="GPU only: torch.cuda.set_sync_debug_mode during steady steps (error: a hidden host-device sync fails "
         "the run; the benchmark's GPU run uses it)",
+    )
+    parser.add_argument(
+        "--compile-cache-dir",
+        default=None,
+        help="TorchInductor's cache folder: storage that restarts and other nodes reuse (default: torch's, in /tmp)",
     )
     parser.add_argument(
         "--profile-steps",

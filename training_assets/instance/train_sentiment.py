@@ -40,7 +40,7 @@ import sys
 import traceback
 from collections import Counter
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,7 @@ from training_assets.instance.dataset import (
     looks_local,
     read_splits,
 )
-from training_assets.instance.hardware import check_bf16, device_info, peak_memory_bytes
+from training_assets.instance.hardware import check_bf16, compile_threads, device_info, peak_memory_bytes
 from training_assets.instance.throughput import (
     LaunchCounter,
     ModelFlops,
@@ -395,6 +395,8 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     # Everything that can be wrong with the input is checked before any process group or model is created.
     model_reference, raw = check_inputs(config, use_cuda)
     config = resolve(config, use_cuda)
+    if config.compile_cache_dir:  # before anything compiles: TorchInductor reads it at each cache access
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(config.compile_cache_dir).expanduser().resolve())
     # The per-device batch and learning rate that keep the same settings learning the same on any device count.
     schedule = batch_scaling.schedule(config, batch_scaling.devices(use_cuda, torch.cuda.device_count()))
     config = batch_scaling.apply(config, schedule)
@@ -515,6 +517,10 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         "cuda_graphs": cuda_graphs and not compilation["cuda_graph_skips"],
         "compilation": compilation,
         "host": {
+            "compile_threads": compile_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+            if config.torch_compile or config.compile_optimizer
+            else None,
+            "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
             "gc_freeze_after_step": max(1, config.warmup_steps) if config.gc_freeze else None,
             "peak_memory_bytes": peak_memory_bytes(use_cuda),
             **(launches.result if launches else {}),
@@ -565,11 +571,17 @@ def _compile_settings(config: TrainConfig, buckets: tuple[int, ...]) -> Any:
     """
     if not (config.torch_compile or config.compile_optimizer):
         return nullcontext()
+    import torch._inductor.config as inductor_config
+
+    settings = ExitStack()
+    threads = compile_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun's processes on this node
+    settings.enter_context(inductor_config.patch(compile_threads=threads))
     limit = max(torch._dynamo.config.recompile_limit, 2 * len(buckets) + 4)
     if config.padding == "packed":
         # A packed batch's row count varies a few rows around (texts x mean length / width): one graph per count.
         limit += PACKED_ROW_COUNTS
-    return torch._dynamo.config.patch(recompile_limit=limit, automatic_dynamic_shapes=False)
+    settings.enter_context(torch._dynamo.config.patch(recompile_limit=limit, automatic_dynamic_shapes=False))
+    return settings
 
 
 def _position_limit(model_config: Any, tokenizer: Any) -> int:
