@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -74,6 +75,8 @@ VARIANTS = {
     "fast_path": (),
     # The fast path with several texts per row instead of buckets (--padding packed: padding near zero).
     "packed": ("--padding", "packed"),
+    # The fast path without gc.freeze() after the warm-up: the host time per step it saves.
+    "no_gc_freeze": ("--no-gc-freeze",),
 }
 # Variants that run the fast path's code (the GPU's sync check applies to them).
 FAST_VARIANTS = ("fast_path", "packed")
@@ -331,10 +334,6 @@ def summarize(name: str, flags: tuple[str, ...], batch_size: int, metrics: dict,
 def device_probe(on_gpu: bool, seconds: float = 1.0) -> dict[str, Any]:
     """The machine as measured: library versions, the device, a dense matmul's TFLOP/s (bf16 8192^3 on a GPU, fp32
     512^3 on a CPU) and a device-to-device copy's GB/s (bytes read + written), each repeated for ``seconds``."""
-    import accelerate
-    import tokenizers
-    import transformers
-
     device = torch.device("cuda" if on_gpu else "cpu")
     size, dtype = (8192, torch.bfloat16) if on_gpu else (512, torch.float32)
     left = torch.randn(size, size, dtype=dtype, device=device)
@@ -360,8 +359,7 @@ def device_probe(on_gpu: bool, seconds: float = 1.0) -> dict[str, Any]:
     copies, copy_seconds = timed(lambda: target.copy_(source))
     info: dict[str, Any] = {
         "python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
-        "transformers": transformers.__version__, "accelerate": accelerate.__version__,
-        "tokenizers": tokenizers.__version__,
+        **{name: metadata.version(name) for name in ("transformers", "accelerate", "tokenizers")},
         "device": torch.cuda.get_device_name() if on_gpu else platform.processor() or platform.machine(),
         "matmul": f"{size}x{size}x{size} {str(dtype).removeprefix('torch.')}",
         "measured_matmul_tflops": round(2 * size**3 * matmuls / matmul_seconds / 1e12, 3),
@@ -393,7 +391,7 @@ def write_results(args: argparse.Namespace, given: list[str], names: list[str], 
     described = f"{args.model_size} RoBERTa built offline {size}" + (
         f", vocabulary {ROBERTA_BASE_VOCABULARY:,}, {ROBERTA_BASE_POSITIONS} positions, random weights"
         if args.model_size == "roberta-base" else "")  # fmt: skip
-    result = {
+    result: dict[str, Any] = {
         "command": shlex.join(["python", "-m", "proving_ground.benchmarks.training_throughput", *given]),
         "note": HONESTY,
         "device": device,

@@ -36,6 +36,7 @@ import functools
 import gc
 import json
 import os
+import socket
 import sys
 import traceback
 from collections import Counter
@@ -66,7 +67,14 @@ from training_assets.instance.dataset import (
     looks_local,
     read_splits,
 )
-from training_assets.instance.hardware import check_bf16, compile_threads, device_info, peak_memory_bytes
+from training_assets.instance.hardware import (
+    check_bf16,
+    check_transport,
+    compile_threads,
+    device_info,
+    nccl_network,
+    peak_memory_bytes,
+)
 from training_assets.instance.throughput import (
     LaunchCounter,
     ModelFlops,
@@ -195,6 +203,23 @@ class FreezeGarbage(TrainerCallback):
         gc.unfreeze()
 
 
+class NcclTransport(TrainerCallback):
+    """At the start of training (the process group and DDP's first broadcast have set NCCL up by then): which
+    network NCCL chose, from its debug log; a run that expected EFA and got TCP sockets stops there."""
+
+    def __init__(self, efa_expected: bool) -> None:
+        self.efa_expected = efa_expected
+        self.network: str | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not (torch.distributed.is_initialized() and torch.distributed.get_backend() == "nccl"):
+            return
+        self.network = nccl_network(os.environ.get("NCCL_DEBUG_FILE"), socket.gethostname(), os.getpid())
+        if state.is_world_process_zero:
+            print(f"train_sentiment: NCCL network: {self.network or 'not in its log'}", file=sys.stderr, flush=True)
+        check_transport(self.network, self.efa_expected)
+
+
 class CompiledOptimizerStep:
     """``optimizer.step`` through torch.compile (TorchInductor fuses the update of every parameter into a few
     kernels), following PyTorch's recipe "(beta) Compiling the optimizer with torch.compile" and its section on LR
@@ -240,10 +265,13 @@ def sentiment_trainer() -> type:
     from transformers import Trainer
 
     class SentimentTrainer(Trainer):
-        """Counts non-padding tokens on the device; batches texts of one bucket together
+        """Keeps the collator's token counts per step (``TokenCounter``); batches each global batch from one bucket
         (``LengthBucketSampler``); compiles the optimizer step when asked (``CompiledOptimizerStep``); drops the last
-        partial batch in training only (evaluation sees every row); with CUDA graphs, copies evaluation outputs out of
-        the graph's memory before the next batch reuses it; with a ``SyncCheck``, arms it for each steady step."""
+        partial batch in training only (evaluation sees every row, padded even when training is packed); with CUDA
+        graphs, copies evaluation outputs out of the graph's memory before the next batch reuses it; with a
+        ``SyncCheck``, arms it for each steady step; reports the loss as one process would on any number of ranks."""
+
+        data_collator: Any  # the Trainer's (transformers is not type-checked here)
 
         def __init__(
             self,
@@ -305,7 +333,7 @@ def sentiment_trainer() -> type:
 
         def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
             drop_last, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
-            collator = self.data_collator
+            collator: Any = self.data_collator
             self.data_collator = self.eval_collator or collator  # packed training still evaluates padded batches
             try:
                 return super().get_eval_dataloader(eval_dataset)
@@ -451,7 +479,8 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     reporter = EpochReporter()
     sync_check = SyncCheck(config.sync_debug, meter) if config.sync_debug != "off" else None
     launches = LaunchCounter(config.profile_steps, use_cuda) if config.profile_steps else None
-    host = [*([FreezeGarbage(max(1, config.warmup_steps))] if config.gc_freeze else []),
+    transport = NcclTransport(config.expect_efa)
+    host = [transport, *([FreezeGarbage(max(1, config.warmup_steps))] if config.gc_freeze else []),
             *([launches] if launches else [])]  # fmt: skip
     packed = config.padding == "packed"
     if packed and (reason := packing.check_packable(model.config)):
@@ -521,6 +550,7 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
             if config.torch_compile or config.compile_optimizer
             else None,
             "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+            "nccl_network": transport.network,
             "gc_freeze_after_step": max(1, config.warmup_steps) if config.gc_freeze else None,
             "peak_memory_bytes": peak_memory_bytes(use_cuda),
             **(launches.result if launches else {}),
