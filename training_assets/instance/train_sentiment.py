@@ -4,10 +4,11 @@ The defaults are the fast path (docs/training-performance.md): batches padded to
 to a few bucket lengths, texts of one bucket batched together (``--padding bucketed``, ``--group-by-length``); fused
 AdamW; and with a GPU, torch.compile in "reduce-overhead" mode (CUDA graphs, one static graph per bucket length) with
 the optimizer step compiled too, bf16 autocast, DataLoader worker processes with pinned memory, and no host-device
-synchronisation between optimizer steps (tokens are counted and steps timed on the device; values are read when a
-log line needs them; ``--sync-debug error`` makes a hidden one fail the run). Each feature has its own switch, so the
-seed's baseline stays reproducible: ``--no-torch-compile --no-bf16 --no-fused-adamw --no-compile-optimizer
---padding max_length --no-group-by-length`` is plain eager fp32 AdamW on texts padded to max_seq_length.
+synchronisation between optimizer steps (the collator counts tokens on the host, steps are timed on the device;
+values are read when a log line needs them; ``--sync-debug error`` makes a hidden one fail the run). ``--padding
+packed`` puts several texts into each row instead (packing.py). Each feature has its own switch, so the seed's
+baseline stays reproducible: ``--no-torch-compile --no-bf16 --no-fused-adamw --no-compile-optimizer --padding
+max_length --no-group-by-length`` is plain eager fp32 AdamW on texts padded to max_seq_length.
 
     # one process (GPU if there is one, else CPU)
     python -m training_assets.instance.train_sentiment --model MODEL --dataset DATA --output-dir out --torch-compile
