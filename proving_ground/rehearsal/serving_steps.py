@@ -118,7 +118,7 @@ class ServingSteps(RehearsalBase):
                     raise StepFailed("a multi-model endpoint needs a TargetModel")
                 with tarfile.open(fileobj=io.BytesIO(load(multi_model_prefix + target_model))) as archive:
                     names = set(archive.getnames())
-                if not {"model.py", "serving.properties"} <= names and "MAR-INF/MANIFEST.json" not in names:
+                if not {"model.py", "serving.properties"} <= names:
                     raise StepFailed(f"{target_model} is no archive for the endpoint's model server: {sorted(names)}")
             status, _, reply = self.local_model_server().invoke(body.encode())
             if status != 200:
