@@ -1,0 +1,84 @@
+"""An accepted image waives that image only (stacks/image_patching.py): with two ended images in use, accepting one
+still stops synth on the other, and every refusal of an acceptance says which entry is wrong. Nothing synthesizes
+here: settings and dates only."""
+
+from __future__ import annotations
+
+import copy
+from datetime import timedelta
+
+import pytest
+
+from platform_facts.images import WARN_DAYS, image_fact
+from stacks.image_patching import check_images, warning
+from stacks.settings import SettingsError, TrainingSettings, parse_environment
+from tests.conftest import cdk_context
+
+EC2, SAGEMAKER = TrainingSettings().image, TrainingSettings().remote_image
+assert EC2.end_of_patching and SAGEMAKER.end_of_patching
+BOTH_ENDED = max(EC2.end_of_patching, SAGEMAKER.end_of_patching) + timedelta(days=1)
+REASON = "Pinned until the next PyTorch image is validated on p4d (ticket ML-123)."
+
+
+def _prod(accepted: dict[str, str] | None = None):
+    raw = copy.deepcopy(cdk_context()["environments"]["prod"])
+    if accepted is not None:
+        raw["accept_unpatched_images"] = accepted
+    return parse_environment("prod", raw)
+
+
+@pytest.mark.parametrize(("accepted", "refused", "key"), [(EC2, SAGEMAKER, "remote_image_tag"),
+                                                          (SAGEMAKER, EC2, "image_tag")])  # fmt: skip
+def test_accepting_one_ended_image_does_not_waive_another(accepted, refused, key) -> None:
+    with pytest.raises(SettingsError) as error:
+        check_images(_prod({accepted.image: REASON}), BOTH_ENDED)
+    assert str(error.value).startswith(f"environments.prod.training.{key}: {refused.image} ended patching")
+
+
+def test_accepting_both_passes_and_each_carries_its_own_reason() -> None:
+    other = "A second, different reason: the SageMaker flavour is pinned too (ML-124)."
+    checked = check_images(_prod({EC2.image: REASON, SAGEMAKER.image: other}), BOTH_ENDED)
+    reasons = {c.use.image: c.accepted_risk for c in checked}
+    assert reasons[EC2.image] == REASON and reasons[SAGEMAKER.image] == other
+    assert all(c.accepted_risk is None for c in checked if c.use.image not in (EC2.image, SAGEMAKER.image))
+
+
+def test_an_acceptance_for_an_image_in_use_but_not_ended_is_kept_and_reported() -> None:
+    # Accepted before its end: synth passes and says nothing until the window's warning applies.
+    (training,) = [c for c in check_images(_prod({EC2.image: REASON}), EC2.end_of_patching - timedelta(days=WARN_DAYS + 1))
+                   if c.use.setting == "training.image_tag"]  # fmt: skip
+    assert training.accepted_risk == REASON
+    assert warning(training, EC2.end_of_patching - timedelta(days=WARN_DAYS + 1)) is None
+
+
+@pytest.mark.parametrize(("days_before_end", "says"), [(WARN_DAYS + 1, None), (WARN_DAYS, "60 days left"),
+                                                       (0, "0 days left"), (-1, "running it anyway")])  # fmt: skip
+def test_the_warning_starts_exactly_warn_days_before_the_end(days_before_end: int, says: str | None) -> None:
+    today = EC2.end_of_patching - timedelta(days=days_before_end)
+    accepted = {EC2.image: REASON, SAGEMAKER.image: REASON} if days_before_end < 0 else None
+    (training,) = [c for c in check_images(_prod(accepted), today) if c.use.setting == "training.image_tag"]
+    message = warning(training, today)
+    assert (message is None) if says is None else (says in (message or ""))
+
+
+def test_an_image_whose_publisher_declares_no_end_is_never_refused_or_warned() -> None:
+    raw = copy.deepcopy(cdk_context()["environments"]["staging"])
+    settings = parse_environment("staging", raw)
+    far = EC2.end_of_patching - timedelta(days=WARN_DAYS + 1)
+    (djl,) = [c for c in check_images(settings, far) if c.use.stack == "MultiModelEndpoint"]
+    assert image_fact(djl.use.image).end_of_patching is None and warning(djl, far) is None
+
+
+@pytest.mark.parametrize("key", ["pytorch-training", "Pytorch:1", "a b:c"])
+def test_an_acceptance_key_that_is_no_image_is_refused(key: str) -> None:
+    with pytest.raises(SettingsError, match=r"^environments\.prod\.accept_unpatched_images: .*repository:tag"):
+        _prod({key: REASON})
+
+
+@pytest.mark.parametrize(("reason", "accepted"), [("x" * 19, False), ("x" * 20, True), ("  " + "x" * 19 + "  ", False)])
+def test_a_reason_needs_twenty_characters_besides_spaces(reason: str, accepted: bool) -> None:
+    if accepted:
+        assert _prod({EC2.image: reason}).accept_unpatched_images == {EC2.image: reason}
+    else:
+        with pytest.raises(SettingsError, match="reason of at least 20 characters"):
+            _prod({EC2.image: reason})
