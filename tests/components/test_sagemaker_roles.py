@@ -189,8 +189,9 @@ CONDITIONED = {"ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermissi
 
 @pytest.mark.parametrize(("role", "conditioned"), [("EndpointRole", CONDITIONED | {"s3:ListBucket"}),
                                                    ("JobRole", CONDITIONED)])  # fmt: skip
-def test_only_the_calls_without_condition_keys_are_allowed_without_a_context(template: dict, role: str,
-                                                                              conditioned: set[str]) -> None:  # fmt: skip
+def test_only_the_calls_without_condition_keys_are_allowed_without_a_context(
+    template: dict, role: str, conditioned: set[str]
+) -> None:
     policies = _policies(template, role)
     without_context = {action for action, _ in allowed_without_context(policies)}
     assert {action for action, _ in granted_actions(policies)} - without_context == conditioned

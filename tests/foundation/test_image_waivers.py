@@ -16,7 +16,8 @@ from tests.conftest import cdk_context
 
 EC2, SAGEMAKER = TrainingSettings().image, TrainingSettings().remote_image
 assert EC2.end_of_patching and SAGEMAKER.end_of_patching
-BOTH_ENDED = max(EC2.end_of_patching, SAGEMAKER.end_of_patching) + timedelta(days=1)
+EC2_END = EC2.end_of_patching
+BOTH_ENDED = max(EC2_END, SAGEMAKER.end_of_patching) + timedelta(days=1)
 REASON = "Pinned until the next PyTorch image is validated on p4d (ticket ML-123)."
 
 
@@ -45,16 +46,17 @@ def test_accepting_both_passes_and_each_carries_its_own_reason() -> None:
 
 def test_an_acceptance_for_an_image_in_use_but_not_ended_is_kept_and_reported() -> None:
     # Accepted before its end: synth passes and says nothing until the window's warning applies.
-    (training,) = [c for c in check_images(_prod({EC2.image: REASON}), EC2.end_of_patching - timedelta(days=WARN_DAYS + 1))
-                   if c.use.setting == "training.image_tag"]  # fmt: skip
+    before_the_window = EC2_END - timedelta(days=WARN_DAYS + 1)
+    checked = check_images(_prod({EC2.image: REASON}), before_the_window)
+    (training,) = [c for c in checked if c.use.setting == "training.image_tag"]
     assert training.accepted_risk == REASON
-    assert warning(training, EC2.end_of_patching - timedelta(days=WARN_DAYS + 1)) is None
+    assert warning(training, before_the_window) is None
 
 
 @pytest.mark.parametrize(("days_before_end", "says"), [(WARN_DAYS + 1, None), (WARN_DAYS, "60 days left"),
                                                        (0, "0 days left"), (-1, "running it anyway")])  # fmt: skip
 def test_the_warning_starts_exactly_warn_days_before_the_end(days_before_end: int, says: str | None) -> None:
-    today = EC2.end_of_patching - timedelta(days=days_before_end)
+    today = EC2_END - timedelta(days=days_before_end)
     accepted = {EC2.image: REASON, SAGEMAKER.image: REASON} if days_before_end < 0 else None
     (training,) = [c for c in check_images(_prod(accepted), today) if c.use.setting == "training.image_tag"]
     message = warning(training, today)
@@ -64,7 +66,7 @@ def test_the_warning_starts_exactly_warn_days_before_the_end(days_before_end: in
 def test_an_image_whose_publisher_declares_no_end_is_never_refused_or_warned() -> None:
     raw = copy.deepcopy(cdk_context()["environments"]["staging"])
     settings = parse_environment("staging", raw)
-    far = EC2.end_of_patching - timedelta(days=WARN_DAYS + 1)
+    far = EC2_END - timedelta(days=WARN_DAYS + 1)
     (djl,) = [c for c in check_images(settings, far) if c.use.stack == "MultiModelEndpoint"]
     assert image_fact(djl.use.image).end_of_patching is None and warning(djl, far) is None
 

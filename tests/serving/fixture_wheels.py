@@ -24,7 +24,9 @@ TOP = "transformers"
 
 def _elf(machine: int) -> bytes:
     # e_ident (ELF64, little endian), e_type ET_DYN, e_machine: the 20 bytes the tests read, then padding.
-    return b"\x7fELF\x02\x01\x01" + b"\x00" * 9 + (3).to_bytes(2, "little") + machine.to_bytes(2, "little") + b"\x00" * 44
+    return (
+        b"\x7fELF\x02\x01\x01" + b"\x00" * 9 + (3).to_bytes(2, "little") + machine.to_bytes(2, "little") + b"\x00" * 44
+    )
 
 
 def _record_line(path: str, data: bytes) -> str:
@@ -40,7 +42,9 @@ def build_wheel(folder: Path, name: str, version: str, tag: str, *, requires: li
     contents[f"{dist_info}/METADATA"] = "".join(
         [f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", *(f"Requires-Dist: {r}\n" for r in requires)]
     ).encode()
-    contents[f"{dist_info}/WHEEL"] = f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: false\nTag: {tag}\n".encode()
+    contents[f"{dist_info}/WHEEL"] = (
+        f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: false\nTag: {tag}\n".encode()
+    )
     record = [_record_line(path, data) for path, data in contents.items()] + [f"{dist_info}/RECORD,,"]
     contents[f"{dist_info}/RECORD"] = ("\n".join(record) + "\n").encode()
     wheel = folder / f"{name}-{version}-{tag}.whl"

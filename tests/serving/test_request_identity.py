@@ -8,7 +8,6 @@ plausible predictions to the wrong clients, and only texts in an order that sort
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +54,9 @@ class _LengthLogits:
         return type("Output", (), {"logits": logits})()
 
 
-def test_the_predictor_answers_each_text_in_the_order_it_was_given(predictor: SentimentPredictor,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_the_predictor_answers_each_text_in_the_order_it_was_given(
+    predictor: SentimentPredictor, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(predictor, "_forward", _LengthLogits(predictor._torch))
     words = [" ".join(["word"] * n) for n in (7, 1, 30, 2, 12, 1, 20)]  # mixed lengths, all inside the window
     batch = predictor.predict_dicts(words)
@@ -74,8 +74,9 @@ def test_the_real_model_answers_a_text_in_a_mixed_batch_as_it_answers_it_alone(p
         assert prediction["scores"] == pytest.approx(alone["scores"], abs=2e-6)
 
 
-def test_a_huge_text_is_cut_before_the_tokenizer_sees_it(predictor: SentimentPredictor,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_huge_text_is_cut_before_the_tokenizer_sees_it(
+    predictor: SentimentPredictor, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seen: list[int] = []
     tokenizer = predictor.tokenizer
 
@@ -93,8 +94,9 @@ def test_a_huge_text_is_cut_before_the_tokenizer_sees_it(predictor: SentimentPre
     assert predictor.predict_dicts([huge[: predictor.max_chars]]) == [answer]
 
 
-def test_a_short_text_reaches_the_tokenizer_whole(predictor: SentimentPredictor,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_short_text_reaches_the_tokenizer_whole(
+    predictor: SentimentPredictor, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seen: list[str] = []
     tokenizer = predictor.tokenizer
 

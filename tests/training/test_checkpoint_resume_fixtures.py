@@ -168,6 +168,8 @@ def _marker(step: int) -> dict[str, Any]:
 @pytest.mark.parametrize("newer_slot", SLOTS)
 def test_the_newest_of_two_complete_slots_is_the_one_restored(newer_slot: str) -> None:
     older_slot = SLOTS[1 - SLOTS.index(newer_slot)]
-    remote = S3Checkpoints("s3://bucket/run/checkpoints/", aws=FakeS3({newer_slot: _marker(20), older_slot: _marker(10)}))
+    remote = S3Checkpoints(
+        "s3://bucket/run/checkpoints/", aws=FakeS3({newer_slot: _marker(20), older_slot: _marker(10)})
+    )
     newest = remote.newest()
     assert newest is not None and newest[0] == newer_slot and newest[1]["step"] == 20
