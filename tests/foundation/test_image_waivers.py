@@ -84,3 +84,33 @@ def test_a_reason_needs_twenty_characters_besides_spaces(reason: str, accepted: 
     else:
         with pytest.raises(SettingsError, match="reason of at least 20 characters"):
             _prod({EC2.image: reason})
+
+
+def test_the_review_reads_back_what_synth_records_for_each_image() -> None:
+    """The joint of synth and review: record_images writes each checked image into the stack's metadata and warns
+    about the ones ending or ended; the ops review reads the same fields back, with the days left on its date."""
+    import aws_cdk as cdk
+
+    from ops_review.review import images as reviewed_images
+    from stacks.image_patching import record_images
+    from tests.components.bare_stack import bare_stack, template_of
+
+    today = EC2_END - timedelta(days=10)  # the EC2 DLC is in its warning window, the SageMaker one too
+    checked = [
+        c for c in check_images(_prod({EC2.image: REASON}), today) if c.use.stack in ("Training", "MultiModelEndpoint")
+    ]
+    stack = bare_stack()
+    record_images(stack, checked, today)
+    warnings = [
+        m.entry.data
+        for m in cdk.assertions.Annotations.from_stack(stack).find_warning("*", cdk.assertions.Match.any_value())
+    ]
+    read = {entry["setting"]: entry for entry in reviewed_images(template_of(stack), today)}
+    assert set(read) == {c.use.setting for c in checked}
+    ec2 = read["training.image_tag"]
+    assert (ec2["image"], ec2["architecture"], ec2["accepted_risk"]) == (EC2.image, EC2.architecture, REASON)
+    assert (ec2["end_of_patching"], ec2["days_left"]) == (EC2_END.isoformat(), 10)
+    assert (ec2["source"], ec2["checked"], ec2["replacement"]) == (EC2.source, EC2.checked.isoformat(), EC2.replacement)
+    djl = read["multi_model_endpoint.djl_image"]  # prod runs the multi-model endpoint: its image declares no end
+    assert (djl["end_of_patching"], djl["days_left"]) == (None, None)
+    assert any("training.image_tag" in str(w) and "10 days left" in str(w) for w in warnings), warnings
