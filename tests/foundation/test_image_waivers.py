@@ -114,3 +114,14 @@ def test_the_review_reads_back_what_synth_records_for_each_image() -> None:
     djl = read["multi_model_endpoint.djl_image"]  # prod runs the multi-model endpoint: its image declares no end
     assert (djl["end_of_patching"], djl["days_left"]) == (None, None)
     assert any("training.image_tag" in str(w) and "10 days left" in str(w) for w in warnings), warnings
+
+
+def test_a_multi_model_image_without_a_fact_is_refused_naming_its_key() -> None:
+    raw = copy.deepcopy(cdk_context()["environments"]["prod"])
+    raw.setdefault("multi_model_endpoint", {})["djl_image"] = "djl-inference:0.99.0-cpu-full"
+    with pytest.raises(SettingsError) as refused:
+        check_images(parse_environment("prod", raw), EC2_END)
+    assert str(refused.value) == (
+        "environments.prod.multi_model_endpoint.djl_image: djl-inference:0.99.0-cpu-full has no end-of-patching "
+        "fact in platform_facts/images.json; add it with its source."
+    )
