@@ -20,7 +20,8 @@ import torch
 
 from training_assets.instance import checkpoints
 from training_assets.instance.checkpoint_sync import MARKER, SLOTS, S3Checkpoints, newest_complete, write_marker
-from training_assets.instance.train_sentiment import TrainConfig
+from training_assets.instance.dataset import TrainingInputError
+from training_assets.instance.train_sentiment import TrainConfig, parse_args
 
 
 def _checkpoint(root: Path, step: int, *, complete: bool = True) -> Path:
@@ -173,3 +174,94 @@ def test_the_newest_of_two_complete_slots_is_the_one_restored(newer_slot: str) -
     )
     newest = remote.newest()
     assert newest is not None and newest[0] == newer_slot and newest[1]["step"] == 20
+
+
+# ------------------------------------------------------------------ what mutation testing found untested (fast)
+
+
+def test_a_resumed_run_keeps_its_checkpoints_and_says_where_it_resumes(tmp_path: Path, capsys) -> None:
+    root = tmp_path / "checkpoints"
+    for step in (5, 10):
+        _checkpoint(root, step)
+    assert checkpoints.resume_point(_config(root), local_process_zero=True) == str(root / "checkpoint-10")
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint-10", "checkpoint-5"]  # nothing cleared
+    assert capsys.readouterr().err == f"train_sentiment: resuming from {root / 'checkpoint-10'} (step 10)\n"
+    checkpoints.resume_point(_config(root), local_process_zero=False)
+    assert capsys.readouterr().err == ""  # one line per node, from its local process zero
+
+
+def test_only_a_nodes_local_process_zero_clears_a_stale_folder(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    _checkpoint(root, 5, complete=False)
+    (root / checkpoints.FINISHED).write_text("{}")
+    assert checkpoints.resume_point(_config(root), local_process_zero=False) is None
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint-5", checkpoints.FINISHED]
+    assert checkpoints.resume_point(_config(root), local_process_zero=True) is None
+    assert list(root.iterdir()) == []
+
+
+def test_only_a_checkpointing_runs_local_process_zero_marks_the_folder_finished(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    checkpoints.finish(_config(root), local_process_zero=False)
+    checkpoints.finish(TrainConfig(output_dir=str(tmp_path), checkpoint_dir=str(root)), local_process_zero=True)
+    assert list(root.iterdir()) == []
+    checkpoints.finish(_config(root), local_process_zero=True)
+    assert [p.name for p in root.iterdir()] == [checkpoints.FINISHED]
+
+
+@pytest.mark.parametrize(("seconds", "refused"), [(29, True), (30, False), (31, False)])
+def test_the_collective_timeout_is_at_least_30_seconds(tmp_path: Path, seconds: int, refused: bool) -> None:
+    # TrainConfig checks itself (checkpoints.check) when it is made, as the command line makes it.
+    if refused:
+        with pytest.raises(
+            TrainingInputError, match=f"^collective_timeout_seconds must be at least 30, got {seconds}$"
+        ):
+            TrainConfig(output_dir=str(tmp_path), collective_timeout_seconds=seconds)
+    else:
+        checkpoints.check(TrainConfig(output_dir=str(tmp_path), collective_timeout_seconds=seconds))
+
+
+@pytest.mark.parametrize(("steps", "refused"), [(-1, True), (0, False), (1, False)])
+def test_checkpoint_steps_are_zero_or_more(tmp_path: Path, steps: int, refused: bool) -> None:
+    # TrainConfig checks itself (checkpoints.check) when it is made, as the command line makes it.
+    if refused:
+        with pytest.raises(TrainingInputError, match=r"^checkpoint_steps must be 0 \(off\) or more, got -1$"):
+            TrainConfig(output_dir=str(tmp_path), checkpoint_steps=steps)
+    else:
+        checkpoints.check(TrainConfig(output_dir=str(tmp_path), checkpoint_steps=steps))
+
+
+def test_the_command_line_reaches_the_checkpoint_settings_and_the_report(tmp_path: Path) -> None:
+    config = parse_args(["--output-dir", str(tmp_path), "--checkpoint-steps", "7", "--checkpoint-dir",
+                         str(tmp_path / "ck"), "--collective-timeout", "90"])  # fmt: skip
+    assert (config.checkpoint_steps, config.checkpoint_dir, config.collective_timeout_seconds) == (
+        7,
+        str(tmp_path / "ck"),
+        90,
+    )
+    defaults = parse_args(["--output-dir", str(tmp_path)])
+    assert (defaults.checkpoint_steps, defaults.checkpoint_dir, defaults.collective_timeout_seconds) == (0, None, 300)
+    assert checkpoints.report(config, "x/checkpoint-7") == {"checkpoints": {
+        "every_steps": 7, "folder": str(tmp_path / "ck"), "resumed_from": "x/checkpoint-7",
+        "marker": "checkpoint-complete.json", "collective_timeout_seconds": 90}}  # fmt: skip
+    assert checkpoints.report(defaults, None)["checkpoints"]["every_steps"] is None
+    assert [type(c) for c in checkpoints.callbacks(config)] == [checkpoints.CompleteMarker]
+    assert checkpoints.callbacks(defaults) == []
+
+
+def test_a_saved_checkpoint_is_marked_complete_by_each_nodes_local_process_zero(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoint-12"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"w" * 12)
+    args = type("Args", (), {"output_dir": str(tmp_path)})()
+
+    def save(local_zero: bool) -> None:
+        state = type("State", (), {"global_step": 12, "is_local_process_zero": local_zero})()
+        checkpoints.CompleteMarker().on_save(args, state, None)
+
+    save(False)
+    assert not (folder / MARKER).exists()
+    save(True)
+    assert json.loads((folder / MARKER).read_text()) == {"state": "complete", "step": 12,
+                                                         "files": {"model.safetensors": 12}}  # fmt: skip
