@@ -164,11 +164,6 @@ class TrainConfig:
 # --------------------------------------------------------------------------------------------------- input checks
 
 
-def load_splits(config: TrainConfig) -> dict[str, Any]:
-    """Return ``{"train": Dataset, "validation": Dataset}`` with checked ``text`` and integer ``label`` columns."""
-    return {split: to_dataset(data) for split, data in read_config_splits(config).items()}
-
-
 def read_config_splits(config: TrainConfig) -> dict[str, Split]:
     schema = Schema(
         text_column=config.text_column,
@@ -177,13 +172,6 @@ def read_config_splits(config: TrainConfig) -> dict[str, Split]:
         max_text_chars=config.max_seq_length * CHARS_PER_TOKEN_KEPT,
     )
     return read_splits(config.dataset, config.dataset_config, schema)
-
-
-def to_dataset(split: Split) -> Any:
-    """The split as a ``datasets.Dataset`` (imported here only: training itself does not need the package)."""
-    import datasets
-
-    return datasets.Dataset.from_dict({"text": split.texts, "label": split.labels})
 
 
 class TokenizedSplit(torch.utils.data.Dataset):
