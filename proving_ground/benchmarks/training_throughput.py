@@ -284,6 +284,7 @@ def _best(name: str, rounds: list[dict]) -> dict:
     }
 
 
+# Long: a benchmark script's main: arguments, the runs side by side, and the results written as JSON and Markdown
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="model directory or hub id (default: built offline, see --model-size)")
