@@ -6,3 +6,6 @@ It imports the sizing model and platform_facts, never the stacks or the proving 
 
 # The gates' report in a cloud assembly: written by scripts/template_gates.py (`make synth`), read by the review.
 GATES_REPORT = "gates-report.json"
+# The template metadata key of a pipeline stack synthesized with placeholder settings (app.py): the gates' summary
+# and the review say so next to the stack.
+PLACEHOLDER_METADATA = "PytorchPlatformPlaceholderConfiguration"

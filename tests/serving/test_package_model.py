@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import socket
 import subprocess
 import sys
 import tarfile
@@ -21,6 +20,8 @@ from inference_assets.tools.package_model import (
     upload,
     vendor_dependencies,
 )
+
+from .fixture_wheels import build_wheelhouse
 
 ELF_MACHINE_AARCH64 = 183
 DJL_ENTRY = {"model.py": package_model.DJL_ENTRY_POINT}
@@ -183,17 +184,19 @@ def test_vendored_packages_replace_requirements_and_go_first_on_sys_path(tiny_mo
     assert probe_file == str(code / "lib" / "sentiment_probe.py")
 
 
-def _pypi_reachable() -> bool:
-    try:
-        socket.create_connection(("pypi.org", 443), timeout=5).close()
-        return True
-    except OSError:
-        return False
+def _locked() -> list[str]:
+    lines = package_model.VENDOR_CONSTRAINTS.read_text().splitlines()
+    return [line for line in lines if line and not line.startswith("#")]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not _pypi_reachable(), reason="vendoring downloads linux/aarch64 wheels from PyPI")
-def test_vendoring_installs_aarch64_cp312_wheels_without_numpy(tmp_path: Path) -> None:
+def test_vendoring_installs_aarch64_cp312_wheels_without_numpy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vendor_dependencies' real pip run, against a local wheelhouse (fixture_wheels.py) instead of PyPI: the same
+    versions for x86_64 and CPython 3.11, and newer versions, sit beside the right ones."""
+    wheelhouse = build_wheelhouse(tmp_path / "wheels", _locked())
+    # pip reads its options from the environment too: no index, only the wheelhouse (and no user or site config).
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheelhouse))
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
     lib = vendor_dependencies(tmp_path / "lib")
     lock = (lib / package_model.VENDORED_LOCK).read_text().splitlines()
     required = [
@@ -216,10 +219,7 @@ def test_vendoring_installs_aarch64_cp312_wheels_without_numpy(tmp_path: Path) -
     for compiled in lib.rglob("*.cpython-*.so"):
         assert "cpython-312-aarch64-linux-gnu" in compiled.name, compiled
     # The constraints file pins the whole closure: what was resolved is exactly what is locked.
-    locked = [
-        line for line in package_model.VENDOR_CONSTRAINTS.read_text().splitlines() if line and not line.startswith("#")
-    ]
-    assert lock == locked
+    assert lock == _locked()
 
 
 def test_upload_uses_sse_kms_and_returns_the_s3_uri(model_archive: Path) -> None:
