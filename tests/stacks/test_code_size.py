@@ -41,12 +41,10 @@ def too_long(source: str) -> list[tuple[str, int, int]]:
 # Every package of the product and of the proving ground, the tests included.
 PACKAGES = ("stacks", "scripts", "inference_assets", "training_assets", "ops_review", "mme_sizing", "platform_facts",
             "proving_ground", "tests")  # fmt: skip
-# The training script is being split by concern in its own change (issue 37, item 5): it joins the rule then.
-NOT_YET = {"training_assets/instance/train_sentiment.py"}
 SOURCES = sorted(
     path
     for path in [*ROOT.glob("*.py"), *(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))]
-    if path.relative_to(ROOT).as_posix() not in NOT_YET and "__pycache__" not in path.parts
+    if "__pycache__" not in path.parts
 )
 
 

@@ -28,6 +28,8 @@ IGNORE_NAMES = [
     "timeouts", "elapsed_s",  # fields of the simulation's Prediction, written out whole (dataclasses.asdict)
     "published_bf16_tflops_with_sparsity",  # a field of the accelerators table, checked against its source
     "base_learning_rate", "steps_per_epoch",  # fields of the training plan, written to the run's metrics
+    "forward",  # torch calls a Module's forward from __call__
+    "model_accepts_loss_kwargs", "floating_point_ops",  # transformers' Trainer reads the one, calls the other
     "expected_requests",  # the Ray Serve replica's batch target, read by its tests (what the replica observes)
 ]  # fmt: skip
 

@@ -220,9 +220,9 @@ class CompiledOptimizerStep:
                 group["lr"] = value
 
 
+# Long: one Trainer subclass, defined inside so that importing this module does not import Trainer.
 @functools.cache
 def sentiment_trainer() -> type:
-    # Over 60 lines: one Trainer subclass, defined inside so that importing this module does not import Trainer.
     """``SentimentTrainer``, defined on first use: importing ``transformers.Trainer`` loads the model code and
     ``datasets`` (about 2 CPU-seconds per process), which ``--check-only`` and an input error's exit never use."""
     from transformers import Trainer
@@ -372,8 +372,8 @@ def check_inputs(config: TrainConfig, use_cuda: bool) -> tuple[str, dict[str, Sp
     return model_reference, raw
 
 
+# Long: the run's steps in order (check, resolve, tokenize, train, report), each a call or two.
 def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
-    # Over 60 lines: the run's steps in order (check, resolve, tokenize, train, report), each a call or two.
     """Fine-tune per ``config``; return the metrics (rank 0 also writes metrics.json and saved_model/).
 
     ``callbacks`` join the run's own (``TrainerCallback`` instances: a caller's hooks into the train loop)."""
