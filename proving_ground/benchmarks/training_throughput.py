@@ -269,8 +269,8 @@ def variant_limit(args: argparse.Namespace) -> float | None:
     return max(1.0, min(limits)) if limits else None
 
 
+# Long: one flat row, a key per number the results report, read straight from metrics.json.
 def summarize(name: str, flags: tuple[str, ...], batch_size: int, metrics: dict, load: list[float]) -> dict:
-    # Over 60 lines: one flat row, a key per number the results report, read straight from metrics.json.
     """One row of the results from a run's metrics.json: the steady steps' throughput first."""
     throughput, last = metrics["throughput"], metrics["epochs"][-1]
     steady = throughput.get("steady_steps", 0) > 0
@@ -435,8 +435,8 @@ def _best(name: str, rounds: list[dict]) -> dict:
     }
 
 
+# Long: the command line's declarations, then the loop over rounds and variants.
 def main(argv: list[str] | None = None) -> None:
-    # Over 60 lines: the command line's declarations, then the loop over rounds and variants.
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="model directory or hub id (default: built offline, see --model-size)")
     parser.add_argument(

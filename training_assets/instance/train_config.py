@@ -264,8 +264,8 @@ def trainer_settings(config: TrainConfig, use_cuda: bool, distributed: bool) -> 
 # ------------------------------------------------------------------------------------------------------------ CLI
 
 
+# Long: one declaration per flag, the CLI's reference read top to bottom.
 def parser() -> argparse.ArgumentParser:
-    # Over 60 lines: one declaration per flag, the CLI's reference read top to bottom.
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(description=DESCRIPTION)
     parser.add_argument("--model", default=defaults.model, help="local model directory or hub id")

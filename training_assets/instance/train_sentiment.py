@@ -101,11 +101,6 @@ from training_assets.instance.train_config import (
 # --------------------------------------------------------------------------------------------------- input checks
 
 
-def load_splits(config: TrainConfig) -> dict[str, Any]:
-    """Return ``{"train": Dataset, "validation": Dataset}`` with checked ``text`` and integer ``label`` columns."""
-    return {split: to_dataset(data) for split, data in read_config_splits(config).items()}
-
-
 def read_config_splits(config: TrainConfig) -> dict[str, Split]:
     schema = Schema(
         text_column=config.text_column,
@@ -114,13 +109,6 @@ def read_config_splits(config: TrainConfig) -> dict[str, Split]:
         max_text_chars=config.max_seq_length * CHARS_PER_TOKEN_KEPT,
     )
     return read_splits(config.dataset, config.dataset_config, schema)
-
-
-def to_dataset(split: Split) -> Any:
-    """The split as a ``datasets.Dataset`` (imported here only: training itself does not need the package)."""
-    import datasets
-
-    return datasets.Dataset.from_dict({"text": split.texts, "label": split.labels})
 
 
 class TokenizedSplit(torch.utils.data.Dataset):
@@ -258,9 +246,9 @@ class CompiledOptimizerStep:
                 group["lr"] = value
 
 
+# Long: one Trainer subclass, defined inside so that importing this module does not import Trainer.
 @functools.cache
 def sentiment_trainer() -> type:
-    # Over 60 lines: one Trainer subclass, defined inside so that importing this module does not import Trainer.
     """``SentimentTrainer``, defined on first use: importing ``transformers.Trainer`` loads the model code and
     ``datasets`` (about 2 CPU-seconds per process), which ``--check-only`` and an input error's exit never use."""
     from transformers import Trainer
@@ -413,8 +401,8 @@ def check_inputs(config: TrainConfig, use_cuda: bool) -> tuple[str, dict[str, Sp
     return model_reference, raw
 
 
+# Long: the run's steps in order (check, resolve, tokenize, train, report), each a call or two.
 def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
-    # Over 60 lines: the run's steps in order (check, resolve, tokenize, train, report), each a call or two.
     """Fine-tune per ``config``; return the metrics (rank 0 also writes metrics.json and saved_model/).
 
     ``callbacks`` join the run's own (``TrainerCallback`` instances: a caller's hooks into the train loop)."""
