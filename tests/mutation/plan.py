@@ -34,7 +34,8 @@ class Module:
 
 PLAN = {
     "simulation": Module("mme_sizing/simulation.py",
-                         ("tests/mme_sizing/test_simulation.py", "tests/mme_sizing/test_lru_skewed_traffic.py")),
+                         ("tests/mme_sizing/test_simulation.py", "tests/mme_sizing/test_lru_skewed_traffic.py",
+                          "tests/mme_sizing/test_simulation_known_answers.py")),
     "protocol": Module("inference_assets/container/protocol.py",
                        ("tests/serving/test_protocol.py", "tests/serving/test_exact_limits.py",
                         "tests/serving/test_protocol_edges.py")),
