@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,13 +93,15 @@ def prepare(key: str) -> Path:
 def run(key: str, only: str | None) -> dict[str, object]:
     copy = prepare(key)
     mutmut = [str(Path(sys.executable).with_name("mutmut"))]
+    started = time.monotonic()
     subprocess.run([*mutmut, "run", *([only] if only else [])], cwd=copy, check=False)
+    seconds = round(time.monotonic() - started)
     subprocess.run([*mutmut, "export-cicd-stats"], cwd=copy, check=True, capture_output=True)
     stats = json.loads((copy / "mutants" / "mutmut-cicd-stats.json").read_text())
     results = subprocess.run([*mutmut, "results"], cwd=copy, check=True, capture_output=True, text=True).stdout
     survivors = [line.split(":")[0].strip() for line in results.splitlines() if line.strip().endswith("survived")]
     covered = stats["killed"] + stats["survived"] + stats["timeout"] + stats["suspicious"] + stats["segfault"]
-    report = {"module": PLAN[key].path, "only": only, **stats,
+    report = {"module": PLAN[key].path, "only": only, "seconds": seconds, **stats,
               "score": round((covered - stats["survived"]) / covered, 3) if covered else None,
               "survivors": survivors}  # fmt: skip
     (BUILD / f"{key}.json").write_text(json.dumps(report, indent=1) + "\n")
