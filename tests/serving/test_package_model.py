@@ -1,4 +1,4 @@
-"""The model.tar.gz layout the SageMaker PyTorch toolkit expects, its reproducibility, vendoring and the upload."""
+"""The model.tar.gz layout the Graviton endpoint's Ray Serve image serves, its reproducibility, vendoring, upload."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from inference_assets.tools.package_model import (
 from .fixture_wheels import build_wheelhouse
 
 ELF_MACHINE_AARCH64 = 183
+DJL_ENTRY = {"model.py": package_model.DJL_ENTRY_POINT}
 
 
 def _members(archive: Path) -> list[tarfile.TarInfo]:
@@ -58,7 +59,7 @@ def test_archive_code_is_the_repository_code(unpacked_model: Path) -> None:
     ):
         assert (unpacked_model / shipped).read_bytes() == (container / "entrypoints" / source).read_bytes()
     shipped = sorted(path.name for path in (unpacked_model / "code/sentiment_serving").iterdir())
-    assert shipped == sorted(path.name for path in container.glob("*.py"))
+    assert shipped == sorted(package_model.SHARED_MODULES + package_model.SERVER_MODULES["ray"])
     for name in shipped:
         assert (unpacked_model / "code/sentiment_serving" / name).read_bytes() == (container / name).read_bytes()
 
@@ -100,19 +101,13 @@ def test_extra_files_land_at_their_archive_paths(tiny_model_dir: Path, tmp_path:
         assert tar.extractfile("code/model.py").read() == model_py.read_bytes()
 
 
-@pytest.mark.parametrize(
-    ("server", "entry"),
-    [("djl", set()), ("torchserve", {"MAR-INF/MANIFEST.json", "code/inference.py"})],
-)
-def test_archives_for_the_other_servers_carry_their_entry_and_requirements(
-    tiny_model_dir: Path, tmp_path: Path, server: package_model.ArchiveServer, entry: set[str]
-) -> None:
+def test_a_djl_archive_carries_its_requirements_and_no_ray_serve_entry(tiny_model_dir: Path, tmp_path: Path) -> None:
     """For the multi-model endpoint (publish_models.build_archive): the serving package stays, Ray Serve's entry
     files go, and the dependencies travel as code/requirements.txt (or vendored in code/lib)."""
     every_entry = {"MAR-INF/MANIFEST.json", "code/inference.py", "config.yaml", "deployment.py"}
-    archive = build_model_archive(tiny_model_dir, tmp_path / "model.tar.gz", server=server)
+    archive = build_model_archive(tiny_model_dir, tmp_path / "model.tar.gz", server="djl")
     names = {member.name for member in _members(archive)}
-    assert every_entry & names == entry
+    assert every_entry & names == set()
     assert {"config.json", "code/sentiment_serving/predictor.py", "code/requirements.txt"} <= names
 
 
@@ -163,7 +158,9 @@ def test_vendored_packages_replace_requirements_and_go_first_on_sys_path(tiny_mo
     vendor = tmp_path / "lib"
     vendor.mkdir()
     (vendor / "sentiment_probe.py").write_text("WHERE = __file__\n")
-    archive = build_model_archive(tiny_model_dir, tmp_path / "model.tar.gz", vendor_dir=vendor, server="torchserve")
+    archive = build_model_archive(
+        tiny_model_dir, tmp_path / "model.tar.gz", vendor_dir=vendor, server="djl", extra_files=DJL_ENTRY
+    )
     names = [member.name for member in _members(archive)]
     assert "code/lib/sentiment_probe.py" in names
     assert "code/requirements.txt" not in names
@@ -172,14 +169,15 @@ def test_vendored_packages_replace_requirements_and_go_first_on_sys_path(tiny_mo
     with tarfile.open(archive) as tar:
         tar.extractall(unpacked, filter="data")
     code = unpacked / "code"
-    probe = "import sys, inference, sentiment_probe; print(sys.path[0]); print(sentiment_probe.WHERE)"
+    # DJL puts only the model directory on sys.path; the archive's model.py adds code/ and code/lib.
+    probe = "import sys, model, sentiment_probe; print(sys.path[0]); print(sentiment_probe.WHERE)"
     result = subprocess.run(
         [sys.executable, "-c", probe],
-        cwd=code,
+        cwd=unpacked,
         capture_output=True,
         text=True,
         check=True,
-        env={"PYTHONPATH": str(code)},
+        env={"PYTHONPATH": str(unpacked)},
     )
     first_path, probe_file = result.stdout.split()
     assert first_path == str(code / "lib")

@@ -75,7 +75,10 @@ def test_a_client_value_in_a_message_keeps_printable_ascii_and_is_cut_after_60_c
         (b'{"inputs": 3, "x": "a\\\\"}', "unknown key 'x'"),
         # Side by side, lists are as deep as one of them.
         (b"[" + b"[], " * 40 + b"[]]", 'an object with "inputs"'),
-        (b'{"inputs": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}", "must be a string, not a list"),
+        (
+            b'{"inputs": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}",
+            "must be a string, not a list",
+        ),
     ],
 )
 def test_json_depth_counts_nesting_not_brackets(body: bytes, fragment: str) -> None:

@@ -28,7 +28,7 @@ from training_assets.instance.checkpoint_sync import (
     write_marker,
 )
 from training_assets.instance.dataset import TrainingInputError
-from training_assets.instance.train_sentiment import TrainConfig, parse_args
+from training_assets.instance.train_config import TrainConfig, parse_args
 
 
 def _checkpoint(root: Path, step: int, *, complete: bool = True) -> Path:
