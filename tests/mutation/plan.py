@@ -83,6 +83,9 @@ def prepare(key: str) -> Path:
         f"also_copy = {_toml_list([p for p in PACKAGES if (copy / p).exists()])}",
         f"pytest_add_cli_args = {_toml_list(PYTEST)}",
         f"pytest_add_cli_args_test_selection = {_toml_list(list(module.tests))}",
+        # A mutant that makes a simulation or a loop run forever is killed by its timeout: three times the tests'
+        # own time (mutmut's default of fifteen held two workers for minutes per such mutant).
+        "timeout_multiplier = 3.0",
         "",
     ])  # fmt: skip
     with (copy / "pyproject.toml").open("a") as pyproject:
