@@ -93,11 +93,11 @@ def prepare(key: str) -> Path:
     return copy
 
 
-def run(key: str, only: str | None) -> dict[str, object]:
+def run(key: str, only: list[str]) -> dict[str, object]:
     copy = prepare(key)
     mutmut = [str(Path(sys.executable).with_name("mutmut"))]
     started = time.monotonic()
-    subprocess.run([*mutmut, "run", *([only] if only else [])], cwd=copy, check=False)
+    subprocess.run([*mutmut, "run", *only], cwd=copy, check=False)
     seconds = round(time.monotonic() - started)
     subprocess.run([*mutmut, "export-cicd-stats"], cwd=copy, check=True, capture_output=True)
     stats = json.loads((copy / "mutants" / "mutmut-cicd-stats.json").read_text())
@@ -114,7 +114,7 @@ def run(key: str, only: str | None) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--module", choices=sorted(PLAN), help="one module (default: every one)")
-    parser.add_argument("--only", help="only the mutants whose name matches this glob")
+    parser.add_argument("--only", nargs="*", default=[], help="only the mutants whose names match these globs")
     args = parser.parse_args(argv)
     for key in [args.module] if args.module else list(PLAN):
         report = run(key, args.only)
