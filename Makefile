@@ -142,4 +142,4 @@ test-random: $(DEV_INSTALLED)
 ## on two cores, so not part of `make test`; results in build/mutate/<key>.json, scores in docs/testing.md.
 .PHONY: mutate
 mutate: $(DEV_INSTALLED)
-	$(BIN)/python tests/mutation/plan.py $(if $(MODULE),--module $(MODULE)) $(if $(ONLY),--only '$(ONLY)')
+	$(BIN)/python tests/mutation/plan.py $(if $(MODULE),--module $(MODULE)) $(if $(ONLY),--only $(ONLY))
