@@ -394,6 +394,8 @@ class Preflight:
 
     # --- capacity bought ahead ------------------------------------------------------------------------------------
 
+    # Long: one check per thing EC2 documents about a reservation (existence, type, zone, state, room, market type),
+    # each with its blocker sentence
     def capacity_reservation(self) -> None:
         """The reservation the launch template targets: it must exist, be of the training type, in the training
         subnet's zone, active (a Capacity Block is "scheduled" until its start) with room for the run's nodes, and a

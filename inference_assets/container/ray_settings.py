@@ -16,8 +16,8 @@ the local tools read the variable names here without Ray installed).
                                           when there are several replicas (one port cannot reach them all, so Ray's
                                           proxy balances them on the SageMaker port)
 
-The endpoint stack and the local server set them from the same settings as the TorchServe batching
-(``inference_assets/tools/endpoint_environment.py``).
+The endpoint stack and the local server set them from the endpoint's settings (``graviton_endpoint``), through
+``inference_assets/tools/endpoint_environment.py``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ BATCH_WAIT_TIMEOUT_ENV = "SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S"
 THREADS_ENV = "OMP_NUM_THREADS"
 THROUGHPUT_OPTIMIZED_ENV = "RAY_SERVE_THROUGHPUT_OPTIMIZED"
 DIRECT_INGRESS_ENV = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
-# The application name in config.yaml; its route prefix is "/" (what AWS's DLC adapter forwards /invocations to).
-APPLICATION = "sentiment"
 
 
 def _positive_int(environment: Mapping[str, str], name: str, default: int) -> int:

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from inference_assets.container.contract import DjlModelSettings, Limits, parse_properties
+from inference_assets.container.contract import DjlModelSettings, Limits
 from tests.serving.archive_modules import forget_modules
 from tests.serving.request_table import REQUESTS, TEST_LIMITS, headers
 from tests.serving.torchserve_inprocess import loaded_service, predict
 
 from . import fake_djl_python
 from .fake_djl_python import Input, batched
+from .serving_properties import parse_properties
 
 
 def _import(path: Path, name: str):
@@ -121,6 +122,9 @@ def test_the_load_call_refuses_batch_size_above_one(unpacked_djl_archive):
     forget_modules("sentiment_serving")
     sys.modules["djl_python"] = fake_djl_python.module()
     saved_path = list(sys.path)
+    # No other archive's code/ ahead of this one's (the module's TorchServe fixture holds its own on the path, and a
+    # TorchServe archive carries no DJL adapter): as in DJL's worker, which has only this model's folders.
+    sys.path[:] = [path for path in saved_path if not (Path(path) / "sentiment_serving").is_dir()]
     try:
         model = _import(unpacked_djl_archive / "model.py", "djl_model_batch_test")
         properties = {**_load_properties(unpacked_djl_archive), "batch_size": "4"}
