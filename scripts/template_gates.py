@@ -212,6 +212,8 @@ def analyser_gate(analysed: dict[str, Any], analyser: str, what: str) -> tuple[b
     return not open_findings and not stale, summary
 
 
+# Long: every gate runs and is summarized here, in the order `make synth` prints them; split, the report's shape
+# would be spread over several functions.
 def run_gates(assembly: Path) -> dict[str, Any]:
     """Run every gate over the assembly and return the report (also written to ``<assembly>/gates-report.json``)."""
     named_templates = stacks(assembly) if (assembly / "manifest.json").exists() else []
