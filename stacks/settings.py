@@ -58,6 +58,9 @@ _CONNECTION_ARN = re.compile(
     r"^arn:aws[a-z-]*:(codeconnections|codestar-connections):[a-z0-9-]+:\d{12}:connection/[0-9a-f-]{36}$"
 )
 _REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+# A @remote caller (training_assets/remote_jobs.py): lowercase, as SageMaker ARNs carry job names lowercased; no
+# hyphen, so the job-name prefix "<caller>-" of one caller never begins another's ("nlp-" and "nlp-x-...").
+_CALLER = re.compile(r"^[a-z][a-z0-9]{0,19}$")
 _BRANCH = re.compile(r"^(?!/)(?!.*(\.\.|//|@\{))[A-Za-z0-9._/-]+(?<![/.])$")
 
 
@@ -291,6 +294,13 @@ class TrainingSettings(_Settings):
     # the VPC places its subnets by zone name at deploy and names map to zone ids differently per account, so only
     # a position can be checked at synth (README: GPU capacity).
     subnet_index: Annotated[int, Field(ge=0, le=15)] = 0
+    remote_callers: Annotated[list[str], Field(min_length=1, max_length=20)] = Field(
+        default=["mlteam"],
+        description="The users or teams that run @remote jobs, each with its own job role, launcher policy, security "
+        "group, S3 prefix (jobs/<caller>/), job names (<caller>-...) and config.yaml (training_assets/remote_jobs.py): "
+        "no caller's jobs reach another's objects, jobs or logs. Each name: 1-20 lowercase letters and digits, "
+        "starting with a letter.",
+    )
     remote_instance_type: str = "ml.p4d.24xlarge"
     remote_image_tag: str = Field(
         default="2.13.0-cu133-amzn2023-sagemaker",
@@ -335,6 +345,16 @@ class TrainingSettings(_Settings):
         _instance(
             value, False, _gpu_training, f"must be an EC2 instance type with an NVIDIA GPU, of the families {families}"
         )
+        return value
+
+    @field_validator("remote_callers")
+    @classmethod
+    def _remote_callers(cls, value: list[str]) -> list[str]:
+        for caller in value:
+            if not _CALLER.fullmatch(caller):
+                raise ValueError(f"{caller!r} must be 1-20 lowercase letters and digits, starting with a letter")
+        if len(set(value)) != len(value):
+            raise ValueError("each caller must be named once")
         return value
 
     @field_validator("remote_instance_type")

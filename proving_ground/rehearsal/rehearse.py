@@ -496,6 +496,22 @@ class Deployment:
                     policies.append(self.resolve(stack_id, props["PolicyDocument"]))
         return policies
 
+    def resource_policies(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """The deployed buckets' policies by bucket name and the keys' policies by key ARN, resolved (the call gate
+        evaluates them with every request on those resources)."""
+        buckets: dict[str, dict[str, Any]] = {}
+        keys: dict[str, dict[str, Any]] = {}
+        for stack_id, deployed in self.deployed.items():
+            for logical, resource in deployed.stack.template["Resources"].items():
+                props = resource.get("Properties", {})
+                if resource["Type"] == "AWS::S3::BucketPolicy":
+                    buckets[str(self.resolve(stack_id, props["Bucket"]))] = self.resolve(
+                        stack_id, props["PolicyDocument"]
+                    )
+                elif resource["Type"] == "AWS::KMS::Key":
+                    keys[str(deployed.refs[f"{logical}.Arn"])] = self.resolve(stack_id, props["KeyPolicy"])
+        return buckets, keys
+
     def managed_policy(self, stack_id: str, prefix: str) -> dict[str, Any]:
         template = self.stacks[stack_id].template["Resources"]
         (logical,) = [
@@ -807,13 +823,20 @@ class Rehearsal:
             person("Training", "TrainingLauncherPolicy", LAUNCHER, "alice@example.com"),
             role("Foundation", "TrainingInstanceRole", INSTANCE, "i-instance"),
             role("Foundation", "EndpointExecutionRole", ENDPOINT_ROLE, "SageMaker"),
-            person("Foundation", "RemoteJobLauncherPolicy", REMOTE_LAUNCHER, "alice@example.com"),
-            role("Foundation", "RemoteJobRole", REMOTE_JOB, "SageMaker"),
+            # The environment's first @remote caller (training.remote_callers): its launcher policy and job role.
+            person(
+                "Foundation",
+                f"RemoteJobLauncherPolicy{self.remote_caller_suffix()}",
+                REMOTE_LAUNCHER,
+                "alice@example.com",
+            ),
+            role("Foundation", f"RemoteJobRole{self.remote_caller_suffix()}", REMOTE_JOB, "SageMaker"),
         ]
         if "MultiModelEndpoint" in self.stacks:
             checked.append(person("MultiModelEndpoint", "InvokePolicy", MME_CLIENT, "app"))
         self.gate.principals += checked
         self.gate.kms_encrypted_buckets = dict(deployment.encrypted_buckets)
+        self.gate.bucket_policies, self.gate.key_policies = deployment.resource_policies()
         self.gate.launch_templates = {k: {n: v for n, v in t.items() if n != "user_data"}
                                       for k, t in deployment.launch_templates.items()}  # fmt: skip
         self.gate.save(self.gate_file)
@@ -1115,6 +1138,11 @@ class Rehearsal:
         prediction = prediction[0] if isinstance(prediction, list) else prediction
         return f"Ray Serve on {server.url}: {prediction['label']}"
 
+    def remote_caller_suffix(self) -> str:
+        """The construct-id suffix of the rehearsed @remote caller: the environment's first (stacks/foundation.py,
+        caller_construct_suffix)."""
+        return self.settings().training.remote_callers[0].capitalize()
+
     def settings(self) -> EnvironmentSettings:
         """The rehearsed environment's settings, as cdk.json gives them."""
         context = json.loads((ROOT / "cdk.json").read_text())["context"]
@@ -1192,7 +1220,7 @@ class Rehearsal:
         assert self.deployment is not None
         config = self.work / "remote" / "config.yaml"
         config.parent.mkdir(parents=True, exist_ok=True)
-        fetch = self.stack_output("Training", "FetchRemoteFunctionConfigCommand")
+        fetch = self.stack_output("Training", f"FetchRemoteFunctionConfigCommand{self.remote_caller_suffix()}")
         fetched = self.shell(REMOTE_LAUNCHER, ["bash", "-c", f"{fetch} > {config}"], cwd=self.work)
         if fetched.returncode != 0 or not config.read_text().strip():
             raise StepFailed(f"`{fetch}` failed: {fetched.stderr.strip()}")

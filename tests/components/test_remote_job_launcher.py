@@ -1,5 +1,6 @@
-"""RemoteJobLauncherPolicy on a bare stack: callers start, see and stop only their own @remote jobs, pass only the
-job role, and stage objects only under their own prefix (the synthesized policy evaluated per request)."""
+"""RemoteJobLauncherPolicy on a bare stack: the people of one caller start, see and stop only that caller's @remote
+jobs, pass only that caller's job role, tag only when creating, and stage objects only under the caller's prefix (the
+synthesized policy evaluated per request)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from stacks.components.sagemaker_roles import VpcAttachment
 from tests.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
 from training_assets.remote_jobs import OWNER_TAG_KEY
 
-JOB_ROLE = f"arn:aws:iam::{ACCOUNT}:role/remote-jobs"
-ME, SOMEONE_ELSE = "AROAEXAMPLE:alice", "AROAEXAMPLE:bob"
-JOB = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/remote-fn-2026"
-PARAMETER = "/platform/dev/sagemaker/remote-function-config"
+JOB_ROLE = f"arn:aws:iam::{ACCOUNT}:role/remote-jobs-nlp"
+ME, SOMEONE_ELSE = "nlp", "vision"
+JOBS = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job"
+JOB, OTHER_JOB = f"{JOBS}/nlp-fn-2026", f"{JOBS}/vision-fn-2026"
+PARAMETER = "/platform/dev/sagemaker/remote-function-config/nlp"
 KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/platform"
 SUBNETS, GROUP = ["subnet-0a", "subnet-0b"], "sg-0workload"
 EBS_TYPE, NVME_TYPE = "ml.p3.16xlarge", "ml.p4d.24xlarge"
@@ -30,6 +32,7 @@ def policies() -> list[dict]:
     RemoteJobLauncherPolicy(
         stack,
         "Launcher",
+        caller=ME,
         job_role=iam.Role.from_role_arn(stack, "JobRole", JOB_ROLE),
         remote_jobs=s3.Bucket.from_bucket_name(stack, "RemoteJobs", "remote-jobs"),
         key=kms.Key.from_key_arn(stack, "Key", KEY),
@@ -51,7 +54,7 @@ def policies() -> list[dict]:
 
 
 def _allowed(policies: list[dict], action: str, resource: str, **context: object) -> bool:
-    return is_allowed(policies, Request(action, resource, {"aws:userid": ME, **context}))  # type: ignore[arg-type]
+    return is_allowed(policies, Request(action, resource, context))  # type: ignore[arg-type]
 
 
 def _tag_context(tags: dict[str, str]) -> dict[str, object]:
@@ -80,15 +83,20 @@ def test_jobs_are_created_only_with_the_callers_own_owner_tag_and_the_environmen
     assert not _allowed(policies, create, JOB, **_create_context({OWNER_TAG_KEY: SOMEONE_ELSE}))
     assert not _allowed(policies, create, JOB, **_create_context({"project": "p"}))
     assert not _allowed(policies, create, JOB, **_create_context({OWNER_TAG_KEY: ME, "anything": "x"}))
+    # A job named as another caller's (its log streams and ARN would be theirs), even tagged as one's own.
+    assert not _allowed(policies, create, OTHER_JOB, **_create_context({OWNER_TAG_KEY: ME}))
 
 
-def test_only_the_owner_describes_stops_or_retags_a_job(policies: list[dict]) -> None:
-    owner = f"aws:ResourceTag/{OWNER_TAG_KEY}"
+def test_only_the_owner_describes_or_stops_a_job_and_nobody_tags_after_creation(policies: list[dict]) -> None:
     for action in ("sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"):
-        assert _allowed(policies, action, JOB, **{owner: ME})
-        assert not _allowed(policies, action, JOB, **{owner: SOMEONE_ELSE})
-    retag = _tag_context({OWNER_TAG_KEY: ME})
-    assert not _allowed(policies, "sagemaker:AddTags", JOB, **retag, **{owner: SOMEONE_ELSE})
+        assert _allowed(policies, action, JOB)
+        # The grant is the job's name, which nobody changes: a tag claiming another's job gains nothing.
+        assert not _allowed(policies, action, OTHER_JOB, **{f"aws:ResourceTag/{OWNER_TAG_KEY}": ME})
+    tags = _tag_context({OWNER_TAG_KEY: ME})
+    on_create = {"sagemaker:TaggingAction": "CreateTrainingJob"}
+    assert _allowed(policies, "sagemaker:AddTags", JOB, **tags, **on_create)
+    assert not _allowed(policies, "sagemaker:AddTags", JOB, **tags)  # a later AddTags: no TaggingAction
+    assert not _allowed(policies, "sagemaker:AddTags", OTHER_JOB, **tags, **on_create)
 
 
 def test_only_the_job_role_is_passed_and_only_to_sagemaker(policies: list[dict]) -> None:
@@ -101,15 +109,21 @@ def test_only_the_job_role_is_passed_and_only_to_sagemaker(policies: list[dict])
 def test_callers_stage_and_list_only_under_their_own_prefix(policies: list[dict]) -> None:
     assert _allowed(policies, "s3:PutObject", f"arn:aws:s3:::remote-jobs/jobs/{ME}/fn/payload.pkl")
     assert not _allowed(policies, "s3:GetObject", f"arn:aws:s3:::remote-jobs/jobs/{SOMEONE_ELSE}/fn/results.pkl")
+    assert not _allowed(policies, "s3:PutObject", f"arn:aws:s3:::remote-jobs/jobs/{ME}x/fn/payload.pkl")
     assert _allowed(policies, "s3:ListBucket", "arn:aws:s3:::remote-jobs", **{"s3:prefix": f"jobs/{ME}/"})
     assert not _allowed(policies, "s3:ListBucket", "arn:aws:s3:::remote-jobs", **{"s3:prefix": "jobs/"})
+    assert not _allowed(policies, "s3:ListBucket", "arn:aws:s3:::remote-jobs", **{"s3:prefix": f"jobs/{ME}x/"})
 
 
 def test_callers_read_the_config_and_follow_training_job_logs(policies: list[dict]) -> None:
     assert _allowed(policies, "ssm:GetParameter", f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{PARAMETER}")
     assert not _allowed(policies, "ssm:GetParameter", f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/other")
+    other_config = f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{PARAMETER.replace(ME, SOMEONE_ELSE)}"
+    assert not _allowed(policies, "ssm:GetParameter", other_config)
     group = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker/TrainingJobs"
-    assert _allowed(policies, "logs:GetLogEvents", f"{group}:log-stream:remote-fn-2026/algo-1-1")
+    assert _allowed(policies, "logs:DescribeLogStreams", f"{group}:*")
+    assert _allowed(policies, "logs:GetLogEvents", f"{group}:log-stream:{ME}-fn-2026/algo-1-1")
+    assert not _allowed(policies, "logs:GetLogEvents", f"{group}:log-stream:{SOMEONE_ELSE}-fn-2026/algo-1-1")
     assert not _allowed(policies, "logs:GetLogEvents", f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/other:log-stream:s")
 
 
