@@ -568,6 +568,16 @@ def requests_for(
     key = (call.service, call.operation)
     if key == ("ec2", "RunInstances"):
         return run_instances_requests(call, launch_templates or {}, principal or {})
+    if key in (("ec2", "TerminateInstances"), ("ec2", "ModifyInstanceAttribute")):
+        # One request per instance, with the instance's tags (aws:ResourceTag/<key>).
+        ids = call.params.get("InstanceIds") or [call.params["InstanceId"]]
+        requests = []
+        for instance_id in ids:
+            instance = _arn(call, "ec2", f"instance/{instance_id}")
+            tags = resource_tags(instance) if resource_tags else {}
+            context = {**(principal or {}), **{f"aws:ResourceTag/{k}": v for k, v in tags.items()}}
+            requests.append(Request(f"ec2:{call.operation}", instance, context))
+        return requests
     if key not in OPERATIONS:
         raise Unsupported(f"no IAM mapping for {call.service}:{call.operation}")
     base: dict[str, ContextValue] = dict(principal or {})

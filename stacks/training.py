@@ -28,6 +28,7 @@ from stacks.components.training_launch_template import (
     TrainingLaunchTemplate,
     TrainingRun,
 )
+from stacks.components.training_run_reaper import TrainingRunReaper
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import (
     TRAINING_OUTPUT_PREFIX,
@@ -210,6 +211,17 @@ class TrainingStack(EnvironmentStack):
         self.security_group = self.training_template.security_group
         self.placement_group = self.training_template.placement_group
         self.launch_template = self.training_template.launch_template
+        # The outside bound of a run's lifetime (the user data's own shutdown can be overridden at launch).
+        self.run_reaper = TrainingRunReaper(
+            self,
+            "TrainingRunReaper",
+            launch_template_id=self.training_template.launch_template_id,
+            max_run_hours=training.max_run_hours,
+            key=foundation.key,
+            log_retention_days=settings.logs.retention_days,
+            removal_policy=self.removal_policy,
+            retention_setting="logs.retention_days",
+        )
         self.instance_policy = self._instance_policy()
         self.launcher_policy = self._launcher_policy()
         self.remote_config_parameters = {

@@ -227,7 +227,8 @@ def test_instance_policy_is_scoped_to_this_stack(training_templates, environment
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_launcher_policy_only_launches_from_the_template(training_templates, environment) -> None:
-    (policy,) = resources(training_templates[environment], "AWS::IAM::ManagedPolicy").values()
+    (policy,) = [p for name, p in resources(training_templates[environment], "AWS::IAM::ManagedPolicy").items()
+                 if name.startswith("TrainingLauncherPolicy")]  # fmt: skip
     statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
     run = statements["RunFromTheTrainingTemplate"]
     assert run["Action"] == "ec2:RunInstances" and "ec2:LaunchTemplate" in run["Condition"]["ArnLike"]
@@ -341,7 +342,8 @@ def test_runs_start_in_the_configured_subnet_and_the_outputs_say_where(training_
     for chosen, index, subnet in ((template, 1, "PrivateSubnet2"), (training_templates["dev"], 0, "PrivateSubnet1")):
         (interface,) = launch_data(chosen)["NetworkInterfaces"]
         assert subnet in interface["SubnetId"]["Fn::ImportValue"]
-        (launcher,) = resources(chosen, "AWS::IAM::ManagedPolicy").values()
+        (launcher,) = [p for name, p in resources(chosen, "AWS::IAM::ManagedPolicy").items()
+                       if name.startswith("TrainingLauncherPolicy")]  # fmt: skip
         subnets = set(re.findall(r"ExportsOutputRefVpc\w+Subnet\w+", json.dumps(launcher["Properties"])))
         assert {f"dev-Foundation:{name}" for name in subnets} == {interface["SubnetId"]["Fn::ImportValue"]}, (
             "the launch grant names the same subnet only"
