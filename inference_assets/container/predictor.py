@@ -73,7 +73,8 @@ class SentimentPredictor:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.options = options or RuntimeOptions()
-        # TorchServe runs several workers per model; each defaulting to all cores would oversubscribe the CPU.
+        # A server runs several copies of a model (DJL's workers, Ray Serve's replicas); each defaulting to all cores
+        # would oversubscribe the CPU.
         torch.set_num_threads(max(1, self.options.threads or os.cpu_count() or 1))
         self.model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)

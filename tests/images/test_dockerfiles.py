@@ -4,7 +4,6 @@ platform's facts choose."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import re
 import shlex
@@ -15,7 +14,6 @@ from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
-from packaging.version import Version
 
 from inference_assets.local.local_server import SERVER_MODULE
 from platform_facts.images import PatchStatus, image_fact, training_images
@@ -131,8 +129,9 @@ def test_every_pip_install_reads_pinned_files_of_the_repository(dockerfile: Path
     assert files, f"{dockerfile} installs nothing with pip from a requirements file"
     for path in [included for read in files for included in _with_included(read)]:
         assert path.is_file() and ROOT in path.parents, path
-        lines = [line.strip() for line in path.read_text().splitlines()]
-        requirements = [line for line in lines if line and not line.startswith(("#", "-r "))]
+        # A hashed lock's entry is "name==version \" with its "--hash=sha256:..." lines under it.
+        lines = [line.strip().removesuffix("\\").strip() for line in path.read_text().splitlines()]
+        requirements = [line for line in lines if line and not line.startswith(("#", "-r ", "--hash="))]
         assert requirements, path
         unpinned = [line for line in requirements if not PIN.match(line)]
         assert unpinned == [], f"{path.relative_to(ROOT)}: not pinned with ==: {unpinned}"
@@ -146,22 +145,19 @@ def _pins(path: Path) -> dict[str, str]:
     return pins
 
 
-def test_serving_image_pins_are_the_versions_the_tests_run_on() -> None:
-    """The image's model runtime and server: each pin is the version installed where the tests run (from
-    requirements-dev.txt, directly or as its dependency), so the local integration tests exercise the same code."""
-    tested = _pins(ROOT / "requirements-dev.txt")
-    container = ROOT / "inference_assets/container"
-    files = [container / "ray_requirements.txt", container / "requirements.txt"]
-    read = _pip_requirement_files(ROOT / "inference_assets/image/Dockerfile")
-    assert [included for path in read for included in _with_included(path)] == files
-    for path in files:
-        for package, version in _pins(path).items():
-            # The public version: the x86 CPU wheel of torch carries the local label +cpu, PyPI's aarch64 wheel none.
-            installed = Version(importlib.metadata.version(package)).public
-            assert installed == version, f"{path.name}: {package}"
-            if package in tested:
-                assert tested[package] == version, f"{path.name}: {package} differs from requirements-dev.txt"
-    assert {"ray", "torch", "transformers", "numpy"} <= set(_pins(files[0]) | _pins(files[1]))
+def test_serving_image_installs_exactly_its_lock() -> None:
+    """The image's Python packages are the lock and nothing else: every file by its hash, no dependency the lock does
+    not name, no source build (tests/images/test_image_lock.py checks the lock against the requirements and the
+    versions the tests run)."""
+    dockerfile = ROOT / "inference_assets/image/Dockerfile"
+    assert _pip_requirement_files(dockerfile) == [ROOT / "inference_assets/image/requirements.lock"]
+    (install,) = [arguments for instruction, arguments in _instructions(dockerfile) if "pip install" in arguments]
+    words = shlex.split(install)
+    assert {"--require-hashes", "--no-deps", "--only-binary=:all:"} <= set(words)
+    # torch's CPU build is on PyTorch's CPU index only; PyPI's aarch64 torch is the CUDA build.
+    assert "--extra-index-url=https://download.pytorch.org/whl/cpu" in words
+    check = words.index("check")
+    assert words[check - 3 : check + 1] == ["python3.12", "-m", "pip", "check"]  # the installed set is consistent
 
 
 def test_training_image_extends_the_dlc_the_facts_table_chooses() -> None:
@@ -223,6 +219,7 @@ def test_serving_image_starts_the_server_the_local_harness_starts() -> None:
     assert json.loads(dict(instructions)["CMD"]) == ["serve"]  # SageMaker's argument, which ray_server accepts
     environment = " ".join(arguments for instruction, arguments in instructions if instruction == "ENV")
     assert "PYTHONPATH=/opt/ml/model:/opt/ml/model/code" in environment.split()
-    assert dict(instructions)["USER"] == "1000:1000"  # not root
+    # Root, as SageMaker's contract for inference images asks ("Custom Inference Code with Hosting Services").
+    assert "USER" not in dict(instructions)
     text = dockerfile.read_text().lower()
     assert "torchserve" not in text and "sagemaker_pytorch_serving_container" not in text and "java" not in text
