@@ -161,7 +161,7 @@ def test_each_create_training_job_key_left_out_alone_is_refused(policies: list[d
     groups while the subnets are given, no subnets, no instance type, ...) is refused; ForAllValues alone would
     let an absent multivalued key pass, so each of those needs its Null check. On NVMe types alone the volume key may
     be left out (SageMaker refuses one there)."""
-    context = {"aws:userid": ME, **_create_context({OWNER_TAG_KEY: ME}, InstanceTypes=[instance_type])}
+    context = _create_context({OWNER_TAG_KEY: ME}, InstanceTypes=[instance_type])
     context["aws:RequestTag/project"] = "p"
     context["aws:TagKeys"] = [OWNER_TAG_KEY, "project"]
     allowed_without = each_key_matters(policies, "sagemaker:CreateTrainingJob", JOB, context)
@@ -172,15 +172,23 @@ def test_each_create_training_job_key_left_out_alone_is_refused(policies: list[d
     assert {key for key, allowed in allowed_without.items() if allowed} == optional
 
 
-def test_every_action_the_launcher_grants_needs_its_caller_or_a_condition(policies: list[dict]) -> None:
-    """Evaluated for every action of every statement: with no context at all (no aws:userid, no tags, no keys), only
-    the calls that name no caller-owned resource are allowed: the SDK's config, the jobs' logs and the platform key
-    (its resource is the key's ARN)."""
-    assert {action for action, _ in allowed_without_context(policies)} == {
+def test_without_any_context_only_the_callers_own_resources_are_reachable(policies: list[dict]) -> None:
+    """Evaluated for every action of every statement with no context at all (no tags, no keys): a caller's ownership
+    is the resource's name, so the calls allowed are those on resources named after the caller (its jobs, prefix,
+    log streams and config) and on the platform key and the log group's stream list; every other grant (creating a
+    job, tagging, passing the role, listing the prefix) needs its condition."""
+    allowed = allowed_without_context(policies)
+    assert {action for action, _ in allowed} == {
         "kms:Decrypt",
         "kms:DescribeKey",
         "kms:GenerateDataKey",
         "ssm:GetParameter",
         "logs:GetLogEvents",
         "logs:DescribeLogStreams",
+        "s3:GetObject",
+        "s3:PutObject",
+        "sagemaker:DescribeTrainingJob",
+        "sagemaker:StopTrainingJob",
     }
+    for action, resource in allowed:
+        assert ME in resource or action.startswith("kms:") or action == "logs:DescribeLogStreams", (action, resource)
