@@ -222,7 +222,7 @@ class TrainingStack(EnvironmentStack):
             removal_policy=self.removal_policy,
             retention_setting="logs.retention_days",
         )
-        self.instance_policy = self._instance_policy()
+        self._instance_policy()
         self.launcher_policy = self._launcher_policy()
         self.remote_config_parameters = {
             caller: self._remote_config_parameter(caller) for caller in self.foundation.remote_callers

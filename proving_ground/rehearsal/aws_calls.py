@@ -46,7 +46,6 @@ from proving_ground.iam_policy import Call, Request, Unsupported, is_allowed, re
 
 GATE_ENV = "REHEARSAL_GATE"
 STEP_ENV = "REHEARSAL_STEP"
-UNCHECKED = None
 
 
 @dataclass
@@ -183,6 +182,8 @@ def allowed_with_resource_policies(gate: Gate, policies: list[dict[str, Any]], r
     return is_allowed(policies, contextual)
 
 
+# Long: botocore's before-call hook that records, stands in for and gates every call, with its undo: the pieces share
+# the hook's state
 def install(
     gate: Gate,
     *,

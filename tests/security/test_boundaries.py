@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies, template_exports
+from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
 from tests.security.conftest import ACCOUNT, BUCKETS, REGION
+from tests.security.exports import template_exports
 
 
 def _role(foundation: tuple[dict[str, Any], dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
