@@ -16,6 +16,8 @@ instance count that autoscaling chose instead of resetting it to ``initial_insta
 
 from __future__ import annotations
 
+from typing import cast
+
 import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
@@ -29,6 +31,7 @@ from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     Autoscaling,
     PlatformImage,
+    Rollout,
     SageMakerEndpoint,
     endpoint_name_for,
 )
@@ -43,6 +46,14 @@ ALARM_PERIOD = cdk.Duration.minutes(5)
 FIVE_XX_PER_PERIOD = 5
 MODEL_LATENCY_P99_MICROSECONDS = 1_000_000
 CPU_UTILIZATION_PERCENT = 80
+# The alarms an update rolls back on (SageMaker blue/green with auto-rollback, SageMakerEndpoint.roll_out).
+ROLLBACK_ALARMS = ("Invocation5xxAlarm", "ModelLatencyAlarm")
+
+
+def _window_seconds(alarm: cloudwatch.Alarm) -> int:
+    """How long ``alarm`` needs to fire: its evaluation periods times its period."""
+    resource = cast(cloudwatch.CfnAlarm, alarm.node.default_child)
+    return int(resource.evaluation_periods) * int(resource.period or ALARM_PERIOD.to_seconds())  # type: ignore[arg-type]
 
 
 def image_source(environment: str, parameter_name: str) -> str:
@@ -110,6 +121,7 @@ class GravitonEndpointStack(EnvironmentStack):
             retention_setting="logs.retention_days",
             removal_policy=self.removal_policy,
             alarm_topic_display_name=f"Sentiment endpoint alarms ({settings.name})",
+            startup_timeout_seconds=endpoint_settings.container_startup_timeout_seconds,
         )
         endpoint = self.sagemaker_endpoint
         self.model_check = self._model_archive_check(endpoint_settings.model_data_key)
@@ -117,6 +129,11 @@ class GravitonEndpointStack(EnvironmentStack):
         self.endpoint_name, self.endpoint_arn = endpoint.endpoint_name, endpoint.endpoint_arn
         self.scalable_target, self.alarm_topic = endpoint.scalable_target, endpoint.alarm_topic
         self.alarms = self._alarms(endpoint_settings.vcpus)
+        # A new model, image or instance type reaches traffic blue/green, and rolls back by itself when the new fleet
+        # answers server errors or queues while the old one still stands; the bake covers the longest alarm window.
+        # Not CPU: a busy new fleet is load, not a bad release.
+        rollback = [alarm for alarm in self.alarms if alarm.node.id in ROLLBACK_ALARMS]
+        endpoint.roll_out(Rollout(ROLLBACK_ALARMS, bake_seconds=max(_window_seconds(a) for a in rollback)))
         self._outputs(endpoint_settings.model_data_key)
 
     def _model_archive_check(self, model_data_key: str) -> ModelArchiveCheck:

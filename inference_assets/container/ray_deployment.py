@@ -186,7 +186,10 @@ class SentimentDeployment:
         for item in items:
             answers.append(success_answer(predictions[start : start + len(item.texts)]))
             start += len(item.texts)
-        log.info("forward pass: %d requests, %d texts, %d tokens", len(items), len(texts), sum(map(len, encodings)))
+        tokens = sum(map(len, encodings))
+        log.info(
+            "batch of %d requests answered with one forward pass (%d texts, %d tokens)", len(items), len(texts), tokens
+        )
         return answers
 
     def unhealthy(self) -> str | None:

@@ -397,3 +397,34 @@ def test_sigterm_on_the_harness_pid_stops_its_ray_serve(server: _Harness) -> Non
     """The module's last test: ``kill <pid>`` on the local server's command (a script's background job) stops it and
     every process of its tree, and closes its port (test_local_shutdown.py checks the multi-model harness)."""
     stop_and_check(server.process, server.port, signal.SIGTERM, "ray::ServeReplica")
+
+
+def test_ping_stays_quick_while_the_queue_is_full(server: _Harness) -> None:
+    """Many more clients than the replica holds (max_invocations: 8 x BATCH_SIZE), each sending the most texts a
+    request may carry: the queue fills (the surplus is refused with a 503 naming the limit, not queued), and /ping,
+    asked all along, answers 200 within 2 s every time."""
+    limit = 8 * BATCH_SIZE
+    body = json.dumps({"inputs": ["a long review of a long film " * 40] * MAX_REQUEST_BATCH}).encode()
+    stop = threading.Event()
+    pings: list[tuple[int, float]] = []
+
+    def pinging() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            pings.append((server.ping(), time.monotonic() - started))
+            time.sleep(0.05)
+
+    pinger = threading.Thread(target=pinging)
+    pinger.start()
+    try:
+        with ThreadPoolExecutor(3 * limit) as pool:
+            answers = list(pool.map(lambda _: server.invoke(body), range(6 * limit)))
+    finally:
+        stop.set()
+        pinger.join()
+    statuses = [status for status, _, _ in answers]
+    refused = [json.loads(answer)["error"] for status, _, answer in answers if status == 503]
+    assert set(statuses) <= {200, 503} and statuses.count(200) >= limit, statuses
+    assert refused and all(f"holds {limit} requests, its limit" in error for error in refused)
+    assert pings and all(status == 200 and seconds < 2 for status, seconds in pings), pings
+    assert server.ping() == 200 and server.invoke(b"after the load", content_type="text/plain")[0] == 200
