@@ -50,7 +50,8 @@ node_modules/.installed: package.json package-lock.json $(SYNTH_INSTALLED)
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-## Synthesize every environment (or ENVS=dev,...) with cdk-nag, then cfn-lint and checkov: one line per gate and per
+## Synthesize every environment (or ENVS=dev,...) and the promotion pipeline (with placeholder settings while cdk.json
+## has no `pipeline`; its summary line says so) with cdk-nag, then cfn-lint and checkov: one line per gate and per
 ## stack; every acknowledgement with its reason goes to cdk.out/gates-report.json (VERBOSE=1 prints it too).
 ## Installs only what synthesis and the gates need; checkov's virtualenv installs while the app's installs and synthesizes.
 synth:
@@ -64,8 +65,8 @@ gates: templates .venv-checkov/.installed
 templates: $(SYNTH_INSTALLED) node_modules/.installed
 	@rm -rf cdk.out
 	@start=$$(date +%s); log=$$(mktemp); \
-	if cdk synth --quiet -c env=$(ENVS) >$$log 2>&1; then \
-		$(if $(VERBOSE),cat $$log;) echo "cdk synth: $(ENVS) in $$(( $$(date +%s) - start )) s"; rm -f $$log; \
+	if cdk synth --quiet -c env=$(ENVS) -c placeholder_pipeline=true >$$log 2>&1; then \
+		$(if $(VERBOSE),cat $$log;) echo "cdk synth: $(ENVS) and the promotion pipeline in $$(( $$(date +%s) - start )) s"; rm -f $$log; \
 	else status=$$?; cat $$log; rm -f $$log; exit $$status; fi
 
 ## Predicted behaviour of each environment's multi-model endpoint (ENV=prod for one); needs only the synth install.
@@ -129,3 +130,16 @@ rehearse: $(DEV_INSTALLED)
 .PHONY: docs
 docs: $(SYNTH_INSTALLED)
 	$(BIN)/python -m scripts.settings_reference
+
+## The whole suite with each module's tests in a random order (pytest-randomly, off in `make test`; its seed is printed,
+## SEED=<n> replays it). The modules keep the order tests/conftest.py gives them, so the workers' split is unchanged.
+.PHONY: test-random
+test-random: $(DEV_INSTALLED)
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -p randomly $(if $(SEED),--randomly-seed=$(SEED))
+
+## Mutation testing (mutmut) of the modules where a bug would hurt users, each with only the fast tests covering it
+## (tests/mutation/plan.py): MODULE=<key> for one, ONLY=<glob> for some of its mutants. Minutes to an hour per module
+## on two cores, so not part of `make test`; results in build/mutate/<key>.json, scores in docs/testing.md.
+.PHONY: mutate
+mutate: $(DEV_INSTALLED)
+	$(BIN)/python tests/mutation/plan.py $(if $(MODULE),--module $(MODULE)) $(if $(ONLY),--only '$(ONLY)')

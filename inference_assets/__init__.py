@@ -1,8 +1,12 @@
 """Serving assets of the sentiment model.
 
 - ``container``: what ships inside model.tar.gz and runs in the model server (request protocol, predictor, the Ray
-  Serve deployment and launcher, the TorchServe handler, the DJL adapter); package_model copies it into the archive's
-  ``code/`` folder.
-- ``tools``: what operators run (package, publish, invoke, smoke-test, the endpoint environment).
-- ``local``: local harnesses that serve an archive as the endpoints do (Ray Serve; TorchServe for multi-model).
+  Serve deployment and launcher of the Graviton endpoint, the DJL adapter of the multi-model endpoint); package_model
+  copies into each archive's ``code/`` folder the modules its server runs.
+- ``tools``: what operators run (package, publish, invoke, smoke-test, the pre-deploy model check, the endpoint
+  environment).
+- ``local``: the local Ray Serve server that serves an archive as the Graviton endpoint does.
+
+Part of the product: it imports the serving contract and platform_facts, never the stacks or the proving ground
+(whose TorchServe multi-model harness, proving_ground/torchserve_mme/, serves these modules too).
 """

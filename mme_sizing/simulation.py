@@ -8,7 +8,8 @@ and when more want one than there are cores, all slow down alike.
 
 Per model, the model server decides how many requests run at once:
 
-* ``torchserve``: a fixed number of workers per loaded model (``SAGEMAKER_MODEL_SERVER_WORKERS``).
+* ``torchserve`` (the local harness the model is validated on): a fixed number of workers per loaded model
+  (``SAGEMAKER_MODEL_SERVER_WORKERS``).
 * ``djl``: one worker at first; each request that finds more than twice the batch size (1) queued starts another, up
   to ``max_workers_per_model`` (DJL's default: vCPUs / OMP threads); a worker idle for ``max_idle_s`` stops
   (``WorkLoadManager.runJob`` in djl-serving v0.36.0; https://docs.djl.ai/docs/serving/serving/docs/configurations_model.html).
@@ -36,14 +37,15 @@ import random
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from inference_assets.container.contract import ModelServer
-
+# The model servers whose worker rules the simulation knows: DJL Serving (the multi-model endpoint's) and TorchServe
+# (the proving ground's local harness, against which the model is validated).
+ModelServer = Literal["djl", "torchserve"]
 PATTERNS = ("uniform", "hot-model", "top-10")
 HOT_SHARE = 0.9  # hot-model: one model takes 9 of 10 requests (the blog post's Locust task weights 9:1)
 HOT_SET, HOT_SET_SHARE = 10, 8 / 9  # top-10: ten models take 8 of 9 requests (weights 8:1)
-DJL_BATCH_SIZE = 1  # serving.properties batch_size (must stay 1, see inference_assets/tools/serving_properties.py)
+DJL_BATCH_SIZE = 1  # serving.properties batch_size (must stay 1: contract.DjlModelSettings)
 SAGEMAKER_TIMEOUT_S = 60.0  # InvokeEndpoint gives the container 60 s to answer
 PREWARM_UTILIZATION = 0.7  # a steady state's workers are busy this share of the time
 

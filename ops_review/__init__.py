@@ -3,3 +3,6 @@
 
 # The gates' report in a cloud assembly: written by scripts/template_gates.py (`make synth`), read by the review.
 GATES_REPORT = "gates-report.json"
+# The template metadata key of a pipeline stack synthesized with placeholder settings (app.py): the gates' summary
+# and the review say so next to the stack.
+PLACEHOLDER_METADATA = "PytorchPlatformPlaceholderConfiguration"

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ops_review import GATES_REPORT
+from ops_review import GATES_REPORT, PLACEHOLDER_METADATA
 from scripts import iam_analysers
 from stacks.settings import ENVIRONMENT_NAMES
 
@@ -81,7 +81,14 @@ def nag_violations(assembly: Path) -> list[str]:
     if not report.exists():
         return []
     plugins = json.loads(report.read_text())["pluginReports"]
-    return [
+    # A plugin that failed without a violation crashed (seen: the Control Tower validator on a key policy it could
+    # not read); its error is a finding, or the gate would pass on templates no one checked.
+    crashed = [
+        f"{plugin['pluginName']} failed: {plugin.get('metadata', {}).get('error', 'no error given').splitlines()[0]}"
+        for plugin in plugins
+        if plugin.get("conclusion") == "failure" and not plugin["violations"]
+    ]
+    return crashed + [
         f"{violation['ruleName']} at {resource['constructPath']}"
         for plugin in plugins
         for violation in plugin["violations"]
@@ -116,9 +123,10 @@ def stack_lines(named_templates: list[tuple[str, Path]]) -> list[str]:
         counts = collections.Counter(r["Type"] for r in resources)
         retained = sum(r.get("DeletionPolicy") == "Retain" for r in resources)
         top = ", ".join(f"{n} {t.removeprefix('AWS::')}" for t, n in counts.most_common(4))
+        placeholder = template.get("Metadata", {}).get(PLACEHOLDER_METADATA)
         lines.append(
-            f"{name}: {sum(counts.values())} resources ({top}, ...), {retained} retained, "
-            f"{len(template.get('Outputs', {}))} outputs"
+            f"{name}{f' ({placeholder})' if placeholder else ''}: {sum(counts.values())} resources ({top}, ...), "
+            f"{retained} retained, {len(template.get('Outputs', {}))} outputs"
         )
     return lines
 

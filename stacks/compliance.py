@@ -10,6 +10,8 @@ Acknowledgements are scoped to one construct and carry a reason, which is also w
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
+from pathlib import Path
 from typing import Any, cast
 
 import aws_cdk as cdk
@@ -37,15 +39,31 @@ def add_compliance_gates(app: cdk.App) -> None:
     stages = [cast(cdk.Stage, child) for child in app.node.children if cdk.Stage.is_stage(child)]
     for stage in stages:
         cdk.Validations.of(stage).add_plugins(control_tower_gate())
+    # The rest, on the app: the promotion pipeline's stack and the stages it deploys. CDK validates the stages that
+    # are children of stages only (a pipeline's stages are children of its stack), and an app's plugin sees every
+    # template of the assembly; the stage directories already gated above are left out.
+    gated = {stage.artifact_id for stage in stages}  # a stage's nested assembly directory is named so
+    cdk.Validations.of(app).add_plugins(control_tower_gate(skip_directories=gated))
     for scope in [app, *stages]:
         add_template_aspects(scope)
 
 
-def control_tower_gate() -> cdk.IPolicyValidationPlugin:
-    """All of Control Tower's proactive controls that the validator bundles (rules/control-tower/cfn-guard)."""
+def control_tower_gate(skip_directories: Collection[str] = ()) -> cdk.IPolicyValidationPlugin:
+    """All of Control Tower's proactive controls that the validator bundles (rules/control-tower/cfn-guard), on the
+    templates of the plugin's stage outside the nested assembly directories named in ``skip_directories``."""
     # The validator (0.0.62) implements the deprecated Beta1 plugin interface, which add_plugins still takes: in
     # TypeScript both have the same members and jsii passes the structs by value, but their Python classes differ.
-    return cast(cdk.IPolicyValidationPlugin, _ControlTowerGate())
+    return cast(cdk.IPolicyValidationPlugin, _ControlTowerGate(frozenset(skip_directories)))
+
+
+@jsii.implements(cdk.IPolicyValidationContextBeta1)
+class _Templates:
+    def __init__(self, template_paths: list[str]) -> None:
+        self._paths = template_paths
+
+    @property
+    def template_paths(self) -> list[str]:
+        return self._paths
 
 
 @jsii.implements(cdk.IPolicyValidationPluginBeta1)
@@ -59,8 +77,9 @@ class _ControlTowerGate:
     synth unnoticed (seen here: the report said 'success' next to ten open findings).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, skip_directories: frozenset[str] = frozenset()) -> None:
         self._plugin = CfnGuardValidator(control_tower_rules_enabled=True)
+        self._skip = skip_directories
 
     @property
     def name(self) -> str:
@@ -75,8 +94,11 @@ class _ControlTowerGate:
         return self._plugin.rule_ids
 
     def validate(self, context: cdk.IPolicyValidationContextBeta1) -> cdk.PolicyValidationPluginReportBeta1:
-        idle = rules_without_resources(context.template_paths)
-        report = CfnGuardValidator(control_tower_rules_enabled=True, disabled_rules=idle).validate(context)
+        paths = [path for path in context.template_paths if Path(path).parent.name not in self._skip]
+        if not paths:
+            return cdk.PolicyValidationPluginReportBeta1(success=True, violations=[])
+        idle = rules_without_resources(paths)
+        report = CfnGuardValidator(control_tower_rules_enabled=True, disabled_rules=idle).validate(_Templates(paths))
         return cdk.PolicyValidationPluginReportBeta1(
             success=report.success,
             violations=[

@@ -125,6 +125,7 @@ class FoundationStack(EnvironmentStack):
                 cidr=vpc_settings.cidr,
                 max_azs=vpc_settings.max_azs,
                 nat_gateways=vpc_settings.nat_gateways,
+                subnet_masks=(vpc_settings.PRIVATE_SUBNET_MASK, vpc_settings.PUBLIC_SUBNET_MASK),
                 flow_log_key=self.key,
                 flow_log_retention=log_retention(vpc_settings.flow_log_retention_days),
                 removal_policy=self.removal_policy,

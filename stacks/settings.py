@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -176,6 +176,14 @@ def _s3_key(value: str, *, prefix: bool) -> str:
 class VpcSettings(_Settings):
     """Create a VPC (``cidr``, ``max_azs``) or import one from explicit ids (no lookups at synth time)."""
 
+    # The subnets a created VPC gets in each of its max_azs zones (PlatformNetwork is given these): a private /20,
+    # and, with NAT gateways, a public /24 that holds only them. AWS takes a VPC of /16 to /28 (VPC user guide,
+    # "VPC CIDR blocks").
+    PRIVATE_SUBNET_MASK: ClassVar[int] = 20
+    PUBLIC_SUBNET_MASK: ClassVar[int] = 24
+    LARGEST_PREFIX: ClassVar[int] = 16
+    SMALLEST_PREFIX: ClassVar[int] = 28
+
     cidr: str = "10.40.0.0/16"
     max_azs: Annotated[int, Field(ge=1, le=3)] = 2
     nat_gateways: Annotated[int, Field(ge=0, le=4)] = 1
@@ -191,8 +199,10 @@ class VpcSettings(_Settings):
             network = ipaddress.IPv4Network(value)
         except ValueError:
             raise ValueError("must be an IPv4 CIDR block such as 10.40.0.0/16") from None
-        if not 16 <= network.prefixlen <= 24:
-            raise ValueError("must have a prefix length from /16 to /24")
+        if not VpcSettings.LARGEST_PREFIX <= network.prefixlen <= VpcSettings.SMALLEST_PREFIX:
+            raise ValueError(
+                f"must have a prefix length from /{VpcSettings.LARGEST_PREFIX} to /{VpcSettings.SMALLEST_PREFIX}"
+            )
         return value
 
     @field_validator("vpc_id")
@@ -217,6 +227,21 @@ class VpcSettings(_Settings):
     @property
     def imported(self) -> bool:
         return self.vpc_id is not None
+
+    def subnet_masks(self) -> list[int]:
+        """The masks of the subnets a created VPC gets, in the order ec2.Vpc allocates them (public ones first)."""
+        public = [self.PUBLIC_SUBNET_MASK] * self.max_azs if self.nat_gateways else []
+        return public + [self.PRIVATE_SUBNET_MASK] * self.max_azs
+
+    def largest_prefix_for_subnets(self) -> int:
+        """The longest prefix (smallest VPC) that holds ``subnet_masks``, placed as ec2.Vpc places them: one after
+        another, each on a boundary of its own size (aws-cdk-lib's NetworkBuilder), so a /20 after /24s starts at
+        the next /20 boundary."""
+        end = 0
+        for mask in self.subnet_masks():
+            size = 2 ** (32 - mask)
+            end = -(-end // size) * size + size
+        return 32 - (end - 1).bit_length()
 
 
 class AutoscalingSettings(_Settings):
@@ -680,6 +705,21 @@ class EnvironmentSettings(_Settings):
                             training.image, bf16)  # fmt: skip
         _gpu_runs_the_image("training.remote_instance_type", training.remote_instance_type,
                             "training.remote_image_tag", training.remote_image, bf16)  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
+    def _subnets_fit_the_vpc(self) -> EnvironmentSettings:
+        vpc = self.vpc
+        if vpc.imported:
+            return self
+        prefix, needed = ipaddress.IPv4Network(vpc.cidr).prefixlen, vpc.largest_prefix_for_subnets()
+        if prefix > needed:
+            private, public = vpc.PRIVATE_SUBNET_MASK, vpc.PUBLIC_SUBNET_MASK
+            subnets = f"a private /{private}" + (f" and a public /{public}" if vpc.nat_gateways else "")
+            raise ValueError(
+                f"vpc.cidr: {vpc.cidr} is too small for the subnets the stacks make ({subnets} per zone, "
+                f"vpc.max_azs: {vpc.max_azs}); use a prefix length from /{vpc.LARGEST_PREFIX} to /{needed}"
+            )
         return self
 
     @model_validator(mode="after")

@@ -45,13 +45,9 @@ from typing import Any
 
 import yaml
 
-from training_assets.instance.train_sentiment import (
-    TrainConfig,
-    TrainingInputError,
-    end_distributed,
-    parse_args,
-    train,
-)
+from training_assets.instance.dataset import TrainingInputError
+from training_assets.instance.train_config import TrainConfig, parse_args
+from training_assets.instance.train_sentiment import end_distributed, train
 from training_assets.remote_jobs import OWNER_TAG_KEY, caller_prefix
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,14 +1,13 @@
 """The serving contract: what the model container reads, in one module that everyone who configures it imports.
 
-The container (``protocol.py``, ``predictor.py``, the TorchServe handler and the DJL adapter) reads it; the operator
+The container (``protocol.py``, ``predictor.py``, the Ray Serve deployment and the DJL adapter) reads it; the operator
 tools (package, publish, the endpoint environment), the settings, the endpoint stacks and the multi-model sizing
-write or check against it. It imports nothing (no torch, no CDK): package_model ships it inside model.tar.gz with the
-rest of this package, and synth imports it without the serving stack installed.
+write or check against it. It imports nothing (no torch, no CDK): package_model ships it inside every model.tar.gz,
+and synth imports it without the serving stack installed.
 
-* the model servers a multi-model endpoint can run;
 * model names (``TargetModel``: an S3 key under the models prefix);
-* the request limits, their bounds and how they reach the container: environment variables (TorchServe) or
-  ``serving.properties`` options (DJL);
+* the request limits, their bounds and how they reach the container: environment variables (the Graviton endpoint's
+  Ray Serve deployment) or ``serving.properties`` options (DJL);
 * the run-time options of the predictor (precision, torch.compile) as environment variables;
 * the per-model ``serving.properties`` of DJL Serving.
 
@@ -24,12 +23,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import ClassVar, Literal, get_args
-
-# --- model servers ---------------------------------------------------------------------------------------------
-
-ModelServer = Literal["djl", "torchserve"]
-MODEL_SERVERS: tuple[ModelServer, ...] = get_args(ModelServer)
-DEFAULT_MODEL_SERVER: ModelServer = "djl"  # DJL Serving 0.36 (Python engine); TorchServe via the PyTorch DLC
 
 # --- model names ------------------------------------------------------------------------------------------------
 
@@ -65,7 +58,7 @@ def validate_prefix(prefix: str) -> str:
 # API_runtime_InvokeEndpoint; botocore's sagemaker-runtime model, BodyBlob max). A real-time endpoint never hands
 # the container more, so a larger cap could only matter to local servers.
 SAGEMAKER_MAX_PAYLOAD_BYTES = 6_291_456
-# Container environment variables (TorchServe containers) and serving.properties options (DJL: option.<name>).
+# Container environment variables (the Ray Serve deployment) and serving.properties options (DJL: option.<name>).
 MAX_REQUEST_BATCH_ENV = "SENTIMENT_MAX_REQUEST_BATCH"
 MAX_REQUEST_BYTES_ENV = "SENTIMENT_MAX_REQUEST_BYTES"
 MAX_REQUEST_TOKENS_ENV = "SENTIMENT_MAX_REQUEST_TOKENS"
@@ -110,7 +103,8 @@ class Limits:
 
     @classmethod
     def from_environment(cls, environment: Mapping[str, str]) -> Limits:
-        """The limits a TorchServe container was given (unset variables keep the defaults); bad values raise."""
+        """The limits a container was given in its environment (unset variables keep the defaults); bad values
+        raise."""
         return cls._from(environment, cls.ENVIRONMENT)
 
     @classmethod

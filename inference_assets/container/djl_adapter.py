@@ -3,7 +3,7 @@
 DJL Serving unpacks each model archive into its own directory, reads ``serving.properties`` (``engine=Python``,
 ``option.entryPoint=model.py``) and calls ``handle`` with a ``djl_python.Input``. The first call of a worker is the
 load call: it carries the properties (``option.*`` without the prefix, plus ``model_dir``) and is answered with
-``None``. Requests, answers and errors are those of ``protocol.py``, exactly as in the TorchServe handler.
+``None``. Requests, answers and errors are those of ``protocol.py``, exactly as in the Ray Serve deployment.
 
 Batches: DJL Serving 0.36's Python engine gives every request of a dynamic batch the batch Output's status code and
 properties (``PyPredictor.java`` of tag v0.36.0), so per-request statuses and Content-Types cannot be expressed:

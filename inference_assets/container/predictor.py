@@ -73,7 +73,8 @@ class SentimentPredictor:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.options = options or RuntimeOptions()
-        # TorchServe runs several workers per model; each defaulting to all cores would oversubscribe the CPU.
+        # A server runs several copies of a model (DJL's workers, Ray Serve's replicas); each defaulting to all cores
+        # would oversubscribe the CPU.
         self.threads = max(1, self.options.threads or os.cpu_count() or 1)
         torch.set_num_threads(self.threads)
         self.model_dir = Path(model_dir)

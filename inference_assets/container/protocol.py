@@ -1,4 +1,4 @@
-"""The one request protocol of the sentiment model, for every model server (TorchServe handler, DJL adapter).
+"""The one request protocol of the sentiment model, for every model server (Ray Serve deployment, DJL adapter).
 
 Model servers only move bytes and headers in and out; everything about a request is decided here:
 

@@ -16,8 +16,8 @@ the local tools read the variable names here without Ray installed).
                                           when there are several replicas (one port cannot reach them all, so Ray's
                                           proxy balances them on the SageMaker port)
 
-The endpoint stack and the local server set them from the same settings as the TorchServe batching
-(``inference_assets/tools/endpoint_environment.py``).
+The endpoint stack and the local server set them from the endpoint's settings (``graviton_endpoint``), through
+``inference_assets/tools/endpoint_environment.py``.
 """
 
 from __future__ import annotations

@@ -1,2 +1,3 @@
-"""Local harnesses on 127.0.0.1: the single-model server on Ray Serve (as the Graviton endpoint serves), and the
-real SageMaker toolkit + TorchServe in multi-model mode."""
+"""The local server on 127.0.0.1 that serves model.tar.gz on Ray Serve as the Graviton endpoint does (`pytorch-platform
+serve`, `make demo`), and the process manager and signal handling it shares with the proving ground's TorchServe
+multi-model harness (proving_ground/torchserve_mme/)."""

@@ -1,9 +1,9 @@
 """One way to run a local model server: its own process group, a readiness check, a log, and a stop that leaves
 nothing behind.
 
-The local harnesses (the single-model Ray Serve server, the multi-model TorchServe) differ only in data: the command,
-its environment, how to tell it is ready, and which signals stop it. The manager knows nothing of TorchServe, so a
-harness that moves to another server changes its command and readiness check, not its process handling.
+The local harnesses (the single-model Ray Serve server, the proving ground's multi-model TorchServe) differ only in
+data: the command, its environment, how to tell it is ready, and which signals stop it. The manager knows no server,
+so a harness that moves to another server changes its command and readiness check, not its process handling.
 
 Why a process group, and why stopping the group: a model server forks (a Java frontend, one Python worker per
 model); the leader can exit while its children keep serving, so "stopped" means no process of the group is left.

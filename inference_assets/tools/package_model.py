@@ -5,13 +5,13 @@ runs ``config.yaml``: the serving contract of AWS's Ray Serve DLC, see container
 
     config.json, model.safetensors, tokenizer files ...  the model directory, at the archive root
     config.yaml, deployment.py                           Ray Serve's entry (config.yaml names deployment:app)
-    code/sentiment_serving/*.py                          the ``inference_assets.container`` package (ray_server too)
+    code/sentiment_serving/*.py                          what Ray Serve runs of the ``inference_assets.container``
+                                                         package: the shared modules and the ray_* ones
 
 Nothing to install: the image holds every dependency (inference_assets/image/Dockerfile), and the endpoint reaches
-no package index. The multi-model endpoint's archives (publish_models) use the same builder with DJL Serving's entry
-(``server="djl"``) and their dependencies vendored in ``code/lib`` (``vendor_dependencies``); ``server="torchserve"``
-builds the TorchServe handler's layout (MAR-INF/MANIFEST.json + code/inference.py), which no deployable setting
-serves since the TorchServe DLCs ended patching (docs/images.md).
+no package index. The multi-model endpoint's archives (publish_models) use the same builder with DJL Serving's
+modules (``server="djl"``: the shared modules and djl_adapter, no Ray Serve code) and their dependencies as
+``code/requirements.txt`` or vendored in ``code/lib`` (``vendor_dependencies``).
 
 The archive is byte-for-byte reproducible: sorted entries, fixed mtime/owner/mode, gzip without name or timestamp.
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import io
-import json
 import shutil
 import subprocess
 import sys
@@ -34,7 +33,6 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 CONTAINER = Path(__file__).resolve().parents[1] / "container"
-HANDLER = CONTAINER / "entrypoints" / "inference.py"
 DJL_ENTRY_POINT = CONTAINER / "entrypoints" / "model.py"
 # Ray Serve's entry at the archive root: `serve run /opt/ml/model/config.yaml` imports deployment:app.
 RAY_ENTRY_FILES = {name: CONTAINER / "entrypoints" / name for name in ("config.yaml", "deployment.py")}
@@ -54,19 +52,18 @@ IMAGE_PROVIDED = ("numpy",)
 VENDORED_LOCK = "requirements.lock"
 
 _MTIME = 0
-# TorchServe uses a model directory's manifest handler instead of the toolkit's default service handler
-# (ModelManager.java createModelArchive, TorchServe 0.12); "1.0" is the version the toolkit's per-model batch
-# settings are written under. createdOn is fixed so that the archive stays reproducible.
-TORCHSERVE_MANIFEST = {
-    "createdOn": "01/01/2026 00:00:00",
-    "runtime": "python",
-    "model": {"modelName": "model", "handler": "code/inference.py:handle", "modelVersion": "1.0"},
-    "archiverVersion": "0.12.0",
-}
 _FILE_MODE = 0o644
-# Which server's entry the archive carries: Ray Serve (the Graviton image), DJL Serving (the multi-model endpoint),
-# or the TorchServe handler.
-ArchiveServer = Literal["ray", "djl", "torchserve"]
+# Which server's archive: Ray Serve (the Graviton image) or DJL Serving (the multi-model endpoint).
+ArchiveServer = Literal["ray", "djl"]
+# The modules of ``inference_assets.container`` every archive carries: the request protocol, the predictor and the
+# serving contract they read. Each server's archive adds its own modules, and only those: a Ray Serve archive
+# carries no DJL adapter, a DJL archive no Ray Serve code (a test lists each archive; another that every module of
+# the package is in one of these lists).
+SHARED_MODULES = ("__init__.py", "contract.py", "predictor.py", "protocol.py")
+SERVER_MODULES: dict[ArchiveServer, tuple[str, ...]] = {
+    "ray": ("ray_deployment.py", "ray_server.py", "ray_settings.py"),
+    "djl": ("djl_adapter.py",),
+}
 
 
 class PackagingError(ValueError):
@@ -88,22 +85,26 @@ def _files_under(root: Path, prefix: str = "") -> dict[str, Path]:
     }
 
 
-def container_files() -> dict[str, Path]:
-    """The archive paths and sources of the ``inference_assets.container`` package (its modules, not entrypoints/)."""
-    return {f"code/{ARCHIVE_PACKAGE}/{path.name}": path for path in sorted(CONTAINER.glob("*.py"))}
+def container_files(server: ArchiveServer | None) -> dict[str, Path]:
+    """The archive paths and sources of the modules of ``inference_assets.container`` that ``server`` runs (the
+    shared ones alone for ``None``)."""
+    names = SHARED_MODULES + (SERVER_MODULES[server] if server is not None else ())
+    return {f"code/{ARCHIVE_PACKAGE}/{name}": CONTAINER / name for name in sorted(names)}
 
 
 def _entries(
-    model_dir: Path, extra_files: Mapping[str, Path | bytes], vendor_dir: Path | None, server: ArchiveServer
+    model_dir: Path, extra_files: Mapping[str, Path | bytes], vendor_dir: Path | None, server: ArchiveServer | None
 ) -> dict[str, Path | bytes]:
     if not (model_dir / "config.json").is_file():
         raise PackagingError(
             f"{model_dir} is not a saved model directory (no config.json); pass --model-dir saved_model"
         )
     entries: dict[str, Path | bytes] = dict(_files_under(model_dir))
+    # code/ is the serving package's; a MAR-INF/ manifest would make DJL Serving load a TorchServe handler instead of
+    # model.py (publish_models.build_archive).
     if clash := sorted(name for name in entries if name.startswith(("code/", "MAR-INF/"))):
         raise PackagingError(
-            f"{model_dir} already holds {clash[0]}; the archive's code/ and MAR-INF/ are the handler's"
+            f"{model_dir} already holds {clash[0]}; the archive's code/ is the serving package's and it has no MAR-INF/"
         )
     if server == "ray":
         if clash := sorted(set(RAY_ENTRY_FILES) & set(entries)):
@@ -111,12 +112,9 @@ def _entries(
         if vendor_dir is not None:
             raise PackagingError("the Ray Serve image holds every dependency: an archive for it vendors nothing")
         entries.update(RAY_ENTRY_FILES)
-    elif server == "torchserve":
-        entries["MAR-INF/MANIFEST.json"] = (json.dumps(TORCHSERVE_MANIFEST, indent=2) + "\n").encode()
-        entries["code/inference.py"] = HANDLER
-    elif server != "djl":
-        raise PackagingError(f"server must be ray, djl or torchserve, got {server!r}")
-    entries.update(container_files())
+    elif server not in ("djl", None):
+        raise PackagingError(f"server must be ray or djl, got {server!r}")
+    entries.update(container_files(server))
     if server != "ray":
         if vendor_dir is None:
             entries["code/requirements.txt"] = REQUIREMENTS
@@ -140,16 +138,17 @@ def build_model_archive(
     *,
     extra_files: Mapping[str, Path | bytes] | None = None,
     vendor_dir: Path | None = None,
-    server: ArchiveServer = "ray",
+    server: ArchiveServer | None = "ray",
 ) -> Path:
-    """Write ``output`` (model.tar.gz) from ``model_dir`` plus ``server``'s entry; return ``output``.
+    """Write ``output`` (model.tar.gz) from ``model_dir`` plus what ``server`` runs; return ``output``.
 
     ``extra_files`` maps archive paths to files or contents (e.g. ``{"serving.properties": b"..."}``).
-    ``server="ray"`` (the Graviton image): Ray Serve's ``config.yaml`` + ``deployment.py``, nothing to install.
-    ``server="djl"``: no entry of its own (publish_models adds DJL's ``model.py``; DJL Serving must not see a
-    manifest, see publish_models.build_archive); ``server="torchserve"``: ``MAR-INF/MANIFEST.json`` +
-    ``code/inference.py``. For these two, ``vendor_dir`` holds installed packages (see :func:`vendor_dependencies`)
-    to ship as ``code/lib``; without it the archive carries ``code/requirements.txt``.
+    ``server="ray"`` (the Graviton image): Ray Serve's ``config.yaml`` + ``deployment.py`` and the ray_* modules,
+    nothing to install. ``server="djl"``: the DJL adapter, and no entry of its own (publish_models adds DJL's
+    ``model.py`` and ``serving.properties``). ``server=None``: the shared modules alone, the caller brings its
+    server's entry in ``extra_files`` (the proving ground's TorchServe harness does). For these two, ``vendor_dir``
+    holds installed packages (see :func:`vendor_dependencies`) to ship as ``code/lib``; without it the archive
+    carries ``code/requirements.txt``.
     """
     model_dir, output = Path(model_dir), Path(output)
     vendor = None if vendor_dir is None else Path(vendor_dir)

@@ -1,13 +1,10 @@
 """Package models for the multi-model endpoint and publish, list and remove them under its S3 prefix.
 
-An archive is built for the model server of the endpoint it is published to (``multi_model_endpoint.model_server``):
-DJL Serving (default: ``model.py`` + ``serving.properties`` at the root) or TorchServe via the SageMaker PyTorch toolkit
-(``--model-server torchserve``: ``MAR-INF/MANIFEST.json`` + ``code/inference.py``). Both carry the serving package.
+An archive is built for the endpoint's model server, DJL Serving: ``model.py`` + ``serving.properties`` at the root,
+the serving package's shared modules and its DJL adapter in ``code/``.
 
     # one archive from a model directory (model files at the root of the directory)
     python -m inference_assets.tools.publish_models package --model-dir out/model --output sentiment.tar.gz
-    python -m inference_assets.tools.publish_models package --model-dir out/model --output sentiment.tar.gz \\
-        --model-server torchserve
     # 1,000 copies for a load test (as in AWS's multi-model load-test set-up), or one archive per tenant
     python -m inference_assets.tools.publish_models publish --archive sentiment.tar.gz --copies 1000 \\
         --bucket BUCKET --prefix multi-model/ --kms-key KEY_ARN
@@ -34,10 +31,7 @@ from typing import Any
 
 from inference_assets.container.contract import (
     ARCHIVE_SUFFIX,
-    DEFAULT_MODEL_SERVER,
-    MODEL_SERVERS,
     DjlModelSettings,
-    ModelServer,
     validate_model_name,
     validate_prefix,
 )
@@ -45,9 +39,9 @@ from inference_assets.tools import package_model
 
 DIGEST_KEY = "sha256"  # user metadata; an ETag is no content hash under SSE-KMS
 DEFAULT_NAME_TEMPLATE = "sentiment-{index:04d}.tar.gz"
-# Python of each model server's default image (settings.multi_model_endpoint): DJL 0.36.0 CPU runs 3.11, the
-# PyTorch 2.6.0 CPU inference DLC 3.12; both x86_64 Ubuntu 22.04 (glibc 2.35). Vendored wheels must match.
-VENDOR_PYTHON: dict[ModelServer, str] = {"djl": "3.11", "torchserve": "3.12"}
+# The Python of the endpoint's image (settings multi_model_endpoint.djl_image): DJL 0.36.0 CPU runs 3.11 on x86_64
+# Ubuntu 22.04 (glibc 2.35). Vendored wheels must match.
+VENDOR_PYTHON = "3.11"
 VENDOR_PLATFORMS_X86 = tuple(f"manylinux_2_{minor}_x86_64" for minor in range(35, 16, -1))
 
 
@@ -65,21 +59,11 @@ def build_archive(
     model_dir: Path,
     output: Path,
     *,
-    model_server: ModelServer,
     settings: DjlModelSettings | None = None,
     vendor_dir: Path | None = None,
 ) -> Path:
-    """One model.tar.gz for ``model_server``: the serving package plus that server's entry point.
-
-    ``djl``: ``model.py`` + ``serving.properties`` (from ``settings``) and no TorchServe manifest; ``torchserve``: the
-    manifest + ``code/inference.py``, as package_model builds it (``settings`` are DJL's and refused there).
-    """
-    if model_server == "torchserve":
-        if settings is not None:
-            raise ValueError("DJL settings (serving.properties) do not apply to a TorchServe archive")
-        return package_model.build_model_archive(model_dir, output, vendor_dir=vendor_dir, server="torchserve")
-    if model_server != "djl":
-        raise ValueError(f"model_server must be one of {', '.join(MODEL_SERVERS)}, got {model_server!r}")
+    """One model.tar.gz for DJL Serving: the serving package (shared modules + DJL adapter), ``model.py`` and
+    ``serving.properties`` (from ``settings``), and no manifest."""
     properties = (settings or DjlModelSettings()).render().encode()
     extra_files: dict[str, Path | bytes] = {"model.py": package_model.DJL_ENTRY_POINT, "serving.properties": properties}
     # No MAR-INF/MANIFEST.json: DJL Serving 0.36's Python engine imports model.py only when the model directory has no
@@ -212,26 +196,16 @@ def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    package = commands.add_parser("package", help="build one model.tar.gz for the endpoint's model server")
+    package = commands.add_parser("package", help="build one model.tar.gz for the endpoint's model server (DJL)")
     package.add_argument("--model-dir", type=Path, required=True, help="directory with the model and tokenizer files")
     package.add_argument("--output", type=Path, required=True, help="archive to write (.tar.gz)")
-    package.set_defaults(package_parser=package)  # its usage line for the checks argparse cannot make
-    package.add_argument(
-        "--model-server",
-        choices=MODEL_SERVERS,
-        default=DEFAULT_MODEL_SERVER,
-        help="the model server of the endpoint the archive is for (settings multi_model_endpoint.model_server; "
-        "default: %(default)s)",
-    )
     package.add_argument(
         "--vendor",
-        nargs="?",
-        const=True,
-        choices=sorted(VENDOR_PYTHON),
-        help="ship transformers & co. in code/lib, built for the --model-server's image (the endpoint's containers "
-        "have no network: without it the image must already hold them); a server named here must be that one",
+        action="store_true",
+        help="ship transformers & co. in code/lib, built for the DJL image's platform and Python (the endpoint's "
+        "containers have no network: without it the image must already hold them)",
     )
-    djl = package.add_argument_group("DJL Serving (serving.properties; --model-server djl only)")
+    djl = package.add_argument_group("DJL Serving (serving.properties)")
     djl.add_argument("--min-workers", type=int, help="DJL minWorkers (default: DJL's, 1)")
     djl.add_argument("--max-workers", type=int, help="DJL maxWorkers (default: DJL's, #CPU / OMP_NUM_THREADS)")
     defaults = DjlModelSettings()
@@ -276,24 +250,15 @@ _DJL_OPTIONS = {
 
 
 def _package(args: argparse.Namespace) -> int:
-    parser: argparse.ArgumentParser = args.package_parser
-    server: ModelServer = args.model_server
-    if args.vendor not in (None, True, server):
-        parser.error(f"--vendor {args.vendor} ships wheels for the {args.vendor} image, but --model-server is {server}")
     given = {option: getattr(args, option) for option in _DJL_OPTIONS if getattr(args, option) is not None}
-    settings = None
-    if server == "djl":
-        settings = DjlModelSettings(**{_DJL_OPTIONS[option]: value for option, value in given.items()})
-    elif given:
-        option = "--" + next(iter(given)).replace("_", "-")
-        parser.error(f"{option} sets DJL's serving.properties; a --model-server torchserve archive has none")
+    settings = DjlModelSettings(**{_DJL_OPTIONS[option]: value for option, value in given.items()})
     with tempfile.TemporaryDirectory() as scratch:
         vendor_dir = None
-        if args.vendor is not None:
+        if args.vendor:
             vendor_dir = package_model.vendor_dependencies(
-                Path(scratch) / "lib", platforms=VENDOR_PLATFORMS_X86, python_version=VENDOR_PYTHON[server]
+                Path(scratch) / "lib", platforms=VENDOR_PLATFORMS_X86, python_version=VENDOR_PYTHON
             )
-        print(build_archive(args.model_dir, args.output, model_server=server, settings=settings, vendor_dir=vendor_dir))
+        print(build_archive(args.model_dir, args.output, settings=settings, vendor_dir=vendor_dir))
     return 0
 
 

@@ -46,15 +46,16 @@ from typing import Any
 from locust import task
 from requests import RequestException
 
-from inference_assets.tools.publish_models import build_archive, copy_names
+from inference_assets.tools.publish_models import copy_names
 from mme_sizing.simulation import HOT_SET, PATTERNS
 from proving_ground.benchmarks import mme_locustfile
 from proving_ground.benchmarks.mme_load_test import server_pid
 from proving_ground.benchmarks.mme_measure import measure_pattern
 from proving_ground.benchmarks.mme_model_cost import machine, timed
 from proving_ground.benchmarks.mme_window import Budget, CpuAccount, lru_loads
-from proving_ground.local_mme import LocalModelServer, LocalMultiModelEndpoint
 from proving_ground.sizing_validation import SEEDS, diagnose_row, judge, predict_row, write_results
+from proving_ground.torchserve_mme.archive import build_archive
+from proving_ground.torchserve_mme.local_mme import LocalModelServer, LocalMultiModelEndpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE_REPEATS = 3
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mme-validation-") as scratch:
         work = Path(scratch)
         archive = build_archive(  # the local harness is TorchServe
-            build_tiny_model(work / "tiny-model"), work / "sentiment.tar.gz", model_server="torchserve"
+            build_tiny_model(work / "tiny-model"), work / "sentiment.tar.gz"
         )
         prefix = work / "prefix"
         prefix.mkdir()

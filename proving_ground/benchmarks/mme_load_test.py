@@ -38,10 +38,11 @@ from typing import Any
 
 from locust import User
 
-from inference_assets.tools.publish_models import build_archive, copy_names
+from inference_assets.tools.publish_models import copy_names
 from proving_ground.benchmarks import mme_locustfile
 from proving_ground.benchmarks.mme_measure import Budget, CpuAccount, measure_pattern
-from proving_ground.local_mme import (
+from proving_ground.torchserve_mme.archive import build_archive
+from proving_ground.torchserve_mme.local_mme import (
     LocalModelServer,
     LocalMultiModelEndpoint,
     ModelNotFound,
@@ -59,9 +60,7 @@ COLUMNS = ["pattern", "requests", "errors", "tps", "tps_low", "tps_high", "tps_v
 def _local_endpoint(args: argparse.Namespace, work: Path) -> tuple[LocalModelServer, LocalMultiModelEndpoint]:
     from training_assets.tiny_model import build_tiny_model
 
-    archive = args.archive or build_archive(
-        build_tiny_model(work / "tiny-model"), work / "sentiment.tar.gz", model_server="torchserve"
-    )
+    archive = args.archive or build_archive(build_tiny_model(work / "tiny-model"), work / "sentiment.tar.gz")
     prefix = work / "prefix"
     prefix.mkdir(parents=True)
     for name in copy_names(args.models, args.name_template):
@@ -157,7 +156,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--archive",
         type=Path,
-        help="local harness: a --model-server torchserve archive to copy (default: the tiny model's)",
+        help="local harness: an archive of proving_ground.torchserve_mme.archive to copy (default: the tiny model's)",
     )
     parser.add_argument("--users", type=int, default=8, help="concurrent Locust users")
     parser.add_argument("--spawn-rate", type=float, default=8, help="users started per second")

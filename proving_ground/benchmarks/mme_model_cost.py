@@ -44,7 +44,7 @@ import requests
 
 from mme_sizing import costs
 from proving_ground.benchmarks.mme_request import CONTENT_TYPE, REQUEST_BODY
-from proving_ground.local_mme import LocalModelServer, ModelServerError
+from proving_ground.torchserve_mme.local_mme import LocalModelServer, ModelServerError
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
@@ -164,7 +164,7 @@ def _warm_latency_ms(server: LocalModelServer, name: str) -> float:
 
 
 def _build(size: ModelSize, work: Path) -> tuple[Path, float, float]:
-    from inference_assets.tools.publish_models import build_archive
+    from proving_ground.torchserve_mme.archive import build_archive
     from training_assets.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(
@@ -175,7 +175,7 @@ def _build(size: ModelSize, work: Path) -> tuple[Path, float, float]:
         intermediate_size=size.intermediate_size,
     )
     weights = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
-    archive = build_archive(model_dir, work / f"{size.label}.tar.gz", model_server="torchserve")  # the local harness
+    archive = build_archive(model_dir, work / f"{size.label}.tar.gz")  # the local harness's TorchServe archive
     return archive, weights / MIB, archive.stat().st_size / MIB
 
 
@@ -367,7 +367,7 @@ def _djl_worker(size: ModelSize, work: Path) -> dict[str, Any]:
     """The DJL row: ``size``'s model (built by _build) packaged as a DJL archive, loaded by its model.py."""
     from inference_assets.tools.publish_models import build_archive
 
-    archive = build_archive(work / f"model-{size.label}", work / f"{size.label}-djl.tar.gz", model_server="djl")
+    archive = build_archive(work / f"model-{size.label}", work / f"{size.label}-djl.tar.gz")
     model_dir = _unpack(archive, work / "unpacked" / "djl")
     environment = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     attempts: list[tuple[str, str, str]] = []

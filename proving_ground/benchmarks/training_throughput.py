@@ -40,11 +40,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import random
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -54,6 +57,7 @@ from platform_facts.accelerators import fraction_of_peak
 from training_assets.tiny_model import SAMPLE_DATA, build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
+STARTED = time.monotonic()
 
 TRAINING_MODULE = "training_assets.instance.train_sentiment"
 # The seed's baseline: eager, fp32, plain AdamW, every text padded to max_seq_length, random batches. The seed's
@@ -68,7 +72,11 @@ VARIANTS = {
     "fused_adamw": (*SEED, "--fused-adamw"),
     "all_three": (*SEED, "--torch-compile", "--bf16", "--fused-adamw"),
     "fast_path": (),
+    # The fast path with several texts per row instead of buckets (--padding packed: padding near zero).
+    "packed": ("--padding", "packed"),
 }
+# Variants that run the fast path's code (the GPU's sync check applies to them).
+FAST_VARIANTS = ("fast_path", "packed")
 
 
 class ModelSize(TypedDict):
@@ -179,7 +187,7 @@ def run_variant(name: str, args: argparse.Namespace, model: str, dataset: str, w
     # The GPU's check for hidden host-device synchronisation, on the fast path (the seed's variants read the device
     # by design: eager attention masks). torch.cuda.set_sync_debug_mode exists only with CUDA.
     sync_debug = (
-        args.sync_debug if args.sync_debug != "auto" else ("error" if on_gpu and base == "fast_path" else "off")
+        args.sync_debug if args.sync_debug != "auto" else ("error" if on_gpu and base in FAST_VARIANTS else "off")
     )
     row = _run(name, flags, batch_size, sync_debug, args, model, dataset, work)
     if "error" in row and sync_debug != "off" and "synchronizing CUDA operation" in row["error"]:
@@ -207,26 +215,56 @@ def _run(name: str, flags: tuple[str, ...], batch_size: int, sync_debug: str, ar
         command += ["--max-train-samples", str(args.max_train_samples)]
     if args.use_cpu:
         command.append("--use-cpu")
-    # A fresh compile cache per variant: the compile warm-up is measured cold, as on a new instance.
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(work / f"inductor-{output.name}"),
-           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    if args.profile_steps:
+        command += ["--profile-steps", str(args.profile_steps)]
+    # A fresh compile cache per variant (the compile warm-up measured cold, as on a new instance), unless one is
+    # shared (--inductor-cache: the one-shot GPU check, where cold compiles of every variant would not fit).
+    cache = args.inductor_cache or work / f"inductor-{output.name}"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TOKENIZERS_PARALLELISM": "false"}
     if args.cpu_threads:
         env["OMP_NUM_THREADS"] = str(args.cpu_threads)
     print(f"[{name}] {shlex.join(command)}", flush=True)
     load_before = os.getloadavg()[0]
-    result = subprocess.run(command, env=env, cwd=ROOT, check=False, capture_output=True, text=True)
+    limit = variant_limit(args)
+    log = args.results_dir / f"{_file_name(name)}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as stream:  # the child's output, kept beside its results
+        try:
+            result = subprocess.run(command, env=env, cwd=ROOT, check=False, stdout=stream, stderr=subprocess.STDOUT,
+                                    text=True, timeout=limit)  # fmt: skip
+            returncode: int | None = result.returncode
+        except subprocess.TimeoutExpired:
+            returncode = None
     # Other work on the machine slows a variant down: the 1-minute load average before and after shows it.
     load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-    if result.returncode != 0:
-        lines = result.stderr.strip().splitlines() or ["(no output)"]
+    failed = {"variant": name, "flags": list(flags), "per_device_batch_size": batch_size, "load": load,
+              "log": str(log)}  # fmt: skip
+    if returncode is None:
+        return {**failed, "error": f"stopped at its time limit of {limit:.0f} s"}
+    if returncode != 0:
+        lines = log.read_text().strip().splitlines() or ["(no output)"]
         sync = [line for line in lines if "synchronizing CUDA operation" in line]
-        return {"variant": name, "flags": list(flags), "per_device_batch_size": batch_size,
-                "error": (sync or lines)[-1], "load": load}  # fmt: skip
+        errors = [line for line in lines if line.startswith("train_sentiment: error")]
+        return {**failed, "error": (sync or errors or lines)[-1]}
     metrics = json.loads((output / "metrics.json").read_text())
-    return summarize(name, flags, batch_size, metrics, load)
+    shutil.copyfile(output / "metrics.json", args.results_dir / f"{_file_name(name)}.metrics.json")
+    return {**summarize(name, flags, batch_size, metrics, load), "log": str(log)}
+
+
+def _file_name(variant: str) -> str:
+    return variant.replace("@", "-b")
+
+
+def variant_limit(args: argparse.Namespace) -> float | None:
+    """Seconds the next variant may run: its own limit, and no more than what is left of the whole run's."""
+    limits = [args.variant_seconds] if args.variant_seconds else []
+    if args.deadline_seconds:
+        limits.append(args.deadline_seconds - (time.monotonic() - STARTED))
+    return max(1.0, min(limits)) if limits else None
 
 
 def summarize(name: str, flags: tuple[str, ...], batch_size: int, metrics: dict, load: list[float]) -> dict:
+    # Over 60 lines: one flat row, a key per number the results report, read straight from metrics.json.
     """One row of the results from a run's metrics.json: the steady steps' throughput first."""
     throughput, last = metrics["throughput"], metrics["epochs"][-1]
     steady = throughput.get("steady_steps", 0) > 0
@@ -263,11 +301,123 @@ def summarize(name: str, flags: tuple[str, ...], batch_size: int, metrics: dict,
         "device": metrics["device"],
         "load_average_1m_before_after": load,
     }
+    compilation, host = metrics["compilation"], metrics.get("host", {})
+    row.update({
+        # Observed while it ran (metrics.json), not taken from the configuration.
+        "cuda_graphs_configured": metrics.get("cuda_graphs_configured", metrics["cuda_graphs"]),
+        "cuda_graph_skips": compilation.get("cuda_graph_skips"),
+        "cuda_graph_rerecords": compilation.get("cuda_graph_rerecords"),
+        "graph_breaks": compilation.get("graph_breaks"),
+        "graph_break_reasons": compilation.get("graph_break_reasons"),
+        "frames_compiled": compilation.get("frames_compiled"),
+        "compile_seconds": compilation.get("compile_seconds"),
+        "fx_graph_cache_hits": compilation.get("fx_graph_cache_hits"),
+        "host_seconds_per_step": throughput.get("steady_host_seconds_per_step"),
+        "host_seconds_per_step_max": throughput.get("steady_host_seconds_per_step_max"),
+        "device_seconds_per_step": throughput.get("steady_device_seconds_per_step"),
+        "data_loader_wait_seconds": throughput.get("steady_data_loader_wait_seconds"),
+        "kernel_launches_per_step": host.get("kernel_launches_per_step"),
+        "cuda_graph_launches_per_step": host.get("cuda_graph_launches_per_step"),
+        "aten_ops_per_step": host.get("aten_ops_per_step"),
+        "peak_memory_bytes": host.get("peak_memory_bytes"),
+    })  # fmt: skip
     if "sync_debug" in metrics:
         row["sync_debug"] = {**metrics["sync_debug"], "passed": True}
     if metrics["device"]["type"] == "cuda" and row["model_tflops_per_second"] is not None:
         row.update(fraction_of_peak(metrics["device"]["name"], row["model_tflops_per_second"]))
     return row
+
+
+def device_probe(on_gpu: bool, seconds: float = 1.0) -> dict[str, Any]:
+    """The machine as measured: library versions, the device, a dense matmul's TFLOP/s (bf16 8192^3 on a GPU, fp32
+    512^3 on a CPU) and a device-to-device copy's GB/s (bytes read + written), each repeated for ``seconds``."""
+    import accelerate
+    import tokenizers
+    import transformers
+
+    device = torch.device("cuda" if on_gpu else "cpu")
+    size, dtype = (8192, torch.bfloat16) if on_gpu else (512, torch.float32)
+    left = torch.randn(size, size, dtype=dtype, device=device)
+    right = torch.randn(size, size, dtype=dtype, device=device)
+    source = torch.empty(256 * 2**20 if on_gpu else 32 * 2**20, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+
+    def timed(work: Any) -> tuple[int, float]:
+        work()  # warm-up (kernel selection, allocation)
+        if on_gpu:
+            torch.cuda.synchronize()
+        repeats, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            work()
+            repeats += 1
+            if on_gpu and repeats % 10 == 0:
+                torch.cuda.synchronize()  # the host clock then counts the GPU's work
+        if on_gpu:
+            torch.cuda.synchronize()
+        return repeats, time.perf_counter() - start
+
+    matmuls, matmul_seconds = timed(lambda: torch.matmul(left, right))
+    copies, copy_seconds = timed(lambda: target.copy_(source))
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+        "transformers": transformers.__version__, "accelerate": accelerate.__version__,
+        "tokenizers": tokenizers.__version__,
+        "device": torch.cuda.get_device_name() if on_gpu else platform.processor() or platform.machine(),
+        "matmul": f"{size}x{size}x{size} {str(dtype).removeprefix('torch.')}",
+        "measured_matmul_tflops": round(2 * size**3 * matmuls / matmul_seconds / 1e12, 3),
+        "measured_copy_gb_per_second": round(2 * source.numel() * copies / copy_seconds / 1e9, 3),
+    }  # fmt: skip
+    if on_gpu:
+        info["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+        info.update(fraction_of_peak(info["device"], info["measured_matmul_tflops"]))
+    return info
+
+
+def write_results(args: argparse.Namespace, given: list[str], names: list[str], runs: dict[str, list[dict]],
+                  probe: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+    """The results so far (written after every variant, so a run stopped early keeps what it measured)."""
+    rows = [_best(name, rounds) for name, rounds in runs.items() if rounds]
+    done = {row["variant"]: row for row in rows if "error" not in row}
+    baseline = done.get("baseline")
+    measured_peak = (probe or {}).get("measured_matmul_tflops")
+    for row in rows:
+        if "error" in row:
+            continue
+        if baseline:
+            for metric in ("train_samples_per_second", "median_samples_per_second"):
+                row[f"{metric}_vs_baseline"] = round(row[metric] / baseline[metric], 3)
+        if measured_peak and row.get("model_tflops_per_second") and (probe or {}).get("capability"):
+            row["fraction_of_measured_matmul_peak"] = round(row["model_tflops_per_second"] / measured_peak, 4)
+    device = next((row["device"] for row in rows if "device" in row), None)
+    size = {"roberta-base": ROBERTA_BASE, "small": SMALL_MODEL}.get(args.model_size, "(training_assets.tiny_model)")
+    described = f"{args.model_size} RoBERTa built offline {size}" + (
+        f", vocabulary {ROBERTA_BASE_VOCABULARY:,}, {ROBERTA_BASE_POSITIONS} positions, random weights"
+        if args.model_size == "roberta-base" else "")  # fmt: skip
+    result = {
+        "command": shlex.join(["python", "-m", "proving_ground.benchmarks.training_throughput", *given]),
+        "note": HONESTY,
+        "device": device,
+        "probe": probe,
+        "model": args.model or described,
+        "dataset": (f"{args.synthetic_rows} synthetic tweet-length texts (training_throughput.synthetic_tweets)"
+                    if args.synthetic_rows
+                    else os.path.relpath(args.dataset, ROOT) if Path(args.dataset).exists() else args.dataset),
+        "settings": {
+            "epochs": args.epochs, "per_device_batch_size": args.batch_size, "max_seq_length": args.max_seq_length,
+            "warmup_steps_excluded": args.warmup_steps, "nproc_per_node": args.nproc_per_node,
+            "rounds": args.rounds, "cpu_threads": args.cpu_threads, "variant_seconds": args.variant_seconds,
+            "deadline_seconds": args.deadline_seconds, "shared_inductor_cache": bool(args.inductor_cache),
+        },
+        "throughput_definition": "steady steps: after the warm-up steps, without the steps that compiled a new batch "
+        "shape or recorded its CUDA graph (all_steps_after_warmup_samples_per_second counts those too)",
+        "variants_planned": names,
+        "variants": [{k: v for k, v in row.items() if k not in PER_RUN_ONLY} for row in rows],
+    }  # fmt: skip
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    for row in result["variants"]:
+        (args.results_dir / f"{_file_name(row['variant'])}.json").write_text(json.dumps(row, indent=2) + "\n")
+    return result
 
 
 def _best(name: str, rounds: list[dict]) -> dict:
@@ -285,13 +435,15 @@ def _best(name: str, rounds: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Over 60 lines: the command line's declarations, then the loop over rounds and variants.
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="model directory or hub id (default: built offline, see --model-size)")
     parser.add_argument(
         "--model-size",
-        choices=("small", "roberta-base"),
+        choices=("tiny", "small", "roberta-base"),
         default="small",
-        help="the model built offline without --model: small (4 x 256, for CPUs) or roberta-base (12 x 768, "
+        help="the model built offline without --model: tiny (2 x 32, the tests' model), small (4 x 256, for CPUs) or "
+        "roberta-base (12 x 768, "
         "50,265-token vocabulary, 514 positions, random weights)",
     )
     parser.add_argument("--dataset", default=str(SAMPLE_DATA), help="dataset folder or hub id")
@@ -322,6 +474,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--output", type=Path, default=ROOT / "proving_ground/benchmarks/results/training_throughput.json"
     )
+    parser.add_argument("--results-dir", type=Path, help="per-variant results, metrics.json and logs, written as "
+                        "each variant ends (default: the --output file's name without .json, beside it)")  # fmt: skip
+    parser.add_argument("--variant-seconds", type=float, help="stop a variant that runs longer (default: no limit)")
+    parser.add_argument("--deadline-seconds", type=float, help="no variant runs past this many seconds from the "
+                        "start: each gets at most what is left (default: no limit)")  # fmt: skip
+    parser.add_argument("--inductor-cache", type=Path, help="one TorchInductor cache for every variant (default: a "
+                        "fresh one per variant, so each compiles cold)")  # fmt: skip
+    parser.add_argument("--profile-steps", type=int, default=0, help="train_sentiment.py --profile-steps (launches "
+                        "per step)")  # fmt: skip
+    parser.add_argument("--probe-seconds", type=float, default=0.0, help="measure the device first for this long "
+                        "per measurement: matmul TFLOP/s, copy GB/s, versions (default 0: not measured)")  # fmt: skip
     given = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(given)
     names = [name.strip() for name in args.variants.split(",") if name.strip()]
@@ -330,8 +493,6 @@ def main(argv: list[str] | None = None) -> None:
             variant_flags(name)
     except ValueError as error:
         parser.error(str(error))
-    if "baseline" not in names:
-        parser.error("--variants must include baseline (the ratios are to it)")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     on_cpu = args.use_cpu or not torch.cuda.is_available()
@@ -339,65 +500,48 @@ def main(argv: list[str] | None = None) -> None:
         args.cpu_threads = 1
     if args.sync_debug in ("warn", "error") and on_cpu:
         parser.error("--sync-debug warn/error needs a GPU (torch.cuda.set_sync_debug_mode)")
+    args.results_dir = args.results_dir or args.output.with_suffix("")
+    args.results_dir.mkdir(parents=True, exist_ok=True)
 
-    size = ROBERTA_BASE if args.model_size == "roberta-base" else SMALL_MODEL
+    probe = device_probe(on_gpu=not on_cpu, seconds=args.probe_seconds) if args.probe_seconds else None
+    if probe:
+        (args.results_dir / "device.json").write_text(json.dumps(probe, indent=2) + "\n")
+    runs: dict[str, list[dict]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="training-benchmark-") as folder:
         work = Path(folder)
         if args.model:
             model = args.model
         elif args.model_size == "roberta-base":
             model = str(build_roberta_base(work / "roberta-base-sized"))
+        elif args.model_size == "tiny":
+            model = str(build_tiny_model(work / "tiny-roberta"))
         else:
             model = str(build_tiny_model(work / "small-roberta", **SMALL_MODEL))
         dataset = str(synthetic_tweets(work / "tweets", args.synthetic_rows)) if args.synthetic_rows else args.dataset
         # Rounds interleave the variants, so a burst of other work on the machine hits them alike.
-        runs: dict[str, list[dict]] = {name: [] for name in names}
         for round_number in range(args.rounds):
             for name in names:
-                runs[name].append(run_variant(name, args, model, dataset, work / f"round-{round_number}"))
+                if args.deadline_seconds and time.monotonic() - STARTED >= args.deadline_seconds:
+                    runs[name].append({"variant": name, "error": "not run: the run's deadline had passed"})
+                else:
+                    runs[name].append(run_variant(name, args, model, dataset, work / f"round-{round_number}"))
+                result = write_results(args, given, names, runs, probe)  # after every variant: nothing waits
+    print_table(result)
+    print(f"\nwrote {args.output} and {args.results_dir}/")
 
-    rows = [_best(name, rounds) for name, rounds in runs.items()]
-    baseline = rows[names.index("baseline")]
-    if "error" in baseline:
-        raise SystemExit(f"the baseline failed: {baseline['error']}")
-    for row in rows:
-        if "error" not in row:
-            for metric in ("train_samples_per_second", "median_samples_per_second"):
-                row[f"{metric}_vs_baseline"] = round(row[metric] / baseline[metric], 3)
-    described = f"{args.model_size} RoBERTa built offline {size}" + (
-        f", vocabulary {ROBERTA_BASE_VOCABULARY:,}, {ROBERTA_BASE_POSITIONS} positions, random weights"
-        if args.model_size == "roberta-base" else "")  # fmt: skip
-    result = {
-        "command": shlex.join(["python", "-m", "proving_ground.benchmarks.training_throughput", *given]),
-        "note": HONESTY,
-        "device": baseline["device"],
-        "model": args.model or described,
-        "dataset": (f"{args.synthetic_rows} synthetic tweet-length texts (proving_ground.benchmarks.training_throughput"
-                    ".synthetic_tweets)" if args.synthetic_rows
-                    else os.path.relpath(args.dataset, ROOT) if Path(args.dataset).exists() else args.dataset),
-        "settings": {
-            "epochs": args.epochs, "per_device_batch_size": args.batch_size, "max_seq_length": args.max_seq_length,
-            "warmup_steps_excluded": args.warmup_steps, "nproc_per_node": args.nproc_per_node,
-            "rounds": args.rounds, "cpu_threads": args.cpu_threads,
-        },
-        "throughput_definition": "steady steps: after the warm-up steps, without the steps that compiled a new batch "
-        "shape or recorded its CUDA graph (all_steps_after_warmup_samples_per_second counts those too)",
-        "variants": [{k: v for k, v in row.items() if k not in PER_RUN_ONLY} for row in rows],
-    }  # fmt: skip
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+
+def print_table(result: dict[str, Any]) -> None:
     print(f"\n{'variant':<16} {'samples/s':>10} {'vs baseline':>12} {'tokens/s':>11} {'padding':>8} {'TFLOP/s':>9} "
           f"{'of peak':>8} {'compile s':>10}")  # fmt: skip
     for row in result["variants"]:
         if "error" in row:
             print(f"{row['variant']:<16} failed: {row['error']}")
             continue
-        peak = row.get("fraction_of_dense_bf16_peak")
+        peak, ratio = row.get("fraction_of_dense_bf16_peak"), row.get("train_samples_per_second_vs_baseline")
         print(f"{row['variant']:<16} {row['train_samples_per_second']:>10.1f} "
-              f"{row['train_samples_per_second_vs_baseline']:>11.2f}x {row['non_padding_tokens_per_second']:>11.0f} "
+              f"{'-' if ratio is None else f'{ratio:.2f}x':>12} {row['non_padding_tokens_per_second']:>11.0f} "
               f"{row['padding_fraction']:>8.3f} {row['model_tflops_per_second'] or 0:>9.4f} "
               f"{'-' if peak is None else f'{peak:.1%}':>8} {row['compile_warmup_seconds']:>10.1f}")  # fmt: skip
-    print(f"\nwrote {args.output}")
 
 
 if __name__ == "__main__":

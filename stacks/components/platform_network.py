@@ -54,6 +54,7 @@ class PlatformNetwork(Construct):
         cidr: str,
         max_azs: int,
         nat_gateways: int,
+        subnet_masks: tuple[int, int],
         flow_log_key: kms.IKey,
         flow_log_retention: logs.RetentionDays,
         removal_policy: cdk.RemovalPolicy,
@@ -63,13 +64,18 @@ class PlatformNetwork(Construct):
         # Accounts whose ECR repositories the workloads pull the platform's built images from (the pipeline's).
         self.image_registry_accounts = list(image_registry_accounts)
         private_type = ec2.SubnetType.PRIVATE_WITH_EGRESS if nat_gateways else ec2.SubnetType.PRIVATE_ISOLATED
-        subnets = [ec2.SubnetConfiguration(name="Private", subnet_type=private_type, cidr_mask=20)]
+        # (private, public): the settings hold them and check that the VPC's CIDR holds these (stacks/settings.py).
+        private_mask, public_mask = subnet_masks
+        subnets = [ec2.SubnetConfiguration(name="Private", subnet_type=private_type, cidr_mask=private_mask)]
         if nat_gateways:
             # Public subnets hold only the NAT gateways: nothing launched there gets a public address.
             subnets.insert(
                 0,
                 ec2.SubnetConfiguration(
-                    name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24, map_public_ip_on_launch=False
+                    name="Public",
+                    subnet_type=ec2.SubnetType.PUBLIC,
+                    cidr_mask=public_mask,
+                    map_public_ip_on_launch=False,
                 ),
             )
         self.vpc = ec2.Vpc(

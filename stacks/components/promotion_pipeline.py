@@ -27,7 +27,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import pipelines
 from constructs import Construct
 
-from stacks.compliance import acknowledge, acknowledge_wildcards, add_template_aspects
+from stacks.compliance import acknowledge, acknowledge_control, acknowledge_wildcards, add_template_aspects
 from stacks.components.iam_statements import cloudwatch_logs_may_use_key
 from stacks.components.image_builds import ImageBuilds, ImageDefinition, built_images, publish_commands
 from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
@@ -147,10 +147,17 @@ class PromotionPipeline(Construct):
             abort_incomplete_upload_days=1,
             no_replication_reason="Pipeline artifacts are rebuilt from the repository on every run; replicating "
             "them adds cost, not recoverability.",
+            control_tower=True,
+            no_object_lock_reason="No S3 Object Lock (CT.S3.PR.9): artifacts are rebuilt from the repository on "
+            "every run and lifecycle rules expire noncurrent versions and logs; a WORM lock would block that.",
         )
         self.artifact_bucket = buckets.add_data_bucket("Artifacts")
         self.build_logs = logs.LogGroup(
-            self, "BuildLogs", encryption_key=self.key, retention=logs.RetentionDays.THREE_MONTHS
+            # A year: Control Tower's CT.CLOUDWATCH.PR.2 (build logs are small; three months failed the control).
+            self,
+            "BuildLogs",
+            encryption_key=self.key,
+            retention=logs.RetentionDays.ONE_YEAR,
         )
         self.source = pipelines.CodePipelineSource.connection(
             source.repository, source.branch, connection_arn=source.connection_arn
@@ -170,6 +177,13 @@ class PromotionPipeline(Construct):
                 pull_accounts=[target.account for target in targets if target.account],
             )
             self.pipeline.add_wave("Images", pre=self.images.steps(self.source))
+            for build in self.images.builds.values():
+                acknowledge_control(
+                    build.project,
+                    "docker build runs the Docker daemon, which needs privileged mode (CT.CODEBUILD.PR.4); the "
+                    "project builds only the repository's own Dockerfile and pushes only to its own repository.",
+                    "codebuild_project_environment_privileged_check",
+                )
         self.stages = [self._add_stage(stack, target, stage_factory) for target in targets]
         self.pipeline.build_pipeline()
         if self.images is not None:
@@ -198,6 +212,20 @@ class PromotionPipeline(Construct):
             enable_key_rotation=True,
         )
         key.add_to_resource_policy(cloudwatch_logs_may_use_key(self, "AllowCodeBuildLogGroups"))
+        # Grants only for AWS resources or from AWS services (Control Tower CT.KMS.PR.3, as the platform key): the
+        # pipeline's roles and the environments' deploy roles encrypt and decrypt, none creates a grant.
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="DenyGrantsExceptForAwsResources",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["kms:CreateGrant"],
+                resources=["*"],
+                conditions={
+                    "BoolIfExists": {"kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "false"}
+                },
+            )
+        )
         return key
 
     def _synth_step(self) -> pipelines.CodeBuildStep:
@@ -211,6 +239,10 @@ class PromotionPipeline(Construct):
             "Pipeline",
             synth=self.synth_step,
             self_mutation=True,
+            # Chosen, not defaulted (synth warned): V1 bills per active pipeline per month, V2 per action-minute, and
+            # this pipeline's many CodeBuild steps on every commit and weekly rebuild would be minutes; nothing here
+            # needs V2's triggers or variables.
+            pipeline_type=codepipeline.PipelineType.V1,
             # Deployments into other accounts read the artifacts: the bucket needs a customer-managed key.
             cross_account_keys=True,
             artifact_bucket=self.artifact_bucket,

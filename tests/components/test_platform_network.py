@@ -16,9 +16,11 @@ from stacks.components.platform_network import (
     PlatformNetwork,
     WorkloadSecurityGroup,
 )
+from stacks.settings import VpcSettings
 from tests.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
 
 CIDR = "10.7.0.0/16"
+MASKS = (VpcSettings.PRIVATE_SUBNET_MASK, VpcSettings.PUBLIC_SUBNET_MASK)
 OTHER_ACCOUNT = "999999999999"
 ALLOW_ALL = [{"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}]
 
@@ -32,6 +34,7 @@ def network_template() -> dict:
         cidr=CIDR,
         max_azs=2,
         nat_gateways=1,
+        subnet_masks=MASKS,
         flow_log_key=kms.Key(stack, "Key"),
         flow_log_retention=logs.RetentionDays.TWO_WEEKS,
         removal_policy=cdk.RemovalPolicy.DESTROY,
@@ -121,7 +124,8 @@ def test_the_ecr_endpoint_also_reaches_the_registry_of_the_platforms_built_image
     the ECR API endpoint: that account is admitted there, and nowhere else."""
     registry = "222222222222"
     stack = bare_stack()
-    PlatformNetwork(stack, "Network", cidr=CIDR, max_azs=2, nat_gateways=0, flow_log_key=kms.Key(stack, "Key"),
+    PlatformNetwork(stack, "Network", cidr=CIDR, max_azs=2, nat_gateways=0, subnet_masks=MASKS,
+                    flow_log_key=kms.Key(stack, "Key"),
                     flow_log_retention=logs.RetentionDays.TWO_WEEKS, removal_policy=cdk.RemovalPolicy.DESTROY,
                     image_registry_accounts=[registry])  # fmt: skip
     template = template_of(stack)

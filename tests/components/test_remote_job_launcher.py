@@ -13,6 +13,7 @@ from proving_ground.iam_policy import Request, is_allowed, resolve
 from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy, TrainingJobLimits
 from stacks.components.sagemaker_roles import VpcAttachment
 from tests.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
+from tests.components.statement_requests import allowed_without_context, each_key_matters
 from training_assets.remote_jobs import OWNER_TAG_KEY
 
 JOB_ROLE = f"arn:aws:iam::{ACCOUNT}:role/remote-jobs"
@@ -138,3 +139,34 @@ def test_jobs_run_only_in_the_platforms_network_under_its_key_on_allowed_types_f
     }
     for name, change in attacks.items():
         assert not _allowed(policies, create, JOB, **_create_context(mine, **change)), name
+
+
+@pytest.mark.parametrize("instance_type", [EBS_TYPE, NVME_TYPE])
+def test_each_create_training_job_key_left_out_alone_is_refused(policies: list[dict], instance_type: str) -> None:
+    """With and without each condition: a job that leaves out any one key of the platform's config (no security
+    groups while the subnets are given, no subnets, no instance type, ...) is refused; ForAllValues alone would
+    let an absent multivalued key pass, so each of those needs its Null check. On NVMe types alone the volume key may
+    be left out (SageMaker refuses one there)."""
+    context = {"aws:userid": ME, **_create_context({OWNER_TAG_KEY: ME}, InstanceTypes=[instance_type])}
+    context["aws:RequestTag/project"] = "p"
+    context["aws:TagKeys"] = [OWNER_TAG_KEY, "project"]
+    allowed_without = each_key_matters(policies, "sagemaker:CreateTrainingJob", JOB, context)
+    # Optional: the environment's tag, and aws:TagKeys on its own (AWS sends it whenever the request carries tags, and
+    # the owner tag is required by a condition of its own; without the tags the request fails on that one).
+    optional = {"aws:RequestTag/project", "aws:TagKeys"}
+    optional |= {"sagemaker:VolumeKmsKey"} if instance_type == NVME_TYPE else set()
+    assert {key for key, allowed in allowed_without.items() if allowed} == optional
+
+
+def test_every_action_the_launcher_grants_needs_its_caller_or_a_condition(policies: list[dict]) -> None:
+    """Evaluated for every action of every statement: with no context at all (no aws:userid, no tags, no keys), only
+    the calls that name no caller-owned resource are allowed: the SDK's config, the jobs' logs and the platform key
+    (its resource is the key's ARN)."""
+    assert {action for action, _ in allowed_without_context(policies)} == {
+        "kms:Decrypt",
+        "kms:DescribeKey",
+        "kms:GenerateDataKey",
+        "ssm:GetParameter",
+        "logs:GetLogEvents",
+        "logs:DescribeLogStreams",
+    }

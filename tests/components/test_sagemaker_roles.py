@@ -12,6 +12,7 @@ from aws_cdk import aws_s3 as s3
 from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
 from stacks.components.sagemaker_roles import EndpointExecutionRole, RemoteJobRole, VpcAttachment
 from tests.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, synth_through_the_gates, template_of
+from tests.components.statement_requests import allowed_without_context, concrete, each_key_matters, granted_actions
 
 OTHER_ACCOUNT = "999999999999"
 KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/platform"
@@ -159,3 +160,47 @@ def test_the_roles_pass_the_compliance_gates_with_every_wildcard_explained() -> 
     stack = bare_stack()
     _build(stack)
     synth_through_the_gates(stack)
+
+
+@pytest.mark.parametrize("role", ["EndpointRole", "JobRole"])
+def test_every_network_interface_action_needs_the_platform_vpc(template: dict, role: str) -> None:
+    """Every action the role grants on network interfaces, subnets or security groups (read from the synthesized
+    policy, so an action added later is covered too): allowed in the platform's VPC, refused in another one and
+    refused without the ec2:Vpc key."""
+    policies = _policies(template, role)
+    scoped = [(a, r) for a, r in granted_actions(policies) if a.startswith("ec2:") and r != "*"]
+    assert {a for a, _ in scoped} >= {"ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermission",
+                                       "ec2:DeleteNetworkInterface"}  # fmt: skip
+    platform, other = (f"arn:aws:ec2:{REGION}:{ACCOUNT}:vpc/{vpc}" for vpc in (VPC, "vpc-other"))
+    for action, resource in scoped:
+        arn = concrete(resource)
+        assert each_key_matters(policies, action, arn, {"ec2:Vpc": platform}) == {"ec2:Vpc": False}, action
+        assert not is_allowed(policies, Request(action, arn, {"ec2:Vpc": other})), action
+
+
+# The actions either role is granted only under a condition: the network-interface calls (ec2:Vpc), metrics
+# (cloudwatch:namespace) and, for endpoints, listing (s3:prefix). Everything else they are granted needs no condition
+# key: the VPC lookups and the interface-permission cleanup (no resource-level permissions or keys, Service
+# Authorization Reference), logs and image pulls on their own ARNs. A condition removed from any statement moves its
+# actions out of this set.
+CONDITIONED = {"ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface",
+               "cloudwatch:PutMetricData"}  # fmt: skip
+
+
+@pytest.mark.parametrize(("role", "conditioned"), [("EndpointRole", CONDITIONED | {"s3:ListBucket"}),
+                                                   ("JobRole", CONDITIONED)])  # fmt: skip
+def test_only_the_calls_without_condition_keys_are_allowed_without_a_context(
+    template: dict, role: str, conditioned: set[str]
+) -> None:
+    policies = _policies(template, role)
+    without_context = {action for action, _ in allowed_without_context(policies)}
+    assert {action for action, _ in granted_actions(policies)} - without_context == conditioned
+
+
+def test_metrics_go_only_to_the_platforms_namespaces(template: dict) -> None:
+    for role in ("EndpointRole", "JobRole"):
+        policies = _policies(template, role)
+        namespaces = {n for a, r in granted_actions(policies) if a == "cloudwatch:PutMetricData"
+                      for n in ("/aws/sagemaker/Endpoints", "/aws/sagemaker/TrainingJobs", "AWS/EC2")
+                      if is_allowed(policies, Request(a, concrete(r), {"cloudwatch:namespace": n}))}  # fmt: skip
+        assert namespaces and "AWS/EC2" not in namespaces, role

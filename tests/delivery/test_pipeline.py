@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from cfnlint.api import lint_file
 
 from app import build_app
 from proving_ground.iam_policy import Request, is_allowed, resolve
-from scripts import iam_analysers
+from scripts import iam_analysers, template_gates
 from stacks.compliance import add_compliance_gates
 from stacks.pipeline import EXPECTED_LABELS, SYNTH_COMMANDS, PromotionPipelineStack, cdk_cli_version
 from stacks.platform_stage import PlatformStage
@@ -285,7 +286,8 @@ def test_artifacts_and_build_logs_are_encrypted_with_the_pipeline_key(template: 
     projects = [r for r in resources.values() if r["Type"] == "AWS::CodeBuild::Project"]
     assert projects and all(p["Properties"]["EncryptionKey"] == key_arn for p in projects)
     (logs,) = [r for r in resources.values() if r["Type"] == "AWS::Logs::LogGroup"]
-    assert logs["Properties"]["KmsKeyId"] == key_arn and logs["Properties"]["RetentionInDays"] == 90
+    # A year: CT.CLOUDWATCH.PR.2.
+    assert logs["Properties"]["KmsKeyId"] == key_arn and logs["Properties"]["RetentionInDays"] == 365
     # Every key policy statement for another account is for the stage accounts' bootstrap roles.
     key_policy = json.dumps(resources[key_id]["Properties"]["KeyPolicy"])
     for account in ACCOUNTS.values():
@@ -333,3 +335,16 @@ def test_the_iam_analysers_pass_on_the_pipeline_and_its_stages(assembly: Path) -
     assert analysed["open"] == [] and analysed["stale_exceptions"] == [], analysed["open"][:5]
     pipeline = {f["principal"] for f in analysed["excused"] if f["stack"] == "PromotionPipeline"}
     assert any(name.startswith("Images") for name in pipeline)
+
+
+def test_the_pipeline_templates_pass_checkov(assembly: Path, tmp_path: Path) -> None:
+    """checkov, as `make synth` runs it (.checkov.yaml), over the pipeline's own templates: the stack and the role
+    it deploys into each environment (the stages' other stacks are the session's, gated in tests/scripts)."""
+    for template in [
+        assembly / "PromotionPipeline.template.json",
+        *assembly.glob("assembly-*/*SmokeTestAccess*.template.json"),
+    ]:
+        shutil.copy(template, tmp_path / template.name)
+    scan = template_gates.checkov(tmp_path)
+    counts = template_gates.checkov_counts(scan.stdout)
+    assert scan.returncode == 0 and counts["failed"] == 0 and counts["passed"] > 50, scan.stdout[-3000:]

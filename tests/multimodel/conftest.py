@@ -28,16 +28,16 @@ def djl_archive(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         max_request_bytes=TEST_LIMITS.max_request_bytes,
     )
     output = tmp_path_factory.mktemp("djl-archive") / "sentiment.tar.gz"
-    return build_archive(tiny_model_dir, output, model_server="djl", settings=settings)
+    return build_archive(tiny_model_dir, output, settings=settings)
 
 
 @pytest.fixture(scope="session")
 def torchserve_archive(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The archive for TorchServe (MAR-INF/MANIFEST.json + code/inference.py), which the local harness serves."""
-    from inference_assets.tools.publish_models import build_archive
+    from proving_ground.torchserve_mme.archive import build_archive
 
     output = tmp_path_factory.mktemp("torchserve-archive") / "sentiment.tar.gz"
-    return build_archive(tiny_model_dir, output, model_server="torchserve")
+    return build_archive(tiny_model_dir, output)
 
 
 @pytest.fixture(scope="session")

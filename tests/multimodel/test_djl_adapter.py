@@ -121,6 +121,9 @@ def test_the_load_call_refuses_batch_size_above_one(unpacked_djl_archive):
     forget_modules("sentiment_serving")
     sys.modules["djl_python"] = fake_djl_python.module()
     saved_path = list(sys.path)
+    # No other archive's code/ ahead of this one's (the module's TorchServe fixture holds its own on the path, and a
+    # TorchServe archive carries no DJL adapter): as in DJL's worker, which has only this model's folders.
+    sys.path[:] = [path for path in saved_path if not (Path(path) / "sentiment_serving").is_dir()]
     try:
         model = _import(unpacked_djl_archive / "model.py", "djl_model_batch_test")
         properties = {**_load_properties(unpacked_djl_archive), "batch_size": "4"}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from proving_ground.local_mme import LocalModelServer, LocalMultiModelEndpoint, ModelNotFound
+from proving_ground.torchserve_mme.local_mme import LocalModelServer, LocalMultiModelEndpoint, ModelNotFound
 
 pytestmark = pytest.mark.slow  # a real TorchServe + toolkit server
 

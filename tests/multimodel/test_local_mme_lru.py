@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proving_ground.local_mme import Answer, LocalMultiModelEndpoint, ModelServerError
+from proving_ground.torchserve_mme.local_mme import Answer, LocalMultiModelEndpoint, ModelServerError
 
 
 class StandInServer:

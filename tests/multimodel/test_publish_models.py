@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import tarfile
 from pathlib import Path
 
 import boto3
 import pytest
 
-from inference_assets.container.contract import DjlModelSettings, validate_model_name
+from inference_assets.container.contract import validate_model_name
 from inference_assets.tools import package_model, publish_models
 from inference_assets.tools.publish_models import ModelStore, copy_names
 
@@ -162,69 +161,16 @@ def test_cli_package_builds_a_djl_archive_by_default(tiny_model_dir, tmp_path, c
     assert "maxWorkers=3" in properties.splitlines()
 
 
-def test_the_cli_default_is_the_settings_default():
-    from stacks.settings import MultiModelEndpointSettings
-
-    args = publish_models.argument_parser().parse_args(["package", "--model-dir", "m", "--output", "o.tar.gz"])
-    assert args.model_server == MultiModelEndpointSettings().model_server
-
-
-def test_cli_package_model_server_torchserve_builds_the_torchserve_archive(tiny_model_dir, tmp_path):
-    output = tmp_path / "sentiment.tar.gz"
-    assert _package(tiny_model_dir, output, "--model-server", "torchserve") == 0
-    with tarfile.open(output) as tar:
-        names = set(tar.getnames())
-        manifest = json.loads(tar.extractfile("MAR-INF/MANIFEST.json").read())
-    assert manifest["model"]["handler"] == "code/inference.py:handle"
-    assert {"code/inference.py", "code/sentiment_serving/predictor.py", "config.json"} <= names
-    assert not names & {"model.py", "serving.properties"}  # DJL's files: not needed by TorchServe
-
-
-def test_cli_package_refuses_an_unknown_model_server_with_the_allowed_ones(tiny_model_dir, tmp_path, capsys):
+def test_the_package_command_builds_for_djl_only(tiny_model_dir, tmp_path, capsys):
+    """The endpoint runs DJL Serving only: the command has no --model-server to choose another server with."""
     with pytest.raises(SystemExit) as exit_info:
-        _package(tiny_model_dir, tmp_path / "x.tar.gz", "--model-server", "tgi")
+        _package(tiny_model_dir, tmp_path / "x.tar.gz", "--model-server", "torchserve")
     assert exit_info.value.code == 2
-    assert "argument --model-server: invalid choice: 'tgi' (choose from 'djl', 'torchserve')" in capsys.readouterr().err
+    assert "unrecognized arguments: --model-server torchserve" in capsys.readouterr().err
     assert not (tmp_path / "x.tar.gz").exists()
 
 
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        (["--model-server", "torchserve", "--max-workers", "2"], "--max-workers sets DJL's serving.properties"),
-        (["--model-server", "torchserve", "--max-idle-time", "60"], "--max-idle-time sets DJL's serving.properties"),
-        (["--model-server", "torchserve", "--vendor", "djl"], "--vendor djl ships wheels for the djl image"),
-        (["--vendor", "torchserve"], "but --model-server is djl"),
-    ],
-)
-def test_cli_package_refuses_options_of_the_other_server(tiny_model_dir, tmp_path, capsys, options, message):
-    with pytest.raises(SystemExit) as exit_info:
-        _package(tiny_model_dir, tmp_path / "x.tar.gz", *options)
-    assert exit_info.value.code == 2
-    error = capsys.readouterr().err
-    assert error.startswith("usage: ") and " package " in error.splitlines()[0]  # the package command's usage
-    assert message in error
-    assert not (tmp_path / "x.tar.gz").exists()
-
-
-def test_build_archive_refuses_djl_settings_for_torchserve(tiny_model_dir, tmp_path):
-    with pytest.raises(ValueError, match="do not apply to a TorchServe archive"):
-        publish_models.build_archive(
-            tiny_model_dir, tmp_path / "x.tar.gz", model_server="torchserve", settings=DjlModelSettings()
-        )
-
-
-@pytest.mark.parametrize(
-    ("options", "python_version", "entry"),
-    [
-        (["--vendor", "djl"], "3.11", "model.py"),
-        (["--vendor"], "3.11", "model.py"),
-        (["--model-server", "torchserve", "--vendor"], "3.12", "MAR-INF/MANIFEST.json"),
-        (["--model-server", "torchserve", "--vendor", "torchserve"], "3.12", "MAR-INF/MANIFEST.json"),
-    ],
-)
-def test_cli_package_vendors_for_the_chosen_server(tiny_model_dir, tmp_path, monkeypatch, options, python_version,
-                                                   entry):  # fmt: skip
+def test_cli_package_vendors_for_the_djl_image(tiny_model_dir, tmp_path, monkeypatch):
     calls = []
 
     def fake_vendor(target, *, platforms, python_version):
@@ -235,9 +181,9 @@ def test_cli_package_vendors_for_the_chosen_server(tiny_model_dir, tmp_path, mon
 
     monkeypatch.setattr(package_model, "vendor_dependencies", fake_vendor)
     output = tmp_path / "vendored.tar.gz"
-    assert _package(tiny_model_dir, output, *options) == 0
-    assert calls == [("manylinux_2_35_x86_64", python_version)]
-    assert {"code/lib/vendored_marker.py", entry} <= _names(output)
+    assert _package(tiny_model_dir, output, "--vendor") == 0
+    assert calls == [("manylinux_2_35_x86_64", "3.11")]  # DJL 0.36.0 CPU: x86_64 Ubuntu 22.04, Python 3.11
+    assert {"code/lib/vendored_marker.py", "model.py"} <= _names(output)
 
 
 def test_cli_package_refuses_bad_worker_bounds(tiny_model_dir, tmp_path):

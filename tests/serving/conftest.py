@@ -17,11 +17,11 @@ def model_archive(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="session")
 def torchserve_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An archive with the TorchServe handler's layout (``server="torchserve"``: the multi-model harness's; the
-    Graviton endpoint's archives are Ray Serve's), unpacked the way SageMaker lays it out at /opt/ml/model."""
-    archive = build_model_archive(
-        tiny_model_dir, tmp_path_factory.mktemp("torchserve-archive") / "model.tar.gz", server="torchserve"
-    )
+    """An archive of the proving ground's TorchServe harness (the Graviton endpoint's archives are Ray Serve's),
+    unpacked the way SageMaker lays it out at /opt/ml/model."""
+    from proving_ground.torchserve_mme.archive import build_archive
+
+    archive = build_archive(tiny_model_dir, tmp_path_factory.mktemp("torchserve-archive") / "model.tar.gz")
     target = tmp_path_factory.mktemp("torchserve-opt-ml") / "model"
     with tarfile.open(archive) as tar:
         tar.extractall(target, filter="data")

@@ -34,7 +34,8 @@ GOOD = [
     _row("accept-any", b'{"inputs": "x"}', JSON, "*/*", 200),
     _row("accept-app-wildcard", b'{"inputs": "x"}', JSON, "application/*", 200),
     _row("accept-list", b'{"inputs": "x"}', JSON, "text/html, application/json;q=0.1", 200),
-    _row("at-every-limit", json.dumps({"inputs": ["y" * 4000] * 4}).encode(), JSON, None, 200),
+    # Exactly 16,384 bytes (4 x 4,089 + 28 of JSON) and 4 texts: both caps of TEST_LIMITS (test_exact_limits.py).
+    _row("at-every-limit", json.dumps({"inputs": ["y" * 4089] * 4}).encode(), JSON, None, 200),
     # Longer than the model's window: cut to it, as the Hugging Face toolkit's truncation does, not refused.
     _row("long-text", json.dumps({"inputs": "a long review. " * 1000}).encode(), JSON, None, 200),
     _row("long-plain-text", b"z" * 16_000, "text/plain", None, 200),

@@ -1,8 +1,9 @@
-"""The archive's TorchServe handler, loaded and called in-process by TorchServe's own worker code.
+"""The TorchServe handler of the proving ground's multi-model harness (proving_ground/torchserve_mme/inference.py),
+loaded and called in-process by TorchServe's own worker code.
 
 ``torchserve_inprocess`` runs ``TsModelLoader.load`` (handler taken from the archive's MAR-INF/MANIFEST.json) and
 ``Service.predict`` (one batch), and decodes the worker's wire answer: what the Java frontend would send per request.
-The served behaviour behind the real toolkit + TorchServe is checked in test_toolkit_server.py.
+The served behaviour behind the real toolkit + TorchServe is checked in tests/multimodel/test_local_mme.py.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def service(torchserve_model: Path) -> Iterator:
 @pytest.fixture
 def forward_passes(service) -> Iterator[list[int]]:
     """Record how many texts each forward pass of the loaded handler gets."""
-    with counted_forward_passes(sys.modules["sentiment_serving.torchserve_handler"].batch_handler) as sizes:
+    with counted_forward_passes(sys.modules["inference"].batch_handler) as sizes:
         yield sizes
 
 
@@ -78,7 +79,7 @@ def test_a_request_without_a_body_parameter_is_a_client_error(service) -> None:
 
 
 def test_a_failing_forward_pass_is_a_clean_500_and_the_worker_keeps_serving(service, caplog) -> None:
-    with failing_forward_passes(sys.modules["sentiment_serving.torchserve_handler"].batch_handler):
+    with failing_forward_passes(sys.modules["inference"].batch_handler):
         answers = predict(service, [(b"fine", {"Content-Type": "text/plain"}), (b"", {"Content-Type": "text/plain"})])
     assert [a.status for a in answers] == [500, 400]
     assert "cheese" not in answers[0].body.decode() and "request-0" in answers[0].json()["error"]

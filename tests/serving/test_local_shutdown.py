@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_local_mme_stops_its_torchserve(tmp_path: Path, sig: signal.Signals) -> None:
     process, match = start_harness(
-        ["proving_ground.local_mme", "--work-dir", str(tmp_path / "mme")],
+        ["proving_ground.torchserve_mme.local_mme", "--work-dir", str(tmp_path / "mme")],
         re.compile(r"inference http://127\.0\.0\.1:(\d+) .*\n.*\n.*invoke"),
         tmp_path / "harness.out",
     )

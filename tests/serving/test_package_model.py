@@ -1,10 +1,9 @@
-"""The model.tar.gz layout the SageMaker PyTorch toolkit expects, its reproducibility, vendoring and the upload."""
+"""The model.tar.gz layout the Graviton endpoint's Ray Serve image serves, its reproducibility, vendoring, upload."""
 
 from __future__ import annotations
 
 import gzip
 import io
-import socket
 import subprocess
 import sys
 import tarfile
@@ -22,7 +21,10 @@ from inference_assets.tools.package_model import (
     vendor_dependencies,
 )
 
+from .fixture_wheels import build_wheelhouse
+
 ELF_MACHINE_AARCH64 = 183
+DJL_ENTRY = {"model.py": package_model.DJL_ENTRY_POINT}
 
 
 def _members(archive: Path) -> list[tarfile.TarInfo]:
@@ -57,7 +59,7 @@ def test_archive_code_is_the_repository_code(unpacked_model: Path) -> None:
     ):
         assert (unpacked_model / shipped).read_bytes() == (container / "entrypoints" / source).read_bytes()
     shipped = sorted(path.name for path in (unpacked_model / "code/sentiment_serving").iterdir())
-    assert shipped == sorted(path.name for path in container.glob("*.py"))
+    assert shipped == sorted(package_model.SHARED_MODULES + package_model.SERVER_MODULES["ray"])
     for name in shipped:
         assert (unpacked_model / "code/sentiment_serving" / name).read_bytes() == (container / name).read_bytes()
 
@@ -99,19 +101,13 @@ def test_extra_files_land_at_their_archive_paths(tiny_model_dir: Path, tmp_path:
         assert tar.extractfile("code/model.py").read() == model_py.read_bytes()
 
 
-@pytest.mark.parametrize(
-    ("server", "entry"),
-    [("djl", set()), ("torchserve", {"MAR-INF/MANIFEST.json", "code/inference.py"})],
-)
-def test_archives_for_the_other_servers_carry_their_entry_and_requirements(
-    tiny_model_dir: Path, tmp_path: Path, server: package_model.ArchiveServer, entry: set[str]
-) -> None:
+def test_a_djl_archive_carries_its_requirements_and_no_ray_serve_entry(tiny_model_dir: Path, tmp_path: Path) -> None:
     """For the multi-model endpoint (publish_models.build_archive): the serving package stays, Ray Serve's entry
     files go, and the dependencies travel as code/requirements.txt (or vendored in code/lib)."""
     every_entry = {"MAR-INF/MANIFEST.json", "code/inference.py", "config.yaml", "deployment.py"}
-    archive = build_model_archive(tiny_model_dir, tmp_path / "model.tar.gz", server=server)
+    archive = build_model_archive(tiny_model_dir, tmp_path / "model.tar.gz", server="djl")
     names = {member.name for member in _members(archive)}
-    assert every_entry & names == entry
+    assert every_entry & names == set()
     assert {"config.json", "code/sentiment_serving/predictor.py", "code/requirements.txt"} <= names
 
 
@@ -162,7 +158,9 @@ def test_vendored_packages_replace_requirements_and_go_first_on_sys_path(tiny_mo
     vendor = tmp_path / "lib"
     vendor.mkdir()
     (vendor / "sentiment_probe.py").write_text("WHERE = __file__\n")
-    archive = build_model_archive(tiny_model_dir, tmp_path / "model.tar.gz", vendor_dir=vendor, server="torchserve")
+    archive = build_model_archive(
+        tiny_model_dir, tmp_path / "model.tar.gz", vendor_dir=vendor, server="djl", extra_files=DJL_ENTRY
+    )
     names = [member.name for member in _members(archive)]
     assert "code/lib/sentiment_probe.py" in names
     assert "code/requirements.txt" not in names
@@ -171,31 +169,34 @@ def test_vendored_packages_replace_requirements_and_go_first_on_sys_path(tiny_mo
     with tarfile.open(archive) as tar:
         tar.extractall(unpacked, filter="data")
     code = unpacked / "code"
-    probe = "import sys, inference, sentiment_probe; print(sys.path[0]); print(sentiment_probe.WHERE)"
+    # DJL puts only the model directory on sys.path; the archive's model.py adds code/ and code/lib.
+    probe = "import sys, model, sentiment_probe; print(sys.path[0]); print(sentiment_probe.WHERE)"
     result = subprocess.run(
         [sys.executable, "-c", probe],
-        cwd=code,
+        cwd=unpacked,
         capture_output=True,
         text=True,
         check=True,
-        env={"PYTHONPATH": str(code)},
+        env={"PYTHONPATH": str(unpacked)},
     )
     first_path, probe_file = result.stdout.split()
     assert first_path == str(code / "lib")
     assert probe_file == str(code / "lib" / "sentiment_probe.py")
 
 
-def _pypi_reachable() -> bool:
-    try:
-        socket.create_connection(("pypi.org", 443), timeout=5).close()
-        return True
-    except OSError:
-        return False
+def _locked() -> list[str]:
+    lines = package_model.VENDOR_CONSTRAINTS.read_text().splitlines()
+    return [line for line in lines if line and not line.startswith("#")]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not _pypi_reachable(), reason="vendoring downloads linux/aarch64 wheels from PyPI")
-def test_vendoring_installs_aarch64_cp312_wheels_without_numpy(tmp_path: Path) -> None:
+def test_vendoring_installs_aarch64_cp312_wheels_without_numpy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vendor_dependencies' real pip run, against a local wheelhouse (fixture_wheels.py) instead of PyPI: the same
+    versions for x86_64 and CPython 3.11, and newer versions, sit beside the right ones."""
+    wheelhouse = build_wheelhouse(tmp_path / "wheels", _locked())
+    # pip reads its options from the environment too: no index, only the wheelhouse (and no user or site config).
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheelhouse))
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
     lib = vendor_dependencies(tmp_path / "lib")
     lock = (lib / package_model.VENDORED_LOCK).read_text().splitlines()
     required = [
@@ -218,10 +219,7 @@ def test_vendoring_installs_aarch64_cp312_wheels_without_numpy(tmp_path: Path) -
     for compiled in lib.rglob("*.cpython-*.so"):
         assert "cpython-312-aarch64-linux-gnu" in compiled.name, compiled
     # The constraints file pins the whole closure: what was resolved is exactly what is locked.
-    locked = [
-        line for line in package_model.VENDOR_CONSTRAINTS.read_text().splitlines() if line and not line.startswith("#")
-    ]
-    assert lock == locked
+    assert lock == _locked()
 
 
 def test_upload_uses_sse_kms_and_returns_the_s3_uri(model_archive: Path) -> None:

@@ -42,12 +42,23 @@ def archive_module(unpacked_model: Path) -> Iterator[ModuleType]:
 
 @pytest.fixture(scope="module")
 def replica(archive_module: ModuleType, unpacked_model: Path):
+    """The replica, constructed as Ray constructs it; ``torch_threads`` records the threads it set for its process,
+    and torch's threads go back to what they were when the module is done (the setting stays with these tests)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)  # neither this machine's share nor the settings': the replica must set its own
     with pytest.MonkeyPatch.context() as patch:
         for name, value in LIMITS_ENV.items():
             patch.setenv(name, value)
         settings = importlib.import_module("sentiment_serving.ray_settings").ServeSettings(threads=1)
         # The user class behind the @serve.deployment wrapper, constructed as a replica constructs it.
-        yield archive_module.SentimentDeployment.func_or_class(str(unpacked_model), settings)
+        made = archive_module.SentimentDeployment.func_or_class(str(unpacked_model), settings)
+        made.torch_threads = torch.get_num_threads()
+        try:
+            yield made
+        finally:
+            torch.set_num_threads(before)
 
 
 @pytest.fixture
@@ -135,17 +146,19 @@ def test_ping_is_an_empty_200_and_unknown_paths_a_json_404(replica) -> None:
 
 
 def test_the_replica_takes_its_threads_from_the_settings_not_from_ray(replica) -> None:
-    """Ray sets OMP_NUM_THREADS=1 in a worker where it is unset; the replica sets torch's threads itself."""
+    """Ray sets OMP_NUM_THREADS=1 in a worker where it is unset; the replica sets torch's threads itself (read when
+    it was constructed: the test session resets torch's threads between tests, tests/conftest.py), and again in the
+    thread its forward passes run on (a new thread starts with OpenMP's default, every core unless OMP_NUM_THREADS
+    says otherwise, whatever the constructor set in its own thread)."""
     import torch
 
     def threads_of_a_forward_pass() -> int:
         replica.predictor.predict(["a text"])
         return torch.get_num_threads()
 
-    # Where the forward passes run: the replica's forward thread. A new thread starts with OpenMP's default (every
-    # core, unless OMP_NUM_THREADS says otherwise), whatever the constructor set in its own thread.
     in_forward_thread = replica._forward.submit(threads_of_a_forward_pass).result()
-    assert replica.predictor.options.threads == replica.settings.threads == in_forward_thread == 1
+    assert replica.predictor.options.threads == replica.settings.threads == replica.torch_threads == 1
+    assert in_forward_thread == 1
 
 
 def _drain(replica, bodies: list[bytes]) -> list:
@@ -160,6 +173,19 @@ def test_requests_waiting_for_the_model_share_passes_of_at_most_max_batch_size(r
     answers = _drain(replica, [f"text {n}".encode() for n in range(10)])
     assert [answer.status for answer in answers] == [200] * 10
     assert forward_passes == [replica.settings.max_batch_size, 10 - replica.settings.max_batch_size]
+
+
+def test_each_queued_request_gets_the_answer_to_its_own_text(replica) -> None:
+    """Mixed lengths, merged into passes of at most max_batch_size: every answer is its own request's (the forward
+    pass is replaced by one that names the text it answers)."""
+    original = replica.predictor.predict_dicts
+    replica.predictor.predict_dicts = lambda texts: [{"label": t, "score": 1.0, "scores": {t: 1.0}} for t in texts]
+    try:
+        bodies = [("x" * length).encode() for length in (40, 2, 300, 1, 17, 2, 90, 5, 60, 3, 11)]
+        answers = _drain(replica, bodies)
+    finally:
+        replica.predictor.predict_dicts = original
+    assert [answer.json()[0]["label"].encode() for answer in answers] == bodies
 
 
 def test_a_batch_expects_what_the_last_round_brought(replica, forward_passes) -> None:

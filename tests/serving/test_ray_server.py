@@ -94,9 +94,13 @@ def _harness(model_archive: Path, log: Path, *options: str) -> Iterator[_Harness
 
 @pytest.fixture(scope="module")
 def server(model_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Harness]:
-    """The module's server, started by the local server's command as a script starts it (the module's last test
-    stops it with SIGTERM on its pid): one replica, batches of at most BATCH_SIZE that wait up to 300 ms (long, so
-    that concurrent test requests reliably share a batch), the request table's limits."""
+    """The module's server, started by the local server's command as a script starts it: one replica, batches of at
+    most BATCH_SIZE that wait up to 300 ms (long, so that concurrent test requests reliably share a batch), the
+    request table's limits.
+
+    When the module's tests are done, in whatever order they ran, ``kill <pid>`` (SIGTERM) on the command must stop
+    it and every process of its tree and close its port: checked here, so that no test has to run last (a failed
+    stop is an error of the module's last test)."""
     with _harness(
         model_archive, tmp_path_factory.mktemp("server") / "harness.out",
         "--workers", "1", "--batch-size", str(BATCH_SIZE), "--max-batch-delay-ms", "300",
@@ -104,6 +108,7 @@ def server(model_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "--max-request-bytes", str(TEST_LIMITS.max_request_bytes),
     ) as harness:  # fmt: skip
         yield harness
+        stop_and_check(harness.process, harness.port, signal.SIGTERM, "ray::ServeReplica")
 
 
 @pytest.fixture(scope="module")
@@ -182,8 +187,7 @@ def second_server(
     model_archive: Path, server: _Harness, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[_Harness]:
     """A second server on the same host, started while the module's serves, with two replicas (Ray's proxy on the
-    port): the balancing test uses it, then the stopping test stops it with SIGINT on its pid (one Ray start for
-    both)."""
+    port): one test balances over it, then stops it with SIGINT on its pid (one Ray start for both)."""
     with _harness(
         model_archive, tmp_path_factory.mktemp("second-server") / "harness.out",
         "--workers", "2", "--max-batch-delay-ms", "2",
@@ -191,10 +195,13 @@ def second_server(
         yield harness
 
 
-def test_several_replicas_are_balanced_by_rays_proxy_on_the_sagemaker_port(second_server: _Harness) -> None:
-    """One port reaches one replica: with two, Ray's proxy listens on the port and spreads the requests."""
+def test_several_replicas_are_balanced_by_rays_proxy_and_stop_on_sigint(second_server: _Harness,
+                                                                         server: _Harness) -> None:  # fmt: skip
+    """One port reaches one replica: with two, Ray's proxy listens on the port and spreads the requests. Then the
+    second server stops on ``kill -INT <pid>`` (a script's background job: SIGINT inherited ignored), leaving no
+    process and a closed port, without touching the module's server. One test, so that no order is needed."""
     two = second_server
-    assert two.process.poll() is None, "stopped already: the stopping test runs after this one"
+    assert two.port != server.port
     assert _listener(harness_tree(two.process.pid, two.port), two.port).cmdline()[0].startswith("ray::ProxyActor")
     assert two.invoke(b'{"inputs": "hi"}')[0] == 200  # one replica holds the model; the proxy routes only to those up
     deadline = time.monotonic() + 120
@@ -208,15 +215,7 @@ def test_several_replicas_are_balanced_by_rays_proxy_on_the_sagemaker_port(secon
     logs = two.replica_logs()
     passes = [path.read_text(errors="replace").count("requests answered with one forward pass") for path in logs]
     assert len(passes) == 2 and min(passes) >= 1, passes
-
-
-def test_stopping_one_server_leaves_no_process_behind(second_server: _Harness, server: _Harness) -> None:
-    """A second server on the same host starts, serves, and stops on ``kill -INT <pid>`` (a script's background
-    job: SIGINT inherited ignored), leaving no process and a closed port, without touching the module's server."""
-    other = second_server
-    assert other.port != server.port
-    assert other.invoke(b'{"inputs": "two servers"}')[0] == 200
-    stop_and_check(other.process, other.port, signal.SIGINT, "ray::ServeReplica")
+    stop_and_check(two.process, two.port, signal.SIGINT, "ray::ServeReplica")
     assert server.ping() == 200
 
 
@@ -428,9 +427,3 @@ def test_ping_stays_quick_while_the_queue_is_full(server: _Harness) -> None:
     assert refused and all(f"holds {limit} requests, its limit" in error for error in refused)
     assert pings and all(status == 200 and seconds < 2 for status, seconds in pings), pings
     assert server.ping() == 200 and server.invoke(b"after the load", content_type="text/plain")[0] == 200
-
-
-def test_sigterm_on_the_harness_pid_stops_its_ray_serve(server: _Harness) -> None:
-    """The module's last test: ``kill <pid>`` on the local server's command (a script's background job) stops it and
-    every process of its tree, and closes its port (test_local_shutdown.py checks the multi-model harness)."""
-    stop_and_check(server.process, server.port, signal.SIGTERM, "ray::ServeReplica")

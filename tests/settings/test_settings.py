@@ -140,7 +140,7 @@ def test_unknown_environment_in_cdk_json_is_not_silently_mapped_to_dev() -> None
         ),
         pytest.param(
             {"vpc__cidr": "10.0.0.0/8"},
-            "environments.dev.vpc.cidr: must have a prefix length from /16 to /24.",
+            "environments.dev.vpc.cidr: must have a prefix length from /16 to /28.",
             id="cidr-too-large",
         ),
         pytest.param(

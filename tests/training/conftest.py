@@ -3,7 +3,9 @@ run (the real AWS CLI and a moto server), and a `python` for training processes 
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,18 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session")
 def sample_data() -> Path:
     return SAMPLE_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_model_without_dropout(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with dropout off: two runs that should learn alike then differ only where the code differs
+    (dropout draws its masks per process and per batch shape, so with it on they would differ by design)."""
+    folder = tmp_path_factory.mktemp("no-dropout") / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout=0.0)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
 
 
 @pytest.fixture(scope="session")

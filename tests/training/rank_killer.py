@@ -17,7 +17,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from training_assets.instance.train_sentiment import end_distributed, parse_args, train
+from training_assets.instance.train_config import parse_args
+from training_assets.instance.train_sentiment import end_distributed, train
 
 
 class KillAt(TrainerCallback):

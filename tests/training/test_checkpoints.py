@@ -27,7 +27,8 @@ from training_assets.instance.checkpoint_sync import (
     newest_complete,
     write_marker,
 )
-from training_assets.instance.train_sentiment import TrainConfig, parse_args, train
+from training_assets.instance.train_config import TrainConfig, parse_args
+from training_assets.instance.train_sentiment import train
 
 ROOT = Path(__file__).resolve().parents[2]
 KILLER = ROOT / "tests" / "training" / "rank_killer.py"

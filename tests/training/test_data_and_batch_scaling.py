@@ -14,7 +14,8 @@ import pytest
 from tests.training.warm_python import WarmPython
 from training_assets.instance import batch_scaling, data_staging
 from training_assets.instance.dataset import Split, TrainingInputError
-from training_assets.instance.train_sentiment import TrainConfig, train
+from training_assets.instance.train_config import TrainConfig
+from training_assets.instance.train_sentiment import train
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "training_assets.instance.train_sentiment"

@@ -15,7 +15,9 @@ import pytest
 
 from training_assets.instance import dataset, train_sentiment
 from training_assets.instance.dataset import DatasetError, Schema, read_splits
-from training_assets.instance.train_sentiment import TrainConfig, batch_plan, label_warnings, throughput_summary
+from training_assets.instance.throughput import throughput_summary
+from training_assets.instance.train_config import BatchPlan, TrainConfig, batch_plan
+from training_assets.instance.train_sentiment import label_warnings
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_ROWS = [("what a great day", 2), ("it is raining", 1), ("worst update ever", 0)]
@@ -332,7 +334,7 @@ def test_no_traceback_reaches_the_user_of_the_module(tiny_model_dir: Path, folde
 # ------------------------------------------------------------------------------------------ little data: warnings
 
 
-def _plan(rows: int, per_device: int = 32, world_size: int = 1, epochs: int = 1) -> train_sentiment.BatchPlan:
+def _plan(rows: int, per_device: int = 32, world_size: int = 1, epochs: int = 1) -> BatchPlan:
     config = TrainConfig(per_device_batch_size=per_device, epochs=epochs)
     return batch_plan(rows, per_device * world_size, world_size, config)
 

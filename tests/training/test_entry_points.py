@@ -23,7 +23,9 @@ import pytest
 from stacks.settings import HyperParameters, TrainingSettings
 from stacks.training import train_arguments
 from training_assets import remote_train
-from training_assets.instance.train_sentiment import TrainConfig, bf16_native, main
+from training_assets.instance.hardware import bf16_native
+from training_assets.instance.train_config import TrainConfig
+from training_assets.instance.train_sentiment import main
 
 # The SDK's config validated once per distinct config (tests/conftest.py): ~1 CPU-s per job otherwise.
 pytestmark = pytest.mark.usefixtures("sdk_config_validated_once")

@@ -21,7 +21,7 @@ import torch
 from transformers import AutoTokenizer, TrainerCallback
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
-from training_assets.instance import train_sentiment
+from training_assets.instance import train_config
 from training_assets.instance.batching import (
     BucketCollator,
     Counts,
@@ -30,7 +30,10 @@ from training_assets.instance.batching import (
     bucket_lengths,
     padded_length,
 )
-from training_assets.instance.train_sentiment import SyncCheck, ThroughputMeter, TrainConfig, train
+from training_assets.instance.dataset import TrainingInputError
+from training_assets.instance.throughput import ModelFlops, SyncCheck, ThroughputMeter
+from training_assets.instance.train_config import TrainConfig
+from training_assets.instance.train_sentiment import train
 
 # ------------------------------------------------------------------------------------------------------- batching
 
@@ -58,9 +61,10 @@ def test_collator_pads_to_the_bucket_or_to_max_length() -> None:
 
 def test_token_counts_are_kept_per_step_and_read_once() -> None:
     counter = TokenCounter()
-    counter.add(torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]]))
-    counter.add(torch.tensor([[1, 0, 0, 0]]))
-    counter.add(torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]]))
+    collate = BucketCollator(pad_token_id=1, buckets=(4,))
+    for lengths in ([2, 3], [1], [4, 1]):  # what the collator counts on the host is what the counter keeps
+        batch = collate([{"input_ids": [0] * length, "label": 0} for length in lengths])
+        counter.add(*batch["token_counts"], tuple(batch["input_ids"].shape))
     # tokens, sum of squared text lengths (2*2 + 3*3), positions computed
     assert counter.read() == [Counts(5, 13, 8), Counts(1, 1, 4), Counts(5, 17, 8)]
     assert counter.shapes == [(2, 4), (1, 4), (2, 4)] and counter.earlier == [0, 0, 1]
@@ -329,10 +333,10 @@ def test_the_meter_records_cuda_events_and_waits_once_after_training(monkeypatch
     meter.on_epoch_begin(None, None, None)
     for width in (16, 16, 16, 24, 16, 16):
         meter.on_step_begin(None, None, None)
-        counter.add(torch.ones(32, width, dtype=torch.long))
+        counter.add(32 * width, 32 * width * width, (32, width))  # 32 texts filling their rows
         meter.on_step_end(None, None, None)
     assert waits == []
-    summary = meter.summary(train_sentiment.ModelFlops(layers=1, hidden=2, intermediate=4))
+    summary = meter.summary(ModelFlops(layers=1, hidden=2, intermediate=4))
     assert waits == [7]  # once, after the last event
     assert summary["measured_steps"] == 5 and summary["train_samples_per_second"] == 64.0
     assert summary["non_padding_tokens_per_second"] == (4 * 32 * 16 + 32 * 24) / 2.5
@@ -348,7 +352,7 @@ def test_the_meter_records_cuda_events_and_waits_once_after_training(monkeypatch
 def test_model_flops_of_roberta_base() -> None:
     """12 x 768, feed-forward 3072: 84,934,656 matmul weights (of RoBERTa-base's 124.6M parameters, 38.6M are the
     embedding table); a tweet of 25 tokens costs 6 * N + 12 * 12 * 768 * 25 FLOPs per token to train on."""
-    flops = train_sentiment.ModelFlops(layers=12, hidden=768, intermediate=3072)
+    flops = ModelFlops(layers=12, hidden=768, intermediate=3072)
     assert flops.matmul_weights == 84_934_656
     assert flops.per_token(25) == 6 * 84_934_656 + 12 * 12 * 768 * 25
     assert flops.training_flops(tokens=25, squared_lengths=25 * 25) == 25 * flops.per_token(25)
@@ -357,23 +361,23 @@ def test_model_flops_of_roberta_base() -> None:
 def test_gpu_defaults_are_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
-    monkeypatch.setattr(train_sentiment.os, "cpu_count", lambda: 96)
-    gpu = train_sentiment.resolve(TrainConfig(), use_cuda=True)
+    monkeypatch.setattr(train_config.os, "cpu_count", lambda: 96)
+    gpu = train_config.resolve(TrainConfig(), use_cuda=True)
     assert (gpu.torch_compile, gpu.torch_compile_mode, gpu.bf16, gpu.fused_adamw) == (True, "reduce-overhead", True,
                                                                                       True)  # fmt: skip
     assert (gpu.padding, gpu.group_by_length, gpu.dataloader_workers) == ("bucketed", True, 4)
-    cpu = train_sentiment.resolve(TrainConfig(), use_cuda=False)
+    cpu = train_config.resolve(TrainConfig(), use_cuda=False)
     assert (cpu.torch_compile, cpu.torch_compile_mode, cpu.bf16, cpu.dataloader_workers) == (False, None, False, 0)
-    assert gpu.compile_optimizer is True and train_sentiment.optimizer_name(gpu) == "adamw_torch"
-    cpu = train_sentiment.resolve(TrainConfig(), use_cuda=False)
+    assert gpu.compile_optimizer is True and train_config.optimizer_name(gpu) == "adamw_torch"
+    cpu = train_config.resolve(TrainConfig(), use_cuda=False)
     assert (cpu.torch_compile, cpu.torch_compile_mode, cpu.bf16, cpu.dataloader_workers) == (False, None, False, 0)
-    assert cpu.compile_optimizer is False and train_sentiment.optimizer_name(cpu) == "adamw_torch_fused"
-    seed = train_sentiment.resolve(
-        train_sentiment.parse_args(["--no-torch-compile", "--no-bf16", "--no-fused-adamw", "--padding", "max_length",
+    assert cpu.compile_optimizer is False and train_config.optimizer_name(cpu) == "adamw_torch_fused"
+    seed = train_config.resolve(
+        train_config.parse_args(["--no-torch-compile", "--no-bf16", "--no-fused-adamw", "--padding", "max_length",
                                     "--no-group-by-length"]), use_cuda=True)  # fmt: skip
     assert (seed.torch_compile, seed.bf16, seed.fused_adamw, seed.padding) == (False, False, False, "max_length")
-    assert seed.compile_optimizer is False and train_sentiment.optimizer_name(seed) == "adamw_torch"
-    with pytest.raises(train_sentiment.TrainingInputError, match="padding must be one of bucketed, max_length"):
+    assert seed.compile_optimizer is False and train_config.optimizer_name(seed) == "adamw_torch"
+    with pytest.raises(TrainingInputError, match="padding must be one of bucketed, max_length, packed"):
         TrainConfig(padding="longest")
 
 
@@ -383,8 +387,8 @@ def test_the_trainer_gets_the_gpu_fast_path(monkeypatch: pytest.MonkeyPatch) -> 
     (nothing to copy to) and no workers."""
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(train_sentiment.os, "cpu_count", lambda: 16)
-    gpu = train_sentiment.trainer_settings(train_sentiment.resolve(TrainConfig(), True), use_cuda=True,
+    monkeypatch.setattr(train_config.os, "cpu_count", lambda: 16)
+    gpu = train_config.trainer_settings(train_config.resolve(TrainConfig(), True), use_cuda=True,
                                            distributed=False)  # fmt: skip
     fast = {"torch_compile": True, "torch_compile_mode": "reduce-overhead", "optim": "adamw_torch", "bf16": True}
     assert {key: gpu[key] for key in fast} == fast
@@ -392,7 +396,7 @@ def test_the_trainer_gets_the_gpu_fast_path(monkeypatch: pytest.MonkeyPatch) -> 
     assert gpu["dataloader_persistent_workers"] is True and gpu["accelerator_config"] == {"non_blocking": True}
     assert gpu["include_num_input_tokens_seen"] == "no" and gpu["logging_nan_inf_filter"] is False
     assert gpu["train_sampling_strategy"] == "group_by_length" and gpu["dataloader_drop_last"] is True
-    cpu = train_sentiment.trainer_settings(train_sentiment.resolve(TrainConfig(), False), use_cuda=False,
+    cpu = train_config.trainer_settings(train_config.resolve(TrainConfig(), False), use_cuda=False,
                                            distributed=False)  # fmt: skip
     assert (cpu["dataloader_num_workers"], cpu["dataloader_pin_memory"], cpu["torch_compile"]) == (0, False, False)
 
@@ -410,7 +414,7 @@ def test_the_sync_check_is_on_for_steady_steps_only(monkeypatch: pytest.MonkeyPa
     logs = type("Control", (), {**vars(type(quiet)), "should_log": True})()
     widths = (16, 16, 16, 16, 24, 24, 24, 16)
     for step, width in enumerate(widths, start=1):
-        counter.add(torch.ones(8, width, dtype=torch.long))
+        counter.add(8 * width, 8 * width * width, (8, width))
         check.step_starts(len(counter.shapes) - 1)
         check.on_step_end(None, None, logs if step == 4 else quiet)
     check.on_epoch_end(None, None, quiet)
@@ -421,7 +425,7 @@ def test_the_sync_check_is_on_for_steady_steps_only(monkeypatch: pytest.MonkeyPa
 
 
 def test_the_sync_check_needs_a_gpu(tiny_model_dir: Path, sample_data: Path, tmp_path: Path) -> None:
-    with pytest.raises(train_sentiment.TrainingInputError, match="--sync-debug error needs a GPU"):
+    with pytest.raises(TrainingInputError, match="--sync-debug error needs a GPU"):
         train(TrainConfig(model=str(tiny_model_dir), dataset=str(sample_data), output_dir=str(tmp_path),
                           use_cpu=True, sync_debug="error"))  # fmt: skip
 

@@ -17,7 +17,7 @@ from stacks.settings import TrainingSettings
 from stacks.training import remote_function_config
 from tests.training.warm_python import WarmPython
 from training_assets import remote_train
-from training_assets.instance.train_sentiment import TrainConfig
+from training_assets.instance.train_config import TrainConfig
 from training_assets.remote_train import RemoteSetupError
 
 # The SDK's config validated once per distinct config (tests/conftest.py): ~1 CPU-s per job otherwise.

@@ -1,4 +1,4 @@
-"""The training script for real: a compiled CPU fine-tune, a 2-process torchrun (gloo) run, and every bad input."""
+"""The training script for real: a compiled CPU fine-tune and every bad input (two processes: test_many_ranks.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import pytest
 
 from inference_assets.container.predictor import SentimentPredictor
 from tests.training.warm_python import WarmPython
-from training_assets.instance import train_sentiment
+from training_assets.instance import hardware, train_config, train_sentiment
 from training_assets.instance.batching import SMALLEST_BUCKET
-from training_assets.instance.train_sentiment import TrainConfig, TrainingInputError, train
+from training_assets.instance.dataset import TrainingInputError
+from training_assets.instance.train_config import TrainConfig
+from training_assets.instance.train_sentiment import train
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "training_assets.instance.train_sentiment"
@@ -135,42 +137,6 @@ def test_saved_model_reloads_and_predicts_like_the_trained_one(compiled_run: Pat
     assert accuracy == pytest.approx(reported, abs=1.5 / len(rows))
 
 
-@pytest.mark.slow
-def test_torchrun_two_processes_with_gloo(
-    tiny_model_dir: Path, sample_data: Path, tmp_path: Path, warm_python: WarmPython
-) -> None:
-    output = tmp_path / "ddp"
-    result = _run(
-        warm_python,
-        [
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--module",
-            MODULE,
-            "--model",
-            str(tiny_model_dir),
-            "--dataset",
-            str(sample_data),
-            "--output-dir",
-            str(output),
-            "--use-cpu",
-            *FAST,
-        ],
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    metrics = json.loads((output / "metrics.json").read_text())
-    assert metrics["device"]["world_size"] == 2
-    assert metrics["throughput"]["samples_per_step"] == 16
-    assert metrics["throughput"]["measured_steps"] == 3 * (TRAIN_ROWS // 16) - 1
-    assert metrics["epochs"][-1]["train_loss"] < metrics["epochs"][0]["train_loss"]
-    # Only rank 0 reports and writes.
-    assert result.stdout.count("epoch 1.0:") == 1
-    assert sorted(p.name for p in output.iterdir()) == ["metrics.json", "saved_model"]
-    assert SentimentPredictor(output / "saved_model").predict("The update is amazing!")[0].label
-
-
 # ------------------------------------------------------------------------------------------------------ bad input
 
 
@@ -275,7 +241,7 @@ def test_bf16_on_a_gpu_without_it(tiny_model_dir: Path, data_dir: Path, monkeypa
 
 
 def test_bf16_on_a_cpu_without_it(tiny_model_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(train_sentiment, "cpu_flags", lambda: {"sse4_2", "avx2"})
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: {"sse4_2", "avx2"})
     with pytest.raises(TrainingInputError, match=r"--bf16 needs native bfloat16 on this CPU"):
         train(_config(tiny_model_dir, data_dir, bf16=True))
 
@@ -337,7 +303,7 @@ def test_cli_prints_the_error_and_exits_2(tiny_model_dir: Path, tmp_path: Path, 
 
 
 def test_cli_flags_map_onto_the_config() -> None:
-    config = train_sentiment.parse_args(
+    config = train_config.parse_args(
         [
             "--torch-compile",
             "--bf16",
@@ -353,7 +319,7 @@ def test_cli_flags_map_onto_the_config() -> None:
     assert (config.torch_compile, config.bf16, config.fused_adamw) == (True, True, False)
     assert config.labels == ("neg", "pos") and config.epochs == 2 and config.dataset_config == "sentiment"
     with pytest.raises(TrainingInputError, match="learning_rate must be between 0 and 1"):
-        train_sentiment.parse_args(["--learning-rate", "3"])
+        train_config.parse_args(["--learning-rate", "3"])
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -361,7 +327,7 @@ def test_metrics_agree_with_scikit_learn(seed: int) -> None:
     """The script's accuracy and macro-F1 are scikit-learn's, also where a class occurs only in the labels or only in
     the predictions, or not at all."""
     import numpy as np
-    from sklearn.metrics import accuracy_score, f1_score
+    from sklearn.metrics import accuracy_score, f1_score, log_loss
 
     rng = np.random.default_rng(seed)
     size, classes = int(rng.integers(1, 40)), 3
@@ -373,3 +339,5 @@ def test_metrics_agree_with_scikit_learn(seed: int) -> None:
     metrics = train_sentiment.compute_metrics(type("Prediction", (), {"predictions": logits, "label_ids": labels}))
     assert metrics["accuracy"] == pytest.approx(accuracy_score(labels, predicted))
     assert metrics["macro_f1"] == pytest.approx(f1_score(labels, predicted, average="macro", zero_division=0))
+    probabilities = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+    assert metrics["cross_entropy"] == pytest.approx(log_loss(labels, probabilities, labels=range(classes)))

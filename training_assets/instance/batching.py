@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-PADDING_MODES = ("bucketed", "max_length")
+# "packed": several texts per row (packing.py); evaluation then runs bucketed batches.
+PADDING_MODES = ("bucketed", "max_length", "packed")
 # Tensor cores work on multiples of 8; no bucket is shorter than this.
 SMALLEST_BUCKET = 8
 
@@ -56,6 +57,22 @@ def padded_length(longest: int, buckets: Sequence[int]) -> int:
     raise ValueError(f"a text of {longest} tokens is longer than the largest bucket {buckets[-1]}")
 
 
+class PaddedIndex(int):
+    """A row index that carries the padded length of the global batch its row belongs to (``LengthBucketSampler``):
+    the collator of each rank pads its share of the global batch to that length, so every rank runs the same shape
+    at the same step, even in a batch at the border of two buckets. An ``int`` everywhere else."""
+
+    padded_length: int
+
+    def __new__(cls, index: int, padded_length: int) -> PaddedIndex:
+        value = super().__new__(cls, index)
+        value.padded_length = padded_length
+        return value
+
+    def __reduce__(self) -> tuple[type, tuple[int, int]]:  # DataLoader workers get the indices pickled
+        return (PaddedIndex, (int(self), self.padded_length))
+
+
 @dataclass(frozen=True)
 class BucketCollator:
     """Collates tokenized rows (``input_ids``, ``label``) into padded tensors.
@@ -70,18 +87,22 @@ class BucketCollator:
     padding: str = "bucketed"
 
     def __post_init__(self) -> None:
-        if self.padding not in PADDING_MODES:
+        if self.padding not in ("bucketed", "max_length"):
             raise ValueError(f"padding must be one of {', '.join(PADDING_MODES)}, got {self.padding!r}")
 
-    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         sizes = [len(row["input_ids"]) for row in rows]
         width = self.buckets[-1] if self.padding == "max_length" else padded_length(max(sizes), self.buckets)
+        if self.padding != "max_length" and "padded_length" in rows[0]:  # the global batch's length (PaddedIndex)
+            width = max(width, *(row["padded_length"] for row in rows))
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, (row, size) in enumerate(zip(rows, sizes, strict=True)):
             input_ids[i, :size] = torch.as_tensor(row["input_ids"], dtype=torch.long)
             attention_mask[i, :size] = 1
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+        # Host integers the collator knows anyway: non-padding tokens and the sum of squared lengths (TokenCounter).
+        batch: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask,
+                                 "token_counts": [sum(sizes), sum(size * size for size in sizes)]}  # fmt: skip
         if "label" in rows[0]:
             batch["labels"] = torch.tensor([row["label"] for row in rows], dtype=torch.long)
         return batch
@@ -105,6 +126,11 @@ class LengthBucketSampler(Sampler[int]):
       the last sorted mega-batch.
 
     As there, the batch of the longest bucket comes first, so an out-of-memory error shows in the first step.
+
+    ``batch_size`` is the global batch (every rank's batch, and the accumulated steps): accelerate deals its
+    consecutive per-device batches to the ranks in turn (``BatchSamplerShard``), so one global batch is one step on
+    every rank. Each index is a ``PaddedIndex`` carrying its global batch's bucket, so a global batch that spans two
+    buckets pads to the longer on every rank.
     """
 
     def __init__(
@@ -137,25 +163,25 @@ class LengthBucketSampler(Sampler[int]):
             batches = [batches[i] for i in torch.randperm(len(batches)).tolist()]
             longest = max(range(len(batches)), key=lambda i: max(self.bucket_of[j] for j in batches[i]))
             batches[0], batches[longest] = batches[longest], batches[0]
-        return iter([index for batch in batches for index in batch] + rest)
+        padded = [PaddedIndex(index, max(self.bucket_of[i] for i in batch)) for batch in batches for index in batch]
+        return iter(padded + rest)
 
 
 class TokenCounter:
-    """Per optimizer step: the non-padding tokens and the sum of squared text lengths, on the device (never read
-    back while training runs; the squares give the attention FLOPs, which grow with each text's length), and the
-    batch shape, on the host (known without reading the device). ``read`` reads every step's counts at once.
+    """Per optimizer step: the non-padding tokens and the sum of squared text lengths (the squares give the attention
+    FLOPs, which grow with each text's length), as the collator counted them on the host (``token_counts``: no
+    device work, no device read), and the batch shape. ``read`` sums every step's counts over the ranks at once.
     """
 
-    def __init__(self) -> None:
-        self.counts: list[torch.Tensor] = []  # [tokens, sum of squared lengths] per step, on the device
-        self.shapes: list[tuple[int, ...]] = []  # (batch, padded length) per step
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)  # where the all-reduce runs (NCCL needs the GPU)
+        self.counts: list[tuple[int, int]] = []  # (tokens, sum of squared lengths) per step
+        self.shapes: list[tuple[int, ...]] = []  # (rows, padded length) per step
         self.earlier: list[int] = []  # per step: how many earlier steps had the same shape
         self._seen: Counter[tuple[int, ...]] = Counter()
 
-    def add(self, attention_mask: torch.Tensor) -> None:
-        lengths = attention_mask.sum(dim=-1)
-        self.counts.append(torch.stack([lengths.sum(), (lengths * lengths).sum()]))
-        shape = tuple(attention_mask.shape)
+    def add(self, tokens: int, squared_lengths: int, shape: tuple[int, ...]) -> None:
+        self.counts.append((tokens, squared_lengths))
         self.shapes.append(shape)
         self.earlier.append(self._seen[shape])
         self._seen[shape] += 1
@@ -170,13 +196,8 @@ class TokenCounter:
         steps together, after training (each rank must call it)."""
         if not self.counts:
             return []
-        values = torch.cat(
-            [
-                torch.stack(self.counts).to(torch.long),
-                torch.tensor(self.positions, device=self.counts[0].device)[:, None],
-            ],
-            dim=1,
-        )
+        rows = [[*counts, positions] for counts, positions in zip(self.counts, self.positions, strict=True)]
+        values = torch.tensor(rows, dtype=torch.long, device=self.device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(values)
         return [Counts(*row) for row in values.tolist()]

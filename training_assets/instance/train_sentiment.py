@@ -25,40 +25,38 @@ before training: exit status 2 and one line naming the file, the row and what is
 traceback); anything unexpected is one line and exit status 1. Little data trains, with warnings: rows left out of
 full batches, few optimizer steps, a train split with one class. Throughput is reported when there are steps after
 the warm-up, otherwise metrics.json says why not.
+
+This module is the training itself; its configuration and command line are ``train_config.py``, its throughput
+measurement ``throughput.py``, and the hardware checks ``hardware.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
+import gc
 import json
 import os
-import platform
-import statistics
 import sys
-import time
 import traceback
 from collections import Counter
 from collections.abc import Sequence
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields, replace
+from contextlib import ExitStack, nullcontext
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import transformers
-from transformers import TrainerCallback, TrainingArguments
+from transformers import TrainerCallback
 
-from training_assets.instance import batch_scaling, checkpoints, data_staging
+from training_assets.instance import batch_scaling, checkpoints, data_staging, packing
 from training_assets.instance.batching import (
-    PADDING_MODES,
     BucketCollator,
-    Counts,
     LengthBucketSampler,
+    PaddedIndex,
     TokenCounter,
     bucket_lengths,
-    total,
 )
 from training_assets.instance.dataset import (
     CHARS_PER_TOKEN_KEPT,
@@ -68,98 +66,28 @@ from training_assets.instance.dataset import (
     looks_local,
     read_splits,
 )
-
-DEFAULT_MODEL = "cardiffnlp/twitter-roberta-base-sentiment-latest"
-DEFAULT_DATASET = "tweet_eval"
-DEFAULT_DATASET_CONFIG = "sentiment"
-LABELS = ("negative", "neutral", "positive")
-METRICS_FILE = "metrics.json"
-SAVED_MODEL_DIR = "saved_model"
-# torch.compile's modes (torch.compile docstring); "reduce-overhead" and "max-autotune" capture CUDA graphs.
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-# torch.cuda.set_sync_debug_mode's settings, "off" for its "default" (no check).
-SYNC_DEBUG_MODES = ("off", "warn", "error")
-# DataLoader workers per GPU process: collating a batch of token lists takes well under a millisecond each, so a
-# few keep ahead of a step; more only take cores from the other ranks' host threads.
-MAX_WORKERS_PER_GPU = 4
-
-
-@dataclass
-class TrainConfig:
-    """Everything one training run needs; the CLI flags map one-to-one onto these fields."""
-
-    model: str = DEFAULT_MODEL
-    dataset: str = DEFAULT_DATASET
-    dataset_config: str | None = DEFAULT_DATASET_CONFIG
-    output_dir: str = "output"
-    labels: tuple[str, ...] = LABELS
-    text_column: str = "text"
-    label_column: str = "label"
-    epochs: int = 3
-    per_device_batch_size: int = 32
-    learning_rate: float = 2e-5
-    max_seq_length: int = 128
-    seed: int = 42
-    # None: on with a GPU, off on CPU (see resolve()).
-    torch_compile: bool | None = None
-    bf16: bool | None = None
-    fused_adamw: bool = True
-    use_cpu: bool = False
-    max_train_samples: int | None = None
-    warmup_steps: int = 1
-    padding: str = "bucketed"
-    group_by_length: bool = True
-    # None: "reduce-overhead" (CUDA graphs) with a GPU, "default" on CPU, where there are no CUDA graphs.
-    torch_compile_mode: str | None = None
-    # None: a few worker processes with a GPU, none on CPU (where they would compete with the model for cores).
-    dataloader_workers: int | None = None
-    # 0: log the train loss once per epoch; N: every N optimizer steps (each log line reads the loss from the device).
-    logging_steps: int = 0
-    # None: compile the optimizer step whenever torch_compile is on.
-    compile_optimizer: bool | None = None
-    # GPU only: torch.cuda.set_sync_debug_mode for the steady steps ("error": a hidden host-device sync fails the run).
-    sync_debug: str = "off"
-    # Multi-node runs: checkpoints and resume, the collective timeout (checkpoints.py); where the tokenized splits
-    # are shared once per node (data_staging.py); the global batch and learning-rate scaling (batch_scaling.py).
-    checkpoint_steps: int = 0
-    checkpoint_dir: str | None = None
-    collective_timeout_seconds: int = checkpoints.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
-    tokenized_dir: str | None = None
-    global_batch_size: int | None = None
-    lr_scaling: str = "none"
-    reference_global_batch: int = batch_scaling.REFERENCE_GLOBAL_BATCH
-
-    def __post_init__(self) -> None:
-        self.labels = tuple(self.labels)
-        for name in ("epochs", "per_device_batch_size", "warmup_steps"):
-            if getattr(self, name) < (0 if name == "warmup_steps" else 1):
-                raise TrainingInputError(f"{name} must be at least {0 if name == 'warmup_steps' else 1}")
-        if not 0 < self.learning_rate < 1:
-            raise TrainingInputError(f"learning_rate must be between 0 and 1, got {self.learning_rate}")
-        if not 8 <= self.max_seq_length <= 4096:
-            raise TrainingInputError(f"max_seq_length must be between 8 and 4096, got {self.max_seq_length}")
-        if len(self.labels) < 2 or len(set(self.labels)) != len(self.labels):
-            raise TrainingInputError(f"labels must be at least two distinct names, got {list(self.labels)}")
-        if self.max_train_samples is not None and self.max_train_samples < 1:
-            raise TrainingInputError("max_train_samples must be at least 1")
-        if self.padding not in PADDING_MODES:
-            raise TrainingInputError(f"padding must be one of {', '.join(PADDING_MODES)}, got {self.padding!r}")
-        if self.torch_compile_mode is not None and self.torch_compile_mode not in COMPILE_MODES:
-            raise TrainingInputError(
-                f"torch_compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.torch_compile_mode!r}"
-            )
-        if self.sync_debug not in SYNC_DEBUG_MODES:
-            raise TrainingInputError(
-                f"sync_debug must be one of {', '.join(SYNC_DEBUG_MODES)}, got {self.sync_debug!r}"
-            )
-        for name in ("dataloader_workers", "logging_steps"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise TrainingInputError(f"{name} must be 0 or more, got {value}")
-        checkpoints.check(self)
-        batch_scaling.check(self)
-
+from training_assets.instance.hardware import check_bf16, compile_threads, device_info, peak_memory_bytes
+from training_assets.instance.throughput import (
+    LaunchCounter,
+    ModelFlops,
+    SyncCheck,
+    ThroughputMeter,
+    compiler_counts,
+    graphs_compiled,
+    observed_compilation,
+)
+from training_assets.instance.train_config import (
+    CUDA_GRAPH_MODES,
+    METRICS_FILE,
+    SAVED_MODEL_DIR,
+    TrainConfig,
+    batch_plan,
+    config_from,
+    optimizer_step,
+    parser,
+    resolve,
+    training_arguments,
+)
 
 # --------------------------------------------------------------------------------------------------- input checks
 
@@ -199,7 +127,10 @@ class TokenizedSplit(torch.utils.data.Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        return {"input_ids": self.input_ids[index], "label": self.labels[index]}
+        row = {"input_ids": self.input_ids[index], "label": self.labels[index]}
+        if isinstance(index, PaddedIndex):
+            row["padded_length"] = index.padded_length
+        return row
 
     @property
     def lengths(self) -> list[int]:
@@ -220,267 +151,6 @@ def check_model(reference: str) -> str:
     return reference
 
 
-def cpu_flags() -> set[str]:
-    """This CPU's feature flags, from /proc/cpuinfo (x86 ``flags``, Arm ``Features``); none where it cannot be read."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    flags = set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            flags.update(value.split())
-    return flags
-
-
-def _cpu_model() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    names = [line.partition(":")[2].strip() for line in lines if line.startswith("model name")]
-    return names[0] if names else platform.processor() or platform.machine()
-
-
-def bf16_native(use_cuda: bool) -> bool:
-    if use_cuda:
-        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
-    return bool({"avx512_bf16", "amx_bf16", "bf16"} & cpu_flags())
-
-
-def check_bf16(use_cuda: bool) -> None:
-    """bf16 needs native support: Ampere or newer GPUs, or CPUs with AVX512-BF16/AMX (x86) or BF16 (Arm)."""
-    if use_cuda:
-        if not torch.cuda.is_bf16_supported(including_emulation=False):
-            major, minor = torch.cuda.get_device_capability()
-            raise TrainingInputError(
-                f"--bf16 needs a GPU with native bfloat16 (compute capability 8.0+, e.g. A100 on p4d); "
-                f"{torch.cuda.get_device_name()} has {major}.{minor}. Run without --bf16."
-            )
-        return
-    native = {"avx512_bf16", "amx_bf16", "bf16"} & cpu_flags()
-    if not native:
-        raise TrainingInputError(
-            f"--bf16 needs native bfloat16 on this CPU ({platform.machine()} without avx512_bf16/amx_bf16/bf16 "
-            "flags in /proc/cpuinfo) or a GPU with compute capability 8.0+. Run without --bf16."
-        )
-
-
-# ------------------------------------------------------------------------------------------------------- training
-
-
-def graphs_compiled() -> int:
-    """Graphs TorchDynamo has compiled in this process so far: a host-side counter, free to read."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-class ThroughputMeter(TrainerCallback):
-    """Times optimizer steps as a ``TrainerCallback``; the first ``warmup_steps`` (compilation) are kept apart.
-
-    A step lasts from the previous step's end (or its epoch's start, so evaluation is never counted) to its own end,
-    and so includes data loading. Nothing here waits for the device while training runs: on CUDA each step end
-    records a CUDA event in the stream (timed by the GPU, read once after training), on CPU it reads the host clock
-    (the work is done when the step returns). Tokens come from the ``TokenCounter`` the trainer fills on the device.
-
-    Steady steps are the steps after the warm-up that compiled nothing and whose batch shape had run
-    ``shape_warmups`` times before (with CUDA graphs 2: a shape's first run compiles it, its second records the
-    graph). With bucketed padding a bucket can turn up for the first time late in an epoch and compile there, so
-    "the steps after the warm-up" alone would count compilation as training time.
-    """
-
-    def __init__(
-        self, warmup_steps: int, samples_per_step: int, counter: TokenCounter, use_cuda: bool, shape_warmups: int = 0
-    ) -> None:
-        self.warmup_steps = warmup_steps
-        self.samples_per_step = samples_per_step
-        self.counter = counter
-        self.use_cuda = use_cuda
-        self.shape_warmups = shape_warmups
-        self.steps: list[tuple[Any, Any]] = []  # (start mark, end mark) per optimizer step
-        self.compiled: list[bool] = []  # per optimizer step: did TorchDynamo compile a graph during it
-        self._start: Any = None
-        self._graphs = 0
-
-    def _mark(self) -> Any:
-        if self.use_cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._start = self._mark()
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._graphs = graphs_compiled()
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        end = self._mark()
-        self.steps.append((self._start, end))
-        self._start = end
-        self.compiled.append(graphs_compiled() > self._graphs)
-
-    def steady_shape(self, step: int) -> bool:
-        """Step ``step`` (0-based) is past the warm-up and its shape has run often enough to need no compilation."""
-        return step >= self.warmup_steps and self.counter.earlier[step] >= self.shape_warmups
-
-    def step_seconds(self) -> list[float]:
-        if self.use_cuda:
-            torch.cuda.synchronize()  # once, after training: every event has been reached
-            return [start.elapsed_time(end) / 1000 for start, end in self.steps]
-        return [end - start for start, end in self.steps]
-
-    def summary(self, flops: ModelFlops | None = None) -> dict[str, Any]:
-        """Read the clocks and counters once (summed over the ranks of a torchrun: every rank must call this)."""
-        seconds, counts = self.step_seconds(), self.counter.read()
-        warm, whole = total(counts[: self.warmup_steps]), total(counts)
-        summary = throughput_summary(
-            seconds,
-            warmup_steps=self.warmup_steps,
-            samples_per_step=self.samples_per_step,
-            tokens=(warm.tokens, whole.tokens),
-            positions=(warm.positions, whole.positions),
-            squared_lengths=(warm.squared_lengths, whole.squared_lengths),
-            flops=flops,
-        )
-        steady = [i for i in range(len(seconds)) if self.steady_shape(i) and not self.compiled[i]]
-        return {**summary, **steady_summary(seconds, counts, steady, self.samples_per_step, flops)}
-
-
-def steady_summary(
-    seconds: list[float], counts: list[Counts], steady: list[int], samples_per_step: int, flops: ModelFlops | None
-) -> dict[str, Any]:
-    """The throughput of the steady steps (see ThroughputMeter): what training runs at once nothing compiles."""
-    if not steady:
-        return {"steady_steps": 0}
-    time_ = sum(seconds[i] for i in steady)
-    done = total([counts[i] for i in steady])
-    result = {
-        "steady_steps": len(steady),
-        "steady_seconds": round(time_, 4),
-        "steady_samples_per_second": round(len(steady) * samples_per_step / time_, 3),
-        "steady_non_padding_tokens_per_second": round(done.tokens / time_, 3),
-        "steady_padding_fraction": round(1 - done.tokens / done.positions, 4) if done.positions else None,
-    }
-    if flops is not None:
-        useful = flops.training_flops(done.tokens, done.squared_lengths)
-        result["steady_model_tflops_per_second"] = round(useful / time_ / 1e12, 6)
-    return result
-
-
-@dataclass(frozen=True)
-class ModelFlops:
-    """Training FLOPs of a transformer encoder, from its config (multiply and add counted as 2 FLOPs).
-
-    A text of l tokens costs 6 * N * l + 12 * L * d * l**2 FLOPs to train on: N is the number of weights in the
-    layers' matrix multiplications (L * (4 * d**2 + 2 * d * d_ff) for BERT/RoBERTa: query, key, value and output
-    projections, and the two feed-forward matrices), 6 = 2 (multiply-add) x 3 (forward, and a backward twice as
-    costly); the attention scores and their weighted sum are 2 matmuls of l x l x d per layer, 12 * L * d * l per
-    token with the same factors. This is the model-FLOPs count of PaLM (Chowdhery et al. 2022, "PaLM: Scaling
-    Language Modeling with Pathways", Appendix B: 6N + 12LHQT per token) and of torchtitan's
-    get_num_flop_per_token (pytorch/torchtitan torchtitan/tools/utils.py). Counted on the non-padding tokens only,
-    so the work spent on padding is not counted as useful. Left out: embeddings (lookups, no matmul), layer norms,
-    softmax and the classifier head (once per text: 2 * (d**2 + d * labels) forward, under 0.1% of a tweet's FLOPs
-    for RoBERTa-base), and activation recomputation (not model FLOPs).
-    """
-
-    layers: int
-    hidden: int
-    intermediate: int
-
-    @classmethod
-    def from_config(cls, config: Any) -> ModelFlops | None:
-        names = ("num_hidden_layers", "hidden_size", "intermediate_size")
-        if not all(isinstance(getattr(config, name, None), int) for name in names):
-            return None  # not a BERT-like encoder config: the formula does not apply
-        return cls(config.num_hidden_layers, config.hidden_size, config.intermediate_size)
-
-    @property
-    def matmul_weights(self) -> int:
-        return self.layers * (4 * self.hidden**2 + 2 * self.hidden * self.intermediate)
-
-    def training_flops(self, tokens: int, squared_lengths: int) -> int:
-        """FLOPs to train on texts with ``tokens`` non-padding tokens in all and ``squared_lengths`` = sum of l**2."""
-        return 6 * self.matmul_weights * tokens + 12 * self.layers * self.hidden * squared_lengths
-
-    def per_token(self, attention_context: float) -> float:
-        """FLOPs per non-padding token when tokens attend, on average, to ``attention_context`` tokens."""
-        return 6 * self.matmul_weights + 12 * self.layers * self.hidden * attention_context
-
-
-def throughput_summary(
-    step_seconds: list[float],
-    *,
-    warmup_steps: int,
-    samples_per_step: int,
-    tokens: tuple[int, int],
-    positions: tuple[int, int],
-    squared_lengths: tuple[int, int] = (0, 0),
-    flops: ModelFlops | None = None,
-) -> dict[str, Any]:
-    """The throughput of the steps after the warm-up; when there are none, why it was not measured.
-
-    ``tokens``, ``positions`` and ``squared_lengths`` are (at the end of the warm-up, at the end) counts of
-    non-padding tokens, of positions computed (padding included) and the sum over texts of their squared length in
-    tokens. A measurement never stops a run: a short run trains, saves its model and reports ``"measured": false``.
-    """
-    warm, steady = step_seconds[:warmup_steps], step_seconds[warmup_steps:]
-    padding = {
-        # Padded positions / positions computed, over every training step (warm-up included).
-        "padding_fraction": round(1 - tokens[1] / positions[1], 4) if positions[1] else None,
-        "non_padding_tokens": tokens[1],
-        "positions_computed": positions[1],
-    }
-    model: dict[str, Any] = {}
-    if flops is not None and tokens[1]:
-        # Each token attends to the other tokens of its own text: sum(l * l) / sum(l) on average.
-        context = squared_lengths[1] / tokens[1]
-        model = {
-            "model_flops_per_token": round(flops.per_token(context)),
-            "model_flops_formula": "6 * N + 12 * L * d * l per non-padding token (ModelFlops)",
-            "model_matmul_weights": flops.matmul_weights,
-            "mean_attention_context": round(context, 3),
-        }
-    if not steady:
-        return {
-            "measured": False,
-            "reason": f"the run had {len(step_seconds)} optimizer step(s), all within the "
-            f"{warmup_steps} warm-up step(s) kept apart for compilation; more data or epochs, or "
-            "--warmup-steps 0, leave steps to measure",
-            "optimizer_steps": len(step_seconds),
-            "warmup_steps": len(warm),
-            "warmup_seconds": round(sum(warm), 4),
-            "samples_per_step": samples_per_step,
-            **padding,
-            **model,
-        }
-    seconds = sum(steady)
-    median = statistics.median(steady)
-    if model and flops is not None:
-        useful = flops.training_flops(tokens[1] - tokens[0], squared_lengths[1] - squared_lengths[0])
-        model["model_tflops_per_second"] = round(useful / seconds / 1e12, 6)
-    return {
-        "measured": True,
-        "train_samples_per_second": round(len(steady) * samples_per_step / seconds, 3),
-        "non_padding_tokens_per_second": round((tokens[1] - tokens[0]) / seconds, 3),
-        "positions_per_second": round((positions[1] - positions[0]) / seconds, 3),
-        "measured_steps": len(steady),
-        "measured_seconds": round(seconds, 4),
-        "median_step_seconds": round(median, 6),
-        "warmup_steps": len(warm),
-        "warmup_seconds": round(sum(warm), 4),
-        # What the warm-up steps cost beyond ordinary steps: compilation (and, on CUDA, context set-up).
-        "compile_warmup_seconds": round(max(0.0, sum(warm) - len(warm) * median), 4),
-        "samples_per_step": samples_per_step,
-        **padding,
-        **model,
-        "tokens": "non-padding input tokens and positions computed, summed over all ranks",
-    }
-
-
 class EpochReporter(TrainerCallback):
     """Prints one line per epoch on rank 0 and keeps the rows for metrics.json."""
 
@@ -493,7 +163,9 @@ class EpochReporter(TrainerCallback):
         row = {
             "epoch": round(state.epoch or 0.0, 3),
             "train_loss": round(train_losses[-1], 6) if train_losses else float("nan"),
-            "eval_loss": round(metrics["eval_loss"], 6),
+            # From the gathered logits (compute_metrics): the Trainer's eval_loss repeats each batch's mean, so on
+            # several ranks a last batch that accelerate filled up with repeated rows skews it.
+            "eval_loss": round(metrics.get("eval_cross_entropy", metrics["eval_loss"]), 6),
             "eval_accuracy": round(metrics["eval_accuracy"], 6),
             "eval_macro_f1": round(metrics["eval_macro_f1"], 6),
         }
@@ -504,6 +176,23 @@ class EpochReporter(TrainerCallback):
                 "macro_f1={eval_macro_f1}".format(**row),
                 flush=True,
             )
+
+
+class FreezeGarbage(TrainerCallback):
+    """After the warm-up steps: one full collection, then ``gc.freeze()``, which moves every object alive (the model,
+    the Trainer, the imported modules) to a generation the collector never scans again; the collections that the
+    steps' short-lived objects trigger then skip them. Undone at the end of training."""
+
+    def __init__(self, after_step: int) -> None:
+        self.after_step = after_step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.after_step:
+            gc.collect()
+            gc.freeze()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        gc.unfreeze()
 
 
 class CompiledOptimizerStep:
@@ -543,43 +232,9 @@ class CompiledOptimizerStep:
                 group["lr"] = value
 
 
-class SyncCheck(TrainerCallback):
-    """On a GPU, ``torch.cuda.set_sync_debug_mode(mode)`` ("error": a synchronising CUDA call raises) while steady
-    steps run: from a steady step's forward pass to the next step's, through backward, clipping, the optimizer and
-    scheduler steps, and the next batch's load and copy to the device. Off for steps that compile or record a CUDA
-    graph (``ThroughputMeter.steady_shape``: compiling legitimately waits for the device), and whenever the Trainer is
-    about to log, evaluate or save (what a user asked for may read the device). torch's own caveat: not every
-    synchronising call is covered (torch.distributed is not)."""
-
-    def __init__(self, mode: str, meter: ThroughputMeter) -> None:
-        self.mode = mode
-        self.meter = meter
-        self.steps_checked = 0
-        self._on = False
-
-    def step_starts(self, step: int) -> None:
-        steady = self.meter.steady_shape(step)
-        self.steps_checked += steady
-        self.switch(steady)
-
-    def switch(self, on: bool) -> None:
-        if on != self._on:
-            torch.cuda.set_sync_debug_mode(self.mode if on else "default")
-            self._on = on
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if control.should_log or control.should_evaluate or control.should_save or control.should_training_stop:
-            self.switch(False)
-
-    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.switch(False)
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.switch(False)
-
-
 @functools.cache
 def sentiment_trainer() -> type:
+    # Over 60 lines: one Trainer subclass, defined inside so that importing this module does not import Trainer.
     """``SentimentTrainer``, defined on first use: importing ``transformers.Trainer`` loads the model code and
     ``datasets`` (about 2 CPU-seconds per process), which ``--check-only`` and an input error's exit never use."""
     from transformers import Trainer
@@ -598,18 +253,27 @@ def sentiment_trainer() -> type:
             buckets: tuple[int, ...] | None = None,
             compile_optimizer: bool = False,
             sync_check: SyncCheck | None = None,
+            eval_collator: Any = None,
             **kwargs: Any,
         ) -> None:
             super().__init__(*args, **kwargs)
+            # RoBERTa's forward takes **kwargs, so the Trainer concludes it accepts loss keyword arguments; then
+            # (transformers 5.23 Trainer.compute_loss) it multiplies each rank's loss by the number of processes
+            # when average_tokens_across_devices (default True), and training_step skips the division by the
+            # gradient accumulation steps, while the classification head returns a plain mean and ignores
+            # num_items_in_batch. False: the mean loss as one process computes it, and no per-step label count.
+            self.model_accepts_loss_kwargs = False
             self.token_counter = token_counter
             self.clone_eval_outputs = clone_eval_outputs
             self.buckets = buckets
             self.compile_optimizer = compile_optimizer
             self.sync_check = sync_check
+            self.eval_collator = eval_collator
 
         def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
             # The Trainer's own count (include_num_input_tokens_seen) reads it back with .item() every step.
-            self.token_counter.add(inputs["attention_mask"])
+            tokens, squared = inputs.pop("token_counts")
+            self.token_counter.add(tokens, squared, tuple(inputs["input_ids"].shape))
             if self.sync_check is not None:
                 self.sync_check.step_starts(len(self.token_counter.shapes) - 1)
             return super().training_step(model, inputs, num_items_in_batch)
@@ -618,7 +282,9 @@ def sentiment_trainer() -> type:
             dataset = self.train_dataset if train_dataset is None else train_dataset
             if self.buckets is None or not isinstance(dataset, TokenizedSplit):
                 return super()._get_train_sampler(train_dataset)
-            batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
+            # Grouped by the global batch: accelerate deals consecutive per-device batches to the ranks in turn
+            # (BatchSamplerShard), so each run of world_size batches is one bucket on every rank at the same step.
+            batch = self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
             return LengthBucketSampler(dataset.lengths, self.buckets, batch)
 
         def create_optimizer(self, model: Any = None) -> torch.optim.Optimizer:
@@ -627,8 +293,9 @@ def sentiment_trainer() -> type:
                 optimizer.step = CompiledOptimizerStep(optimizer)
             return optimizer
 
-        def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
-            outputs = super().prediction_step(*args, **kwargs)
+        def prediction_step(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+            inputs.pop("token_counts", None)  # the collator's host counts are for training steps
+            outputs = super().prediction_step(model, inputs, *args, **kwargs)
             if not self.clone_eval_outputs:
                 return outputs
             # CUDA graph trees reuse a graph's output memory on its next replay, and the evaluation loop keeps the first
@@ -638,10 +305,18 @@ def sentiment_trainer() -> type:
 
         def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
             drop_last, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
+            collator = self.data_collator
+            self.data_collator = self.eval_collator or collator  # packed training still evaluates padded batches
             try:
                 return super().get_eval_dataloader(eval_dataset)
             finally:
                 self.args.dataloader_drop_last = drop_last
+                self.data_collator = collator
+
+        def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+            # The Trainer's count walks every parameter each step (PreTrainedModel.num_parameters) for a total_flos
+            # nothing reads; the model's FLOPs are counted once, after training (ModelFlops).
+            return 0
 
     return SentimentTrainer
 
@@ -650,8 +325,20 @@ def compute_metrics(prediction: Any) -> dict[str, float]:
     logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
     predicted = np.asarray(logits).argmax(axis=-1)
     labels = np.asarray(prediction.label_ids)
-    return {"accuracy": float(np.mean(predicted == labels)) if labels.size else 0.0,
-            "macro_f1": macro_f1(labels, predicted)}  # fmt: skip
+    return {
+        "accuracy": float(np.mean(predicted == labels)) if labels.size else 0.0,
+        "macro_f1": macro_f1(labels, predicted),
+        "cross_entropy": cross_entropy(np.asarray(logits), labels),
+    }
+
+
+def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> float:
+    """The mean cross-entropy of ``labels`` under ``logits`` (what the classification head's loss computes)."""
+    if not labels.size:
+        return float("nan")
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return float(-log_probs[np.arange(labels.size), labels].mean())
 
 
 def macro_f1(labels: np.ndarray, predicted: np.ndarray) -> float:
@@ -669,20 +356,6 @@ def macro_f1(labels: np.ndarray, predicted: np.ndarray) -> float:
     return float(np.mean(scores))
 
 
-def _device_info(use_cuda: bool, world_size: int) -> dict[str, Any]:
-    info: dict[str, Any] = {"type": "cuda" if use_cuda else "cpu", "world_size": world_size, "torch": torch.__version__}
-    if use_cuda:
-        capability = ".".join(map(str, torch.cuda.get_device_capability()))
-        info.update(name=torch.cuda.get_device_name(), capability=capability)
-    else:
-        info.update(name=_cpu_model(), threads=torch.get_num_threads())
-    return info
-
-
-# Fewer optimizer steps than this in a whole run is worth a warning: the model barely moves from its start.
-FEW_OPTIMIZER_STEPS = 10
-
-
 def label_warnings(split: Split, labels: tuple[str, ...]) -> list[str]:
     """A train split with one class teaches the model that class only; missing classes are never learned."""
     present = sorted(set(split.labels))
@@ -692,132 +365,6 @@ def label_warnings(split: Split, labels: tuple[str, ...]) -> list[str]:
     if missing := [f"{i} ({name})" for i, name in enumerate(labels) if i not in present]:
         return [f"{split.name}: no row has label {', '.join(missing)}: the model will not learn to predict it"]
     return []
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    drop_last: bool
-    steps_per_epoch: int
-    samples_per_step: int
-    warnings: list[str]
-
-
-def batch_plan(rows: int, global_batch: int, world_size: int, config: TrainConfig) -> BatchPlan:
-    """How the train split falls into optimizer steps, and what a user with little data should know about it.
-
-    Training keeps full batches only (static shapes for torch.compile), so ``rows % global_batch`` rows sit out
-    each epoch; a split smaller than one global batch trains as one partial batch per epoch instead of not at all.
-    """
-    devices = global_batch // config.per_device_batch_size
-    per_device = f"{config.per_device_batch_size} per device x {devices} device(s)"
-    warnings = []
-    if rows < global_batch:
-        drop_last, steps, samples = False, 1, -(-rows // world_size) * world_size  # the sampler pads to the ranks
-        warnings.append(
-            f"the train split has {rows} row(s), fewer than one global batch of {global_batch} ({per_device}): "
-            "each epoch is one partial batch "
-            "(a smaller --per-device-batch-size gives more optimizer steps)"
-        )
-    else:
-        drop_last, steps, samples = True, rows // global_batch, global_batch
-        if dropped := rows % global_batch:
-            warnings.append(
-                f"the train split has {rows} rows and training uses full batches of {global_batch} only "
-                f"({per_device}): each epoch leaves out {dropped} row(s) ({100 * dropped / rows:.0f}%); "
-                "a --per-device-batch-size that divides the rows keeps them all"
-            )
-    total = steps * config.epochs
-    if total < FEW_OPTIMIZER_STEPS:
-        warnings.append(
-            f"the run has {total} optimizer step(s) in all ({config.epochs} epoch(s) x {steps} per epoch): too few "
-            "to learn much; add data or epochs, or lower --per-device-batch-size"
-        )
-    return BatchPlan(drop_last, steps, samples, warnings)
-
-
-def resolve(config: TrainConfig, use_cuda: bool) -> TrainConfig:
-    """The config with every automatic setting decided for this machine (what metrics.json records).
-
-    With a GPU the fast path is on; on CPU, torch.compile and bf16 stay off unless asked for: the project's CPU
-    benchmark measured compile slower than eager there, and not every CPU has native bf16.
-    """
-    compile_on = use_cuda if config.torch_compile is None else config.torch_compile
-    if config.torch_compile_mode is not None:
-        mode = config.torch_compile_mode
-    else:
-        mode = "reduce-overhead" if use_cuda else "default"
-    workers = config.dataloader_workers
-    if workers is None:
-        cpus_per_gpu = (os.cpu_count() or 1) // max(1, torch.cuda.device_count() if use_cuda else 1)
-        workers = max(1, min(MAX_WORKERS_PER_GPU, cpus_per_gpu - 1)) if use_cuda else 0
-    return replace(
-        config,
-        torch_compile=compile_on,
-        bf16=(use_cuda and bf16_native(use_cuda)) if config.bf16 is None else config.bf16,
-        torch_compile_mode=mode if compile_on else None,
-        dataloader_workers=workers,
-        compile_optimizer=compile_on if config.compile_optimizer is None else config.compile_optimizer,
-    )
-
-
-def optimizer_name(config: TrainConfig) -> str:
-    """The Trainer's ``optim`` for a resolved config: a compiled step needs the plain AdamW (see
-    CompiledOptimizerStep); transformers 5 defaults to the fused one, so the baseline names the plain one too."""
-    return "adamw_torch_fused" if config.fused_adamw and not config.compile_optimizer else "adamw_torch"
-
-
-def optimizer_step(config: TrainConfig) -> str:
-    """How the resolved config's optimizer step runs, for metrics.json."""
-    if config.compile_optimizer:
-        return "compiled (torch.compile of AdamW.step, TorchInductor kernels)"
-    return "fused AdamW kernel" if config.fused_adamw else "AdamW (foreach or per-tensor, eager)"
-
-
-def training_arguments(config: TrainConfig, use_cuda: bool, distributed: bool) -> TrainingArguments:
-    """The Trainer's arguments for a resolved config (``resolve``)."""
-    return TrainingArguments(**trainer_settings(config, use_cuda, distributed))
-
-
-def trainer_settings(config: TrainConfig, use_cuda: bool, distributed: bool) -> dict[str, Any]:
-    """``TrainingArguments`` keywords for a resolved config (apart, so a test can read the GPU settings on a machine
-    without a GPU, where ``TrainingArguments`` refuses bf16)."""
-    assert config.dataloader_workers is not None  # resolved
-    return dict(
-        num_train_epochs=config.epochs,
-        per_device_train_batch_size=config.per_device_batch_size,
-        per_device_eval_batch_size=config.per_device_batch_size,
-        learning_rate=config.learning_rate,
-        seed=config.seed,
-        torch_compile=bool(config.torch_compile),
-        torch_compile_backend="inductor" if config.torch_compile else None,
-        torch_compile_mode=config.torch_compile_mode,
-        bf16=bool(config.bf16),
-        optim=optimizer_name(config),
-        use_cpu=not use_cuda,
-        ddp_backend=("nccl" if use_cuda else "gloo") if distributed else None,
-        ddp_find_unused_parameters=False,  # every parameter takes part in the classifier's forward pass
-        eval_strategy="epoch",
-        logging_strategy="steps" if config.logging_steps else "epoch",
-        logging_steps=config.logging_steps or 500,
-        report_to="none",
-        # Full training batches only: the batch dimension stays static for torch.compile and CUDA graphs
-        # (off when the split is smaller than one batch: see batch_plan).
-        dataloader_drop_last=True,
-        # Texts of one bucket share a batch (SentimentTrainer's LengthBucketSampler), so a batch pads little.
-        train_sampling_strategy="group_by_length" if config.group_by_length else "random",
-        # Both default to reading a device value every step: the token count (.item()) and the NaN check of the loss
-        # (a Python `if` on a tensor; transformers#33693). Tokens are counted on the device instead (TokenCounter).
-        include_num_input_tokens_seen="no",
-        logging_nan_inf_filter=False,
-        # Batches are collated in worker processes into pinned memory (only with CUDA: pinning is for copies to a
-        # GPU) and copied to the GPU without blocking the host.
-        dataloader_num_workers=config.dataloader_workers,
-        dataloader_persistent_workers=config.dataloader_workers > 0,
-        dataloader_pin_memory=use_cuda,
-        accelerator_config={"non_blocking": use_cuda},
-        disable_tqdm=True,
-        **checkpoints.trainer_arguments(config),  # output_dir, save_*, ddp_timeout
-    )
 
 
 def check_inputs(config: TrainConfig, use_cuda: bool) -> tuple[str, dict[str, Split]]:
@@ -838,6 +385,7 @@ def check_inputs(config: TrainConfig, use_cuda: bool) -> tuple[str, dict[str, Sp
 
 
 def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
+    # Over 60 lines: the run's steps in order (check, resolve, tokenize, train, report), each a call or two.
     """Fine-tune per ``config``; return the metrics (rank 0 also writes metrics.json and saved_model/).
 
     ``callbacks`` join the run's own (``TrainerCallback`` instances: a caller's hooks into the train loop)."""
@@ -847,6 +395,8 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     # Everything that can be wrong with the input is checked before any process group or model is created.
     model_reference, raw = check_inputs(config, use_cuda)
     config = resolve(config, use_cuda)
+    if config.compile_cache_dir:  # before anything compiles: TorchInductor reads it at each cache access
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(config.compile_cache_dir).expanduser().resolve())
     # The per-device batch and learning rate that keep the same settings learning the same on any device count.
     schedule = batch_scaling.schedule(config, batch_scaling.devices(use_cuda, torch.cuda.device_count()))
     config = batch_scaling.apply(config, schedule)
@@ -894,28 +444,43 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     encoded = {name: TokenizedSplit(split.input_ids, split.labels) for name, split in tokens.items()}
 
     cuda_graphs = use_cuda and bool(config.torch_compile) and config.torch_compile_mode in CUDA_GRAPH_MODES
-    counter = TokenCounter()
+    counter = TokenCounter(args.device)
     # A shape's first run compiles it; with CUDA graphs its second records the graph (see ThroughputMeter).
     shape_warmups = 2 if cuda_graphs else 1 if config.torch_compile else 0
     meter = ThroughputMeter(config.warmup_steps, plan.samples_per_step, counter, use_cuda, shape_warmups)
     reporter = EpochReporter()
     sync_check = SyncCheck(config.sync_debug, meter) if config.sync_debug != "off" else None
+    launches = LaunchCounter(config.profile_steps, use_cuda) if config.profile_steps else None
+    host = [*([FreezeGarbage(max(1, config.warmup_steps))] if config.gc_freeze else []),
+            *([launches] if launches else [])]  # fmt: skip
+    packed = config.padding == "packed"
+    if packed and (reason := packing.check_packable(model.config)):
+        raise TrainingInputError(f"--padding packed: {reason}")
+    padded = BucketCollator(tokenizer.pad_token_id, buckets, "bucketed" if packed else config.padding)
     trainer = sentiment_trainer()(
-        model=model,
+        model=packing.PackedClassifier(model) if packed else model,
         args=args,
-        data_collator=BucketCollator(tokenizer.pad_token_id, buckets, config.padding),
+        data_collator=packing.PackingCollator(tokenizer.pad_token_id, max_length) if packed else padded,
+        eval_collator=padded,
         train_dataset=encoded["train"],
         eval_dataset=encoded["validation"],
         processing_class=tokenizer,
         compute_metrics=compute_metrics,
-        callbacks=[meter, reporter, *([sync_check] if sync_check else []), *checkpoints.callbacks(config), *callbacks],
+        callbacks=[
+            meter,
+            reporter,
+            *([sync_check] if sync_check else []),
+            *host,
+            *checkpoints.callbacks(config),
+            *callbacks,
+        ],
         token_counter=counter,
         clone_eval_outputs=cuda_graphs,
-        buckets=buckets if config.group_by_length else None,
+        buckets=buckets if config.group_by_length and not packed else None,
         compile_optimizer=bool(config.compile_optimizer),
         sync_check=sync_check,
     )
-    graphs_before = graphs_compiled()
+    graphs_before, compiler_before = graphs_compiled(), compiler_counts()
     try:
         with _compile_settings(config, buckets):
             result = trainer.train(resume_from_checkpoint=resume)
@@ -923,34 +488,51 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         if sync_check is not None:
             sync_check.switch(False)
 
+    compilation = {
+        # TorchDynamo graphs compiled during the run (training and evaluation), and the (1-based) optimizer
+        # steps during which one was: with static shapes, the first step of each new batch shape.
+        "graphs": graphs_compiled() - graphs_before,
+        **observed_compilation(compiler_before, [step + 1 for step, compiled in enumerate(meter.compiled) if compiled]),
+        "first_steps_of_each_shape": [step + 1 for step, earlier in enumerate(counter.earlier) if not earlier],
+    }
+    if launches and launches.result:
+        meter.excluded = {step - 1 for step in launches.result["profiled_steps"]}
     metrics = {
         "config": {**asdict(config), "labels": list(config.labels)},
-        "device": _device_info(use_cuda, world_size),
+        "device": device_info(use_cuda, world_size),
         "train_samples": len(raw["train"]),
         "validation_samples": len(raw["validation"]),
         "max_seq_length": max_length,
         "padding": {
             "mode": config.padding,
             "bucket_lengths": list(buckets),
-            "group_by_length": config.group_by_length,
-            # Optimizer steps per padded length: which buckets the run used, and how often.
+            "group_by_length": config.group_by_length and not packed,
+            # Optimizer steps per padded length: which buckets the run used, and how often (packed: per rows).
             "steps_per_length": dict(sorted(Counter(shape[-1] for shape in counter.shapes).items())),
+            "steps_per_rows": dict(sorted(Counter(shape[0] for shape in counter.shapes).items())),
         },
         "optimizer_step": optimizer_step(config),
-        "cuda_graphs": cuda_graphs,
-        "compilation": {
-            # TorchDynamo graphs compiled during the run (training and evaluation), and the (1-based) optimizer
-            # steps during which one was: with static shapes, the first step of each new batch shape.
-            "graphs": graphs_compiled() - graphs_before,
-            "steps_that_compiled": [step + 1 for step, compiled in enumerate(meter.compiled) if compiled],
-            "first_steps_of_each_shape": [step + 1 for step, earlier in enumerate(counter.earlier) if not earlier],
+        # As configured, and whether it ran so: a CUDA graph skip (TorchInductor ran a graph without) observed.
+        "cuda_graphs_configured": cuda_graphs,
+        "cuda_graphs": cuda_graphs and not compilation["cuda_graph_skips"],
+        "compilation": compilation,
+        "host": {
+            "compile_threads": compile_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+            if config.torch_compile or config.compile_optimizer
+            else None,
+            "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+            "gc_freeze_after_step": max(1, config.warmup_steps) if config.gc_freeze else None,
+            "peak_memory_bytes": peak_memory_bytes(use_cuda),
+            **(launches.result if launches else {}),
         },
         "optimizer_steps": len(meter.steps),
         "warnings": notes,
         "epochs": reporter.epochs,
         # The train loss of every logging window (--logging-steps N: every N optimizer steps).
         "train_loss_log": [
-            {"step": row["step"], "loss": row["loss"]} for row in trainer.state.log_history if "loss" in row
+            {"step": row["step"], "loss": row["loss"], "grad_norm": row.get("grad_norm")}
+            for row in trainer.state.log_history
+            if "loss" in row
         ],
         "throughput": meter.summary(ModelFlops.from_config(model.config)),
         "train_runtime_seconds": round(result.metrics["train_runtime"], 3),
@@ -962,12 +544,20 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         metrics["sync_debug"] = {"mode": config.sync_debug, "steps_checked": sync_check.steps_checked}
     if trainer.is_world_process_zero():
         saved = output_dir / SAVED_MODEL_DIR
-        trainer.save_model(str(saved))
+        if packed:  # the model inside the packing wrapper, as the padded path saves it
+            model.save_pretrained(str(saved))
+            tokenizer.save_pretrained(str(saved))
+        else:
+            trainer.save_model(str(saved))
         (saved / "training_args.bin").unlink(missing_ok=True)  # a pickle the served model does not need
         (output_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
     trainer.accelerator.wait_for_everyone()
     checkpoints.finish(config, args.local_process_index == 0)
     return metrics
+
+
+# Distinct row counts of packed batches that compile before TorchDynamo would fall back to eager.
+PACKED_ROW_COUNTS = 32
 
 
 def _compile_settings(config: TrainConfig, buckets: tuple[int, ...]) -> Any:
@@ -981,8 +571,17 @@ def _compile_settings(config: TrainConfig, buckets: tuple[int, ...]) -> Any:
     """
     if not (config.torch_compile or config.compile_optimizer):
         return nullcontext()
+    import torch._inductor.config as inductor_config
+
+    settings = ExitStack()
+    threads = compile_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun's processes on this node
+    settings.enter_context(inductor_config.patch(compile_threads=threads))
     limit = max(torch._dynamo.config.recompile_limit, 2 * len(buckets) + 4)
-    return torch._dynamo.config.patch(recompile_limit=limit, automatic_dynamic_shapes=False)
+    if config.padding == "packed":
+        # A packed batch's row count varies a few rows around (texts x mean length / width): one graph per count.
+        limit += PACKED_ROW_COUNTS
+    settings.enter_context(torch._dynamo.config.patch(recompile_limit=limit, automatic_dynamic_shapes=False))
+    return settings
 
 
 def _position_limit(model_config: Any, tokenizer: Any) -> int:
@@ -991,99 +590,6 @@ def _position_limit(model_config: Any, tokenizer: Any) -> int:
     if positions:  # RoBERTa reserves two positions (padding_idx + 1 offset)
         limits.append(positions - 2 if model_config.model_type in ("roberta", "xlm-roberta") else positions)
     return min(limits)
-
-
-# ------------------------------------------------------------------------------------------------------------ CLI
-
-
-def _parser() -> argparse.ArgumentParser:
-    defaults = TrainConfig()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=defaults.model, help="local model directory or hub id")
-    parser.add_argument(
-        "--dataset",
-        default=defaults.dataset,
-        help="local folder (train/validation JSONL or CSV, or a save_to_disk folder) or hub id",
-    )
-    parser.add_argument("--dataset-config", default=defaults.dataset_config, help="hub dataset configuration")
-    parser.add_argument("--output-dir", default=defaults.output_dir, help="metrics.json and saved_model/ go here")
-    parser.add_argument("--labels", default=",".join(defaults.labels), help="comma-separated label names, id order")
-    parser.add_argument("--text-column", default=defaults.text_column)
-    parser.add_argument("--label-column", default=defaults.label_column)
-    parser.add_argument("--epochs", type=int, default=defaults.epochs)
-    parser.add_argument("--per-device-batch-size", type=int, default=defaults.per_device_batch_size)
-    parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
-    parser.add_argument("--max-seq-length", type=int, default=defaults.max_seq_length)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--max-train-samples", type=int, default=None, help="train on the first N rows only")
-    parser.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=defaults.warmup_steps,
-        help="optimizer steps excluded from the throughput (they hold the compilation)",
-    )
-    parser.add_argument(
-        "--padding",
-        choices=PADDING_MODES,
-        default=defaults.padding,
-        help="bucketed: each batch to its longest text, rounded up to a few bucket lengths; max_length: every batch "
-        "to --max-seq-length (the seed's way)",
-    )
-    parser.add_argument(
-        "--torch-compile-mode",
-        choices=COMPILE_MODES,
-        default=None,
-        help="torch.compile mode (default: reduce-overhead, i.e. CUDA graphs, with a GPU; default on CPU)",
-    )
-    parser.add_argument(
-        "--dataloader-workers",
-        type=int,
-        default=None,
-        help=f"DataLoader worker processes per GPU process (default: up to {MAX_WORKERS_PER_GPU} with a GPU, 0 on CPU)",
-    )
-    parser.add_argument(
-        "--sync-debug",
-        choices=SYNC_DEBUG_MODES,
-        default=defaults.sync_debug,
-        help="GPU only: torch.cuda.set_sync_debug_mode during steady steps (error: a hidden host-device sync fails "
-        "the run; the benchmark's GPU run uses it)",
-    )
-    parser.add_argument(
-        "--logging-steps",
-        type=int,
-        default=defaults.logging_steps,
-        help="log the train loss every N optimizer steps (default 0: once per epoch)",
-    )
-    for flag, default, text in (
-        ("torch-compile", None, "torch.compile with TorchInductor (default: on with a GPU, off on CPU)"),
-        ("bf16", None, "bfloat16 mixed precision (default: on with a GPU that has it natively, off on CPU)"),
-        ("fused-adamw", True, "fused AdamW optimizer (default: on; a compiled step replaces it)"),
-        ("compile-optimizer", None, "compile the optimizer step with torch.compile (default: with --torch-compile)"),
-        ("group-by-length", True, "batch texts of similar length together (default: on)"),
-        ("use-cpu", False, "train on CPU even if a GPU is present"),
-    ):
-        parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=default, help=text)
-    for module in (checkpoints, data_staging, batch_scaling):
-        module.add_arguments(parser)
-    parser.add_argument("--verbose", action="store_true", help="on an error, also print its traceback")
-    parser.add_argument(
-        "--check-only",
-        action="store_true",
-        help="check the model folder, --bf16 and the dataset, then exit (0: it can train, 2: it cannot); "
-        "launch_training.sh runs this once before torchrun starts a process per GPU",
-    )
-    return parser
-
-
-def _config(namespace: argparse.Namespace) -> TrainConfig:
-    values = vars(namespace)
-    values["labels"] = tuple(label.strip() for label in values["labels"].split(",") if label.strip())
-    known = {f.name for f in fields(TrainConfig)}
-    return TrainConfig(**{key: value for key, value in values.items() if key in known})
-
-
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    return _config(_parser().parse_args(argv))
 
 
 def _error(message: str, *, verbose: bool) -> None:
@@ -1104,10 +610,10 @@ def end_distributed() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit 0 after training, 2 for input that cannot train (nothing trained), 1 for anything unexpected."""
-    namespace = _parser().parse_args(argv)
+    namespace = parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     try:
-        config = _config(namespace)
+        config = config_from(namespace)
         if namespace.check_only:
             _, splits = check_inputs(config, torch.cuda.is_available() and not config.use_cpu)
             sizes = ", ".join(f"{len(split)} {name} rows" for name, split in splits.items())

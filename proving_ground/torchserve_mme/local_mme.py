@@ -13,7 +13,7 @@ The toolkit's own multi-model start-up is not used: toolkit 2.0.25 writes a brok
 management API on the inference port (see FACTS.md), so this module writes its own properties file. Each server
 gets its own TMPDIR (TorchServe keeps a global pid file there) and free ports, and is stopped by its process group.
 
-    python -m proving_ground.local_mme   # start a server, print its addresses, serve until Ctrl-C or SIGTERM
+    python -m proving_ground.torchserve_mme.local_mme   # start a server, print its addresses, serve till Ctrl-C/SIGTERM
 """
 
 from __future__ import annotations

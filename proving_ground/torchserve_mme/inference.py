@@ -1,27 +1,24 @@
-"""The TorchServe handler of the Graviton endpoint: TorchServe's batch in, ONE forward pass, one answer per request.
+"""``code/inference.py`` of the local TorchServe harness's archives (``archive.py``): TorchServe's batch in, ONE
+forward pass, one answer per request, over the serving package the archive carries (``code/sentiment_serving``).
 
-How it gets to run in the SageMaker PyTorch inference DLC (TorchServe 0.12 + sagemaker-pytorch-inference 2.0.x),
-read in their source rather than assumed:
+No endpoint runs it: the Graviton endpoint serves with Ray Serve, the multi-model endpoint with DJL Serving. The local
+multi-model harness (``local_mme.py``: TorchServe 0.12 + the SageMaker PyTorch toolkit in multi-model mode) serves
+it, so that the sizing model and the model costs are measured on a real multi-model server on this machine. How it
+gets to run, read in TorchServe's and the toolkit's source rather than assumed:
 
-- The toolkit starts TorchServe with ``--models model=/opt/ml/model`` (single-model mode) and writes
-  ``default_service_handler=sagemaker_pytorch_serving_container.handler_service:handle`` into its config
-  (sagemaker_pytorch_serving_container/torchserve.py, ``start_torchserve`` / ``_generate_ts_config_properties``).
 - TorchServe reads ``MAR-INF/MANIFEST.json`` of a model directory (ModelArchive.java ``load``) and uses the default
   service handler only when the manifest names none (ModelManager.java ``createModelArchive``: ``if (handler !=
   null) ... else if (archive.getHandler() == null || ...isEmpty()) model.setHandler(getTsDefaultServiceHandler())``).
-  package_model writes a manifest whose handler is ``code/inference.py:handle``, so TorchServe calls this module
+  ``archive.py`` writes a manifest whose handler is ``code/inference.py:handle``, so TorchServe calls this module
   with the whole batch, and the toolkit's ``Transformer.transform`` (which loops over a batch request by request,
   decodes bodies before user code, appends tracebacks to error bodies and sets the content type of answer 0 only)
-  is not on the request path at all. The same holds in multi-model mode (``POST /models?url=<dir>``).
-- The manifest's ``modelVersion`` is "1.0": the per-model batch settings the toolkit writes from
-  ``SAGEMAKER_TS_*`` (``models={"model": {"1.0": {...batchSize, maxBatchDelay...}}}``) are looked up by model
-  name and version (ModelManager.java ``createModel`` -> ``configManager.getJsonIntValue(name, version, ...)``).
+  is not on the request path at all, in multi-model mode (``POST /models?url=<dir>``) as in single-model mode.
 - TorchServe puts the handler's folder (``code``) on the worker's PYTHONPATH and starts the worker in the model
   directory (EnvironmentUtils.java ``getEnvString``, WorkerLifeCycle.java), so ``sentiment_serving`` imports.
 - ``handle(None, context)`` is the load call (ts/model_loader.py ``_get_function_entry_point``); per-request
   status and content type go through ``context.set_response_status(code, phrase, idx)`` and
   ``context.set_response_content_type(idx, ...)``, which TorchServe sends per request (ts/protocol/
-  otf_message_handler.py ``create_predict_response``). Bodies arrive as bytes because the toolkit's config sets
+  otf_message_handler.py ``create_predict_response``). Bodies arrive as bytes because the harness's config sets
   ``decode_input_request=false``; headers come per request (``context.get_all_request_header(idx)``).
 """
 
@@ -30,11 +27,16 @@ from __future__ import annotations
 import logging
 import os
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .contract import Limits
-from .predictor import RuntimeOptions, SentimentPredictor
-from .protocol import answer_batch
+if TYPE_CHECKING:  # the same modules, by their name in the repository (for the type checker)
+    from inference_assets.container.contract import Limits
+    from inference_assets.container.predictor import RuntimeOptions, SentimentPredictor
+    from inference_assets.container.protocol import answer_batch
+else:  # inside the archive: code/sentiment_serving, on the worker's path
+    from sentiment_serving.contract import Limits
+    from sentiment_serving.predictor import RuntimeOptions, SentimentPredictor
+    from sentiment_serving.protocol import answer_batch
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,267 @@
+"""The rehearsal's platform steps: synth, the call gate, preflight, deploy (with CloudFormation's and Service
+Quotas' stand-ins), and destroy and clean up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ops_review.review import load_assembly
+from proving_ground.rehearsal.aws_calls import (
+    Gate,
+    Principal,
+    install,
+    start_server,
+)
+from proving_ground.rehearsal.deployment import DeployedStack, Deployment
+from proving_ground.rehearsal.ec2_host import install_host_tools, shared_aws_cli
+from proving_ground.rehearsal.journey import (
+    ACCOUNT,
+    AWS_SERVICE,
+    DEPLOYER,
+    ENDPOINT_ROLE,
+    HOST_CLI_SERVICES,
+    INSTANCE,
+    KEYS,
+    LAUNCHER,
+    MME_CLIENT,
+    OPERATOR,
+    REMOTE_JOB,
+    REMOTE_LAUNCHER,
+    RehearsalBase,
+    StepFailed,
+    make_principal,
+)
+
+
+class PlatformSteps(RehearsalBase):
+    def synth(self) -> str:
+        stacks = [s for s in load_assembly(self.assembly) if s.environment == self.environment]
+        if not stacks:
+            raise StepFailed(f"{self.assembly} has no stacks of environment {self.environment!r}")
+        self.stacks = {s.stack: s for s in stacks}
+        missing = {"Foundation", "Training"} - set(self.stacks)
+        if missing:
+            raise StepFailed(f"{self.environment} has no {', '.join(sorted(missing))} stack in {self.assembly}")
+        return f"{len(stacks)} stacks: {', '.join(sorted(self.stacks))}"
+
+    def _open_gate(self) -> None:
+        """The call gate, with the principals that have no synthesized policy; deploy adds the others."""
+        aws_cli = shared_aws_cli()
+        # The nodes' and the operator's `aws` calls, forked from one server that imported the CLI once.
+        server = _call_server(aws_cli, self._base_environment())
+        self.bin_dir = install_host_tools(self.work / "bin", aws_cli, gated=True, aws_server=server)
+        unchecked = [
+            make_principal(name, KEYS[name], None, f"arn:aws:iam::{ACCOUNT}:role/{name.split()[0]}", "rehearsal")
+            for name in (DEPLOYER, OPERATOR, AWS_SERVICE)
+        ]
+        self.gate = Gate(ACCOUNT, self.region, self.work / "calls.jsonl", unchecked)
+        self.gate.save(self.gate_file)
+        os.environ["AWS_DEFAULT_REGION"] = self.region
+        stand_ins = {**self._cloudformation_stand_ins(), **self._quota_stand_ins()}
+        self.uninstall = install(self.gate, stand_ins=stand_ins, resource_tags=self._tags)
+
+    def preflight(self) -> str:
+        from ops_review import preflight
+
+        self._open_gate()
+        out, err = io.StringIO(), io.StringIO()
+        with self.acting_as(OPERATOR), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = preflight.main(["-c", f"env={self.environment}", "--cdk-out", str(self.assembly)])
+        lines = out.getvalue().strip().splitlines()
+        if code != 0:
+            blockers = [line for line in lines if line.startswith("BLOCKER")]
+            raise StepFailed("; ".join(blockers) or err.getvalue().strip())
+        warnings = [line.split(":", 1)[0].removeprefix("WARNING").strip() for line in lines if line.startswith("WARN")]
+        return f"{lines[-1]}" + (f" ({'; '.join(warnings)})" if warnings else "")
+
+    def _quota_stand_ins(self) -> dict[tuple[str, str], Callable[[dict[str, Any]], dict[str, Any]]]:
+        """Service Quotas (moto knows only the vpc service's): the rehearsal's account has raised every quota the
+        templates use to 1000 (SageMaker quotas by name, the EC2 vCPU quotas by code)."""
+        names = set()
+        for stack in self.stacks.values():
+            for resource in stack.template["Resources"].values():
+                props = resource.get("Properties", {})
+                if resource["Type"] == "AWS::SageMaker::EndpointConfig":
+                    names |= {f"{v['InstanceType']} for endpoint usage" for v in props["ProductionVariants"]}
+                if resource["Type"] == "AWS::SSM::Parameter":
+                    found = re.findall(r"InstanceType: (ml\.[\w.]+)", json.dumps(props))
+                    names |= {f"{t} for training job usage" for t in found}
+
+        def quota(service: str, code: str, name: str) -> dict[str, Any]:
+            return {"ServiceCode": service, "QuotaCode": code, "QuotaName": name, "Value": 1000.0}
+
+        def one(params: dict[str, Any]) -> dict[str, Any]:
+            return {"Quota": quota(params["ServiceCode"], params["QuotaCode"], params["QuotaCode"])}
+
+        def listed(params: dict[str, Any]) -> dict[str, Any]:
+            ordered = sorted(names) if params["ServiceCode"] == "sagemaker" else []
+            return {"Quotas": [quota("sagemaker", f"L-{i:08X}", name) for i, name in enumerate(ordered)]}
+
+        return {("service-quotas", "GetServiceQuota"): one, ("service-quotas", "ListServiceQuotas"): listed}
+
+    def deploy(self) -> str:
+        assert self.gate is not None
+        region = self.region
+        self.deployment = deployment = Deployment(self.stacks, self.client, region)
+        for stack_id in ("Foundation", "Training", "MultiModelEndpoint"):
+            if stack_id in self.stacks:
+                deployment.deploy(stack_id)
+        self._publish_assets()
+
+        keys = KEYS
+
+        def role(stack_id: str, prefix: str, name: str, session: str) -> Principal:
+            role_name = deployment.role_name(stack_id, prefix)
+            arn = f"arn:aws:iam::{ACCOUNT}:role/{role_name}"
+            return make_principal(name, keys[name], deployment.role_policies(role_name), arn, session)
+
+        def person(stack_id: str, prefix: str, name: str, session: str) -> Principal:
+            arn = f"arn:aws:iam::{ACCOUNT}:role/{name.replace(' ', '-').replace('@', '')}"
+            return make_principal(name, keys[name], [deployment.managed_policy(stack_id, prefix)], arn, session)
+
+        checked = [
+            person("Training", "TrainingLauncherPolicy", LAUNCHER, "alice@example.com"),
+            role("Foundation", "TrainingInstanceRole", INSTANCE, "i-instance"),
+            role("Foundation", "EndpointExecutionRole", ENDPOINT_ROLE, "SageMaker"),
+            person("Foundation", "RemoteJobLauncherPolicy", REMOTE_LAUNCHER, "alice@example.com"),
+            role("Foundation", "RemoteJobRole", REMOTE_JOB, "SageMaker"),
+        ]
+        if "MultiModelEndpoint" in self.stacks:
+            checked.append(person("MultiModelEndpoint", "InvokePolicy", MME_CLIENT, "app"))
+        self.gate.principals += checked
+        self.gate.kms_encrypted_buckets = dict(deployment.encrypted_buckets)
+        self.gate.launch_templates = {k: {n: v for n, v in t.items() if n != "user_data"}
+                                      for k, t in deployment.launch_templates.items()}  # fmt: skip
+        self.gate.save(self.gate_file)
+        stacks = ", ".join(d.stack.stack_name for d in deployment.deployed.values())
+        return f"{stacks}; code assets published; {len(checked)} principals with synthesized policies"
+
+    def _tags(self, arn: str) -> dict[str, str]:
+        """A resource's tags as the service holds them (IAM's own lookup for aws:ResourceTag; not checked)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            tags = self.client("sagemaker", AWS_SERVICE).list_tags(ResourceArn=arn)["Tags"]
+        except ClientError:
+            return {}
+        return {t["Key"]: t["Value"] for t in tags}
+
+    def _publish_assets(self) -> None:
+        """Zip the assembly's file assets into the bootstrap bucket, as `cdk deploy` publishes them."""
+        s3 = self.client("s3")
+        bucket = f"cdk-hnb659fds-assets-{ACCOUNT}-{self.region}"
+        s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": self.region})
+        for manifest in (self.assembly / f"assembly-{self.environment}").glob("*.assets.json"):
+            for asset_hash, asset in json.loads(manifest.read_text())["files"].items():
+                if asset["source"].get("packaging") != "zip":
+                    continue
+                source = (manifest.parent / asset["source"]["path"]).resolve()
+                buffer = io.BytesIO()
+                with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+                    for path in sorted(source.rglob("*")):
+                        if path.is_file():
+                            archive.write(path, path.relative_to(source).as_posix())
+                s3.put_object(Bucket=bucket, Key=f"{asset_hash}.zip", Body=buffer.getvalue())
+
+    def _cloudformation_stand_ins(self) -> dict[tuple[str, str], Callable[[dict[str, Any]], dict[str, Any]]]:
+        """DescribeStacks, ListStacks and ListStackResources from what the rehearsal deployed."""
+
+        def deployed() -> dict[str, DeployedStack]:
+            return self.deployment.deployed if self.deployment is not None else {}
+
+        def stack_id(name: str) -> str:
+            return f"arn:aws:cloudformation:{self.region}:{ACCOUNT}:stack/{name}/rehearsal"
+
+        def by_name(name: str) -> DeployedStack:
+            for stack in deployed().values():
+                if name in (stack.stack.stack_name, stack_id(stack.stack.stack_name)):
+                    if stack.status == "DELETE_COMPLETE" and not name.startswith("arn:"):
+                        break
+                    return stack
+            from botocore.exceptions import ClientError
+
+            error = {"Error": {"Code": "ValidationError", "Message": f"Stack with id {name} does not exist"}}
+            raise ClientError(error, "DescribeStacks")
+
+        def describe(params: dict[str, Any]) -> dict[str, Any]:
+            stack = by_name(params["StackName"])
+            outputs = [{"OutputKey": k, "OutputValue": v} for k, v in stack.outputs.items()]
+            return {"Stacks": [{"StackName": stack.stack.stack_name, "StackId": stack_id(stack.stack.stack_name),
+                                "CreationTime": "2026-12-01T00:00:00Z", "StackStatus": stack.status,
+                                "Outputs": outputs}]}  # fmt: skip
+
+        def list_stacks(params: dict[str, Any]) -> dict[str, Any]:
+            return {"StackSummaries": [{"StackName": s.stack.stack_name, "StackId": stack_id(s.stack.stack_name),
+                                        "CreationTime": "2026-12-01T00:00:00Z", "StackStatus": s.status}
+                                       for s in deployed().values()]}  # fmt: skip
+
+        def list_resources(params: dict[str, Any]) -> dict[str, Any]:
+            stack = by_name(params["StackName"])
+            return {"StackResourceSummaries": [
+                {"LogicalResourceId": logical, "PhysicalResourceId": physical, "ResourceType": kind,
+                 "LastUpdatedTimestamp": "2026-12-01T00:00:00Z",
+                 "ResourceStatus": "DELETE_COMPLETE" if stack.status == "DELETE_COMPLETE" else "CREATE_COMPLETE"}
+                for logical, kind, physical in stack.resources]}  # fmt: skip
+
+        return {
+            ("cloudformation", "DescribeStacks"): describe,
+            ("cloudformation", "ListStacks"): list_stacks,
+            ("cloudformation", "ListStackResources"): list_resources,
+        }
+
+    def destroy_and_clean_up(self) -> str:
+        from ops_review import cleanup
+
+        assert self.deployment is not None
+        for stack_id in ("GravitonEndpoint", "MultiModelEndpoint", "Training", "Foundation"):
+            if stack_id in self.deployment.deployed:
+                self.deployment.destroy(stack_id)
+        arguments = ["--env", self.environment, "--cdk-out", str(self.assembly), "--region", self.region]
+        outputs = []
+        for dry_run in (["--dry-run"], []):  # docs/operations.md: list first, then delete
+            out, err = io.StringIO(), io.StringIO()
+            with self.acting_as(OPERATOR), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = cleanup.main([*arguments, *dry_run])
+            if code != 0:
+                raise StepFailed(f"cleanup {' '.join(dry_run)} exited {code}: {err.getvalue().strip()}")
+            outputs.append(out.getvalue().strip().splitlines())
+        listed, done = outputs
+        alive = [line for line in listed if "still" in line]
+        if alive:
+            raise StepFailed("; ".join(alive))
+        return f"listed {len(listed)}: {'; '.join(listed)}; {done[-1] if done else ''}"
+
+
+_call_servers: dict[Path, Path] = {}  # unpacked AWS CLI -> the socket of this process's call server
+_call_servers_lock = threading.Lock()
+
+
+def _call_server(aws_cli: Path, environment: dict[str, str]) -> Path:
+    """The socket of this process's aws call server (proving_ground/rehearsal/aws_calls.py ``serve``), started by the
+    first rehearsal
+    and stopped when the process ends (or, killed, by itself): the rehearsals of one process share it, since each
+    call brings its caller's environment (gate file, step, credentials, endpoint) and working folder, and each
+    rehearsal after the first saves the server's start (the CLI imported, its data parsed: ~0.9 CPU-s)."""
+    import atexit
+
+    with _call_servers_lock:
+        if aws_cli not in _call_servers:
+            folder = Path(tempfile.mkdtemp(prefix="rehearsal-aws-"))  # short: a socket's path has 107 bytes at most
+            socket = folder / "aws.sock"
+            stop = start_server(socket, aws_cli, environment, folder / "aws.log", services=HOST_CLI_SERVICES)
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            atexit.register(stop)  # atexit runs the last registered first: the server stops, then its folder goes
+            _call_servers[aws_cli] = socket
+        return _call_servers[aws_cli]

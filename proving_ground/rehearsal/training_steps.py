@@ -1,0 +1,122 @@
+"""The rehearsal's training steps: the EC2 training run (the launch template's user data run for real) and
+the @remote job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+from typing import Any
+
+from proving_ground.rehearsal.journey import (
+    AWS_SERVICE,
+    INSTANCE,
+    LAUNCHER,
+    OPERATOR,
+    REMOTE_IMAGE,
+    REMOTE_LAUNCHER,
+    RehearsalBase,
+    StepFailed,
+)
+
+
+class TrainingSteps(RehearsalBase):
+    def ec2_run(self) -> str:
+        assert self.deployment is not None
+        outputs = self.deployment.deployed["Training"].outputs
+        command = outputs.get("RunMultiNodeTrainingCommand") or outputs["RunSingleNodeTrainingCommand"]
+        launched = self.shell(LAUNCHER, ["bash", "-c", f"{command} --output json"])
+        if launched.returncode != 0:
+            raise StepFailed(f"`{command}` failed: {launched.stderr.strip()}")
+        reservation = json.loads(launched.stdout)
+        instances = reservation["Instances"]
+        template_id = instances[0].get("Tags") and next(
+            (t["Value"] for t in instances[0]["Tags"] if t["Key"] == "aws:ec2launchtemplate:id"), None
+        )
+        template = self.deployment.launch_templates[template_id or next(iter(self.deployment.launch_templates))]
+        # The nodes boot together: each finds the others through the reservation while they run.
+        nodes = [self._start_user_data(template["user_data"], reservation["ReservationId"], instance)
+                 for instance in instances]  # fmt: skip
+        failed = []
+        for node, (instance, process) in enumerate(zip(instances, nodes, strict=True)):
+            if process.wait(timeout=600) != 0:
+                output = (self.work / "instances" / instance["InstanceId"] / "user-data.out").read_text()
+                tail = "\n".join(output.strip().splitlines()[-6:])
+                failed.append(f"node {node} ({instance['InstanceId']}): user data exited {process.returncode}:\n{tail}")
+        if failed:
+            raise StepFailed("\n".join(failed))
+        artifacts = self.stack_output("Foundation", "ArtifactsBucketName")
+        prefix = f"training-output/{reservation['ReservationId']}/"
+        s3 = self.client("s3", OPERATOR)
+        listed = {o["Key"] for o in s3.list_objects_v2(Bucket=artifacts, Prefix=prefix).get("Contents", [])}
+        if {prefix + "model.tar.gz", prefix + "metrics.json"} - listed:
+            raise StepFailed(f"the run left {sorted(listed) or 'nothing'} under s3://{artifacts}/{prefix}")
+        states = {
+            i["InstanceId"]: i["State"]["Name"]
+            for r in self.client("ec2", OPERATOR).describe_instances(InstanceIds=[i["InstanceId"] for i in instances])[
+                "Reservations"
+            ]
+            for i in r["Instances"]
+        }
+        if set(states.values()) != {"terminated"}:
+            raise StepFailed(f"instances still alive after the run: {states}")
+        self.facts["run_model"] = f"s3://{artifacts}/{prefix}model.tar.gz"
+        return f"{len(instances)} node(s); {self.facts['run_model']}; instances terminated"
+
+    def _start_user_data(self, user_data: str, reservation: str, instance: dict[str, Any]) -> subprocess.Popen[bytes]:
+        """The instance boots: its user data runs with bash, as its role, in a folder of its own."""
+        assert self.gate is not None
+        host = self.work / "instances" / instance["InstanceId"]
+        host.mkdir(parents=True)
+        # The instance's fixed paths, moved under this node's folder.
+        script = user_data.replace("/opt/sentiment-training", str(host / "opt" / "sentiment-training")).replace(
+            "/var/log/", f"{host}/var-log-"
+        )
+        (host / "user-data.sh").write_text(script)
+        service = self.gate.principal(AWS_SERVICE)
+        env = {
+            **self._base_environment(),
+            **self.gate.principal(INSTANCE).environment(),
+            "IMDS_instance_id": instance["InstanceId"],
+            "IMDS_reservation_id": reservation,
+            "IMDS_local_ipv4": instance["PrivateIpAddress"],
+            "EC2_SERVICE_ACCESS_KEY_ID": service.access_key,
+            "EC2_SERVICE_SECRET_ACCESS_KEY": service.secret_key,
+            "REHEARSAL_TRAINED_MODEL": str(self.trained_model),
+        }
+        env.pop("PYTHONPATH")  # the host's python3 knows only what the user data unpacked
+        with (host / "user-data.out").open("wb") as output:
+            return subprocess.Popen(["bash", str(host / "user-data.sh")], cwd=host, env=env, stdout=output,
+                                    stderr=subprocess.STDOUT)  # fmt: skip
+
+    def remote(self) -> str:
+        from proving_ground.rehearsal.remote_job_player import played_remote_jobs
+
+        assert self.deployment is not None
+        config = self.work / "remote" / "config.yaml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        fetch = self.stack_output("Training", "FetchRemoteFunctionConfigCommand")
+        fetched = self.shell(REMOTE_LAUNCHER, ["bash", "-c", f"{fetch} > {config}"], cwd=self.work)
+        if fetched.returncode != 0 or not config.read_text().strip():
+            raise StepFailed(f"`{fetch}` failed: {fetched.stderr.strip()}")
+        datasets = self.stack_output("Foundation", "DatasetsBucketName")
+        s3 = self.client("s3", OPERATOR)
+        for split in ("train", "validation"):
+            s3.put_object(Bucket=datasets, Key=f"tweets/{split}.csv", Body=b"text,label\nhi,1\n")
+        from training_assets import remote_train
+
+        image = REMOTE_IMAGE.format(region=self.region)
+        out, err = io.StringIO(), io.StringIO()
+        with (
+            played_remote_jobs(self, self.work / "remote") as jobs,
+            self.acting_as(REMOTE_LAUNCHER),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
+            code = remote_train.main(["--config", str(config), "--image-uri", image, "train", "--",
+                                      "--dataset", f"s3://{datasets}/tweets/"])  # fmt: skip
+        if code != 0 or jobs.exit_codes != [0]:
+            raise StepFailed(f"remote_train exited {code}, job exit codes {jobs.exit_codes}: {err.getvalue()[-400:]}")
+        return f"job {jobs.names[0]} ran as the job role; its log stream followed; metrics read back"

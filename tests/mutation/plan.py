@@ -1,0 +1,120 @@
+"""Mutation testing (mutmut, pinned in requirements-dev.txt) of the modules where a bug would hurt users, each with
+only the fast tests that cover it: ``make mutate`` runs every module of PLAN, ``make mutate MODULE=<key>`` one of them
+(``ONLY=<glob>`` narrows it to mutants whose name matches, e.g. ``*make_room*``).
+
+Each module runs in its own copy of the work tree (build/mutate/<key>/: the tracked and untracked files, mutmut's
+[tool.mutmut] section appended to the copy's pyproject.toml), so runs never touch the work tree or each other. The
+score (killed / mutants with a covering test) and the surviving mutants' names go to build/mutate/<key>.json;
+``mutmut show <name>`` in the copy prints a mutant's diff. Scores and what every survivor means are in
+docs/testing.md. Not part of `make test`: a module takes minutes to an hour on two cores."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "build" / "mutate"
+# The packages a mutated module's tests import, copied next to it (mutmut runs the tests inside its mutants/ copy).
+PACKAGES = ["stacks", "inference_assets", "training_assets", "platform_facts", "mme_sizing", "ops_review",
+            "proving_ground", "scripts", "app.py", "platform_cli.py", "cdk.json"]  # fmt: skip
+PYTEST = ["-n", "0", "-p", "no:cacheprovider", "-p", "no:randomly", "-m", "not slow", "-q", "-x", "--timeout", "300"]
+
+
+@dataclass(frozen=True)
+class Module:
+    path: str
+    tests: tuple[str, ...]
+
+
+PLAN = {
+    "simulation": Module("mme_sizing/simulation.py",
+                         ("tests/mme_sizing/test_simulation.py", "tests/mme_sizing/test_lru_skewed_traffic.py")),
+    "protocol": Module("inference_assets/container/protocol.py",
+                       ("tests/serving/test_protocol.py", "tests/serving/test_exact_limits.py",
+                        "tests/serving/test_protocol_edges.py")),
+    "contract": Module("inference_assets/container/contract.py",
+                       ("tests/serving/test_protocol.py", "tests/serving/test_exact_limits.py")),
+    "checkpoints": Module("training_assets/instance/checkpoints.py",
+                          ("tests/training/test_checkpoints.py", "tests/training/test_checkpoint_resume_fixtures.py")),
+    "checkpoint_sync": Module("training_assets/instance/checkpoint_sync.py",
+                              ("tests/training/test_checkpoints.py",
+                               "tests/training/test_checkpoint_resume_fixtures.py")),
+    "batching": Module("training_assets/instance/batching.py", ("tests/training/test_fast_path.py",)),
+    "image_patching": Module("stacks/image_patching.py",
+                             ("tests/foundation/test_image_waivers.py", "tests/foundation/test_image_patching.py")),
+    "images": Module("platform_facts/images.py",
+                     ("tests/foundation/test_image_waivers.py", "tests/foundation/test_image_patching.py")),
+    "settings": Module("stacks/settings.py", ("tests/settings",)),
+}  # fmt: skip
+
+
+def _copy_tree(target: Path) -> None:
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                            capture_output=True).stdout.decode().split("\0")  # fmt: skip
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file() and not source.is_symlink():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+
+
+def _toml_list(values: list[str]) -> str:
+    return "[" + ", ".join(json.dumps(value) for value in values) + "]"
+
+
+def prepare(key: str) -> Path:
+    module = PLAN[key]
+    copy = BUILD / key
+    shutil.rmtree(copy, ignore_errors=True)
+    copy.mkdir(parents=True)
+    _copy_tree(copy)
+    section = "\n".join([
+        "", "[tool.mutmut]",
+        f"source_paths = {_toml_list([str(Path(module.path).parent) + '/'])}",
+        f"only_mutate = {_toml_list([module.path])}",
+        f"also_copy = {_toml_list([p for p in PACKAGES if (copy / p).exists()])}",
+        f"pytest_add_cli_args = {_toml_list(PYTEST)}",
+        f"pytest_add_cli_args_test_selection = {_toml_list(list(module.tests))}",
+        "",
+    ])  # fmt: skip
+    with (copy / "pyproject.toml").open("a") as pyproject:
+        pyproject.write(section)
+    return copy
+
+
+def run(key: str, only: str | None) -> dict[str, object]:
+    copy = prepare(key)
+    mutmut = [str(Path(sys.executable).with_name("mutmut"))]
+    subprocess.run([*mutmut, "run", *([only] if only else [])], cwd=copy, check=False)
+    subprocess.run([*mutmut, "export-cicd-stats"], cwd=copy, check=True, capture_output=True)
+    stats = json.loads((copy / "mutants" / "mutmut-cicd-stats.json").read_text())
+    results = subprocess.run([*mutmut, "results"], cwd=copy, check=True, capture_output=True, text=True).stdout
+    survivors = [line.split(":")[0].strip() for line in results.splitlines() if line.strip().endswith("survived")]
+    covered = stats["killed"] + stats["survived"] + stats["timeout"] + stats["suspicious"] + stats["segfault"]
+    report = {"module": PLAN[key].path, "only": only, **stats,
+              "score": round((covered - stats["survived"]) / covered, 3) if covered else None,
+              "survivors": survivors}  # fmt: skip
+    (BUILD / f"{key}.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--module", choices=sorted(PLAN), help="one module (default: every one)")
+    parser.add_argument("--only", help="only the mutants whose name matches this glob")
+    args = parser.parse_args(argv)
+    for key in [args.module] if args.module else list(PLAN):
+        report = run(key, args.only)
+        print(f"{key}: score {report['score']} ({report['killed']} killed, {report['survived']} survived, "
+              f"{report['no_tests']} without a covering test, of {report['total']})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

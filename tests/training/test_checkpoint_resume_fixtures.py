@@ -1,0 +1,267 @@
+"""Resume fixtures that can tell right from wrong (training_assets/instance/checkpoints.py, checkpoint_sync.py):
+several complete checkpoints (the newest wins, not the oldest), and ranks whose folders disagree (each node keeps its
+own copy: the run resumes from the newest step EVERY rank has complete, never from one a rank lacks).
+
+The ranks run as threads over a process group of threads: ``all_gather_object`` hands every rank each rank's object
+and ``barrier`` waits for all of them, as gloo does between processes (the slow tests in test_checkpoints.py run the
+real torchrun). Each rank calls the real ``resume_point`` on its own folder."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from training_assets.instance import checkpoints
+from training_assets.instance.checkpoint_sync import MARKER, SLOTS, S3Checkpoints, newest_complete, write_marker
+from training_assets.instance.dataset import TrainingInputError
+from training_assets.instance.train_config import TrainConfig, parse_args
+
+
+def _checkpoint(root: Path, step: int, *, complete: bool = True) -> Path:
+    folder = root / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"w" * step)
+    (folder / "optimizer.pt").write_bytes(b"o" * 3)
+    if complete:
+        write_marker(folder, step)
+    return folder
+
+
+class ThreadGroup:
+    """A process group whose ranks are threads: what resume_point needs of torch.distributed."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.rank = threading.local()
+        self._barrier = threading.Barrier(size, timeout=30)
+        self._slots: list[Any] = [None] * size
+
+    def all_gather_object(self, output: list[Any], obj: Any) -> None:
+        self._slots[self.rank.value] = obj
+        self._barrier.wait()  # every rank has put its object
+        output[:] = list(self._slots)
+        self._barrier.wait()  # every rank has read them all before the next gather reuses the slots
+
+    def barrier(self) -> None:
+        self._barrier.wait()
+
+    def run(self, work: Callable[[int], Any]) -> list[Any]:
+        def as_rank(rank: int) -> Any:
+            self.rank.value = rank
+            return work(rank)
+
+        with ThreadPoolExecutor(self.size) as pool:
+            return list(pool.map(as_rank, range(self.size)))
+
+
+@pytest.fixture
+def group(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], ThreadGroup]:
+    def make(size: int) -> ThreadGroup:
+        made = ThreadGroup(size)
+        monkeypatch.setattr(checkpoints, "_distributed", lambda: True)
+        monkeypatch.setattr(torch.distributed, "get_world_size", lambda: size)
+        monkeypatch.setattr(torch.distributed, "all_gather_object", made.all_gather_object)
+        monkeypatch.setattr(torch.distributed, "barrier", made.barrier)
+        return made
+
+    return make
+
+
+def _resume(group: ThreadGroup, roots: Sequence[Path]) -> list[str | None]:
+    """Every rank's resume point, each on its own checkpoint folder (one rank per node: each is local rank 0)."""
+    return group.run(lambda rank: checkpoints.resume_point(_config(roots[rank]), local_process_zero=True))
+
+
+def _config(root: Path) -> TrainConfig:
+    return TrainConfig(output_dir=str(root.parent), checkpoint_dir=str(root), checkpoint_steps=5)
+
+
+def test_of_several_complete_checkpoints_a_run_resumes_from_the_newest(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    for step in (5, 10, 15):
+        _checkpoint(root, step)
+    _checkpoint(root, 20, complete=False)  # being written when the run stopped
+    assert newest_complete(root) == root / "checkpoint-15"
+    assert checkpoints.resume_point(_config(root), local_process_zero=True) == str(root / "checkpoint-15")
+
+
+def test_ranks_that_agree_resume_from_the_newest_checkpoint_they_share(tmp_path: Path, group) -> None:
+    roots = [tmp_path / f"node-{rank}" for rank in range(2)]
+    for root in roots:
+        for step in (5, 10):
+            _checkpoint(root, step)
+    assert _resume(group(2), roots) == [str(root / "checkpoint-10") for root in roots]
+
+
+def test_ranks_that_disagree_resume_from_the_newest_step_every_rank_has(tmp_path: Path, group) -> None:
+    # Node 0 finished step 15; node 1 died while writing it (no marker); node 2's copy of it was cut short. All three
+    # have 5 and 10 complete: they resume from 10 (not 15, which two ranks lack; not 5, the oldest).
+    roots = [tmp_path / f"node-{rank}" for rank in range(3)]
+    for root in roots:
+        _checkpoint(root, 5), _checkpoint(root, 10)
+    _checkpoint(roots[0], 15)
+    _checkpoint(roots[1], 15, complete=False)
+    (_checkpoint(roots[2], 15) / "optimizer.pt").write_bytes(b"o")
+    assert _resume(group(3), roots) == [str(root / "checkpoint-10") for root in roots]
+
+
+def test_a_rank_behind_the_others_holds_every_rank_back(tmp_path: Path, group) -> None:
+    # The lagging rank is not rank 0: rank 0 alone must not decide.
+    roots = [tmp_path / f"node-{rank}" for rank in range(2)]
+    for step in (5, 10, 15):
+        _checkpoint(roots[0], step)
+    _checkpoint(roots[1], 5), _checkpoint(roots[1], 10)
+    assert _resume(group(2), roots) == [str(root / "checkpoint-10") for root in roots]
+
+
+def test_ranks_without_a_common_step_start_afresh_and_clear_their_folders(tmp_path: Path, group) -> None:
+    roots = [tmp_path / "node-0", tmp_path / "node-1"]
+    _checkpoint(roots[0], 10)
+    _checkpoint(roots[1], 5)
+    assert _resume(group(2), roots) == [None, None]
+    assert [list(root.iterdir()) for root in roots] == [[], []]
+
+
+def test_a_finished_run_on_one_node_makes_every_rank_start_afresh(tmp_path: Path, group) -> None:
+    roots = [tmp_path / "node-0", tmp_path / "node-1"]
+    for root in roots:
+        _checkpoint(root, 5)
+    checkpoints.finish(_config(roots[0]), local_process_zero=True)
+    assert _resume(group(2), roots) == [None, None]
+
+
+# ------------------------------------------------------------------------------------------------- S3 slots
+
+
+class FakeS3:
+    """Two slots' objects as the AWS CLI would list and copy them (only what S3Checkpoints calls)."""
+
+    def __init__(self, markers: dict[str, dict[str, Any]]) -> None:
+        self.objects: dict[str, bytes] = {}
+        for slot, marker in markers.items():
+            for name, size in marker["files"].items():
+                self.objects[f"{slot}/{name}"] = b"x" * size
+            self.objects[f"{slot}/{MARKER}"] = json.dumps(marker).encode()
+
+    def __call__(self, arguments: Sequence[str]) -> str:
+        if arguments[:2] == ["s3api", "list-objects-v2"]:
+            prefix = arguments[arguments.index("--prefix") + 1]
+            return json.dumps([[prefix + key, len(body)] for key, body in self.objects.items()])
+        assert arguments[:3] == ["s3", "cp", "--recursive"], arguments
+        target = Path(arguments[arguments.index("--exclude") - 1])  # ... SOURCE/ TARGET/ --exclude * --include ...
+        for name in (arguments[i + 1] for i, a in enumerate(arguments) if a == "--include"):
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            (target / name).write_bytes(self.objects[name])
+        return ""
+
+
+def _marker(step: int) -> dict[str, Any]:
+    return {"state": "complete", "step": step, "files": {"model.safetensors": step}}
+
+
+@pytest.mark.parametrize("newer_slot", SLOTS)
+def test_the_newest_of_two_complete_slots_is_the_one_restored(newer_slot: str) -> None:
+    older_slot = SLOTS[1 - SLOTS.index(newer_slot)]
+    remote = S3Checkpoints(
+        "s3://bucket/run/checkpoints/", aws=FakeS3({newer_slot: _marker(20), older_slot: _marker(10)})
+    )
+    newest = remote.newest()
+    assert newest is not None and newest[0] == newer_slot and newest[1]["step"] == 20
+
+
+# ------------------------------------------------------------------ what mutation testing found untested (fast)
+
+
+def test_a_resumed_run_keeps_its_checkpoints_and_says_where_it_resumes(tmp_path: Path, capsys) -> None:
+    root = tmp_path / "checkpoints"
+    for step in (5, 10):
+        _checkpoint(root, step)
+    assert checkpoints.resume_point(_config(root), local_process_zero=True) == str(root / "checkpoint-10")
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint-10", "checkpoint-5"]  # nothing cleared
+    assert capsys.readouterr().err == f"train_sentiment: resuming from {root / 'checkpoint-10'} (step 10)\n"
+    checkpoints.resume_point(_config(root), local_process_zero=False)
+    assert capsys.readouterr().err == ""  # one line per node, from its local process zero
+
+
+def test_only_a_nodes_local_process_zero_clears_a_stale_folder(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    _checkpoint(root, 5, complete=False)
+    (root / checkpoints.FINISHED).write_text("{}")
+    assert checkpoints.resume_point(_config(root), local_process_zero=False) is None
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint-5", checkpoints.FINISHED]
+    assert checkpoints.resume_point(_config(root), local_process_zero=True) is None
+    assert list(root.iterdir()) == []
+
+
+def test_only_a_checkpointing_runs_local_process_zero_marks_the_folder_finished(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    checkpoints.finish(_config(root), local_process_zero=False)
+    checkpoints.finish(TrainConfig(output_dir=str(tmp_path), checkpoint_dir=str(root)), local_process_zero=True)
+    assert list(root.iterdir()) == []
+    checkpoints.finish(_config(root), local_process_zero=True)
+    assert [p.name for p in root.iterdir()] == [checkpoints.FINISHED]
+
+
+@pytest.mark.parametrize(("seconds", "refused"), [(29, True), (30, False), (31, False)])
+def test_the_collective_timeout_is_at_least_30_seconds(tmp_path: Path, seconds: int, refused: bool) -> None:
+    # TrainConfig checks itself (checkpoints.check) when it is made, as the command line makes it.
+    if refused:
+        with pytest.raises(
+            TrainingInputError, match=f"^collective_timeout_seconds must be at least 30, got {seconds}$"
+        ):
+            TrainConfig(output_dir=str(tmp_path), collective_timeout_seconds=seconds)
+    else:
+        checkpoints.check(TrainConfig(output_dir=str(tmp_path), collective_timeout_seconds=seconds))
+
+
+@pytest.mark.parametrize(("steps", "refused"), [(-1, True), (0, False), (1, False)])
+def test_checkpoint_steps_are_zero_or_more(tmp_path: Path, steps: int, refused: bool) -> None:
+    # TrainConfig checks itself (checkpoints.check) when it is made, as the command line makes it.
+    if refused:
+        with pytest.raises(TrainingInputError, match=r"^checkpoint_steps must be 0 \(off\) or more, got -1$"):
+            TrainConfig(output_dir=str(tmp_path), checkpoint_steps=steps)
+    else:
+        checkpoints.check(TrainConfig(output_dir=str(tmp_path), checkpoint_steps=steps))
+
+
+def test_the_command_line_reaches_the_checkpoint_settings_and_the_report(tmp_path: Path) -> None:
+    config = parse_args(["--output-dir", str(tmp_path), "--checkpoint-steps", "7", "--checkpoint-dir",
+                         str(tmp_path / "ck"), "--collective-timeout", "90"])  # fmt: skip
+    assert (config.checkpoint_steps, config.checkpoint_dir, config.collective_timeout_seconds) == (
+        7,
+        str(tmp_path / "ck"),
+        90,
+    )
+    defaults = parse_args(["--output-dir", str(tmp_path)])
+    assert (defaults.checkpoint_steps, defaults.checkpoint_dir, defaults.collective_timeout_seconds) == (0, None, 300)
+    assert checkpoints.report(config, "x/checkpoint-7") == {"checkpoints": {
+        "every_steps": 7, "folder": str(tmp_path / "ck"), "resumed_from": "x/checkpoint-7",
+        "marker": "checkpoint-complete.json", "collective_timeout_seconds": 90}}  # fmt: skip
+    assert checkpoints.report(defaults, None)["checkpoints"]["every_steps"] is None
+    assert [type(c) for c in checkpoints.callbacks(config)] == [checkpoints.CompleteMarker]
+    assert checkpoints.callbacks(defaults) == []
+
+
+def test_a_saved_checkpoint_is_marked_complete_by_each_nodes_local_process_zero(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoint-12"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"w" * 12)
+    args = type("Args", (), {"output_dir": str(tmp_path)})()
+
+    def save(local_zero: bool) -> None:
+        state = type("State", (), {"global_step": 12, "is_local_process_zero": local_zero})()
+        checkpoints.CompleteMarker().on_save(args, state, None)
+
+    save(False)
+    assert not (folder / MARKER).exists()
+    save(True)
+    assert json.loads((folder / MARKER).read_text()) == {"state": "complete", "step": 12,
+                                                         "files": {"model.safetensors": 12}}  # fmt: skip
