@@ -132,14 +132,16 @@ class Limits:
 # InvokeEndpoint's limit: "the model container must respond to requests within 60 seconds" (SageMaker Runtime API
 # reference, API_runtime_InvokeEndpoint).
 INVOKE_TIMEOUT_S = 60
-# What one token of a full-window (512-token) text costs a RoBERTa-base forward pass, in core-seconds: 16 such texts
-# (8,192 tokens, the default max_request_tokens) took 31.2 s on one thread of this project's x86 machine with the
-# load at 5-7 on its 2 cores (proving_ground/benchmarks/serving_latency.py --worst-request; docs/serving.md "Work per
-# call"), an upper bound for a Graviton3 core (bf16 fast math, no neighbours). Shorter texts cost less per token.
+# What one token of a full-window (512-token) text costs a RoBERTa-base forward pass, in core-seconds: the worst
+# admitted request (16 such texts, 8,192 tokens) took 12.7 CPU-seconds on one thread of this project's x86 machine
+# (0.00155 per token; proving_ground/benchmarks/results/serving_worst_request.json, measured with the load at 11-13 on
+# its 2 cores, so its wall time, 47 s, says little), times 2.5: no Graviton host was at hand, and a replica's threads
+# do not scale perfectly. Shorter texts cost less per token.
 FORWARD_CORE_SECONDS_PER_TOKEN = 0.0038
 # SageMaker's wait for a new instance's first /ping 200 (ContainerStartupHealthCheckTimeoutInSeconds), as the
-# Graviton endpoint sets it by default: the start-up measured here with a RoBERTa-base-sized model (docs/serving.md,
-# "Start-up") times five, for a slower disk, several replicas loading at once and this machine's noise.
+# Graviton endpoint sets it by default: ten times the start-up measured here with a RoBERTa-base-sized model (60.6 s,
+# proving_ground/benchmarks/results/serving_startup.json; docs/serving.md, "Start-up"), for up to 16 replicas loading
+# at once, another disk and CPU, and this machine's noise.
 STARTUP_TIMEOUT_S = 600
 
 

@@ -421,6 +421,36 @@ def worst_request(output: Path, threads: int) -> dict:
     return result
 
 
+def startup(output: Path, replicas: list[int]) -> dict:
+    """Seconds from launching the container's command to its first /ping 200 (Ray, then every replica loading a
+    RoBERTa-base-sized model), as SageMaker waits for it (ContainerStartupHealthCheckTimeoutInSeconds), per number of
+    replicas on this host's cores, with the host's load: what graviton_endpoint.container_startup_timeout_seconds is
+    sized from (docs/serving.md, "Start-up")."""
+    from inference_assets.tools.package_model import build_model_archive
+
+    work = Path(tempfile.mkdtemp(prefix="startup-"))
+    archive = build_model_archive(build_model(work / "model", "base", positions=WINDOW + 2), work / "model.tar.gz")
+    result: dict = {
+        "command": "python -m proving_ground.benchmarks.serving_latency --startup "
+        + ",".join(str(count) for count in replicas),
+        "cpu": _cpu_name(),
+        "cores": os.cpu_count(),
+        "archive_mb": round(archive.stat().st_size / 1e6, 1),
+        "runs": [],
+    }
+    for count in replicas:
+        load = [round(x, 2) for x in os.getloadavg()]
+        started = time.perf_counter()
+        with LocalRayServer(archive, workers=count, startup_timeout_s=900):
+            seconds = time.perf_counter() - started
+        result["runs"].append({"replicas": count, "seconds_to_first_ping_200": round(seconds, 1), "load_before": load})
+    output.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = ["# Start-up to the first /ping 200", "", f"`{result['command']}`", ""]
+    lines += [f"- {run}" for run in result["runs"]] + [f"- archive: {result['archive_mb']} MB, {result['cpu']}"]
+    output.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", choices=sorted(SETS), default="main", help="which served setups to compare")
@@ -435,7 +465,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, help="results path without suffix (default: results/serving_latency)")
     parser.add_argument("--worst-request", action="store_true", help="time the worst admitted request and exit")
     parser.add_argument("--threads", type=int, default=1, help="with --worst-request: the replica's threads")
+    parser.add_argument("--startup", help="comma-separated replica counts: time the start to /ping 200 and exit")
     args = parser.parse_args(argv)
+    if args.startup:
+        counts = [int(count) for count in args.startup.split(",")]
+        print(json.dumps(startup(args.output or RESULTS / "serving_startup", counts), indent=1))
+        return 0
     if args.worst_request:
         print(json.dumps(worst_request(args.output or RESULTS / "serving_worst_request", args.threads), indent=1))
         return 0

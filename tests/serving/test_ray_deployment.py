@@ -179,7 +179,7 @@ def test_each_queued_request_gets_the_answer_to_its_own_text(replica) -> None:
     """Mixed lengths, merged into passes of at most max_batch_size: every answer is its own request's (the forward
     pass is replaced by one that names the text it answers)."""
     original = replica.predictor.predict_dicts
-    replica.predictor.predict_dicts = lambda texts: [{"label": t, "score": 1.0, "scores": {t: 1.0}} for t in texts]
+    replica.predictor.predict_dicts = lambda texts, *_: [{"label": t, "score": 1.0, "scores": {t: 1.0}} for t in texts]
     try:
         bodies = [("x" * length).encode() for length in (40, 2, 300, 1, 17, 2, 90, 5, 60, 3, 11)]
         answers = _drain(replica, bodies)
