@@ -35,8 +35,6 @@ DIRECT_INGRESS_ENV = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
 # Ray slots of a replica that only /ping uses: invocations are refused (503) at max_invocations, so a health check
 # always finds a free slot, with every replica saturated, in Ray's proxy as with direct ingress.
 PING_RESERVE = 4
-# The application name in config.yaml; its route prefix is "/" (what AWS's DLC adapter forwards /invocations to).
-APPLICATION = "sentiment"
 
 
 # Each replica gets this many cores for its intra-op threads by default: a RoBERTa-base forward pass on a short text

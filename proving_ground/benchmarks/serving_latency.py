@@ -451,6 +451,7 @@ def startup(output: Path, replicas: list[int]) -> dict:
     return result
 
 
+# Long: a benchmark script's main: arguments, the runs side by side, and the results written as JSON and Markdown
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", choices=sorted(SETS), default="main", help="which served setups to compare")

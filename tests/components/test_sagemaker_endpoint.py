@@ -8,6 +8,7 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Match, Template
 
+from proving_ground.iam_policy import Request, is_allowed
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     DlcImage,
@@ -193,9 +194,9 @@ def test_alarms_come_from_the_table_and_notify_the_encrypted_topic(single) -> No
 def test_metric_helpers_name_the_variant_in_the_right_namespace(single) -> None:
     stack, endpoint, _ = single
     cases = {
-        endpoint.metric_invocations(): ("AWS/SageMaker", "Invocations", "Sum"),
-        endpoint.metric_invocation4xx_errors(): ("AWS/SageMaker", "Invocation4XXErrors", "Sum"),
-        endpoint.metric_overhead_latency(): ("AWS/SageMaker", "OverheadLatency", "Average"),
+        endpoint.metric_invocation5xx_errors(): ("AWS/SageMaker", "Invocation5XXErrors", "Sum"),
+        endpoint.metric_model_latency(): ("AWS/SageMaker", "ModelLatency", "Average"),
+        endpoint.metric_model_loading_wait_time(): ("AWS/SageMaker", "ModelLoadingWaitTime", "Average"),
         endpoint.metric_cpu_utilization(): ("/aws/sagemaker/Endpoints", "CPUUtilization", "Average"),
         endpoint.metric_mem_utilization(): ("/aws/sagemaker/Endpoints", "MemoryUtilization", "Average"),
         endpoint.metric_model_cache_hit(): ("AWS/SageMaker", "ModelCacheHit", "Average"),
@@ -230,7 +231,16 @@ def test_grant_invoke_allows_invoke_on_this_endpoint_only(single) -> None:
 def test_invoke_statement_limits_target_models() -> None:
     stack, endpoint = endpoint_on_bare_stack(mode="MultiModel", model_data_url="s3://bucket/multi-model/")
     statement = stack.resolve(endpoint.invoke_statement(["tenant-a.tar.gz"]).to_statement_json())
-    assert statement["Condition"] == {"StringEquals": {"sagemaker:TargetModel": ["tenant-a.tar.gz"]}}
+    assert statement["Resource"] == {"Fn::GetAtt": [stack.get_logical_id(endpoint.endpoint), "EndpointArn"]}
+    arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint/e"
+    policy = {"Statement": [{**statement, "Resource": arn}]}
+
+    def may_invoke(context: dict[str, str]) -> bool:
+        return is_allowed([policy], Request("sagemaker:InvokeEndpoint", arn, context))
+
+    assert may_invoke({"sagemaker:TargetModel": "tenant-a.tar.gz"})
+    assert not may_invoke({"sagemaker:TargetModel": "tenant-b.tar.gz"})
+    assert not may_invoke({})  # an invocation that names no model
     with pytest.raises(ValueError, match="at least one"):
         endpoint.invoke_statement([])
     with pytest.raises(ValueError):

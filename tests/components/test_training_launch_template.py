@@ -307,9 +307,18 @@ def test_overriding_the_template_is_refused(single: dict[str, Any], override: st
 
 
 def test_the_instance_role_is_passed_only_to_ec2(single: dict[str, Any]) -> None:
-    (passing,) = [s for s in _statements(single) if "iam:PassRole" in _as_list(s["Action"])]
-    assert passing["Resource"].startswith("<InstanceRole")
-    assert passing["Condition"] == {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
+    statements = _statements(single)
+    (passing,) = [s for s in statements if "iam:PassRole" in _as_list(s["Action"])]
+    role = passing["Resource"]
+    assert role.startswith("<InstanceRole")
+
+    def may_pass(resource: str, context: dict[str, str]) -> bool:
+        return _allowed(statements, "iam:PassRole", resource, context)
+
+    assert may_pass(role, {"iam:PassedToService": "ec2.amazonaws.com"})
+    assert not may_pass(role, {"iam:PassedToService": "sagemaker.amazonaws.com"})
+    assert not may_pass(role, {})  # no service named: refused
+    assert not may_pass(f"arn:aws:iam::{ACCOUNT}:role/admin", {"iam:PassedToService": "ec2.amazonaws.com"})
 
 
 def test_the_dlami_parameter_is_the_only_parameter_read(single: dict[str, Any]) -> None:

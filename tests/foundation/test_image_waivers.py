@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from platform_facts.images import WARN_DAYS, image_fact
+from platform_facts.images import METADATA_KEY, WARN_DAYS, image_fact
 from stacks.image_patching import check_images, warning
 from stacks.settings import SettingsError, TrainingSettings, parse_environment
 from tests.conftest import cdk_context
@@ -105,7 +105,11 @@ def test_the_review_reads_back_what_synth_records_for_each_image() -> None:
         m.entry.data
         for m in cdk.assertions.Annotations.from_stack(stack).find_warning("*", cdk.assertions.Match.any_value())
     ]
-    read = {entry["setting"]: entry for entry in reviewed_images(template_of(stack), today)}
+    template = template_of(stack)
+    read = {entry["setting"]: entry for entry in reviewed_images(template, today)}
+    # The publisher is for the operator reading the template (the review does not show it).
+    recorded = {image["setting"]: image for image in template["Metadata"][METADATA_KEY]}
+    assert recorded["training.image_tag"]["publisher"] == EC2.publisher
     assert set(read) == {c.use.setting for c in checked}
     ec2 = read["training.image_tag"]
     assert (ec2["image"], ec2["architecture"], ec2["accepted_risk"]) == (EC2.image, EC2.architecture, REASON)

@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,8 @@ class Module:
 
 PLAN = {
     "simulation": Module("mme_sizing/simulation.py",
-                         ("tests/mme_sizing/test_simulation.py", "tests/mme_sizing/test_lru_skewed_traffic.py")),
+                         ("tests/mme_sizing/test_simulation.py", "tests/mme_sizing/test_lru_skewed_traffic.py",
+                          "tests/mme_sizing/test_simulation_known_answers.py")),
     "protocol": Module("inference_assets/container/protocol.py",
                        ("tests/serving/test_protocol.py", "tests/serving/test_exact_limits.py",
                         "tests/serving/test_protocol_edges.py")),
@@ -81,6 +83,9 @@ def prepare(key: str) -> Path:
         f"also_copy = {_toml_list([p for p in PACKAGES if (copy / p).exists()])}",
         f"pytest_add_cli_args = {_toml_list(PYTEST)}",
         f"pytest_add_cli_args_test_selection = {_toml_list(list(module.tests))}",
+        # A mutant that makes a simulation or a loop run forever is killed by its timeout: three times the tests'
+        # own time (mutmut's default of fifteen held two workers for minutes per such mutant).
+        "timeout_multiplier = 3.0",
         "",
     ])  # fmt: skip
     with (copy / "pyproject.toml").open("a") as pyproject:
@@ -88,16 +93,18 @@ def prepare(key: str) -> Path:
     return copy
 
 
-def run(key: str, only: str | None) -> dict[str, object]:
+def run(key: str, only: list[str]) -> dict[str, object]:
     copy = prepare(key)
     mutmut = [str(Path(sys.executable).with_name("mutmut"))]
-    subprocess.run([*mutmut, "run", *([only] if only else [])], cwd=copy, check=False)
+    started = time.monotonic()
+    subprocess.run([*mutmut, "run", *only], cwd=copy, check=False)
+    seconds = round(time.monotonic() - started)
     subprocess.run([*mutmut, "export-cicd-stats"], cwd=copy, check=True, capture_output=True)
     stats = json.loads((copy / "mutants" / "mutmut-cicd-stats.json").read_text())
     results = subprocess.run([*mutmut, "results"], cwd=copy, check=True, capture_output=True, text=True).stdout
     survivors = [line.split(":")[0].strip() for line in results.splitlines() if line.strip().endswith("survived")]
     covered = stats["killed"] + stats["survived"] + stats["timeout"] + stats["suspicious"] + stats["segfault"]
-    report = {"module": PLAN[key].path, "only": only, **stats,
+    report = {"module": PLAN[key].path, "only": only, "seconds": seconds, **stats,
               "score": round((covered - stats["survived"]) / covered, 3) if covered else None,
               "survivors": survivors}  # fmt: skip
     (BUILD / f"{key}.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -107,7 +114,7 @@ def run(key: str, only: str | None) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--module", choices=sorted(PLAN), help="one module (default: every one)")
-    parser.add_argument("--only", help="only the mutants whose name matches this glob")
+    parser.add_argument("--only", nargs="*", default=[], help="only the mutants whose names match these globs")
     args = parser.parse_args(argv)
     for key in [args.module] if args.module else list(PLAN):
         report = run(key, args.only)

@@ -157,3 +157,27 @@ def test_the_sentence_of_every_refusal(snapshot_json) -> None:
         (answer,) = answer_batch([(body, headers)], _labelled, TEST_LIMITS)
         sentences[row.id] = answer.json()
     assert sentences == snapshot_json
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "error"),
+    [
+        (b'{"inputs": {"a": 1}}', "application/json", '"inputs" must be a string or a list of strings, not an object'),
+        (b'{"inputs": 1.5}', "application/json", '"inputs" must be a string or a list of strings, not a number'),
+        (b'{"inputs": ["ok", 2.5]}', "application/json", '"inputs"[1] must be a string, not a number'),
+        # Only Unicode whitespace: the bytes are not blank, the text is.
+        ("\u3000\u00a0".encode(), "text/plain", "the text/plain body is empty; send the text to classify"),
+        (b"a", "text/plain; charset=utf-8X", "charset 'utf-8x' is not supported; send utf-8"),
+    ],
+)
+def test_the_exact_sentence_of_refusals_outside_the_shared_table(body: bytes, content_type: str, error: str) -> None:
+    with pytest.raises(ClientError) as refused:
+        parse_request(body, {"Content-Type": content_type}, TEST_LIMITS)
+    assert str(refused.value) == error and int(refused.value.status) in (400, 415)
+
+
+def test_a_body_of_no_known_kind_is_a_400_that_says_so() -> None:
+    with pytest.raises(ClientError) as refused:
+        parse_request(42, JSON, TEST_LIMITS)
+    assert int(refused.value.status) == 400
+    assert str(refused.value) == "the request carries no body; POST the JSON or text to classify"

@@ -19,7 +19,14 @@ import pytest
 import torch
 
 from training_assets.instance import checkpoints
-from training_assets.instance.checkpoint_sync import MARKER, SLOTS, S3Checkpoints, newest_complete, write_marker
+from training_assets.instance.checkpoint_sync import (
+    MARKER,
+    SLOTS,
+    S3Checkpoints,
+    newest_complete,
+    upload_newest,
+    write_marker,
+)
 from training_assets.instance.dataset import TrainingInputError
 from training_assets.instance.train_config import TrainConfig, parse_args
 
@@ -141,24 +148,42 @@ def test_a_finished_run_on_one_node_makes_every_rank_start_afresh(tmp_path: Path
 
 
 class FakeS3:
-    """Two slots' objects as the AWS CLI would list and copy them (only what S3Checkpoints calls)."""
+    """A bucket as the AWS CLI shows it to S3Checkpoints: list-objects-v2, ``s3 cp`` of one file and ``s3 cp
+    --recursive --exclude * --include ...`` either way. ``calls`` keeps every command (the encryption options too)."""
 
-    def __init__(self, markers: dict[str, dict[str, Any]]) -> None:
-        self.objects: dict[str, bytes] = {}
-        for slot, marker in markers.items():
+    def __init__(self, markers: dict[str, dict[str, Any]] | None = None, prefix: str = "run/checkpoints/") -> None:
+        self.objects: dict[str, bytes] = {}  # key -> body
+        self.calls: list[list[str]] = []
+        for slot, marker in (markers or {}).items():
             for name, size in marker["files"].items():
-                self.objects[f"{slot}/{name}"] = b"x" * size
-            self.objects[f"{slot}/{MARKER}"] = json.dumps(marker).encode()
+                self.objects[f"{prefix}{slot}/{name}"] = b"x" * size
+            self.objects[f"{prefix}{slot}/{MARKER}"] = json.dumps(marker).encode()
+
+    @staticmethod
+    def _key(uri: str) -> str:
+        return uri.removeprefix("s3://").partition("/")[2]
+
+    def _copy(self, source: str, target: str) -> None:
+        if target.startswith("s3://"):
+            self.objects[self._key(target)] = Path(source).read_bytes()
+        else:
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+            Path(target).write_bytes(self.objects[self._key(source)])
 
     def __call__(self, arguments: Sequence[str]) -> str:
+        arguments = list(arguments)
+        self.calls.append(arguments)
         if arguments[:2] == ["s3api", "list-objects-v2"]:
             prefix = arguments[arguments.index("--prefix") + 1]
-            return json.dumps([[prefix + key, len(body)] for key, body in self.objects.items()])
-        assert arguments[:3] == ["s3", "cp", "--recursive"], arguments
-        target = Path(arguments[arguments.index("--exclude") - 1])  # ... SOURCE/ TARGET/ --exclude * --include ...
+            return json.dumps([[key, len(body)] for key, body in self.objects.items() if key.startswith(prefix)])
+        assert arguments[:2] == ["s3", "cp"], arguments
+        if "--recursive" not in arguments:
+            self._copy(arguments[-2], arguments[-1])
+            return ""
+        exclude = arguments.index("--exclude")  # ... SOURCE/ TARGET/ --exclude * --include NAME ...
+        source, target = arguments[exclude - 2].rstrip("/"), arguments[exclude - 1].rstrip("/")
         for name in (arguments[i + 1] for i, a in enumerate(arguments) if a == "--include"):
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            (target / name).write_bytes(self.objects[name])
+            self._copy(f"{source}/{name}", f"{target}/{name}")
         return ""
 
 
@@ -265,3 +290,58 @@ def test_a_saved_checkpoint_is_marked_complete_by_each_nodes_local_process_zero(
     save(True)
     assert json.loads((folder / MARKER).read_text()) == {"state": "complete", "step": 12,
                                                          "files": {"model.safetensors": 12}}  # fmt: skip
+
+
+KMS = "arn:aws:kms:us-west-2:111122223333:key/platform"
+
+
+def _remote(fake: FakeS3) -> S3Checkpoints:
+    return S3Checkpoints("s3://bucket/run/checkpoints/", kms_key_id=KMS, aws=fake)
+
+
+def _slots(fake: FakeS3) -> dict[str, int | None]:
+    return {slot: (marker or {}).get("step") for slot, marker in _remote(fake).slots().items()}
+
+
+def test_uploads_take_turns_and_never_overwrite_the_newest_complete_checkpoint(tmp_path: Path) -> None:
+    fake, root = FakeS3(), tmp_path / "checkpoints"
+    for step, expected in ((5, {"slot-0": 5, "slot-1": None}), (10, {"slot-0": 5, "slot-1": 10}),
+                           (15, {"slot-0": 15, "slot-1": 10}), (20, {"slot-0": 15, "slot-1": 20})):  # fmt: skip
+        _checkpoint(root, step)
+        assert upload_newest(root, _remote(fake), log=lambda _: None) == step
+        assert _slots(fake) == expected
+    assert upload_newest(root, _remote(fake), log=lambda _: None) is None  # S3 holds it already
+    # Every upload is SSE-KMS with the platform key, and the slot's marker is written last.
+    uploads = [call for call in fake.calls if call[:2] == ["s3", "cp"] and call[-1].startswith("s3://")]
+    assert uploads and all(call[call.index("--sse-kms-key-id") + 1] == KMS for call in uploads)
+    assert uploads[-1][-1] == "s3://bucket/run/checkpoints/slot-1/checkpoint-complete.json"
+
+
+def test_a_slot_being_written_or_with_a_file_of_another_size_is_not_complete() -> None:
+    fake = FakeS3({"slot-0": _marker(10), "slot-1": _marker(20)})
+    fake.objects["run/checkpoints/slot-1/model.safetensors"] = b"x" * 19  # cut short
+    assert _slots(fake) == {"slot-0": 10, "slot-1": None}
+    fake.objects["run/checkpoints/slot-0/checkpoint-complete.json"] = b'{"state": "writing", "step": 30}'
+    assert _slots(fake) == {"slot-0": None, "slot-1": None} and _remote(fake).newest() is None
+
+
+def test_restore_brings_back_the_newest_complete_checkpoint_unless_the_folder_holds_it_or_a_newer(
+    tmp_path: Path,
+) -> None:
+    fake = FakeS3({"slot-0": _marker(10), "slot-1": _marker(20)})
+    root = tmp_path / "checkpoints"
+    restored = _remote(fake).restore(root)
+    assert restored == root / "checkpoint-20" and newest_complete(root) == restored
+    assert (restored / "model.safetensors").read_bytes() == b"x" * 20
+    calls = len(fake.calls)
+    assert _remote(fake).restore(root) == restored
+    assert not [call for call in fake.calls[calls:] if str(root) in " ".join(call)]  # nothing downloaded again
+    _checkpoint(root, 25)
+    assert _remote(fake).restore(root) == root / "checkpoint-25"
+    assert _remote(FakeS3()).restore(tmp_path / "empty") is None
+
+
+def test_uploading_needs_the_key(tmp_path: Path) -> None:
+    _checkpoint(tmp_path, 5)
+    with pytest.raises(ValueError, match="needs the KMS key"):
+        S3Checkpoints("s3://bucket/run/checkpoints/", aws=FakeS3()).upload(tmp_path / "checkpoint-5")
