@@ -34,6 +34,7 @@ from stacks.components.sagemaker_endpoint import (
     Rollout,
     SageMakerEndpoint,
     endpoint_name_for,
+    roll_out,
 )
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import DATA_CAPTURE_PREFIX, FoundationStack
@@ -69,6 +70,8 @@ def image_source(environment: str, parameter_name: str) -> str:
 class GravitonEndpointStack(EnvironmentStack):
     """One SageMaker real-time endpoint serving the sentiment model on Graviton, with the platform's Ray Serve image."""
 
+    # Long: the endpoint construct's arguments, one per line, each from a setting or the foundation, then what the
+    # stack adds around it (model check, alarms, rollout, outputs)
     def __init__(
         self,
         scope: Construct,
@@ -129,11 +132,7 @@ class GravitonEndpointStack(EnvironmentStack):
         self.endpoint_name, self.endpoint_arn = endpoint.endpoint_name, endpoint.endpoint_arn
         self.scalable_target, self.alarm_topic = endpoint.scalable_target, endpoint.alarm_topic
         self.alarms = self._alarms(endpoint_settings.vcpus)
-        # A new model, image or instance type reaches traffic blue/green, and rolls back by itself when the new fleet
-        # answers server errors or queues while the old one still stands; the bake covers the longest alarm window.
-        # Not CPU: a busy new fleet is load, not a bad release.
-        rollback = [alarm for alarm in self.alarms if alarm.node.id in ROLLBACK_ALARMS]
-        endpoint.roll_out(Rollout(ROLLBACK_ALARMS, bake_seconds=max(_window_seconds(a) for a in rollback)))
+        self._roll_out()
         self._outputs(endpoint_settings.model_data_key)
 
     def _model_archive_check(self, model_data_key: str) -> ModelArchiveCheck:
@@ -169,6 +168,13 @@ class GravitonEndpointStack(EnvironmentStack):
             precision=endpoint_settings.precision,
             torch_compile=endpoint_settings.torch_compile,
         )
+
+    def _roll_out(self) -> None:
+        """A new model, image or instance type reaches traffic blue/green, and rolls back by itself when the new fleet
+        answers server errors or queues while the old one still stands; the bake covers the longest alarm window.
+        Not CPU: a busy new fleet is load, not a bad release."""
+        rollback = [alarm for alarm in self.alarms if alarm.node.id in ROLLBACK_ALARMS]
+        roll_out(self.sagemaker_endpoint, Rollout(ROLLBACK_ALARMS, bake_seconds=max(map(_window_seconds, rollback))))
 
     def _alarms(self, vcpus: int) -> list[cloudwatch.Alarm]:
         """Server errors, queueing (p99 model latency) and CPU saturation."""

@@ -311,7 +311,7 @@ class PromotionPipeline(Construct):
         for stack in promotion.stage.node.children:
             if isinstance(stack, cdk.Stack) and stack is not access and built_images(stack):
                 stack.add_stack_dependency(access, "reads the image digests the pipeline publishes after this stack")
-        gate = self._scan_gate(environment)
+        gate = scan_gate_step(self.images, environment, self.source)
         publish = self._cross_account_step(
             f"PublishImages-{environment.name}",
             environment,
@@ -320,24 +320,6 @@ class PromotionPipeline(Construct):
             command=publish_commands(self.images.project, list(self.images.builds), environment.region),
         )
         return [pipelines.StackSteps(stack=access, pre=[gate], post=[publish])]
-
-    def _scan_gate(self, environment: PromotionTarget) -> pipelines.CodeBuildStep:
-        """Before a stage gets this execution's images: ECR's enhanced scan of each (OS and Python packages) has no
-        CRITICAL or HIGH finding, or the promotion stops with one line per finding (inference_assets/image/
-        scan_gate.py). In the tooling account, where the repositories are."""
-        assert self.images is not None
-        images = self.images
-        return pipelines.CodeBuildStep(
-            f"ScanGate-{environment.name}",
-            input=self.source,
-            env=images.promotion_env(),
-            role_policy_statements=[images.scan_findings_statement()],
-            install_commands=["pip install \"$(grep -E '^boto3==' requirements-dev.txt)\""],
-            commands=[
-                "python -m inference_assets.image.scan_gate "
-                + " ".join(f'--image-uri "${variable}"' for variable in images.promotion_env())
-            ],
-        )
 
     def _cross_account_step(
         self,
@@ -470,3 +452,22 @@ def _generated_wildcard_reason(statement: dict[str, Any]) -> str | None:
     if statement["Resource"] == "*" and services <= {"cloudformation", "s3"}:
         return _BOOTSTRAP_LOOKUP_REASON
     return _GENERATED_WILDCARD_REASONS.get(services)
+
+
+def scan_gate_step(
+    images: ImageBuilds, environment: PromotionTarget, source: pipelines.IFileSetProducer
+) -> pipelines.CodeBuildStep:
+    """Before a stage gets this execution's images: ECR's enhanced scan of each (OS and Python packages) has no
+    CRITICAL or HIGH finding, or the promotion stops with one line per finding (inference_assets/image/scan_gate.py).
+    In the tooling account, where the repositories are."""
+    return pipelines.CodeBuildStep(
+        f"ScanGate-{environment.name}",
+        input=source,
+        env=images.promotion_env(),
+        role_policy_statements=[images.scan_findings_statement()],
+        install_commands=["pip install \"$(grep -E '^boto3==' requirements-dev.txt)\""],
+        commands=[
+            "python -m inference_assets.image.scan_gate "
+            + " ".join(f'--image-uri "${variable}"' for variable in images.promotion_env())
+        ],
+    )

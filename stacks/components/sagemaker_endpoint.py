@@ -446,42 +446,14 @@ class SageMakerEndpoint(Construct, VariantMetrics):
         self.alarms.extend(created)
         return created
 
-    def metric(
-        self,
-        namespace: str,
-        metric_name: str,
-        *,
-        statistic: str = "Average",
-        period: cdk.Duration | None = None,
-    ) -> cloudwatch.Metric:
+    def metric(self, namespace: str, metric_name: str, *, statistic: str = "Average",
+               period: cdk.Duration | None = None) -> cloudwatch.Metric:  # fmt: skip
         """As VariantMetrics', but with a fixed endpoint name the dimension is that name, not the endpoint's
         attribute: an alarm on it then does not depend on the endpoint, so the endpoint's rollout can name it."""
         metric = super().metric(namespace, metric_name, statistic=statistic, period=period)
         if self.fixed_name is None:
             return metric
         return metric.with_(dimensions_map={"EndpointName": self.fixed_name, "VariantName": self.variant_name})
-
-    def roll_out(self, rollout: Rollout) -> None:
-        """Deploy updates blue/green with automatic rollback on ``rollout``'s alarms (see Rollout). Needs the fixed
-        endpoint name (the alarms' dimension; see ``metric``)."""
-        by_id = {alarm.node.id: alarm for alarm in self.alarms}
-        if self.fixed_name is None or any(alarm_id not in by_id for alarm_id in rollout.rollback_alarms):
-            raise ValueError(f"a rollout needs a fixed endpoint name and alarms among {sorted(by_id)}")
-        self.endpoint.deployment_config = sagemaker.CfnEndpoint.DeploymentConfigProperty(
-            blue_green_update_policy=sagemaker.CfnEndpoint.BlueGreenUpdatePolicyProperty(
-                traffic_routing_configuration=sagemaker.CfnEndpoint.TrafficRoutingConfigProperty(
-                    type="ALL_AT_ONCE", wait_interval_in_seconds=rollout.bake_seconds
-                ),
-                termination_wait_in_seconds=0,
-                maximum_execution_timeout_in_seconds=rollout.max_execution_seconds,
-            ),
-            auto_rollback_configuration=sagemaker.CfnEndpoint.AutoRollbackConfigProperty(
-                alarms=[
-                    sagemaker.CfnEndpoint.AlarmProperty(alarm_name=by_id[alarm_id].alarm_name)
-                    for alarm_id in rollout.rollback_alarms
-                ]
-            ),
-        )
 
     def shares_network_with(self, *others: SageMakerEndpoint) -> None:
         """Other endpoints whose models join the same security group: this endpoint's ENI wait does not wait while
@@ -554,4 +526,27 @@ def _allow_alarms_to_publish(topic: sns.Topic) -> None:
                 },
             },
         )
+    )
+
+
+def roll_out(endpoint: SageMakerEndpoint, rollout: Rollout) -> None:
+    """Deploy ``endpoint``'s updates blue/green with automatic rollback on ``rollout``'s alarms (see Rollout). Needs
+    the fixed endpoint name (the alarms' dimension; see ``SageMakerEndpoint.metric``)."""
+    by_id = {alarm.node.id: alarm for alarm in endpoint.alarms}
+    if endpoint.fixed_name is None or any(alarm_id not in by_id for alarm_id in rollout.rollback_alarms):
+        raise ValueError(f"a rollout needs a fixed endpoint name and alarms among {sorted(by_id)}")
+    endpoint.endpoint.deployment_config = sagemaker.CfnEndpoint.DeploymentConfigProperty(
+        blue_green_update_policy=sagemaker.CfnEndpoint.BlueGreenUpdatePolicyProperty(
+            traffic_routing_configuration=sagemaker.CfnEndpoint.TrafficRoutingConfigProperty(
+                type="ALL_AT_ONCE", wait_interval_in_seconds=rollout.bake_seconds
+            ),
+            termination_wait_in_seconds=0,
+            maximum_execution_timeout_in_seconds=rollout.max_execution_seconds,
+        ),
+        auto_rollback_configuration=sagemaker.CfnEndpoint.AutoRollbackConfigProperty(
+            alarms=[
+                sagemaker.CfnEndpoint.AlarmProperty(alarm_name=by_id[alarm_id].alarm_name)
+                for alarm_id in rollout.rollback_alarms
+            ]
+        ),
     )

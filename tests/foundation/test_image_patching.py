@@ -18,10 +18,11 @@ from app import build_app
 from ops_review.__main__ import main as review_main
 from ops_review.review import review_assembly
 from platform_facts.images import WARN_DAYS, PatchStatus, image_facts, training_images
-from stacks.image_patching import SERVING_IMAGE_BASE, SERVING_IMAGE_FACT, check_images, warning
+from stacks.image_patching import SERVING_IMAGE_FACT, check_images, warning
 from stacks.settings import SettingsError, TrainingSettings, parse_environment
 from tests.conftest import ROOT, cdk_context
 
+SERVING_IMAGE_BASE = "public.ecr.aws/amazonlinux/amazonlinux:2023"  # the serving image's base
 GRAVITON_TORCHSERVE = "pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"  # ended; nobody chooses it
 # The training DLCs every environment runs (none overrides the defaults): the image table's entries, with their ends.
 _EC2, _SAGEMAKER = TrainingSettings().image, TrainingSettings().remote_image

@@ -19,10 +19,12 @@ from inference_assets.image.lock import LOCK, parse_lock
 from inference_assets.local.local_server import SERVER_MODULE
 from platform_facts.images import PatchStatus, image_fact, training_images
 from stacks.components.image_builds import Architecture
-from stacks.image_patching import SERVING_IMAGE_BASE, SERVING_IMAGE_FACT
+from stacks.image_patching import SERVING_IMAGE_FACT
 from stacks.pipeline import SERVING_IMAGE, TRAINING_IMAGE, platform_images, training_base
 
 ROOT = Path(__file__).resolve().parents[2]
+# The serving image's base: the Dockerfile's FROM, a row of platform_facts/images.json.
+SERVING_IMAGE_BASE = "public.ecr.aws/amazonlinux/amazonlinux:2023"
 HADOLINT = Path(sys.executable).parent / "hadolint"
 TODAY = date(2026, 12, 5)
 
