@@ -221,7 +221,12 @@ def test_reverse_and_identical_diffs_raise_no_findings(old_and_new: tuple[Path, 
     assert main(["--diff", str(new), str(old), "--out", str(tmp_path / "reverse")]) == 0
     assert json.loads((tmp_path / "reverse" / "diff.json").read_text())["findings"] == []
     assert main(["--diff", str(old), str(old), "--out", str(tmp_path / "same")]) == 0
-    assert json.loads((tmp_path / "same" / "diff.json").read_text()) == {"findings": [], "stacks": {}}
+    assert json.loads((tmp_path / "same" / "diff.json").read_text()) == {
+        "findings": [],
+        "stacks": {},
+        "replaced": [],
+        "refused": [],
+    }
 
 
 def test_review_of_the_platform_writes_markdown_and_json_per_environment(
