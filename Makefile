@@ -119,6 +119,12 @@ demo: $(DEV_INSTALLED)
 check-model: $(DEV_INSTALLED)
 	$(BIN)/python -m inference_assets.tools.model_check --env $(or $(ENV),dev)
 
+## Before deploying: one line per image the environment's stacks resolve from SSM (present, of the instances'
+## architecture, pullable by this account), read from cdk.out (`make synth` first; ENV=dev|staging|prod).
+.PHONY: check-images
+check-images: $(DEV_INSTALLED)
+	$(BIN)/python -m ops_review.image_check --env $(or $(ENV),dev)
+
 ## The README's journey in one piece against one moto server, every AWS call checked against the synthesized policy of
 ## the principal making it (proving_ground/rehearsal/rehearse.py): synthesizes ENV (default dev, with a model key set), or rehearses
 ## ASSEMBLY=cdk.out.

@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "package": Subcommand("inference_assets.tools.package_model", "package a saved model as model.tar.gz"),
     "publish": Subcommand("inference_assets.tools.publish_models", "package, publish, list, remove MME models"),
     "check-model": Subcommand("inference_assets.tools.model_check", "before a deploy: is the endpoint's model in S3?"),
+    "check-images": Subcommand("ops_review.image_check", "before a deploy: are the stacks' images there and pullable?"),
     "serve": Subcommand("inference_assets.local.local_server", "serve model.tar.gz locally with Ray Serve"),
     "invoke": Subcommand("inference_assets.tools.endpoint_client", "invoke a deployed endpoint", ("invoke",)),
     "smoke-test": Subcommand(

@@ -76,15 +76,14 @@ class EndpointSettings(Protocol):
     @property
     def instance_type(self) -> str: ...
     @property
-    def model_server(self) -> ModelServer: ...
-    @property
     def autoscaling(self) -> _Autoscaling: ...
     @property
     def sizing(self) -> _Sizing: ...
 
 
-# TorchServe's fixed workers per loaded model (SAGEMAKER_MODEL_SERVER_WORKERS) and DJL's minimum: the endpoint stack
-# sets its container environment from this number.
+# The multi-model endpoint's model server: DJL Serving, the one the settings offer (TorchServe's images ended patching).
+MODEL_SERVER: ModelServer = "djl"
+# DJL's minimum workers per loaded model (the simulation's Fleet.workers_per_model).
 WORKERS_PER_MODEL = 1
 # The simulated time: a warm-up from the prewarmed steady state (DJL adds workers, evictions start), then the measured
 # window. Long enough for a stable p99 at a few requests per second, short enough that a review of three
@@ -114,7 +113,6 @@ class SizingInputs:
     min_capacity: int
     max_capacity: int
     target_invocations_per_instance: int  # SageMakerVariantInvocationsPerInstance: per instance per minute
-    model_server: ModelServer
     workers_per_model: int
     models: int
     requests_per_second: float
@@ -132,7 +130,6 @@ class SizingInputs:
             min_capacity=scaling.min_capacity,
             max_capacity=scaling.max_capacity,
             target_invocations_per_instance=scaling.target_invocations_per_instance,
-            model_server=endpoint.model_server,
             workers_per_model=WORKERS_PER_MODEL,
             models=sizing.models,
             requests_per_second=sizing.requests_per_second,
@@ -236,7 +233,7 @@ def _fleet(inputs: SizingInputs, instances: int) -> Fleet:
     return costs.fleet(
         inputs.instance_type,
         instances,
-        inputs.model_server,
+        MODEL_SERVER,
         workers_per_model=inputs.workers_per_model,
         max_idle_s=inputs.max_idle_time_seconds,
     )
@@ -476,7 +473,7 @@ def summary(plan: EndpointPlan) -> str:
     inputs = plan.inputs
     return (
         f"{inputs.models} models at {inputs.requests_per_second:g} requests/s on {inputs.instance_type} "
-        f"({inputs.model_server}); autoscaling {inputs.min_capacity}..{inputs.max_capacity} at "
+        f"({MODEL_SERVER}); autoscaling {inputs.min_capacity}..{inputs.max_capacity} at "
         f"{inputs.target_invocations_per_instance} invocations/instance/minute settles on "
         f"{_instances(plan.autoscaled_instances)}; p99 objective {inputs.p99_objective_ms:g} ms."
     )

@@ -147,6 +147,9 @@ def _cost_summary(review: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# Long: one finding rule after another (new wildcard grants, internet ingress and egress, endpoint policies dropped,
+# public resource policies, encryption, deletion and retention weakened, cost up), each a few lines, in the order the
+# diff reports them
 def _stack_findings(label: str, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     findings = []
     wildcards: dict[tuple[str, str, str], list[str]] = {}

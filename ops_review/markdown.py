@@ -113,6 +113,8 @@ def _images_markdown(stacks: dict[str, dict[str, Any]]) -> list[str]:
     return ["## Images and their patch windows", "", *_table(headers, rows)]
 
 
+# Long: the review page of one stack, section by section in the order a reader sees them (warnings, resources,
+# principals, policies, network, encryption, retention, cost, sizing)
 def stack_markdown(name: str, review: dict[str, Any]) -> list[str]:
     network, cost = review["network"], review["cost"]
     lines = [

@@ -105,6 +105,11 @@ class Needs:
     reservation_id: str | None = None
     reservation_group_arn: str | None = None
     capacity_block: bool = False
+    # Elastic IPs (one per NAT gateway) of every environment of the assembly that shares this account and region:
+    # (environment, its Foundation stack's name, EIPs).
+    elastic_ips: tuple[tuple[str, str, int], ...] = ()
+    # The Foundation's interface endpoints' service names.
+    endpoint_services: tuple[str, ...] = ()
 
 
 def needs_of(cdk_out: Path, environment: str) -> Needs:
@@ -139,11 +144,38 @@ def needs_of(cdk_out: Path, environment: str) -> Needs:
         maxima[instance_type] = maxima.get(instance_type, 0) + count
     graviton = stacks.get("GravitonEndpoint")
     model_key = graviton.template["Outputs"]["ModelDataKey"]["Value"] if graviton else None
+    services = tuple(
+        sorted(
+            {
+                p["ServiceName"]
+                for p in of_type(foundation, "AWS::EC2::VPCEndpoint")
+                if p.get("VpcEndpointType") == "Interface" and isinstance(p.get("ServiceName"), str)
+            }
+        )
+    )
     return Needs(environment=environment, region=stacks["Foundation"].region or "us-west-2",
                  foundation_stack=stacks["Foundation"].stack_name, training_type=launch["LaunchTemplateData"]
                  ["InstanceType"], nodes=max(counts or [1]), zone_index=int(zone), zones=len(subnets),
                  remote_type=remote[0] if remote else None, endpoint_maxima=maxima, model_key=model_key,
-                 stacks=tuple(stacks.values()), **capacity_target(launch["LaunchTemplateData"]))  # fmt: skip
+                 stacks=tuple(stacks.values()), elastic_ips=sharing_elastic_ips(cdk_out, stacks["Foundation"]),
+                 endpoint_services=services, **capacity_target(launch["LaunchTemplateData"]))  # fmt: skip
+
+
+def sharing_elastic_ips(cdk_out: Path, foundation: Any) -> tuple[tuple[str, str, int], ...]:
+    """(environment, Foundation stack name, Elastic IPs) of every environment stage of the assembly that deploys
+    into the same account and region as ``foundation`` (no account: wherever the CLI's credentials point, so every
+    other environment without one shares it). The pipeline's copies of the stages are not counted twice."""
+    from ops_review.review import load_assembly
+
+    found = []
+    for stack in load_assembly(cdk_out):
+        if stack.stack != "Foundation" or "/" in stack.environment:
+            continue
+        if (stack.account, stack.region or "us-west-2") != (foundation.account, foundation.region or "us-west-2"):
+            continue
+        eips = sum(r["Type"] == "AWS::EC2::EIP" for r in stack.template["Resources"].values())
+        found.append((stack.environment, stack.stack_name, eips))
+    return tuple(found)
 
 
 def capacity_target(data: dict[str, Any]) -> dict[str, Any]:
@@ -170,7 +202,8 @@ class Preflight:
     def run(self) -> list[Finding]:
         self.foundation = self._stack_outputs(self.needs.foundation_stack)
         for check in (self.ec2_quota, self.zone_offering, self.capacity_reservation, self.sagemaker_quotas,
-                      self.key_and_buckets, self.model_objects, self.fixed_names):  # fmt: skip
+                      self.endpoint_services, self.endpoint_instance_zones, self.key_and_buckets,
+                      self.model_objects, self.images, self.fixed_names, self.elastic_ips):  # fmt: skip
             try:
                 check()
             except Exception as error:  # a check that cannot run is a finding, not a crash
@@ -245,9 +278,9 @@ class Preflight:
 
     # --- capacity in the zone -----------------------------------------------------------------------------------------
 
-    def zone_offering(self) -> None:
-        instance_type, ec2 = self.needs.training_type, self.client("ec2")
-        index = self.needs.zone_index
+    def _zones(self) -> tuple[list[str], str]:
+        """The private subnets' zones, in subnet order, and where they were read."""
+        ec2 = self.client("ec2")
         if self.foundation and self.foundation.get("PrivateSubnetIds"):
             subnet_ids = self.foundation["PrivateSubnetIds"].split(",")
             described = ec2.describe_subnets(SubnetIds=subnet_ids)["Subnets"]
@@ -261,6 +294,12 @@ class Preflight:
             zones = sorted(z["ZoneName"] for z in available if z.get("State", "available") == "available")
             zones = zones[: self.needs.zones]
             source = "the region's zones, as Fn::GetAZs lists them"
+        return zones, source
+
+    def zone_offering(self) -> None:
+        instance_type, ec2 = self.needs.training_type, self.client("ec2")
+        index = self.needs.zone_index
+        zones, source = self._zones()
         if index >= len(zones):
             self.add("BLOCKER", "training zone", f"training.subnet_index {index} is beyond {source} ({len(zones)}).")
             return
@@ -280,8 +319,83 @@ class Preflight:
                   f"none of {source} offers it: use another region or instance type")  # fmt: skip
         self.add("BLOCKER", check, f"not offered in the zone of training.subnet_index {index}: {advice}.")
 
+    def endpoint_services(self) -> None:
+        """Each interface endpoint's service must be offered in every zone of the private subnets it is placed in,
+        or CloudFormation fails the Foundation's create (EC2 DescribeVpcEndpointServices: ServiceDetails
+        .AvailabilityZones)."""
+        names = list(self.needs.endpoint_services)
+        if not names:
+            return
+        zones, source = self._zones()
+        described = self.client("ec2").describe_vpc_endpoint_services(ServiceNames=names)["ServiceDetails"]
+        offered = {d["ServiceName"]: set(d.get("AvailabilityZones", [])) for d in described}
+        for name in names:
+            missing = [zone for zone in zones if zone not in offered.get(name, set())]
+            check = f"interface endpoint {name}"
+            if missing:
+                advice = "deploy to a region whose first zones offer it, or lower vpc.max_azs"
+                self.add("BLOCKER", check, f"not offered in {', '.join(missing)} ({source}): the Foundation's "
+                         f"create fails; {advice}.")  # fmt: skip
+            else:
+                self.add("OK", check, f"offered in {', '.join(zones)}.")
+
+    def endpoint_instance_zones(self) -> None:
+        """SageMaker runs an endpoint in VPC mode on instances in its subnets' zones; an endpoint type none of them
+        offers cannot start. Read as the EC2 offering of the type's hardware (ml.c7g.4xlarge: c7g.4xlarge; EC2
+        DescribeInstanceTypeOfferings): SageMaker's per-zone offering has no API, so this is the nearest account
+        answer, and a zone that lacks it is a warning while another zone has it."""
+        types = sorted(self.needs.endpoint_maxima)
+        if not types:
+            return
+        zones, source = self._zones()
+        ec2 = self.client("ec2")
+        for instance_type in types:
+            hardware = instance_type.removeprefix("ml.")
+            offered = {
+                o["Location"]
+                for o in _pages(ec2, "describe_instance_type_offerings", "InstanceTypeOfferings",
+                                LocationType="availability-zone",
+                                Filters=[{"Name": "instance-type", "Values": [hardware]}])
+            }  # fmt: skip
+            have = [zone for zone in zones if zone in offered]
+            check = f"{instance_type} in the endpoint subnets' zones"
+            if not have:
+                self.add("BLOCKER", check, f"none of {', '.join(zones)} ({source}) offers {hardware}: choose "
+                         "another instance type for the endpoint, or another region.")  # fmt: skip
+            elif len(have) < len(zones):
+                self.add("WARNING", check, f"only {', '.join(have)} of {', '.join(zones)} offer {hardware}: "
+                         "SageMaker places every instance there.")  # fmt: skip
+            else:
+                self.add("OK", check, f"offered in {', '.join(zones)}.")
+
+    def elastic_ips(self) -> None:
+        """Each NAT gateway holds an Elastic IP, and every environment deployed into this account and region draws on
+        one quota (EC2 DescribeAccountAttributes vpc-max-elastic-ips; Service Quotas L-0263D0A3, 5 by default):
+        those of environments whose Foundation is not deployed yet must fit into what is free."""
+        sharing = self.needs.elastic_ips
+        if not sharing:
+            return
+        ec2 = self.client("ec2")
+        attributes = ec2.describe_account_attributes(AttributeNames=["vpc-max-elastic-ips"])["AccountAttributes"]
+        limit = int(attributes[0]["AttributeValues"][0]["AttributeValue"])
+        in_use = len(ec2.describe_addresses()["Addresses"])
+        pending = [(env, eips) for env, stack, eips in sharing if eips and not self._stack_exists(stack)]
+        needed = sum(eips for _, eips in pending)
+        check = "Elastic IPs (NAT gateways)"
+        who = ", ".join(f"{env} {eips}" for env, eips in pending) or "none"
+        if in_use + needed > limit:
+            self.add("BLOCKER", check, f"{limit} allowed, {in_use} in use; the NAT gateways of the environments "
+                     f"sharing this account and region, not deployed yet, need {needed} ({who}): request an increase "
+                     "(aws service-quotas request-service-quota-increase --service-code ec2 --quota-code L-0263D0A3 "
+                     f"--desired-value {in_use + needed}), release unused addresses, or lower "
+                     "vpc.nat_gateways.")  # fmt: skip
+        else:
+            self.add("OK", check, f"{limit} allowed, {in_use} in use, {needed} more needed ({who}).")
+
     # --- capacity bought ahead ------------------------------------------------------------------------------------
 
+    # Long: one check per thing EC2 documents about a reservation (existence, type, zone, state, room, market type),
+    # each with its blocker sentence
     def capacity_reservation(self) -> None:
         """The reservation the launch template targets: it must exist, be of the training type, in the training
         subnet's zone, active (a Capacity Block is "scheduled" until its start) with room for the run's nodes, and a
@@ -401,6 +515,19 @@ class Preflight:
         else:
             self.add("OK", "Graviton endpoint model", f"s3://{bucket}/{key} exists.")
 
+    # --- images -------------------------------------------------------------------------------------------------------
+
+    def images(self) -> None:
+        """Each image a stack resolves from SSM when it deploys (ops_review/image_check.py, also
+        `pytorch-platform check-images`): present, of its instances' architecture, pullable by this account."""
+        from ops_review.image_check import ImageCheck, image_needs
+
+        # ECR in the region the digest URI names: the pipeline publishes within its own region, the environment's.
+        checker = ImageCheck(lambda service, region: self.client(service), self.needs.region)
+        for need in image_needs(list(self.needs.stacks)):
+            result = checker.check(need)
+            self.add("OK" if result.ok else "BLOCKER", f"image {need.parameter}", f"{result.message}")
+
     # --- fixed names --------------------------------------------------------------------------------------------------
 
     def fixed_names(self) -> None:
@@ -437,6 +564,54 @@ class Preflight:
         return True
 
 
+def codebuild_quotas(cdk_out: Path, clients: Callable[[str], Any]) -> list[Finding]:
+    """The promotion pipeline's account: CodeBuild runs no more builds at once per environment type and compute type
+    than its "Concurrently running builds for <OS>/<size> environment" quota, and a new account's may start at 0 (no
+    build runs at all until it is raised). Quotas found by name, as for SageMaker (the codes are per type); each type
+    the pipeline's projects use needs at least one, and as many as its projects to run a wave's builds side by side."""
+    from ops_review.review import load_assembly
+
+    stacks = [s for s in load_assembly(cdk_out) if s.stack == "PromotionPipeline" and "/" not in s.environment]
+    if not stacks:
+        raise ValueError(f"{cdk_out} has no PromotionPipeline stack; run `make synth` first.")
+    wanted: dict[str, int] = {}
+    for resource in stacks[0].template["Resources"].values():
+        if resource["Type"] != "AWS::CodeBuild::Project":
+            continue
+        environment = resource["Properties"]["Environment"]
+        system = "arm" if environment["Type"].startswith("ARM") else "linux"
+        size = str(environment["ComputeType"]).removeprefix("BUILD_GENERAL1_").lower()
+        key = f"{system}/{size} environment"
+        wanted[key] = wanted.get(key, 0) + 1
+    quotas = clients("service-quotas")
+    applied = _pages(quotas, "list_service_quotas", "Quotas", ServiceCode="codebuild")
+    found = {q["QuotaName"].lower(): q for q in applied}
+    defaults = _pages(quotas, "list_aws_default_service_quotas", "Quotas", ServiceCode="codebuild")
+    for quota in defaults:
+        found.setdefault(quota["QuotaName"].lower(), quota)
+    findings = []
+    for key, projects in sorted(wanted.items()):
+        matches = [q for name, q in found.items() if "concurrently running builds" in name and name.endswith(key)]
+        check = f"CodeBuild quota for {key.removesuffix(' environment')} builds"
+        if not matches:
+            findings.append(Finding("WARNING", check, f"no quota named '...{key}' in Service Quotas: check the "
+                                    "account's concurrent-build quota for this type in the console."))  # fmt: skip
+            continue
+        quota = matches[0]
+        value = float(quota["Value"])
+        request = ("request an increase (aws service-quotas request-service-quota-increase --service-code codebuild "
+                   f"--quota-code {quota['QuotaCode']} --desired-value {projects})")  # fmt: skip
+        if value < 1:
+            findings.append(Finding("BLOCKER", check, f"{value:g}: no {key.split(' ')[0]} build can run, so the "
+                                    f"pipeline cannot start; {request}."))  # fmt: skip
+        elif value < projects:
+            findings.append(Finding("WARNING", check, f"{value:g} at once for the pipeline's {projects} projects of "
+                                    f"this type: builds of one wave queue; {request}."))  # fmt: skip
+        else:
+            findings.append(Finding("OK", check, f"{value:g} at once; the pipeline has {projects} projects of it."))
+    return findings
+
+
 def _environment(args: argparse.Namespace) -> str:
     for item in args.context:
         key, _, value = item.partition("=")
@@ -453,7 +628,21 @@ def main(argv: list[str] | None = None, *, clients: Callable[[str], Any] | None 
     parser.add_argument("--env", help="the environment (same as -c env=...)")
     parser.add_argument("--cdk-out", type=Path, default=Path("cdk.out"), help="cloud assembly (default: cdk.out)")
     parser.add_argument("--region", help="AWS region (default: the environment's in the cloud assembly)")
+    parser.add_argument("--pipeline", action="store_true", help="check the pipeline's account instead (CodeBuild)")
     args = parser.parse_args(argv)
+    if args.pipeline:
+        if clients is None:
+            import boto3
+
+            clients = boto3.session.Session(region_name=args.region).client
+        try:
+            pipeline_findings = codebuild_quotas(args.cdk_out, clients)
+        except (OSError, ValueError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        for finding in pipeline_findings:
+            print(finding.line())
+        return 1 if any(f.level == "BLOCKER" for f in pipeline_findings) else 0
     environment = _environment(args)
     try:
         needs = needs_of(args.cdk_out, environment)

@@ -210,7 +210,9 @@ def is_public_principal(principal: str) -> bool:
     return principal == "*"
 
 
-class _Template:
+class _Names:
+    """A template's resources and how the review names them (construct paths, resolved references)."""
+
     def __init__(self, stack: StackTemplate, exports: dict[str, str] | None = None) -> None:
         self.stack = stack
         self.resources: dict[str, dict[str, Any]] = stack.template.get("Resources", {})
@@ -270,6 +272,14 @@ class _Template:
         """The construct path without CDK's Default and Resource levels (Vpc/PrivateSubnet1/Subnet)."""
         return "/".join(part for part in self.name(logical_id).split("/") if part not in ("Default", "Resource"))
 
+    def _referenced_ids(self, value: Any) -> set[str]:
+        text = json.dumps(value)
+        return {lid for lid in self.resources if f'"{lid}"' in text}
+
+
+class _AccessReview(_Names):
+    """IAM: every principal with what it may do to which resource, and the resource policies."""
+
     def access(self, documents: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         """What a principal can do to which resource: one row per statement and service, Allow before Deny, by
         service; resources and conditions with their references resolved to names."""
@@ -304,12 +314,6 @@ class _Template:
                         }
                     )
         return sorted(rows, key=lambda row: (row["effect"] != "Allow", row["service"]))
-
-    def _referenced_ids(self, value: Any) -> set[str]:
-        text = json.dumps(value)
-        return {lid for lid in self.resources if f'"{lid}"' in text}
-
-    # --- IAM ----------------------------------------------------------------------------------------------------
 
     def iam(self) -> dict[str, dict[str, Any]]:
         principals: dict[str, dict[str, Any]] = {}
@@ -430,7 +434,9 @@ class _Template:
                 )
         return entries
 
-    # --- network ------------------------------------------------------------------------------------------------
+
+class _NetworkReview(_Names):
+    """Network exposure: security group rules, public subnets and what sits in them."""
 
     def network(self) -> dict[str, Any]:
         groups: dict[str, list[dict[str, Any]]] = {}
@@ -534,7 +540,9 @@ class _Template:
         }
         return sorted(self.name(lid) for lid in subnets if lid)
 
-    # --- encryption and retention -------------------------------------------------------------------------------
+
+class _GuardrailReview(_Names):
+    """Encryption, guardrails, retention, unheard alarms and the cdk-nag acknowledgements."""
 
     def encryption(self) -> list[dict[str, Any]]:
         stores = []
@@ -636,7 +644,9 @@ class _Template:
             for (rule, reason), resources in sorted(grouped.items())
         ]
 
-    # --- multi-model endpoint sizing ------------------------------------------------------------------------------
+
+class _CostReview(_Names):
+    """What the stack would cost per hour, and the predicted behaviour of a multi-model endpoint."""
 
     def multi_model_sizing(self) -> list[dict[str, Any]]:
         """The plan of every endpoint that carries sizing inputs: the table, parity count and advice of mme-plan."""
@@ -664,8 +674,6 @@ class _Template:
             )
         return entries
 
-    # --- cost ---------------------------------------------------------------------------------------------------
-
     def _max_capacity(self, endpoint_id: str, variant_name: str) -> int | None:
         """MaxCapacity of the scalable target of endpoint/<endpoint>/variant/<variant>, if this stack has one."""
         for _, target in self._of_type("AWS::ApplicationAutoScaling::ScalableTarget"):
@@ -675,6 +683,8 @@ class _Template:
                 return int(target["Properties"]["MaxCapacity"])
         return None
 
+    # Long: the hourly price of each resource kind that runs instances (endpoints with their autoscaling bounds, NAT
+    # gateways, interface endpoints, launch templates per run), one short branch each
     def cost(self, prices: dict[str, Any]) -> dict[str, Any]:
         table = prices["regions"].get(self.stack.region or "", {})
         always_on: list[dict[str, Any]] = []
@@ -757,6 +767,10 @@ class _Template:
             "per_training_run_hourly_usd_per_node": round(sum(i["hourly_usd"] or 0 for i in per_training_run), 4),
             "unpriced": unpriced,
         }
+
+
+class _Template(_AccessReview, _NetworkReview, _GuardrailReview, _CostReview):
+    """One stack's template as the review reads it, each concern in its own class above."""
 
 
 def hardware(instance_type: str) -> str | None:

@@ -137,11 +137,6 @@ def has_local_nvme(name: str) -> bool:
     return instance_type(name).local_nvme
 
 
-def gpu_of(name: str) -> Accelerator | None:
-    """The type's NVIDIA GPU, None without one."""
-    return instance_type(name).gpu
-
-
 def gpu_families() -> dict[str, Accelerator]:
     """Each family with an NVIDIA GPU and that GPU (one model per family), in the table's order."""
     families: dict[str, Accelerator] = {}

@@ -21,7 +21,6 @@ It does not model SCPs, permission boundaries or session policies: the platform 
 from __future__ import annotations
 
 import base64
-import contextlib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -274,16 +273,6 @@ def resolve(value: Any, *, refs: dict[str, Any], exports: dict[str, Any] | None 
         if name.startswith("Fn::"):
             raise Unsupported(name)
     return {k: resolve(v, refs=refs, exports=exports) for k, v in value.items()}
-
-
-def template_exports(template: dict[str, Any], refs: dict[str, Any]) -> dict[str, Any]:
-    """The template's exports whose values ``refs`` can resolve (importing any other one raises KeyError)."""
-    exports = {}
-    for output in template.get("Outputs", {}).values():
-        if "Export" in output:
-            with contextlib.suppress(KeyError):
-                exports[resolve(output["Export"]["Name"], refs=refs)] = resolve(output["Value"], refs=refs)
-    return exports
 
 
 def logical_id(template: dict[str, Any], resource_type: str, prefix: str) -> str:
@@ -544,6 +533,9 @@ def _on_behalf_resource(call: Call, action: str) -> str:
     return "*"
 
 
+# Long: one branch per API call whose IAM requests differ from the call's own (RunInstances, S3 on KMS-encrypted
+# buckets, copies, tagging, autoscaling on the caller's behalf, TargetModel, training jobs), as the Service
+# Authorization Reference lists them
 def requests_for(
     call: Call,
     *,
@@ -610,6 +602,8 @@ def requests_for(
     return requests
 
 
+# Long: one request per resource RunInstances authorizes (instance, volumes, interfaces, subnet, groups, image,
+# template, reservation), each with its condition keys
 def run_instances_requests(
     call: Call, launch_templates: Mapping[str, Mapping[str, Any]], principal: Mapping[str, ContextValue]
 ) -> list[Request]:

@@ -171,6 +171,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
     }
 
 
+# Long: the JSON and the Markdown report of one validation run, table after table in the report's order
 def write_results(result: dict[str, Any], output_dir: Path, name: str = "mme_fleet_validation") -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
     rows = result["rows"]

@@ -44,6 +44,8 @@ CONTEXT_KEYS: dict[str, str] = {
     "env": "given on the command line, `-c env=dev,staging`: the environments to synthesize (default: all); every "
     "environment is validated whatever it selects",
     "today": "given on the command line, `-c today=YYYY-MM-DD`: check the images' patch windows as of that date",
+    "placeholder_pipeline": "given on the command line, `-c placeholder_pipeline=true` (`make synth` passes it): "
+    "without `pipeline`, also build the `PromotionPipeline` stack with placeholder settings, so the gates see it",
 }
 # Fields the loader sets itself rather than reading them from an environment's object in cdk.json.
 INJECTED = {"name": "set by the loader from the environment's key under `environments`; not written in cdk.json"}

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ops_review import GATES_REPORT, PLACEHOLDER_METADATA
+from ops_review.image_check import image_needs
+from ops_review.review import load_assembly
 from scripts import iam_analysers
 from stacks.settings import ENVIRONMENT_NAMES
 
@@ -173,6 +175,24 @@ def synth_warnings(assembly: Path) -> dict[str, list[str]]:
     return found
 
 
+def image_warnings(assembly: Path) -> dict[str, list[str]]:
+    """One warning per image a stack resolves from SSM when it deploys (ops_review/image_check.py): synth cannot see
+    whether the parameter exists, names the right architecture or a repository the account can pull, and each of
+    those fails the deploy; the line names the command that checks it."""
+    found: dict[str, list[str]] = {}
+    stacks = [stack for stack in load_assembly(assembly) if stack.environment in ENVIRONMENT_NAMES]
+    for need in image_needs(stacks):
+        environment = need.stack.split("/")[0]
+        message = (
+            f"{need.stack} resolves the image in SSM parameter {need.parameter} when it deploys "
+            f"({need.architecture or 'architecture unknown'} for {need.runs_on}): absent, of another architecture or "
+            f"in a repository this account cannot pull, it fails the deploy; check it with "
+            f"`pytorch-platform check-images --env {environment}`"
+        )
+        found.setdefault(message, []).append(need.stack)
+    return found
+
+
 def checkov_counts(stdout: str) -> dict[str, int]:
     match = re.search(r"Passed checks: (\d+), Failed checks: (\d+), Skipped checks: (\d+)", stdout)
     passed, failed, skipped = (int(n) for n in match.groups()) if match else (0, 0, 0)
@@ -238,7 +258,7 @@ def run_gates(assembly: Path) -> dict[str, Any]:
     report = {
         "gates": {name: {"passed": passed, "summary": text} for name, (passed, text) in gates.items()},
         "iam_analysers": analysed,
-        "warnings": synth_warnings(assembly),
+        "warnings": {**synth_warnings(assembly), **image_warnings(assembly)},
         "unacknowledged": violations,
         "acknowledged": acknowledged,
         "checkov_skips": [{"checks": ids, "reason": reason} for ids, reason in skips],

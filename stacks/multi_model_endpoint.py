@@ -56,7 +56,7 @@ class MultiModelEndpointStack(EnvironmentStack):
             scope,
             construct_id,
             description=f"PyTorch platform multi-model endpoint ({settings.name}): "
-            f"{settings.multi_model_endpoint.model_server} on {settings.multi_model_endpoint.instance_type}",
+            f"DJL Serving on {settings.multi_model_endpoint.instance_type}",
             settings=settings,
             **kwargs,
         )

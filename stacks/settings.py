@@ -564,8 +564,6 @@ class MultiModelEndpointSettings(_Settings):
     enabled: bool = True
     instance_type: str = "ml.c5.2xlarge"
     initial_instance_count: Annotated[int, Field(ge=1)] = 1
-    # DJL Serving only: the TorchServe DLCs ended patching on 2026-06-30 (platform_facts/images.json, docs/images.md).
-    model_server: Literal["djl"] = "djl"
     djl_image: str = "djl-inference:0.36.0-cpu-full"
     models_prefix: str = "multi-model/"
     invoke_allowed_models: list[str] = []

@@ -199,7 +199,7 @@ class TrainingStack(EnvironmentStack):
         self.security_group = self.training_template.security_group
         self.placement_group = self.training_template.placement_group
         self.launch_template = self.training_template.launch_template
-        self.instance_policy = self._instance_policy()
+        self._instance_policy()
         self.launcher_policy = self._launcher_policy()
         self.remote_config_parameter = self._remote_config_parameter()
         self._outputs()

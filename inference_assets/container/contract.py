@@ -186,17 +186,3 @@ class DjlModelSettings:
         if self.max_workers is not None:
             lines.append(f"maxWorkers={self.max_workers}")
         return "\n".join(lines) + "\n"
-
-
-def parse_properties(text: str) -> dict[str, str]:
-    """Read a ``serving.properties`` text back into a dict (comments and blank lines skipped)."""
-    properties = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"serving.properties line {number} is not key=value: {line!r}")
-        properties[key.strip()] = value.strip()
-    return properties

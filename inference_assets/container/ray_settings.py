@@ -32,8 +32,6 @@ BATCH_WAIT_TIMEOUT_ENV = "SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S"
 THREADS_ENV = "OMP_NUM_THREADS"
 THROUGHPUT_OPTIMIZED_ENV = "RAY_SERVE_THROUGHPUT_OPTIMIZED"
 DIRECT_INGRESS_ENV = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
-# The application name in config.yaml; its route prefix is "/" (what AWS's DLC adapter forwards /invocations to).
-APPLICATION = "sentiment"
 
 
 def _positive_int(environment: Mapping[str, str], name: str, default: int) -> int:

@@ -105,6 +105,7 @@ def _saturated(user_class: type[_ProbeUser], first_probe: int, args: argparse.Na
     return row
 
 
+# Long: one measurement script, step after step (build, load, measure, unload), each step timed where it runs
 def measure_costs(
     server: LocalModelServer, prefix: Path, names: list[str], first_probe: int, args: argparse.Namespace,
     cpu: CpuAccount

@@ -50,6 +50,7 @@ class RequestLog:
         return [request for request in self.completed if start <= request.at < end]
 
 
+# Long: one traffic window: start Locust, sample the server, stop, then collect the numbers, in that order
 def measure_pattern(
     pattern: str,
     *,

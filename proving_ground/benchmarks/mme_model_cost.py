@@ -179,6 +179,8 @@ def _build(size: ModelSize, work: Path) -> tuple[Path, float, float]:
     return archive, weights / MIB, archive.stat().st_size / MIB
 
 
+# Long: one model size measured step after step (load, first worker, second worker, warm latency, unload) on the same
+# server
 def _measure_size(
     server: LocalModelServer,
     size: ModelSize,
@@ -430,6 +432,8 @@ def _fits(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return fits
 
 
+# Long: the benchmark's run: the server started once, every size measured on it, then the machine's facts and the
+# results file
 def measure(
     work_dir: Path,
     *,

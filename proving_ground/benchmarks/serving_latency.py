@@ -353,6 +353,7 @@ def run_batches(predictor: SentimentPredictor, texts: list[str], size: int, dura
     return {"latencies_ms": latencies, "errors": 0, "wall_s": time.perf_counter() - began}
 
 
+# Long: a benchmark script's main: arguments, the runs side by side, and the results written as JSON and Markdown
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", choices=sorted(SETS), default="main", help="which served setups to compare")

@@ -73,6 +73,7 @@ def compare(fp32: SentimentPredictor, bf16: SentimentPredictor, texts: list[str]
     }
 
 
+# Long: a benchmark script's main: arguments, the runs side by side, and the results written as JSON and Markdown
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-size", choices=("base", "tiny"), default="base")

@@ -1,34 +1,37 @@
 """Training throughput side by side in one run, and how far it is from the hardware's limit: the seed's baseline
 (eager, fp32, plain AdamW, every text padded to max_seq_length, random batches), each PyTorch 2 feature alone
-(torch.compile, bf16, fused AdamW) and all three, and train_sentiment.py's defaults ("fast_path": bucketed padding,
+(torch.compile, bf16, fused AdamW) and all three, train_sentiment.py's defaults ("fast_path": bucketed padding,
 batches of one bucket, the compiled optimizer step; with a GPU also CUDA graphs, bf16, DataLoader workers with
-pinned memory), on the same model and data. ``NAME@N`` runs a variant at per-device batch N (e.g. fast_path@256).
+pinned memory), the fast path with several texts per row ("packed") and without gc.freeze ("no_gc_freeze"), on the
+same model and data. ``NAME@N`` runs a variant at per-device batch N (e.g. packed@256).
 
 Per variant: samples/s, non-padding tokens/s, padding fraction, the model's training FLOPs per token from its config
-(ModelFlops in train_sentiment.py: 6 N + 12 L d l, PaLM's model-FLOPs count) and the model TFLOP/s they make; on a
-GPU, that as a fraction of the GPU's dense bf16 peak (platform_facts/accelerators.json, NVIDIA's figures). Throughput
-is taken over the steady steps: after the warm-up steps, and not the steps that compile a new bucket length or
-record its CUDA graph (a bucket can first turn up late in an epoch); the results give the rest apart.
+(ModelFlops in training_assets/instance/throughput.py: 6 N + 12 L d l, PaLM's model-FLOPs count) and the model
+TFLOP/s they make; on a GPU, that as a fraction of the GPU's dense bf16 peak (platform_facts/accelerators.json,
+NVIDIA's figures) and of the matmul peak measured first (--probe-seconds); and what the run observed: graph breaks,
+frames compiled, CUDA graph skips and re-records, host and device time per step, data-loader wait, launches per step
+(--profile-steps), peak memory, compile seconds. Throughput is taken over the steady steps: after the warm-up steps,
+and not the steps that compile a new bucket length or record its CUDA graph (a bucket can first turn up late in an
+epoch); the results give the rest apart.
 
 Each variant is one run of training_assets/instance/train_sentiment.py in its own process with a fresh
-TorchInductor cache, so the compile warm-up is measured cold. The variants run in interleaved rounds (--rounds,
-default 2) and each keeps its best round, so a burst of other work on a shared machine does not decide a ratio; on
-CPU each run uses one thread (--cpu-threads) for the same reason. The results file records every round and the
-machine's load average around each run. On a GPU the fast-path runs use ``--sync-debug error``
-(torch.cuda.set_sync_debug_mode: a hidden host-device synchronisation in a steady step fails the run; the results
-say so, and the variant is measured again without the check).
+TorchInductor cache (or one shared cache, --inductor-cache), its output kept in the results folder; --variant-seconds
+stops a variant that runs longer, --deadline-seconds lets none run past the run's deadline, and each variant's row is
+written as soon as it ends. The variants run in interleaved rounds (--rounds, default 2) and each keeps its best
+round, so a burst of other work on a shared machine does not decide a ratio; on CPU each run uses one thread
+(--cpu-threads) for the same reason. The results file records every round and the machine's load average around
+each run. On a GPU the fast-path runs use ``--sync-debug error`` (torch.cuda.set_sync_debug_mode: a hidden
+host-device synchronisation in a steady step fails the run; the results say so, and the variant is measured again
+without the check).
 
 This path imports neither ``datasets`` nor anything from the hub: --model-size roberta-base builds a
 RoBERTa-base-sized classifier offline (random weights) and --synthetic-rows writes tweet-length texts, so the GPU
-measurement runs anywhere torch and transformers are installed (proving_ground/benchmarks/gpu_training_benchmark.sh).
+measurement runs anywhere torch and transformers are installed (gpu_training_benchmark.sh runs it in one shot).
 
     # CPU here: a small RoBERTa (4 x 256) built offline, on the shipped sample data
     python -m proving_ground.benchmarks.training_throughput
-    # one GPU: the RoBERTa-base-sized model on 8,192 tweet-length texts (what gpu_training_benchmark.sh runs)
-    python -m proving_ground.benchmarks.training_throughput --model-size roberta-base --synthetic-rows 8192 \\
-        --batch-size 32 \\
-        --max-seq-length 128 --epochs 2 --warmup-steps 3 --rounds 1 --variants baseline,fast_path,fast_path@256 \\
-        --output proving_ground/benchmarks/results/training_throughput_gpu.json
+    # one GPU, in one shot within 9 minutes (the variants, limits and files: see the script)
+    bash proving_ground/benchmarks/gpu_training_benchmark.sh OUT
     # a GPU node, the real RoBERTa-base model and tweet_eval data (8 GPUs: DDP through torchrun)
     python -m proving_ground.benchmarks.training_throughput --model cardiffnlp/twitter-roberta-base-sentiment-latest \\
         --dataset tweet_eval --max-train-samples 20000 --batch-size 32 --max-seq-length 128 --nproc-per-node 8 \\
@@ -48,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -74,6 +78,8 @@ VARIANTS = {
     "fast_path": (),
     # The fast path with several texts per row instead of buckets (--padding packed: padding near zero).
     "packed": ("--padding", "packed"),
+    # The fast path without gc.freeze() after the warm-up: the host time per step it saves.
+    "no_gc_freeze": ("--no-gc-freeze",),
 }
 # Variants that run the fast path's code (the GPU's sync check applies to them).
 FAST_VARIANTS = ("fast_path", "packed")
@@ -238,7 +244,7 @@ def _run(name: str, flags: tuple[str, ...], batch_size: int, sync_debug: str, ar
     # Other work on the machine slows a variant down: the 1-minute load average before and after shows it.
     load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     failed = {"variant": name, "flags": list(flags), "per_device_batch_size": batch_size, "load": load,
-              "log": str(log)}  # fmt: skip
+              "log": log.name}  # fmt: skip
     if returncode is None:
         return {**failed, "error": f"stopped at its time limit of {limit:.0f} s"}
     if returncode != 0:
@@ -248,7 +254,7 @@ def _run(name: str, flags: tuple[str, ...], batch_size: int, sync_debug: str, ar
         return {**failed, "error": (sync or errors or lines)[-1]}
     metrics = json.loads((output / "metrics.json").read_text())
     shutil.copyfile(output / "metrics.json", args.results_dir / f"{_file_name(name)}.metrics.json")
-    return {**summarize(name, flags, batch_size, metrics, load), "log": str(log)}
+    return {**summarize(name, flags, batch_size, metrics, load), "log": log.name}
 
 
 def _file_name(variant: str) -> str:
@@ -263,8 +269,8 @@ def variant_limit(args: argparse.Namespace) -> float | None:
     return max(1.0, min(limits)) if limits else None
 
 
+# Long: one flat row, a key per number the results report, read straight from metrics.json.
 def summarize(name: str, flags: tuple[str, ...], batch_size: int, metrics: dict, load: list[float]) -> dict:
-    # Over 60 lines: one flat row, a key per number the results report, read straight from metrics.json.
     """One row of the results from a run's metrics.json: the steady steps' throughput first."""
     throughput, last = metrics["throughput"], metrics["epochs"][-1]
     steady = throughput.get("steady_steps", 0) > 0
@@ -331,10 +337,6 @@ def summarize(name: str, flags: tuple[str, ...], batch_size: int, metrics: dict,
 def device_probe(on_gpu: bool, seconds: float = 1.0) -> dict[str, Any]:
     """The machine as measured: library versions, the device, a dense matmul's TFLOP/s (bf16 8192^3 on a GPU, fp32
     512^3 on a CPU) and a device-to-device copy's GB/s (bytes read + written), each repeated for ``seconds``."""
-    import accelerate
-    import tokenizers
-    import transformers
-
     device = torch.device("cuda" if on_gpu else "cpu")
     size, dtype = (8192, torch.bfloat16) if on_gpu else (512, torch.float32)
     left = torch.randn(size, size, dtype=dtype, device=device)
@@ -360,8 +362,7 @@ def device_probe(on_gpu: bool, seconds: float = 1.0) -> dict[str, Any]:
     copies, copy_seconds = timed(lambda: target.copy_(source))
     info: dict[str, Any] = {
         "python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
-        "transformers": transformers.__version__, "accelerate": accelerate.__version__,
-        "tokenizers": tokenizers.__version__,
+        **{name: metadata.version(name) for name in ("transformers", "accelerate", "tokenizers")},
         "device": torch.cuda.get_device_name() if on_gpu else platform.processor() or platform.machine(),
         "matmul": f"{size}x{size}x{size} {str(dtype).removeprefix('torch.')}",
         "measured_matmul_tflops": round(2 * size**3 * matmuls / matmul_seconds / 1e12, 3),
@@ -393,7 +394,7 @@ def write_results(args: argparse.Namespace, given: list[str], names: list[str], 
     described = f"{args.model_size} RoBERTa built offline {size}" + (
         f", vocabulary {ROBERTA_BASE_VOCABULARY:,}, {ROBERTA_BASE_POSITIONS} positions, random weights"
         if args.model_size == "roberta-base" else "")  # fmt: skip
-    result = {
+    result: dict[str, Any] = {
         "command": shlex.join(["python", "-m", "proving_ground.benchmarks.training_throughput", *given]),
         "note": HONESTY,
         "device": device,
@@ -434,8 +435,8 @@ def _best(name: str, rounds: list[dict]) -> dict:
     }
 
 
+# Long: the command line's declarations, then the loop over rounds and variants.
 def main(argv: list[str] | None = None) -> None:
-    # Over 60 lines: the command line's declarations, then the loop over rounds and variants.
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="model directory or hub id (default: built offline, see --model-size)")
     parser.add_argument(

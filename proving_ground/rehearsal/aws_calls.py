@@ -44,7 +44,6 @@ from proving_ground.iam_policy import Call, Request, Unsupported, is_allowed, re
 
 GATE_ENV = "REHEARSAL_GATE"
 STEP_ENV = "REHEARSAL_STEP"
-UNCHECKED = None
 
 
 @dataclass
@@ -159,6 +158,8 @@ def denied(operation: str, principal: Principal, request: Request) -> Exception:
 StandIn = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+# Long: botocore's before-call hook that records, stands in for and gates every call, with its undo: the pieces share
+# the hook's state
 def install(
     gate: Gate,
     *,

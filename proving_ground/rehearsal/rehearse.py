@@ -88,6 +88,7 @@ from proving_ground.rehearsal.training_steps import TrainingSteps
 class Rehearsal(PlatformSteps, TrainingSteps, ServingSteps):
     """The journey: each step in order (``STEPS``), each failure with the call that was refused."""
 
+    # Long: the step loop with the moto server, environment and patches it sets up and restores in its finally
     def run(self) -> Report:
         self.work.mkdir(parents=True, exist_ok=True)
         # The @remote step's imports (the SDK, torch and transformers through the training code) take half a minute:

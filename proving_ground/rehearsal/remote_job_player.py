@@ -78,6 +78,7 @@ def sdk_config_validated_once() -> Iterator[None]:
         SageMakerConfig.validate_sagemaker_config = validate
 
 
+# Long: the SDK's job-starting and job-watching calls patched together and undone together (a context manager)
 @contextlib.contextmanager
 def played_remote_jobs(actor: Actor, work: Path) -> Iterator[PlayedJobs]:
     import boto3

@@ -82,6 +82,7 @@ class LocalModelServer:
 
     # --- lifecycle ----------------------------------------------------------------------------------------------
 
+    # Long: TorchServe's whole configuration file, one line per property with the reason beside it, then its process
     def start(self) -> Self:
         if self._server is not None:
             raise RuntimeError("the model server is already running")

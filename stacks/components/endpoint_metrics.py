@@ -13,7 +13,8 @@ INSTANCE_METRICS = "/aws/sagemaker/Endpoints"
 
 
 class VariantMetrics:
-    """Metric helpers for a construct with an ``endpoint_name`` and one variant named ``variant_name``."""
+    """Metric helpers for a construct with an ``endpoint_name`` and one variant named ``variant_name``: the ones the
+    stacks' alarms use (any other metric of the variant: ``metric(namespace, name)``)."""
 
     endpoint_name: str
     variant_name: str
@@ -35,15 +36,6 @@ class VariantMetrics:
             period=period or cdk.Duration.minutes(5),
         )
 
-    def metric_invocations(self, **props: Any) -> cloudwatch.Metric:
-        return self.metric(INVOCATION_METRICS, "Invocations", **{"statistic": "Sum", **props})
-
-    def metric_invocations_per_instance(self, **props: Any) -> cloudwatch.Metric:
-        return self.metric(INVOCATION_METRICS, "InvocationsPerInstance", **{"statistic": "Sum", **props})
-
-    def metric_invocation4xx_errors(self, **props: Any) -> cloudwatch.Metric:
-        return self.metric(INVOCATION_METRICS, "Invocation4XXErrors", **{"statistic": "Sum", **props})
-
     def metric_invocation5xx_errors(self, **props: Any) -> cloudwatch.Metric:
         return self.metric(INVOCATION_METRICS, "Invocation5XXErrors", **{"statistic": "Sum", **props})
 
@@ -51,18 +43,12 @@ class VariantMetrics:
         """Microseconds the model container took to answer."""
         return self.metric(INVOCATION_METRICS, "ModelLatency", **props)
 
-    def metric_overhead_latency(self, **props: Any) -> cloudwatch.Metric:
-        return self.metric(INVOCATION_METRICS, "OverheadLatency", **props)
-
     def metric_cpu_utilization(self, **props: Any) -> cloudwatch.Metric:
         """Percent summed over vCPUs (100 per vCPU)."""
         return self.metric(INSTANCE_METRICS, "CPUUtilization", **props)
 
     def metric_mem_utilization(self, **props: Any) -> cloudwatch.Metric:
         return self.metric(INSTANCE_METRICS, "MemoryUtilization", **props)
-
-    def metric_disk_utilization(self, **props: Any) -> cloudwatch.Metric:
-        return self.metric(INSTANCE_METRICS, "DiskUtilization", **props)
 
     # Multi-model endpoints only (SageMaker publishes them per variant for MMEs).
     def metric_model_loading_wait_time(self, **props: Any) -> cloudwatch.Metric:

@@ -115,6 +115,8 @@ class PromotionPipeline(Construct):
     after every stage but prod, a smoke test invokes the endpoint. ``images`` are built once per execution before
     the first stage and promoted with it (module docstring). Give it the id ``KEEP_LOGICAL_IDS``."""
 
+    # Long: the pipeline's parts in the order CodePipeline runs them (key, buckets, build logs, source, synth, images,
+    # one stage per target), each created once and handed to the next.
     def __init__(
         self,
         scope: Construct,

@@ -172,8 +172,6 @@ class ModelNetwork:
     isolated: bool = True
 
 
-# Long: the construct both endpoint stacks share (model, config, endpoint, log groups, autoscaling, alarm topic, invoke
-# grants); its metric helpers live in VariantMetrics.
 class SageMakerEndpoint(Construct, VariantMetrics):
     """A SageMaker endpoint with one production variant (``AllTraffic``).
 
@@ -252,7 +250,7 @@ class SageMakerEndpoint(Construct, VariantMetrics):
                 acknowledge_short_retention(group, log_retention_days, retention_setting)
         self.scalable_target = self._track_invocations(autoscaling)
         subscribers = list(dict.fromkeys([*([alarm_email] if alarm_email else []), *alarm_subscriptions]))
-        self.alarm_topic = self._alarm_topic(alarm_topic_display_name, key, subscribers)
+        self.alarm_topic = _alarm_topic(self, alarm_topic_display_name, key, subscribers)
         self.alarms: list[cloudwatch.Alarm] = []
 
     def _endpoint(self, endpoint_name: str | None, exclude_retained: Sequence[str]) -> sagemaker.CfnEndpoint:
@@ -266,39 +264,6 @@ class SageMakerEndpoint(Construct, VariantMetrics):
                 sagemaker.CfnEndpoint.VariantPropertyProperty(variant_property_type=kind) for kind in exclude_retained
             ]
             or None,
-        )
-
-    def _alarm_topic(self, display_name: str | None, key: kms.IKey, subscribers: Sequence[str]) -> sns.Topic:
-        """The topic, and a subscription per e-mail address or https:// URL (SNS asks each to confirm)."""
-        self.alarm_topic = sns.Topic(self, "AlarmTopic", display_name=display_name, master_key=key, enforce_ssl=True)
-        self._allow_alarms_to_publish()
-        for subscriber in subscribers:
-            if subscriber.startswith("https://"):
-                self.alarm_topic.add_subscription(
-                    subscriptions.UrlSubscription(subscriber, protocol=sns.SubscriptionProtocol.HTTPS)
-                )
-            else:
-                self.alarm_topic.add_subscription(subscriptions.EmailSubscription(subscriber))
-        return self.alarm_topic
-
-    def _allow_alarms_to_publish(self) -> None:
-        """``enforce_ssl`` gives the topic an AWS::SNS::TopicPolicy, which replaces SNS's default policy: without this
-        statement it holds only the TLS Deny and CloudWatch's SNS:Publish is refused. Limited to this account's alarms
-        (confused deputy: aws:SourceAccount and aws:SourceArn). The KMS side is the platform key's policy."""
-        stack = cdk.Stack.of(self)
-        self.alarm_topic.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="AllowCloudWatchAlarmsToPublish",
-                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
-                actions=["sns:Publish"],
-                resources=[self.alarm_topic.topic_arn],
-                conditions={
-                    "StringEquals": {"aws:SourceAccount": stack.account},
-                    "ArnLike": {
-                        "aws:SourceArn": f"arn:{stack.partition}:cloudwatch:{stack.region}:{stack.account}:alarm:*"
-                    },
-                },
-            )
         )
 
     def _log_group(
@@ -490,3 +455,41 @@ class SageMakerEndpoint(Construct, VariantMetrics):
             resource_arns=statement.resources,
             conditions=statement.conditions or None,
         )
+
+
+# --- the alarm topic ---------------------------------------------------------------------------------------------
+
+
+def _alarm_topic(
+    endpoint: SageMakerEndpoint, display_name: str | None, key: kms.IKey, subscribers: Sequence[str]
+) -> sns.Topic:
+    """The endpoint's alarm topic, and a subscription per e-mail address or https:// URL (SNS asks each to confirm)."""
+    topic = sns.Topic(endpoint, "AlarmTopic", display_name=display_name, master_key=key, enforce_ssl=True)
+    _allow_alarms_to_publish(topic)
+    for subscriber in subscribers:
+        if subscriber.startswith("https://"):
+            topic.add_subscription(subscriptions.UrlSubscription(subscriber, protocol=sns.SubscriptionProtocol.HTTPS))
+        else:
+            topic.add_subscription(subscriptions.EmailSubscription(subscriber))
+    return topic
+
+
+def _allow_alarms_to_publish(topic: sns.Topic) -> None:
+    """``enforce_ssl`` gives the topic an AWS::SNS::TopicPolicy, which replaces SNS's default policy: without this
+    statement it holds only the TLS Deny and CloudWatch's SNS:Publish is refused. Limited to this account's alarms
+    (confused deputy: aws:SourceAccount and aws:SourceArn). The KMS side is the platform key's policy."""
+    stack = cdk.Stack.of(topic)
+    topic.add_to_resource_policy(
+        iam.PolicyStatement(
+            sid="AllowCloudWatchAlarmsToPublish",
+            principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+            actions=["sns:Publish"],
+            resources=[topic.topic_arn],
+            conditions={
+                "StringEquals": {"aws:SourceAccount": stack.account},
+                "ArnLike": {
+                    "aws:SourceArn": f"arn:{stack.partition}:cloudwatch:{stack.region}:{stack.account}:alarm:*"
+                },
+            },
+        )
+    )

@@ -83,8 +83,6 @@ class CapacityTarget:
         return data
 
 
-# Long: the launch template, its security group and user data, and the RunInstances statements whose conditions
-# must match the template's data (IMDSv2, hop limit, profile): a change to one lands beside the other.
 class TrainingLaunchTemplate(Construct):
     """A launch template for GPU training runs in one subnet; ``grant_launch`` lets a principal start runs from it
     and nothing else."""
@@ -276,133 +274,10 @@ class TrainingLaunchTemplate(Construct):
         )  # fmt: skip
         return user_data
 
-    # --- IAM ----------------------------------------------------------------------------------------------------
-
-    # Long: one statement per resource kind RunInstances authorizes, each with its condition keys and their sources;
-    # apart, it would not show which resource a condition guards.
-    def launch_statements(self) -> list[iam.PolicyStatement]:
-        """Start runs from this template and nothing broader, even when a caller overrides template parameters.
-
-        RunInstances is authorized per resource of the request (AWS EC2 User Guide, "Use launch templates to control
-        launching instances"; Service Authorization Reference, Amazon EC2 condition keys): every statement requires
-        ``ec2:LaunchTemplate`` = this template and ``ec2:IsLaunchTemplateResource`` = true, so an overridden subnet,
-        security group, image, placement group or volume is refused; the instance must be of the configured
-        ``ec2:InstanceType`` with IMDSv2 required, the template's hop limit, the training instance profile and default
-        tenancy (``_instance_conditions``); the image must be owned by Amazon (the DLAMI the public SSM parameter
-        names); a key pair is refused (no key-pair resource). IAM has no condition key for the template's version:
-        the grant holds no ec2:CreateLaunchTemplateVersion, so only the versions deployments created can be
-        launched, and every resource-level condition above holds for each of them. IAM has no condition on user
-        data: the instance role is what bounds a run whose user data was replaced.
-        """
-        stack = cdk.Stack.of(self)
-        ec2_arn = f"arn:{stack.partition}:ec2:{stack.region}:{stack.account}"
-        from_template = {
-            "ArnLike": {"ec2:LaunchTemplate": self.launch_template_arn},
-            "Bool": {"ec2:IsLaunchTemplateResource": "true"},
-        }
-        launched = [f"{ec2_arn}:{kind}/*" for kind in ("instance", "volume", "network-interface")]
-        placement_groups = (
-            [f"{ec2_arn}:placement-group/{self.placement_group.placement_group_name}"] if self.placement_group else []
-        )
-        return [
-            iam.PolicyStatement(
-                sid="RunFromTheTrainingTemplate",
-                actions=["ec2:RunInstances"],
-                resources=[self.launch_template_arn],
-                conditions={"ArnLike": from_template["ArnLike"]},
-            ),
-            iam.PolicyStatement(
-                sid="RunTheConfiguredInstanceType",
-                actions=["ec2:RunInstances"],
-                resources=[f"{ec2_arn}:instance/*"],
-                conditions=self._instance_conditions(from_template),
-            ),
-            iam.PolicyStatement(
-                sid="CreateTheTemplatesVolumesAndInterfaces",
-                actions=["ec2:RunInstances"],
-                resources=[f"{ec2_arn}:volume/*", f"{ec2_arn}:network-interface/*"],
-                conditions=from_template,
-            ),
-            iam.PolicyStatement(
-                sid="UseThePlatformsSubnetAndSecurityGroup",
-                actions=["ec2:RunInstances"],
-                resources=[
-                    f"{ec2_arn}:subnet/{self.subnet.subnet_id}",
-                    f"{ec2_arn}:security-group/{self.security_group.security_group_id}",
-                    *placement_groups,
-                ],
-                conditions=from_template,
-            ),
-            iam.PolicyStatement(
-                sid="UseAmazonOwnedImages",
-                actions=["ec2:RunInstances"],
-                resources=[f"arn:{stack.partition}:ec2:{stack.region}::image/*"],
-                conditions={**from_template, "StringEquals": {"ec2:Owner": "amazon"}},
-            ),
-            *self._capacity_statements(ec2_arn),
-            iam.PolicyStatement(
-                sid="TagAtLaunch",
-                actions=["ec2:CreateTags"],
-                resources=launched,
-                conditions={"StringEquals": {"ec2:CreateAction": "RunInstances"}},
-            ),
-            iam.PolicyStatement(
-                sid="PassTheTrainingInstanceRole",
-                actions=["iam:PassRole"],
-                resources=[self.instance_role.role_arn],
-                conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
-            ),
-            iam.PolicyStatement(
-                sid="EncryptTheRootVolume",
-                actions=["kms:CreateGrant", "kms:GenerateDataKeyWithoutPlaintext", "kms:Decrypt", "kms:DescribeKey"],
-                resources=[self.key.key_arn],
-                conditions={"StringEquals": {"kms:ViaService": f"ec2.{stack.region}.{stack.url_suffix}"}},
-            ),
-            iam.PolicyStatement(
-                sid="ReadTheDlamiParameter",
-                actions=["ssm:GetParameters"],
-                resources=[f"arn:{stack.partition}:ssm:{stack.region}::parameter{self.image_ssm_parameter}"],
-            ),
-        ]
-
-    def _capacity_statements(self, ec2_arn: str) -> list[iam.PolicyStatement]:
-        """RunInstances into a reservation is also authorized on the capacity-reservation resource (Service
-        Authorization Reference, RunInstances resource types; karpenter-provider-aws pull 7801). A group's member is
-        chosen by EC2 at launch, so any reservation of the account and region. No condition: this grant alone launches
-        nothing, every other resource of the launch still needs the template conditions above."""
-        if self.capacity is None:
-            return []
-        reservation = self.capacity.reservation_id or "*"
-        return [
-            iam.PolicyStatement(
-                sid="LaunchIntoTheReservation",
-                actions=["ec2:RunInstances"],
-                resources=[f"{ec2_arn}:capacity-reservation/{reservation}"],
-            )
-        ]
-
-    def _instance_conditions(self, from_template: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
-        """The instance resource of RunInstances: the template's type, IMDSv2 with its hop limit, its instance
-        profile and default tenancy, whatever the caller overrides. Condition keys of RunInstances on the instance
-        resource (Service Authorization Reference, "Condition keys for Amazon EC2": ec2:InstanceType,
-        ec2:MetadataHttpTokens, ec2:MetadataHttpPutResponseHopLimit, ec2:InstanceProfile, ec2:Tenancy; EC2 User Guide,
-        "Require the use of IMDSv2" and "Example: Work with instance metadata" policies)."""
-        profile_arn = self.instance_profile.instance_profile_arn
-        return {
-            "ArnLike": {**from_template["ArnLike"], "ec2:InstanceProfile": profile_arn},
-            "Bool": from_template["Bool"],
-            "StringEquals": {
-                "ec2:InstanceType": self.instance_type,
-                "ec2:MetadataHttpTokens": "required",
-                "ec2:Tenancy": "default",
-            },
-            "NumericLessThanEquals": {"ec2:MetadataHttpPutResponseHopLimit": str(METADATA_HOP_LIMIT)},
-        }
-
     def grant_launch(self, grantee: iam.IGrantable | iam.ManagedPolicy) -> None:
-        """Let ``grantee`` start training runs from this template (see ``launch_statements``). A managed policy
-        (for people and pipelines) gets the statements directly; any other grantee in its principal policy."""
-        statements = self.launch_statements()
+        """Let ``grantee`` start training runs from this template (see ``launch_statements`` below). A managed
+        policy (for people and pipelines) gets the statements directly; any other grantee in its principal policy."""
+        statements = launch_statements(self)
         if isinstance(grantee, iam.ManagedPolicy):
             grantee.add_statements(*statements)
             holder: Construct = grantee
@@ -423,3 +298,135 @@ class TrainingLaunchTemplate(Construct):
             "grant alone launches nothing (every other resource needs the launch template).",
         }
         acknowledge_wildcards(holder, *((s, reasons[s.sid]) for s in statements if s.sid in reasons))
+
+
+# --- who may launch from a template ---------------------------------------------------------------------------
+
+
+# Long: one statement per resource kind RunInstances authorizes, each with its condition keys and their sources;
+# apart, it would not show which resource a condition guards.
+def launch_statements(template: TrainingLaunchTemplate) -> list[iam.PolicyStatement]:
+    """What ``template.grant_launch`` grants: start runs from the template and nothing broader, even when a caller
+    overrides template parameters.
+
+    RunInstances is authorized per resource of the request (AWS EC2 User Guide, "Use launch templates to control
+    launching instances"; Service Authorization Reference, Amazon EC2 condition keys): every statement requires
+    ``ec2:LaunchTemplate`` = this template and ``ec2:IsLaunchTemplateResource`` = true, so an overridden subnet,
+    security group, image, placement group or volume is refused; the instance must be of the configured
+    ``ec2:InstanceType`` with IMDSv2 required, the template's hop limit, the training instance profile and default
+    tenancy (``_instance_conditions``); the image must be owned by Amazon (the DLAMI the public SSM parameter
+    names); a key pair is refused (no key-pair resource). IAM has no condition key for the template's version:
+    the grant holds no ec2:CreateLaunchTemplateVersion, so only the versions deployments created can be
+    launched, and every resource-level condition above holds for each of them. IAM has no condition on user
+    data: the instance role is what bounds a run whose user data was replaced.
+    """
+    stack = cdk.Stack.of(template)
+    ec2_arn = f"arn:{stack.partition}:ec2:{stack.region}:{stack.account}"
+    from_template = {
+        "ArnLike": {"ec2:LaunchTemplate": template.launch_template_arn},
+        "Bool": {"ec2:IsLaunchTemplateResource": "true"},
+    }
+    launched = [f"{ec2_arn}:{kind}/*" for kind in ("instance", "volume", "network-interface")]
+    placement_groups = (
+        [f"{ec2_arn}:placement-group/{template.placement_group.placement_group_name}"]
+        if template.placement_group
+        else []
+    )
+    return [
+        iam.PolicyStatement(
+            sid="RunFromTheTrainingTemplate",
+            actions=["ec2:RunInstances"],
+            resources=[template.launch_template_arn],
+            conditions={"ArnLike": from_template["ArnLike"]},
+        ),
+        iam.PolicyStatement(
+            sid="RunTheConfiguredInstanceType",
+            actions=["ec2:RunInstances"],
+            resources=[f"{ec2_arn}:instance/*"],
+            conditions=_instance_conditions(template, from_template),
+        ),
+        iam.PolicyStatement(
+            sid="CreateTheTemplatesVolumesAndInterfaces",
+            actions=["ec2:RunInstances"],
+            resources=[f"{ec2_arn}:volume/*", f"{ec2_arn}:network-interface/*"],
+            conditions=from_template,
+        ),
+        iam.PolicyStatement(
+            sid="UseThePlatformsSubnetAndSecurityGroup",
+            actions=["ec2:RunInstances"],
+            resources=[
+                f"{ec2_arn}:subnet/{template.subnet.subnet_id}",
+                f"{ec2_arn}:security-group/{template.security_group.security_group_id}",
+                *placement_groups,
+            ],
+            conditions=from_template,
+        ),
+        iam.PolicyStatement(
+            sid="UseAmazonOwnedImages",
+            actions=["ec2:RunInstances"],
+            resources=[f"arn:{stack.partition}:ec2:{stack.region}::image/*"],
+            conditions={**from_template, "StringEquals": {"ec2:Owner": "amazon"}},
+        ),
+        *_capacity_statements(template, ec2_arn),
+        iam.PolicyStatement(
+            sid="TagAtLaunch",
+            actions=["ec2:CreateTags"],
+            resources=launched,
+            conditions={"StringEquals": {"ec2:CreateAction": "RunInstances"}},
+        ),
+        iam.PolicyStatement(
+            sid="PassTheTrainingInstanceRole",
+            actions=["iam:PassRole"],
+            resources=[template.instance_role.role_arn],
+            conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
+        ),
+        iam.PolicyStatement(
+            sid="EncryptTheRootVolume",
+            actions=["kms:CreateGrant", "kms:GenerateDataKeyWithoutPlaintext", "kms:Decrypt", "kms:DescribeKey"],
+            resources=[template.key.key_arn],
+            conditions={"StringEquals": {"kms:ViaService": f"ec2.{stack.region}.{stack.url_suffix}"}},
+        ),
+        iam.PolicyStatement(
+            sid="ReadTheDlamiParameter",
+            actions=["ssm:GetParameters"],
+            resources=[f"arn:{stack.partition}:ssm:{stack.region}::parameter{template.image_ssm_parameter}"],
+        ),
+    ]
+
+
+def _capacity_statements(template: TrainingLaunchTemplate, ec2_arn: str) -> list[iam.PolicyStatement]:
+    """RunInstances into a reservation is also authorized on the capacity-reservation resource (Service
+    Authorization Reference, RunInstances resource types; karpenter-provider-aws pull 7801). A group's member is
+    chosen by EC2 at launch, so any reservation of the account and region. No condition: this grant alone launches
+    nothing, every other resource of the launch still needs the template conditions above."""
+    if template.capacity is None:
+        return []
+    reservation = template.capacity.reservation_id or "*"
+    return [
+        iam.PolicyStatement(
+            sid="LaunchIntoTheReservation",
+            actions=["ec2:RunInstances"],
+            resources=[f"{ec2_arn}:capacity-reservation/{reservation}"],
+        )
+    ]
+
+
+def _instance_conditions(
+    template: TrainingLaunchTemplate, from_template: dict[str, dict[str, str]]
+) -> dict[str, dict[str, Any]]:
+    """The instance resource of RunInstances: the template's type, IMDSv2 with its hop limit, its instance
+    profile and default tenancy, whatever the caller overrides. Condition keys of RunInstances on the instance
+    resource (Service Authorization Reference, "Condition keys for Amazon EC2": ec2:InstanceType,
+    ec2:MetadataHttpTokens, ec2:MetadataHttpPutResponseHopLimit, ec2:InstanceProfile, ec2:Tenancy; EC2 User Guide,
+    "Require the use of IMDSv2" and "Example: Work with instance metadata" policies)."""
+    profile_arn = template.instance_profile.instance_profile_arn
+    return {
+        "ArnLike": {**from_template["ArnLike"], "ec2:InstanceProfile": profile_arn},
+        "Bool": from_template["Bool"],
+        "StringEquals": {
+            "ec2:InstanceType": template.instance_type,
+            "ec2:MetadataHttpTokens": "required",
+            "ec2:Tenancy": "default",
+        },
+        "NumericLessThanEquals": {"ec2:MetadataHttpPutResponseHopLimit": str(METADATA_HOP_LIMIT)},
+    }

@@ -194,9 +194,9 @@ def test_alarms_come_from_the_table_and_notify_the_encrypted_topic(single) -> No
 def test_metric_helpers_name_the_variant_in_the_right_namespace(single) -> None:
     stack, endpoint, _ = single
     cases = {
-        endpoint.metric_invocations(): ("AWS/SageMaker", "Invocations", "Sum"),
-        endpoint.metric_invocation4xx_errors(): ("AWS/SageMaker", "Invocation4XXErrors", "Sum"),
-        endpoint.metric_overhead_latency(): ("AWS/SageMaker", "OverheadLatency", "Average"),
+        endpoint.metric_invocation5xx_errors(): ("AWS/SageMaker", "Invocation5XXErrors", "Sum"),
+        endpoint.metric_model_latency(): ("AWS/SageMaker", "ModelLatency", "Average"),
+        endpoint.metric_model_loading_wait_time(): ("AWS/SageMaker", "ModelLoadingWaitTime", "Average"),
         endpoint.metric_cpu_utilization(): ("/aws/sagemaker/Endpoints", "CPUUtilization", "Average"),
         endpoint.metric_mem_utilization(): ("/aws/sagemaker/Endpoints", "MemoryUtilization", "Average"),
         endpoint.metric_model_cache_hit(): ("AWS/SageMaker", "ModelCacheHit", "Average"),

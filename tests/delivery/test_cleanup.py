@@ -37,6 +37,7 @@ def stubs() -> Iterator[dict[str, tuple[Any, Stubber]]]:
         stubber.deactivate()
 
 
+# Long: one stubbed response per AWS call the cleanup's discovery makes, in the order it makes them
 def _stub_discovery(
     stubs: dict[str, tuple[Any, Stubber]], *, live_endpoints: list[str], stack_name: str = "dev-GravitonEndpoint"
 ) -> None:

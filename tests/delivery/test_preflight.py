@@ -11,6 +11,7 @@ finds SageMaker quotas by name.
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 from moto import mock_aws
 
@@ -59,7 +61,7 @@ def _quota(service: str, code: str, name: str, value: float) -> dict[str, Any]:
 class Account:
     """moto for what it models, Stubbers for Service Quotas and CloudFormation; ``client`` is what preflight gets."""
 
-    def __init__(self, region: str) -> None:
+    def __init__(self, region: str, endpoint_zones: list[str] | None = None) -> None:
         self.region = region
         self.session = boto3.session.Session(region_name=region)
         self.quotas = self.session.client("service-quotas")
@@ -67,11 +69,28 @@ class Account:
         self.stubs = {"service-quotas": Stubber(self.quotas), "cloudformation": Stubber(self.cloudformation)}
         for stub in self.stubs.values():
             stub.activate()
+        # moto's DescribeVpcEndpointServices loads every moto backend (and their extras); EC2 answers it here as the
+        # EC2 API reference documents it (ServiceDetails[].ServiceName, AvailabilityZones), every other EC2 call
+        # goes to moto. Default: every service offered in the region's zones a, b, c, d.
+        self.endpoint_zones = endpoint_zones or [f"{region}{z}" for z in "abcd"]
+        self.ec2 = self.session.client("ec2")
+        self.asked: list[str] = []
+        self.ec2.meta.events.register("before-parameter-build.ec2.DescribeVpcEndpointServices", self._ask)
+        self.ec2.meta.events.register("before-call.ec2.DescribeVpcEndpointServices", self._endpoint_services)
+
+    def _ask(self, params: dict[str, Any], **_: Any) -> None:
+        self.asked = list(params.get("ServiceNames", []))
+
+    def _endpoint_services(self, **_: Any) -> tuple[AWSResponse, dict[str, Any]]:
+        details = [{"ServiceName": name, "ServiceType": [{"ServiceType": "Interface"}],
+                    "AvailabilityZones": self.endpoint_zones} for name in self.asked]  # fmt: skip
+        parsed = {"ServiceDetails": details, "ServiceNames": self.asked}
+        return AWSResponse("https://ec2.amazonaws.com/", 200, {}, None), parsed
 
     def client(self, name: str) -> Any:
-        return {"service-quotas": self.quotas, "cloudformation": self.cloudformation}.get(name) or self.session.client(
+        return {"service-quotas": self.quotas, "cloudformation": self.cloudformation, "ec2": self.ec2}.get(
             name
-        )
+        ) or self.session.client(name)
 
     def stacks(self, deployed: dict[str, dict[str, str]], names: list[str]) -> None:
         """DescribeStacks answers, in call order: ``deployed`` name -> outputs; any other name does not exist."""
@@ -125,8 +144,34 @@ def _levels(findings: list[preflight.Finding]) -> dict[str, str]:
     return {f.check: f.level for f in findings}
 
 
+SERVING_PARAMETER = "/pytorch-platform/images/graviton-serving"
+
+
+def _publish_serving_image(region: str, architecture: str = "arm64") -> str:
+    """README's first-deploy step 2 in moto: the serving image (an index of one platform) in this account's ECR and
+    its digest URI in the parameter the Graviton endpoint resolves."""
+    ecr = boto3.client("ecr", region_name=region)
+    repository = "pytorch-platform/graviton-serving"
+    if not ecr.describe_repositories()["repositories"]:
+        ecr.create_repository(repositoryName=repository)
+    elif ecr.list_images(repositoryName=repository, filter={"tagStatus": "TAGGED"})["imageIds"]:
+        ecr.batch_delete_image(repositoryName=repository, imageIds=[{"imageTag": architecture}])
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "size": 1, "digest": "sha256:" + "a" * 64,
+         "platform": {"architecture": architecture, "os": "linux"}}]})  # fmt: skip
+    ecr.put_image(repositoryName=repository, imageManifest=manifest, imageTag=architecture)
+    (image,) = ecr.batch_get_image(repositoryName=repository, imageIds=[{"imageTag": architecture}])["images"]
+    account = boto3.client("sts", region_name=region).get_caller_identity()["Account"]
+    uri = f"{account}.dkr.ecr.{region}.amazonaws.com/{repository}@{image['imageId']['imageDigest']}"
+    ssm = boto3.client("ssm", region_name=region)
+    ssm.put_parameter(Name=SERVING_PARAMETER, Type="String", Value=uri, Overwrite=True)
+    return uri
+
+
 def _first_deploy(account: Account, needs: Needs) -> None:
-    """Quota answers that fit the needs; nothing deployed."""
+    """Quota answers that fit the needs; nothing deployed but the images (README, First deploy, step 2)."""
+    if any(s.stack == "GravitonEndpoint" for s in needs.stacks):
+        _publish_serving_image(needs.region)
     account.stacks({}, [needs.foundation_stack])
     account.ec2_quota("L-417A185B", 384.0)
     quotas = {f"{t} for endpoint usage": 20.0 for t in needs.endpoint_maxima}
@@ -296,10 +341,14 @@ def test_the_command_exits_1_on_a_blocker_and_takes_cdks_context_flag(
     account.ec2_quota("L-417A185B", 0.0)
     account.sagemaker_quotas({"ml.p4d.24xlarge for training job usage": 1.0, "ml.c5.2xlarge for endpoint usage": 2.0})
     account.stacks({}, [s.stack_name for s in needs.stacks])
+    account.stacks({}, [stack for _, stack, _ in needs.elastic_ips])
     code = preflight.main(["-c", "env=dev", "--cdk-out", str(assembly)], clients=account.client)
     out = capsys.readouterr().out
     assert code == 1
-    assert out.splitlines()[-1] == "dev: 1 blocker(s), 0 warning(s)"  # the quota
+    # The P quota, and the Elastic IPs: cdk.json's three environments name no account, so they share one, and
+    # their 1 + 2 + 3 NAT gateways need six addresses against moto's (and a new account's) five.
+    assert out.splitlines()[-1] == "dev: 2 blocker(s), 0 warning(s)"
+    assert "BLOCKER  Elastic IPs (NAT gateways): 5 allowed, 0 in use; " in out and "(dev 1, staging 2, prod 3)" in out
     assert all(line.split()[0] in ("OK", "WARNING", "BLOCKER") for line in out.splitlines()[:-1])
     assert preflight.main(["-c", "env=qa", "--cdk-out", str(assembly)], clients=account.client) == 2
 
@@ -381,3 +430,94 @@ def test_the_templates_carry_the_capacity_target_preflight_reads(assembly: Path)
     assert capacity_target(data) == {
         "reservation_id": RESERVATION, "reservation_group_arn": None, "capacity_block": True
     }  # fmt: skip
+
+
+def test_an_image_the_endpoint_cannot_run_blocks_its_deploy(aws: None, assembly: Path) -> None:
+    """Item 1 of issue 40, in preflight: the serving image built for x86_64 is a blocker naming what to do (absent
+    and unpullable images: tests/delivery/test_image_check.py, the same check)."""
+    needs = _needs(assembly)
+    uri = _publish_serving_image(needs.region, architecture="amd64")
+    account = Account(needs.region)
+    account.stacks({}, [needs.foundation_stack])
+    account.ec2_quota("L-417A185B", 384.0)
+    quotas = {f"{t} for endpoint usage": 20.0 for t in needs.endpoint_maxima}
+    account.sagemaker_quotas({**quotas, f"{needs.remote_type} for training job usage": 1.0})
+    account.stacks({}, [s.stack_name for s in needs.stacks])
+    blockers = [f.line() for f in Preflight(needs, account.client).run() if f.level == "BLOCKER"]
+    assert blockers == [
+        f"BLOCKER  image {SERVING_PARAMETER}: {uri} is built for x86_64, ml.c7g.4xlarge runs arm64: build it on "
+        "arm64 (the pipeline's image builds do) and write that digest."
+    ]
+
+
+def test_elastic_ips_count_only_the_environments_not_deployed_yet(aws: None, assembly: Path) -> None:
+    """With prod's Foundation deployed (its three addresses allocated), dev and staging need three more of the
+    five: one is free, a blocker that names the two environments and the request to make."""
+    needs = needs_of(assembly, "dev")
+    ec2 = boto3.client("ec2", region_name=needs.region)
+    for _ in range(3):
+        ec2.allocate_address(Domain="vpc")
+    account = Account(needs.region)
+    account.stacks({}, ["dev-Foundation", "staging-Foundation"])
+    account.stacks({"prod-Foundation": {}}, ["prod-Foundation"])
+    preflight_run = Preflight(needs, account.client)
+    preflight_run.elastic_ips()
+    (finding,) = preflight_run.findings
+    assert finding.line() == (
+        "BLOCKER  Elastic IPs (NAT gateways): 5 allowed, 3 in use; the NAT gateways of the environments sharing this "
+        "account and region, not deployed yet, need 3 (dev 1, staging 2): request an increase (aws service-quotas "
+        "request-service-quota-increase --service-code ec2 --quota-code L-0263D0A3 --desired-value 6), release "
+        "unused addresses, or lower vpc.nat_gateways."
+    )
+
+
+def test_an_interface_endpoint_service_missing_from_a_zone_blocks_the_foundation(aws: None, assembly: Path) -> None:
+    """prod's three private subnets sit in the region's first three zones (Fn::GetAZs); a service offered in two of
+    them fails the Foundation's create: one line per such service."""
+    needs = needs_of(assembly, "prod")
+    account = Account(needs.region, endpoint_zones=["us-west-2a", "us-west-2b"])
+    preflight_run = Preflight(needs, account.client)
+    preflight_run.endpoint_services()
+    assert len(needs.endpoint_services) == len(preflight_run.findings) >= 9
+    assert preflight_run.findings[0].line() == (
+        f"BLOCKER  interface endpoint {needs.endpoint_services[0]}: not offered in us-west-2c (the region's zones, as "
+        "Fn::GetAZs lists them): the Foundation's create fails; deploy to a region whose first zones offer it, or "
+        "lower vpc.max_azs."
+    )
+    offered = Preflight(needs, Account(needs.region).client)
+    offered.endpoint_services()
+    assert {f.level for f in offered.findings} == {"OK"}
+
+
+def test_a_new_pipeline_account_whose_codebuild_runs_no_build_is_a_blocker(tmp_path: Path) -> None:
+    """The pipeline's projects (a hand-made template of two project types, as the pipeline's synth and image builds
+    use) against Service Quotas answered as a new account may: Linux/Medium at 0. The quota names are as preflight
+    expects them ("Concurrently running builds for <OS>/<size> environment"), not read from AWS here."""
+    project = {"Type": "AWS::CodeBuild::Project", "Properties": {"Environment": {}}}
+
+    def of(kind: str, size: str) -> dict[str, Any]:
+        return {**project, "Properties": {"Environment": {"Type": kind, "ComputeType": f"BUILD_GENERAL1_{size}"}}}
+
+    template = {"Resources": {"Synth": of("LINUX_CONTAINER", "MEDIUM"), "Assets": of("LINUX_CONTAINER", "MEDIUM"),
+                              "Serving": of("ARM_CONTAINER", "LARGE")}}  # fmt: skip
+    (tmp_path / "PromotionPipeline.template.json").write_text(json.dumps(template))
+    manifest = {"version": "48.0.0", "artifacts": {"PromotionPipeline": {"type": "aws:cloudformation:stack",
+                "environment": "aws://999999999999/us-west-2",
+                "properties": {"templateFile": "PromotionPipeline.template.json"}}}}  # fmt: skip
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    quotas = boto3.session.Session(region_name="us-west-2").client("service-quotas")
+    stub = Stubber(quotas)
+    stub.add_response("list_service_quotas", {"Quotas": []}, {"ServiceCode": "codebuild"})
+    name = "Concurrently running builds for {} environment"
+    defaults = [_quota("codebuild", "L-00000001", name.format("Linux/Medium"), 0.0),
+                _quota("codebuild", "L-00000002", name.format("ARM/Large"), 1.0),
+                _quota("codebuild", "L-00000003", name.format("Linux/2XLarge"), 1.0)]  # fmt: skip
+    stub.add_response("list_aws_default_service_quotas", {"Quotas": defaults}, {"ServiceCode": "codebuild"})
+    stub.activate()
+    lines = [f.line() for f in preflight.codebuild_quotas(tmp_path, lambda name: quotas)]
+    assert lines == [
+        "OK       CodeBuild quota for arm/large builds: 1 at once; the pipeline has 1 projects of it.",
+        "BLOCKER  CodeBuild quota for linux/medium builds: 0: no linux/medium build can run, so the pipeline cannot "
+        "start; request an increase (aws service-quotas request-service-quota-increase --service-code codebuild "
+        "--quota-code L-00000001 --desired-value 2).",
+    ]

@@ -28,6 +28,7 @@ PRICES = load_prices()["regions"]["us-west-2"]
 ACK_REASON = "Endpoints read any model version under the models/ prefix."
 
 
+# Long: a small app of every resource kind the review reads, synthesized once for the module
 def synth_serving_app(outdir: Path, *, wildcard: bool, kms_bucket: bool, instances: int) -> Path:
     """A one-stack 'dev' stage: role, model bucket, endpoint on ml.c7g.xlarge, GPU launch template, VPC rules."""
     app = cdk.App(outdir=str(outdir))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from pydantic import BaseModel
 
 from platform_cli import SUBCOMMANDS
 from stacks.settings import EnvironmentSettings, PipelineSettings
-from tests.docs.markdown import ROOT, code, documents
+from tests.docs.markdown import ROOT, code, documents, split_code
 
 README = ROOT / "README.md"
 MAX_README_LINES = 250
@@ -154,22 +155,24 @@ def test_the_key_finder_finds_keys_and_skips_code() -> None:
     assert {key for key in keys if not _key_exists(key)} == {"multi_model_endpoint.autoscaling.max_capaciti"}
 
 
-# The repository's own folders (build outputs such as build/ or cdk.out/ are not checked).
-_TOP_LEVEL = [
-    name
-    for name in ("stacks", "tests", "training_assets", "inference_assets", "proving_ground", "mme_sizing", "ops_review",
-                 "platform_facts", "scripts", "docs", ".github", ".ci")
-    if (ROOT / name).is_dir()
-]  # fmt: skip
+def _tracked_folders() -> list[str]:
+    """The repository's top-level folders that git tracks files in (build outputs such as cdk.out/ are not)."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    return sorted({f.split("/", 1)[0] for f in files if "/" in f})
+
+
+_TOP_LEVEL = _tracked_folders()
 
 
 @pytest.mark.parametrize("page", CHECKED, ids=IDS)
 def test_every_repository_path_named_exists(page: Path) -> None:
-    """Paths into the repository's folders (`stacks/foundation.py`, `proving_ground/benchmarks/results/...`) name
-    real files."""
+    """Paths into the repository's folders (`stacks/foundation.py`, `proving_ground/benchmarks/results/...`), in code
+    or in prose, name real files."""
+    text = page.read_text(encoding="utf-8")
+    prose, _ = split_code(text)
     roots = "|".join(re.escape(name) for name in _TOP_LEVEL)
     pattern = re.compile(rf"(?<![\w./-])(?:{roots})/[\w./<>*{{}}-]*")
-    named = {m.group(0).rstrip(".") for s in code(page.read_text(encoding="utf-8")) for m in pattern.finditer(s)}
+    named = {m.group(0).rstrip(".") for s in [*code(text), *prose] for m in pattern.finditer(s)}
     placeholders = re.compile(r"[<>*{}]")
     missing = {p for p in named if not placeholders.search(p) and not (ROOT / p).exists()}
     assert missing == set()

@@ -101,6 +101,7 @@ def test_an_accepted_risk_passes_and_carries_its_reason() -> None:
 
 
 def test_the_torchserve_multi_model_option_is_no_setting_any_more() -> None:
+    """Neither the model server (DJL is the only one) nor a TorchServe image is a setting: each key stops synth."""
     raw = _raw("staging")
     raw["multi_model_endpoint"]["model_server"] = "torchserve"
     with pytest.raises(SettingsError, match=r"^environments\.staging\.multi_model_endpoint\.model_server: "):

@@ -83,7 +83,7 @@ import builtins, sys
 opened = []
 sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == "open" else None)
 from mme_sizing import plan
-inputs = plan.SizingInputs("ml.c5.2xlarge", 1, 2, 1000, "djl", 1, 12, 5.0, 476.0, 100.0, 100.0, 1000.0, 600.0)
+inputs = plan.SizingInputs("ml.c5.2xlarge", 1, 2, 1000, 1, 12, 5.0, 476.0, 100.0, 100.0, 1000.0, 600.0)
 plan.predict(inputs)
 plan.hot_set_resident(inputs)
 print(sorted(name for name in sys.modules if name.split(".")[0] in ("stacks", "proving_ground")))

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from inference_assets.container.contract import DjlModelSettings, Limits, parse_properties
+from inference_assets.container.contract import DjlModelSettings, Limits
 from tests.serving.archive_modules import forget_modules
 from tests.serving.request_table import REQUESTS, TEST_LIMITS, headers
 from tests.serving.torchserve_inprocess import loaded_service, predict
 
 from . import fake_djl_python
 from .fake_djl_python import Input, batched
+from .serving_properties import parse_properties
 
 
 def _import(path: Path, name: str):

@@ -16,7 +16,6 @@ from platform_facts import refresh_instances
 from platform_facts.instances import (
     INSTANCES_FILE,
     UnknownInstanceType,
-    gpu_of,
     has_local_nvme,
     instance_type,
 )
@@ -75,7 +74,7 @@ def test_each_type_has_aws_specifications(name: str) -> None:
 @pytest.mark.parametrize("name", [n for n, spec in AWS_SPECIFICATIONS.items() if spec[3]])
 def test_nvidia_gpus_carry_their_compute_capability(name: str) -> None:
     gpu_name = AWS_SPECIFICATIONS[name][3][0]
-    gpu = gpu_of(name)
+    gpu = instance_type(name).gpu
     if gpu_name in CAPABILITY:
         assert gpu is not None and gpu.maker == "NVIDIA" and gpu.compute_capability == CAPABILITY[gpu_name]
     else:  # Trainium and Inferentia are accelerators, not CUDA GPUs

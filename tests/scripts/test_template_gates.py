@@ -118,3 +118,11 @@ def test_synth_warnings_reach_the_output_with_their_stacks(gates_report: dict) -
     assert warnings == {"training.image_tag: ends patching soon": ["dev/Training"]}
     text = template_gates.render({**gates_report, "warnings": warnings})
     assert "warn training.image_tag: ends patching soon (dev/Training)" in text.splitlines()
+
+
+def test_each_image_resolved_at_deploy_time_is_one_warning(gates_report: dict) -> None:
+    """Issue 40, item 1: synth cannot know whether the serving image's parameter exists; it says so in one line
+    per endpoint that resolves one (staging and prod name a model; dev has no Graviton endpoint yet)."""
+    lines = [message for message in gates_report["warnings"] if "check-images" in message]
+    assert [line.split(" ")[0] for line in lines] == ["staging/GravitonEndpoint", "prod/GravitonEndpoint"]
+    assert all("/pytorch-platform/images/graviton-serving" in line and "(arm64 for ml.c7g." in line for line in lines)

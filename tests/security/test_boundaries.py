@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies, template_exports
+from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
+from tests.security.exports import template_exports
 
 ACCOUNT, REGION = "123456789012", "us-west-2"
 BUCKETS = {"Artifacts": "artifacts-bucket", "RemoteJobs": "remote-jobs-bucket", "Datasets": "datasets-bucket"}

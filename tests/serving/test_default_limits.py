@@ -1,4 +1,5 @@
-"""The contract's default limits agree with what users send, through the archive's real TorchServe handler.
+"""The contract's default limits agree with what users send, through the TorchServe handler of the proving ground's
+harness (the protocol and predictor every server runs).
 
 The container gets no limit variables here, so it runs on ``Limits()``: 32 texts per request, a body of at most
 SageMaker's own real-time payload cap (InvokeEndpoint ``Body``: "Maximum length of 6291456", SageMaker Runtime API

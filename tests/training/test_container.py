@@ -107,6 +107,7 @@ def test_single_node_command(tmp_path: Path) -> None:
         assert flag in docker
     assert "memlock=-1" in docker and "stack=67108864" in docker
     assert "--privileged" not in docker and "--network" not in docker
+    assert "NCCL_DEBUG=INFO" not in docker and "--expect-efa" not in inside  # no EFA, nothing to check
     assert f"{data}:/opt/ml/input/data:ro" in docker and f"{tmp_path / 'out'}:/opt/ml/output" in docker
     assert inside == [
         "torchrun",
@@ -163,6 +164,9 @@ def test_multi_node_command_meets_at_the_barrier_then_uses_c10d_rendezvous_over_
         "--node", "i-2@10.0.1.9", "--endpoint", "10.0.1.5:29500", "--run-id", "r-0abc", "--timeout", "300",
         "--max-restarts", "2", "--record", "/opt/ml/output/rendezvous.json", "--", "--nproc_per_node=8",
     ]  # fmt: skip
+    # NCCL logs the network it chose, and the script stops a run that fell back to TCP sockets (test_hardware.py).
+    assert {"NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=INIT,NET", "NCCL_DEBUG_FILE=/tmp/nccl.%h.%p.log"} <= set(docker)
+    assert "--expect-efa" in inside
 
 
 @pytest.mark.parametrize(

@@ -169,8 +169,9 @@ def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dic
         "--node", "i-0abc@10.0.1.7", "--endpoint", "10.0.1.7:29500", "--run-id", "r-0123", "--timeout", "600",
         "--max-restarts", "0", "--record", "/opt/ml/output/rendezvous.json", "--", "--nproc_per_node=8",
     ]  # fmt: skip
+    # --expect-efa: a run over EFA that NCCL put on TCP sockets stops (hardware.check_transport).
     assert inside[inside.index(MODULE) + 1 :] == [
-        "--output-dir", "/opt/ml/output", "--tokenized-dir", "/opt/ml/output/tokenized",
+        "--output-dir", "/opt/ml/output", "--tokenized-dir", "/opt/ml/output/tokenized", "--expect-efa",
         "--epochs", "3", "--torch-compile", "--bf16", "--fused-adamw",
         "--dataset", "tweet_eval", "--dataset-config", "sentiment",
         "--model", "cardiffnlp/twitter-roberta-base-sentiment-latest",

@@ -64,7 +64,8 @@ def test_token_counts_are_kept_per_step_and_read_once() -> None:
     collate = BucketCollator(pad_token_id=1, buckets=(4,))
     for lengths in ([2, 3], [1], [4, 1]):  # what the collator counts on the host is what the counter keeps
         batch = collate([{"input_ids": [0] * length, "label": 0} for length in lengths])
-        counter.add(*batch["token_counts"], tuple(batch["input_ids"].shape))
+        tokens, squared = batch["token_counts"]
+        counter.add(tokens, squared, tuple(batch["input_ids"].shape))
     # tokens, sum of squared text lengths (2*2 + 3*3), positions computed
     assert counter.read() == [Counts(5, 13, 8), Counts(1, 1, 4), Counts(5, 17, 8)]
     assert counter.shapes == [(2, 4), (1, 4), (2, 4)] and counter.earlier == [0, 0, 1]
@@ -405,8 +406,8 @@ def test_the_sync_check_is_on_for_steady_steps_only(monkeypatch: pytest.MonkeyPa
     """set_sync_debug_mode("error") from a steady step's forward pass on, off for steps that compile or record a
     CUDA graph and before a log line, an evaluation or the end of an epoch."""
     modes: list[tuple[int, str]] = []
-    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: modes.append((len(counter.shapes), mode)))
     counter = TokenCounter()
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: modes.append((len(counter.shapes), mode)))
     meter = ThroughputMeter(warmup_steps=1, samples_per_step=8, counter=counter, use_cuda=False, shape_warmups=2)
     check = SyncCheck("error", meter)
     quiet = type("Control", (), {"should_log": False, "should_evaluate": False, "should_save": False,

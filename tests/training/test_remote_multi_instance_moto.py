@@ -19,8 +19,8 @@ from proving_ground.iam_policy import (
     requests_for,
     resolve,
     role_policies,
-    template_exports,
 )
+from tests.security.exports import template_exports
 from tests.training import test_remote_sdk_moto as harness
 from training_assets import remote_train
 

@@ -52,9 +52,9 @@ from proving_ground.iam_policy import (
     requests_for,
     resolve,
     role_policies,
-    template_exports,
 )
 from stacks.settings import TrainingSettings
+from tests.security.exports import template_exports
 from training_assets import remote_train
 
 # The SDK's config validated once per distinct config (tests/conftest.py): ~1 CPU-s per job otherwise.

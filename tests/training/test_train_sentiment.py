@@ -266,6 +266,14 @@ def test_saved_to_disk_dataset_with_other_label_names(tiny_model_dir: Path, tmp_
         train(_config(tiny_model_dir, tmp_path / "disk"))
 
 
+def _load_splits(config: TrainConfig) -> dict[str, object]:
+    """The checked splits as ``datasets.Dataset`` objects (training itself reads them without the package)."""
+    import datasets
+
+    splits = train_sentiment.read_config_splits(config).items()
+    return {name: datasets.Dataset.from_dict({"text": split.texts, "label": split.labels}) for name, split in splits}
+
+
 def test_csv_and_saved_to_disk_inputs_load(tmp_path: Path) -> None:
     import datasets
 
@@ -273,11 +281,11 @@ def test_csv_and_saved_to_disk_inputs_load(tmp_path: Path) -> None:
     csv_dir.mkdir()
     for split in ("train", "validation"):
         (csv_dir / f"{split}.csv").write_text('text,label\n"good, really",positive\nmeh,1\nawful,0\n')
-    splits = train_sentiment.load_splits(TrainConfig(dataset=str(csv_dir)))
+    splits = _load_splits(TrainConfig(dataset=str(csv_dir)))
     assert splits["train"]["text"] == ["good, really", "meh", "awful"] and splits["train"]["label"] == [2, 1, 0]
 
     datasets.DatasetDict({name: splits[name] for name in splits}).save_to_disk(str(tmp_path / "disk"))
-    reloaded = train_sentiment.load_splits(TrainConfig(dataset=str(tmp_path / "disk")))
+    reloaded = _load_splits(TrainConfig(dataset=str(tmp_path / "disk")))
     assert reloaded["validation"]["label"] == [2, 1, 0]
 
 

@@ -138,4 +138,4 @@ def test_a_variant_past_its_time_limit_is_stopped_and_recorded(tmp_path: Path) -
     (row,) = json.loads(out.read_text())["variants"]
     assert row["error"] == "stopped at its time limit of 1 s"  # at least 1 s
     assert json.loads((tmp_path / "results" / "baseline.json").read_text()) == row
-    assert Path(row["log"]).is_file()
+    assert (tmp_path / "results" / row["log"]).is_file()  # beside the row

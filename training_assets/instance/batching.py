@@ -3,9 +3,10 @@ bucket lengths, and the non-padding tokens are counted on the device.
 
 Why buckets and not the exact longest length: torch.compile specialises on shapes and CUDA graphs record one graph
 per shape, so every distinct length costs a compile or a graph capture; a handful of lengths keeps that bounded
-(pytorch/pytorch#188150, and /work/shared FACTS "GPU fine-tuning speed"). Why not packing: transformers 5 packs
-only for FlashAttention models (``DataCollatorWithFlattening``), and ``RobertaForSequenceClassification`` pools
-token 0 of a row, so packed texts would need their own pooling.
+(pytorch/pytorch#188150, and /work/shared FACTS "GPU fine-tuning speed"). Packing several texts into a row is the
+other way to pad little (``--padding packed``, packing.py): transformers 5 packs only for FlashAttention models
+(``DataCollatorWithFlattening``) and ``RobertaForSequenceClassification`` pools token 0 of a row, so it has its own
+mask, positions and pooling.
 
 The attention mask makes padding inert (padded keys get no attention weight, and the classifier reads token 0), so
 what the model learns does not depend on how far a batch is padded; tests/training/test_fast_path.py proves it by

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import resource
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,39 @@ def compile_threads(local_processes: int) -> int:
     would otherwise start one per CPU (``decide_compile_threads``), eight ranks compiling at once 8x the cores."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cpus // max(1, local_processes))
+
+
+# NCCL's INFO log names the network each communicator uses (src/init.cc: INFO(NCCL_INIT, "Using network %s")):
+# "Socket" (TCP), "IB", or a plugin's name ("AWS Libfabric"/"Libfabric" for aws-ofi-nccl, which carries EFA).
+NCCL_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$", re.MULTILINE)
+
+
+class TransportError(RuntimeError):
+    """NCCL fell back to TCP sockets where EFA was expected."""
+
+
+def nccl_network(log_file: str | None, hostname: str, pid: int) -> str | None:
+    """The network NCCL chose, from this process's NCCL debug file (``NCCL_DEBUG_FILE``, in which NCCL puts the host
+    name for ``%h`` and the process id for ``%p``); None where there is no such log or line."""
+    if not log_file:
+        return None
+    path = Path(log_file.replace("%h", hostname).replace("%p", str(pid)))
+    try:
+        found = NCCL_NETWORK.findall(path.read_text(errors="replace"))
+    except OSError:
+        return None
+    return found[-1] if found else None
+
+
+def check_transport(network: str | None, efa_expected: bool) -> None:
+    """Stop a run that expected EFA and got sockets: over TCP, the gradient all-reduce between p4d nodes runs at a
+    fraction of EFA's 400 Gbit/s, and the run would go on for hours at that pace without saying why."""
+    if efa_expected and network == "Socket":
+        raise TransportError(
+            "NCCL uses TCP sockets, not EFA (NCCL INFO Using network Socket): the aws-ofi-nccl plugin or the EFA "
+            "devices were not found in the container; check launch_training.sh --efa and the instance's EFA "
+            "interfaces before training on sockets"
+        )
 
 
 def peak_memory_bytes(use_cuda: bool) -> int:

@@ -106,6 +106,9 @@ fi
 if [[ "$efa" == true ]]; then
   # libfabric opens the EFA devices (/dev/infiniband/uverbs*); aws-ofi-nccl in the DLC routes NCCL over them.
   docker_cmd+=(--privileged -e FI_PROVIDER=efa -e FI_EFA_USE_DEVICE_RDMA=1 -e FI_EFA_FORK_SAFE=1)
+  # NCCL names the network it chose in its INFO log (a file per process); train_sentiment.py reads it
+  # and stops a run that fell back to TCP sockets (--expect-efa).
+  docker_cmd+=(-e NCCL_DEBUG=INFO -e NCCL_DEBUG_SUBSYS=INIT,NET -e NCCL_DEBUG_FILE=/tmp/nccl.%h.%p.log)
 fi
 if [[ -n "$log_group" ]]; then
   docker_cmd+=(--log-driver awslogs --log-opt "awslogs-group=$log_group" --log-opt "awslogs-stream=$log_stream")
@@ -113,6 +116,7 @@ fi
 
 # Tokenized splits are shared by the processes of this node, beside the output (on NVMe where ec2_run.sh stages it).
 script_args=(--output-dir /opt/ml/output --tokenized-dir /opt/ml/output/tokenized)
+[[ "$efa" == true ]] && script_args+=(--expect-efa)
 docker_cmd+=(-v "$(host_path "$output_dir"):/opt/ml/output")
 if [[ -n "$data_dir" ]]; then
   docker_cmd+=(-v "$(host_path "$data_dir"):/opt/ml/input/data:ro")

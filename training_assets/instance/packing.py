@@ -114,9 +114,9 @@ class PackedClassifier(nn.Module):
     averaged over the texts (what the model's loss is on the same texts padded). Padded batches (evaluation) go to
     the model unchanged. ``model`` is what gets saved: this wrapper holds no weights of its own."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
         super().__init__()
-        self.model = model
+        self.model: Any = model  # a PreTrainedModel: config, base_model, classifier
         self.config = model.config
         self.main_input_name = getattr(model, "main_input_name", "input_ids")
 

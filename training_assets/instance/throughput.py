@@ -283,6 +283,7 @@ class ModelFlops:
         return 6 * self.matmul_weights + 12 * self.layers * self.hidden * attention_context
 
 
+# Long: one flat dict per outcome (measured or not), each key a number metrics.json reports.
 def throughput_summary(
     step_seconds: list[float],
     *,
@@ -293,7 +294,6 @@ def throughput_summary(
     squared_lengths: tuple[int, int] = (0, 0),
     flops: ModelFlops | None = None,
 ) -> dict[str, Any]:
-    # Over 60 lines: one flat dict per outcome (measured or not), each key a number metrics.json reports.
     """The throughput of the steps after the warm-up; when there are none, why it was not measured.
 
     ``tokens``, ``positions`` and ``squared_lengths`` are (at the end of the warm-up, at the end) counts of

@@ -83,6 +83,9 @@ class TrainConfig:
     # TorchInductor's cache (TORCHINDUCTOR_CACHE_DIR): a folder that outlives the process, on storage every node
     # reads, so a restarted or added node reuses the kernels compiled before (None: torch's default, /tmp).
     compile_cache_dir: str | None = None
+    # Multi-node runs over EFA (launch_training.sh --efa): NCCL's chosen network is read from its debug log and a
+    # fall-back to TCP sockets stops the run (hardware.check_transport).
+    expect_efa: bool = False
     # Host work off the step: gc.freeze() after the warm-up (collections then skip the long-lived objects).
     gc_freeze: bool = True
     # N > 0: profile the last N optimizer steps and report the launches per step (left out of the throughput).
@@ -261,8 +264,8 @@ def trainer_settings(config: TrainConfig, use_cuda: bool, distributed: bool) -> 
 # ------------------------------------------------------------------------------------------------------------ CLI
 
 
+# Long: one declaration per flag, the CLI's reference read top to bottom.
 def parser() -> argparse.ArgumentParser:
-    # Over 60 lines: one declaration per flag, the CLI's reference read top to bottom.
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(description=DESCRIPTION)
     parser.add_argument("--model", default=defaults.model, help="local model directory or hub id")
@@ -338,6 +341,7 @@ def parser() -> argparse.ArgumentParser:
         ("compile-optimizer", None, "compile the optimizer step with torch.compile (default: with --torch-compile)"),
         ("group-by-length", True, "batch texts of similar length together (default: on)"),
         ("use-cpu", False, "train on CPU even if a GPU is present"),
+        ("expect-efa", False, "stop if NCCL uses TCP sockets instead of EFA (launch_training.sh --efa sets it)"),
         (
             "gc-freeze",
             True,

@@ -4,10 +4,11 @@ The defaults are the fast path (docs/training-performance.md): batches padded to
 to a few bucket lengths, texts of one bucket batched together (``--padding bucketed``, ``--group-by-length``); fused
 AdamW; and with a GPU, torch.compile in "reduce-overhead" mode (CUDA graphs, one static graph per bucket length) with
 the optimizer step compiled too, bf16 autocast, DataLoader worker processes with pinned memory, and no host-device
-synchronisation between optimizer steps (tokens are counted and steps timed on the device; values are read when a
-log line needs them; ``--sync-debug error`` makes a hidden one fail the run). Each feature has its own switch, so the
-seed's baseline stays reproducible: ``--no-torch-compile --no-bf16 --no-fused-adamw --no-compile-optimizer
---padding max_length --no-group-by-length`` is plain eager fp32 AdamW on texts padded to max_seq_length.
+synchronisation between optimizer steps (the collator counts tokens on the host, steps are timed on the device;
+values are read when a log line needs them; ``--sync-debug error`` makes a hidden one fail the run). ``--padding
+packed`` puts several texts into each row instead (packing.py). Each feature has its own switch, so the seed's
+baseline stays reproducible: ``--no-torch-compile --no-bf16 --no-fused-adamw --no-compile-optimizer --padding
+max_length --no-group-by-length`` is plain eager fp32 AdamW on texts padded to max_seq_length.
 
     # one process (GPU if there is one, else CPU)
     python -m training_assets.instance.train_sentiment --model MODEL --dataset DATA --output-dir out --torch-compile
@@ -36,6 +37,7 @@ import functools
 import gc
 import json
 import os
+import socket
 import sys
 import traceback
 from collections import Counter
@@ -66,7 +68,14 @@ from training_assets.instance.dataset import (
     looks_local,
     read_splits,
 )
-from training_assets.instance.hardware import check_bf16, compile_threads, device_info, peak_memory_bytes
+from training_assets.instance.hardware import (
+    check_bf16,
+    check_transport,
+    compile_threads,
+    device_info,
+    nccl_network,
+    peak_memory_bytes,
+)
 from training_assets.instance.throughput import (
     LaunchCounter,
     ModelFlops,
@@ -92,11 +101,6 @@ from training_assets.instance.train_config import (
 # --------------------------------------------------------------------------------------------------- input checks
 
 
-def load_splits(config: TrainConfig) -> dict[str, Any]:
-    """Return ``{"train": Dataset, "validation": Dataset}`` with checked ``text`` and integer ``label`` columns."""
-    return {split: to_dataset(data) for split, data in read_config_splits(config).items()}
-
-
 def read_config_splits(config: TrainConfig) -> dict[str, Split]:
     schema = Schema(
         text_column=config.text_column,
@@ -105,13 +109,6 @@ def read_config_splits(config: TrainConfig) -> dict[str, Split]:
         max_text_chars=config.max_seq_length * CHARS_PER_TOKEN_KEPT,
     )
     return read_splits(config.dataset, config.dataset_config, schema)
-
-
-def to_dataset(split: Split) -> Any:
-    """The split as a ``datasets.Dataset`` (imported here only: training itself does not need the package)."""
-    import datasets
-
-    return datasets.Dataset.from_dict({"text": split.texts, "label": split.labels})
 
 
 class TokenizedSplit(torch.utils.data.Dataset):
@@ -195,6 +192,23 @@ class FreezeGarbage(TrainerCallback):
         gc.unfreeze()
 
 
+class NcclTransport(TrainerCallback):
+    """At the start of training (the process group and DDP's first broadcast have set NCCL up by then): which
+    network NCCL chose, from its debug log; a run that expected EFA and got TCP sockets stops there."""
+
+    def __init__(self, efa_expected: bool) -> None:
+        self.efa_expected = efa_expected
+        self.network: str | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not (torch.distributed.is_initialized() and torch.distributed.get_backend() == "nccl"):
+            return
+        self.network = nccl_network(os.environ.get("NCCL_DEBUG_FILE"), socket.gethostname(), os.getpid())
+        if state.is_world_process_zero:
+            print(f"train_sentiment: NCCL network: {self.network or 'not in its log'}", file=sys.stderr, flush=True)
+        check_transport(self.network, self.efa_expected)
+
+
 class CompiledOptimizerStep:
     """``optimizer.step`` through torch.compile (TorchInductor fuses the update of every parameter into a few
     kernels), following PyTorch's recipe "(beta) Compiling the optimizer with torch.compile" and its section on LR
@@ -232,18 +246,21 @@ class CompiledOptimizerStep:
                 group["lr"] = value
 
 
+# Long: one Trainer subclass, defined inside so that importing this module does not import Trainer.
 @functools.cache
 def sentiment_trainer() -> type:
-    # Over 60 lines: one Trainer subclass, defined inside so that importing this module does not import Trainer.
     """``SentimentTrainer``, defined on first use: importing ``transformers.Trainer`` loads the model code and
     ``datasets`` (about 2 CPU-seconds per process), which ``--check-only`` and an input error's exit never use."""
     from transformers import Trainer
 
     class SentimentTrainer(Trainer):
-        """Counts non-padding tokens on the device; batches texts of one bucket together
+        """Keeps the collator's token counts per step (``TokenCounter``); batches each global batch from one bucket
         (``LengthBucketSampler``); compiles the optimizer step when asked (``CompiledOptimizerStep``); drops the last
-        partial batch in training only (evaluation sees every row); with CUDA graphs, copies evaluation outputs out of
-        the graph's memory before the next batch reuses it; with a ``SyncCheck``, arms it for each steady step."""
+        partial batch in training only (evaluation sees every row, padded even when training is packed); with CUDA
+        graphs, copies evaluation outputs out of the graph's memory before the next batch reuses it; with a
+        ``SyncCheck``, arms it for each steady step; reports the loss as one process would on any number of ranks."""
+
+        data_collator: Any  # the Trainer's (transformers is not type-checked here)
 
         def __init__(
             self,
@@ -305,7 +322,7 @@ def sentiment_trainer() -> type:
 
         def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
             drop_last, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
-            collator = self.data_collator
+            collator: Any = self.data_collator
             self.data_collator = self.eval_collator or collator  # packed training still evaluates padded batches
             try:
                 return super().get_eval_dataloader(eval_dataset)
@@ -384,8 +401,8 @@ def check_inputs(config: TrainConfig, use_cuda: bool) -> tuple[str, dict[str, Sp
     return model_reference, raw
 
 
+# Long: the run's steps in order (check, resolve, tokenize, train, report), each a call or two.
 def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
-    # Over 60 lines: the run's steps in order (check, resolve, tokenize, train, report), each a call or two.
     """Fine-tune per ``config``; return the metrics (rank 0 also writes metrics.json and saved_model/).
 
     ``callbacks`` join the run's own (``TrainerCallback`` instances: a caller's hooks into the train loop)."""
@@ -451,7 +468,8 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     reporter = EpochReporter()
     sync_check = SyncCheck(config.sync_debug, meter) if config.sync_debug != "off" else None
     launches = LaunchCounter(config.profile_steps, use_cuda) if config.profile_steps else None
-    host = [*([FreezeGarbage(max(1, config.warmup_steps))] if config.gc_freeze else []),
+    transport = NcclTransport(config.expect_efa)
+    host = [transport, *([FreezeGarbage(max(1, config.warmup_steps))] if config.gc_freeze else []),
             *([launches] if launches else [])]  # fmt: skip
     packed = config.padding == "packed"
     if packed and (reason := packing.check_packable(model.config)):
@@ -521,6 +539,7 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
             if config.torch_compile or config.compile_optimizer
             else None,
             "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+            "nccl_network": transport.network,
             "gc_freeze_after_step": max(1, config.warmup_steps) if config.gc_freeze else None,
             "peak_memory_bytes": peak_memory_bytes(use_cuda),
             **(launches.result if launches else {}),
