@@ -129,3 +129,29 @@ def test_a_multi_model_image_without_a_fact_is_refused_naming_its_key() -> None:
         "environments.prod.multi_model_endpoint.djl_image: djl-inference:0.99.0-cpu-full has no end-of-patching "
         "fact in platform_facts/images.json; add it with its source."
     )
+
+
+def test_the_image_table_is_read_with_each_training_images_runtime_and_a_bad_flavour_is_refused(tmp_path) -> None:
+    import json as json_
+
+    from platform_facts.images import image_facts
+
+    entry = {"publisher": "AWS", "architecture": "x86_64", "end_of_patching": "2027-01-21", "checked": "2026-12-01",
+             "source": "https://example.com/dlc", "replacement": "none"}  # fmt: skip
+    table = tmp_path / "images.json"
+    table.write_text(json_.dumps({"images": {
+        "pytorch-training:9.9-ec2": {**entry, "training": {"platform": "ec2", "python": "3.13", "cuda": "13.0"}},
+        "djl:1": {**entry, "end_of_patching": None}}}))  # fmt: skip
+    facts = image_facts(table)
+    runtime = facts["pytorch-training:9.9-ec2"].training
+    assert runtime is not None and (runtime.platform, runtime.python, runtime.cuda, runtime.cuda_major) == (
+        "ec2", "3.13", "13.0", 13)  # fmt: skip
+    assert facts["djl:1"].training is None and facts["djl:1"].end_of_patching is None
+    bad = tmp_path / "bad.json"
+    bad.write_text(
+        json_.dumps({"images": {"x:1": {**entry, "training": {"platform": "eks", "python": "3", "cuda": "1"}}}})
+    )
+    with pytest.raises(
+        ValueError, match=r"images\.json: x:1: training\.platform must be one of \('ec2', 'sagemaker'\)"
+    ):
+        image_facts(bad)

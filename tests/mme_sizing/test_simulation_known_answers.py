@@ -46,11 +46,11 @@ def test_one_model_is_loaded_once() -> None:
     assert prediction.cold_loads_per_minute == pytest.approx(60 / prediction.elapsed_s)
 
 
-def _djl(clients: int, *, worker_slots: int = 50, max_workers: int | None = None) -> float:
+def _djl(clients: int, *, worker_slots: int = 50, max_workers: int | None = None, cost: ModelCost = COST) -> float:
     """Answers per second of one DJL model under ``clients`` closed-loop clients on 4 cores."""
     fleet = Fleet(instances=1, vcpus=4, memory_mib=worker_slots * COST.worker_memory_mib, model_server="djl",
                   max_workers_per_model=max_workers)  # fmt: skip
-    return simulate(fleet, COST, Workload("uniform", 1, clients=clients), duration_s=60, warmup_s=10).completed / 60
+    return simulate(fleet, cost, Workload("uniform", 1, clients=clients), duration_s=60, warmup_s=10).completed / 60
 
 
 def test_djl_adds_a_worker_only_when_more_than_twice_the_batch_size_is_queued() -> None:

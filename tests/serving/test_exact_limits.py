@@ -113,3 +113,10 @@ def test_a_model_key_of_exactly_the_s3_key_limit_is_valid_and_one_byte_more_is_n
     assert validate_model_name(name(MAX_KEY_BYTES), prefix)
     with pytest.raises(ValueError, match=f"longer than {MAX_KEY_BYTES} bytes"):
         validate_model_name(name(MAX_KEY_BYTES + 1), prefix)
+
+
+def test_an_empty_limit_variable_keeps_the_default_and_a_name_that_is_no_string_is_refused() -> None:
+    assert Limits.from_environment({"SENTIMENT_MAX_REQUEST_BATCH": "", "SENTIMENT_MAX_REQUEST_BYTES": ""}) == Limits()
+    for name in (123, None, ["a.tar.gz"]):
+        with pytest.raises(ValueError, match="is not valid: use letters, digits"):
+            validate_model_name(name)  # type: ignore[arg-type]

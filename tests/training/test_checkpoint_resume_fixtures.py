@@ -154,6 +154,7 @@ class FakeS3:
     def __init__(self, markers: dict[str, dict[str, Any]] | None = None, prefix: str = "run/checkpoints/") -> None:
         self.objects: dict[str, bytes] = {}  # key -> body
         self.calls: list[list[str]] = []
+        self.writes: list[str] = []  # every object or file written, in order
         for slot, marker in (markers or {}).items():
             for name, size in marker["files"].items():
                 self.objects[f"{prefix}{slot}/{name}"] = b"x" * size
@@ -174,17 +175,32 @@ class FakeS3:
         arguments = list(arguments)
         self.calls.append(arguments)
         if arguments[:2] == ["s3api", "list-objects-v2"]:
+            # The options as the CLI spells them (aws s3api list-objects-v2 help), the JSON rows the query selects.
+            assert arguments[2::2] == ["--bucket", "--prefix", "--query", "--output"], arguments
+            assert arguments[7:] == ["Contents[].[Key,Size]", "--output", "json"], arguments
             prefix = arguments[arguments.index("--prefix") + 1]
-            return json.dumps([[key, len(body)] for key, body in self.objects.items() if key.startswith(prefix)])
+            rows = [[key, len(body)] for key, body in self.objects.items() if key.startswith(prefix)]
+            return json.dumps(rows or None)  # the CLI prints null for an empty listing
         assert arguments[:2] == ["s3", "cp"], arguments
+        options = [a for a in arguments if a.startswith("--")]
+        assert set(options) <= CLI_OPTIONS and "--only-show-errors" in options, arguments
+        if "--sse" in arguments:
+            assert arguments[arguments.index("--sse") + 1] == "aws:kms", arguments
         if "--recursive" not in arguments:
             self._copy(arguments[-2], arguments[-1])
+            self.writes.append(arguments[-1])
             return ""
         exclude = arguments.index("--exclude")  # ... SOURCE/ TARGET/ --exclude * --include NAME ...
+        assert arguments[exclude + 1] == "*", arguments
         source, target = arguments[exclude - 2].rstrip("/"), arguments[exclude - 1].rstrip("/")
         for name in (arguments[i + 1] for i, a in enumerate(arguments) if a == "--include"):
             self._copy(f"{source}/{name}", f"{target}/{name}")
+            self.writes.append(f"{target}/{name}")
         return ""
+
+
+# The `aws s3 cp` options S3Checkpoints may use (aws s3 cp help).
+CLI_OPTIONS = {"--recursive", "--only-show-errors", "--sse", "--sse-kms-key-id", "--exclude", "--include"}
 
 
 def _marker(step: int) -> dict[str, Any]:
@@ -311,10 +327,20 @@ def test_uploads_take_turns_and_never_overwrite_the_newest_complete_checkpoint(t
         assert upload_newest(root, _remote(fake), log=lambda _: None) == step
         assert _slots(fake) == expected
     assert upload_newest(root, _remote(fake), log=lambda _: None) is None  # S3 holds it already
-    # Every upload is SSE-KMS with the platform key, and the slot's marker is written last.
-    uploads = [call for call in fake.calls if call[:2] == ["s3", "cp"] and call[-1].startswith("s3://")]
-    assert uploads and all(call[call.index("--sse-kms-key-id") + 1] == KMS for call in uploads)
-    assert uploads[-1][-1] == "s3://bucket/run/checkpoints/slot-1/checkpoint-complete.json"
+    # Every upload is SSE-KMS with the platform key; a slot is marked as being written first and complete last.
+    writes = [call for call in fake.calls if _writes_to_s3(call)]
+    assert writes and all("--sse-kms-key-id" in call and call[call.index("--sse-kms-key-id") + 1] == KMS
+                          for call in writes)  # fmt: skip
+    uploaded = [write for write in fake.writes if write.startswith("s3://")]
+    last = [write.removeprefix("s3://bucket/run/checkpoints/slot-1/") for write in uploaded][-4:]
+    assert last == ["checkpoint-complete.json", "model.safetensors", "optimizer.pt", "checkpoint-complete.json"]
+
+
+def _writes_to_s3(call: list[str]) -> bool:
+    if call[:2] != ["s3", "cp"]:
+        return False
+    target = call[call.index("--exclude") - 1] if "--recursive" in call else call[-1]
+    return target.startswith("s3://")
 
 
 def test_a_slot_being_written_or_with_a_file_of_another_size_is_not_complete() -> None:
@@ -345,3 +371,39 @@ def test_uploading_needs_the_key(tmp_path: Path) -> None:
     _checkpoint(tmp_path, 5)
     with pytest.raises(ValueError, match="needs the KMS key"):
         S3Checkpoints("s3://bucket/run/checkpoints/", aws=FakeS3()).upload(tmp_path / "checkpoint-5")
+
+
+def test_the_local_bookkeeping_of_checkpoints(tmp_path: Path) -> None:
+    """Folders that are no checkpoint are skipped; the manifest lists every file but the marker and hidden temporaries
+    (a marker being written), nested files included; a marker that is not a complete one, or lists no files, is none."""
+    from training_assets.instance.checkpoint_sync import complete_checkpoints, manifest, read_marker, step_of
+
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "checkpoint-x").mkdir()
+    folder = _checkpoint(tmp_path, 5, complete=False)
+    (folder / "nested").mkdir()
+    (folder / "nested" / "rng.pth").write_bytes(b"r" * 4)
+    (folder / ".marker-abc").write_text("{")
+    write_marker(folder, 5)
+    assert manifest(folder) == {"model.safetensors": 5, "nested/rng.pth": 4, "optimizer.pt": 3}
+    assert [step for step, _ in complete_checkpoints(tmp_path)] == [5]
+    assert step_of(tmp_path / "runs") is None and step_of(folder) == 5
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".marker-")] == [".marker-abc"]  # its own is gone
+    for text in ('{"state": "writing", "files": {}}', '{"state": "complete", "files": []}', "[]", "{", b"\xff"):
+        assert read_marker(text) is None, text
+    assert read_marker('{"state": "complete", "files": {}}') == {"state": "complete", "files": {}}
+
+
+def test_a_run_prefix_without_a_slash_is_a_folder_and_only_s3_uris_are_taken() -> None:
+    fake = FakeS3({"slot-0": _marker(10)})
+    assert S3Checkpoints("s3://bucket/run/checkpoints", aws=fake).newest() is not None
+    assert S3Checkpoints("s3://bucket/run/checkpoints", aws=fake).uri == "s3://bucket/run/checkpoints/"
+    with pytest.raises(ValueError, match=r"^/data/checkpoints is not an s3:// URI$"):
+        S3Checkpoints("/data/checkpoints")
+
+
+def test_a_restored_checkpoint_with_several_files_in_one_folder_is_complete(tmp_path: Path) -> None:
+    marker = {"state": "complete", "step": 7, "files": {"nested/a.pth": 2, "nested/b.pth": 3, "model.safetensors": 7}}
+    fake = FakeS3({"slot-1": marker})
+    restored = _remote(fake).restore(tmp_path)
+    assert restored == tmp_path / "checkpoint-7" and (restored / "nested" / "b.pth").read_bytes() == b"xxx"
