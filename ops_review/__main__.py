@@ -10,7 +10,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from ops_review.diff import diff_reviews
+from ops_review.diff import diff_reviews, replacements
 from ops_review.markdown import (
     diff_markdown,
     environment_markdown,
@@ -18,7 +18,7 @@ from ops_review.markdown import (
     index_markdown,
     review_warnings,
 )
-from ops_review.review import PRICES_FILE, load_gates_report, load_prices, review_assembly
+from ops_review.review import PRICES_FILE, load_assembly, load_gates_report, load_prices, review_assembly
 
 
 def write_review(
@@ -73,8 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.diff:
             diff = diff_reviews(*(review_assembly(path, prices, args.today) for path in args.diff))
+            # What CloudFormation replaces, and refuses, read from the templates themselves (ops_review/diff.py).
+            diff.update(replacements(*(load_assembly(path) for path in args.diff)))
             written = write_diff(diff, args.out)
             print("\n".join(diff["findings"]) or "no riskier permissions, exposure, encryption, retention or cost")
+            for line in [*diff["replaced"], *diff["refused"]]:
+                print(line)
+            if diff["refused"]:
+                print(f"wrote {len(written)} files to {args.out}")
+                return 1
         else:
             reviews = review_assembly(args.cdk_out, prices, args.today)
             written = write_review(reviews, args.out, load_gates_report(args.cdk_out))

@@ -264,3 +264,127 @@ def _guardrail_findings(label: str, before: dict[str, Any], after: dict[str, Any
                 "IMDSv1 requests can read the instance role's credentials"
             )
     return findings
+
+
+# --- changes that replace a resource -------------------------------------------------------------------------------
+# CloudFormation replaces a resource when a create-only property changes (the resource type schemas' createOnly-
+# Properties: "Update requires: Replacement" in the user guide; cfn-lint ships the schemas), or its type changes.
+# Two replacements fail the update instead: a resource whose name the template fixes ("CloudFormation cannot update
+# a stack when a custom-named resource requires replacing"), and a change to an export another stack imports
+# ("Cannot update export ... as it is in use by ...": Fn::ImportValue, CloudFormation user guide).
+
+
+def _create_only(resource_type: str, region: str) -> list[list[str]]:
+    """The create-only property paths of a type (["EndpointName"], ["VpcConfig", "SubnetIds"]) from cfn-lint's copy
+    of the CloudFormation resource type schemas; none for a type it does not know (Custom::...)."""
+    from cfnlint.schema import PROVIDER_SCHEMA_MANAGER  # type: ignore[import-untyped]
+
+    try:
+        schema = PROVIDER_SCHEMA_MANAGER.get_resource_schema(region, resource_type).schema
+    except Exception:  # an unknown or custom type: CloudFormation passes its changes to the provider
+        return []
+    return [path.removeprefix("/properties/").split("/") for path in schema.get("createOnlyProperties", [])]
+
+
+def _names_resource(resource_type: str, prop: str) -> bool:
+    """Whether a property is the resource's own name (AWS::Logs::LogGroup LogGroupName, AWS::KMS::Alias AliasName,
+    AWS::ApplicationAutoScaling::ScalingPolicy PolicyName, AWS::SSM::Parameter Name), not another resource's
+    (AWS::EC2::VPCEndpoint ServiceName)."""
+    kind = resource_type.rsplit("::", 1)[-1]
+    return prop == "Name" or (prop.endswith("Name") and prop.removesuffix("Name") in kind)
+
+
+def _at(properties: dict[str, Any], path: list[str]) -> Any:
+    value: Any = properties
+    for part in path:
+        if part == "*" or not isinstance(value, dict):
+            return value  # a list element path: compare the whole list
+        value = value.get(part)
+    return value
+
+
+def _referenced(value: Any) -> set[str]:
+    if isinstance(value, dict):
+        found = {value["Ref"]} if isinstance(value.get("Ref"), str) else set()
+        attribute = value.get("Fn::GetAtt")
+        if isinstance(attribute, list) and attribute and isinstance(attribute[0], str):
+            found.add(attribute[0])
+        return found.union(*(_referenced(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(_referenced(v) for v in value))
+    return set()
+
+
+def _imports(stacks: list[Any]) -> dict[str, list[str]]:
+    """{export name: [stack names importing it]} of an assembly (literal Fn::ImportValue names only)."""
+    found: dict[str, list[str]] = {}
+
+    def walk(value: Any, stack: str) -> None:
+        if isinstance(value, dict):
+            if isinstance(value.get("Fn::ImportValue"), str):
+                found.setdefault(value["Fn::ImportValue"], []).append(stack)
+            for item in value.values():
+                walk(item, stack)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item, stack)
+
+    for stack in stacks:
+        walk(stack.template.get("Resources", {}), stack.stack_name)
+        walk(stack.template.get("Outputs", {}), stack.stack_name)
+    return found
+
+
+def replacements(old_stacks: list[Any], new_stacks: list[Any]) -> dict[str, list[str]]:
+    """{'replaced': one line per resource the change replaces, 'refused': one line per change CloudFormation would
+    fail} between two assemblies' templates (ops_review.review.StackTemplate lists)."""
+    replaced: list[str] = []
+    refused: list[str] = []
+    imported = _imports(old_stacks)
+    old_by_key = {(s.environment, s.stack): s for s in old_stacks}
+    for new in new_stacks:
+        old = old_by_key.get((new.environment, new.stack))
+        if old is None:
+            continue
+        label = f"{new.environment}/{new.stack}"
+        before, after = old.template.get("Resources", {}), new.template.get("Resources", {})
+        swapped: set[str] = set()
+        for logical_id, resource in after.items():
+            previous = before.get(logical_id)
+            if previous is None:
+                continue
+            if previous["Type"] != resource["Type"]:
+                swapped.add(logical_id)
+                replaced.append(f"{label} {logical_id}: REPLACED ({previous['Type']} -> {resource['Type']})")
+                continue
+            was, now = previous.get("Properties", {}), resource.get("Properties", {})
+            create_only = _create_only(resource["Type"], new.region or "us-west-2")
+            changed = [path for path in create_only if _at(was, path) != _at(now, path)]
+            if not changed:
+                continue
+            swapped.add(logical_id)
+            names = ", ".join("/".join(p) for p in changed)
+            replaced.append(f"{label} {logical_id} ({resource['Type']}): REPLACED, create-only {names} changed")
+            fixed = [
+                p[0] for p in create_only
+                if len(p) == 1 and _names_resource(resource["Type"], p[0]) and isinstance(now.get(p[0]), str)
+                and was.get(p[0]) == now[p[0]]
+            ]  # fmt: skip
+            if fixed:
+                refused.append(f"REFUSED {label} {logical_id}: replacing it fails, its {fixed[0]} {now[fixed[0]]!r} "
+                               "is fixed by the template (CloudFormation cannot replace a custom-named resource): "
+                               "change the name in the same change, or do not replace it.")  # fmt: skip
+        for name, output in old.template.get("Outputs", {}).items():
+            export = output.get("Export", {}).get("Name")
+            if not isinstance(export, str) or export not in imported:
+                continue
+            now_output = new.template.get("Outputs", {}).get(name)
+            users = ", ".join(sorted(set(imported[export])))
+            if now_output is None or now_output.get("Export", {}).get("Name") != export:
+                refused.append(f"REFUSED {label}: export {export} is removed while {users} import it: CloudFormation "
+                               "refuses the update; deploy the importers without it first.")  # fmt: skip
+            elif now_output.get("Value") != output.get("Value") or _referenced(now_output.get("Value")) & swapped:
+                refused.append(f"REFUSED {label}: export {export} changes value (its resource is replaced or its "
+                               f"value changed) while {users} import it: CloudFormation refuses the update; move the "
+                               "importers off it first.")  # fmt: skip
+    return {"replaced": replaced, "refused": refused}

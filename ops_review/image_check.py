@@ -245,34 +245,9 @@ class ImageCheck:
             problem = self._cross_account_pull(ecr, registry, repository)
             if problem:
                 return Result(False, need, problem)
-        try:
-            response = ecr.batch_get_image(
-                registryId=registry,
-                repositoryName=repository,
-                imageIds=[{"imageDigest": uri["digest"]}],
-                acceptedMediaTypes=[
-                    "application/vnd.docker.distribution.manifest.v2+json",
-                    "application/vnd.oci.image.manifest.v1+json",
-                    *_INDEX_TYPES,
-                ],
-            )
-        except Exception as error:
-            if _code(error) in ("RepositoryNotFoundException", "AccessDeniedException"):
-                return Result(
-                    False,
-                    need,
-                    f"{registry}/{repository} cannot be read by account {self.account} "
-                    f"({_code(error)}): the endpoint could not pull it.",
-                )
-            raise
-        if not response.get("images"):
-            return Result(
-                False,
-                need,
-                f"{value} is not in its repository (the digest was deleted or never pushed): "
-                "publish the image again and write its digest.",
-            )
-        manifest = json.loads(response["images"][0]["imageManifest"])
+        manifest = self._manifest(ecr, registry, repository, uri["digest"])
+        if isinstance(manifest, str):
+            return Result(False, need, manifest.format(value=value))
         found = self._architectures(ecr, registry, repository, manifest)
         if need.architecture is None:
             return Result(
@@ -290,6 +265,34 @@ class ImageCheck:
                 "(the pipeline's image builds do) and write that digest.",
             )
         return Result(True, need, f"{value} exists, {need.architecture} as {need.runs_on} needs, pullable.")
+
+    def _manifest(self, ecr: Any, registry: str, repository: str, digest: str) -> dict[str, Any] | str:
+        """The image's manifest, or why it cannot be read (a sentence with a ``{value}`` field for the URI)."""
+        try:
+            response = ecr.batch_get_image(
+                registryId=registry,
+                repositoryName=repository,
+                imageIds=[{"imageDigest": digest}],
+                acceptedMediaTypes=[
+                    "application/vnd.docker.distribution.manifest.v2+json",
+                    "application/vnd.oci.image.manifest.v1+json",
+                    *_INDEX_TYPES,
+                ],
+            )
+        except Exception as error:
+            if _code(error) in ("RepositoryNotFoundException", "AccessDeniedException"):
+                return (
+                    f"{registry}/{repository} cannot be read by account {self.account} ({_code(error)}): the "
+                    "endpoint could not pull it."
+                )
+            raise
+        if not response.get("images"):
+            return (
+                "{value} is not in its repository (the digest was deleted or never pushed): publish the image again "
+                "and write its digest."
+            )
+        manifest: dict[str, Any] = json.loads(response["images"][0]["imageManifest"])
+        return manifest
 
     def _cross_account_pull(self, ecr: Any, registry: str, repository: str) -> str | None:
         """Why this account cannot pull from another account's repository, or None when its policy allows it (or

@@ -362,6 +362,10 @@ def diff_markdown(diff: dict[str, Any]) -> str:
         "_none: no riskier permissions, exposure, encryption, retention or cost_"
     ]
     lines.append("")
+    if diff.get("replaced") or diff.get("refused"):
+        lines += ["## Replacements", ""]
+        lines += [f"- {line}" for line in [*diff.get("refused", []), *diff.get("replaced", [])]]
+        lines.append("")
     for label, change in diff["stacks"].items():
         lines += [f"## {label} ({change['status']})", ""]
         for key, value in change.items():

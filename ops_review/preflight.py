@@ -188,16 +188,139 @@ def capacity_target(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class Preflight:
+class _AccountChecks:
+    """What a new account may lack around the environment's network and images, and the helpers every check shares
+    (Preflight's base: one class of every check would be over the repository's size rule)."""
+
+    needs: Needs
+    client: Callable[[str], Any]
+    findings: list[Finding]
+    foundation: dict[str, str] | None
+
+    def add(self, level: str, check: str, message: str) -> None:
+        self.findings.append(Finding(level, check, message))
+
+    def _stack_exists(self, stack_name: str) -> bool:
+        try:
+            self.client("cloudformation").describe_stacks(StackName=stack_name)
+        except Exception as error:
+            if _code(error) == "ValidationError":
+                return False
+            raise
+        return True
+
+    def _zones(self) -> tuple[list[str], str]:
+        """The private subnets' zones, in subnet order, and where they were read."""
+        ec2 = self.client("ec2")
+        if self.foundation and self.foundation.get("PrivateSubnetIds"):
+            subnet_ids = self.foundation["PrivateSubnetIds"].split(",")
+            described = ec2.describe_subnets(SubnetIds=subnet_ids)["Subnets"]
+            subnets = {s["SubnetId"]: s["AvailabilityZone"] for s in described}
+            zones = [subnets[s] for s in subnet_ids]
+            source = "the Foundation's private subnets"
+        else:
+            available = ec2.describe_availability_zones(
+                Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}]
+            )["AvailabilityZones"]
+            zones = sorted(z["ZoneName"] for z in available if z.get("State", "available") == "available")
+            zones = zones[: self.needs.zones]
+            source = "the region's zones, as Fn::GetAZs lists them"
+        return zones, source
+
+    def endpoint_services(self) -> None:
+        """Each interface endpoint's service must be offered in every zone of the private subnets it is placed in,
+        or CloudFormation fails the Foundation's create (EC2 DescribeVpcEndpointServices: ServiceDetails
+        .AvailabilityZones)."""
+        names = list(self.needs.endpoint_services)
+        if not names:
+            return
+        zones, source = self._zones()
+        described = self.client("ec2").describe_vpc_endpoint_services(ServiceNames=names)["ServiceDetails"]
+        offered = {d["ServiceName"]: set(d.get("AvailabilityZones", [])) for d in described}
+        for name in names:
+            missing = [zone for zone in zones if zone not in offered.get(name, set())]
+            check = f"interface endpoint {name}"
+            if missing:
+                advice = "deploy to a region whose first zones offer it, or lower vpc.max_azs"
+                self.add("BLOCKER", check, f"not offered in {', '.join(missing)} ({source}): the Foundation's "
+                         f"create fails; {advice}.")  # fmt: skip
+            else:
+                self.add("OK", check, f"offered in {', '.join(zones)}.")
+
+    def endpoint_instance_zones(self) -> None:
+        """SageMaker runs an endpoint in VPC mode on instances in its subnets' zones; an endpoint type none of them
+        offers cannot start. Read as the EC2 offering of the type's hardware (ml.c7g.4xlarge: c7g.4xlarge; EC2
+        DescribeInstanceTypeOfferings): SageMaker's per-zone offering has no API, so this is the nearest account
+        answer, and a zone that lacks it is a warning while another zone has it."""
+        types = sorted(self.needs.endpoint_maxima)
+        if not types:
+            return
+        zones, source = self._zones()
+        ec2 = self.client("ec2")
+        for instance_type in types:
+            hardware = instance_type.removeprefix("ml.")
+            offered = {
+                o["Location"]
+                for o in _pages(ec2, "describe_instance_type_offerings", "InstanceTypeOfferings",
+                                LocationType="availability-zone",
+                                Filters=[{"Name": "instance-type", "Values": [hardware]}])
+            }  # fmt: skip
+            have = [zone for zone in zones if zone in offered]
+            check = f"{instance_type} in the endpoint subnets' zones"
+            if not have:
+                self.add("BLOCKER", check, f"none of {', '.join(zones)} ({source}) offers {hardware}: choose "
+                         "another instance type for the endpoint, or another region.")  # fmt: skip
+            elif len(have) < len(zones):
+                self.add("WARNING", check, f"only {', '.join(have)} of {', '.join(zones)} offer {hardware}: "
+                         "SageMaker places every instance there.")  # fmt: skip
+            else:
+                self.add("OK", check, f"offered in {', '.join(zones)}.")
+
+    def elastic_ips(self) -> None:
+        """Each NAT gateway holds an Elastic IP, and every environment deployed into this account and region draws on
+        one quota (EC2 DescribeAccountAttributes vpc-max-elastic-ips; Service Quotas L-0263D0A3, 5 by default):
+        those of environments whose Foundation is not deployed yet must fit into what is free."""
+        sharing = self.needs.elastic_ips
+        if not sharing:
+            return
+        ec2 = self.client("ec2")
+        attributes = ec2.describe_account_attributes(AttributeNames=["vpc-max-elastic-ips"])["AccountAttributes"]
+        limit = int(attributes[0]["AttributeValues"][0]["AttributeValue"])
+        in_use = len(ec2.describe_addresses()["Addresses"])
+        pending = [(env, eips) for env, stack, eips in sharing if eips and not self._stack_exists(stack)]
+        needed = sum(eips for _, eips in pending)
+        check = "Elastic IPs (NAT gateways)"
+        who = ", ".join(f"{env} {eips}" for env, eips in pending) or "none"
+        if in_use + needed > limit:
+            self.add("BLOCKER", check, f"{limit} allowed, {in_use} in use; the NAT gateways of the environments "
+                     f"sharing this account and region, not deployed yet, need {needed} ({who}): request an increase "
+                     "(aws service-quotas request-service-quota-increase --service-code ec2 --quota-code L-0263D0A3 "
+                     f"--desired-value {in_use + needed}), release unused addresses, or lower "
+                     "vpc.nat_gateways.")  # fmt: skip
+        else:
+            self.add("OK", check, f"{limit} allowed, {in_use} in use, {needed} more needed ({who}).")
+
+    # --- images -------------------------------------------------------------------------------------------------------
+
+    def images(self) -> None:
+        """Each image a stack resolves from SSM when it deploys (ops_review/image_check.py, also
+        `pytorch-platform check-images`): present, of its instances' architecture, pullable by this account."""
+        from ops_review.image_check import ImageCheck, image_needs
+
+        # ECR in the region the digest URI names: the pipeline publishes within its own region, the environment's.
+        checker = ImageCheck(lambda service, region: self.client(service), self.needs.region)
+        for need in image_needs(list(self.needs.stacks)):
+            result = checker.check(need)
+            self.add("OK" if result.ok else "BLOCKER", f"image {need.parameter}", f"{result.message}")
+
+
+class Preflight(_AccountChecks):
     def __init__(self, needs: Needs, clients: Callable[[str], Any]) -> None:
         self.needs = needs
         self.client = clients
         self.findings: list[Finding] = []
         self.foundation: dict[str, str] | None = None  # the deployed Foundation stack's outputs
         self.training_zone: str | None = None  # the training subnet's zone, once zone_offering found it
-
-    def add(self, level: str, check: str, message: str) -> None:
-        self.findings.append(Finding(level, check, message))
 
     def run(self) -> list[Finding]:
         self.foundation = self._stack_outputs(self.needs.foundation_stack)
@@ -278,24 +401,6 @@ class Preflight:
 
     # --- capacity in the zone -----------------------------------------------------------------------------------------
 
-    def _zones(self) -> tuple[list[str], str]:
-        """The private subnets' zones, in subnet order, and where they were read."""
-        ec2 = self.client("ec2")
-        if self.foundation and self.foundation.get("PrivateSubnetIds"):
-            subnet_ids = self.foundation["PrivateSubnetIds"].split(",")
-            described = ec2.describe_subnets(SubnetIds=subnet_ids)["Subnets"]
-            subnets = {s["SubnetId"]: s["AvailabilityZone"] for s in described}
-            zones = [subnets[s] for s in subnet_ids]
-            source = "the Foundation's private subnets"
-        else:
-            available = ec2.describe_availability_zones(
-                Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}]
-            )["AvailabilityZones"]
-            zones = sorted(z["ZoneName"] for z in available if z.get("State", "available") == "available")
-            zones = zones[: self.needs.zones]
-            source = "the region's zones, as Fn::GetAZs lists them"
-        return zones, source
-
     def zone_offering(self) -> None:
         instance_type, ec2 = self.needs.training_type, self.client("ec2")
         index = self.needs.zone_index
@@ -318,79 +423,6 @@ class Preflight:
         advice = (f"set training.subnet_index to {' or '.join(choices)}" if choices else
                   f"none of {source} offers it: use another region or instance type")  # fmt: skip
         self.add("BLOCKER", check, f"not offered in the zone of training.subnet_index {index}: {advice}.")
-
-    def endpoint_services(self) -> None:
-        """Each interface endpoint's service must be offered in every zone of the private subnets it is placed in,
-        or CloudFormation fails the Foundation's create (EC2 DescribeVpcEndpointServices: ServiceDetails
-        .AvailabilityZones)."""
-        names = list(self.needs.endpoint_services)
-        if not names:
-            return
-        zones, source = self._zones()
-        described = self.client("ec2").describe_vpc_endpoint_services(ServiceNames=names)["ServiceDetails"]
-        offered = {d["ServiceName"]: set(d.get("AvailabilityZones", [])) for d in described}
-        for name in names:
-            missing = [zone for zone in zones if zone not in offered.get(name, set())]
-            check = f"interface endpoint {name}"
-            if missing:
-                advice = "deploy to a region whose first zones offer it, or lower vpc.max_azs"
-                self.add("BLOCKER", check, f"not offered in {', '.join(missing)} ({source}): the Foundation's "
-                         f"create fails; {advice}.")  # fmt: skip
-            else:
-                self.add("OK", check, f"offered in {', '.join(zones)}.")
-
-    def endpoint_instance_zones(self) -> None:
-        """SageMaker runs an endpoint in VPC mode on instances in its subnets' zones; an endpoint type none of them
-        offers cannot start. Read as the EC2 offering of the type's hardware (ml.c7g.4xlarge: c7g.4xlarge; EC2
-        DescribeInstanceTypeOfferings): SageMaker's per-zone offering has no API, so this is the nearest account
-        answer, and a zone that lacks it is a warning while another zone has it."""
-        types = sorted(self.needs.endpoint_maxima)
-        if not types:
-            return
-        zones, source = self._zones()
-        ec2 = self.client("ec2")
-        for instance_type in types:
-            hardware = instance_type.removeprefix("ml.")
-            offered = {
-                o["Location"]
-                for o in _pages(ec2, "describe_instance_type_offerings", "InstanceTypeOfferings",
-                                LocationType="availability-zone",
-                                Filters=[{"Name": "instance-type", "Values": [hardware]}])
-            }  # fmt: skip
-            have = [zone for zone in zones if zone in offered]
-            check = f"{instance_type} in the endpoint subnets' zones"
-            if not have:
-                self.add("BLOCKER", check, f"none of {', '.join(zones)} ({source}) offers {hardware}: choose "
-                         "another instance type for the endpoint, or another region.")  # fmt: skip
-            elif len(have) < len(zones):
-                self.add("WARNING", check, f"only {', '.join(have)} of {', '.join(zones)} offer {hardware}: "
-                         "SageMaker places every instance there.")  # fmt: skip
-            else:
-                self.add("OK", check, f"offered in {', '.join(zones)}.")
-
-    def elastic_ips(self) -> None:
-        """Each NAT gateway holds an Elastic IP, and every environment deployed into this account and region draws on
-        one quota (EC2 DescribeAccountAttributes vpc-max-elastic-ips; Service Quotas L-0263D0A3, 5 by default):
-        those of environments whose Foundation is not deployed yet must fit into what is free."""
-        sharing = self.needs.elastic_ips
-        if not sharing:
-            return
-        ec2 = self.client("ec2")
-        attributes = ec2.describe_account_attributes(AttributeNames=["vpc-max-elastic-ips"])["AccountAttributes"]
-        limit = int(attributes[0]["AttributeValues"][0]["AttributeValue"])
-        in_use = len(ec2.describe_addresses()["Addresses"])
-        pending = [(env, eips) for env, stack, eips in sharing if eips and not self._stack_exists(stack)]
-        needed = sum(eips for _, eips in pending)
-        check = "Elastic IPs (NAT gateways)"
-        who = ", ".join(f"{env} {eips}" for env, eips in pending) or "none"
-        if in_use + needed > limit:
-            self.add("BLOCKER", check, f"{limit} allowed, {in_use} in use; the NAT gateways of the environments "
-                     f"sharing this account and region, not deployed yet, need {needed} ({who}): request an increase "
-                     "(aws service-quotas request-service-quota-increase --service-code ec2 --quota-code L-0263D0A3 "
-                     f"--desired-value {in_use + needed}), release unused addresses, or lower "
-                     "vpc.nat_gateways.")  # fmt: skip
-        else:
-            self.add("OK", check, f"{limit} allowed, {in_use} in use, {needed} more needed ({who}).")
 
     # --- capacity bought ahead ------------------------------------------------------------------------------------
 
@@ -515,19 +547,6 @@ class Preflight:
         else:
             self.add("OK", "Graviton endpoint model", f"s3://{bucket}/{key} exists.")
 
-    # --- images -------------------------------------------------------------------------------------------------------
-
-    def images(self) -> None:
-        """Each image a stack resolves from SSM when it deploys (ops_review/image_check.py, also
-        `pytorch-platform check-images`): present, of its instances' architecture, pullable by this account."""
-        from ops_review.image_check import ImageCheck, image_needs
-
-        # ECR in the region the digest URI names: the pipeline publishes within its own region, the environment's.
-        checker = ImageCheck(lambda service, region: self.client(service), self.needs.region)
-        for need in image_needs(list(self.needs.stacks)):
-            result = checker.check(need)
-            self.add("OK" if result.ok else "BLOCKER", f"image {need.parameter}", f"{result.message}")
-
     # --- fixed names --------------------------------------------------------------------------------------------------
 
     def fixed_names(self) -> None:
@@ -553,15 +572,6 @@ class Preflight:
                     else:
                         self.add("BLOCKER", f"parameter {props['Name']}", f"exists, and {stack.stack_name} creates it: "
                                  f"delete it (aws ssm delete-parameter --name {props['Name']}).")  # fmt: skip
-
-    def _stack_exists(self, stack_name: str) -> bool:
-        try:
-            self.client("cloudformation").describe_stacks(StackName=stack_name)
-        except Exception as error:
-            if _code(error) == "ValidationError":
-                return False
-            raise
-        return True
 
 
 def codebuild_quotas(cdk_out: Path, clients: Callable[[str], Any]) -> list[Finding]:

@@ -54,6 +54,16 @@ class TrainingRuntime:
 
 
 @dataclass(frozen=True)
+class ImagePart:
+    """A part of an image that ends support on its own (the OS, its Python, a framework), with its source: an image
+    the platform builds is patched only as long as its earliest-ending part."""
+
+    part: str
+    end_of_patching: date | None  # None: the part's publisher declares no end
+    source: str
+
+
+@dataclass(frozen=True)
 class ImageFact:
     image: str  # repository:tag
     publisher: str
@@ -63,6 +73,7 @@ class ImageFact:
     checked: date
     replacement: str
     training: TrainingRuntime | None = None  # None: not a training DLC
+    parts: tuple[ImagePart, ...] = ()  # an image the platform builds: what its window is made of
 
     @property
     def repository(self) -> str:
@@ -102,9 +113,25 @@ def image_facts(path: Path = IMAGES_FILE) -> dict[str, ImageFact]:
             checked=date.fromisoformat(entry["checked"]),
             replacement=entry["replacement"],
             training=_training_runtime(image, entry.get("training")),
+            parts=_parts(image, entry),
         )
         for image, entry in raw.items()
     }
+
+
+def _date(value: str | None) -> date | None:
+    return None if value is None else date.fromisoformat(value)
+
+
+def _parts(image: str, entry: dict) -> tuple[ImagePart, ...]:
+    """An image's parts; its end of patching must be the earliest of theirs (one fact, not two to keep in step)."""
+    parts = tuple(
+        ImagePart(part["part"], _date(part["end_of_patching"]), part["source"]) for part in entry.get("parts", [])
+    )
+    ends = [part.end_of_patching for part in parts if part.end_of_patching is not None]
+    if parts and (min(ends).isoformat() if ends else None) != entry["end_of_patching"]:
+        raise ValueError(f"{IMAGES_FILE.name}: {image}: end_of_patching must be the earliest end of its parts")
+    return parts
 
 
 def _training_runtime(image: str, raw: dict[str, str] | None) -> TrainingRuntime | None:

@@ -450,6 +450,8 @@ OPERATIONS: dict[tuple[str, str], list[tuple[str, Callable[[Call], str]]]] = {
     ("service-quotas", "ListServiceQuotas"): [("servicequotas:ListServiceQuotas", lambda c: "*")],
     ("service-quotas", "ListAWSDefaultServiceQuotas"): [("servicequotas:ListAWSDefaultServiceQuotas", lambda c: "*")],
     ("kms", "DescribeKey"): [("kms:DescribeKey", lambda c: _key(c, c.params["KeyId"]))],
+    # Decrypt names the key in the ciphertext; a caller who names none is decided by it: unknown here, so refused.
+    ("kms", "Decrypt"): [("kms:Decrypt", lambda c: _key(c, c.params.get("KeyId", "unknown")))],
 }
 
 # What Application Auto Scaling does with the caller's permissions (Application Auto Scaling user guide,
@@ -549,7 +551,8 @@ def requests_for(
     ``kms_encrypted_buckets`` maps bucket names to the KMS key ARN of their default SSE-KMS encryption: S3 calls
     KMS as the caller (kms:GenerateDataKey to write, kms:Decrypt to read; S3 user guide, "Using SSE-KMS").
     CreateTrainingJob also needs iam:PassRole on its role (passed to sagemaker.amazonaws.com) and, with tags,
-    sagemaker:AddTags (SageMaker developer guide, "Tag-based access control"). ``principal``: the caller's global
+    sagemaker:AddTags with sagemaker:TaggingAction = CreateTrainingJob (SageMaker developer guide, "Tag-based access
+    control"). ``principal``: the caller's global
     condition keys (aws:userid, aws:PrincipalArn, aws:PrincipalAccount); ``resource_tags``: the tags of an existing
     resource by ARN (aws:ResourceTag/<key> of Describe and Stop); ``launch_templates``: what RunInstances from
     each launch template id creates (see ``run_instances_requests``).
@@ -557,6 +560,16 @@ def requests_for(
     key = (call.service, call.operation)
     if key == ("ec2", "RunInstances"):
         return run_instances_requests(call, launch_templates or {}, principal or {})
+    if key in (("ec2", "TerminateInstances"), ("ec2", "ModifyInstanceAttribute")):
+        # One request per instance, with the instance's tags (aws:ResourceTag/<key>).
+        ids = call.params.get("InstanceIds") or [call.params["InstanceId"]]
+        requests = []
+        for instance_id in ids:
+            instance = _arn(call, "ec2", f"instance/{instance_id}")
+            tags = resource_tags(instance) if resource_tags else {}
+            context = {**(principal or {}), **{f"aws:ResourceTag/{k}": v for k, v in tags.items()}}
+            requests.append(Request(f"ec2:{call.operation}", instance, context))
+        return requests
     if key not in OPERATIONS:
         raise Unsupported(f"no IAM mapping for {call.service}:{call.operation}")
     base: dict[str, ContextValue] = dict(principal or {})
@@ -598,7 +611,10 @@ def requests_for(
             Request("iam:PassRole", call.params["RoleArn"], {**base, "iam:PassedToService": "sagemaker.amazonaws.com"})
         )
         if call.params.get("Tags"):
-            requests.append(Request("sagemaker:AddTags", requests[0].resource, {**base, **_tags(call.params["Tags"])}))
+            # The tagging that comes with a creation names its operation (sagemaker:TaggingAction, Service
+            # Authorization Reference, Amazon SageMaker: AddTags); a separate AddTags call has no such key.
+            tagging = {**base, **_tags(call.params["Tags"]), "sagemaker:TaggingAction": "CreateTrainingJob"}
+            requests.append(Request("sagemaker:AddTags", requests[0].resource, tagging))
     return requests
 
 
@@ -674,9 +690,12 @@ def run_instances_requests(
         requests.append(Request("ssm:GetParameters", f"arn:aws:ssm:{call.region}::parameter{parameter}", base))
     via_ec2 = {**base, "kms:ViaService": f"ec2.{call.region}.amazonaws.com"}
     keys = {m["Ebs"]["KmsKeyId"] for m in data.get("BlockDeviceMappings", []) if (m.get("Ebs") or {}).get("KmsKeyId")}
+    # EC2 creates the volume's grant for an AWS resource (kms:GrantIsForAWSResource, AWS KMS developer guide,
+    # "kms:GrantIsForAWSResource": true when an integrated service creates the grant for the caller).
     for key_arn in sorted(keys):
+        requests.append(Request("kms:CreateGrant", key_arn, {**via_ec2, "kms:GrantIsForAWSResource": "true"}))
         requests += [
             Request(action, key_arn, via_ec2)
-            for action in ("kms:CreateGrant", "kms:GenerateDataKeyWithoutPlaintext", "kms:Decrypt", "kms:DescribeKey")
+            for action in ("kms:GenerateDataKeyWithoutPlaintext", "kms:Decrypt", "kms:DescribeKey")
         ]
     return requests

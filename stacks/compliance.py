@@ -33,8 +33,8 @@ CONTROL_TOWER_MIN_RETENTION_DAYS = 365
 def add_compliance_gates(app: cdk.App) -> None:
     """Register the rule packs on the app and the Control Tower controls on each environment stage; call it after
     every Stage exists (aspects do not cross Stage borders). The Control Tower controls cover what deploys into the
-    workload accounts, where an organization enables them as CloudFormation hooks; the promotion pipeline's own
-    stack lives in the tooling account and is held to cdk-nag, cfn-lint and checkov."""
+    workload accounts, where an organization enables them as CloudFormation hooks, and the promotion pipeline's
+    stack in the tooling account (one plugin on the app, for every template no stage plugin sees)."""
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app), NIST80053R5Checks(app))
     stages = [cast(cdk.Stage, child) for child in app.node.children if cdk.Stage.is_stage(child)]
     for stage in stages:

@@ -7,11 +7,12 @@ logical id it was deployed with (stacks/components/logical_ids.py), so no deploy
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
 from constructs import Construct, IConstruct
 
 from platform_facts.instances import has_local_nvme
@@ -35,10 +36,26 @@ DATA_CAPTURE_PREFIX = "data-capture/"
 TRAINING_JOB_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 
-def remote_config_parameter_name(settings: EnvironmentSettings) -> str:
-    """The SSM parameter holding the environment's @remote config.yaml (written by the TrainingStack, read by the
-    launcher policy's holders)."""
-    return f"/{settings.tags.project}/{settings.name}/sagemaker/remote-function-config"
+def remote_config_parameter_name(settings: EnvironmentSettings, caller: str) -> str:
+    """The SSM parameter holding ``caller``'s @remote config.yaml in the environment (written by the TrainingStack,
+    read by the holders of that caller's launcher policy)."""
+    return f"/{settings.tags.project}/{settings.name}/sagemaker/remote-function-config/{caller}"
+
+
+def caller_construct_suffix(caller: str) -> str:
+    """The part of a caller's construct ids after the construct's kind: ``nlp`` -> ``Nlp`` (caller names are lowercase
+    letters and digits, so two callers never share it)."""
+    return caller.capitalize()
+
+
+@dataclass(frozen=True)
+class RemoteCaller:
+    """What one @remote caller (a user or team of training.remote_callers) has of its own."""
+
+    name: str
+    job_role: iam.IRole
+    launcher_policy: iam.ManagedPolicy
+    security_group: ec2.SecurityGroup
 
 
 class FoundationStack(EnvironmentStack):
@@ -136,8 +153,14 @@ class FoundationStack(EnvironmentStack):
             )
             self.vpc, self.private_subnets = self.network.vpc, self.network.private_subnets
         self.workload_security_group = WorkloadSecurityGroup(self, "WorkloadSecurityGroup", vpc=self.vpc)
-        # @remote jobs run in their own group, whose members (the instances of one job) admit each other.
-        self.remote_jobs_security_group = RemoteJobsSecurityGroup(self, "RemoteJobsSecurityGroup", vpc=self.vpc)
+        # Each caller's @remote jobs run in a group of their own, whose members (that caller's instances) admit each
+        # other: torchrun's rendezvous and NCCL authenticate nobody, so callers do not share one.
+        self.remote_jobs_security_groups = {
+            caller: RemoteJobsSecurityGroup(
+                self, f"RemoteJobsSecurityGroup{caller_construct_suffix(caller)}", vpc=self.vpc, caller=caller
+            )
+            for caller in self.settings.training.remote_callers
+        }
 
     def _roles(self) -> None:
         """One role per principal: the endpoints, the GPU training instances, @remote jobs and their launchers."""
@@ -168,36 +191,44 @@ class FoundationStack(EnvironmentStack):
         )
         self.training_instance_role = self.training_instance.role
         self.training_instance_profile = self.training_instance.instance_profile
-        self.remote_job = RemoteJobRole(
+        self.remote_callers: dict[str, RemoteCaller] = {}
+        for caller in self.settings.training.remote_callers:
+            self.remote_callers[caller] = self._remote_caller(caller, network)
+
+    def _remote_caller(self, caller: str, network: VpcAttachment) -> RemoteCaller:
+        """One caller's job role and launcher policy (training_assets/remote_jobs.py): the shared role every job once
+        ran as is gone on purpose, since a job could then write every other caller's results."""
+        suffix = caller_construct_suffix(caller)
+        own_network = replace(network, security_group=self.remote_jobs_security_groups[caller])
+        job_role = RemoteJobRole(
             self,
-            "RemoteJobRole",
+            f"RemoteJobRole{suffix}",
+            caller=caller,
             remote_jobs=self.remote_jobs_bucket,
             datasets=self.datasets_bucket,
-            artifacts=self.artifacts_bucket,
-            training_output_prefix=TRAINING_OUTPUT_PREFIX,
             training_job_log_group=TRAINING_JOB_LOG_GROUP,
             training_repository=self.settings.training.remote_image.repository,  # ... of remote_image_tag
             key=self.key,
-            network=replace(network, security_group=self.remote_jobs_security_group),
-        )
-        self.remote_job_role = self.remote_job.role
-        self.remote_job_launcher = RemoteJobLauncherPolicy(
+            network=own_network,
+        ).role
+        launcher = RemoteJobLauncherPolicy(
             self,
-            "RemoteJobLauncherPolicy",
-            job_role=self.remote_job_role,
+            f"RemoteJobLauncherPolicy{suffix}",
+            caller=caller,
+            job_role=job_role,
             remote_jobs=self.remote_jobs_bucket,
             key=self.key,
             training_job_log_group=TRAINING_JOB_LOG_GROUP,
-            config_parameter_name=remote_config_parameter_name(self.settings),
+            config_parameter_name=remote_config_parameter_name(self.settings, caller),
             allowed_tag_keys=list(self.settings.resource_tags),
-            network=replace(network, security_group=self.remote_jobs_security_group),
+            network=own_network,
             limits=TrainingJobLimits(
                 instance_types=(types := sagemaker_gpu_training_types()),
                 nvme_instance_types=[name for name in types if has_local_nvme(name)],
                 max_runtime_seconds=self.settings.training.max_run_hours * 3600,
             ),
         )
-        self.remote_job_launcher_policy = self.remote_job_launcher.policy
+        return RemoteCaller(caller, job_role, launcher.policy, self.remote_jobs_security_groups[caller])
 
     def model_network(self, *, isolated: bool) -> ModelNetwork:
         """Where the endpoints' model containers run: the private subnets and the workload security group."""
@@ -214,7 +245,6 @@ class FoundationStack(EnvironmentStack):
             "EndpointExecutionRolePolicy": self.endpoint_execution.policy,
             "TrainingInstancePolicy": self.training_instance.policy,
             "TrainingInstanceProfile": self.training_instance.instance_profile,
-            "RemoteJobRolePolicy": self.remote_job.policy,
         }
         if self.network is not None:
             moved |= {
@@ -239,11 +269,13 @@ class FoundationStack(EnvironmentStack):
             "AccessLogsBucketName": (self.access_logs_bucket.bucket_name, "S3 server access logs"),
             "EndpointExecutionRoleArn": (self.endpoint_role.role_arn, "SageMaker execution role of the endpoints"),
             "TrainingInstanceProfileArn": (self.training_instance_profile.instance_profile_arn, "GPU instance profile"),
-            "RemoteJobRoleArn": (self.remote_job_role.role_arn, "Role of @remote SageMaker training jobs"),
-            "RemoteJobLauncherPolicyArn": (
-                self.remote_job_launcher_policy.managed_policy_arn,
-                "Attach to users of @remote",
-            ),
+            **{
+                f"RemoteJobLauncherPolicyArn{caller_construct_suffix(name)}": (
+                    caller.launcher_policy.managed_policy_arn,
+                    f"Attach to the people of {name} who run @remote jobs (and to nobody else)",
+                )
+                for name, caller in self.remote_callers.items()
+            },
             "PrivateSubnetIds": (
                 cdk.Fn.join(",", [s.subnet_id for s in self.private_subnets.subnets or []]),
                 "Private subnets",

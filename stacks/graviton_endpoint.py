@@ -16,6 +16,8 @@ instance count that autoscaling chose instead of resetting it to ``initial_insta
 
 from __future__ import annotations
 
+from typing import cast
+
 import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
@@ -29,8 +31,10 @@ from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     Autoscaling,
     PlatformImage,
+    Rollout,
     SageMakerEndpoint,
     endpoint_name_for,
+    roll_out,
 )
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import DATA_CAPTURE_PREFIX, FoundationStack
@@ -43,6 +47,14 @@ ALARM_PERIOD = cdk.Duration.minutes(5)
 FIVE_XX_PER_PERIOD = 5
 MODEL_LATENCY_P99_MICROSECONDS = 1_000_000
 CPU_UTILIZATION_PERCENT = 80
+# The alarms an update rolls back on (SageMaker blue/green with auto-rollback, SageMakerEndpoint.roll_out).
+ROLLBACK_ALARMS = ("Invocation5xxAlarm", "ModelLatencyAlarm")
+
+
+def _window_seconds(alarm: cloudwatch.Alarm) -> int:
+    """How long ``alarm`` needs to fire: its evaluation periods times its period."""
+    resource = cast(cloudwatch.CfnAlarm, alarm.node.default_child)
+    return int(resource.evaluation_periods) * int(resource.period or ALARM_PERIOD.to_seconds())  # type: ignore[arg-type]
 
 
 def image_source(environment: str, parameter_name: str) -> str:
@@ -58,6 +70,8 @@ def image_source(environment: str, parameter_name: str) -> str:
 class GravitonEndpointStack(EnvironmentStack):
     """One SageMaker real-time endpoint serving the sentiment model on Graviton, with the platform's Ray Serve image."""
 
+    # Long: the endpoint construct's arguments, one per line, each from a setting or the foundation, then what the
+    # stack adds around it (model check, alarms, rollout, outputs)
     def __init__(
         self,
         scope: Construct,
@@ -110,6 +124,7 @@ class GravitonEndpointStack(EnvironmentStack):
             retention_setting="logs.retention_days",
             removal_policy=self.removal_policy,
             alarm_topic_display_name=f"Sentiment endpoint alarms ({settings.name})",
+            startup_timeout_seconds=endpoint_settings.container_startup_timeout_seconds,
         )
         endpoint = self.sagemaker_endpoint
         self.model_check = self._model_archive_check(endpoint_settings.model_data_key)
@@ -117,6 +132,7 @@ class GravitonEndpointStack(EnvironmentStack):
         self.endpoint_name, self.endpoint_arn = endpoint.endpoint_name, endpoint.endpoint_arn
         self.scalable_target, self.alarm_topic = endpoint.scalable_target, endpoint.alarm_topic
         self.alarms = self._alarms(endpoint_settings.vcpus)
+        self._roll_out()
         self._outputs(endpoint_settings.model_data_key)
 
     def _model_archive_check(self, model_data_key: str) -> ModelArchiveCheck:
@@ -152,6 +168,13 @@ class GravitonEndpointStack(EnvironmentStack):
             precision=endpoint_settings.precision,
             torch_compile=endpoint_settings.torch_compile,
         )
+
+    def _roll_out(self) -> None:
+        """A new model, image or instance type reaches traffic blue/green, and rolls back by itself when the new fleet
+        answers server errors or queues while the old one still stands; the bake covers the longest alarm window.
+        Not CPU: a busy new fleet is load, not a bad release."""
+        rollback = [alarm for alarm in self.alarms if alarm.node.id in ROLLBACK_ALARMS]
+        roll_out(self.sagemaker_endpoint, Rollout(ROLLBACK_ALARMS, bake_seconds=max(map(_window_seconds, rollback))))
 
     def _alarms(self, vcpus: int) -> list[cloudwatch.Alarm]:
         """Server errors, queueing (p99 model latency) and CPU saturation."""

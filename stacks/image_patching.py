@@ -18,11 +18,13 @@ from platform_facts.images import METADATA_KEY, WARN_DAYS, ImageFact, PatchStatu
 from stacks.settings import EnvironmentSettings, SettingsError
 
 ACCEPT_KEY = "accept_unpatched_images"
-# The platform's Graviton serving image (built by the pipeline, stacks/pipeline.py; run by stacks/graviton_endpoint.py)
-# and the base it is built on, the FROM of inference_assets/image/Dockerfile: the image is rebuilt on that base every
-# week, so its patch window is the base's.
+# The platform's Graviton serving image (built by the pipeline, stacks/pipeline.py; run by stacks/graviton_endpoint.py):
+# the weekly rebuild patches its base (the FROM of inference_assets/image/Dockerfile, a row of the table too) and its
+# Python, not Ray (the lock's), so the image's window is the earliest of the three.
 SERVING_IMAGE = "graviton-serving"
-SERVING_IMAGE_BASE = "public.ecr.aws/amazonlinux/amazonlinux:2023"
+# The serving image's row of the table: its window is the earliest of its parts' (the OS, its Python, Ray), each with
+# its source; the tag names the versions of those parts (tests/images checks them against the Dockerfile and the lock).
+SERVING_IMAGE_FACT = "graviton-serving:ray-2.57.0-python-3.12-al2023"
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ def images_in_use(settings: EnvironmentSettings) -> list[ImageUse]:
     ]
     graviton = settings.graviton_endpoint
     if graviton.enabled:
-        uses.append(ImageUse("GravitonEndpoint", f"images.{SERVING_IMAGE} (base)", SERVING_IMAGE_BASE))
+        uses.append(ImageUse("GravitonEndpoint", f"images.{SERVING_IMAGE}", SERVING_IMAGE_FACT))
     mme = settings.multi_model_endpoint
     if mme.enabled:
         uses.append(ImageUse("MultiModelEndpoint", "multi_model_endpoint.djl_image", mme.djl_image))

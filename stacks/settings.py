@@ -29,11 +29,16 @@ from pydantic import (
 )
 
 from inference_assets.container.contract import (
+    INVOKE_TIMEOUT_S,
+    STARTUP_TIMEOUT_S,
     DjlModelSettings,
     Limits,
     Precision,
+    max_request_tokens_within_timeout,
     validate_model_name,
+    worst_call_seconds,
 )
+from inference_assets.container.ray_settings import replicas_and_threads
 from platform_facts.images import ImageFact, training_image
 from platform_facts.instances import (
     BF16_MIN_COMPUTE_CAPABILITY,
@@ -58,6 +63,9 @@ _CONNECTION_ARN = re.compile(
     r"^arn:aws[a-z-]*:(codeconnections|codestar-connections):[a-z0-9-]+:\d{12}:connection/[0-9a-f-]{36}$"
 )
 _REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+# A @remote caller (training_assets/remote_jobs.py): lowercase, as SageMaker ARNs carry job names lowercased; no
+# hyphen, so the job-name prefix "<caller>-" of one caller never begins another's ("nlp-" and "nlp-x-...").
+_CALLER = re.compile(r"^[a-z][a-z0-9]{0,19}$")
 _BRANCH = re.compile(r"^(?!/)(?!.*(\.\.|//|@\{))[A-Za-z0-9._/-]+(?<![/.])$")
 
 
@@ -316,6 +324,13 @@ class TrainingSettings(_Settings):
     # the VPC places its subnets by zone name at deploy and names map to zone ids differently per account, so only
     # a position can be checked at synth (README: GPU capacity).
     subnet_index: Annotated[int, Field(ge=0, le=15)] = 0
+    remote_callers: Annotated[list[str], Field(min_length=1, max_length=20)] = Field(
+        default=["mlteam"],
+        description="The users or teams that run @remote jobs, each with its own job role, launcher policy, security "
+        "group, S3 prefix (jobs/<caller>/), job names (<caller>-...) and config.yaml (training_assets/remote_jobs.py): "
+        "no caller's jobs reach another's objects, jobs or logs. Each name: 1-20 lowercase letters and digits, "
+        "starting with a letter.",
+    )
     remote_instance_type: str = "ml.p4d.24xlarge"
     remote_image_tag: str = Field(
         default="2.13.0-cu133-amzn2023-sagemaker",
@@ -360,6 +375,16 @@ class TrainingSettings(_Settings):
         _instance(
             value, False, _gpu_training, f"must be an EC2 instance type with an NVIDIA GPU, of the families {families}"
         )
+        return value
+
+    @field_validator("remote_callers")
+    @classmethod
+    def _remote_callers(cls, value: list[str]) -> list[str]:
+        for caller in value:
+            if not _CALLER.fullmatch(caller):
+                raise ValueError(f"{caller!r} must be 1-20 lowercase letters and digits, starting with a letter")
+        if len(set(value)) != len(value):
+            raise ValueError("each caller must be named once")
         return value
 
     @field_validator("remote_instance_type")
@@ -476,6 +501,8 @@ class GravitonEndpointSettings(_Settings):
     # length are cut to the model's window; the byte cap (at most SageMaker's payload cap) protects the server.
     max_request_batch: Annotated[int, _limit("max_request_batch")] = Limits.max_request_batch
     max_request_bytes: Annotated[int, _limit("max_request_bytes")] = Limits.max_request_bytes
+    # Tokens per request (its texts cut to the model's window, summed): the forward pass a request may cost. 413 above.
+    max_request_tokens: Annotated[int, _limit("max_request_tokens")] = Limits.max_request_tokens
     # Model server workers (Ray Serve replicas) and batching: the delay bounds a batch's wait for its round (serving.md)
     workers_per_model: Annotated[int, Field(ge=1, le=64)] | None = None
     server_batch_size: Annotated[int, Field(ge=1, le=256)] = 8
@@ -486,6 +513,10 @@ class GravitonEndpointSettings(_Settings):
     transparent_huge_pages: bool = True
     precision: Precision = "fp32"
     torch_compile: bool = False
+    # SageMaker's wait for the first /ping 200 of a new instance (ProductionVariant
+    # ContainerStartupHealthCheckTimeoutInSeconds, 60-3600): Ray, then every replica loading the model. Measured
+    # (docs/serving.md, "Start-up"); the default is that with the margin stated there.
+    container_startup_timeout_seconds: Annotated[int, Field(ge=60, le=3600)] = STARTUP_TIMEOUT_S
     autoscaling: AutoscalingSettings = AutoscalingSettings()
     data_capture: DataCaptureSettings = DataCaptureSettings()
 
@@ -500,6 +531,16 @@ class GravitonEndpointSettings(_Settings):
             _graviton_hosting,
             f"must be a Graviton (arm64) type SageMaker hosts (ml.), of the families {allowed}",
         )
+        return value
+
+    @field_validator("torch_compile")
+    @classmethod
+    def _no_compiler_in_the_image(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                "must be false: the serving image has no C++ compiler, which TorchInductor needs on CPU, so every "
+                "replica would fail at start (allowed: false)"
+            )
         return value
 
     @field_validator("model_data_key")
@@ -526,6 +567,18 @@ class GravitonEndpointSettings(_Settings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _worst_request_within_invoke_timeout(self) -> GravitonEndpointSettings:
+        _, threads = replicas_and_threads(self.vcpus, self.workers_per_model)
+        if (seconds := worst_call_seconds(self.max_request_tokens, threads)) > INVOKE_TIMEOUT_S:
+            allowed = max_request_tokens_within_timeout(threads)
+            raise ValueError(
+                f"max_request_tokens ({self.max_request_tokens}) would let a request wait about {seconds:.0f} s on "
+                f"{threads} thread(s) per replica of {self.instance_type}, over InvokeEndpoint's {INVOKE_TIMEOUT_S} s; "
+                f"allowed up to {allowed} here, or fewer workers_per_model"
+            )
+        return self
+
     @property
     def vcpus(self) -> int:
         facts = lookup(self.instance_type)
@@ -534,7 +587,11 @@ class GravitonEndpointSettings(_Settings):
 
     @property
     def limits(self) -> Limits:
-        return Limits(max_request_batch=self.max_request_batch, max_request_bytes=self.max_request_bytes)
+        return Limits(
+            max_request_batch=self.max_request_batch,
+            max_request_bytes=self.max_request_bytes,
+            max_request_tokens=self.max_request_tokens,
+        )
 
 
 class MultiModelSizingSettings(_Settings):

@@ -28,10 +28,16 @@ from stacks.components.training_launch_template import (
     TrainingLaunchTemplate,
     TrainingRun,
 )
+from stacks.components.training_run_reaper import TrainingRunReaper
 from stacks.environment_stack import EnvironmentStack
-from stacks.foundation import TRAINING_OUTPUT_PREFIX, FoundationStack, remote_config_parameter_name
+from stacks.foundation import (
+    TRAINING_OUTPUT_PREFIX,
+    FoundationStack,
+    caller_construct_suffix,
+    remote_config_parameter_name,
+)
 from stacks.settings import EnvironmentSettings, HyperParameters, TrainingSettings
-from training_assets.remote_jobs import REMOTE_JOBS_PREFIX
+from training_assets.remote_jobs import OWNER_TAG_KEY, caller_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 # The image the promotion pipeline builds from training_assets/image/Dockerfile (stacks/pipeline.py) and the EC2 nodes
@@ -69,6 +75,7 @@ def code_asset(scope: Construct, construct_id: str, root: Path = ROOT) -> s3_ass
 
 def remote_function_config(
     *,
+    caller: str,
     role_arn: str,
     bucket_name: str,
     kms_key_id: str,
@@ -89,16 +96,21 @@ def remote_function_config(
                 "Modules": {
                     # sagemaker-core's _JobSettings evaluates Session.default_bucket() even when S3RootUri is set;
                     # without these keys it probes and creates the unmanaged bucket sagemaker-<region>-<account>.
-                    "Session": {"DefaultS3Bucket": bucket_name, "DefaultS3ObjectKeyPrefix": REMOTE_JOBS_PREFIX},
+                    "Session": {"DefaultS3Bucket": bucket_name, "DefaultS3ObjectKeyPrefix": caller_prefix(caller)},
                     "RemoteFunction": {
+                        # The caller's own role and prefix (training_assets/remote_jobs.py): the launcher policy of
+                        # the caller passes no other role and stages nowhere else.
                         "RoleArn": role_arn,
-                        "S3RootUri": f"s3://{bucket_name}/{REMOTE_JOBS_PREFIX}",
+                        "S3RootUri": f"s3://{bucket_name}/{caller_prefix(caller)}",
                         "S3KmsKeyId": kms_key_id,
                         **volume_key,
                         "VpcConfig": {"SecurityGroupIds": security_group_ids, "Subnets": subnets},
                         # The launcher policy requires it (sagemaker:InterContainerTrafficEncryption).
                         "EnableInterContainerTrafficEncryption": True,
-                        "Tags": [{"Key": key, "Value": value} for key, value in tags.items()],
+                        "Tags": [
+                            *({"Key": key, "Value": value} for key, value in tags.items()),
+                            {"Key": OWNER_TAG_KEY, "Value": caller},
+                        ],
                         "InstanceType": instance_type,
                         "ImageUri": image_uri,
                         "Dependencies": REMOTE_DEPENDENCIES,
@@ -199,9 +211,22 @@ class TrainingStack(EnvironmentStack):
         self.security_group = self.training_template.security_group
         self.placement_group = self.training_template.placement_group
         self.launch_template = self.training_template.launch_template
+        # The outside bound of a run's lifetime (the user data's own shutdown can be overridden at launch).
+        self.run_reaper = TrainingRunReaper(
+            self,
+            "TrainingRunReaper",
+            launch_template_id=self.training_template.launch_template_id,
+            max_run_hours=training.max_run_hours,
+            key=foundation.key,
+            log_retention_days=settings.logs.retention_days,
+            removal_policy=self.removal_policy,
+            retention_setting="logs.retention_days",
+        )
         self._instance_policy()
         self.launcher_policy = self._launcher_policy()
-        self.remote_config_parameter = self._remote_config_parameter()
+        self.remote_config_parameters = {
+            caller: self._remote_config_parameter(caller) for caller in self.foundation.remote_callers
+        }
         self._outputs()
 
     # --- launch template inputs ---------------------------------------------------------------------------------
@@ -317,21 +342,23 @@ class TrainingStack(EnvironmentStack):
 
     # --- @remote ------------------------------------------------------------------------------------------------
 
-    def _remote_config_parameter(self) -> ssm.StringParameter:
-        """The SDK config as YAML in an SSM parameter; CloudFormation substitutes the deploy-time values."""
+    def _remote_config_parameter(self, caller: str) -> ssm.StringParameter:
+        """``caller``'s SDK config as YAML in an SSM parameter; CloudFormation substitutes the deploy-time values."""
         foundation, training = self.foundation, self.settings.training
+        own = foundation.remote_callers[caller]
         subnets = foundation.private_subnets.subnets or []
         dlc_account = cdk.Stack.of(self).regional_fact(region_info.FactName.DLC_REPOSITORY_ACCOUNT)
         values = {
-            "RoleArn": foundation.remote_job_role.role_arn,
+            "RoleArn": own.job_role.role_arn,
             "RemoteJobsBucket": foundation.remote_jobs_bucket.bucket_name,
             "KeyArn": foundation.key.key_arn,
-            # The jobs' own group (stacks/components/remote_job_launcher.py): a job's instances reach each other.
-            "SecurityGroupId": foundation.remote_jobs_security_group.security_group_id,
+            # The caller's own group (stacks/components/remote_job_launcher.py): a job's instances reach each other.
+            "SecurityGroupId": own.security_group.security_group_id,
             **{f"Subnet{i}": subnet.subnet_id for i, subnet in enumerate(subnets)},
             "DlcAccount": dlc_account,
         }
         config = remote_function_config(
+            caller=caller,
             role_arn="${RoleArn}",
             bucket_name="${RemoteJobsBucket}",
             kms_key_id="${KeyArn}",
@@ -344,9 +371,9 @@ class TrainingStack(EnvironmentStack):
         )
         return ssm.StringParameter(
             self,
-            "RemoteFunctionConfig",
-            parameter_name=remote_config_parameter_name(self.settings),
-            description="SageMaker Python SDK config.yaml for @remote training jobs of this environment",
+            f"RemoteFunctionConfig{caller_construct_suffix(caller)}",
+            parameter_name=remote_config_parameter_name(self.settings, caller),
+            description=f"SageMaker Python SDK config.yaml for the @remote training jobs of {caller}",
             string_value=cdk.Fn.sub(yaml.safe_dump(config, sort_keys=False), values),
         )
 
@@ -414,10 +441,12 @@ class TrainingStack(EnvironmentStack):
             value=self.launcher_policy.managed_policy_arn,
             description="Attach to the people or pipelines that start training runs",
         )
-        cdk.CfnOutput(
-            self,
-            "FetchRemoteFunctionConfigCommand",
-            value=f"aws ssm get-parameter --region {self.region} --name {self.remote_config_parameter.parameter_name} "
-            "--query Parameter.Value --output text > config.yaml",
-            description="Writes the @remote config.yaml; then export SAGEMAKER_USER_CONFIG_OVERRIDE=$PWD/config.yaml",
-        )  # fmt: skip
+        for caller, parameter in self.remote_config_parameters.items():
+            cdk.CfnOutput(
+                self,
+                f"FetchRemoteFunctionConfigCommand{caller_construct_suffix(caller)}",
+                value=f"aws ssm get-parameter --region {self.region} --name {parameter.parameter_name} "
+                "--query Parameter.Value --output text > config.yaml",
+                description=f"Writes the @remote config.yaml of {caller} (their launcher policy reads it); then export "
+                "SAGEMAKER_USER_CONFIG_OVERRIDE=$PWD/config.yaml",
+            )  # fmt: skip

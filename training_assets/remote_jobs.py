@@ -1,27 +1,29 @@
-"""Who owns an ``@remote`` job and where its objects live: one rule for the launcher policy (stacks/foundation.py)
-and for the client that starts jobs (training_assets/remote_train.py).
+"""Who owns an ``@remote`` job and where its objects live: one rule for the Foundation's per-caller roles and
+policies (stacks/components/remote_job_launcher.py, stacks/components/sagemaker_roles.py) and for the client that
+starts jobs (training_assets/remote_train.py).
 
-Every caller works under ``<bucket>/jobs/<caller id>/`` of the RemoteJobs bucket and tags each training job with
-``remote-job-owner=<caller id>``, where the caller id is IAM's ``aws:userid`` of the caller's credentials: for an
-assumed role ``<role id>:<session name>`` (e.g. ``AROAEXAMPLE:alice@example.com``), for an IAM user its user id.
-``aws sts get-caller-identity --query UserId`` prints the same value. The launcher policy names ``${aws:userid}``,
-so a caller can neither read nor write another caller's objects, nor describe, stop or re-tag their jobs.
+Every caller is a user or team the environment's settings declare (``training.remote_callers``). Each has its own
+launcher policy, job role, security group and config.yaml: its objects live under ``<bucket>/jobs/<caller>/`` of the
+RemoteJobs bucket, its training jobs are named ``<caller>-...`` (so their log streams, ``<job name>/algo-<n>-...``,
+start with it too) and tagged ``remote-job-owner=<caller>`` when they are created. IAM ties each grant to the caller
+by those names, never by a value the caller chooses at run time (a role session name would be one): a caller can
+neither read nor write another caller's objects, nor describe, stop, tag or read the logs of their jobs, and a job,
+running as its caller's role, reaches only what its caller may reach.
 """
 
 from __future__ import annotations
 
-import re
-
 REMOTE_JOBS_PREFIX = "jobs"
 OWNER_TAG_KEY = "remote-job-owner"
-# IAM's policy variable for the caller's unique id (IAM User Guide, "IAM policy elements: Variables and tags").
-CALLER_ID_VARIABLE = "${aws:userid}"
-# SageMaker tag values (API Tag.Value): letters, spaces, digits and _.:/=+-@, at most 256 characters.
-_TAG_VALUE = re.compile(r"^[\w\s.:/=+\-@]{1,256}$")
 
 
-def caller_prefix(caller_id: str) -> str:
-    """The caller's key prefix in the RemoteJobs bucket (no trailing slash)."""
-    if not _TAG_VALUE.fullmatch(caller_id):
-        raise ValueError(f"caller id {caller_id!r} cannot be a SageMaker tag value")
-    return f"{REMOTE_JOBS_PREFIX}/{caller_id}"
+def caller_prefix(caller: str) -> str:
+    """The caller's key prefix in the RemoteJobs bucket (no trailing slash). Caller names are checked by the settings
+    (training.remote_callers): lowercase letters and digits."""
+    return f"{REMOTE_JOBS_PREFIX}/{caller}"
+
+
+def job_name_prefix(caller: str) -> str:
+    """How every training-job name of the caller starts (the SDK appends a timestamp to ``job_name_prefix``). No
+    caller name holds a hyphen, so one caller's "<caller>-" never begins another caller's job names."""
+    return f"{caller}-"

@@ -1,9 +1,10 @@
 """Run the sentiment fine-tuning as SageMaker training jobs with the SDK's ``@remote`` decorator.
 
-The environment's SDK config (``config.yaml``: role, S3 root, KMS key, VPC, image, instance type, tags) comes from
-the TrainingStack; run from the repository root so the job gets ``training_assets/`` and the dependencies file:
+Your caller's SDK config (``config.yaml``: your caller's role, S3 root, security group and owner tag, the KMS key,
+VPC, image, instance type, tags) comes from the TrainingStack, one per caller of ``training.remote_callers``; run
+from the repository root so the job gets ``training_assets/`` and the dependencies file:
 
-    aws ssm get-parameter --name /pytorch-platform/dev/sagemaker/remote-function-config \\
+    aws ssm get-parameter --name /pytorch-platform/dev/sagemaker/remote-function-config/<caller> \\
         --query Parameter.Value --output text > config.yaml
     python -m training_assets.remote_train --config config.yaml train -- \\
         --dataset s3://<datasets bucket>/tweet_eval/ --epochs 3 --torch-compile --bf16 --fused-adamw
@@ -16,10 +17,10 @@ safetensors) lands in ``<S3RootUri>/<job name>/output/model.tar.gz``, encrypted 
 On a GPU type the job runs under torchrun with one process per GPU (DistributedDataParallel; 8 on ml.p4d.24xlarge,
 the count from the platform's instance facts). ``--instance-count N`` runs one job on N instances: the SDK's
 torchrun spans them (``algo-1`` ... ``algo-N``, static rendezvous on ``algo-1``), every process calls the same
-function, and the instances reach each other through the training jobs' security group, which admits its own
-members (the Foundation stack's ``RemoteJobsSecurityGroup``). The volume key follows the instance type actually used:
-types with NVMe instance storage (p4d, p5, g5, ...) get none, as SageMaker requires; EBS-only types (p3, ...) get the
-config's KMS key.
+function, and the instances reach each other through the caller's own security group, which admits its own
+members (the Foundation stack's ``RemoteJobsSecurityGroup<Caller>``). The volume key follows the instance type
+actually used: types with NVMe instance storage (p4d, p5, g5, ...) get none, as SageMaker requires; EBS-only types
+(p3, ...) get the config's KMS key.
 
 Checkpoints (``-- --checkpoint-steps N``) go to the job's ``/opt/ml/checkpoints``, which SageMaker copies to
 ``<your S3 root>/checkpoints/<run id>/`` (the SDK's ``CheckpointLocation``; SageMaker's CheckpointConfig) and back
@@ -48,7 +49,7 @@ import yaml
 from training_assets.instance.dataset import TrainingInputError
 from training_assets.instance.train_config import TrainConfig, parse_args
 from training_assets.instance.train_sentiment import end_distributed, train
-from training_assets.remote_jobs import OWNER_TAG_KEY, caller_prefix
+from training_assets.remote_jobs import OWNER_TAG_KEY, job_name_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPENDENCIES = ROOT / "training_assets" / "requirements-remote.txt"
@@ -234,30 +235,15 @@ def _instance_facts(instance_type: str) -> Any:
     return facts(instance_type)
 
 
-def caller_id() -> str:
-    """IAM's ``aws:userid`` of the credentials in use (``sts:GetCallerIdentity`` needs no permission)."""
-    import boto3
-
-    return str(boto3.client("sts").get_caller_identity()["UserId"])
-
-
-def config_for_caller(config: dict[str, Any], caller: str) -> dict[str, Any]:
-    """The config with the caller's own S3 root and owner tag: the launcher policy lets a caller stage objects only
-    under ``jobs/<aws:userid>/`` and start, describe or stop only jobs tagged ``remote-job-owner=<aws:userid>``
-    (training_assets/remote_jobs.py). The shared config.yaml names the bucket; this adds the caller's part."""
-    personal = copy.deepcopy(config)
-    remote = _remote_section(personal)
-    bucket = remote["S3RootUri"].removeprefix("s3://").partition("/")[0]
-    try:
-        prefix = caller_prefix(caller)
-    except ValueError as error:
-        raise RemoteSetupError(str(error)) from None
-    remote["S3RootUri"] = f"s3://{bucket}/{prefix}"
-    session = personal["SageMaker"]["PythonSDK"]["Modules"].setdefault("Session", {})
-    session.update({"DefaultS3Bucket": bucket, "DefaultS3ObjectKeyPrefix": prefix})
-    tags = [tag for tag in remote.get("Tags", []) if tag["Key"] != OWNER_TAG_KEY]
-    remote["Tags"] = [*tags, {"Key": OWNER_TAG_KEY, "Value": caller}]
-    return personal
+def config_caller(config: dict[str, Any]) -> str:
+    """The caller whose config.yaml this is (its owner tag): the job names must start with it, since the caller's
+    launcher policy creates, describes and stops only training jobs named ``<caller>-...``
+    (training_assets/remote_jobs.py)."""
+    owners = [tag["Value"] for tag in _remote_section(config).get("Tags", []) if tag.get("Key") == OWNER_TAG_KEY]
+    if len(owners) != 1:
+        raise RemoteSetupError(f"config.yaml names no caller (tag {OWNER_TAG_KEY}): fetch your caller's config with "
+                               "the training stack's FetchRemoteFunctionConfigCommand<Caller> output")  # fmt: skip
+    return str(owners[0])
 
 
 def self_contained_requirements(path: Path, *, into: Path | None = None) -> Path:
@@ -295,7 +281,7 @@ def job_options(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, A
     """
     from sagemaker.core.helper.session_helper import Session
 
-    effective, instance_type = config_for_instance_type(config_for_caller(config, caller_id()), args.instance_type)
+    effective, instance_type = config_for_instance_type(config, args.instance_type)
     gpu = _instance_facts(instance_type).gpu
     torchrun = gpu is not None or args.instance_count > 1
     options: dict[str, Any] = {
@@ -309,7 +295,7 @@ def job_options(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, A
         "dependencies": str(self_contained_requirements(DEPENDENCIES)),
         "include_local_workdir": True,
         "custom_file_filter": only_training_code,
-        "job_name_prefix": args.job_name_prefix,
+        "job_name_prefix": job_name_prefix(config_caller(config)) + args.job_name_prefix,
         "keep_alive_period_in_seconds": args.keep_alive_seconds,
         "max_runtime_in_seconds": args.max_runtime_hours * 3600,
         "volume_size": args.volume_gib,
@@ -324,12 +310,12 @@ def job_options(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, A
 def checkpoint_location(args: argparse.Namespace, config: dict[str, Any], train_config: TrainConfig,
                         suffix: str = "") -> Any:  # fmt: skip
     """The SDK's CheckpointLocation for the run (None without checkpoints): ``<caller's S3 root>/checkpoints/<run
-    id><suffix>/``, in the RemoteJobs bucket the job role writes (SSE-KMS by the bucket's default key)."""
+    id><suffix>/``, in the RemoteJobs bucket the caller's job role writes (SSE-KMS by the bucket's default key)."""
     if not train_config.checkpoint_steps:
         return None
     from sagemaker.core.remote_function import CheckpointLocation
 
-    root = _remote_section(config_for_caller(config, caller_id()))["S3RootUri"]
+    root = _remote_section(config)["S3RootUri"]
     return CheckpointLocation(f"{root}/checkpoints/{args.run_id}{suffix}/")
 
 

@@ -61,6 +61,7 @@ SAGEMAKER_MAX_PAYLOAD_BYTES = 6_291_456
 # Container environment variables (the Ray Serve deployment) and serving.properties options (DJL: option.<name>).
 MAX_REQUEST_BATCH_ENV = "SENTIMENT_MAX_REQUEST_BATCH"
 MAX_REQUEST_BYTES_ENV = "SENTIMENT_MAX_REQUEST_BYTES"
+MAX_REQUEST_TOKENS_ENV = "SENTIMENT_MAX_REQUEST_TOKENS"
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,16 @@ class Limits:
     max_request_batch: int = 32
     # Body bytes: the body is parsed and held whole before any check of its content.
     max_request_bytes: int = SAGEMAKER_MAX_PAYLOAD_BYTES
+    # Tokens: the request's texts after each is cut to the model's window, summed (what its forward pass costs).
+    # Enforced by the Ray Serve deployment (the Graviton endpoint); the multi-model servers bound texts and bytes only.
+    # 8,192 = 16 texts of the full 512-token window: the worst admitted request, measured, fits InvokeEndpoint's
+    # 60 s with room on one core per replica (docs/serving.md, "Work per call"; settings check each instance).
+    max_request_tokens: int = 8_192
 
-    BOUNDS: ClassVar = {"max_request_batch": (1, 1024), "max_request_bytes": (1_024, SAGEMAKER_MAX_PAYLOAD_BYTES)}
-    ENVIRONMENT: ClassVar = {"max_request_batch": MAX_REQUEST_BATCH_ENV, "max_request_bytes": MAX_REQUEST_BYTES_ENV}
+    BOUNDS: ClassVar = {"max_request_batch": (1, 1024), "max_request_bytes": (1_024, SAGEMAKER_MAX_PAYLOAD_BYTES),
+                        "max_request_tokens": (512, 262_144)}  # fmt: skip
+    ENVIRONMENT: ClassVar = {"max_request_batch": MAX_REQUEST_BATCH_ENV, "max_request_bytes": MAX_REQUEST_BYTES_ENV,
+                             "max_request_tokens": MAX_REQUEST_TOKENS_ENV}  # fmt: skip
     PROPERTIES: ClassVar = {"max_request_batch": "max_request_batch", "max_request_bytes": "max_request_bytes"}
 
     def __post_init__(self) -> None:
@@ -109,6 +117,43 @@ class Limits:
 
     def properties(self) -> dict[str, str]:
         return {f"option.{name}": str(getattr(self, field)) for field, name in self.PROPERTIES.items()}
+
+    def check_tokens(self, tokens: int) -> None:
+        """ValueError (the protocol's 413) when a request's ``tokens`` exceed ``max_request_tokens``."""
+        if tokens > self.max_request_tokens:
+            raise ValueError(
+                f"the request's texts hold {tokens} tokens (each cut to the model's window); at most "
+                f"{self.max_request_tokens} are allowed per request (max_request_tokens)"
+            )
+
+
+# --- the caller's time limit ------------------------------------------------------------------------------------
+
+# InvokeEndpoint's limit: "the model container must respond to requests within 60 seconds" (SageMaker Runtime API
+# reference, API_runtime_InvokeEndpoint).
+INVOKE_TIMEOUT_S = 60
+# What one token of a full-window (512-token) text costs a RoBERTa-base forward pass, in core-seconds: the worst
+# admitted request (16 such texts, 8,192 tokens) took 12.7 CPU-seconds on one thread of this project's x86 machine
+# (0.00155 per token; proving_ground/benchmarks/results/serving_worst_request.json, measured with the load at 11-13 on
+# its 2 cores, so its wall time, 47 s, says little), times 2.5: no Graviton host was at hand, and a replica's threads
+# do not scale perfectly. Shorter texts cost less per token.
+FORWARD_CORE_SECONDS_PER_TOKEN = 0.0038
+# SageMaker's wait for a new instance's first /ping 200 (ContainerStartupHealthCheckTimeoutInSeconds), as the
+# Graviton endpoint sets it by default: ten times the start-up measured here with a RoBERTa-base-sized model (60.6 s,
+# proving_ground/benchmarks/results/serving_startup.json; docs/serving.md, "Start-up"), for up to 16 replicas loading
+# at once, another disk and CPU, and this machine's noise.
+STARTUP_TIMEOUT_S = 600
+
+
+def worst_call_seconds(max_request_tokens: int, threads: int) -> float:
+    """How long the worst admitted request takes on a replica of ``threads`` threads: a forward pass holds at most
+    ``max_request_tokens`` tokens, and a request that arrives as one starts waits for it before its own."""
+    return 2 * max_request_tokens * FORWARD_CORE_SECONDS_PER_TOKEN / threads
+
+
+def max_request_tokens_within_timeout(threads: int) -> int:
+    """The largest ``max_request_tokens`` whose worst call stays within InvokeEndpoint's limit on ``threads``."""
+    return int(INVOKE_TIMEOUT_S * threads / (2 * FORWARD_CORE_SECONDS_PER_TOKEN))
 
 
 def check_range(name: str, value: object, low: int, high: int) -> None:

@@ -75,7 +75,8 @@ class SentimentPredictor:
         self.options = options or RuntimeOptions()
         # A server runs several copies of a model (DJL's workers, Ray Serve's replicas); each defaulting to all cores
         # would oversubscribe the CPU.
-        torch.set_num_threads(max(1, self.options.threads or os.cpu_count() or 1))
+        self.threads = max(1, self.options.threads or os.cpu_count() or 1)
+        torch.set_num_threads(self.threads)
         self.model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.model = AutoModelForSequenceClassification.from_pretrained(self.model_dir).eval()
@@ -110,25 +111,61 @@ class SentimentPredictor:
             return self._torch.autocast("cpu", dtype=self._torch.bfloat16)
         return contextlib.nullcontext()
 
-    def predict(self, texts: str | Sequence[str]) -> list[Prediction]:
-        """One forward pass over ``texts`` (padded to the longest); one prediction per text, in order."""
-        batch = [text[: self.max_chars] for text in ([texts] if isinstance(texts, str) else texts)]
-        if not batch:
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's token ids, cut to the model's window (special tokens included), unpadded: what a forward pass
+        costs is known before it runs (``tokens``)."""
+        if not texts:
             return []
-        encoded = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
-        with self._torch.inference_mode(), self._precision():
-            probabilities = self._forward(**encoded).logits.float().softmax(dim=-1).tolist()
-        predictions = []
-        for row in probabilities:
-            best = max(range(len(row)), key=row.__getitem__)
-            predictions.append(
-                Prediction(
-                    label=self.labels[best],
-                    score=round(row[best], 6),
-                    scores={label: round(p, 6) for label, p in zip(self.labels, row, strict=True)},
-                )
-            )
-        return predictions
+        cut = [text[: self.max_chars] for text in texts]
+        return list(self.tokenizer(cut, truncation=True, max_length=self.max_length)["input_ids"])
 
-    def predict_dicts(self, texts: Sequence[str]) -> list[dict]:
-        return [prediction.as_dict() for prediction in self.predict(texts)]
+    def predict(self, texts: str | Sequence[str]) -> list[Prediction]:
+        """The predictions of ``texts``, in order (see ``predict_encoded``)."""
+        return self.predict_encoded(self.encode([texts] if isinstance(texts, str) else texts))
+
+    def predict_encoded(self, encodings: Sequence[Sequence[int]]) -> list[Prediction]:
+        """One prediction per encoded text, in order. The texts are grouped by length (``length_groups``) and each
+        group is one call of the model, padded to its own longest text: a tweet is never padded to a review's 512
+        tokens, and a call's cost is bounded by its group's tokens."""
+        predictions: list[Prediction | None] = [None] * len(encodings)
+        if self._torch.get_num_threads() != self.threads:  # a library of the process reset it (measured: it happens)
+            self._torch.set_num_threads(self.threads)
+        for group in length_groups([len(ids) for ids in encodings], self.max_length):
+            ids = [list(encodings[index]) for index in group]
+            padded = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt")
+            with self._torch.inference_mode(), self._precision():
+                rows = self._forward(**padded).logits.float().softmax(dim=-1).tolist()
+            for index, row in zip(group, rows, strict=True):
+                predictions[index] = self._prediction(row)
+        return [prediction for prediction in predictions if prediction is not None]
+
+    def _prediction(self, row: list[float]) -> Prediction:
+        best = max(range(len(row)), key=row.__getitem__)
+        return Prediction(
+            label=self.labels[best],
+            score=round(row[best], 6),
+            scores={label: round(p, 6) for label, p in zip(self.labels, row, strict=True)},
+        )
+
+    def predict_dicts(self, texts: Sequence[str], encodings: Sequence[Sequence[int]] | None = None) -> list[dict]:
+        """``predict`` as dicts; ``encodings`` (``encode(texts)``, when the caller has them already) skips the
+        tokenizer."""
+        predictions = self.predict(texts) if encodings is None else self.predict_encoded(encodings)
+        return [prediction.as_dict() for prediction in predictions]
+
+
+# The shortest group length: below it, padding costs less than another call of the model.
+MIN_GROUP_LENGTH = 16
+
+
+def length_groups(lengths: Sequence[int], max_length: int) -> list[list[int]]:
+    """The indices of ``lengths`` grouped for forward passes: texts whose lengths fall in the same power-of-two band
+    (up to 16, 17-32, 33-64, ... up to ``max_length``) share a call, shortest band first, so no text is padded to
+    more than twice its own length (or 16 tokens), and there are at most log2(max_length / 16) + 1 calls."""
+    bands: dict[int, list[int]] = {}
+    for index, length in enumerate(lengths):
+        band = MIN_GROUP_LENGTH
+        while band < min(length, max_length):
+            band *= 2
+        bands.setdefault(band, []).append(index)
+    return [bands[band] for band in sorted(bands)]

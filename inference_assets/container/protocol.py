@@ -265,6 +265,23 @@ def parse_request(body: object, headers: Mapping[str, object], limits: Limits) -
     return texts_of(_parse_json(text), limits)
 
 
+def admit_request(
+    body: object,
+    headers: Mapping[str, object],
+    limits: Limits,
+    encode: Callable[[list[str]], list[list[int]]],
+) -> tuple[list[str], list[list[int]]]:
+    """The texts of one request and their token ids (``encode``), or :class:`ClientError`: ``parse_request``'s checks,
+    then 413 when the texts hold more than ``limits.max_request_tokens`` tokens, naming that limit."""
+    texts = parse_request(body, headers, limits)
+    encodings = encode(texts)
+    try:
+        limits.check_tokens(sum(len(ids) for ids in encodings))
+    except ValueError as error:
+        raise ClientError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, str(error)) from None
+    return texts, encodings
+
+
 def error_answer(error: ClientError) -> Answer:
     """The one-line JSON body of a client error."""
     status = HTTPStatus(error.status)

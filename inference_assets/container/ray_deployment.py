@@ -17,9 +17,14 @@ only once a replica holds the model):
     any other method there        handed to the protocol as the TorchServe handler was (no body: a 4xx)
     any other path                404, one-line JSON
 
-Dynamic batching is ``@serve.batch``: concurrent requests wait up to ``batch_wait_timeout_s`` for up to
-``max_batch_size`` requests, and ``protocol.answer_batch`` answers them with ONE forward pass (a bad request gets its
-own 4xx and does not touch its neighbours). Two things are added to what ``@serve.batch`` does by itself, both
+Each request is admitted first, on a thread of its own (``protocol.admit_request``: parsed, checked, tokenized; a
+bad request gets its 4xx there, 413 above ``max_request_tokens``), then dynamic batching is ``@serve.batch``:
+concurrent requests wait up to ``batch_wait_timeout_s`` for up to ``max_batch_size`` requests, and ONE forward pass
+answers them, at most ``max_request_tokens`` tokens together (so no pass costs more than the worst request the
+contract admits), its texts grouped by length inside it (``predictor.length_groups``). Health is separate from the
+queue: /ping answers on the event loop, the replica refuses invocations itself (503) beyond ``max_invocations`` so
+that Ray's own limit always leaves /ping a slot, and a replica whose passes keep failing (or one stuck) answers
+/ping 503 and fails Ray's health check. Two things are added to what ``@serve.batch`` does by itself, both
 measured with proving_ground/benchmarks/serving_latency.py (8 single-text clients against full batch-8 forward passes):
 
 - Ray forms the next batch while the current one runs (ray/serve/batching.py ``_process_batches`` calls
@@ -44,7 +49,9 @@ import asyncio
 import json
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +61,49 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .predictor import RuntimeOptions, SentimentPredictor
-from .protocol import JSON, Answer, Limits, answer_batch
-from .ray_settings import ServeSettings
+from .protocol import (
+    JSON,
+    Answer,
+    ClientError,
+    Limits,
+    admit_request,
+    error_answer,
+    internal_error_answer,
+    success_answer,
+)
+from .ray_settings import PING_RESERVE, ServeSettings
 
 log = logging.getLogger("ray.serve")  # Ray Serve writes this logger to the replica's log, with the request id
 
 INVOCATION_PATHS = ("/", "/invocations")
 PING_PATH = "/ping"
-# (body, headers, request id): one queued request of a batch.
-_Item = tuple[bytes, dict[str, str], str]
 # Batches Ray may hand over while a forward pass runs: each holds at least one ongoing request, and a replica holds
-# at most max_ongoing_requests = 2 x max_batch_size (settings allow up to 256), so this never holds one back.
-_FORMING_BATCHES = 512
+# at most max_ongoing_requests (ServeSettings: 8 x max_batch_size + PING_RESERVE, max_batch_size at most 256), so
+# this never holds one back.
+_FORMING_BATCHES = 8 * 256 + PING_RESERVE
+# Consecutive failed forward passes after which the replica says it cannot serve (/ping 503, Ray's health check
+# fails and Ray replaces the replica); one failure may be one bad input, three in a row are the model.
+FAILED_PASSES_UNHEALTHY = 3
+# A forward pass running this long is stuck: twice InvokeEndpoint's 60 s, which the worst admitted pass stays far
+# inside (docs/serving.md, "Work per call").
+STALLED_PASS_S = 120.0
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """One request that passed every check: its texts, their token ids (cut to the model's window) and its id."""
+
+    texts: list[str]
+    encodings: list[list[int]]
+    request_id: str
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(ids) for ids in self.encodings)
+
+
+def _json_answer(status: int, phrase: str, error: str) -> Answer:
+    return Answer(status, json.dumps({"code": status, "message": phrase, "error": error}).encode())
 
 
 def _request_id() -> str:
@@ -90,8 +128,14 @@ class SentimentDeployment:
         )
         # One thread: torch keeps one OpenMP team per calling thread, and batches run one after another anyway.
         self._forward = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        # Parsing and tokenizing a request (up to 6 MB of text) runs off the event loop, which answers /ping, and
+        # beside the forward pass, so the next pass's token count is known before it starts.
+        self._admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="admission")
         # (request, its answer, when it arrived) in arrival order; a forward pass takes them from the front.
-        self._waiting: list[tuple[_Item, asyncio.Future[Answer], float]] = []
+        self._waiting: list[tuple[Admitted, asyncio.Future[Answer], float]] = []
+        self._invocations = 0  # invocations this replica holds (admitted, queued or in a forward pass)
+        self._failed_passes = 0  # consecutive forward passes that raised
+        self._pass_started: float | None = None  # time.monotonic() of the running forward pass
         self._draining: asyncio.Task[None] | None = None
         self._arrived: asyncio.Event | None = None
         self._arrived_loop: asyncio.AbstractEventLoop | None = None
@@ -109,20 +153,58 @@ class SentimentDeployment:
             torch.get_num_threads(),
         )
 
-    def answer_together(self, items: list[_Item]) -> list[Answer]:
-        """Answer ``items`` with one forward pass over their good texts, each request with its own answer."""
-        answers = answer_batch(
-            [(body, headers) for body, headers, _ in items],
-            self.predictor.predict_dicts,
-            self.limits,
-            [request_id for _, _, request_id in items],
-        )
+    def admit(self, body: bytes, headers: dict[str, str], request_id: str) -> Admitted | Answer:
+        """A request's texts and tokens, or its 4xx (a 500 if parsing itself fails): every check but the model."""
+        try:
+            texts, encodings = admit_request(body, headers, self.limits, self.predictor.encode)
+        except ClientError as error:
+            log.info("request %s refused: %d %s", request_id, int(error.status), error)
+            return error_answer(error)
+        except Exception:  # a bug in parsing must not cost the replica its health
+            log.exception("request %s: parsing failed", request_id)
+            return internal_error_answer(request_id)
+        return Admitted(texts, encodings, request_id)
+
+    def answer_together(self, items: list[Admitted]) -> list[Answer]:
+        """Answer ``items`` with one forward pass over their texts (grouped by length inside it), each request with
+        its own answer; if the pass fails, each gets a 500 without detail."""
+        texts = [text for item in items for text in item.texts]
+        encodings = [ids for item in items for ids in item.encodings]
+        self._pass_started = time.monotonic()
+        try:
+            predictions = self.predictor.predict_dicts(texts, encodings)
+            if len(predictions) != len(texts):
+                raise RuntimeError(f"{len(predictions)} predictions for {len(texts)} texts")
+        except Exception:
+            self._failed_passes += 1
+            log.exception("forward pass over %d texts of %d requests failed", len(texts), len(items))
+            return [internal_error_answer(item.request_id) for item in items]
+        finally:
+            self._pass_started = None
+        self._failed_passes = 0
+        answers, start = [], 0
+        for item in items:
+            answers.append(success_answer(predictions[start : start + len(item.texts)]))
+            start += len(item.texts)
+        tokens = sum(map(len, encodings))
         log.info(
-            "batch of %d requests answered with one forward pass (statuses %s)",
-            len(answers),
-            ",".join(str(answer.status) for answer in answers),
+            "batch of %d requests answered with one forward pass (%d texts, %d tokens)", len(items), len(texts), tokens
         )
         return answers
+
+    def unhealthy(self) -> str | None:
+        """Why this replica cannot serve (one sentence), or None."""
+        if self._failed_passes >= FAILED_PASSES_UNHEALTHY:
+            return f"the last {self._failed_passes} forward passes failed; see the replica's log"
+        started = self._pass_started
+        if started is not None and (running := time.monotonic() - started) > STALLED_PASS_S:
+            return f"a forward pass has run for {running:.0f} s (more than {STALLED_PASS_S:.0f} s)"
+        return None
+
+    def check_health(self) -> None:
+        """Ray Serve's periodic replica health check: a replica that cannot serve fails it and Ray replaces it."""
+        if (reason := self.unhealthy()) is not None:
+            raise RuntimeError(reason)
 
     def _expect(self, requests: int) -> None:
         """How many requests the next forward pass waits for (up to the wait): what the last round brought. Ray's
@@ -144,11 +226,11 @@ class SentimentDeployment:
         return self._expected
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.002, max_concurrent_batches=_FORMING_BATCHES)
-    async def answer(self, items: list[_Item]) -> list[Answer]:
+    async def answer(self, items: list[Admitted]) -> list[Answer]:
         """One batch as Ray forms it (size and wait replaced from the settings)."""
         return await self.queue(items)
 
-    async def queue(self, items: list[_Item]) -> list[Answer]:
+    async def queue(self, items: list[Admitted]) -> list[Answer]:
         """Queue ``items`` for the forward pass, which may merge them with batches formed while the model was busy,
         and wait for their answers: what every batch Ray forms goes through (tests call it without Ray, whose
         batching runs only inside a replica)."""
@@ -174,13 +256,36 @@ class SentimentDeployment:
             except TimeoutError:
                 return
 
+    def _take(self) -> list[tuple[Admitted, asyncio.Future[Answer], float]]:
+        """The next forward pass: the waiting requests from the front, at most max_batch_size of them and at most
+        max_request_tokens tokens together (always the first: it alone is within the limit, which admission checked),
+        so no pass costs more than the worst request the contract admits."""
+        taken: list[tuple[Admitted, asyncio.Future[Answer], float]] = []
+        tokens = 0
+        for entry in self._waiting[: self.settings.max_batch_size]:
+            if taken and tokens + entry[0].tokens > self.limits.max_request_tokens:
+                break
+            taken.append(entry)
+            tokens += entry[0].tokens
+        return taken
+
     async def _drain(self) -> None:
         """Forward passes, one after another, while requests wait: each takes all of them, up to max_batch_size."""
+        try:
+            await self._drain_waiting()
+        except BaseException as error:  # never leave a caller waiting on a future nobody will set
+            for _, future, _ in self._waiting:
+                if not future.done():
+                    future.set_exception(error)
+            self._waiting.clear()
+            raise
+
+    async def _drain_waiting(self) -> None:
         loop = asyncio.get_running_loop()
         free_since = loop.time()
         while self._waiting:
             await self._until_expected(free_since)
-            taken = self._waiting[: self.settings.max_batch_size]
+            taken = self._take()
             del self._waiting[: len(taken)]
             items = [item for item, _, _ in taken]
             try:
@@ -200,13 +305,33 @@ class SentimentDeployment:
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
         if path == PING_PATH and request.method in ("GET", "HEAD"):
-            return Response(status_code=200)
+            # Answered on the event loop, never queued: the forward pass and admission run on threads of their own,
+            # and PING_RESERVE of the replica's Ray slots are left to /ping (ServeSettings.max_ongoing_requests).
+            if (reason := self.unhealthy()) is None:
+                return Response(status_code=200)
+            return _response(_json_answer(503, "Service Unavailable", f"this replica cannot serve: {reason}"))
         if path not in INVOCATION_PATHS:
-            body = {"code": 404, "message": "Not Found", "error": "POST to /invocations; GET /ping"}
-            return Response(json.dumps(body).encode(), status_code=404, media_type=JSON)
-        headers = dict(request.headers.items())  # starlette lower-cases the names; the protocol ignores case
-        answer = await self.answer((await request.body(), headers, _request_id()))
-        return Response(answer.body, status_code=answer.status, media_type=answer.content_type)
+            missing = {"code": 404, "message": "Not Found", "error": "POST to /invocations; GET /ping"}
+            return Response(json.dumps(missing).encode(), status_code=404, media_type=JSON)
+        limit = self.settings.max_invocations
+        if self._invocations >= limit:
+            # Refused at once, not queued: a request past the limit would wait longer than callers do.
+            busy = f"this replica holds {limit} requests, its limit (8 x server_batch_size); retry"
+            return _response(_json_answer(503, "Service Unavailable", busy))
+        self._invocations += 1
+        try:
+            headers = dict(request.headers.items())  # starlette lower-cases the names; the protocol ignores case
+            body, request_id = await request.body(), _request_id()
+            loop = asyncio.get_running_loop()
+            admitted = await loop.run_in_executor(self._admission, self.admit, body, headers, request_id)
+            answer = admitted if isinstance(admitted, Answer) else await self.answer(admitted)
+            return _response(answer)
+        finally:
+            self._invocations -= 1
+
+
+def _response(answer: Answer) -> Response:
+    return Response(answer.body, status_code=answer.status, media_type=answer.content_type)
 
 
 def build_app(model_dir: str | os.PathLike[str], environment: dict[str, Any] | None = None) -> Application:

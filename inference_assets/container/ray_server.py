@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -75,6 +76,8 @@ def serve_config(model_dir: Path, host: str, port: int) -> dict:
 # of ~0.08 CPU s/s here), paid per second whatever the traffic; a fixed-size endpoint does not autoscale, so only
 # start-up and replacing a failed replica wait up to a second longer.
 LAUNCHER_DEFAULTS = {
+    # No usage report leaves the container (ray/_private/usage/usage_lib.py reads it; the endpoint has no egress).
+    "RAY_USAGE_STATS_ENABLED": "0",
     THROUGHPUT_OPTIMIZED_ENV: "1",
     "RAY_SERVE_LOG_TO_STDERR": "1",
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",
@@ -102,6 +105,27 @@ def ingress_environment(environment: dict[str, str] | os._Environ[str], port: in
             # (the quarantine, 150 s by default, would leave the range empty).
             added[name] = merged.get(name, "0")
     return added
+
+
+# Ray's floor for the object store (ray/_private/ray_constants.py OBJECT_STORE_MINIMUM_MEMORY_BYTES) and the most
+# this server gives it: Ray Serve moves request bodies (at most InvokeEndpoint's 6 MB) and answers through it, no
+# tensors, so the default (30% of the host's memory) would only take memory from the replicas.
+OBJECT_STORE_MIN_BYTES = 75 * 1024 * 1024
+OBJECT_STORE_MAX_BYTES = 512 * 1024 * 1024
+
+
+def object_store(shm: Path = Path("/dev/shm"), spill: str | None = None) -> tuple[int, str | None]:
+    """(bytes, directory) of Ray's object store: in shared memory when half of ``shm``'s free space holds at least
+    Ray's floor (at most OBJECT_STORE_MAX_BYTES), else Ray's floor in ``spill`` (the temporary directory). Docker's
+    default /dev/shm is 64 MB, below the floor: Ray would then fall back to /tmp by itself with a warning at every
+    start; chosen here, the start says which and why."""
+    try:
+        free = shutil.disk_usage(shm).free
+    except OSError:
+        free = 0
+    if free // 2 >= OBJECT_STORE_MIN_BYTES:
+        return min(OBJECT_STORE_MAX_BYTES, free // 2), None
+    return OBJECT_STORE_MIN_BYTES, spill or tempfile.gettempdir()
 
 
 def _free_port(host: str) -> int:
@@ -139,8 +163,20 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="serve-config-", delete=False) as merged:
         yaml.safe_dump(config, merged)
+    store_bytes, store_directory = object_store()
     try:
-        ray.init(address="local", namespace="serve", include_dashboard=False)
+        # A node of its own on the loopback address (Ray would otherwise find its IP by routing towards a public
+        # address), no dashboard, no usage report (LAUNCHER_DEFAULTS): nothing that needs a network.
+        ray.init(
+            address="local",
+            namespace="serve",
+            include_dashboard=False,
+            object_store_memory=store_bytes,
+            _plasma_directory=store_directory,
+            _node_ip_address="127.0.0.1",
+        )
+        where = store_directory or "/dev/shm"
+        print(f"Ray object store: {store_bytes // 2**20} MiB in {where}", flush=True)
         print(f"Ray Serve: {model_dir}/config.yaml on http://{args.host}:{args.port}", flush=True)
         # Blocks until KeyboardInterrupt, then shuts the applications down and exits (SystemExit).
         cli.main(args=["run", merged.name], prog_name="serve", standalone_mode=False)

@@ -32,6 +32,23 @@ BATCH_WAIT_TIMEOUT_ENV = "SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S"
 THREADS_ENV = "OMP_NUM_THREADS"
 THROUGHPUT_OPTIMIZED_ENV = "RAY_SERVE_THROUGHPUT_OPTIMIZED"
 DIRECT_INGRESS_ENV = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
+# Ray slots of a replica that only /ping uses: invocations are refused (503) at max_invocations, so a health check
+# always finds a free slot, with every replica saturated, in Ray's proxy as with direct ingress.
+PING_RESERVE = 4
+
+
+# Each replica gets this many cores for its intra-op threads by default: a RoBERTa-base forward pass on a short text
+# scales to about 4 Graviton cores; more replicas with fewer threads each serve concurrent requests better.
+CORES_PER_WORKER = 4
+
+
+def replicas_and_threads(vcpus: int, replicas: int | None = None) -> tuple[int, int]:
+    """(replicas, threads per replica) on ``vcpus`` cores: ``replicas`` or one per CORES_PER_WORKER cores, and the
+    cores shared among them (the endpoint's environment and the settings' checks use this one rule)."""
+    if vcpus < 1:
+        raise ValueError(f"vcpus must be >= 1, got {vcpus}")
+    replicas = replicas or max(1, vcpus // CORES_PER_WORKER)
+    return replicas, max(1, vcpus // replicas)
 
 
 def _positive_int(environment: Mapping[str, str], name: str, default: int) -> int:
@@ -58,11 +75,18 @@ class ServeSettings:
             raise ValueError(f"batch_wait_timeout_s must be within [0, 10] seconds, got {self.batch_wait_timeout_s}")
 
     @property
+    def max_invocations(self) -> int:
+        """Invocations a replica holds at once (queued or in a forward pass); the next one gets a 503 at once. Eight
+        forward passes' worth: a request further back would wait more than eight worst passes (docs/serving.md)."""
+        return 8 * self.max_batch_size
+
+    @property
     def max_ongoing_requests(self) -> int:
-        """Requests a replica holds at once. Ray Serve's default is 5 (ray/serve/_private/constants.py
-        DEFAULT_MAX_ONGOING_REQUESTS), which would cap every batch at 5; two batches' worth lets the next batch fill
-        while the current one runs its forward pass (the rest queue in Ray's proxy)."""
-        return 2 * self.max_batch_size
+        """Ray's limit of requests in a replica: the invocations plus ``PING_RESERVE`` for /ping. Ray Serve's
+        default is 5 (ray/serve/_private/constants.py DEFAULT_MAX_ONGOING_REQUESTS); at Ray's limit a request waits
+        in Ray (the proxy or the replica's queue), where /ping would wait behind invocations: the replica refuses
+        invocations itself before Ray's limit, so Ray never queues."""
+        return self.max_invocations + PING_RESERVE
 
     @classmethod
     def from_environment(cls, environment: Mapping[str, str], cores: int | None = None) -> ServeSettings:

@@ -42,11 +42,9 @@ from inference_assets.container.contract import (
     Limits,
     Precision,
 )
-from inference_assets.container.ray_settings import ServeSettings
+from inference_assets.container.ray_settings import CORES_PER_WORKER, ServeSettings, replicas_and_threads
 
-# Each worker gets this many cores for its intra-op threads: a RoBERTa-base forward pass on a short text scales
-# to about 4 Graviton cores; more workers with fewer threads each serve concurrent requests better.
-CORES_PER_WORKER = 4
+__all__ = ["CORES_PER_WORKER", "endpoint_environment"]
 
 
 def endpoint_environment(
@@ -64,11 +62,9 @@ def endpoint_environment(
 ) -> dict[str, str]:
     """Environment variables for the serving container on a host with ``vcpus`` cores; the endpoint stack passes
     every value from validated settings."""
-    if vcpus < 1:
-        raise ValueError(f"vcpus must be >= 1, got {vcpus}")
-    workers = workers or max(1, vcpus // CORES_PER_WORKER)
+    workers, threads = replicas_and_threads(vcpus, workers)
     environment = {
-        "OMP_NUM_THREADS": str(max(1, vcpus // workers)),
+        "OMP_NUM_THREADS": str(threads),
         "OMP_WAIT_POLICY": "PASSIVE",
         **(limits or Limits()).environment(),
         "LRU_CACHE_CAPACITY": str(lru_cache_capacity),
@@ -76,7 +72,6 @@ def endpoint_environment(
         PRECISION_ENV: precision,
         TORCH_COMPILE_ENV: "1" if torch_compile else "0",
     }
-    threads = int(environment["OMP_NUM_THREADS"])
     environment.update(ServeSettings(workers, threads, batch_size, max_batch_delay_ms / 1000).environment())
     environment["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] = "0"
     environment["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"] = "0"

@@ -353,6 +353,104 @@ def run_batches(predictor: SentimentPredictor, texts: list[str], size: int, dura
     return {"latencies_ms": latencies, "errors": 0, "wall_s": time.perf_counter() - began}
 
 
+# The worst request the serving contract admits by default (contract.Limits.max_request_tokens = 8192): 16 texts of
+# the model's full 512-token window; and a request of mixed lengths, to compare grouping by length with padding all.
+WORST_TEXTS, WINDOW = 16, 512
+MIXED = (1, 31, 20)  # one full-window review, 31 tweets of 20 tokens
+
+
+def worst_request(output: Path, threads: int) -> dict:
+    """Time one forward pass of the worst admitted request on ``threads`` threads (RoBERTa-base shape, the real
+    predictor: grouped by length), the mixed request grouped and padded to its longest, and write them with the
+    host's load and the CPU time each pass got: what contract.FORWARD_CORE_SECONDS_PER_TOKEN and docs/serving.md
+    ("Work per call") quote. On a shared host the wall time follows the load; the CPU time much less."""
+    import torch
+
+    work = Path(tempfile.mkdtemp(prefix="worst-request-"))
+    model_dir = build_model(work / "model", "base", positions=WINDOW + 2)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.model_max_length = WINDOW
+    tokenizer.save_pretrained(model_dir)
+    predictor = SentimentPredictor(model_dir, RuntimeOptions(threads=threads))
+    assert predictor.max_length == WINDOW, predictor.max_length
+    vocabulary = range(5, tokenizer.vocab_size)
+
+    def text(length: int) -> list[int]:
+        return [tokenizer.bos_token_id, *(vocabulary[i % len(vocabulary)] for i in range(length - 2)),
+                tokenizer.eos_token_id]  # fmt: skip
+
+    worst = [text(WINDOW)] * WORST_TEXTS
+    count, tweets, tweet_length = MIXED
+    mixed = [text(WINDOW)] * count + [text(tweet_length)] * tweets
+    predictor.predict_encoded(mixed[:2])  # warm-up
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    timings, cpu = {}, {}
+    for name, encodings in (("worst", worst), ("mixed_grouped", mixed)):
+        started, cpu_started = time.perf_counter(), time.process_time()
+        predictor.predict_encoded(encodings)
+        timings[name], cpu[name] = time.perf_counter() - started, time.process_time() - cpu_started
+    padded = tokenizer.pad({"input_ids": mixed}, return_tensors="pt")
+    with torch.inference_mode():
+        started = time.perf_counter()
+        predictor.model(**padded)
+        timings["mixed_padded"] = time.perf_counter() - started
+    tokens = WORST_TEXTS * WINDOW
+    result = {
+        "command": f"python -m proving_ground.benchmarks.serving_latency --worst-request --threads {threads}",
+        "threads": threads,
+        "load_before": load_before,
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "cpu": _cpu_name(),
+        "worst_request": f"{WORST_TEXTS} texts x {WINDOW} tokens = {tokens} tokens",
+        "worst_seconds": round(timings["worst"], 2),
+        # The CPU time the pass got (all its threads): what it costs a core, whatever else the host ran meanwhile.
+        "worst_cpu_seconds": round(cpu["worst"], 2),
+        "core_seconds_per_token": round(cpu["worst"] / tokens, 5),
+        "wall_seconds_per_token_x_threads": round(timings["worst"] * threads / tokens, 5),
+        "mixed_request": f"{count} x {WINDOW} + {tweets} x {tweet_length} tokens",
+        "mixed_grouped_seconds": round(timings["mixed_grouped"], 2),
+        "mixed_grouped_cpu_seconds": round(cpu["mixed_grouped"], 2),
+        "mixed_padded_to_longest_seconds": round(timings["mixed_padded"], 2),
+    }
+    output.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = ["# Worst admitted request", "", f"`{result['command']}`", ""]
+    lines += [f"- {key}: {value}" for key, value in result.items() if key != "command"]
+    output.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return result
+
+
+def startup(output: Path, replicas: list[int]) -> dict:
+    """Seconds from launching the container's command to its first /ping 200 (Ray, then every replica loading a
+    RoBERTa-base-sized model), as SageMaker waits for it (ContainerStartupHealthCheckTimeoutInSeconds), per number of
+    replicas on this host's cores, with the host's load: what graviton_endpoint.container_startup_timeout_seconds is
+    sized from (docs/serving.md, "Start-up")."""
+    from inference_assets.tools.package_model import build_model_archive
+
+    work = Path(tempfile.mkdtemp(prefix="startup-"))
+    archive = build_model_archive(build_model(work / "model", "base", positions=WINDOW + 2), work / "model.tar.gz")
+    result: dict = {
+        "command": "python -m proving_ground.benchmarks.serving_latency --startup "
+        + ",".join(str(count) for count in replicas),
+        "cpu": _cpu_name(),
+        "cores": os.cpu_count(),
+        "archive_mb": round(archive.stat().st_size / 1e6, 1),
+        "runs": [],
+    }
+    for count in replicas:
+        load = [round(x, 2) for x in os.getloadavg()]
+        started = time.perf_counter()
+        with LocalRayServer(archive, workers=count, startup_timeout_s=900):
+            seconds = time.perf_counter() - started
+        result["runs"].append({"replicas": count, "seconds_to_first_ping_200": round(seconds, 1), "load_before": load})
+    output.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = ["# Start-up to the first /ping 200", "", f"`{result['command']}`", ""]
+    lines += [f"- {run}" for run in result["runs"]] + [f"- archive: {result['archive_mb']} MB, {result['cpu']}"]
+    output.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return result
+
+
 # Long: a benchmark script's main: arguments, the runs side by side, and the results written as JSON and Markdown
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -366,7 +464,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--grid-batch", default="1,8,16", help="with --grid-workers: batch sizes (delay 2 ms)")
     parser.add_argument("--output", type=Path, help="results path without suffix (default: results/serving_latency)")
+    parser.add_argument("--worst-request", action="store_true", help="time the worst admitted request and exit")
+    parser.add_argument("--threads", type=int, default=1, help="with --worst-request: the replica's threads")
+    parser.add_argument("--startup", help="comma-separated replica counts: time the start to /ping 200 and exit")
     args = parser.parse_args(argv)
+    if args.startup:
+        counts = [int(count) for count in args.startup.split(",")]
+        print(json.dumps(startup(args.output or RESULTS / "serving_startup", counts), indent=1))
+        return 0
+    if args.worst_request:
+        print(json.dumps(worst_request(args.output or RESULTS / "serving_worst_request", args.threads), indent=1))
+        return 0
     # 1 client: the batch-1 baseline; 8 clients: beside full batch-8 forward passes.
     levels = sorted({1, 8, *(int(level) for level in args.concurrency.split(","))})
     output = args.output or RESULTS / ("serving_latency" if args.set == "main" else f"serving_latency_{args.set}")

@@ -5,8 +5,10 @@ execution role, ...) gets its own key pair, and whoever acts as it holds that pa
 by the AWS CLI in a shell script, by a tool's boto3 client or by an SDK's worker threads are all attributed the way
 AWS attributes them. ``install`` wraps botocore's ``BaseClient._make_api_call`` (the AWS CLI v1 and boto3 both call
 through it): the call is mapped to the IAM requests it needs (``proving_ground.iam_policy.requests_for``) and evaluated
-against the principal's identity policies; a refused call gets the AccessDenied error IAM would send and never reaches
-the emulator. Each call is one JSON line in the gate's log, with the rehearsal step that was running.
+against the principal's identity policies together with the resource's own policy where the templates give it one (a
+bucket's policy, a KMS key's policy: ``Gate.bucket_policies``, ``Gate.key_policies``), as IAM decides a request in
+the resource's account; a refused call gets the AccessDenied error IAM would send and never reaches the emulator.
+Each call is one JSON line in the gate's log, with the rehearsal step that was running.
 
 A subprocess joins the gate through the environment: ``REHEARSAL_GATE`` names the gate file and
 ``python -m proving_ground.rehearsal.aws_calls aws ARGS`` runs the AWS CLI with the gate installed (the ``aws`` shim
@@ -85,6 +87,9 @@ class Gate:
     kms_encrypted_buckets: dict[str, str] = field(default_factory=dict)
     # Launch template id -> what RunInstances from it creates (``proving_ground.iam_policy.run_instances_requests``).
     launch_templates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Bucket name -> its bucket policy, key ARN -> its key policy (resolved): evaluated with every request on them.
+    bucket_policies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    key_policies: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def principal(self, name: str) -> Principal:
         (found,) = [p for p in self.principals if p.name == name]
@@ -157,6 +162,25 @@ def denied(operation: str, principal: Principal, request: Request) -> Exception:
 
 StandIn = Callable[[dict[str, Any]], dict[str, Any]]
 
+# What IAM knows of every request the gate's principals make: they are no AWS service, and the AWS CLI and SDKs call
+# over HTTPS (the emulator's http:// endpoint is the rehearsal's, not what AWS would see).
+_REQUEST_CONTEXT = {"aws:SecureTransport": "true", "aws:PrincipalIsAWSService": "false"}
+
+
+def allowed_with_resource_policies(gate: Gate, policies: list[dict[str, Any]], request: Request) -> bool:
+    """The decision for ``request`` by the identity ``policies``, the bucket's policy (an S3 request on a bucket of
+    ``gate.bucket_policies``) and the key's policy (a KMS request on a key of ``gate.key_policies``, which KMS
+    requires to allow: by itself or by delegating to the account's IAM policies)."""
+    contextual = Request(request.action, request.resource, {**_REQUEST_CONTEXT, **request.context})
+    service = request.action.partition(":")[0].lower()
+    if service == "s3":
+        bucket = request.resource.removeprefix("arn:aws:s3:::").split("/", 1)[0]
+        bucket_policy = gate.bucket_policies.get(bucket)
+        return is_allowed(policies, contextual, resource_policies=[bucket_policy] if bucket_policy else [])
+    if service == "kms" and request.resource in gate.key_policies:
+        return is_allowed(policies, contextual, key_policy=gate.key_policies[request.resource])
+    return is_allowed(policies, contextual)
+
 
 # Long: botocore's before-call hook that records, stands in for and gates every call, with its undo: the pieces share
 # the hook's state
@@ -210,7 +234,7 @@ def install(
             except Unsupported as gap:
                 record(principal.name, [], False, f"unmapped: {gap}")
                 raise
-            refused = [r for r in requests if not is_allowed(principal.policies, r)]
+            refused = [r for r in requests if not allowed_with_resource_policies(gate, principal.policies, r)]
             record(principal.name, requests, not refused, None if not refused else "AccessDenied")
             if refused:
                 raise denied(operation, principal, refused[0])

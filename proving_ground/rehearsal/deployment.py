@@ -328,6 +328,22 @@ class Deployment:
                     policies.append(self.resolve(stack_id, props["PolicyDocument"]))
         return policies
 
+    def resource_policies(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """The deployed buckets' policies by bucket name and the keys' policies by key ARN, resolved (the call gate
+        evaluates them with every request on those resources)."""
+        buckets: dict[str, dict[str, Any]] = {}
+        keys: dict[str, dict[str, Any]] = {}
+        for stack_id, deployed in self.deployed.items():
+            for logical, resource in deployed.stack.template["Resources"].items():
+                props = resource.get("Properties", {})
+                if resource["Type"] == "AWS::S3::BucketPolicy":
+                    buckets[str(self.resolve(stack_id, props["Bucket"]))] = self.resolve(
+                        stack_id, props["PolicyDocument"]
+                    )
+                elif resource["Type"] == "AWS::KMS::Key":
+                    keys[str(deployed.refs[f"{logical}.Arn"])] = self.resolve(stack_id, props["KeyPolicy"])
+        return buckets, keys
+
     def managed_policy(self, stack_id: str, prefix: str) -> dict[str, Any]:
         template = self.stacks[stack_id].template["Resources"]
         (logical,) = [

@@ -243,6 +243,11 @@ class RehearsalBase:
             raise StepFailed(f"{stack_id} output {name} is not a literal")
         return value
 
+    def remote_caller_suffix(self) -> str:
+        """The construct-id suffix of the rehearsed @remote caller: the environment's first (stacks/foundation.py,
+        caller_construct_suffix)."""
+        return self.settings().training.remote_callers[0].capitalize()
+
     def settings(self) -> EnvironmentSettings:
         """The rehearsed environment's settings, as cdk.json gives them."""
         context = json.loads((ROOT / "cdk.json").read_text())["context"]

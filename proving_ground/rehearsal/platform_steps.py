@@ -135,13 +135,20 @@ class PlatformSteps(RehearsalBase):
             person("Training", "TrainingLauncherPolicy", LAUNCHER, "alice@example.com"),
             role("Foundation", "TrainingInstanceRole", INSTANCE, "i-instance"),
             role("Foundation", "EndpointExecutionRole", ENDPOINT_ROLE, "SageMaker"),
-            person("Foundation", "RemoteJobLauncherPolicy", REMOTE_LAUNCHER, "alice@example.com"),
-            role("Foundation", "RemoteJobRole", REMOTE_JOB, "SageMaker"),
+            # The environment's first @remote caller (training.remote_callers): its launcher policy and job role.
+            person(
+                "Foundation",
+                f"RemoteJobLauncherPolicy{self.remote_caller_suffix()}",
+                REMOTE_LAUNCHER,
+                "alice@example.com",
+            ),
+            role("Foundation", f"RemoteJobRole{self.remote_caller_suffix()}", REMOTE_JOB, "SageMaker"),
         ]
         if "MultiModelEndpoint" in self.stacks:
             checked.append(person("MultiModelEndpoint", "InvokePolicy", MME_CLIENT, "app"))
         self.gate.principals += checked
         self.gate.kms_encrypted_buckets = dict(deployment.encrypted_buckets)
+        self.gate.bucket_policies, self.gate.key_policies = deployment.resource_policies()
         self.gate.launch_templates = {k: {n: v for n, v in t.items() if n != "user_data"}
                                       for k, t in deployment.launch_templates.items()}  # fmt: skip
         self.gate.save(self.gate_file)

@@ -97,7 +97,7 @@ class TrainingSteps(RehearsalBase):
         assert self.deployment is not None
         config = self.work / "remote" / "config.yaml"
         config.parent.mkdir(parents=True, exist_ok=True)
-        fetch = self.stack_output("Training", "FetchRemoteFunctionConfigCommand")
+        fetch = self.stack_output("Training", f"FetchRemoteFunctionConfigCommand{self.remote_caller_suffix()}")
         fetched = self.shell(REMOTE_LAUNCHER, ["bash", "-c", f"{fetch} > {config}"], cwd=self.work)
         if fetched.returncode != 0 or not config.read_text().strip():
             raise StepFailed(f"`{fetch}` failed: {fetched.stderr.strip()}")

@@ -342,6 +342,25 @@ class ImageBuilds(Construct):
         self.log_group = log_group or logs.LogGroup(
             self, "BuildLogs", encryption_key=key, retention=logs.RetentionDays.ONE_YEAR, removal_policy=removal_policy
         )
+        # ECR's enhanced scanning (Amazon Inspector) for the project's repositories: the operating system's packages
+        # and the programming-language packages (the image's Python wheels), rescanned as new findings are published;
+        # basic scanning covers OS packages only. A registry-wide setting of this account and region, one rule for
+        # this project's repositories; the promotion's gate reads the findings (inference_assets/image/scan_gate.py).
+        self.scanning = ecr.CfnRegistryScanningConfiguration(
+            self,
+            "EnhancedScanning",
+            scan_type="ENHANCED",
+            rules=[
+                ecr.CfnRegistryScanningConfiguration.ScanningRuleProperty(
+                    scan_frequency="CONTINUOUS_SCAN",
+                    repository_filters=[
+                        ecr.CfnRegistryScanningConfiguration.RepositoryFilterProperty(
+                            filter=f"{project}/*", filter_type="WILDCARD"
+                        )
+                    ],
+                )
+            ],
+        )
         self.builds = {
             definition.name: ImageBuild(
                 self,
@@ -360,6 +379,13 @@ class ImageBuilds(Construct):
     def steps(self, source: pipelines.IFileSetProducer) -> list[pipelines.Step]:
         """One pipeline action per image, building ``source`` (the pipeline's source) once per execution."""
         return [build.step(source) for build in self.builds.values()]
+
+    def scan_findings_statement(self) -> iam.PolicyStatement:
+        """Reading the scan findings of exactly these images' repositories (the promotion's gate)."""
+        return iam.PolicyStatement(
+            actions=["ecr:DescribeImageScanFindings"],
+            resources=[build.repository.repository_arn for build in self.builds.values()],
+        )
 
     def promotion_env(self) -> dict[str, str]:
         """Environment variables carrying each image's digest URI from this execution's builds to a later step:

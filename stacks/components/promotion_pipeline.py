@@ -75,9 +75,10 @@ def smoke_test_role_name(target: PromotionTarget) -> str:
 
 
 def smoke_tested(target: PromotionTarget) -> bool:
-    """Every environment but prod: the pipeline does not send test traffic to prod, which waits for an approval
-    instead (the templates it deploys were smoke-tested in staging)."""
-    return target.name != "prod"
+    """Every environment, prod included: prod runs a weekly image and a model staging smoke-tested, but on its own
+    instances, settings and account; a few labelled requests right after its deploy say it serves (issue 38). The
+    endpoint's own blue/green rollout rolls a bad release back on its alarms."""
+    return True
 
 
 @dataclass(frozen=True)
@@ -310,6 +311,7 @@ class PromotionPipeline(Construct):
         for stack in promotion.stage.node.children:
             if isinstance(stack, cdk.Stack) and stack is not access and built_images(stack):
                 stack.add_stack_dependency(access, "reads the image digests the pipeline publishes after this stack")
+        gate = scan_gate_step(self.images, environment, self.source)
         publish = self._cross_account_step(
             f"PublishImages-{environment.name}",
             environment,
@@ -317,7 +319,7 @@ class PromotionPipeline(Construct):
             env_from_cfn_outputs={},
             command=publish_commands(self.images.project, list(self.images.builds), environment.region),
         )
-        return [pipelines.StackSteps(stack=access, post=[publish])]
+        return [pipelines.StackSteps(stack=access, pre=[gate], post=[publish])]
 
     def _cross_account_step(
         self,
@@ -450,3 +452,22 @@ def _generated_wildcard_reason(statement: dict[str, Any]) -> str | None:
     if statement["Resource"] == "*" and services <= {"cloudformation", "s3"}:
         return _BOOTSTRAP_LOOKUP_REASON
     return _GENERATED_WILDCARD_REASONS.get(services)
+
+
+def scan_gate_step(
+    images: ImageBuilds, environment: PromotionTarget, source: pipelines.IFileSetProducer
+) -> pipelines.CodeBuildStep:
+    """Before a stage gets this execution's images: ECR's enhanced scan of each (OS and Python packages) has no
+    CRITICAL or HIGH finding, or the promotion stops with one line per finding (inference_assets/image/scan_gate.py).
+    In the tooling account, where the repositories are."""
+    return pipelines.CodeBuildStep(
+        f"ScanGate-{environment.name}",
+        input=source,
+        env=images.promotion_env(),
+        role_policy_statements=[images.scan_findings_statement()],
+        install_commands=["pip install \"$(grep -E '^boto3==' requirements-dev.txt)\""],
+        commands=[
+            "python -m inference_assets.image.scan_gate "
+            + " ".join(f'--image-uri "${variable}"' for variable in images.promotion_env())
+        ],
+    )

@@ -1,5 +1,5 @@
-"""The policy data scientists' roles attach to run ``@remote`` SageMaker training jobs, and nothing broader; the
-security group those jobs run in."""
+"""Per ``@remote`` caller (a user or team of ``training.remote_callers``): the policy that caller's people attach to run
+SageMaker training jobs, and nothing broader; the security group that caller's jobs run in."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from constructs import Construct
 from stacks.compliance import acknowledge
 from stacks.components.iam_statements import ReasonedStatement, arn, reasoned_policy, use_key
 from stacks.components.sagemaker_roles import VpcAttachment
-from training_assets.remote_jobs import CALLER_ID_VARIABLE, OWNER_TAG_KEY, REMOTE_JOBS_PREFIX
+from training_assets.remote_jobs import OWNER_TAG_KEY, caller_prefix, job_name_prefix
 
 
 @dataclass(frozen=True)
@@ -29,42 +29,45 @@ class TrainingJobLimits:
 
 
 class RemoteJobsSecurityGroup(ec2.SecurityGroup):
-    """The @remote training jobs' group: HTTPS out, and all traffic between its members, so the instances of one job
-    (``--instance-count`` > 1: torchrun's rendezvous, NCCL, EFA) reach each other. SageMaker's "Give SageMaker AI
-    Training Jobs Access to Resources in Your Amazon VPC" (Configure the VPC Security Group): distributed training
+    """One caller's @remote training jobs' group: HTTPS out, and all traffic between its members, so the instances of
+    one job (``--instance-count`` > 1: torchrun's rendezvous, NCCL, EFA) reach each other. SageMaker's "Give SageMaker
+    AI Training Jobs Access to Resources in Your Amazon VPC" (Configure the VPC Security Group): distributed training
     needs a rule that allows inbound connections between members of the same group, and for EFA inbound and outbound
-    all traffic from the same group (https://docs.aws.amazon.com/sagemaker/latest/dg/train-vpc.html). Its own group,
-    not the workload group the endpoints share: a job's instances admit each other, nothing else."""
+    all traffic from the same group (https://docs.aws.amazon.com/sagemaker/latest/dg/train-vpc.html). One group per
+    caller: torchrun's rendezvous and NCCL have no authentication, so jobs of different callers must not admit each
+    other; the endpoints have their own group."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, vpc: ec2.IVpc) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, vpc: ec2.IVpc, caller: str) -> None:
         super().__init__(
             scope,
             construct_id,
             vpc=vpc,
-            description="SageMaker @remote training jobs: all traffic between instances of the group, HTTPS out",
+            description=f"SageMaker @remote training jobs of {caller}: all traffic between them, HTTPS out",
             allow_all_outbound=False,
         )
         self.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs, registries and the hub")
-        self.add_ingress_rule(self, ec2.Port.all_traffic(), "torchrun, NCCL and EFA between instances of a job")
-        self.add_egress_rule(self, ec2.Port.all_traffic(), "torchrun, NCCL and EFA between instances of a job")
+        self.add_ingress_rule(self, ec2.Port.all_traffic(), f"torchrun, NCCL and EFA between {caller}'s instances")
+        self.add_egress_rule(self, ec2.Port.all_traffic(), f"torchrun, NCCL and EFA between {caller}'s instances")
         acknowledge(
             self,
-            "The only inbound rule admits this security group itself (the instances of @remote training jobs), as "
-            "SageMaker requires for distributed training and EFA; nothing outside the group can connect.",
+            "The only inbound rule admits this security group itself (the instances of one caller's @remote training "
+            "jobs), as SageMaker requires for distributed training and EFA; nothing outside the group can connect.",
             "NIST.800.53.R5-EC2RestrictedCommonPorts",
         )
 
 
 class RemoteJobLauncherPolicy(Construct):
-    """A managed policy (``policy``, this construct's default child): start training jobs that run as ``job_role``,
-    each tagged with its caller, and follow only one's own jobs, staged objects and logs.
+    """A managed policy (``policy``, this construct's default child) for the people of one ``caller``: start training
+    jobs named ``<caller>-...`` that run as ``job_role`` (the caller's own), follow and stop only those, and stage
+    objects only under ``jobs/<caller>/``.
 
-    Callers are isolated from each other (training_assets/remote_jobs.py): a job is created only with the caller's
-    own owner tag, and only the owner may describe or stop it. DescribeTrainingJob returns the job's Environment: the
-    user's variables and the public key that verifies the function the client signed (sagemaker-core 2.27 job.py
-    compile: REMOTE_FUNCTION_SECRET_KEY = public key PEM). aws:RequestTag, aws:TagKeys and aws:ResourceTag are
-    condition keys of CreateTrainingJob, AddTags, DescribeTrainingJob and StopTrainingJob (Service Authorization
-    Reference, Amazon SageMaker).
+    Callers are apart by names IAM checks and nobody changes later (training_assets/remote_jobs.py): the resource
+    ARN of every training-job action (``training-job/<caller>-*``), the S3 prefix, the log-stream names and the role
+    that may be passed. Tags are set only when a job is created: AddTags needs ``sagemaker:TaggingAction`` =
+    CreateTrainingJob ("Filters access by the API actions to which a user can apply tags", Service Authorization
+    Reference, Amazon SageMaker), so nobody re-tags a job afterwards. DescribeTrainingJob returns the job's
+    Environment: the user's variables and the public key that verifies the function the client signed
+    (sagemaker-core 2.27 job.py compile: REMOTE_FUNCTION_SECRET_KEY = public key PEM).
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class RemoteJobLauncherPolicy(Construct):
         scope: Construct,
         construct_id: str,
         *,
+        caller: str,
         job_role: iam.IRole,
         remote_jobs: s3.IBucket,
         key: kms.IKey,
@@ -81,14 +85,15 @@ class RemoteJobLauncherPolicy(Construct):
         network: VpcAttachment,
         limits: TrainingJobLimits,
     ) -> None:
-        """``config_parameter_name``: the SSM parameter holding config.yaml; ``allowed_tag_keys``: the tag keys a job
-        may carry besides the owner tag; ``network``: the subnets and security group every job must use."""
+        """``config_parameter_name``: the SSM parameter holding the caller's config.yaml; ``allowed_tag_keys``: the
+        tag keys a job may carry besides the owner tag; ``network``: the subnets and the caller's security group every
+        job must use."""
         super().__init__(scope, construct_id)
-        self._key, self._network, self._limits = key, network, limits
+        self._caller, self._key, self._network, self._limits = caller, key, network, limits
         self.policy = reasoned_policy(
             self,
             "Default",
-            "Lets a data scientist run @remote SageMaker training jobs on this environment",
+            f"Lets the data scientists of {caller} run @remote SageMaker training jobs on this environment",
             [
                 *self._job_statements(job_role, allowed_tag_keys),
                 *self._staging_statements(remote_jobs, training_job_log_group, config_parameter_name),
@@ -98,30 +103,33 @@ class RemoteJobLauncherPolicy(Construct):
 
     def _job_statements(self, job_role: iam.IRole, allowed_tag_keys: Sequence[str]) -> list[ReasonedStatement]:
         """Create, describe and stop one's own training jobs, which run as ``job_role``."""
-        training_jobs = arn(self, "sagemaker", "training-job/*")
+        own_jobs = arn(self, "sagemaker", f"training-job/{job_name_prefix(self._caller)}*")
         return [
-            *self._create_statements(training_jobs, allowed_tag_keys),
+            *self._create_statements(own_jobs, allowed_tag_keys),
             (
                 iam.PolicyStatement(
-                    sid="TagOwnTrainingJobs",
+                    sid="TagOwnTrainingJobsOnlyWhenCreated",
                     actions=["sagemaker:AddTags"],
-                    resources=[training_jobs],
-                    conditions=_owner_tagged_on_create(allowed_tag_keys),
+                    resources=[own_jobs],
+                    conditions=_merged(
+                        self._tagged_on_create(allowed_tag_keys),
+                        {"StringEquals": {"sagemaker:TaggingAction": "CreateTrainingJob"}},
+                    ),
                 ),
-                "CreateTrainingJob with tags also authorizes AddTags on the new job, whose name the SDK generates.",
+                "CreateTrainingJob with tags also authorizes AddTags on the new job, whose name the SDK generates "
+                "after the caller's prefix; sagemaker:TaggingAction allows it only as part of the creation.",
             ),
             (
                 iam.PolicyStatement(
                     sid="DescribeAndStopOwnTrainingJobs",
                     actions=["sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"],
-                    resources=[training_jobs],
-                    conditions={"StringEquals": {f"aws:ResourceTag/{OWNER_TAG_KEY}": CALLER_ID_VARIABLE}},
+                    resources=[own_jobs],
                 ),
-                "Only jobs whose owner tag is the caller's aws:userid.",
+                "Only jobs named after the caller (<caller>-<function>-<timestamp>, generated by the SDK).",
             ),
             (
                 iam.PolicyStatement(
-                    sid="PassOnlyTheRemoteJobRoleToSageMaker",
+                    sid="PassOnlyTheCallersJobRoleToSageMaker",
                     actions=["iam:PassRole"],
                     resources=[job_role.role_arn],
                     conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
@@ -130,14 +138,21 @@ class RemoteJobLauncherPolicy(Construct):
             ),
         ]
 
-    def _create_statements(self, training_jobs: str, allowed_tag_keys: Sequence[str]) -> list[ReasonedStatement]:
-        """CreateTrainingJob, tagged with the caller, only in the platform's network, under its key, on an allowed
-        instance type, for a bounded time, with inter-container encryption. Condition keys of CreateTrainingJob
-        (Service Authorization Reference, "Actions, resources, and condition keys for Amazon SageMaker";
-        SageMaker developer guide, "Condition keys for SageMaker": sagemaker:VpcSubnets and
-        sagemaker:VpcSecurityGroupIds (multivalued, every one given must be listed, Null refuses none given),
-        sagemaker:VolumeKmsKey and sagemaker:OutputKmsKey (ARN), sagemaker:InstanceTypes (multivalued),
-        sagemaker:MaxRuntimeInSeconds (numeric), sagemaker:InterContainerTrafficEncryption (Bool)).
+    def _tagged_on_create(self, allowed_tag_keys: Sequence[str]) -> dict[str, dict[str, object]]:
+        """The request carries the owner tag with the caller's name and only the allowed tag keys besides it."""
+        return {
+            "StringEquals": {f"aws:RequestTag/{OWNER_TAG_KEY}": self._caller},
+            "ForAllValues:StringEquals": {"aws:TagKeys": [OWNER_TAG_KEY, *allowed_tag_keys]},
+        }
+
+    def _create_statements(self, own_jobs: str, allowed_tag_keys: Sequence[str]) -> list[ReasonedStatement]:
+        """CreateTrainingJob, named and tagged after the caller, only in the platform's network and the caller's
+        security group, under its key, on an allowed instance type, for a bounded time, with inter-container
+        encryption. Condition keys of CreateTrainingJob (Service Authorization Reference, "Actions, resources, and
+        condition keys for Amazon SageMaker"; SageMaker developer guide, "Condition keys for SageMaker":
+        sagemaker:VpcSubnets and sagemaker:VpcSecurityGroupIds (multivalued, every one given must be listed, Null
+        refuses none given), sagemaker:VolumeKmsKey and sagemaker:OutputKmsKey (ARN), sagemaker:InstanceTypes
+        (multivalued), sagemaker:MaxRuntimeInSeconds (numeric), sagemaker:InterContainerTrafficEncryption (Bool)).
 
         Two statements: SageMaker refuses VolumeKmsKeyId for types with NVMe instance storage (it encrypts those
         with a hardware key), so on those a volume key, if given, is the platform key; on every other type the
@@ -145,7 +160,8 @@ class RemoteJobLauncherPolicy(Construct):
         nvme = list(self._limits.nvme_instance_types)
         ebs = [t for t in self._limits.instance_types if t not in nvme]
         reason = (
-            "The SDK generates a new training-job name for every @remote call; the owner tag binds it to its caller."
+            "The SDK generates a new training-job name after the caller's prefix for every @remote call; the owner "
+            "tag binds it to its caller."
         )
         statements: list[ReasonedStatement] = []
         for sid, types, volume_key in (
@@ -154,7 +170,7 @@ class RemoteJobLauncherPolicy(Construct):
         ):
             if not types:
                 continue
-            conditions = _owner_tagged_on_create(allowed_tag_keys)
+            conditions = self._tagged_on_create(allowed_tag_keys)
             conditions["ForAllValues:StringEquals"] = {
                 **conditions["ForAllValues:StringEquals"],
                 "sagemaker:InstanceTypes": types,
@@ -164,7 +180,7 @@ class RemoteJobLauncherPolicy(Construct):
             statement = iam.PolicyStatement(
                 sid=sid,
                 actions=["sagemaker:CreateTrainingJob"],
-                resources=[training_jobs],
+                resources=[own_jobs],
                 conditions={
                     **conditions,
                     "Null": dict.fromkeys(
@@ -184,64 +200,59 @@ class RemoteJobLauncherPolicy(Construct):
     def _staging_statements(
         self, remote_jobs: s3.IBucket, training_job_log_group: str, config_parameter_name: str
     ) -> list[ReasonedStatement]:
-        """The SDK's own config, one's own staged functions and results, and the jobs' logs."""
-        caller_root = f"{REMOTE_JOBS_PREFIX}/{CALLER_ID_VARIABLE}"
+        """The caller's config, staged functions and results, and their own jobs' logs."""
+        root = caller_prefix(self._caller)
+        group = f"log-group:{training_job_log_group}"
         return [
             (
                 iam.PolicyStatement(
                     sid="StageOwnFunctionsAndResults",
                     actions=["s3:GetObject", "s3:PutObject"],
-                    resources=[remote_jobs.arn_for_objects(f"{caller_root}/*")],
+                    resources=[remote_jobs.arn_for_objects(f"{root}/*")],
                 ),
                 "The SDK uploads each call's function and downloads its results under generated keys of the "
-                "caller's own prefix (jobs/<aws:userid>/).",
+                "caller's own prefix (jobs/<caller>/).",
             ),
             (
                 iam.PolicyStatement(
                     sid="ListOwnPrefix",
                     actions=["s3:ListBucket"],
                     resources=[remote_jobs.bucket_arn],
-                    conditions={"StringLike": {"s3:prefix": [caller_root, f"{caller_root}/*"]}},
+                    conditions={"StringLike": {"s3:prefix": [root, f"{root}/*"]}},
                 ),
                 None,
             ),
             (
-                # job.wait() (and so every @remote call) follows the job's log streams and re-raises an access
-                # error: DescribeLogStreams on the group, GetLogEvents on its streams (<job name>/algo-<n>-...).
-                # The log-group ARN is used with and without the trailing ":*" (CloudWatch Logs access control).
+                # job.wait() (and so every @remote call) lists the job's log streams and re-raises an access error.
+                # DescribeLogStreams authorizes on the log group (the ARN with and without ":*", CloudWatch Logs
+                # access control): it shows stream names, never events. Its own statement, so that "<group>:*"
+                # grants no stream.
                 iam.PolicyStatement(
-                    sid="FollowTrainingJobLogs",
-                    actions=["logs:DescribeLogStreams", "logs:GetLogEvents"],
-                    resources=[
-                        arn(self, "logs", f"log-group:{training_job_log_group}"),
-                        arn(self, "logs", f"log-group:{training_job_log_group}:*"),
-                    ],
+                    sid="ListTrainingJobLogStreams",
+                    actions=["logs:DescribeLogStreams"],
+                    resources=[arn(self, "logs", group), arn(self, "logs", f"{group}:*")],
                 ),
-                "SageMaker names each job's log streams after the generated job name, in the one log group "
-                "of all training jobs.",
+                "CloudWatch Logs authorizes DescribeLogStreams on the log-group ARN ending in ':*'.",
+            ),
+            (
+                iam.PolicyStatement(
+                    sid="ReadOwnTrainingJobLogs",
+                    actions=["logs:GetLogEvents"],
+                    resources=[arn(self, "logs", f"{group}:log-stream:{job_name_prefix(self._caller)}*")],
+                ),
+                "SageMaker names each job's log streams <job name>/algo-<n>-<timestamp>, and the caller's job names "
+                "start with the caller's prefix.",
             ),
             (
                 # docs/training.md's first @remote step (FetchRemoteFunctionConfigCommand's output): fetch config.yaml.
                 iam.PolicyStatement(
-                    sid="ReadTheRemoteFunctionConfig",
+                    sid="ReadTheCallersRemoteFunctionConfig",
                     actions=["ssm:GetParameter"],
                     resources=[arn(self, "ssm", f"parameter{config_parameter_name}")],
                 ),
                 None,
             ),
         ]
-
-
-def _owner_tagged_on_create(allowed_tag_keys: Sequence[str]) -> dict[str, dict[str, object]]:
-    """Conditions of CreateTrainingJob and AddTags: the request carries the owner tag with the caller's id, only the
-    allowed tag keys besides it, and an existing job's owner (aws:ResourceTag, absent while the job is created) is
-    the caller: nobody re-tags another caller's job as theirs."""
-    owner = f"aws:ResourceTag/{OWNER_TAG_KEY}"
-    return {
-        "StringEquals": {f"aws:RequestTag/{OWNER_TAG_KEY}": CALLER_ID_VARIABLE},
-        "ForAllValues:StringEquals": {"aws:TagKeys": [OWNER_TAG_KEY, *allowed_tag_keys]},
-        "StringEqualsIfExists": {owner: CALLER_ID_VARIABLE},
-    }
 
 
 def _merged(*conditions: dict[str, dict[str, object]]) -> dict[str, dict[str, object]]:

@@ -164,6 +164,25 @@ class Autoscaling:
 
 
 @dataclass(frozen=True)
+class Rollout:
+    """How an update of the endpoint (a new endpoint config: model, image, instance type) reaches traffic: SageMaker's
+    blue/green deployment, all traffic to the new fleet at once, then ``bake_seconds`` watching ``rollback_alarms``
+    (construct ids of ``add_alarms`` rows) before the old fleet goes; one of them in alarm rolls the endpoint back
+    to the old fleet. The bake must cover each alarm's evaluation window, or an alarm could not fire in time.
+    AWS::SageMaker::Endpoint DeploymentConfig (BlueGreenUpdatePolicy, AutoRollbackConfiguration)."""
+
+    rollback_alarms: Sequence[str]
+    bake_seconds: int = 900
+    max_execution_seconds: int = 3600
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.rollback_alarms) <= 10:
+            raise ValueError("a rollout rolls back on 1 to 10 alarms (AutoRollbackConfig.Alarms)")
+        if not 0 <= self.bake_seconds <= 3600 or not 600 <= self.max_execution_seconds <= 28800:
+            raise ValueError(f"bake 0-3600 s and execution 600-28800 s, got {self}")
+
+
+@dataclass(frozen=True)
 class ModelNetwork:
     """Where the model's containers join the VPC, and whether they may reach anything but SageMaker's own fetches."""
 
@@ -220,6 +239,7 @@ class SageMakerEndpoint(Construct, VariantMetrics):
         log_retention_days: int = 30,
         retention_setting: str | None = None,
         removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
+        startup_timeout_seconds: int | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.role = role
@@ -238,7 +258,9 @@ class SageMakerEndpoint(Construct, VariantMetrics):
         )
         self.model = self._model(role, model_data_url, mode, environment or {}, network)
         self.model.node.add_dependency(self.eni_release_wait.resource)
-        self.endpoint_config = self._endpoint_config(instance_type, initial_instance_count, key, data_capture)
+        self.endpoint_config = self._endpoint_config(
+            instance_type, initial_instance_count, key, data_capture, startup_timeout_seconds
+        )
         self.endpoint = self._endpoint(endpoint_name, exclude_retained)
         self.endpoint_name = self.endpoint.attr_endpoint_name
         self.endpoint_arn = self.endpoint.attr_endpoint_arn
@@ -336,6 +358,7 @@ class SageMakerEndpoint(Construct, VariantMetrics):
         initial_instance_count: int,
         key: kms.IKey,
         data_capture: sagemaker.CfnEndpointConfig.DataCaptureConfigProperty | None,
+        startup_timeout_seconds: int | None = None,
     ) -> sagemaker.CfnEndpointConfig:
         local_nvme = has_local_nvme(instance_type)
         config = sagemaker.CfnEndpointConfig(
@@ -349,6 +372,8 @@ class SageMakerEndpoint(Construct, VariantMetrics):
                     instance_type=instance_type,
                     initial_instance_count=initial_instance_count,
                     initial_variant_weight=1.0,
+                    # SageMaker's wait for the container's first /ping 200 (60-3600 s; None: SageMaker's default).
+                    container_startup_health_check_timeout_in_seconds=startup_timeout_seconds,
                 )
             ],
             data_capture_config=data_capture,
@@ -421,6 +446,15 @@ class SageMakerEndpoint(Construct, VariantMetrics):
         self.alarms.extend(created)
         return created
 
+    def metric(self, namespace: str, metric_name: str, *, statistic: str = "Average",
+               period: cdk.Duration | None = None) -> cloudwatch.Metric:  # fmt: skip
+        """As VariantMetrics', but with a fixed endpoint name the dimension is that name, not the endpoint's
+        attribute: an alarm on it then does not depend on the endpoint, so the endpoint's rollout can name it."""
+        metric = super().metric(namespace, metric_name, statistic=statistic, period=period)
+        if self.fixed_name is None:
+            return metric
+        return metric.with_(dimensions_map={"EndpointName": self.fixed_name, "VariantName": self.variant_name})
+
     def shares_network_with(self, *others: SageMakerEndpoint) -> None:
         """Other endpoints whose models join the same security group: this endpoint's ENI wait does not wait while
         one of them lives (their interfaces stay); theirs covers the group. Needs their fixed names."""
@@ -492,4 +526,27 @@ def _allow_alarms_to_publish(topic: sns.Topic) -> None:
                 },
             },
         )
+    )
+
+
+def roll_out(endpoint: SageMakerEndpoint, rollout: Rollout) -> None:
+    """Deploy ``endpoint``'s updates blue/green with automatic rollback on ``rollout``'s alarms (see Rollout). Needs
+    the fixed endpoint name (the alarms' dimension; see ``SageMakerEndpoint.metric``)."""
+    by_id = {alarm.node.id: alarm for alarm in endpoint.alarms}
+    if endpoint.fixed_name is None or any(alarm_id not in by_id for alarm_id in rollout.rollback_alarms):
+        raise ValueError(f"a rollout needs a fixed endpoint name and alarms among {sorted(by_id)}")
+    endpoint.endpoint.deployment_config = sagemaker.CfnEndpoint.DeploymentConfigProperty(
+        blue_green_update_policy=sagemaker.CfnEndpoint.BlueGreenUpdatePolicyProperty(
+            traffic_routing_configuration=sagemaker.CfnEndpoint.TrafficRoutingConfigProperty(
+                type="ALL_AT_ONCE", wait_interval_in_seconds=rollout.bake_seconds
+            ),
+            termination_wait_in_seconds=0,
+            maximum_execution_timeout_in_seconds=rollout.max_execution_seconds,
+        ),
+        auto_rollback_configuration=sagemaker.CfnEndpoint.AutoRollbackConfigProperty(
+            alarms=[
+                sagemaker.CfnEndpoint.AlarmProperty(alarm_name=by_id[alarm_id].alarm_name)
+                for alarm_id in rollout.rollback_alarms
+            ]
+        ),
     )

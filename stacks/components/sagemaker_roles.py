@@ -24,8 +24,8 @@ from stacks.components.iam_statements import (
     read_datasets,
     reasoned_policy,
     use_key,
-    write_training_output,
 )
+from training_assets.remote_jobs import caller_prefix, job_name_prefix
 
 # What SageMaker needs to attach a job's or a model's containers to the VPC.
 _SAGEMAKER_VPC_DESCRIBE_ACTIONS = [
@@ -62,7 +62,10 @@ class SageMakerExecutionRole(Construct):
         key: kms.IKey,
         network: VpcAttachment,
         statements: Sequence[ReasonedStatement],
+        log_stream_prefix: str | None = None,
     ) -> None:
+        """``log_group_prefix``: the role writes the log groups whose names start with it; with ``log_stream_prefix``
+        it is one group's name, and the role writes only the streams of that group whose names start with this."""
         super().__init__(scope, construct_id)
         # Confused deputy: SageMaker may assume the role only for this account's resources in this region (the
         # aws:SourceArn templates of the SageMaker developer guide, "Cross-service confused deputy prevention").
@@ -75,7 +78,9 @@ class SageMakerExecutionRole(Construct):
             "Policy",
             f"Least-privilege permissions of the {construct_id}",
             [
-                *self._own_logs_metrics_and_images(log_group_prefix, dlc_repositories),
+                *dlc_pull(self, *dlc_repositories),
+                *self._own_logs(log_group_prefix, log_stream_prefix),
+                *self._metrics_and_vpc_lookups(),
                 *self._attach_to_vpc(network),
                 use_key(key, "kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey", "kms:CreateGrant"),
                 *statements,
@@ -89,25 +94,46 @@ class SageMakerExecutionRole(Construct):
             "permissions; SageMaker's VPC setup needs it on *.",
         )
 
-    def _own_logs_metrics_and_images(
-        self, log_group_prefix: str, dlc_repositories: Sequence[str]
-    ) -> list[ReasonedStatement]:
-        """The training images' pull, the workload's own log groups and metrics, and the VPC lookups."""
+    def _own_logs(self, log_group_prefix: str, log_stream_prefix: str | None) -> list[ReasonedStatement]:
+        """The workload's own log groups, or its own streams of one group. SageMaker writes a job's or an endpoint's
+        logs with its execution role (CreateTrainingJob, RoleArn: "write logs to Amazon CloudWatch Logs")."""
+        actions = ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"]
+        if log_stream_prefix is None:
+            return [
+                (
+                    iam.PolicyStatement(
+                        sid="WriteOwnLogs",
+                        actions=actions,
+                        resources=[arn(self, "logs", f"log-group:{log_group_prefix}*")],
+                    ),
+                    "SageMaker names one log group per endpoint or job under this prefix, and streams per instance.",
+                )
+            ]
+        group = f"log-group:{log_group_prefix}"
         return [
-            *dlc_pull(self, *dlc_repositories),
+            (
+                # Group-level actions in a statement of their own: "<group>:*" would otherwise grant every stream.
+                iam.PolicyStatement(
+                    sid="FindTheLogGroup",
+                    actions=["logs:CreateLogGroup", "logs:DescribeLogStreams"],
+                    resources=[arn(self, "logs", group), arn(self, "logs", f"{group}:*")],
+                ),
+                "CloudWatch Logs authorizes group-level actions on the log-group ARN ending in ':*'; these two "
+                "create or list the group, never write a stream.",
+            ),
             (
                 iam.PolicyStatement(
-                    sid="WriteOwnLogs",
-                    actions=[
-                        "logs:CreateLogGroup",
-                        "logs:CreateLogStream",
-                        "logs:PutLogEvents",
-                        "logs:DescribeLogStreams",
-                    ],
-                    resources=[arn(self, "logs", f"log-group:{log_group_prefix}*")],
+                    sid="WriteOwnLogStreams",
+                    actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                    resources=[arn(self, "logs", f"{group}:log-stream:{log_stream_prefix}*")],
                 ),
-                "SageMaker names one log group per endpoint or job under this prefix, and streams per instance.",
+                "SageMaker names each job's streams <job name>/algo-<n>-<timestamp>; the job names start with this.",
             ),
+        ]
+
+    def _metrics_and_vpc_lookups(self) -> list[ReasonedStatement]:
+        """The workload's metrics, and the VPC lookups."""
+        return [
             (
                 iam.PolicyStatement(
                     sid="PublishSageMakerMetrics",
@@ -228,48 +254,71 @@ class EndpointExecutionRole(SageMakerExecutionRole):
 
 
 class RemoteJobRole(SageMakerExecutionRole):
-    """The role of ``@remote`` training jobs: stages functions and results in ``remote_jobs``, reads ``datasets``,
-    writes models under ``training_output_prefix`` of ``artifacts``, pulls the training image."""
+    """The role of one caller's ``@remote`` training jobs (training_assets/remote_jobs.py): stages functions,
+    results, model output and checkpoints under ``jobs/<caller>/`` of ``remote_jobs`` and nowhere else, reads
+    ``datasets``, writes only the log streams of the caller's jobs, pulls the training image.
+
+    The SDK checks a job's results only against a SHA-256 stored beside them (sagemaker-core 2.27
+    remote_function/core/serialization.py): no signature. Whoever can write a caller's prefix can replace what that
+    caller unpickles, so no other caller's role, nor any job of theirs, may write it."""
 
     def __init__(
         self,
         scope: Construct,
         construct_id: str,
         *,
+        caller: str,
         remote_jobs: s3.IBucket,
         datasets: s3.IBucket,
-        artifacts: s3.IBucket,
-        training_output_prefix: str,
         training_job_log_group: str,
         training_repository: str,
         key: kms.IKey,
         network: VpcAttachment,
     ) -> None:
+        root = caller_prefix(caller)
         super().__init__(
             scope,
             construct_id,
-            description="SageMaker training jobs started with the SDK's @remote decorator",
-            source_arn=arn(scope, "sagemaker", "training-job/*"),
+            description=f"SageMaker training jobs of {caller} started with the SDK's @remote decorator",
+            source_arn=arn(scope, "sagemaker", f"training-job/{job_name_prefix(caller)}*"),
             log_group_prefix=training_job_log_group,
+            log_stream_prefix=job_name_prefix(caller),
             dlc_repositories=[training_repository],
             key=key,
             network=network,
             statements=[
                 (
                     iam.PolicyStatement(
-                        sid="ReadWriteRemoteFunctionRoot",
+                        sid="ReadWriteOwnPrefix",
                         actions=["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
-                        resources=[remote_jobs.arn_for_objects("*")],
+                        resources=[remote_jobs.arn_for_objects(f"{root}/*")],
                     ),
-                    "The SDK stages each job's function, arguments and results under generated keys of this bucket.",
+                    "The SDK stages each job's function, arguments, results, model output and checkpoints under "
+                    "generated keys of the caller's prefix.",
                 ),
-                read_datasets(datasets),
-                write_training_output(artifacts, training_output_prefix),
                 (
                     iam.PolicyStatement(
-                        sid="ListBuckets",
+                        sid="ListOwnPrefix",
+                        actions=["s3:ListBucket"],
+                        resources=[remote_jobs.bucket_arn],
+                        conditions={"StringLike": {"s3:prefix": [root, f"{root}/*"]}},
+                    ),
+                    None,
+                ),
+                read_datasets(datasets),
+                (
+                    iam.PolicyStatement(
+                        sid="ListDatasets",
                         actions=["s3:ListBucket", "s3:GetBucketLocation"],
-                        resources=[bucket.bucket_arn for bucket in (remote_jobs, datasets, artifacts)],
+                        resources=[datasets.bucket_arn],
+                    ),
+                    None,
+                ),
+                (
+                    iam.PolicyStatement(
+                        sid="LocateRemoteJobsBucket",
+                        actions=["s3:GetBucketLocation"],
+                        resources=[remote_jobs.bucket_arn],
                     ),
                     None,
                 ),

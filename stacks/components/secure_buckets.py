@@ -119,7 +119,8 @@ class SecureBuckets(Construct):
 
     def _deny_other_encryption(self, bucket: s3.Bucket) -> None:
         """Objects are written under the pair's key or the bucket default (which is that key), never under another
-        KMS key (whose owner could then withhold or read them) nor SSE-C (a key the platform never sees). Amazon S3
+        KMS key (whose owner could then withhold or read them), SSE-S3 (a key outside the platform key's policy) nor
+        SSE-C (a key the platform never sees). Amazon S3
         User Guide, "Requiring server-side encryption" and the condition keys s3:x-amz-server-side-encryption-aws-kms-
         key-id (the SSE-KMS key named in the request; absent when the bucket default applies) and
         s3:x-amz-server-side-encryption-customer-algorithm (present only with SSE-C)."""
@@ -136,6 +137,22 @@ class SecureBuckets(Construct):
                 conditions={
                     "Null": {"s3:x-amz-server-side-encryption-aws-kms-key-id": "false"},
                     "StringNotEquals": {"s3:x-amz-server-side-encryption-aws-kms-key-id": self.key.key_arn},
+                },
+            )
+        )
+        bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                # SSE-S3 (AES256) would store the object under an S3-owned key, outside the platform key's policy:
+                # a write that asks for any encryption other than SSE-KMS (s3:x-amz-server-side-encryption, present
+                # only when the request names one; the bucket default applies otherwise) is refused.
+                sid="DenyOtherEncryptionThanKms",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:PutObject"],
+                resources=[bucket.arn_for_objects("*")],
+                conditions={
+                    "Null": {"s3:x-amz-server-side-encryption": "false"},
+                    "StringNotEquals": {"s3:x-amz-server-side-encryption": "aws:kms"},
                 },
             )
         )

@@ -491,3 +491,46 @@ def test_pipeline_without_an_access_stack_cannot_publish() -> None:
             stage_factory=no_access,
             images=IMAGES,
         )
+
+
+def test_the_projects_repositories_get_ecrs_enhanced_scanning(template: dict[str, Any]) -> None:
+    """Amazon Inspector through ECR: OS and Python packages, rescanned as findings appear (basic scanning: OS only)."""
+    (config,) = [r["Properties"] for r in template["Resources"].values()
+                 if r["Type"] == "AWS::ECR::RegistryScanningConfiguration"]  # fmt: skip
+    assert config == {
+        "ScanType": "ENHANCED",
+        "Rules": [
+            {
+                "ScanFrequency": "CONTINUOUS_SCAN",
+                "RepositoryFilters": [{"Filter": f"{PROJECT}/*", "FilterType": "WILDCARD"}],
+            }
+        ],
+    }
+
+
+@pytest.mark.parametrize("environment", list(ACCOUNTS))
+def test_each_stage_gates_this_executions_images_on_their_scan_before_it_gets_them(
+    pipeline: tuple[PromotionPipeline, dict[str, Any]], environment: str
+) -> None:
+    _, template = pipeline
+    actions = _stages(template)[environment]
+    (gate,) = [a for a in actions if a["Name"].endswith(f"ScanGate-{environment}")]
+    (publish,) = [a for a in actions if a["Name"].endswith(f"PublishImages-{environment}")]
+    assert gate["RunOrder"] < publish["RunOrder"]
+    variables = {v["name"]: v["value"] for v in json.loads(gate["Configuration"]["EnvironmentVariables"])}
+    assert variables == {"IMAGE_SERVING": "#{Image-serving.IMAGE_URI}", "IMAGE_TRAINING": "#{Image-training.IMAGE_URI}"}
+    project = template["Resources"][gate["Configuration"]["ProjectName"]["Ref"]]
+    commands = json.loads(project["Properties"]["Source"]["BuildSpec"])["phases"]["build"]["commands"]
+    assert commands == [
+        'python -m inference_assets.image.scan_gate --image-uri "$IMAGE_SERVING" --image-uri "$IMAGE_TRAINING"'
+    ]
+    # Its role reads the findings of exactly the two repositories (in the tooling account: no role to assume).
+    role_id = project["Properties"]["ServiceRole"]["Fn::GetAtt"][0]
+    policies = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::IAM::Policy"]
+    statements = [s for p in policies if {"Ref": role_id} in p["Roles"] for s in p["PolicyDocument"]["Statement"]]
+    (scan,) = [s for s in statements if s["Action"] == "ecr:DescribeImageScanFindings"]
+    assert len(scan["Resource"]) == 2
+    assert not [s for s in statements if s["Action"] == "sts:AssumeRole"]
+    if environment == "prod":
+        (approval,) = [a for a in actions if a["ActionTypeId"]["Category"] == "Approval"]
+        assert approval["RunOrder"] < gate["RunOrder"]

@@ -1,5 +1,6 @@
-"""RemoteJobLauncherPolicy on a bare stack: callers start, see and stop only their own @remote jobs, pass only the
-job role, and stage objects only under their own prefix (the synthesized policy evaluated per request)."""
+"""RemoteJobLauncherPolicy on a bare stack: the people of one caller start, see and stop only that caller's @remote
+jobs, pass only that caller's job role, tag only when creating, and stage objects only under the caller's prefix (the
+synthesized policy evaluated per request)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from tests.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resou
 from tests.components.statement_requests import allowed_without_context, each_key_matters
 from training_assets.remote_jobs import OWNER_TAG_KEY
 
-JOB_ROLE = f"arn:aws:iam::{ACCOUNT}:role/remote-jobs"
-ME, SOMEONE_ELSE = "AROAEXAMPLE:alice", "AROAEXAMPLE:bob"
-JOB = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/remote-fn-2026"
-PARAMETER = "/platform/dev/sagemaker/remote-function-config"
+JOB_ROLE = f"arn:aws:iam::{ACCOUNT}:role/remote-jobs-nlp"
+ME, SOMEONE_ELSE = "nlp", "vision"
+JOBS = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job"
+JOB, OTHER_JOB = f"{JOBS}/nlp-fn-2026", f"{JOBS}/vision-fn-2026"
+PARAMETER = "/platform/dev/sagemaker/remote-function-config/nlp"
 KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/platform"
 SUBNETS, GROUP = ["subnet-0a", "subnet-0b"], "sg-0workload"
 EBS_TYPE, NVME_TYPE = "ml.p3.16xlarge", "ml.p4d.24xlarge"
@@ -31,6 +33,7 @@ def policies() -> list[dict]:
     RemoteJobLauncherPolicy(
         stack,
         "Launcher",
+        caller=ME,
         job_role=iam.Role.from_role_arn(stack, "JobRole", JOB_ROLE),
         remote_jobs=s3.Bucket.from_bucket_name(stack, "RemoteJobs", "remote-jobs"),
         key=kms.Key.from_key_arn(stack, "Key", KEY),
@@ -52,7 +55,7 @@ def policies() -> list[dict]:
 
 
 def _allowed(policies: list[dict], action: str, resource: str, **context: object) -> bool:
-    return is_allowed(policies, Request(action, resource, {"aws:userid": ME, **context}))  # type: ignore[arg-type]
+    return is_allowed(policies, Request(action, resource, context))  # type: ignore[arg-type]
 
 
 def _tag_context(tags: dict[str, str]) -> dict[str, object]:
@@ -81,15 +84,20 @@ def test_jobs_are_created_only_with_the_callers_own_owner_tag_and_the_environmen
     assert not _allowed(policies, create, JOB, **_create_context({OWNER_TAG_KEY: SOMEONE_ELSE}))
     assert not _allowed(policies, create, JOB, **_create_context({"project": "p"}))
     assert not _allowed(policies, create, JOB, **_create_context({OWNER_TAG_KEY: ME, "anything": "x"}))
+    # A job named as another caller's (its log streams and ARN would be theirs), even tagged as one's own.
+    assert not _allowed(policies, create, OTHER_JOB, **_create_context({OWNER_TAG_KEY: ME}))
 
 
-def test_only_the_owner_describes_stops_or_retags_a_job(policies: list[dict]) -> None:
-    owner = f"aws:ResourceTag/{OWNER_TAG_KEY}"
+def test_only_the_owner_describes_or_stops_a_job_and_nobody_tags_after_creation(policies: list[dict]) -> None:
     for action in ("sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"):
-        assert _allowed(policies, action, JOB, **{owner: ME})
-        assert not _allowed(policies, action, JOB, **{owner: SOMEONE_ELSE})
-    retag = _tag_context({OWNER_TAG_KEY: ME})
-    assert not _allowed(policies, "sagemaker:AddTags", JOB, **retag, **{owner: SOMEONE_ELSE})
+        assert _allowed(policies, action, JOB)
+        # The grant is the job's name, which nobody changes: a tag claiming another's job gains nothing.
+        assert not _allowed(policies, action, OTHER_JOB, **{f"aws:ResourceTag/{OWNER_TAG_KEY}": ME})
+    tags = _tag_context({OWNER_TAG_KEY: ME})
+    on_create = {"sagemaker:TaggingAction": "CreateTrainingJob"}
+    assert _allowed(policies, "sagemaker:AddTags", JOB, **tags, **on_create)
+    assert not _allowed(policies, "sagemaker:AddTags", JOB, **tags)  # a later AddTags: no TaggingAction
+    assert not _allowed(policies, "sagemaker:AddTags", OTHER_JOB, **tags, **on_create)
 
 
 def test_only_the_job_role_is_passed_and_only_to_sagemaker(policies: list[dict]) -> None:
@@ -102,15 +110,21 @@ def test_only_the_job_role_is_passed_and_only_to_sagemaker(policies: list[dict])
 def test_callers_stage_and_list_only_under_their_own_prefix(policies: list[dict]) -> None:
     assert _allowed(policies, "s3:PutObject", f"arn:aws:s3:::remote-jobs/jobs/{ME}/fn/payload.pkl")
     assert not _allowed(policies, "s3:GetObject", f"arn:aws:s3:::remote-jobs/jobs/{SOMEONE_ELSE}/fn/results.pkl")
+    assert not _allowed(policies, "s3:PutObject", f"arn:aws:s3:::remote-jobs/jobs/{ME}x/fn/payload.pkl")
     assert _allowed(policies, "s3:ListBucket", "arn:aws:s3:::remote-jobs", **{"s3:prefix": f"jobs/{ME}/"})
     assert not _allowed(policies, "s3:ListBucket", "arn:aws:s3:::remote-jobs", **{"s3:prefix": "jobs/"})
+    assert not _allowed(policies, "s3:ListBucket", "arn:aws:s3:::remote-jobs", **{"s3:prefix": f"jobs/{ME}x/"})
 
 
 def test_callers_read_the_config_and_follow_training_job_logs(policies: list[dict]) -> None:
     assert _allowed(policies, "ssm:GetParameter", f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{PARAMETER}")
     assert not _allowed(policies, "ssm:GetParameter", f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/other")
+    other_config = f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{PARAMETER.replace(ME, SOMEONE_ELSE)}"
+    assert not _allowed(policies, "ssm:GetParameter", other_config)
     group = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker/TrainingJobs"
-    assert _allowed(policies, "logs:GetLogEvents", f"{group}:log-stream:remote-fn-2026/algo-1-1")
+    assert _allowed(policies, "logs:DescribeLogStreams", f"{group}:*")
+    assert _allowed(policies, "logs:GetLogEvents", f"{group}:log-stream:{ME}-fn-2026/algo-1-1")
+    assert not _allowed(policies, "logs:GetLogEvents", f"{group}:log-stream:{SOMEONE_ELSE}-fn-2026/algo-1-1")
     assert not _allowed(policies, "logs:GetLogEvents", f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/other:log-stream:s")
 
 
@@ -147,7 +161,7 @@ def test_each_create_training_job_key_left_out_alone_is_refused(policies: list[d
     groups while the subnets are given, no subnets, no instance type, ...) is refused; ForAllValues alone would
     let an absent multivalued key pass, so each of those needs its Null check. On NVMe types alone the volume key may
     be left out (SageMaker refuses one there)."""
-    context = {"aws:userid": ME, **_create_context({OWNER_TAG_KEY: ME}, InstanceTypes=[instance_type])}
+    context = _create_context({OWNER_TAG_KEY: ME}, InstanceTypes=[instance_type])
     context["aws:RequestTag/project"] = "p"
     context["aws:TagKeys"] = [OWNER_TAG_KEY, "project"]
     allowed_without = each_key_matters(policies, "sagemaker:CreateTrainingJob", JOB, context)
@@ -158,15 +172,23 @@ def test_each_create_training_job_key_left_out_alone_is_refused(policies: list[d
     assert {key for key, allowed in allowed_without.items() if allowed} == optional
 
 
-def test_every_action_the_launcher_grants_needs_its_caller_or_a_condition(policies: list[dict]) -> None:
-    """Evaluated for every action of every statement: with no context at all (no aws:userid, no tags, no keys), only
-    the calls that name no caller-owned resource are allowed: the SDK's config, the jobs' logs and the platform key
-    (its resource is the key's ARN)."""
-    assert {action for action, _ in allowed_without_context(policies)} == {
+def test_without_any_context_only_the_callers_own_resources_are_reachable(policies: list[dict]) -> None:
+    """Evaluated for every action of every statement with no context at all (no tags, no keys): a caller's ownership
+    is the resource's name, so the calls allowed are those on resources named after the caller (its jobs, prefix,
+    log streams and config) and on the platform key and the log group's stream list; every other grant (creating a
+    job, tagging, passing the role, listing the prefix) needs its condition."""
+    allowed = allowed_without_context(policies)
+    assert {action for action, _ in allowed} == {
         "kms:Decrypt",
         "kms:DescribeKey",
         "kms:GenerateDataKey",
         "ssm:GetParameter",
         "logs:GetLogEvents",
         "logs:DescribeLogStreams",
+        "s3:GetObject",
+        "s3:PutObject",
+        "sagemaker:DescribeTrainingJob",
+        "sagemaker:StopTrainingJob",
     }
+    for action, resource in allowed:
+        assert ME in resource or action.startswith("kms:") or action == "logs:DescribeLogStreams", (action, resource)

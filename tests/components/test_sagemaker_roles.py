@@ -45,10 +45,9 @@ def _build(stack: cdk.Stack) -> None:
     RemoteJobRole(
         stack,
         "JobRole",
+        caller="nlp",
         remote_jobs=buckets["RemoteJobs"],
         datasets=buckets["Datasets"],
-        artifacts=buckets["Artifacts"],
-        training_output_prefix="training-output/",
         training_job_log_group="/aws/sagemaker/TrainingJobs",
         training_repository="pytorch-training",
         key=key,
@@ -71,7 +70,9 @@ def _object(bucket: str, key: str) -> str:
     return f"arn:aws:s3:::{bucket.lower()}/{key}"
 
 
-@pytest.mark.parametrize(("role", "resource"), [("EndpointRole", "endpoint/sentiment"), ("JobRole", "training-job/j1")])
+@pytest.mark.parametrize(
+    ("role", "resource"), [("EndpointRole", "endpoint/sentiment"), ("JobRole", "training-job/nlp-fn-2026")]
+)
 def test_only_sagemaker_acting_for_this_accounts_resources_may_assume_the_roles(
     template: dict, role: str, resource: str
 ) -> None:
@@ -121,23 +122,50 @@ def test_endpoints_write_only_their_own_environments_log_groups(template: dict) 
     assert {arn: is_allowed(policies, Request("logs:PutLogEvents", arn)) for arn in expected} == expected
 
 
-def test_remote_jobs_stage_read_datasets_write_models_and_pull_the_training_image(template: dict) -> None:
+def test_remote_jobs_stage_under_their_callers_prefix_read_datasets_and_pull_the_training_image(
+    template: dict,
+) -> None:
+    """The role of caller nlp's jobs: its own prefix and log streams, nothing of another caller (vision), and no
+    candidate or model of the artifacts bucket."""
     policies = _policies(template, "JobRole")
+    streams = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker/TrainingJobs:log-stream"
     allowed = {
-        ("s3:PutObject", _object("RemoteJobs", "jobs/AIDAEXAMPLE/fn/payload.pkl")): True,
+        ("s3:PutObject", _object("RemoteJobs", "jobs/nlp/nlp-fn-2026/results/payload.pkl")): True,
+        ("s3:GetObject", _object("RemoteJobs", "jobs/nlp/checkpoints/run-1/model.safetensors")): True,
+        ("s3:PutObject", _object("RemoteJobs", "jobs/vision/vision-fn-2026/results/payload.pkl")): False,
+        ("s3:GetObject", _object("RemoteJobs", "jobs/vision/checkpoints/run-1/model.safetensors")): False,
+        ("s3:PutObject", _object("RemoteJobs", "jobs/nlpx/fn/payload.pkl")): False,
         ("s3:GetObject", _object("Datasets", "tweets/train.csv")): True,
-        ("s3:PutObject", _object("Artifacts", "training-output/j1/model.tar.gz")): True,
+        ("s3:PutObject", _object("Artifacts", "training-output/j1/model.tar.gz")): False,
         ("s3:PutObject", _object("Artifacts", "endpoints/sentiment/model-v1.tar.gz")): False,
         ("s3:PutObject", _object("Datasets", "tweets/train.csv")): False,
         ("ecr:BatchGetImage", f"arn:aws:ecr:{REGION}:763104351884:repository/pytorch-training"): True,
         ("ecr:BatchGetImage", f"arn:aws:ecr:{REGION}:763104351884:repository/pytorch-inference"): False,
-        (
-            "logs:PutLogEvents",
-            f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker/TrainingJobs:log-stream:j1",
-        ): True,
+        ("logs:PutLogEvents", f"{streams}:nlp-fn-2026/algo-1-1700000000"): True,
+        ("logs:CreateLogStream", f"{streams}:nlp-fn-2026/algo-1-1700000000"): True,
+        ("logs:PutLogEvents", f"{streams}:vision-fn-2026/algo-1-1700000000"): False,
+        ("logs:CreateLogStream", f"{streams}:vision-fn-2026/algo-1-1700000000"): False,
         ("logs:PutLogEvents", f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/lambda/other:log-stream:s"): False,
     }
     assert {call: is_allowed(policies, Request(*call)) for call in allowed} == allowed
+    bucket = _object("RemoteJobs", "").rstrip("/")
+    assert is_allowed(policies, Request("s3:ListBucket", bucket, {"s3:prefix": "jobs/nlp/nlp-fn-2026/"}))
+    assert not is_allowed(policies, Request("s3:ListBucket", bucket, {"s3:prefix": "jobs/"}))
+
+
+def test_only_sagemaker_running_the_callers_own_jobs_assumes_a_job_role(template: dict) -> None:
+    role_id = logical_id(template, "AWS::IAM::Role", "JobRole")
+    trust = resolve(template["Resources"][role_id]["Properties"]["AssumeRolePolicyDocument"], refs=refs(template))
+
+    def may_assume(job: str) -> bool:
+        context = {"aws:PrincipalServiceName": "sagemaker.amazonaws.com",
+                   "aws:SourceArn": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/{job}"}  # fmt: skip
+        return is_allowed(
+            [], Request("sts:AssumeRole", f"arn:aws:iam::{ACCOUNT}:role/x", context), resource_policies=[trust]
+        )
+
+    assert may_assume("nlp-fn-2026-12-06-07-00-00-000")
+    assert not may_assume("vision-fn-2026-12-06-07-00-00-000")
 
 
 @pytest.mark.parametrize("role", ["EndpointRole", "JobRole"])

@@ -123,7 +123,7 @@ def test_manual_approval_gates_prod_only(stages: dict[str, Any]) -> None:
     assert approval["RunOrder"] < min(a["RunOrder"] for a in _deploys(stages["prod"]))
 
 
-@pytest.mark.parametrize("environment", ["dev", "staging"])
+@pytest.mark.parametrize("environment", list(ACCOUNTS))
 def test_smoke_test_calls_the_endpoint_client_after_the_deployment(
     environment: str, template: dict[str, Any], stages: dict[str, Any]
 ) -> None:
@@ -152,8 +152,11 @@ def test_smoke_test_calls_the_endpoint_client_after_the_deployment(
     assert len(grants) == 3, "the smoke test's, the model check's and the image publication's projects"
 
 
-def test_prod_has_no_smoke_test(stages: dict[str, Any]) -> None:
-    assert not _builds(stages["prod"], "SmokeTest")
+def test_prod_is_smoke_tested_after_its_approval_and_deployment(stages: dict[str, Any]) -> None:
+    """Every stage the pipeline deploys is smoke-tested, prod included (issue 38)."""
+    (smoke,) = _builds(stages["prod"], "SmokeTest")
+    (approval,) = [a for a in stages["prod"] if a["ActionTypeId"]["Category"] == "Approval"]
+    assert approval["RunOrder"] < smoke["RunOrder"]
 
 
 def _builds(actions: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -203,11 +206,10 @@ def test_model_check_role_reads_only_the_model_archive(environment: str, assembl
     assert get["Action"] == "s3:GetObject" and json.dumps(get["Resource"]).endswith(f'/{MODEL_KEY}"]]}}')
     assert listing["Action"] == "s3:ListBucket"
     assert listing["Condition"] == {"StringEquals": {"s3:prefix": "endpoints/sentiment/"}}
-    smoke = [lid for lid in resources if lid.startswith("SmokeTestPolicy")]
-    assert bool(smoke) is (environment != "prod"), "prod's role only looks up the model"
+    assert [lid for lid in resources if lid.startswith("SmokeTestPolicy")], "every stage's role may smoke-test"
 
 
-@pytest.mark.parametrize("environment", ["dev", "staging"])
+@pytest.mark.parametrize("environment", list(ACCOUNTS))
 def test_smoke_test_role_in_the_target_account_only_describes_and_invokes(environment: str, assembly: Path) -> None:
     folder = assembly / f"assembly-PromotionPipeline-{environment}"
     (template_file,) = folder.glob("*SmokeTestAccess*.template.json")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from aws_cdk import region_info
 from aws_cdk.assertions import Match, Template
@@ -116,7 +118,7 @@ def test_roles_and_instance_profile(foundation: dict) -> None:
                 {"Statement": [Match.object_like({"Principal": {"Service": "sagemaker.amazonaws.com"}})]}
             )
         },
-        2,
+        1 + len(_remote_callers(foundation)),  # the endpoints' and one per @remote caller
     )
     template.resource_count_is("AWS::IAM::InstanceProfile", 1)
     # The endpoint role reads the model prefixes only.
@@ -171,18 +173,26 @@ def _statements_by_sid(template: dict, policy_prefix: str) -> dict[str, dict]:
     return {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
 
 
-# Endpoints attach in the workload group; @remote jobs in their own, whose members (one job's instances) meet.
-@pytest.mark.parametrize(
-    ("policy", "group"), [("EndpointExecutionRolePolicy", "Workload"), ("RemoteJobRolePolicy", "RemoteJobs")]
-)
-def test_vpc_attachment_is_held_to_the_platform_vpc_subnets_and_security_group(
-    foundation: dict, policy: str, group: str
-) -> None:
+def _remote_callers(template: dict) -> list[str]:
+    """The construct-id suffixes of the template's @remote callers (RemoteJobRole<Suffix>)."""
+    roles = resources(template, "AWS::IAM::Role")
+    return sorted(re.fullmatch(r"RemoteJobRole([A-Z][a-z0-9]*)[0-9A-F]{8}", name)[1]  # type: ignore[index]
+                  for name in roles if re.fullmatch(r"RemoteJobRole[A-Z][a-z0-9]*[0-9A-F]{8}", name))  # fmt: skip
+
+
+# Endpoints attach in the workload group; each caller's @remote jobs in their caller's own, whose members meet.
+@pytest.mark.parametrize("workload", ["endpoints", "first caller's @remote jobs"])
+def test_vpc_attachment_is_held_to_the_platform_vpc_subnets_and_security_group(foundation: dict, workload: str) -> None:
+    if workload == "endpoints":
+        policy, group = "EndpointExecutionRolePolicy", "WorkloadSecurityGroup"
+    else:
+        caller = _remote_callers(foundation)[0]
+        policy, group = f"RemoteJobRole{caller}Policy", f"RemoteJobsSecurityGroup{caller}"
     (vpc_id,) = resources(foundation, "AWS::EC2::VPC")
     groups = resources(foundation, "AWS::EC2::SecurityGroup")
-    (group_id,) = [name for name in groups if name.startswith(f"{group}SecurityGroup")]
-    (other_id,) = [name for name in groups if name.startswith(("WorkloadSecurityGroup", "RemoteJobsSecurityGroup"))
-                   and name != group_id]  # fmt: skip
+    (group_id,) = [name for name in groups if re.fullmatch(rf"{group}[0-9A-F]{{8}}", name)]
+    others = [name for name in groups if name.startswith(("WorkloadSecurityGroup", "RemoteJobsSecurityGroup"))
+              and name != group_id]  # fmt: skip
     statements = _statements_by_sid(foundation, policy)
     create = statements["CreateInterfacesInThePlatformSubnets"]
     assert create["Action"] == "ec2:CreateNetworkInterface"
@@ -193,7 +203,8 @@ def test_vpc_attachment_is_held_to_the_platform_vpc_subnets_and_security_group(
         name for name in resources(foundation, "AWS::EC2::Subnet") if name.startswith("VpcPrivateSubnet")
     ]
     assert private_subnets and all(name in resources_text for name in private_subnets)
-    assert "PublicSubnet" not in resources_text and group_id in resources_text and other_id not in resources_text
+    assert others and "PublicSubnet" not in resources_text and group_id in resources_text
+    assert not [other for other in others if other in resources_text]
     assert "subnet/*" not in resources_text and "security-group/*" not in resources_text
     manage = statements["ManageInterfacesInThePlatformVpc"]
     assert manage["Condition"] == create["Condition"]
@@ -261,11 +272,17 @@ def _arn_suffix(value: dict) -> str:
     return value["Fn::Join"][1][-1]
 
 
-@pytest.mark.parametrize(
-    ("role", "source_arn_tail"), [("EndpointExecutionRole", ":*"), ("RemoteJobRole", ":training-job/*")]
-)
-def test_sagemaker_trusts_name_this_accounts_resources(foundation: dict, role: str, source_arn_tail: str) -> None:
-    (statement,) = _role(foundation, role)["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+@pytest.mark.parametrize("role", ["EndpointExecutionRole", "RemoteJobRole"])
+def test_sagemaker_trusts_name_this_accounts_resources(foundation: dict, role: str) -> None:
+    """The endpoints' role for this account's resources; each caller's job role only for that caller's jobs."""
+    if role == "EndpointExecutionRole":
+        _trusts_this_accounts(_role(foundation, role), ":*")
+    for caller in _remote_callers(foundation) if role == "RemoteJobRole" else []:
+        _trusts_this_accounts(_role(foundation, f"RemoteJobRole{caller}"), f":training-job/{caller.lower()}-*")
+
+
+def _trusts_this_accounts(role: dict, source_arn_tail: str) -> None:
+    (statement,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
     assert statement["Principal"] == {"Service": "sagemaker.amazonaws.com"}
     (source_arn,) = statement["Condition"]["ArnLike"].values()
     assert list(statement["Condition"]["ArnLike"]) == ["aws:SourceArn"]

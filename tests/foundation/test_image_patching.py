@@ -18,10 +18,11 @@ from app import build_app
 from ops_review.__main__ import main as review_main
 from ops_review.review import review_assembly
 from platform_facts.images import WARN_DAYS, PatchStatus, image_facts, training_images
-from stacks.image_patching import SERVING_IMAGE_BASE, check_images
+from stacks.image_patching import SERVING_IMAGE_FACT, check_images, warning
 from stacks.settings import SettingsError, TrainingSettings, parse_environment
 from tests.conftest import ROOT, cdk_context
 
+SERVING_IMAGE_BASE = "public.ecr.aws/amazonlinux/amazonlinux:2023"  # the serving image's base
 GRAVITON_TORCHSERVE = "pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"  # ended; nobody chooses it
 # The training DLCs every environment runs (none overrides the defaults): the image table's entries, with their ends.
 _EC2, _SAGEMAKER = TrainingSettings().image, TrainingSettings().remote_image
@@ -30,6 +31,7 @@ assert _EC2.end_of_patching and _SAGEMAKER.end_of_patching
 TRAINING_END = _EC2.end_of_patching
 AFTER_TRAINING = max(TRAINING_END, _SAGEMAKER.end_of_patching) + timedelta(days=1)  # both training DLCs have ended
 CHECKED_ON = date(2026, 12, 5)
+LAST_CHECKED = date(2026, 12, 6)  # the newest "checked" of the table (the serving image's row)
 REASON = "The p4d runs are pinned to this image until the AL2023 PyTorch image is validated (ticket ML-123)."
 
 
@@ -41,7 +43,7 @@ def test_every_entry_has_a_source_a_checked_date_and_a_replacement() -> None:
     for image, fact in image_facts().items():
         assert ":" in image and fact.architecture in ("x86_64", "arm64"), image
         assert fact.source.startswith("https://"), image
-        assert fact.replacement and fact.checked <= CHECKED_ON, image
+        assert fact.replacement and fact.checked <= LAST_CHECKED, image
 
 
 @pytest.mark.parametrize(
@@ -62,17 +64,31 @@ def test_patch_status_by_date(image: str, today: date, status: PatchStatus, days
     assert fact.days_left(today) == days
 
 
-def test_the_graviton_endpoint_is_checked_against_its_images_base() -> None:
+def test_the_graviton_endpoint_is_checked_against_its_images_parts() -> None:
     """The endpoint runs the platform's image, rebuilt every week on Amazon Linux 2023: its patch window is the
-    base's, and no environment accepts an ended image any more."""
+    earliest of its parts' (AL2023, its Python 3.12, Ray), and no environment accepts an ended image any more."""
     for name in ("dev", "staging", "prod"):
         raw = _raw(name)
         assert "accept_unpatched_images" not in raw
         (graviton,) = [
             c for c in check_images(parse_environment(name, raw), CHECKED_ON) if c.use.stack == "GravitonEndpoint"
         ]
-        assert (graviton.use.image, graviton.use.setting) == (SERVING_IMAGE_BASE, "images.graviton-serving (base)")
-        assert graviton.accepted_risk is None and graviton.fact.end_of_patching == date(2029, 6, 30)
+        assert (graviton.use.image, graviton.use.setting) == (SERVING_IMAGE_FACT, "images.graviton-serving")
+        assert graviton.accepted_risk is None and graviton.fact.end_of_patching == date(2028, 10, 1)
+        parts = {part.part.split(" (")[0]: part.end_of_patching for part in graviton.fact.parts}
+        assert parts == {"Amazon Linux 2023": date(2029, 6, 30), "Python 3.12": date(2028, 10, 1), "Ray 2.57.0": None}
+
+
+def test_synth_warns_then_refuses_the_serving_image_as_its_python_ends() -> None:
+    raw = _raw("prod")
+    raw["accept_unpatched_images"] = {TRAINING: REASON, REMOTE_TRAINING: REASON}  # they end before it
+    settings = parse_environment("prod", raw)
+    end = date(2028, 10, 1)
+    (graviton,) = [c for c in check_images(settings, end - timedelta(days=30)) if c.use.stack == "GravitonEndpoint"]
+    message = warning(graviton, end - timedelta(days=30))
+    assert message is not None and "ends patching on 2028-10-01 (30 days left)" in message
+    with pytest.raises(SettingsError, match=rf"graviton-serving: {SERVING_IMAGE_FACT} ended patching on 2028-10-01"):
+        check_images(settings, end + timedelta(days=1))
 
 
 def test_an_ended_image_without_acceptance_stops_synth_with_one_sentence() -> None:
@@ -87,7 +103,7 @@ def test_an_ended_image_without_acceptance_stops_synth_with_one_sentence() -> No
 
 def test_the_same_image_passes_before_its_end() -> None:
     settings = parse_environment("prod", _raw("prod"))
-    assert {c.use.image for c in check_images(settings, TRAINING_END)} >= {SERVING_IMAGE_BASE, TRAINING}
+    assert {c.use.image for c in check_images(settings, TRAINING_END)} >= {SERVING_IMAGE_FACT, TRAINING}
 
 
 def test_an_accepted_risk_passes_and_carries_its_reason() -> None:
@@ -192,7 +208,7 @@ def prod_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_synth_records_the_images_and_warns(prod_assembly: Path) -> None:
     (graviton,) = (prod_assembly / "assembly-prod").glob("prodGravitonEndpoint*.template.json")
     (recorded,) = json.loads(graviton.read_text())["Metadata"]["PytorchPlatformImages"]
-    assert recorded["image"] == SERVING_IMAGE_BASE and recorded["end_of_patching"] == "2029-06-30"
+    assert recorded["image"] == SERVING_IMAGE_FACT and recorded["end_of_patching"] == "2028-10-01"
     assert recorded.get("accepted_risk") is None  # CDK leaves null values out of the metadata
     warnings = {
         path.name: [
@@ -210,7 +226,8 @@ def test_synth_records_the_images_and_warns(prod_assembly: Path) -> None:
 def test_the_review_lists_every_image_with_its_days_left(prod_assembly: Path, tmp_path: Path) -> None:
     reviews = review_assembly(prod_assembly, today=CHECKED_ON)["prod"]
     listed = {i["image"]: i for review in reviews.values() for i in review["images"]}
-    assert listed[SERVING_IMAGE_BASE]["days_left"] == 938 and listed[SERVING_IMAGE_BASE]["accepted_risk"] is None
+    serving = listed[SERVING_IMAGE_FACT]
+    assert serving["days_left"] == (date(2028, 10, 1) - CHECKED_ON).days and serving["accepted_risk"] is None
     assert GRAVITON_TORCHSERVE not in listed
     assert listed[TRAINING]["days_left"] == (TRAINING_END - CHECKED_ON).days  # counted from the review's day
     assert listed["djl-inference:0.36.0-cpu-full"]["days_left"] is None

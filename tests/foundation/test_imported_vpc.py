@@ -24,9 +24,11 @@ def test_imported_vpc_synthesizes_offline_without_creating_a_network(tmp_path: P
     (stack,) = (s for s in stage.nested_assembly.stacks if s.hierarchical_id.endswith("Foundation"))
     types = {r["Type"] for r in stack.template["Resources"].values()}
     assert not types & {"AWS::EC2::VPC", "AWS::EC2::Subnet", "AWS::EC2::NatGateway", "AWS::EC2::VPCEndpoint"}
-    # The workload group and the @remote jobs' group, both in the imported VPC.
+    # The workload group and one group per @remote caller, all in the imported VPC.
     groups = [r for r in stack.template["Resources"].values() if r["Type"] == "AWS::EC2::SecurityGroup"]
-    assert len(groups) == 2 and all(group["Properties"]["VpcId"] == IMPORTED["vpc_id"] for group in groups)
+    callers = context["environments"]["dev"]["training"]["remote_callers"]
+    assert len(groups) == 1 + len(callers)
+    assert all(group["Properties"]["VpcId"] == IMPORTED["vpc_id"] for group in groups)
     assert stack.template["Outputs"]["PrivateSubnetIds"]["Value"] == ",".join(IMPORTED["private_subnet_ids"])
     # No context lookups were needed: synth never called AWS.
     assert not (tmp_path / "cdk.context.json").exists()

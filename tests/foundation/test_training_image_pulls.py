@@ -35,7 +35,11 @@ def test_each_training_role_pulls_the_repository_of_its_image(templates, environ
     registry = f"arn:aws:ecr:{settings.region}:{dlc_account}:repository"
     for role, image, platform in (
         ("TrainingInstanceRole", settings.training.image, "ec2"),
-        ("RemoteJobRole", settings.training.remote_image, "sagemaker"),
+        (
+            f"RemoteJobRole{settings.training.remote_callers[0].capitalize()}",
+            settings.training.remote_image,
+            "sagemaker",
+        ),
     ):
         policies = role_policies(foundation, logical_id(foundation, "AWS::IAM::Role", role), refs)
         for action in PULL:

@@ -15,13 +15,16 @@ from pathlib import Path
 import aws_cdk as cdk
 import pytest
 
+from inference_assets.image.lock import LOCK, parse_lock
 from inference_assets.local.local_server import SERVER_MODULE
 from platform_facts.images import PatchStatus, image_fact, training_images
 from stacks.components.image_builds import Architecture
-from stacks.image_patching import SERVING_IMAGE_BASE
+from stacks.image_patching import SERVING_IMAGE_FACT
 from stacks.pipeline import SERVING_IMAGE, TRAINING_IMAGE, platform_images, training_base
 
 ROOT = Path(__file__).resolve().parents[2]
+# The serving image's base: the Dockerfile's FROM, a row of platform_facts/images.json.
+SERVING_IMAGE_BASE = "public.ecr.aws/amazonlinux/amazonlinux:2023"
 HADOLINT = Path(sys.executable).parent / "hadolint"
 TODAY = date(2026, 12, 5)
 
@@ -207,6 +210,22 @@ def test_serving_image_is_arm64_on_the_patched_base_of_the_facts_table() -> None
     assert image_fact(SERVING_IMAGE_BASE).status(TODAY) is PatchStatus.PATCHED
     # Patched at every build: the base moves to the newest AL2023 release before anything is installed.
     assert instructions[1][0] == "RUN" and instructions[1][1].startswith("dnf upgrade -y --releasever=latest")
+
+
+def test_the_serving_images_row_names_what_the_image_holds() -> None:
+    """The image table's serving row (synth checks the endpoint against it) names the Ray the lock installs, the
+    Python the Dockerfile installs and the base it starts from; a bump of any of them without the row fails here."""
+    fact = image_fact(SERVING_IMAGE_FACT)
+    ray_version = parse_lock(LOCK.read_text())["ray"][0]
+    dockerfile = (ROOT / DEFINITIONS[SERVING_IMAGE].dockerfile).read_text()  # type: ignore[attr-defined]
+    assert fact.tag == f"ray-{ray_version}-python-3.12-al2023"
+    assert "dnf install -y --setopt=install_weak_deps=False python3.12 " in dockerfile
+    assert SERVING_IMAGE_BASE.endswith(":2023") and fact.architecture == "arm64"
+    assert [part.part.split(" (")[0] for part in fact.parts] == [
+        "Amazon Linux 2023",
+        "Python 3.12",
+        f"Ray {ray_version}",
+    ]
 
 
 def test_serving_image_starts_the_server_the_local_harness_starts() -> None:

@@ -52,7 +52,7 @@ def test_every_identity_policy_is_analysed_and_passes_with_reasoned_exceptions(a
     assert {f["analyser"] for f in analysed["excused"]} == {"parliament", "cloudsplaining"}
     assert all(len(f["reason"].split()) >= 5 for f in analysed["excused"])
     principals = {f"{f['stack']}/{f['principal']}" for f in analysed["excused"]}
-    assert {"dev/Foundation/RemoteJobRole", "prod/Foundation/RemoteJobRole"} <= principals
+    assert {"dev/Foundation/RemoteJobRoleNlp", "prod/Foundation/RemoteJobRoleMlteam"} <= principals
 
 
 def test_intrinsics_resolve_to_arns_of_the_right_shape(cloud_assembly) -> None:
@@ -88,7 +88,7 @@ def test_planted_bad_statements_are_caught_by_each_analyser(cloud_assembly, tmp_
     )
     _plant(
         _template_file(assembly, "Foundation"),
-        "RemoteJobRolePolicy",
+        "RemoteJobRoleNlpPolicy",
         [
             # Any object of any bucket, a new policy version for any policy, access keys for any user.
             {"Effect": "Allow", "Action": ["s3:GetObject", "iam:CreatePolicyVersion"], "Resource": "*"},
@@ -97,7 +97,7 @@ def test_planted_bad_statements_are_caught_by_each_analyser(cloud_assembly, tmp_
     )
     analysed = iam_analysers.run(assembly)
     found = {(f["analyser"], f["issue"], f["stack"], f["principal"], f["detail"]) for f in analysed["open"]}
-    launcher, remote = ("dev/Training", "TrainingLauncherPolicy"), ("dev/Foundation", "RemoteJobRole")
+    launcher, remote = ("dev/Training", "TrainingLauncherPolicy"), ("dev/Foundation", "RemoteJobRoleNlp")
     assert {
         ("parliament", "UNKNOWN_ACTION", *launcher, "Unknown action sagemaker:CreateTrainingJobs"),
         ("parliament", "UNKNOWN_CONDITION_FOR_ACTION", *launcher,
@@ -121,7 +121,7 @@ def test_an_exception_that_excuses_nothing_fails_and_one_that_matches_excuses(cl
     stale = {
         "analyser": "parliament",
         "issue": "UNKNOWN_ACTION",
-        "principal": "Foundation/RemoteJobRole",
+        "principal": "Foundation/RemoteJobRoleNlp",
         "detail": "*",
         "reason": "an exception written for a finding that no longer exists",
     }

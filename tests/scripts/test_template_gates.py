@@ -126,3 +126,43 @@ def test_each_image_resolved_at_deploy_time_is_one_warning(gates_report: dict) -
     lines = [message for message in gates_report["warnings"] if "check-images" in message]
     assert [line.split(" ")[0] for line in lines] == ["staging/GravitonEndpoint", "prod/GravitonEndpoint"]
     assert all("/pytorch-platform/images/graviton-serving" in line and "(arm64 for ml.c7g." in line for line in lines)
+
+
+def _template_of(cloud_assembly, stage: str, stack: str) -> dict:
+    (found,) = [
+        s.template
+        for nested in cloud_assembly.nested_assemblies
+        for s in nested.nested_assembly.stacks
+        if s.stack_name == f"{stage}-{stack}"
+    ]
+    return json.loads(json.dumps(found))
+
+
+def test_the_deploy_time_rules_pass_the_platform_and_catch_what_aws_refuses(cloud_assembly, gates_report) -> None:
+    """Issue 40, item 6: rules from the API references no other gate checks. The platform's templates break none;
+    prod's multi-model endpoint (ml.c5d.18xlarge, local NVMe) given a KmsKeyId, a scalable target turned upside
+    down, and a launch template with a public address on several cards each break theirs, in one line."""
+    from stacks import deploy_rules
+
+    assert gates_report["deploy_rules"] == []
+    assert all(gate["passed"] for name, gate in gates_report["gates"].items() if name.startswith("deploy-time"))
+    mme = _template_of(cloud_assembly, "prod", "MultiModelEndpoint")
+    config_id, config = next(
+        (i, r) for i, r in mme["Resources"].items() if r["Type"] == "AWS::SageMaker::EndpointConfig"
+    )
+    assert deploy_rules.findings(mme) == []
+    config["Properties"]["KmsKeyId"] = "arn:aws:kms:us-west-2:111111111111:key/example"
+    target = next(r for r in mme["Resources"].values() if r["Type"] == "AWS::ApplicationAutoScaling::ScalableTarget")
+    target["Properties"]["MinCapacity"], target["Properties"]["MaxCapacity"] = 0, 0
+    found = deploy_rules.findings(mme)
+    assert found[0].startswith(f"{config_id}: KmsKeyId with ml.c5d.18xlarge, which has local NVMe storage")
+    assert "(sagemaker-endpoint-config-key-on-local-storage; SageMaker API Reference, CreateEndpointConfig" in found[0]
+    assert any("MinCapacity 0: a SageMaker variant's scalable target needs at least 1" in line for line in found)
+    training = _template_of(cloud_assembly, "prod", "Training")
+    launch_id, launch = next(
+        (i, r) for i, r in training["Resources"].items() if r["Type"] == "AWS::EC2::LaunchTemplate"
+    )
+    interfaces = launch["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]
+    assert len(interfaces) > 1 and deploy_rules.findings(training) == []  # prod trains on EFA: four cards
+    interfaces[0]["AssociatePublicIpAddress"] = True
+    assert [line.split(":")[0] for line in deploy_rules.findings(training)] == [launch_id]

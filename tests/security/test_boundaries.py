@@ -9,27 +9,8 @@ from typing import Any
 import pytest
 
 from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
+from tests.security.conftest import ACCOUNT, BUCKETS, REGION
 from tests.security.exports import template_exports
-
-ACCOUNT, REGION = "123456789012", "us-west-2"
-BUCKETS = {"Artifacts": "artifacts-bucket", "RemoteJobs": "remote-jobs-bucket", "Datasets": "datasets-bucket"}
-
-
-@pytest.fixture(scope="module")
-def foundation(templates: dict[str, dict[str, dict]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    template = templates["dev"]["Foundation"]
-    refs: dict[str, Any] = {"AWS::AccountId": ACCOUNT, "AWS::Partition": "aws", "AWS::Region": REGION,
-                            "AWS::URLSuffix": "amazonaws.com"}  # fmt: skip
-    for name, bucket in BUCKETS.items():
-        bucket_id = logical_id(template, "AWS::S3::Bucket", name)
-        refs.update({bucket_id: bucket, f"{bucket_id}.Arn": f"arn:aws:s3:::{bucket}"})
-    key_id = logical_id(template, "AWS::KMS::Key", "PlatformKey")
-    refs.update({key_id: "key-id", f"{key_id}.Arn": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/key-id"})
-    for name in template["Resources"]:  # every other name resolves to a placeholder of its own
-        refs.setdefault(name, f"{name}-ref")
-        for attribute in ("Arn", "GroupId", "RoleId"):
-            refs.setdefault(f"{name}.{attribute}", f"arn:aws:placeholder::{ACCOUNT}:{name}")
-    return template, refs
 
 
 def _role(foundation: tuple[dict[str, Any], dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
@@ -50,17 +31,17 @@ def test_the_training_instance_role_holds_session_manager_and_no_parameter_reads
         assert is_allowed(role, Request(action, "*")), action
 
 
-@pytest.mark.parametrize("role", ["TrainingInstanceRole", "RemoteJobRole", "EndpointExecutionRole"])
+@pytest.mark.parametrize("role", ["TrainingInstanceRole", "RemoteJobRoleNlp", "EndpointExecutionRole"])
 def test_only_the_promotion_path_writes_what_endpoints_read(foundation: Any, role: str) -> None:
-    """Training instances and @remote jobs write candidates under training-output/ (or the remote-jobs bucket);
-    no workload role writes the endpoints' model prefixes (endpoints/, multi-model/)."""
+    """Training instances write candidates under training-output/, @remote jobs only under their caller's prefix of
+    the remote-jobs bucket; no workload role writes the endpoints' model prefixes (endpoints/, multi-model/)."""
     policies = _role(foundation, role)
     for prefix in ("endpoints/", "multi-model/"):
         assert not is_allowed(policies, Request("s3:PutObject", f"arn:aws:s3:::artifacts-bucket/{prefix}m.tar.gz"))
     writes_candidates = is_allowed(
         policies, Request("s3:PutObject", "arn:aws:s3:::artifacts-bucket/training-output/r/m")
     )
-    assert writes_candidates == (role != "EndpointExecutionRole")
+    assert writes_candidates == (role == "TrainingInstanceRole")
 
 
 # ------------------------------------------------------------------ the evaluator against AWS's documented examples
@@ -248,7 +229,7 @@ def test_the_platform_key_is_used_only_through_the_platforms_services(foundation
     key_id = logical_id(template, "AWS::KMS::Key", "PlatformKey")
     key_policy = resolve(template["Resources"][key_id]["Properties"]["KeyPolicy"], refs=refs)
     key_arn = refs[f"{key_id}.Arn"]
-    role = _role(foundation, "RemoteJobRole")
+    role = _role(foundation, "RemoteJobRoleNlp")
     principal = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/remote-job",
                  "aws:PrincipalIsAWSService": "false"}  # fmt: skip
     via_s3 = Request("kms:Decrypt", key_arn, {**principal, "kms:ViaService": f"s3.{REGION}.amazonaws.com"})
@@ -258,7 +239,7 @@ def test_the_platform_key_is_used_only_through_the_platforms_services(foundation
 
 
 @pytest.mark.parametrize("bucket", list(BUCKETS))
-def test_the_platform_buckets_refuse_other_kms_keys_and_sse_c(foundation: Any, bucket: str) -> None:
+def test_the_platform_buckets_refuse_other_kms_keys_sse_s3_and_sse_c(foundation: Any, bucket: str) -> None:
     template, refs = foundation
     bucket_id = logical_id(template, "AWS::S3::Bucket", bucket)
     (policy,) = [r for r in template["Resources"].values()
@@ -276,3 +257,11 @@ def test_the_platform_buckets_refuse_other_kms_keys_and_sse_c(foundation: Any, b
     assert put() and put(**{"s3:x-amz-server-side-encryption-aws-kms-key-id": key_arn})
     assert not put(**{"s3:x-amz-server-side-encryption-aws-kms-key-id": "arn:aws:kms:us-east-1:999999999999:key/x"})
     assert not put(**{"s3:x-amz-server-side-encryption-customer-algorithm": "AES256"})
+    # SSE-S3 (issue 41.6): the header asks for S3's own key; SSE-KMS named explicitly still passes.
+    assert not put(**{"s3:x-amz-server-side-encryption": "AES256"})
+    assert not put(
+        **{"s3:x-amz-server-side-encryption": "aws:kms:dsse", "s3:x-amz-server-side-encryption-aws-kms-key-id": key_arn}
+    )
+    assert put(
+        **{"s3:x-amz-server-side-encryption": "aws:kms", "s3:x-amz-server-side-encryption-aws-kms-key-id": key_arn}
+    )

@@ -13,9 +13,9 @@ def counted_forward_passes(holder: Any) -> Iterator[list[int]]:
     original = holder.predictor.predict_dicts
     sizes: list[int] = []
 
-    def counting(texts):
+    def counting(texts, *encodings):  # the Ray replica hands the texts' token ids too
         sizes.append(len(texts))
-        return original(texts)
+        return original(texts, *encodings)
 
     holder.predictor.predict_dicts = counting
     try:
@@ -33,7 +33,7 @@ def failing_forward_passes(holder: Any) -> Iterator[None]:
     """Every forward pass of ``holder.predictor`` raises (RuntimeError: FAILURE) while the block runs."""
     original = holder.predictor.predict_dicts
 
-    def broken(texts):
+    def broken(*_):
         raise RuntimeError(FAILURE)
 
     holder.predictor.predict_dicts = broken

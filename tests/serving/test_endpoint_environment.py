@@ -25,6 +25,7 @@ def test_explicit_workers_become_ray_replicas_and_nothing_of_torchserve_is_set()
         "OMP_WAIT_POLICY": "PASSIVE",
         "SENTIMENT_MAX_REQUEST_BATCH": "64",
         "SENTIMENT_MAX_REQUEST_BYTES": "6291456",
+        "SENTIMENT_MAX_REQUEST_TOKENS": "8192",
         "DNNL_DEFAULT_FPMATH_MODE": "BF16",
         "LRU_CACHE_CAPACITY": "1024",
         "THP_MEM_ALLOC_ENABLE": "1",

@@ -172,6 +172,36 @@ def test_endpoint_updates_in_place_keeping_the_scaled_instance_count(endpoint_te
     assert endpoint["ExcludeRetainedVariantProperties"] == [{"VariantPropertyType": "DataCaptureConfig"}]
 
 
+def test_updates_roll_out_blue_green_and_roll_back_on_errors_or_queueing(endpoint_template: dict, env: str) -> None:
+    """A new endpoint config (model, image, instance type) goes to a new fleet with all traffic at once, then bakes
+    while the 5xx and latency alarms watch it; either in alarm rolls back to the old fleet. The bake covers the
+    latency alarm's three 5-minute periods, so it can fire before the old fleet goes."""
+    endpoint = only(endpoint_template, "AWS::SageMaker::Endpoint")
+    alarms = {
+        a["Properties"]["MetricName"]: alarm_id
+        for alarm_id, a in resources(endpoint_template, "AWS::CloudWatch::Alarm").items()
+    }
+    config = endpoint["DeploymentConfig"]
+    assert config["AutoRollbackConfiguration"] == {
+        "Alarms": [
+            {"AlarmName": {"Ref": alarms["Invocation5XXErrors"]}},
+            {"AlarmName": {"Ref": alarms["ModelLatency"]}},
+        ]
+    }
+    policy = config["BlueGreenUpdatePolicy"]
+    assert policy["TrafficRoutingConfiguration"] == {"Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": 900}
+    assert (
+        policy["MaximumExecutionTimeoutInSeconds"]
+        >= 900 + SETTINGS[env].graviton_endpoint.container_startup_timeout_seconds
+    )
+
+
+def test_sagemaker_waits_for_the_replicas_as_long_as_the_settings_say(endpoint_template: dict, env: str) -> None:
+    (variant,) = only(endpoint_template, "AWS::SageMaker::EndpointConfig")["ProductionVariants"]
+    expected = SETTINGS[env].graviton_endpoint.container_startup_timeout_seconds
+    assert variant["ContainerStartupHealthCheckTimeoutInSeconds"] == expected == 600
+
+
 def test_scalable_target_names_the_variant_of_this_endpoint_and_comes_after_it(
     endpoint_template: dict, env: str
 ) -> None:
@@ -216,8 +246,9 @@ def test_alarms_watch_5xx_latency_and_cpu_of_this_variant_and_notify_the_encrypt
     }
     assert set(alarms) == {"Invocation5XXErrors", "ModelLatency", "CPUUtilization"}
     for alarm in alarms.values():
+        # The fixed name, not the endpoint's attribute: the endpoint's rollout names these alarms (no cycle).
         assert {d["Name"]: d["Value"] for d in alarm["Dimensions"]} == {
-            "EndpointName": {"Fn::GetAtt": ["Endpoint", "EndpointName"]},
+            "EndpointName": f"{env}-GravitonEndpoint",
             "VariantName": "AllTraffic",
         }
         assert alarm["AlarmActions"] == [{"Ref": topic_id}] == alarm["OKActions"]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,18 +68,32 @@ def forward_passes(replica) -> Iterator[list[int]]:
         yield sizes
 
 
-def _http(replica, method: str, path: str, body: bytes = b""):
-    scope = {"type": "http", "method": method, "path": path, "headers": [], "query_string": b""}
+def _request(method: str, path: str, body: bytes = b"", content_type: str = "text/plain") -> Request:
+    headers = [(b"content-type", content_type.encode())]
+    scope = {"type": "http", "method": method, "path": path, "headers": headers, "query_string": b""}
 
     async def receive() -> dict:
         return {"type": "http.request", "body": body, "more_body": False}
 
-    return asyncio.run(replica(Request(scope, receive)))
+    return Request(scope, receive)
+
+
+def _http(replica, method: str, path: str, body: bytes = b""):
+    return asyncio.run(replica(_request(method, path, body)))
+
+
+def _answer_together(replica, items: list) -> list:
+    """What the replica answers ``items`` (body, headers, request id) with, as its __call__ gets there: each request
+    admitted (parsed, tokenized, checked) on its own, the admitted ones answered in one forward pass."""
+    admitted = [replica.admit(body, headers, request_id) for body, headers, request_id in items]
+    passing = [item for item in admitted if not hasattr(item, "status")]  # an Answer (a refusal) has a status
+    answers = iter(replica.answer_together(passing) if passing else [])
+    return [item if hasattr(item, "status") else next(answers) for item in admitted]
 
 
 @pytest.mark.parametrize(("body", "content_type", "accept", "status", "fragment"), REQUESTS)
 def test_each_request_alone(replica, body, content_type, accept, status, fragment) -> None:
-    (answer,) = replica.answer_together([(body, headers(content_type, accept, lower_case=True), "request-0")])
+    (answer,) = _answer_together(replica, [(body, headers(content_type, accept, lower_case=True), "request-0")])
     check_answer(answer, status, fragment)
 
 
@@ -86,7 +102,7 @@ def test_the_whole_table_in_one_batch_is_one_forward_pass_with_per_request_answe
     items = [
         (body, headers(ct, accept, lower_case=True), f"request-{n}") for n, (body, ct, accept, _, _) in enumerate(rows)
     ]
-    batch = replica.answer_together(items)
+    batch = _answer_together(replica, items)
     for answer, (_, _, _, status, fragment) in zip(batch, rows, strict=True):
         check_answer(answer, status, fragment)
     good_texts = sum(len(answer.json()) for answer in batch if answer.status == 200)
@@ -94,15 +110,15 @@ def test_the_whole_table_in_one_batch_is_one_forward_pass_with_per_request_answe
     # Batch invariance: the same requests one by one give the same labels and (up to padding noise) scores.
     for answer, item, (_, _, _, status, _) in zip(batch, items, rows, strict=True):
         if status == 200:
-            (alone,) = replica.answer_together([item])
+            (alone,) = _answer_together(replica, [item])
             assert [p["label"] for p in answer.json()] == [p["label"] for p in alone.json()]
             for got, want in zip(answer.json(), alone.json(), strict=True):
                 assert got["scores"] == pytest.approx(want["scores"], abs=1e-4)
 
 
 def test_a_batch_of_only_bad_requests_runs_no_forward_pass(replica, forward_passes) -> None:
-    answers = replica.answer_together(
-        [(b"{", {"content-type": "application/json"}, "a"), (b"x", {"content-type": "text/csv"}, "b")]
+    answers = _answer_together(
+        replica, [(b"{", {"content-type": "application/json"}, "a"), (b"x", {"content-type": "text/csv"}, "b")]
     )
     assert [a.status for a in answers] == [400, 415]
     assert forward_passes == []
@@ -110,14 +126,15 @@ def test_a_batch_of_only_bad_requests_runs_no_forward_pass(replica, forward_pass
 
 def test_a_failing_forward_pass_is_a_clean_500_and_the_replica_keeps_serving(replica, caplog) -> None:
     with failing_forward_passes(replica):
-        answers = replica.answer_together(
-            [(b"fine", {"content-type": "text/plain"}, "req-7"), (b"", {"content-type": "text/plain"}, "req-8")]
+        answers = _answer_together(
+            replica,
+            [(b"fine", {"content-type": "text/plain"}, "req-7"), (b"", {"content-type": "text/plain"}, "req-8")],
         )
     assert [a.status for a in answers] == [500, 400]
     assert "cheese" not in answers[0].body.decode() and "req-7" in answers[0].json()["error"]
     assert FAILURE in caplog.text
     body, ct, accept, _, _ = GOOD[0].values
-    assert replica.answer_together([(body, headers(ct, accept, lower_case=True), "req-9")])[0].status == 200
+    assert _answer_together(replica, [(body, headers(ct, accept, lower_case=True), "req-9")])[0].status == 200
 
 
 def test_ping_is_an_empty_200_and_unknown_paths_a_json_404(replica) -> None:
@@ -130,14 +147,24 @@ def test_ping_is_an_empty_200_and_unknown_paths_a_json_404(replica) -> None:
 
 def test_the_replica_takes_its_threads_from_the_settings_not_from_ray(replica) -> None:
     """Ray sets OMP_NUM_THREADS=1 in a worker where it is unset; the replica sets torch's threads itself (read when
-    it was constructed: the test session resets torch's threads between tests, tests/conftest.py)."""
+    it was constructed: the test session resets torch's threads between tests, tests/conftest.py), and again in the
+    thread its forward passes run on (a new thread starts with OpenMP's default, every core unless OMP_NUM_THREADS
+    says otherwise, whatever the constructor set in its own thread)."""
+    import torch
+
+    def threads_of_a_forward_pass() -> int:
+        replica.predictor.predict(["a text"])
+        return torch.get_num_threads()
+
+    in_forward_thread = replica._forward.submit(threads_of_a_forward_pass).result()
     assert replica.predictor.options.threads == replica.settings.threads == replica.torch_threads == 1
+    assert in_forward_thread == 1
 
 
 def _drain(replica, bodies: list[bytes]) -> list:
     """Queue ``bodies`` (text/plain) at once, as Ray's batches leave them, and get the answers of the replica's forward
     passes."""
-    items = [(body, {"content-type": "text/plain"}, f"r{n}") for n, body in enumerate(bodies)]
+    items = [replica.admit(body, {"content-type": "text/plain"}, f"r{n}") for n, body in enumerate(bodies)]
     return asyncio.run(replica.queue(items))
 
 
@@ -152,7 +179,7 @@ def test_each_queued_request_gets_the_answer_to_its_own_text(replica) -> None:
     """Mixed lengths, merged into passes of at most max_batch_size: every answer is its own request's (the forward
     pass is replaced by one that names the text it answers)."""
     original = replica.predictor.predict_dicts
-    replica.predictor.predict_dicts = lambda texts: [{"label": t, "score": 1.0, "scores": {t: 1.0}} for t in texts]
+    replica.predictor.predict_dicts = lambda texts, *_: [{"label": t, "score": 1.0, "scores": {t: 1.0}} for t in texts]
     try:
         bodies = [("x" * length).encode() for length in (40, 2, 300, 1, 17, 2, 90, 5, 60, 3, 11)]
         answers = _drain(replica, bodies)
@@ -219,3 +246,134 @@ def test_the_launcher_gives_one_replica_the_sagemaker_port_and_several_the_proxy
         kept = ingress_environment(choice, 8080)
         assert not set(choice) & set(kept)
         assert "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT" not in kept
+
+
+@pytest.fixture
+def token_limit(replica) -> Iterator[int]:
+    """The replica with max_request_tokens at its floor (512): eight texts of the tiny model's 64-token window."""
+    saved = replica.limits
+    replica.limits = type(saved)(
+        max_request_batch=32, max_request_bytes=saved.max_request_bytes, max_request_tokens=512
+    )
+    try:
+        yield replica.predictor.max_length
+    finally:
+        replica.limits = saved
+
+
+def _full_window_texts(count: int) -> bytes:
+    return json.dumps({"inputs": [f"review {n}: " + "great film " * 40 for n in range(count)]}).encode()
+
+
+def test_a_request_over_the_token_limit_is_a_413_naming_it(replica, token_limit: int, forward_passes) -> None:
+    assert token_limit * 8 == 512
+    json_headers = {"content-type": "application/json"}
+    (over, at) = [replica.admit(_full_window_texts(n), json_headers, f"r{n}") for n in (9, 8)]
+    assert over.status == 413
+    assert "576 tokens" in over.json()["error"] and "at most 512" in over.json()["error"]
+    assert "(max_request_tokens)" in over.json()["error"]
+    assert at.tokens == 512 and forward_passes == []  # admission alone runs no forward pass
+    (answer,) = asyncio.run(replica.queue([at]))
+    assert answer.status == 200 and forward_passes == [8]
+
+
+def test_a_forward_pass_holds_at_most_max_request_tokens(replica, token_limit: int, forward_passes) -> None:
+    """Three requests at the token limit are three passes; eight short ones share one (the batch size bounds it)."""
+    json_headers = {"content-type": "application/json"}
+    full = [replica.admit(_full_window_texts(8), json_headers, f"f{n}") for n in range(3)]
+    short = [replica.admit(f"short {n}".encode(), {"content-type": "text/plain"}, f"s{n}") for n in range(8)]
+    answers = asyncio.run(replica.queue(full + short))
+    assert [answer.status for answer in answers] == [200] * 11
+    assert forward_passes == [8, 8, 8, 8]
+
+
+async def _saturate_and_ping(replica, release: threading.Event) -> tuple[list[int], float, int]:
+    """Hold every invocation slot of the replica with requests whose forward pass waits for ``release``; then ping,
+    and send one invocation more. (ping status..., ping seconds, the extra invocation's status)."""
+    calls = [
+        asyncio.create_task(replica(_request("POST", "/invocations", f"text {n}".encode())))
+        for n in range(replica.settings.max_invocations)
+    ]
+    while replica._invocations < replica.settings.max_invocations:
+        await asyncio.sleep(0.01)
+    started = time.monotonic()
+    pings = [await replica(_request("GET", "/ping")) for _ in range(3)]
+    ping_seconds = time.monotonic() - started
+    extra = await replica(_request("POST", "/invocations", b"one more"))
+    assert "its limit" in json.loads(extra.body)["error"]
+    release.set()
+    answered = await asyncio.gather(*calls)
+    assert [response.status_code for response in answered] == [200] * len(calls)
+    return [ping.status_code for ping in pings], ping_seconds, extra.status_code
+
+
+class _WithoutRayBatching:
+    """``replica.answer`` outside Ray: Ray's ``@serve.batch`` needs a replica context, so each request goes straight
+    to ``queue`` (what every batch Ray forms goes through); the setters Ray's wrapper has do nothing."""
+
+    def __init__(self, replica) -> None:
+        self.replica = replica
+
+    async def __call__(self, item):
+        (answer,) = await self.replica.queue([item])
+        return answer
+
+    def set_max_batch_size(self, size: int) -> None:
+        pass
+
+
+def test_ping_answers_at_once_while_every_invocation_slot_is_held(replica, monkeypatch) -> None:
+    """The queue full (max_invocations requests held, a forward pass running), /ping is 200 at once and the next
+    invocation is refused with a 503 naming the limit, not queued behind the others."""
+    release = threading.Event()
+    original = replica.predictor.predict_dicts
+
+    def slow(texts, *encodings):
+        release.wait(30)
+        return original(texts, *encodings)
+
+    monkeypatch.setattr(replica.predictor, "predict_dicts", slow)
+    monkeypatch.setattr(replica, "answer", _WithoutRayBatching(replica))
+    statuses, seconds, extra = asyncio.run(_saturate_and_ping(replica, release))
+    assert statuses == [200, 200, 200] and seconds < 0.5
+    assert extra == 503
+    # Ray's own limit leaves room for /ping beyond the invocations the replica holds itself.
+    assert replica.settings.max_ongoing_requests > replica.settings.max_invocations
+
+
+def test_a_replica_whose_forward_passes_keep_failing_says_it_cannot_serve(replica) -> None:
+    with failing_forward_passes(replica):
+        for n in range(3):
+            assert _answer_together(replica, [(b"text", {"content-type": "text/plain"}, f"f{n}")])[0].status == 500
+        ping = _http(replica, "GET", "/ping")
+        assert ping.status_code == 503 and "the last 3 forward passes failed" in json.loads(ping.body)["error"]
+        with pytest.raises(RuntimeError, match="forward passes failed"):
+            replica.check_health()  # Ray's health check: Ray replaces the replica
+    assert _answer_together(replica, [(b"text", {"content-type": "text/plain"}, "ok")])[0].status == 200
+    assert _http(replica, "GET", "/ping").status_code == 200  # one good pass and it serves again
+    replica.check_health()
+
+
+def test_the_launcher_keeps_ray_off_the_network() -> None:
+    """No usage report (the endpoint has no egress); the dashboard and the node address are ray_server.main's
+    ray.init arguments (include_dashboard=False, _node_ip_address=127.0.0.1)."""
+    from inference_assets.container.ray_server import ingress_environment
+
+    assert ingress_environment({}, 8080)["RAY_USAGE_STATS_ENABLED"] == "0"
+    assert "RAY_USAGE_STATS_ENABLED" not in ingress_environment({"RAY_USAGE_STATS_ENABLED": "0"}, 8080)
+
+
+def test_the_object_store_fits_shared_memory_or_goes_to_disk_saying_so(tmp_path: Path, monkeypatch) -> None:
+    from inference_assets.container import ray_server
+
+    mib = 1024 * 1024
+
+    def free(size: int):
+        return lambda path: type("Usage", (), {"free": size})()
+
+    monkeypatch.setattr(ray_server.shutil, "disk_usage", free(64 * mib))  # Docker's default /dev/shm
+    assert ray_server.object_store(spill=str(tmp_path)) == (ray_server.OBJECT_STORE_MIN_BYTES, str(tmp_path))
+    monkeypatch.setattr(ray_server.shutil, "disk_usage", free(400 * mib))
+    assert ray_server.object_store() == (200 * mib, None)  # half of what /dev/shm has free
+    monkeypatch.setattr(ray_server.shutil, "disk_usage", free(64 * 1024 * mib))
+    assert ray_server.object_store() == (ray_server.OBJECT_STORE_MAX_BYTES, None)

@@ -326,6 +326,10 @@ def test_concurrent_requests_share_one_forward_pass_and_keep_their_own_answers(
         (b"{broken", "application/json", 400),
         (texts[2].encode(), "text/plain", 200),
         (b"a,b", "text/csv", 415),
+        # Bad requests are refused at admission and never reach a batch: two more good ones keep the rounds large
+        # enough to share passes (a round of one good request is answered alone by design).
+        (texts[3].encode(), "text/plain", 200),
+        (texts[0].encode(), "text/plain", 200),
     ]
 
     def burst() -> list[tuple[int, dict[str, str], bytes]]:
@@ -365,7 +369,9 @@ def test_concurrent_requests_share_one_forward_pass_and_keep_their_own_answers(
     _assert_same_predictions(json.loads(answers[0][2]), _expected(predictor, texts[:2]))
     _assert_same_predictions(json.loads(answers[2][2]), _expected(predictor, [texts[2]]))
     batches = _batches(server)[before:]
-    assert sum(batches) == len(requests) and max(batches) > 1, batches  # they shared forward passes
+    # The two good requests shared a forward pass; the bad ones were refused at admission, before any batch.
+    good = sum(1 for _, _, status in requests if status == 200)
+    assert sum(batches) == good and max(batches) > 1, batches
 
 
 def test_a_batch_never_exceeds_the_configured_size(server: _Harness) -> None:
@@ -390,3 +396,34 @@ def test_the_command_refuses_limits_out_of_bounds(
     with pytest.raises(SystemExit) as exit_:
         main(["--model", "model.tar.gz", option, value])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_ping_stays_quick_while_the_queue_is_full(server: _Harness) -> None:
+    """Many more clients than the replica holds (max_invocations: 8 x BATCH_SIZE), each sending the most texts a
+    request may carry: the queue fills (the surplus is refused with a 503 naming the limit, not queued), and /ping,
+    asked all along, answers 200 within 2 s every time."""
+    limit = 8 * BATCH_SIZE
+    body = json.dumps({"inputs": ["a long review of a long film " * 40] * MAX_REQUEST_BATCH}).encode()
+    stop = threading.Event()
+    pings: list[tuple[int, float]] = []
+
+    def pinging() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            pings.append((server.ping(), time.monotonic() - started))
+            time.sleep(0.05)
+
+    pinger = threading.Thread(target=pinging)
+    pinger.start()
+    try:
+        with ThreadPoolExecutor(3 * limit) as pool:
+            answers = list(pool.map(lambda _: server.invoke(body), range(6 * limit)))
+    finally:
+        stop.set()
+        pinger.join()
+    statuses = [status for status, _, _ in answers]
+    refused = [json.loads(answer)["error"] for status, _, answer in answers if status == 503]
+    assert set(statuses) <= {200, 503} and statuses.count(200) >= limit, statuses
+    assert refused and all(f"holds {limit} requests, its limit" in error for error in refused)
+    assert pings and all(status == 200 and seconds < 2 for status, seconds in pings), pings
+    assert server.ping() == 200 and server.invoke(b"after the load", content_type="text/plain")[0] == 200

@@ -85,6 +85,9 @@ def test_a_huge_text_is_cut_before_the_tokenizer_sees_it(
             seen.extend(len(text) for text in texts)
             return tokenizer(texts, **options)
 
+        def __getattr__(self, name: str) -> Any:  # pad and the rest: the real tokenizer's
+            return getattr(tokenizer, name)
+
     monkeypatch.setattr(predictor, "tokenizer", Spy())
     huge = "a long review. " * 400_000  # 6 MB: SageMaker's payload cap
     (answer,) = predictor.predict_dicts([huge])
@@ -100,11 +103,15 @@ def test_a_short_text_reaches_the_tokenizer_whole(
     seen: list[str] = []
     tokenizer = predictor.tokenizer
 
-    def spy(texts: list[str], **options: Any) -> Any:
-        seen.extend(texts)
-        return tokenizer(texts, **options)
+    class Spy:
+        def __call__(self, texts: list[str], **options: Any) -> Any:
+            seen.extend(texts)
+            return tokenizer(texts, **options)
 
-    monkeypatch.setattr(predictor, "tokenizer", spy)
+        def __getattr__(self, name: str) -> Any:  # pad and the rest: the real tokenizer's
+            return getattr(tokenizer, name)
+
+    monkeypatch.setattr(predictor, "tokenizer", Spy())
     exactly = "x" * predictor.max_chars
     predictor.predict_dicts(["short", exactly, exactly + "y"])
     assert seen == ["short", exactly, exactly]

@@ -56,12 +56,23 @@ def test_unknown_environment_in_cdk_json_is_not_silently_mapped_to_dev() -> None
     ("changes", "message"),
     [
         pytest.param(
+            {"training__remote_callers": ["nlp", "ml-team"]},
+            "environments.dev.training.remote_callers: 'ml-team' must be 1-20 lowercase letters and digits, starting "
+            "with a letter.",
+            id="remote-caller-with-a-hyphen",
+        ),
+        pytest.param(
+            {"training__remote_callers": ["nlp", "nlp"]},
+            "environments.dev.training.remote_callers: each caller must be named once.",
+            id="remote-caller-twice",
+        ),
+        pytest.param(
             {"training__instnce_type": "p4d.24xlarge"},
             "environments.dev.training.instnce_type: unknown setting; allowed keys are base_model, "
             "capacity_reservation_id, capacity_reservation_resource_group_arn, checkpoint_steps, "
             "collective_timeout_seconds, dataset, dlami_ssm_parameter, efa, hyperparameters, image_registry_account, "
-            "image_tag, instance_type, market_type, max_restarts, max_run_hours, nodes, remote_image_tag, "
-            "remote_instance_type, rendezvous_timeout_seconds, root_volume_gib, subnet_index.",
+            "image_tag, instance_type, market_type, max_restarts, max_run_hours, nodes, remote_callers, "
+            "remote_image_tag, remote_instance_type, rendezvous_timeout_seconds, root_volume_gib, subnet_index.",
             id="misspelled-key",
         ),
         pytest.param({"vpc__max_azs": "2"}, "environments.dev.vpc.max_azs: must be a valid integer.", id="wrong-type"),

@@ -22,7 +22,8 @@ IGNORE_NAMES = [
     "abstract", "wait_time",  # Locust reads a User class's attributes
     "_server_entry",  # moto's ThreadedMotoServer calls it (the rehearsal's override)
     "frame", "trace",  # the signature signal handlers and sys.excepthook-style callbacks must have
-    "retention_in_days",  # a jsii property set on a CloudFormation resource (CDK reads it at synth)
+    "retention_in_days", "deployment_config",  # jsii properties set on CloudFormation resources (read at synth)
+    "check_health",  # Ray Serve calls a deployment's check_health as its periodic replica health check
     "mtime", "uid", "gid", "uname", "gname",  # TarInfo fields set for reproducible archives (tarfile reads them)
     "validate_sagemaker_config",  # the SDK's function, replaced while jobs are played (remote_job_player)
     "timeouts", "elapsed_s",  # fields of the simulation's Prediction, written out whole (dataclasses.asdict)

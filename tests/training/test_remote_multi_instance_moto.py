@@ -82,7 +82,8 @@ def test_the_instances_of_a_job_reach_each_other_and_sagemaker_may_attach_them(t
     distributed training and EFA; the job role may create the job's interfaces in it, in the platform's VPC, and the
     launcher may start jobs in it and in no other group (not the endpoints' workload group)."""
     foundation, training = templates["dev"]["Foundation"], templates["dev"]["Training"]
-    group_id = logical_id(foundation, "AWS::EC2::SecurityGroup", "RemoteJobsSecurityGroup")
+    suffix = harness.CALLER.capitalize()  # the caller's own group, role and config
+    group_id = logical_id(foundation, "AWS::EC2::SecurityGroup", f"RemoteJobsSecurityGroup{suffix}")
     self_ref = {"Fn::GetAtt": [group_id, "GroupId"]}
     rules = [r["Properties"] for r in foundation["Resources"].values()
              if r["Type"] in ("AWS::EC2::SecurityGroupIngress", "AWS::EC2::SecurityGroupEgress")
@@ -90,17 +91,21 @@ def test_the_instances_of_a_job_reach_each_other_and_sagemaker_may_attach_them(t
     assert [(rule.get("SourceSecurityGroupId"), rule.get("DestinationSecurityGroupId"), rule["IpProtocol"])
             for rule in rules] == [(self_ref, None, "-1"), (None, self_ref, "-1")]  # fmt: skip
 
-    role_id = logical_id(foundation, "AWS::IAM::Role", "RemoteJobRole")
+    role_id = logical_id(foundation, "AWS::IAM::Role", f"RemoteJobRole{suffix}")
     vpc_id = logical_id(foundation, "AWS::EC2::VPC", "Vpc")
     workload_id = logical_id(foundation, "AWS::EC2::SecurityGroup", "WorkloadSecurityGroup")
+    other_suffix = harness.OTHER_CALLER.capitalize()
+    other_group_id = logical_id(foundation, "AWS::EC2::SecurityGroup", f"RemoteJobsSecurityGroup{other_suffix}")
 
     class Refs(dict):  # type: ignore[type-arg]
         def __missing__(self, key: str) -> str:
             return f"<{key}>"
 
     refs = Refs({"AWS::Partition": "aws", "AWS::Region": REGION, "AWS::AccountId": ACCOUNT, vpc_id: "vpc-1",
-                 f"{group_id}.GroupId": "sg-jobs", f"{workload_id}.GroupId": "sg-workload"})  # fmt: skip
-    (parameter,) = [r for r in training["Resources"].values() if r["Type"] == "AWS::SSM::Parameter"]
+                 f"{group_id}.GroupId": "sg-jobs", f"{workload_id}.GroupId": "sg-workload",
+                 f"{other_group_id}.GroupId": "sg-other-caller"})  # fmt: skip
+    (parameter,) = [r for name, r in training["Resources"].items() if r["Type"] == "AWS::SSM::Parameter"
+                    and name.startswith(f"RemoteFunctionConfig{suffix}")]  # fmt: skip
     config = resolve(parameter["Properties"]["Value"]["Fn::Sub"][1], refs=refs,
                      exports=template_exports(foundation, refs))  # fmt: skip
     assert config["SecurityGroupId"] == "sg-jobs"
@@ -110,7 +115,7 @@ def test_the_instances_of_a_job_reach_each_other_and_sagemaker_may_attach_them(t
     arn = f"arn:aws:ec2:{REGION}:{ACCOUNT}"
     for resource in (f"{arn}:subnet/<{subnet}>", f"{arn}:security-group/sg-jobs", f"{arn}:network-interface/*"):
         assert is_allowed(policies, Request("ec2:CreateNetworkInterface", resource, in_vpc)), resource
-    for group in ("sg-other", "sg-workload"):
+    for group in ("sg-other", "sg-workload", "sg-other-caller"):
         assert not is_allowed(policies, Request("ec2:CreateNetworkInterface", f"{arn}:security-group/{group}", in_vpc))
     assert not is_allowed(policies, Request("ec2:CreateNetworkInterface", f"{arn}:security-group/sg-jobs",
                                             {"ec2:Vpc": f"arn:aws:ec2:{REGION}:{ACCOUNT}:vpc/vpc-2"}))  # fmt: skip
@@ -131,7 +136,7 @@ def test_a_spot_job_checkpoints_to_the_callers_prefix_and_resumes_there(
                  "--checkpoint-steps", "50")  # fmt: skip
     assert set(platform.refused(LAUNCHER)) <= harness.TOLERATED_REFUSALS and platform.refused(JOB) == []
     (request,) = platform.create_requests
-    caller = harness.IDENTITIES[LAUNCHER]["aws:userid"]
+    caller = harness.CALLER
     uri = f"s3://{platform.buckets['RemoteJobs']}/jobs/{caller}/checkpoints/tweets-7/"
     assert request["CheckpointConfig"] == {"LocalPath": "/opt/ml/checkpoints/", "S3Uri": uri}
     assert request["EnableManagedSpotTraining"] is True

@@ -2,17 +2,17 @@
 synthesized dev templates, every API call checked against the policy of the identity that makes it.
 
 ``python -m training_assets.remote_train ... train`` (and ``sweep``) run unchanged. A harness wraps botocore's
-``BaseClient._make_api_call``: each call is recorded, mapped to the IAM requests it needs (ops_review/
-iam_policy.py) and evaluated against the launcher policy (the data scientist) or, for the calls the training job
-makes, the RemoteJobRole's policies; a refused call gets the AccessDenied error IAM would send, so the SDK meets
-exactly the errors it would meet in AWS.
+``BaseClient._make_api_call``: each call is recorded, mapped to the IAM requests it needs (proving_ground/
+iam_policy.py) and evaluated against the caller's launcher policy (the data scientist) or, for the calls the
+training job makes (and SageMaker's log writes, which use the job's role), the caller's RemoteJobRole's policies;
+a refused call gets the AccessDenied error IAM would send, so the SDK meets exactly the errors it would meet in AWS.
 
 What moto does not do, the harness does (test-only workarounds, none in product code):
 - moto enforces no IAM: the harness does, as above.
 - moto's CreateTrainingJob marks the job Completed at once and runs nothing: right after it returns, the harness
   plays the job in-process as the job role (the SDK's own ``invoke_function`` entry point with the request's
   container arguments and secret key), with ``train()`` replaced by a stub that writes a model, and writes the
-  job's log stream as SageMaker would.
+  job's log stream as SageMaker would, with the job's role.
 - The harness runs this machine's Python while the default job image (the image table's entry for
   training.remote_image_tag) runs its own: it passes ``--image-uri`` with a stand-in tag of that image's repository
   that spells this Python (the version check refuses a mismatch, as it must).
@@ -54,6 +54,7 @@ from proving_ground.iam_policy import (
     role_policies,
 )
 from stacks.settings import TrainingSettings
+from tests.conftest import cdk_context
 from tests.security.exports import template_exports
 from training_assets import remote_train
 
@@ -68,16 +69,17 @@ STAND_IN_IMAGE = f"763104351884.dkr.ecr.{REGION}.amazonaws.com/" + (
     f"{TrainingSettings().remote_image.image}-py{sys.version_info.major}{sys.version_info.minor}"
 )
 LAUNCHER, OTHER_LAUNCHER, JOB = "launcher", "other-launcher", "job"
-# Two data scientists sharing one role (sessions of the same role: the hardest case to keep apart) and the job role
-# as SageMaker assumes it: the global condition keys IAM sets for each (IAM User Guide, "AWS global condition context
+# Two callers of the dev environment (training.remote_callers): A's data scientist, B's, and A's job role as
+# SageMaker assumes it; the global condition keys IAM sets for each (IAM User Guide, "AWS global condition context
 # keys"). sts:GetCallerIdentity answers each principal's own UserId, as STS does.
+CALLER, OTHER_CALLER = cdk_context()["environments"]["dev"]["training"]["remote_callers"][:2]
 IDENTITIES = {
     LAUNCHER: {"aws:userid": "AROADATASCIENTIST:alice@example.com",
-               "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/data-scientist"},
+               "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/data-scientist-{CALLER}"},
     OTHER_LAUNCHER: {"aws:userid": "AROADATASCIENTIST:bob@example.com",
-                     "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/data-scientist"},
+                     "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/data-scientist-{OTHER_CALLER}"},
     JOB: {"aws:userid": "AROAREMOTEJOBROLE:SageMaker",
-          "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/dev-Foundation-RemoteJobRole"},
+          "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/dev-Foundation-RemoteJobRole{CALLER.capitalize()}"},
 }  # fmt: skip
 # The one refusal the SDK is built to meet: boto3's Bucket.creation_date lists all buckets and treats AccessDenied as
 # "unknown" (boto3/s3/inject.py bucket_load); the SDK then checks the configured bucket with ListObjectsV2.
@@ -104,10 +106,12 @@ class Platform:
     policies: dict[str, list[dict[str, Any]]]
     buckets: dict[str, str]  # RemoteJobs/Datasets/Artifacts -> bucket name
     key_arn: str
-    role_arn: str
+    role_arn: str  # the caller's job role; other_* are the other caller's
     subnets: list[str]
     security_group: str
     parameter_name: str
+    other_role_arn: str
+    other_security_group: str
     calls: list[Recorded] = field(default_factory=list)
     job_exit_codes: list[int] = field(default_factory=list)
     create_requests: list[dict[str, Any]] = field(default_factory=list)
@@ -128,14 +132,18 @@ def _create_platform(templates: dict[str, dict[str, dict]], tmp_path: Path) -> P
     foundation, training = templates["dev"]["Foundation"], templates["dev"]["Training"]
     kms, s3, iam, ec2 = (boto3.client(name, region_name=REGION) for name in ("kms", "s3", "iam", "ec2"))
     key = kms.create_key(Description="platform key")["KeyMetadata"]
-    role = iam.create_role(RoleName="dev-Foundation-RemoteJobRole", AssumeRolePolicyDocument=json.dumps(
-        foundation["Resources"][logical_id(foundation, "AWS::IAM::Role", "RemoteJobRole")]["Properties"]
-        ["AssumeRolePolicyDocument"]))["Role"]  # fmt: skip
+    roles, groups = {}, {}
     vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
     subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.40.{i}.0/24")["Subnet"]["SubnetId"] for i in (1, 2)]
-    # The endpoints' group and the jobs' own group: a request naming the wrong one is refused by the launcher policy.
+    # The endpoints' group and each caller's own group: a request naming another is refused by the launcher policy.
     workload = ec2.create_security_group(GroupName="workload", Description="workload", VpcId=vpc)["GroupId"]
-    group = ec2.create_security_group(GroupName="remote-jobs", Description="remote jobs", VpcId=vpc)["GroupId"]
+    for caller in (CALLER, OTHER_CALLER):
+        role_id = logical_id(foundation, "AWS::IAM::Role", f"RemoteJobRole{caller.capitalize()}")
+        roles[caller] = iam.create_role(RoleName=f"dev-Foundation-RemoteJobRole{caller.capitalize()}",
+                                        AssumeRolePolicyDocument=json.dumps(foundation["Resources"][role_id]
+                                        ["Properties"]["AssumeRolePolicyDocument"]))["Role"]  # fmt: skip
+        groups[caller] = ec2.create_security_group(GroupName=f"remote-jobs-{caller}", Description="remote jobs",
+                                                   VpcId=vpc)["GroupId"]  # fmt: skip
     buckets = {}
     for name in ("RemoteJobs", "Datasets", "Artifacts"):
         buckets[name] = f"dev-foundation-{name.lower()}-moto"
@@ -147,30 +155,40 @@ def _create_platform(templates: dict[str, dict[str, dict]], tmp_path: Path) -> P
     refs: dict[str, Any] = {"AWS::AccountId": ACCOUNT, "AWS::Partition": "aws", "AWS::Region": REGION,
                             "AWS::URLSuffix": "amazonaws.com"}  # fmt: skip
     key_id = logical_id(foundation, "AWS::KMS::Key", "PlatformKey")
-    role_id = logical_id(foundation, "AWS::IAM::Role", "RemoteJobRole")
-    refs.update({key_id: key["KeyId"], f"{key_id}.Arn": key["Arn"], role_id: role["RoleName"],
-                 f"{role_id}.Arn": role["Arn"]})  # fmt: skip
+    refs.update({key_id: key["KeyId"], f"{key_id}.Arn": key["Arn"]})
+    for caller in (CALLER, OTHER_CALLER):
+        role_id = logical_id(foundation, "AWS::IAM::Role", f"RemoteJobRole{caller.capitalize()}")
+        refs.update({role_id: roles[caller]["RoleName"], f"{role_id}.Arn": roles[caller]["Arn"]})
+        group_id = logical_id(foundation, "AWS::EC2::SecurityGroup", f"RemoteJobsSecurityGroup{caller.capitalize()}")
+        refs[f"{group_id}.GroupId"] = groups[caller]  # each caller's config.yaml names its own
     for name, bucket in buckets.items():
         bucket_id = logical_id(foundation, "AWS::S3::Bucket", name)
         refs.update({bucket_id: bucket, f"{bucket_id}.Arn": f"arn:aws:s3:::{bucket}"})
     for i, subnet in enumerate(subnets, start=1):
         refs[logical_id(foundation, "AWS::EC2::Subnet", f"VpcPrivateSubnet{i}Subnet")] = subnet
     refs[f"{logical_id(foundation, 'AWS::EC2::SecurityGroup', 'WorkloadSecurityGroup')}.GroupId"] = workload
-    # The jobs' own group (all traffic between the instances of a job): config.yaml names it.
-    refs[f"{logical_id(foundation, 'AWS::EC2::SecurityGroup', 'RemoteJobsSecurityGroup')}.GroupId"] = group
     refs[logical_id(foundation, "AWS::EC2::VPC", "Vpc")] = vpc  # the ec2:Vpc condition of the VPC attachment
 
-    launcher_id = logical_id(foundation, "AWS::IAM::ManagedPolicy", "RemoteJobLauncherPolicy")
-    launcher = [resolve(foundation["Resources"][launcher_id]["Properties"]["PolicyDocument"], refs=refs)]
-    policies = {LAUNCHER: launcher, OTHER_LAUNCHER: launcher, JOB: role_policies(foundation, role_id, refs)}
-    # The config.yaml as CloudFormation writes it to SSM (fetched by the launcher in _fetch_config).
-    (parameter,) = [r for r in training["Resources"].values() if r["Type"] == "AWS::SSM::Parameter"]
-    text = resolve(parameter["Properties"]["Value"], refs=refs, exports=template_exports(foundation, refs))
-    boto3.client("ssm", region_name=REGION).put_parameter(Name=parameter["Properties"]["Name"], Value=text,
-                                                          Type="String")  # fmt: skip
+    def launcher(caller: str) -> list[dict[str, Any]]:
+        policy_id = logical_id(foundation, "AWS::IAM::ManagedPolicy", f"RemoteJobLauncherPolicy{caller.capitalize()}")
+        return [resolve(foundation["Resources"][policy_id]["Properties"]["PolicyDocument"], refs=refs)]
+
+    job_role_id = logical_id(foundation, "AWS::IAM::Role", f"RemoteJobRole{CALLER.capitalize()}")
+    policies = {LAUNCHER: launcher(CALLER), OTHER_LAUNCHER: launcher(OTHER_CALLER),
+                JOB: role_policies(foundation, job_role_id, refs)}  # fmt: skip
+    # Each caller's config.yaml as CloudFormation writes it to SSM (A's fetched by A in _fetch_config).
+    ssm = boto3.client("ssm", region_name=REGION)
+    parameters = {name: r for name, r in training["Resources"].items() if r["Type"] == "AWS::SSM::Parameter"}
+    exports = template_exports(foundation, refs)
+    for parameter in parameters.values():
+        text = resolve(parameter["Properties"]["Value"], refs=refs, exports=exports)
+        ssm.put_parameter(Name=parameter["Properties"]["Name"], Value=text, Type="String")
+    (own,) = [p for name, p in parameters.items() if name.startswith(f"RemoteFunctionConfig{CALLER.capitalize()}")]
+    text = resolve(own["Properties"]["Value"], refs=refs, exports=exports)
     return Platform(config_path=tmp_path / "config.yaml", config=yaml.safe_load(text), policies=policies,
-                    buckets=buckets, key_arn=key["Arn"], role_arn=role["Arn"], subnets=subnets, security_group=group,
-                    parameter_name=parameter["Properties"]["Name"])  # fmt: skip
+                    buckets=buckets, key_arn=key["Arn"], role_arn=roles[CALLER]["Arn"], subnets=subnets,
+                    security_group=groups[CALLER], parameter_name=own["Properties"]["Name"],
+                    other_role_arn=roles[OTHER_CALLER]["Arn"], other_security_group=groups[OTHER_CALLER])  # fmt: skip
 
 
 def _fetch_config(platform: Platform) -> None:
@@ -190,11 +208,14 @@ def _play_job(platform: Platform, request: dict[str, Any]) -> None:
             invoke_function.main(request["AlgorithmSpecification"]["ContainerArguments"])
         except SystemExit as exit_:
             platform.job_exit_codes.append(int(exit_.code or 0))
-    with _as(None):  # SageMaker's own writes: neither the launcher's nor the job's, not checked
+    with _as(None):  # the account's one group, made once: not the job's doing
         logs = boto3.client("logs", region_name=REGION)
         group, stream = "/aws/sagemaker/TrainingJobs", f"{request['TrainingJobName']}/algo-1-{int(time.time())}"
         with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
             logs.create_log_group(logGroupName=group)
+    # SageMaker writes the job's logs with the job's role (CreateTrainingJob, RoleArn): checked as the job.
+    with _as(JOB):
+        logs = boto3.client("logs", region_name=REGION)
         logs.create_log_stream(logGroupName=group, logStreamName=stream)
         event = {"timestamp": int(time.time() * 1000), "message": "INFO: training finished"}
         logs.put_log_events(logGroupName=group, logStreamName=stream, logEvents=[event])
@@ -273,7 +294,10 @@ def platform(
             if (call.service, operation) == ("sts", "GetCallerIdentity"):
                 return {"UserId": identity["aws:userid"], "Account": ACCOUNT, "Arn": identity["aws:PrincipalArn"]}
             response = original(client, operation, params)
-            if (call.service, operation) == ("sagemaker", "CreateTrainingJob"):
+            # Only the jobs of A's role are played (as JOB): B's, created by the attack test, only exist.
+            if (call.service, operation) == ("sagemaker", "CreateTrainingJob") and params[
+                "RoleArn"
+            ] == platform.role_arn:
                 platform.create_requests.append(params)
                 with _job_lock:
                     _play_job(platform, params)
@@ -377,9 +401,10 @@ def test_train_runs_the_real_remote_path_within_the_launcher_policy(platform: Pl
     assert ("s3", "CreateBucket") not in launcher_calls and ("s3", "HeadBucket") not in launcher_calls
 
     (request,) = platform.create_requests
-    caller = IDENTITIES[LAUNCHER]["aws:userid"]
+    caller = CALLER
     root = f"s3://{platform.buckets['RemoteJobs']}/jobs/{caller}/"  # the caller's own prefix
-    assert request["RoleArn"] == platform.role_arn
+    assert request["TrainingJobName"].startswith(f"{caller}-")  # what the caller's launcher policy creates
+    assert request["RoleArn"] == platform.role_arn  # the caller's own job role
     assert request["OutputDataConfig"]["S3OutputPath"].startswith(root)
     assert request["OutputDataConfig"]["KmsKeyId"] == platform.key_arn
     channels = request["InputDataConfig"]
@@ -477,65 +502,78 @@ def test_an_ebs_only_override_gets_the_volume_key_and_sagemaker_accepts_the_requ
     assert request["ResourceConfig"]["VolumeKmsKeyId"] == platform.key_arn
 
 
-def test_without_the_callers_prefix_the_sdk_is_refused_at_its_first_upload(
-    platform: Platform, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Why remote_train puts the caller's id into S3RootUri: the shared root (jobs/) is nobody's to write."""
-    monkeypatch.setattr(remote_train, "config_for_caller", lambda config, caller: config)
+def test_without_the_callers_prefix_the_sdk_is_refused_at_its_first_upload(platform: Platform) -> None:
+    """Why each caller's config.yaml holds its own S3 root: the shared root (jobs/) is nobody's to write."""
+    config = yaml.safe_load(platform.config_path.read_text())
+    modules = config["SageMaker"]["PythonSDK"]["Modules"]
+    bucket = platform.buckets["RemoteJobs"]
+    modules["RemoteFunction"]["S3RootUri"] = f"s3://{bucket}/jobs"
+    modules["Session"]["DefaultS3ObjectKeyPrefix"] = "jobs"
+    platform.config_path.write_text(yaml.safe_dump(config))
     with pytest.raises(ClientError, match="AccessDenied"):
         run_launcher(platform, "train", "--", "--dataset", upload_dataset(platform))
     refused = [r.call for r in platform.calls if not r.allowed and r.call.operation != "ListBuckets"]
-    caller = f"jobs/{IDENTITIES[LAUNCHER]['aws:userid']}/"
+    caller = f"jobs/{CALLER}/"
     keys = [c.params.get("Key", c.params.get("Prefix", "")) for c in refused]
     assert keys and all(key.startswith("jobs") and not key.startswith(caller) for key in keys), keys
     assert platform.create_requests == []
 
 
-def test_another_data_scientist_cannot_touch_a_callers_jobs_or_objects(platform: Platform) -> None:
-    """Issue 22.1: B holds the same launcher policy (even the same role) as A. Every way B could read A's job
-    environment, stop A's job, replace A's results (which A's client unpickles after checking only a SHA-256 stored
-    next to them: sagemaker-core 2.27 client.py, serialization.deserialize_obj_from_s3 without a key) or pass a job
-    off as A's is refused; the same requests as A, or as B on B's own job, are allowed."""
+def test_another_caller_cannot_touch_a_callers_jobs_or_objects(platform: Platform) -> None:
+    """Issue 41.1: B holds B's launcher policy. Every way B could read A's job environment, stop A's job, replace
+    A's results (which A's client unpickles after checking only a SHA-256 stored next to them: sagemaker-core 2.27
+    client.py, serialization.deserialize_obj_from_s3 without a key), tag a job, run a job as A's role or in A's
+    security group, or pass a job off as A's is refused; the same requests as A, or as B on B's own job, are
+    allowed."""
     run_launcher(platform, "train", "--", "--dataset", upload_dataset(platform))
     (request,) = platform.create_requests
     name, bucket = request["TrainingJobName"], platform.buckets["RemoteJobs"]
-    prefix = f"jobs/{IDENTITIES[LAUNCHER]['aws:userid']}/"
+    prefix = f"jobs/{CALLER}/"
     results = f"{prefix}{name}/results/payload.pkl"
     sagemaker, s3 = boto3.client("sagemaker", region_name=REGION), boto3.client("s3", region_name=REGION)
+    logs = boto3.client("logs", region_name=REGION)
     job_arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/{name}"
+    tags = [t for t in request["Tags"] if t["Key"] != "remote-job-owner"]
+    b_owner = [*tags, {"Key": "remote-job-owner", "Value": OTHER_CALLER}]
+    own = {**request, "TrainingJobName": f"{OTHER_CALLER}-own", "RoleArn": platform.other_role_arn, "Tags": b_owner,
+           "VpcConfig": {**request["VpcConfig"], "SecurityGroupIds": [platform.other_security_group]}}  # fmt: skip
+    (stream,) = [s["logStreamName"] for s in logs.describe_log_streams(
+        logGroupName="/aws/sagemaker/TrainingJobs", logStreamNamePrefix=name)["logStreams"]]  # fmt: skip
     attacks = {
         "describe A's job": lambda: sagemaker.describe_training_job(TrainingJobName=name),
         "stop A's job": lambda: sagemaker.stop_training_job(TrainingJobName=name),
         "read A's results": lambda: s3.get_object(Bucket=bucket, Key=results),
         "replace A's results": lambda: s3.put_object(Bucket=bucket, Key=results, Body=b"evil"),
         "list A's prefix": lambda: s3.list_objects_v2(Bucket=bucket, Prefix=prefix),
-        "re-tag A's job as B's": lambda: sagemaker.add_tags(
-            ResourceArn=job_arn, Tags=[{"Key": "remote-job-owner", "Value": IDENTITIES[OTHER_LAUNCHER]["aws:userid"]}]),
-        "start a job tagged as A's": lambda: sagemaker.create_training_job(**{**request, "TrainingJobName": "b-as-a"}),
+        "read A's job's logs": lambda: logs.get_log_events(logGroupName="/aws/sagemaker/TrainingJobs",
+                                                           logStreamName=stream),
+        "re-tag A's job as B's": lambda: sagemaker.add_tags(ResourceArn=job_arn, Tags=b_owner),
+        "start a job named and tagged as A's": lambda: sagemaker.create_training_job(
+            **{**request, "TrainingJobName": f"{CALLER}-by-b"}),
+        "run B's job as A's role": lambda: sagemaker.create_training_job(
+            **{**own, "TrainingJobName": f"{OTHER_CALLER}-as-a", "RoleArn": platform.role_arn}),
+        "run B's job in A's security group": lambda: sagemaker.create_training_job(
+            **{**own, "TrainingJobName": f"{OTHER_CALLER}-in-a", "VpcConfig": request["VpcConfig"]}),
     }  # fmt: skip
     for attack, call in attacks.items():
         with _as(OTHER_LAUNCHER), pytest.raises(ClientError, match="AccessDenied"):
             call()
             pytest.fail(f"B could {attack}")
-    # The same describe as A, and B's own job (A's recorded request with B's owner tag) are allowed.
+    # The same describe as A, and B's own job (A's recorded request with B's name, role, group and tag) are allowed.
     with _as(LAUNCHER):
         sagemaker.describe_training_job(TrainingJobName=name)
         s3.get_object(Bucket=bucket, Key=results)
-    tags = [t for t in request["Tags"] if t["Key"] != "remote-job-owner"]
-    own = {
-        **request,
-        "TrainingJobName": "b-own",
-        "Tags": [*tags, {"Key": "remote-job-owner", "Value": IDENTITIES[OTHER_LAUNCHER]["aws:userid"]}],
-    }
+        with pytest.raises(ClientError, match="AccessDenied"):  # A's own job, re-tagged after its creation
+            sagemaker.add_tags(ResourceArn=job_arn, Tags=request["Tags"])
     with _as(OTHER_LAUNCHER):
         sagemaker.create_training_job(**own)
-        sagemaker.describe_training_job(TrainingJobName="b-own")
+        sagemaker.describe_training_job(TrainingJobName=own["TrainingJobName"])
 
 
 def test_without_the_log_statement_waiting_for_the_job_fails(platform: Platform) -> None:
     """Why the launcher policy may read the training-job logs: job.wait() re-raises the refusal."""
     (policy,) = platform.policies[LAUNCHER]
-    policy["Statement"] = [s for s in policy["Statement"] if s.get("Sid") != "FollowTrainingJobLogs"]
+    policy["Statement"] = [s for s in policy["Statement"] if s.get("Sid") != "ListTrainingJobLogStreams"]
     with pytest.raises(ClientError, match="AccessDenied"):
         run_launcher(platform, "train", "--", "--dataset", upload_dataset(platform))
     assert ("logs", "DescribeLogStreams") in platform.refused(LAUNCHER)
@@ -608,5 +646,6 @@ def test_calls_map_to_the_requests_aws_documents() -> None:
             "sagemaker:OutputKmsKey": "arn:o", "sagemaker:MaxRuntimeInSeconds": "3600",
             "sagemaker:InterContainerTrafficEncryption": "true", **tag_context}),
         Request("iam:PassRole", "arn:role", {"aws:userid": "u", "iam:PassedToService": "sagemaker.amazonaws.com"}),
-        Request("sagemaker:AddTags", job_arn, {"aws:userid": "u", **tag_context}),
+        Request("sagemaker:AddTags", job_arn,
+                {"aws:userid": "u", **tag_context, "sagemaker:TaggingAction": "CreateTrainingJob"}),
     ]  # fmt: skip

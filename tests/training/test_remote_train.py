@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("sdk_config_validated_once")
 ROOT = Path(remote_train.__file__).resolve().parents[1]
 PYTHON = f"py{sys.version_info.major}{sys.version_info.minor}"
 KEY = "arn:aws:kms:us-west-2:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
-ROLE = "arn:aws:iam::123456789012:role/dev-Foundation-RemoteJobRole"
+ROLE = "arn:aws:iam::123456789012:role/dev-Foundation-RemoteJobRoleNlp"
 REGISTRY = "763104351884.dkr.ecr.us-west-2.amazonaws.com"
 
 
@@ -37,6 +37,7 @@ def _stand_in_image(python: str) -> str:
 
 def _write_config(path: Path, python: str = PYTHON, instance_type: str = "ml.p4d.24xlarge") -> Path:
     config = remote_function_config(
+        caller="nlp",
         role_arn=ROLE,
         bucket_name="dev-remote-jobs",
         kms_key_id=KEY,
@@ -62,8 +63,6 @@ def offline_sdk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "offline")
     monkeypatch.delenv("SAGEMAKER_USER_CONFIG_OVERRIDE", raising=False)
     monkeypatch.setattr(Session, "default_bucket", lambda self: "dev-remote-jobs")
-    # Offline: the caller's id that sts:GetCallerIdentity would return (the moto test asks STS through the harness).
-    monkeypatch.setattr(remote_train, "caller_id", lambda: "AROAEXAMPLE:alice@example.com")
     return _write_config(tmp_path / "config.yaml")
 
 
@@ -93,7 +92,8 @@ def test_the_decorated_function_is_built_from_config_yaml(offline_sdk: Path) -> 
     args, _ = remote_train.parse(["--config", str(offline_sdk), "train"])
     settings = _job_settings(remote_train.remote_training_job(args, remote_train.load_remote_config(offline_sdk)))
     assert settings.role == ROLE
-    assert settings.s3_root_uri == "s3://dev-remote-jobs/jobs/AROAEXAMPLE:alice@example.com"  # the caller's prefix
+    assert settings.s3_root_uri == "s3://dev-remote-jobs/jobs/nlp"  # the caller's prefix
+    assert settings.job_name_prefix == "nlp-sentiment"  # the caller's launcher policy creates only nlp-* jobs
     assert settings.s3_kms_key == KEY
     assert settings.volume_kms_key is None  # p4d has NVMe instance storage: SageMaker refuses a volume key
     assert settings.use_torchrun is True and settings.nproc_per_node == 8  # one process per GPU (instance facts)
@@ -285,14 +285,13 @@ def test_dependencies_are_made_self_contained_for_the_job(tmp_path: Path) -> Non
     assert "sagemaker-core==2.27.0" in remote_train.self_contained_requirements(remote_train.DEPENDENCIES).read_text()
 
 
-def test_the_callers_config_holds_its_own_prefix_and_owner_tag(offline_sdk: Path) -> None:
+def test_the_job_names_start_with_the_caller_of_the_config(offline_sdk: Path) -> None:
+    """The caller comes from the config's owner tag (each caller fetches their own config.yaml); a config without
+    one stops with a sentence that says which config to fetch."""
     config = remote_train.load_remote_config(offline_sdk)
-    personal = remote_train.config_for_caller(config, "AROAEXAMPLE:alice@example.com")
-    remote = personal["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]
-    bucket = config["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]["S3RootUri"].split("/")[2]
-    assert remote["S3RootUri"] == f"s3://{bucket}/jobs/AROAEXAMPLE:alice@example.com"
-    assert personal["SageMaker"]["PythonSDK"]["Modules"]["Session"]["DefaultS3ObjectKeyPrefix"] == (
-        "jobs/AROAEXAMPLE:alice@example.com")  # fmt: skip
-    assert remote["Tags"][-1] == {"Key": "remote-job-owner", "Value": "AROAEXAMPLE:alice@example.com"}
-    with pytest.raises(RemoteSetupError, match="cannot be a SageMaker tag value"):
-        remote_train.config_for_caller(config, "bad|id")
+    assert remote_train.config_caller(config) == "nlp"
+    remote = config["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]
+    assert remote["S3RootUri"].endswith("/jobs/nlp")
+    remote["Tags"] = [tag for tag in remote["Tags"] if tag["Key"] != "remote-job-owner"]
+    with pytest.raises(RemoteSetupError, match=r"config\.yaml names no caller"):
+        remote_train.config_caller(config)

@@ -227,7 +227,8 @@ def test_instance_policy_is_scoped_to_this_stack(training_templates, environment
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_launcher_policy_only_launches_from_the_template(training_templates, environment) -> None:
-    (policy,) = resources(training_templates[environment], "AWS::IAM::ManagedPolicy").values()
+    (policy,) = [p for name, p in resources(training_templates[environment], "AWS::IAM::ManagedPolicy").items()
+                 if name.startswith("TrainingLauncherPolicy")]  # fmt: skip
     statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
     run = statements["RunFromTheTrainingTemplate"]
     assert run["Action"] == "ec2:RunInstances" and "ec2:LaunchTemplate" in run["Condition"]["ArnLike"]
@@ -240,7 +241,7 @@ def test_launcher_policy_only_launches_from_the_template(training_templates, env
 # ------------------------------------------------------------------------------------------------------- @remote
 
 CONCRETE = {
-    "RoleArn": "arn:aws:iam::123456789012:role/dev-Foundation-RemoteJobRole-ABC",
+    "RoleArn": "arn:aws:iam::123456789012:role/dev-Foundation-RemoteJobRoleNlp-ABC",
     "RemoteJobsBucket": "dev-foundation-remotejobs-abc",
     "KeyArn": "arn:aws:kms:us-west-2:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
     "SecurityGroupId": "sg-0123456789abcdef0",
@@ -253,9 +254,10 @@ CONCRETE = {
 }
 
 
-def _rendered_config(template: dict) -> dict:
-    """The SSM parameter's YAML as CloudFormation would write it, with concrete values for the references."""
-    (parameter,) = resources(template, "AWS::SSM::Parameter").values()
+def _rendered_config(template: dict, caller: str) -> dict:
+    """``caller``'s SSM parameter's YAML as CloudFormation would write it, with concrete values for the references."""
+    (parameter,) = [p for name, p in resources(template, "AWS::SSM::Parameter").items()
+                    if name.startswith(f"RemoteFunctionConfig{caller.capitalize()}")]  # fmt: skip
     body, references = parameter["Properties"]["Value"]["Fn::Sub"]
     names = set(re.findall(r"\$\{([^}]+)\}", body))
     assert names <= set(CONCRETE), names - set(CONCRETE)
@@ -265,17 +267,20 @@ def _rendered_config(template: dict) -> dict:
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_generated_remote_config_validates_against_the_sdk_schema(training_templates, environment) -> None:
-    config = _rendered_config(training_templates[environment])
+    callers = TRAINING[environment].remote_callers
+    assert len(resources(training_templates[environment], "AWS::SSM::Parameter")) == len(callers)  # one per caller
+    caller = callers[-1]
+    config = _rendered_config(training_templates[environment], caller)
     jsonschema.validate(config, SAGEMAKER_PYTHON_SDK_CONFIG_SCHEMA)
     remote = config["SageMaker"]["PythonSDK"]["Modules"]["RemoteFunction"]
     assert remote["RoleArn"] == CONCRETE["RoleArn"]
-    assert remote["S3RootUri"] == "s3://dev-foundation-remotejobs-abc/jobs"
+    assert remote["S3RootUri"] == f"s3://dev-foundation-remotejobs-abc/jobs/{caller}"
     assert remote["S3KmsKeyId"] == CONCRETE["KeyArn"]
     # cdk.json's remote instance type has NVMe instance storage: SageMaker refuses a volume key there.
     assert has_local_nvme(TRAINING[environment].remote_instance_type)
     assert "VolumeKmsKeyId" not in remote
     session = config["SageMaker"]["PythonSDK"]["Modules"]["Session"]
-    assert session == {"DefaultS3Bucket": "dev-foundation-remotejobs-abc", "DefaultS3ObjectKeyPrefix": "jobs"}
+    assert session == {"DefaultS3Bucket": "dev-foundation-remotejobs-abc", "DefaultS3ObjectKeyPrefix": f"jobs/{caller}"}
     assert remote["VpcConfig"]["SecurityGroupIds"] == ["sg-0123456789abcdef0"]
     assert remote["VpcConfig"]["Subnets"][0] == "subnet-0123456789abcdef0"
     assert remote["InstanceType"] == TRAINING[environment].remote_instance_type
@@ -286,11 +291,13 @@ def test_generated_remote_config_validates_against_the_sdk_schema(training_templ
     fact = image_facts()[image]
     assert fact.training and image_python(remote["ImageUri"]) == fact.training.python
     assert {"Key": "environment", "Value": environment} in remote["Tags"]
+    assert {"Key": "remote-job-owner", "Value": caller} in remote["Tags"]
     assert remote["Dependencies"] == "training_assets/requirements-remote.txt"
 
 
 def test_the_schema_check_rejects_the_seeds_flat_vpc_keys() -> None:
     config = remote_function_config(
+        caller="nlp",
         role_arn=CONCRETE["RoleArn"],
         bucket_name="dev-remote-jobs",
         kms_key_id=CONCRETE["KeyArn"],
@@ -309,9 +316,11 @@ def test_the_schema_check_rejects_the_seeds_flat_vpc_keys() -> None:
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_config_can_be_fetched_in_one_command(training_templates, environment) -> None:
-    output = training_templates[environment]["Outputs"]["FetchRemoteFunctionConfigCommand"]["Value"]["Fn::Join"][1]
-    assert output[0] == "aws ssm get-parameter --region us-west-2 --name "
-    assert output[2] == " --query Parameter.Value --output text > config.yaml"
+    for caller in TRAINING[environment].remote_callers:
+        output = training_templates[environment]["Outputs"][f"FetchRemoteFunctionConfigCommand{caller.capitalize()}"]
+        parts = output["Value"]["Fn::Join"][1]
+        assert parts[0] == "aws ssm get-parameter --region us-west-2 --name "
+        assert parts[2] == " --query Parameter.Value --output text > config.yaml"
 
 
 # ------------------------------------------------------------------------------------------------- GPU capacity
@@ -333,7 +342,8 @@ def test_runs_start_in_the_configured_subnet_and_the_outputs_say_where(training_
     for chosen, index, subnet in ((template, 1, "PrivateSubnet2"), (training_templates["dev"], 0, "PrivateSubnet1")):
         (interface,) = launch_data(chosen)["NetworkInterfaces"]
         assert subnet in interface["SubnetId"]["Fn::ImportValue"]
-        (launcher,) = resources(chosen, "AWS::IAM::ManagedPolicy").values()
+        (launcher,) = [p for name, p in resources(chosen, "AWS::IAM::ManagedPolicy").items()
+                       if name.startswith("TrainingLauncherPolicy")]  # fmt: skip
         subnets = set(re.findall(r"ExportsOutputRefVpc\w+Subnet\w+", json.dumps(launcher["Properties"])))
         assert {f"dev-Foundation:{name}" for name in subnets} == {interface["SubnetId"]["Fn::ImportValue"]}, (
             "the launch grant names the same subnet only"
