@@ -262,6 +262,7 @@ class RemoteJobRole(SageMakerExecutionRole):
     remote_function/core/serialization.py): no signature. Whoever can write a caller's prefix can replace what that
     caller unpickles, so no other caller's role, nor any job of theirs, may write it."""
 
+    # Long: the role's statements as one table, each beside its reason, read top to bottom.
     def __init__(
         self,
         scope: Construct,

@@ -127,6 +127,7 @@ class Platform:
 _principal: contextvars.ContextVar[str | None] = contextvars.ContextVar("principal", default=None)
 
 
+# Long: each resource of the @remote path created in moto in the order the templates reference them.
 def _create_platform(templates: dict[str, dict[str, dict]], tmp_path: Path) -> Platform:
     """Create the dev resources the @remote path touches, resolve the templates against them, write config.yaml."""
     foundation, training = templates["dev"]["Foundation"], templates["dev"]["Training"]
@@ -244,6 +245,7 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
             os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
 
 
+# Long: one moto platform per test, its principals, patches and recorded calls set up together and torn down together.
 @pytest.fixture()
 def platform(
     templates: dict[str, dict[str, dict]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
