@@ -156,6 +156,8 @@ def run_arguments(training: TrainingSettings) -> list[str]:
 class TrainingStack(EnvironmentStack):
     """Launch template for GPU training runs on EC2 and the ``@remote`` SDK config of one environment."""
 
+    # Long: the stack composes its constructs in dependency order (code assets, launch template, run reaper, policies,
+    # @remote config, outputs), each a call with its settings.
     def __init__(
         self,
         scope: Construct,
@@ -212,7 +214,7 @@ class TrainingStack(EnvironmentStack):
         self.placement_group = self.training_template.placement_group
         self.launch_template = self.training_template.launch_template
         # The outside bound of a run's lifetime (the user data's own shutdown can be overridden at launch).
-        self.run_reaper = TrainingRunReaper(
+        TrainingRunReaper(
             self,
             "TrainingRunReaper",
             launch_template_id=self.training_template.launch_template_id,
