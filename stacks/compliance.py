@@ -30,7 +30,7 @@ CONTROL_TOWER = "cdk-validator-cfnguard"
 CONTROL_TOWER_MIN_RETENTION_DAYS = 365
 
 
-def add_compliance_gates(app: cdk.App) -> None:
+def add_compliance_gates(app: cdk.App, *, control_tower_outside_stages: bool = True) -> None:
     """Register the rule packs on the app and the Control Tower controls on each environment stage; call it after
     every Stage exists (aspects do not cross Stage borders). The Control Tower controls cover what deploys into the
     workload accounts, where an organization enables them as CloudFormation hooks, and the promotion pipeline's
@@ -42,8 +42,10 @@ def add_compliance_gates(app: cdk.App) -> None:
     # The rest, on the app: the promotion pipeline's stack and the stages it deploys. CDK validates the stages that
     # are children of stages only (a pipeline's stages are children of its stack), and an app's plugin sees every
     # template of the assembly; the stage directories already gated above are left out.
-    gated = {stage.artifact_id for stage in stages}  # a stage's nested assembly directory is named so
-    cdk.Validations.of(app).add_plugins(control_tower_gate(skip_directories=gated))
+    # A component's test app (a bare stack, no stage) may leave it out: its subject is cdk-nag.
+    if control_tower_outside_stages:
+        gated = {stage.artifact_id for stage in stages}  # a stage's nested assembly directory is named so
+        cdk.Validations.of(app).add_plugins(control_tower_gate(skip_directories=gated))
     for scope in [app, *stages]:
         add_template_aspects(scope)
 

@@ -39,10 +39,13 @@ from proving_ground.rehearsal.journey import (
     OPERATOR,
     REMOTE_JOB,
     REMOTE_LAUNCHER,
+    SERVING_DIGEST,
+    SERVING_IMAGE,
     RehearsalBase,
     StepFailed,
     make_principal,
 )
+from stacks.image_names import image_parameter_name
 
 
 class PlatformSteps(RehearsalBase):
@@ -76,6 +79,7 @@ class PlatformSteps(RehearsalBase):
         from ops_review import preflight
 
         self._open_gate()
+        self._publish_serving_image()
         out, err = io.StringIO(), io.StringIO()
         with self.acting_as(OPERATOR), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = preflight.main(["-c", f"env={self.environment}", "--cdk-out", str(self.assembly)])
@@ -85,6 +89,27 @@ class PlatformSteps(RehearsalBase):
             raise StepFailed("; ".join(blockers) or err.getvalue().strip())
         warnings = [line.split(":", 1)[0].removeprefix("WARNING").strip() for line in lines if line.startswith("WARN")]
         return f"{lines[-1]}" + (f" ({'; '.join(warnings)})" if warnings else "")
+
+    def _publish_serving_image(self) -> None:
+        """The README's first-deploy step 2, by hand: the serving image (an image index of one arm64 platform) in
+        the tooling account's repository, whose policy lets this account pull, and its digest URI in the parameter
+        the Graviton endpoint resolves when it deploys. Preflight and check-images read what is published here."""
+        account, repository = SERVING_DIGEST.split(".", 1)[0], SERVING_DIGEST.split("/", 1)[1].split("@")[0]
+        ecr = self.client("ecr", OPERATOR)
+        ecr.create_repository(registryId=account, repositoryName=repository)
+        actions = ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
+        pull = {"Version": "2012-10-17", "Statement": [{"Sid": "EnvironmentAccountsPull", "Effect": "Allow",
+                "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:root"}, "Action": actions}]}  # fmt: skip
+        ecr.set_repository_policy(registryId=account, repositoryName=repository, policyText=json.dumps(pull))
+        index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "size": 1, "digest": "sha256:" + "ab" * 32,
+             "platform": {"architecture": "arm64", "os": "linux"}}]}  # fmt: skip
+        ecr.put_image(registryId=account, repositoryName=repository, imageManifest=json.dumps(index), imageTag="v1")
+        (image,) = ecr.batch_get_image(registryId=account, repositoryName=repository,
+                                       imageIds=[{"imageTag": "v1"}])["images"]  # fmt: skip
+        self.serving_image_uri = SERVING_DIGEST.split("@")[0] + "@" + image["imageId"]["imageDigest"]
+        name = image_parameter_name(self.settings().tags.project, SERVING_IMAGE)
+        self.client("ssm", OPERATOR).put_parameter(Name=name, Type="String", Value=self.serving_image_uri)
 
     def _quota_stand_ins(self) -> dict[tuple[str, str], Callable[[dict[str, Any]], dict[str, Any]]]:
         """Service Quotas (moto knows only the vpc service's): the rehearsal's account has raised every quota the
@@ -109,7 +134,28 @@ class PlatformSteps(RehearsalBase):
             ordered = sorted(names) if params["ServiceCode"] == "sagemaker" else []
             return {"Quotas": [quota("sagemaker", f"L-{i:08X}", name) for i, name in enumerate(ordered)]}
 
-        return {("service-quotas", "GetServiceQuota"): one, ("service-quotas", "ListServiceQuotas"): listed}
+        def account_attributes(params: dict[str, Any]) -> dict[str, Any]:
+            # Raised like the quotas above: cdk.json's three environments share one account (no account set) and
+            # their NAT gateways need six Elastic IPs against a new account's five (preflight's test shows the
+            # blocker); the rehearsal plays an account where the increase was granted.
+            return {"AccountAttributes": [{"AttributeName": "vpc-max-elastic-ips",
+                                           "AttributeValues": [{"AttributeValue": "1000"}]}]}  # fmt: skip
+
+        def endpoint_services(params: dict[str, Any]) -> dict[str, Any]:
+            # moto's answer loads every moto backend (and their extras); here every service is offered in every
+            # zone of the region, as EC2 answers for the platform's services in us-west-2's zones a-d.
+            zones = [f"{self.region}{zone}" for zone in "abcd"]
+            names = params.get("ServiceNames", [])
+            return {"ServiceNames": names, "ServiceDetails": [
+                {"ServiceName": name, "AvailabilityZones": zones, "ServiceType": [{"ServiceType": "Interface"}]}
+                for name in names]}  # fmt: skip
+
+        return {
+            ("service-quotas", "GetServiceQuota"): one,
+            ("service-quotas", "ListServiceQuotas"): listed,
+            ("ec2", "DescribeAccountAttributes"): account_attributes,
+            ("ec2", "DescribeVpcEndpointServices"): endpoint_services,
+        }
 
     def deploy(self) -> str:
         assert self.gate is not None

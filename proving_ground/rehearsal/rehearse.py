@@ -7,7 +7,9 @@ Steps, as the README ("First deploy"), docs/training.md, docs/multi-model.md and
 
  1. synth             the environment's cloud assembly: the one given, or dev synthesized with
                       ``graviton_endpoint.model_data_key`` set (the README's step 3, so its endpoint can deploy);
- 2. preflight         ``pytorch-platform preflight -c env=<env>``: no blocker (quotas answer 1000, see below);
+ 2. preflight         the operator publishes the serving image first (README's step 2: an arm64 image in the tooling
+                      account's ECR, whose policy names this account, and its digest in the SSM parameter), then
+                      ``pytorch-platform preflight -c env=<env>``: no blocker (quotas answer 1000, see below);
  3. deploy            Foundation, Training and MultiModelEndpoint: each template's resources created in moto from its
                       resolved properties (``cdk deploy``'s part), code assets published from the assembly;
  4. EC2 training run  the Training stack's run command (a stack output) as the training launcher; every instance runs
@@ -35,7 +37,10 @@ running the cleanup), and AWS services acting on their own (EC2 terminating an i
 What moto or this machine lacks, the rehearsal plays, and says so here (none of it changes product code):
 - CloudFormation: moto's needs every moto extra; the rehearsal creates the templates' resources itself and answers
   DescribeStacks / ListStacks / ListStackResources from what it deployed (calls still checked). Service Quotas:
-  moto knows only the vpc service's; the rehearsal's account has every quota the templates use raised to 1000.
+  moto knows only the vpc service's; the rehearsal's account has every quota the templates use raised to 1000, the
+  Elastic IPs too (EC2 DescribeAccountAttributes: cdk.json's environments, sharing one account, need six of a new
+  account's five), and every interface endpoint service offered in the region's zones (moto's DescribeVpcEndpoint-
+  Services needs every moto extra).
 - moto has no placement groups (the launch template is created without one; RunInstances is still checked against
   it), and refuses ``/aws/service/...`` SSM parameters (the image is moto's Amazon-owned Deep Learning AMI) and
   ``ml.c7g`` types.

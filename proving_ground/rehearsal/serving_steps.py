@@ -158,11 +158,12 @@ class ServingSteps(RehearsalBase):
         from inference_assets.tools import endpoint_client
 
         assert self.deployment is not None
-        # The image digest, as the pipeline would publish it (docs/images.md, "Deploying by hand").
+        # The image digest the operator published before preflight (README, First deploy, step 2), as the
+        # pipeline would (docs/images.md, "Deploying by hand").
         self.client("ssm", OPERATOR).put_parameter(
             Name=image_parameter_name(self.settings().tags.project, SERVING_IMAGE),
             Type="String",
-            Value=SERVING_DIGEST,
+            Value=getattr(self, "serving_image_uri", SERVING_DIGEST),
             Overwrite=True,
         )
         deployed = self.deployment.deploy("GravitonEndpoint")
