@@ -156,6 +156,8 @@ def run_arguments(training: TrainingSettings) -> list[str]:
 class TrainingStack(EnvironmentStack):
     """Launch template for GPU training runs on EC2 and the ``@remote`` SDK config of one environment."""
 
+    # Long: the stack composes its constructs in dependency order (code assets, launch template, run reaper, policies,
+    # @remote config, outputs), each a call with its settings.
     def __init__(
         self,
         scope: Construct,

@@ -35,9 +35,9 @@ def pytest_configure(config: pytest.Config) -> None:
 # environment's plan once per process (prod's takes ~15 CPU-s).
 SAME_WORKER = {
     "sizing-plans": (
-        "tests/components/test_alarm_subscriptions.py",
-        "tests/delivery/test_review.py",
-        "tests/foundation/test_image_patching.py",
+        "tests/stacks/components/test_alarm_subscriptions.py",
+        "tests/ops_review/test_review.py",
+        "tests/stacks/foundation/test_image_patching.py",
         "tests/mme_sizing/test_plan.py",
         "tests/scripts/test_template_gates.py",
     ),

@@ -1,7 +1,7 @@
 """A GPU training instance played on this machine: the tools the user data and ec2_run.sh call, as shims.
 
-Shared by the rehearsal (proving_ground/rehearsal/rehearse.py) and tests/training/test_ec2_run_moto.py. The scripts
-themselves run
+Shared by the rehearsal (proving_ground/rehearsal/rehearse.py) and tests/training_assets/test_ec2_run_moto.py. The
+scripts themselves run
 for real with bash; what an instance has and this machine does not is played:
 
 - ``curl``: the instance metadata service, answering from ``IMDS_<name>`` variables (token, instance-id, ...);
@@ -9,7 +9,7 @@ for real with bash; what an instance has and this machine does not is played:
   has on the instance: on Docker's bridge network no AWS credentials (the launch template's metadata hop limit of 1
   keeps IMDS, and so the instance role, from it), on ``--network host`` the host's; the training container (the
   command that runs ``--check-only``) plays torchrun's rank 0, writing ``saved_model/`` and ``metrics.json`` (real
-  training is tests/training/test_container.py's subject): a copy of ``REHEARSAL_TRAINED_MODEL`` when set, else
+  training is tests/training_assets/test_container.py's subject): a copy of ``REHEARSAL_TRAINED_MODEL`` when set, else
   placeholder files; ``--log-driver awslogs`` sends the container's output to CloudWatch Logs with the host's
   credentials, as Docker's daemon does (CreateLogStream, then PutLogEvents);
 - ``nvidia-smi``: one A100; ``python3``: this Python; ``shutdown -h now``: the instance-initiated shutdown that

@@ -48,8 +48,8 @@ What moto or this machine lacks, the rehearsal plays, and says so here (none of 
   role, and InvokeEndpoint answers through the local Ray Serve server over the same archive (DJL Serving, the
   multi-model endpoint's server, cannot run here: the played multi-model endpoint reads the archive as the role
   would, checks its layout and answers through the same local server). A training job is played as in
-  tests/training/test_remote_sdk_moto.py (the SDK's own invoke_function as the job role, train() stubbed).
-- The training container plays torchrun's rank 0 (tests/training/test_container.py trains for real); the model it
+  tests/training_assets/test_remote_sdk_moto.py (the SDK's own invoke_function as the job role, train() stubbed).
+- The training container plays torchrun's rank 0 (tests/training_assets/test_container.py trains for real); the model it
   "trains" is the tiny offline RoBERTa.
 """
 

@@ -4,9 +4,10 @@
 moto's CreateTrainingJob marks the job Completed at once and runs nothing. Right after the call returns, the job is
 played as SageMaker would run it: the SDK's own ``invoke_function`` entry point with the request's container
 arguments and secret key, as the job's role (its access key in the environment), with ``train()`` replaced by a stub
-that writes a model (real training is tests/training/test_train_sentiment.py's subject); then the job's log stream
-is written by SageMaker itself. The same stand-ins as tests/training/test_remote_sdk_moto.py: the job's input folder
-moves under the work folder, and RemoteExecutor's polling intervals and the job waiter's first sleep (5 s) are set to 0.
+that writes a model (real training is tests/training_assets/test_train_sentiment.py's subject); then the job's log
+stream is written by SageMaker itself. The same stand-ins as tests/training_assets/test_remote_sdk_moto.py: the job's
+input folder moves under the work folder, and RemoteExecutor's polling intervals and the job waiter's first sleep
+(5 s) are set to 0.
 The SDK validates its config against its JSON schema each time it reads a value (19 times a job, 66 ms each): here
 each distinct config is validated once, with the same outcome.
 """

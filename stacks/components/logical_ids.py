@@ -11,7 +11,7 @@ the id, and the stacks use both:
 - ``keep_logical_ids(construct, old_id)`` for the others: every CloudFormation element under ``construct`` gets the
   logical id it would have if ``construct`` were still the stack's child ``old_id``.
 
-tests/foundation/test_logical_ids.py fails when a deployed resource's logical id changes anyway.
+tests/stacks/foundation/test_logical_ids.py fails when a deployed resource's logical id changes anyway.
 """
 
 from __future__ import annotations

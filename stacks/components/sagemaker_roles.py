@@ -262,7 +262,8 @@ class RemoteJobRole(SageMakerExecutionRole):
     remote_function/core/serialization.py): no signature. Whoever can write a caller's prefix can replace what that
     caller unpickles, so no other caller's role, nor any job of theirs, may write it."""
 
-    # Long: the role's statements as one table, each beside its reason, read top to bottom.
+    # Long: one statement per place the caller's jobs may touch (their prefix, the datasets, their log streams, the
+    # image, the key), each scoped to this caller, declared in the order the docstring lists them.
     def __init__(
         self,
         scope: Construct,

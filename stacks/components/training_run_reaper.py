@@ -29,8 +29,8 @@ class TrainingRunReaper(Construct):
     """Every ``SWEEP_MINUTES``, terminate the instances of ``launch_template_id`` launched more than
     ``max_run_hours`` hours and ``GRACE_MINUTES`` ago."""
 
-    # Long: one scheduled Lambda with its log group, role, policy, acknowledgements and rule, declared in dependency
-    # order, each beside the reason for its settings.
+    # Long: one scheduled function with its log group, role, scoped policy and rule, declared in dependency order, each
+    # acknowledgement next to the resource it excuses.
     def __init__(
         self,
         scope: Construct,

@@ -187,8 +187,8 @@ def test_training_image_extends_the_dlc_the_facts_table_chooses() -> None:
     # The same pinned file the EC2 nodes' image and the tests use, and the training package's modules.
     assert _pip_requirement_files(ROOT / training.dockerfile) == [ROOT / "training_assets/instance/requirements.txt"]  # type: ignore[attr-defined]
     copied = {word for instruction, arguments in instructions if instruction == "COPY" for word in arguments.split()}
-    # Every module of the training package (the log shipper runs on the host), as tests/training/test_container.py
-    # asks of the instance Dockerfile.
+    # Every module of the training package (the log shipper runs on the host), as
+    # tests/training_assets/test_container.py asks of the instance Dockerfile.
     modules = {p.name for p in (ROOT / "training_assets/instance").glob("*.py") if p.name != "ship_logs.py"}
     assert modules and {f"instance/{module}" for module in modules} <= copied
 

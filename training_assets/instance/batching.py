@@ -9,7 +9,7 @@ other way to pad little (``--padding packed``, packing.py): transformers 5 packs
 mask, positions and pooling.
 
 The attention mask makes padding inert (padded keys get no attention weight, and the classifier reads token 0), so
-what the model learns does not depend on how far a batch is padded; tests/training/test_fast_path.py proves it by
+what the model learns does not depend on how far a batch is padded; tests/training_assets/test_fast_path.py proves it by
 training the same batches both ways.
 
 Batches of similar length (``LengthBucketSampler``) are grouped by bucket, not by exact length: what a batch costs

@@ -1,0 +1,379 @@
+"""The archive's Ray Serve deployment class, loaded in-process from the unpacked archive (``code/sentiment_serving``)
+and called without Ray: what one batch of ``@serve.batch`` hands it, and the paths it answers without batching.
+
+The batching itself (requests queued by Ray Serve, ``max_batch_size``, the wait) runs only inside a replica (Ray 2.57's
+``_BatchQueue`` asks ``serve.get_replica_context()``), so test_ray_server.py checks it on the real server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from starlette.requests import Request
+
+from tests.inference_assets.archive_modules import forget_modules
+from tests.inference_assets.forward_passes import FAILURE, counted_forward_passes, failing_forward_passes
+from tests.inference_assets.request_table import GOOD, REQUESTS, TEST_LIMITS, check_answer, headers
+
+LIMITS_ENV = TEST_LIMITS.environment()
+
+
+@pytest.fixture(scope="module")
+def archive_module(unpacked_model: Path) -> Iterator[ModuleType]:
+    """``sentiment_serving.ray_deployment`` as the replica imports it: from the archive's code/ on the path."""
+    saved = list(sys.path)
+    forget_modules("sentiment_serving")
+    sys.path.insert(0, str(unpacked_model / "code"))
+    try:
+        yield importlib.import_module("sentiment_serving.ray_deployment")
+    finally:
+        sys.path[:] = saved
+        forget_modules("sentiment_serving")
+
+
+@pytest.fixture(scope="module")
+def replica(archive_module: ModuleType, unpacked_model: Path):
+    """The replica, constructed as Ray constructs it; ``torch_threads`` records the threads it set for its process,
+    and torch's threads go back to what they were when the module is done (the setting stays with these tests)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)  # neither this machine's share nor the settings': the replica must set its own
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in LIMITS_ENV.items():
+            patch.setenv(name, value)
+        settings = importlib.import_module("sentiment_serving.ray_settings").ServeSettings(threads=1)
+        # The user class behind the @serve.deployment wrapper, constructed as a replica constructs it.
+        made = archive_module.SentimentDeployment.func_or_class(str(unpacked_model), settings)
+        made.torch_threads = torch.get_num_threads()
+        try:
+            yield made
+        finally:
+            torch.set_num_threads(before)
+
+
+@pytest.fixture
+def forward_passes(replica) -> Iterator[list[int]]:
+    """How many texts each forward pass of the replica gets."""
+    with counted_forward_passes(replica) as sizes:
+        yield sizes
+
+
+def _request(method: str, path: str, body: bytes = b"", content_type: str = "text/plain") -> Request:
+    headers = [(b"content-type", content_type.encode())]
+    scope = {"type": "http", "method": method, "path": path, "headers": headers, "query_string": b""}
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(scope, receive)
+
+
+def _http(replica, method: str, path: str, body: bytes = b""):
+    return asyncio.run(replica(_request(method, path, body)))
+
+
+def _answer_together(replica, items: list) -> list:
+    """What the replica answers ``items`` (body, headers, request id) with, as its __call__ gets there: each request
+    admitted (parsed, tokenized, checked) on its own, the admitted ones answered in one forward pass."""
+    admitted = [replica.admit(body, headers, request_id) for body, headers, request_id in items]
+    passing = [item for item in admitted if not hasattr(item, "status")]  # an Answer (a refusal) has a status
+    answers = iter(replica.answer_together(passing) if passing else [])
+    return [item if hasattr(item, "status") else next(answers) for item in admitted]
+
+
+@pytest.mark.parametrize(("body", "content_type", "accept", "status", "fragment"), REQUESTS)
+def test_each_request_alone(replica, body, content_type, accept, status, fragment) -> None:
+    (answer,) = _answer_together(replica, [(body, headers(content_type, accept, lower_case=True), "request-0")])
+    check_answer(answer, status, fragment)
+
+
+def test_the_whole_table_in_one_batch_is_one_forward_pass_with_per_request_answers(replica, forward_passes) -> None:
+    rows = [param.values for param in REQUESTS]
+    items = [
+        (body, headers(ct, accept, lower_case=True), f"request-{n}") for n, (body, ct, accept, _, _) in enumerate(rows)
+    ]
+    batch = _answer_together(replica, items)
+    for answer, (_, _, _, status, fragment) in zip(batch, rows, strict=True):
+        check_answer(answer, status, fragment)
+    good_texts = sum(len(answer.json()) for answer in batch if answer.status == 200)
+    assert forward_passes == [good_texts]
+    # Batch invariance: the same requests one by one give the same labels and (up to padding noise) scores.
+    for answer, item, (_, _, _, status, _) in zip(batch, items, rows, strict=True):
+        if status == 200:
+            (alone,) = _answer_together(replica, [item])
+            assert [p["label"] for p in answer.json()] == [p["label"] for p in alone.json()]
+            for got, want in zip(answer.json(), alone.json(), strict=True):
+                assert got["scores"] == pytest.approx(want["scores"], abs=1e-4)
+
+
+def test_a_batch_of_only_bad_requests_runs_no_forward_pass(replica, forward_passes) -> None:
+    answers = _answer_together(
+        replica, [(b"{", {"content-type": "application/json"}, "a"), (b"x", {"content-type": "text/csv"}, "b")]
+    )
+    assert [a.status for a in answers] == [400, 415]
+    assert forward_passes == []
+
+
+def test_a_failing_forward_pass_is_a_clean_500_and_the_replica_keeps_serving(replica, caplog) -> None:
+    with failing_forward_passes(replica):
+        answers = _answer_together(
+            replica,
+            [(b"fine", {"content-type": "text/plain"}, "req-7"), (b"", {"content-type": "text/plain"}, "req-8")],
+        )
+    assert [a.status for a in answers] == [500, 400]
+    assert "cheese" not in answers[0].body.decode() and "req-7" in answers[0].json()["error"]
+    assert FAILURE in caplog.text
+    body, ct, accept, _, _ = GOOD[0].values
+    assert _answer_together(replica, [(body, headers(ct, accept, lower_case=True), "req-9")])[0].status == 200
+
+
+def test_ping_is_an_empty_200_and_unknown_paths_a_json_404(replica) -> None:
+    ping = _http(replica, "GET", "/ping")
+    assert (ping.status_code, ping.body) == (200, b"")
+    missing = _http(replica, "POST", "/models/m1/invoke", b'{"inputs": "x"}')
+    assert missing.status_code == 404 and missing.headers["content-type"] == "application/json"
+    assert b"\n" not in missing.body
+
+
+def test_the_replica_takes_its_threads_from_the_settings_not_from_ray(replica) -> None:
+    """Ray sets OMP_NUM_THREADS=1 in a worker where it is unset; the replica sets torch's threads itself (read when
+    it was constructed: the test session resets torch's threads between tests, tests/conftest.py), and again in the
+    thread its forward passes run on (a new thread starts with OpenMP's default, every core unless OMP_NUM_THREADS
+    says otherwise, whatever the constructor set in its own thread)."""
+    import torch
+
+    def threads_of_a_forward_pass() -> int:
+        replica.predictor.predict(["a text"])
+        return torch.get_num_threads()
+
+    in_forward_thread = replica._forward.submit(threads_of_a_forward_pass).result()
+    assert replica.predictor.options.threads == replica.settings.threads == replica.torch_threads == 1
+    assert in_forward_thread == 1
+
+
+def _drain(replica, bodies: list[bytes]) -> list:
+    """Queue ``bodies`` (text/plain) at once, as Ray's batches leave them, and get the answers of the replica's forward
+    passes."""
+    items = [replica.admit(body, {"content-type": "text/plain"}, f"r{n}") for n, body in enumerate(bodies)]
+    return asyncio.run(replica.queue(items))
+
+
+def test_requests_waiting_for_the_model_share_passes_of_at_most_max_batch_size(replica, forward_passes) -> None:
+    """What queued while a pass ran is the next pass: ten waiting requests are two passes (8 + 2), not ten."""
+    answers = _drain(replica, [f"text {n}".encode() for n in range(10)])
+    assert [answer.status for answer in answers] == [200] * 10
+    assert forward_passes == [replica.settings.max_batch_size, 10 - replica.settings.max_batch_size]
+
+
+def test_each_queued_request_gets_the_answer_to_its_own_text(replica) -> None:
+    """Mixed lengths, merged into passes of at most max_batch_size: every answer is its own request's (the forward
+    pass is replaced by one that names the text it answers)."""
+    original = replica.predictor.predict_dicts
+    replica.predictor.predict_dicts = lambda texts, *_: [{"label": t, "score": 1.0, "scores": {t: 1.0}} for t in texts]
+    try:
+        bodies = [("x" * length).encode() for length in (40, 2, 300, 1, 17, 2, 90, 5, 60, 3, 11)]
+        answers = _drain(replica, bodies)
+    finally:
+        replica.predictor.predict_dicts = original
+    assert [answer.json()[0]["label"].encode() for answer in answers] == bodies
+
+
+def test_a_batch_expects_what_the_last_round_brought(replica, forward_passes) -> None:
+    """The next batch waits (up to the timeout) for as many requests as the last pass answered plus those that queued
+    meanwhile; Ray's own batching is told the same number."""
+    # What Ray's batching is told: Ray 2.57's batch wrapper has a public setter and only this private getter.
+    expected = replica.answer._get_max_batch_size
+    _drain(replica, [b"one", b"two", b"three"])
+    assert expected() == replica.expected_requests == 3
+    _drain(replica, [b"alone"])
+    assert expected() == 1  # a lone client: its next request starts at once
+    started = time.monotonic()
+    _drain(replica, [b"alone again"])
+    assert time.monotonic() - started < 1  # no wait (the test settings' timeout is 2 ms anyway)
+    _drain(replica, [f"burst {n}".encode() for n in range(12)])  # a pass takes 8 at most: 8, then the other 4
+    assert forward_passes == [3, 1, 1, 8, 4]
+    assert expected() == 4
+
+
+def test_the_launcher_serves_the_archive_config_on_the_port_given(unpacked_model: Path, tmp_path: Path) -> None:
+    from inference_assets.container.ray_server import serve_config
+
+    config = serve_config(unpacked_model, "0.0.0.0", 8080)
+    assert config["http_options"] == {"host": "0.0.0.0", "port": 8080}
+    assert config["applications"][0]["import_path"] == "deployment:app"
+    with pytest.raises(SystemExit, match="no Ray Serve config"):
+        serve_config(tmp_path, "0.0.0.0", 8080)
+    (tmp_path / "config.yaml").write_text("applications: []\n")
+    with pytest.raises(SystemExit, match="names no applications"):
+        serve_config(tmp_path, "0.0.0.0", 8080)
+
+
+def test_the_launcher_takes_sagemakers_serve_argument_and_nothing_else(tmp_path: Path) -> None:
+    from inference_assets.container.ray_server import main
+
+    with pytest.raises(SystemExit, match="no Ray Serve config"):  # "serve" accepted: it got as far as the config
+        main(["serve", "--model-dir", str(tmp_path)])
+    with pytest.raises(SystemExit) as refused:
+        main(["train"])
+    assert refused.value.code == 2
+
+
+def test_the_launcher_gives_one_replica_the_sagemaker_port_and_several_the_proxy() -> None:
+    from inference_assets.container.ray_server import ingress_environment
+
+    one = ingress_environment({"SENTIMENT_SERVE_REPLICAS": "1"}, 8080)
+    assert one["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+    # Ray hands out range(MIN, MAX): 8080 and nothing else.
+    assert (one["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"], one["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]) == (
+        "8080",
+        "8081",
+    )
+    several = ingress_environment({"SENTIMENT_SERVE_REPLICAS": "2"}, 8080)
+    assert several["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "0"
+    assert "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT" not in several
+    # An operator's choice stands: Ray Serve's defaults (the proxy on the port), or direct ingress turned off.
+    for choice in ({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}, {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}):
+        kept = ingress_environment(choice, 8080)
+        assert not set(choice) & set(kept)
+        assert "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT" not in kept
+
+
+@pytest.fixture
+def token_limit(replica) -> Iterator[int]:
+    """The replica with max_request_tokens at its floor (512): eight texts of the tiny model's 64-token window."""
+    saved = replica.limits
+    replica.limits = type(saved)(
+        max_request_batch=32, max_request_bytes=saved.max_request_bytes, max_request_tokens=512
+    )
+    try:
+        yield replica.predictor.max_length
+    finally:
+        replica.limits = saved
+
+
+def _full_window_texts(count: int) -> bytes:
+    return json.dumps({"inputs": [f"review {n}: " + "great film " * 40 for n in range(count)]}).encode()
+
+
+def test_a_request_over_the_token_limit_is_a_413_naming_it(replica, token_limit: int, forward_passes) -> None:
+    assert token_limit * 8 == 512
+    json_headers = {"content-type": "application/json"}
+    (over, at) = [replica.admit(_full_window_texts(n), json_headers, f"r{n}") for n in (9, 8)]
+    assert over.status == 413
+    assert "576 tokens" in over.json()["error"] and "at most 512" in over.json()["error"]
+    assert "(max_request_tokens)" in over.json()["error"]
+    assert at.tokens == 512 and forward_passes == []  # admission alone runs no forward pass
+    (answer,) = asyncio.run(replica.queue([at]))
+    assert answer.status == 200 and forward_passes == [8]
+
+
+def test_a_forward_pass_holds_at_most_max_request_tokens(replica, token_limit: int, forward_passes) -> None:
+    """Three requests at the token limit are three passes; eight short ones share one (the batch size bounds it)."""
+    json_headers = {"content-type": "application/json"}
+    full = [replica.admit(_full_window_texts(8), json_headers, f"f{n}") for n in range(3)]
+    short = [replica.admit(f"short {n}".encode(), {"content-type": "text/plain"}, f"s{n}") for n in range(8)]
+    answers = asyncio.run(replica.queue(full + short))
+    assert [answer.status for answer in answers] == [200] * 11
+    assert forward_passes == [8, 8, 8, 8]
+
+
+async def _saturate_and_ping(replica, release: threading.Event) -> tuple[list[int], float, int]:
+    """Hold every invocation slot of the replica with requests whose forward pass waits for ``release``; then ping,
+    and send one invocation more. (ping status..., ping seconds, the extra invocation's status)."""
+    calls = [
+        asyncio.create_task(replica(_request("POST", "/invocations", f"text {n}".encode())))
+        for n in range(replica.settings.max_invocations)
+    ]
+    while replica._invocations < replica.settings.max_invocations:
+        await asyncio.sleep(0.01)
+    started = time.monotonic()
+    pings = [await replica(_request("GET", "/ping")) for _ in range(3)]
+    ping_seconds = time.monotonic() - started
+    extra = await replica(_request("POST", "/invocations", b"one more"))
+    assert "its limit" in json.loads(extra.body)["error"]
+    release.set()
+    answered = await asyncio.gather(*calls)
+    assert [response.status_code for response in answered] == [200] * len(calls)
+    return [ping.status_code for ping in pings], ping_seconds, extra.status_code
+
+
+class _WithoutRayBatching:
+    """``replica.answer`` outside Ray: Ray's ``@serve.batch`` needs a replica context, so each request goes straight
+    to ``queue`` (what every batch Ray forms goes through); the setters Ray's wrapper has do nothing."""
+
+    def __init__(self, replica) -> None:
+        self.replica = replica
+
+    async def __call__(self, item):
+        (answer,) = await self.replica.queue([item])
+        return answer
+
+    def set_max_batch_size(self, size: int) -> None:
+        pass
+
+
+def test_ping_answers_at_once_while_every_invocation_slot_is_held(replica, monkeypatch) -> None:
+    """The queue full (max_invocations requests held, a forward pass running), /ping is 200 at once and the next
+    invocation is refused with a 503 naming the limit, not queued behind the others."""
+    release = threading.Event()
+    original = replica.predictor.predict_dicts
+
+    def slow(texts, *encodings):
+        release.wait(30)
+        return original(texts, *encodings)
+
+    monkeypatch.setattr(replica.predictor, "predict_dicts", slow)
+    monkeypatch.setattr(replica, "answer", _WithoutRayBatching(replica))
+    statuses, seconds, extra = asyncio.run(_saturate_and_ping(replica, release))
+    assert statuses == [200, 200, 200] and seconds < 0.5
+    assert extra == 503
+    # Ray's own limit leaves room for /ping beyond the invocations the replica holds itself.
+    assert replica.settings.max_ongoing_requests > replica.settings.max_invocations
+
+
+def test_a_replica_whose_forward_passes_keep_failing_says_it_cannot_serve(replica) -> None:
+    with failing_forward_passes(replica):
+        for n in range(3):
+            assert _answer_together(replica, [(b"text", {"content-type": "text/plain"}, f"f{n}")])[0].status == 500
+        ping = _http(replica, "GET", "/ping")
+        assert ping.status_code == 503 and "the last 3 forward passes failed" in json.loads(ping.body)["error"]
+        with pytest.raises(RuntimeError, match="forward passes failed"):
+            replica.check_health()  # Ray's health check: Ray replaces the replica
+    assert _answer_together(replica, [(b"text", {"content-type": "text/plain"}, "ok")])[0].status == 200
+    assert _http(replica, "GET", "/ping").status_code == 200  # one good pass and it serves again
+    replica.check_health()
+
+
+def test_the_launcher_keeps_ray_off_the_network() -> None:
+    """No usage report (the endpoint has no egress); the dashboard and the node address are ray_server.main's
+    ray.init arguments (include_dashboard=False, _node_ip_address=127.0.0.1)."""
+    from inference_assets.container.ray_server import ingress_environment
+
+    assert ingress_environment({}, 8080)["RAY_USAGE_STATS_ENABLED"] == "0"
+    assert "RAY_USAGE_STATS_ENABLED" not in ingress_environment({"RAY_USAGE_STATS_ENABLED": "0"}, 8080)
+
+
+def test_the_object_store_fits_shared_memory_or_goes_to_disk_saying_so(tmp_path: Path, monkeypatch) -> None:
+    from inference_assets.container import ray_server
+
+    mib = 1024 * 1024
+
+    def free(size: int):
+        return lambda path: type("Usage", (), {"free": size})()
+
+    monkeypatch.setattr(ray_server.shutil, "disk_usage", free(64 * mib))  # Docker's default /dev/shm
+    assert ray_server.object_store(spill=str(tmp_path)) == (ray_server.OBJECT_STORE_MIN_BYTES, str(tmp_path))
+    monkeypatch.setattr(ray_server.shutil, "disk_usage", free(400 * mib))
+    assert ray_server.object_store() == (200 * mib, None)  # half of what /dev/shm has free
+    monkeypatch.setattr(ray_server.shutil, "disk_usage", free(64 * 1024 * mib))
+    assert ray_server.object_store() == (ray_server.OBJECT_STORE_MAX_BYTES, None)

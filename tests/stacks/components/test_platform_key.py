@@ -1,0 +1,98 @@
+"""PlatformKey on a bare stack: its key policy, evaluated for the principals that use the key."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+import pytest
+
+from proving_ground.iam_policy import Request, is_allowed, resolve
+from stacks.components.platform_key import PlatformKey
+from tests.stacks.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
+
+KEY_ARN = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/platformkey"
+# An identity policy that allows everything on the key: the key policy alone must decide.
+ALLOW_ALL = {"Statement": [{"Effect": "Allow", "Action": "kms:*", "Resource": "*"}]}
+USER = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/someone"}
+
+
+@pytest.fixture(scope="module")
+def key_template() -> dict:
+    stack = bare_stack()
+    PlatformKey(
+        stack,
+        "PlatformKey",
+        alias="alias/platform-test",
+        description="test key",
+        removal_policy=cdk.RemovalPolicy.RETAIN,
+        pending_window_days=30,
+    )
+    return template_of(stack)
+
+
+@pytest.fixture(scope="module")
+def key_policy(key_template: dict) -> dict:
+    ((_, key),) = resources(key_template, "AWS::KMS::Key").items()
+    return resolve(key["Properties"]["KeyPolicy"], refs=refs(key_template))
+
+
+def _allowed(key_policy: dict, action: str, context: dict, identity: dict | None = None) -> bool:
+    policies = [identity] if identity else []
+    return is_allowed(policies, Request(action, KEY_ARN, context), key_policy=key_policy)
+
+
+def test_the_key_rotates_is_retained_as_asked_and_has_its_alias(key_template: dict) -> None:
+    ((_, key),) = resources(key_template, "AWS::KMS::Key").items()
+    assert key["Properties"]["EnableKeyRotation"] is True
+    assert key["Properties"]["PendingWindowInDays"] == 30
+    assert key["DeletionPolicy"] == "Retain"
+    ((_, alias),) = resources(key_template, "AWS::KMS::Alias").items()
+    assert alias["Properties"]["AliasName"] == "alias/platform-test"
+
+
+VIA_S3 = {**USER, "kms:ViaService": f"s3.{REGION}.amazonaws.com"}
+
+
+def test_account_principals_use_the_key_through_their_iam_policies(key_policy: dict) -> None:
+    assert _allowed(key_policy, "kms:Decrypt", VIA_S3, ALLOW_ALL)
+    assert not _allowed(key_policy, "kms:Decrypt", VIA_S3)  # no identity policy: no use
+    assert _allowed(key_policy, "kms:DescribeKey", USER, ALLOW_ALL)  # not a cryptographic operation
+
+
+@pytest.mark.parametrize("action", ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:ReEncryptFrom"])
+@pytest.mark.parametrize("service", ["s3", "sagemaker", "ec2", "ecr", "sns", "logs"])
+def test_principals_use_the_key_through_the_platforms_services(key_policy: dict, action: str, service: str) -> None:
+    """Issue 22.4: through a platform service (kms:ViaService) a role uses the key."""
+    assert _allowed(key_policy, action, {**USER, "kms:ViaService": f"{service}.{REGION}.amazonaws.com"}, ALLOW_ALL)
+
+
+@pytest.mark.parametrize("action", ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:ReEncryptFrom"])
+@pytest.mark.parametrize("via", [None, f"dynamodb.{REGION}.amazonaws.com", "s3.us-east-1.amazonaws.com"])
+def test_a_direct_call_or_another_service_is_denied(key_policy: dict, action: str, via: str | None) -> None:
+    """Issue 22.4: a role allowed everything on the key, calling KMS itself (a copied ciphertext, data keys for use
+    elsewhere) or through a service that holds none of the platform's data, is refused."""
+    context = {**USER, "aws:PrincipalIsAWSService": "false", **({"kms:ViaService": via} if via else {})}
+    assert not _allowed(key_policy, action, context, ALLOW_ALL)
+
+
+@pytest.mark.parametrize(
+    ("for_aws_resource", "allowed"), [("true", True), ("false", False)], ids=["for-aws-resource", "to-anyone"]
+)
+def test_grants_only_for_aws_resources(key_policy: dict, for_aws_resource: str, allowed: bool) -> None:
+    context = {**USER, "kms:GrantIsForAWSResource": for_aws_resource, "aws:PrincipalIsAWSService": "false"}
+    assert _allowed(key_policy, "kms:CreateGrant", context, ALLOW_ALL) is allowed
+
+
+def test_cloudwatch_logs_encrypts_this_accounts_log_groups_only(key_policy: dict) -> None:
+    logs = {"aws:PrincipalServiceName": f"logs.{REGION}.amazonaws.com", "aws:PrincipalIsAWSService": "true"}
+    own = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/flow-logs"
+    other = f"arn:aws:logs:{REGION}:999999999999:log-group:/flow-logs"
+    assert _allowed(key_policy, "kms:GenerateDataKey", {**logs, "kms:EncryptionContext:aws:logs:arn": own})
+    assert not _allowed(key_policy, "kms:GenerateDataKey", {**logs, "kms:EncryptionContext:aws:logs:arn": other})
+    assert not _allowed(key_policy, "kms:ScheduleKeyDeletion", {**logs, "kms:EncryptionContext:aws:logs:arn": own})
+
+
+def test_cloudwatch_alarms_of_this_account_publish_to_encrypted_topics(key_policy: dict) -> None:
+    alarms = {"aws:PrincipalServiceName": "cloudwatch.amazonaws.com", "aws:PrincipalIsAWSService": "true"}
+    assert _allowed(key_policy, "kms:Decrypt", {**alarms, "aws:SourceAccount": ACCOUNT})
+    assert not _allowed(key_policy, "kms:Decrypt", {**alarms, "aws:SourceAccount": "999999999999"})
+    assert not _allowed(key_policy, "kms:Encrypt", {**alarms, "aws:SourceAccount": ACCOUNT})

@@ -1,0 +1,196 @@
+"""PlatformNetwork and WorkloadSecurityGroup on a bare stack: what can reach the network, what its endpoints let
+through (their policies evaluated), who may deliver its flow logs, and the names it gives its resources."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
+from aws_cdk import region_info
+
+from proving_ground.iam_policy import Request, is_allowed, resolve
+from stacks.components.platform_network import (
+    ENDPOINTS_WITH_IDENTITY_PERIMETER,
+    INTERFACE_ENDPOINTS,
+    PlatformNetwork,
+    WorkloadSecurityGroup,
+)
+from stacks.settings import VpcSettings
+from tests.stacks.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
+
+CIDR = "10.7.0.0/16"
+MASKS = (VpcSettings.PRIVATE_SUBNET_MASK, VpcSettings.PUBLIC_SUBNET_MASK)
+OTHER_ACCOUNT = "999999999999"
+ALLOW_ALL = [{"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}]
+
+
+@pytest.fixture(scope="module")
+def network_template() -> dict:
+    stack = bare_stack()
+    network = PlatformNetwork(
+        stack,
+        "Network",
+        cidr=CIDR,
+        max_azs=2,
+        nat_gateways=1,
+        subnet_masks=MASKS,
+        flow_log_key=kms.Key(stack, "Key"),
+        flow_log_retention=logs.RetentionDays.TWO_WEEKS,
+        removal_policy=cdk.RemovalPolicy.DESTROY,
+    )
+    WorkloadSecurityGroup(stack, "Workloads", vpc=network.vpc)
+    return template_of(stack)
+
+
+def _endpoint_policy(template: dict, name: str) -> dict | None:
+    (endpoint,) = [r for lid, r in resources(template, "AWS::EC2::VPCEndpoint").items() if lid[:-8].endswith(name)]
+    policy = endpoint["Properties"].get("PolicyDocument")
+    return resolve(policy, refs=refs(template)) if policy else None
+
+
+def test_no_address_outside_the_vpc_can_open_a_connection_into_it(network_template: dict) -> None:
+    for subnet in resources(network_template, "AWS::EC2::Subnet").values():
+        assert subnet["Properties"]["MapPublicIpOnLaunch"] is False
+    ingress = [
+        rule
+        for group in resources(network_template, "AWS::EC2::SecurityGroup").values()
+        for rule in group["Properties"].get("SecurityGroupIngress", [])
+    ] + [r["Properties"] for r in resources(network_template, "AWS::EC2::SecurityGroupIngress").values()]
+    assert ingress == [
+        {"CidrIp": CIDR, "Description": "HTTPS from the VPC", "FromPort": 443, "IpProtocol": "tcp", "ToPort": 443}
+    ]
+
+
+def test_workloads_only_send_https(network_template: dict) -> None:
+    (group,) = [g for lid, g in resources(network_template, "AWS::EC2::SecurityGroup").items() if "Workloads" in lid]
+    assert "SecurityGroupIngress" not in group["Properties"]
+    (egress,) = group["Properties"]["SecurityGroupEgress"]
+    assert (egress["IpProtocol"], egress["FromPort"], egress["ToPort"]) == ("tcp", 443, 443)
+
+
+def test_private_subnets_reach_the_internet_only_through_the_nat_gateway(network_template: dict) -> None:
+    routes = resources(network_template, "AWS::EC2::Route")
+    private = [r["Properties"] for lid, r in routes.items() if "PrivateSubnet" in lid]
+    assert private and all("NatGatewayId" in route and "GatewayId" not in route for route in private)
+
+
+def test_every_platform_service_has_an_interface_endpoint(network_template: dict) -> None:
+    endpoints = resources(network_template, "AWS::EC2::VPCEndpoint")
+    interface = [r for r in endpoints.values() if r["Properties"].get("VpcEndpointType") == "Interface"]
+    assert len(interface) == len(INTERFACE_ENDPOINTS)
+    assert all(r["Properties"]["PrivateDnsEnabled"] is True for r in interface)
+
+
+@pytest.mark.parametrize("name", ENDPOINTS_WITH_IDENTITY_PERIMETER)
+def test_interface_endpoints_admit_this_accounts_principals_and_aws_services_only(
+    network_template: dict, name: str
+) -> None:
+    policy = _endpoint_policy(network_template, name)
+    assert policy is not None
+
+    def through_endpoint(context: dict) -> bool:
+        return is_allowed(ALLOW_ALL, Request("sts:GetCallerIdentity", "*", context), endpoint_policies=[policy])
+
+    assert through_endpoint({"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalIsAWSService": "false"})
+    assert through_endpoint({"aws:PrincipalIsAWSService": "true"})
+    assert not through_endpoint({"aws:PrincipalAccount": OTHER_ACCOUNT, "aws:PrincipalIsAWSService": "false"})
+
+
+@pytest.mark.parametrize("name", ENDPOINTS_WITH_IDENTITY_PERIMETER)
+def test_interface_endpoints_reach_only_this_accounts_resources_and_for_ecr_the_dlc_registry(
+    network_template: dict, name: str
+) -> None:
+    """Through an interface endpoint, even this account's principals reach only this account's resources (the ECR
+    API also the Deep Learning Containers' registry account): no copy to, or role of, another account."""
+    policy = _endpoint_policy(network_template, name)
+    assert policy is not None
+    dlc_account = region_info.Fact.find(REGION, region_info.FactName.DLC_REPOSITORY_ACCOUNT)
+    assert dlc_account and dlc_account != ACCOUNT
+    own = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalIsAWSService": "false"}
+
+    def reaches(resource_account: str | None) -> bool:
+        context = own if resource_account is None else {**own, "aws:ResourceAccount": resource_account}
+        return is_allowed(ALLOW_ALL, Request("ecr:BatchGetImage", "*", context), endpoint_policies=[policy])
+
+    assert reaches(ACCOUNT)
+    assert reaches(None)  # an action on no resource (sts:GetCallerIdentity, ecr:GetAuthorizationToken)
+    assert not reaches(OTHER_ACCOUNT)
+    assert reaches(dlc_account) == (name == "EcrApi")
+
+
+def test_the_ecr_endpoint_also_reaches_the_registry_of_the_platforms_built_images() -> None:
+    """Nodes that pull the pipeline-built training image by digest pull from the pipeline's (tooling) account through
+    the ECR API endpoint: that account is admitted there, and nowhere else."""
+    registry = "222222222222"
+    stack = bare_stack()
+    PlatformNetwork(stack, "Network", cidr=CIDR, max_azs=2, nat_gateways=0, subnet_masks=MASKS,
+                    flow_log_key=kms.Key(stack, "Key"),
+                    flow_log_retention=logs.RetentionDays.TWO_WEEKS, removal_policy=cdk.RemovalPolicy.DESTROY,
+                    image_registry_accounts=[registry])  # fmt: skip
+    template = template_of(stack)
+    own = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalIsAWSService": "false"}
+    for name in ENDPOINTS_WITH_IDENTITY_PERIMETER:
+        policy = _endpoint_policy(template, name)
+        request = Request("ecr:BatchGetImage", "*", {**own, "aws:ResourceAccount": registry})
+        assert is_allowed(ALLOW_ALL, request, endpoint_policies=[policy]) == (name == "EcrApi"), name
+
+
+def test_s3_gateway_reaches_this_accounts_buckets_and_only_reads_the_aws_owned_ones_it_needs(
+    network_template: dict,
+) -> None:
+    policy = _endpoint_policy(network_template, "S3")
+    assert policy is not None
+    own = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalIsAWSService": "false"}
+
+    def allowed(action: str, resource: str, bucket_account: str) -> bool:
+        context = {**own, "aws:ResourceAccount": bucket_account}
+        return is_allowed(ALLOW_ALL, Request(action, resource, context), endpoint_policies=[policy])
+
+    assert allowed("s3:PutObject", "arn:aws:s3:::datasets/x", ACCOUNT)
+    assert not allowed("s3:PutObject", "arn:aws:s3:::exfiltration/x", OTHER_ACCOUNT)
+    layers = f"arn:aws:s3:::prod-{REGION}-starport-layer-bucket/layer"  # ECR image layers
+    assert allowed("s3:GetObject", layers, OTHER_ACCOUNT)
+    assert not allowed("s3:PutObject", layers, OTHER_ACCOUNT)
+
+
+def test_only_this_accounts_flow_logs_may_use_the_delivery_role(network_template: dict) -> None:
+    ((role_id, role),) = [
+        (lid, r) for lid, r in resources(network_template, "AWS::IAM::Role").items() if "FlowLog" in lid
+    ]
+    trust = resolve(role["Properties"]["AssumeRolePolicyDocument"], refs=refs(network_template))
+
+    def may_assume(source_account: str) -> bool:
+        context = {
+            "aws:PrincipalServiceName": "vpc-flow-logs.amazonaws.com",
+            "aws:SourceAccount": source_account,
+            "aws:SourceArn": f"arn:aws:ec2:{REGION}:{source_account}:vpc-flow-log/fl-0123",
+        }
+        return is_allowed([], Request("sts:AssumeRole", f"arn:aws:iam::{ACCOUNT}:role/{role_id}", context),
+                          resource_policies=[trust])  # fmt: skip
+
+    assert may_assume(ACCOUNT)
+    assert not may_assume(OTHER_ACCOUNT)
+
+
+def test_flow_logs_go_to_an_encrypted_group_kept_as_long_as_asked(network_template: dict) -> None:
+    ((group_id, group),) = resources(network_template, "AWS::Logs::LogGroup").items()
+    assert "KmsKeyId" in group["Properties"] and group["Properties"]["RetentionInDays"] == 14
+    ((_, flow_log),) = resources(network_template, "AWS::EC2::FlowLog").items()
+    assert flow_log["Properties"]["LogGroupName"] == {"Ref": group_id}
+    assert flow_log["Properties"]["ResourceType"] == "VPC"
+
+
+def test_the_vpc_and_its_subnets_are_named_after_the_construct(network_template: dict) -> None:
+    names = {
+        lid: next(t["Value"] for t in r["Properties"]["Tags"] if t["Key"] == "Name")
+        for lid, r in network_template["Resources"].items()
+        if r["Type"] in ("AWS::EC2::VPC", "AWS::EC2::Subnet")
+    }
+    assert sorted(set(names.values())) == [
+        "Bare/Network",
+        "Bare/Network/PrivateSubnet1",
+        "Bare/Network/PrivateSubnet2",
+        "Bare/Network/PublicSubnet1",
+        "Bare/Network/PublicSubnet2",
+    ]

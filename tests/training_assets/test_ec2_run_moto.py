@@ -1,0 +1,83 @@
+"""ec2_run.sh for real against a moto server: the real AWS CLI on the "host" (the CLI v1 that aws-cdk-lib ships for
+BucketDeployment), a container shim for ``docker`` that runs the container's command on this machine with what a
+bridge-networked container has on the instance: the network, but no AWS credentials (the launch template's
+metadata hop limit of 1 keeps IMDS, and so the instance role, from it). The shims are
+proving_ground/rehearsal/ec2_host.py's, shared
+with the rehearsal (proving_ground/rehearsal/rehearse.py). The trained model must land in S3 under the platform key."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from stacks.settings import TrainingSettings
+from tests.training_assets.moto_host import REGION, host_client, host_tools
+
+ROOT = Path(__file__).resolve().parents[2]
+BUCKET = "dev-artifacts"
+
+
+@pytest.mark.slow
+def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: Path, moto_endpoint: str) -> None:
+    ec2, s3 = host_client("ec2", moto_endpoint), host_client("s3", moto_endpoint)
+    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+    key_arn = host_client("kms", moto_endpoint).create_key()["KeyMetadata"]["Arn"]
+    host_client("logs", moto_endpoint).create_log_group(logGroupName="dev-training-logs")  # the TrainingStack's
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    reservation = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, InstanceType="p4d.24xlarge")
+    instance = reservation["Instances"][0]
+
+    work = tmp_path / "work"
+    for folder in ("training_assets/instance", "inference_assets"):
+        shutil.copytree(ROOT / folder, work / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    with host_tools(aws_cli, moto_endpoint, tmp_path) as (_, host_environment, _):
+        env = {
+            **host_environment,
+            "HOME": str(tmp_path),
+            "IMDS_instance_id": instance["InstanceId"],
+            "IMDS_reservation_id": reservation["ReservationId"],
+            "IMDS_local_ipv4": instance["PrivateIpAddress"],
+            "AWS_REGION": REGION,
+            "DLC_ACCOUNT": "763104351884",
+            "REGISTRY_DOMAIN": "amazonaws.com",
+            "DLC_REPOSITORY": TrainingSettings().image.repository,
+            "IMAGE_TAG": TrainingSettings().image_tag,
+            "LOG_GROUP": "dev-training-logs",
+            "ARTIFACTS_BUCKET": BUCKET,
+            "OUTPUT_PREFIX": "training-output/",
+            "KMS_KEY_ID": key_arn,
+            "DATASET": "tweet_eval:sentiment",
+            "BASE_MODEL": "cardiffnlp/twitter-roberta-base-sentiment-latest",
+            "EFA": "false",
+        }
+        result = subprocess.run(["bash", "training_assets/instance/ec2_run.sh"], cwd=work, env=env, check=False,
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    prefix = f"training-output/{reservation['ReservationId']}/"
+    for name in ("model.tar.gz", "metrics.json"):
+        head = s3.head_object(Bucket=BUCKET, Key=prefix + name)
+        assert (head["ServerSideEncryption"], head["SSEKMSKeyId"]) == ("aws:kms", key_arn), name
+    archive = s3.get_object(Bucket=BUCKET, Key=prefix + "model.tar.gz")["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        names = set(tar.getnames())
+    # The Ray Serve archive the Graviton endpoint serves: model files, Ray's config and deployment, the serving code.
+    ray_archive = {
+        "config.json",
+        "model.safetensors",
+        "config.yaml",
+        "deployment.py",
+        "code/sentiment_serving/ray_server.py",
+    }
+    assert ray_archive <= names
+    metrics = s3.get_object(Bucket=BUCKET, Key=prefix + "metrics.json")["Body"].read()
+    assert json.loads(metrics) == {"eval_accuracy": 0.7}
+    # The container's output went to the run's stream through Docker's awslogs driver.
+    streams = host_client("logs", moto_endpoint).describe_log_streams(logGroupName="dev-training-logs")["logStreams"]
+    assert [s["logStreamName"] for s in streams] == [f"{reservation['ReservationId']}/{instance['InstanceId']}/train"]

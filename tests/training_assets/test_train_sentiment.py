@@ -1,0 +1,351 @@
+"""The training script for real: a compiled CPU fine-tune and every bad input (two processes: test_many_ranks.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from inference_assets.container.predictor import SentimentPredictor
+from tests.training_assets.warm_python import WarmPython
+from training_assets.instance import hardware, train_config, train_sentiment
+from training_assets.instance.batching import SMALLEST_BUCKET
+from training_assets.instance.dataset import TrainingInputError
+from training_assets.instance.train_config import TrainConfig
+from training_assets.instance.train_sentiment import train
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = "training_assets.instance.train_sentiment"
+# Hyper-parameters with which the tiny model learns the sample data in a few epochs.
+FAST = ["--epochs", "3", "--per-device-batch-size", "8", "--learning-rate", "5e-3", "--max-seq-length", "32"]
+TRAIN_ROWS = 240
+# The compiled run trains twice as many epochs (its --epochs after FAST's wins) on the short texts of
+# one_bucket_data, and learns as clearly.
+COMPILED_EPOCHS = 6
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _run(python: WarmPython, arguments: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``python <arguments>``, with the repository on the import path as ``python -m`` from its root would have it
+    (the tests run elsewhere)."""
+    return subprocess.run([python.executable, *arguments], check=False, cwd=cwd, env=python.env(), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def one_bucket_data(tiny_model_dir: Path, sample_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample texts of at most the smallest bucket's tokens, whole batches of training ones: every training batch
+    pads to that one bucket, so TorchInductor compiles the training step for one shape (each further shape took ~25
+    more C++ kernels, ~25 CPU-seconds here). That each bucket length compiles once, and only then, is TorchDynamo's
+    decision, tested on texts of several lengths in test_fast_path."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    folder = tmp_path_factory.mktemp("one-bucket")
+    for split in ("train", "validation"):
+        rows = [row for row in _rows(sample_data / f"{split}.jsonl")
+                if len(tokenizer(row["text"])["input_ids"]) <= SMALLEST_BUCKET]  # fmt: skip
+        if split == "train":
+            rows = rows[: len(rows) // 8 * 8]
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def compiled_run(
+    tiny_model_dir: Path, one_bucket_data: Path, tmp_path_factory: pytest.TempPathFactory, warm_python: WarmPython
+) -> Path:
+    """One CLI run with torch.compile and fused AdamW on; the tests below inspect what it left."""
+    output = tmp_path_factory.mktemp("compiled")
+    result = _run(
+        warm_python,
+        [
+            "-m",
+            MODULE,
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(one_bucket_data),
+            "--output-dir",
+            str(output),
+            "--torch-compile",
+            "--fused-adamw",
+            "--use-cpu",
+            *FAST,
+            "--epochs",
+            str(COMPILED_EPOCHS),
+        ],
+        cwd=tmp_path_factory.getbasetemp(),
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return output
+
+
+@pytest.mark.slow
+def test_compiled_run_learns_and_reports_every_epoch(compiled_run: Path) -> None:
+    metrics = json.loads((compiled_run / "metrics.json").read_text())
+    assert metrics["config"]["torch_compile"] and metrics["config"]["fused_adamw"] and not metrics["config"]["bf16"]
+    # TorchInductor for real: the optimizer step compiled with the model, each batch shape compiled once.
+    assert metrics["optimizer_step"].startswith("compiled")
+    assert metrics["compilation"]["steps_that_compiled"] == metrics["compilation"]["first_steps_of_each_shape"]
+    assert list(metrics["padding"]["steps_per_length"]) == [str(SMALLEST_BUCKET)]  # one shape: one_bucket_data's
+    epochs = metrics["epochs"]
+    assert [row["epoch"] for row in epochs] == [float(epoch) for epoch in range(1, COMPILED_EPOCHS + 1)]
+    assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
+    assert epochs[-1]["eval_loss"] < epochs[0]["eval_loss"]
+    for row in epochs:
+        assert 0.0 <= row["eval_accuracy"] <= 1.0 and 0.0 <= row["eval_macro_f1"] <= 1.0
+
+
+@pytest.mark.slow
+def test_throughput_excludes_the_compile_warmup(compiled_run: Path, one_bucket_data: Path) -> None:
+    throughput = json.loads((compiled_run / "metrics.json").read_text())["throughput"]
+    steps_per_epoch = len(_rows(one_bucket_data / "train.jsonl")) // 8
+    assert throughput["warmup_steps"] == 1
+    assert throughput["measured_steps"] == COMPILED_EPOCHS * steps_per_epoch - 1
+    assert throughput["samples_per_step"] == 8
+    assert throughput["train_samples_per_second"] == pytest.approx(
+        throughput["measured_steps"] * 8 / throughput["measured_seconds"], rel=1e-3
+    )
+    # Non-padding tokens: more than the two special tokens per sample, fewer than the padded length.
+    tokens_per_sample = throughput["non_padding_tokens_per_second"] / throughput["train_samples_per_second"]
+    assert 2 < tokens_per_sample < 32
+    # Bucketed padding (the default): positions computed per sample stay well under max_seq_length.
+    assert throughput["positions_per_second"] / throughput["train_samples_per_second"] < 16
+    assert 0 < throughput["padding_fraction"] <= 0.4
+    assert throughput["warmup_seconds"] >= throughput["compile_warmup_seconds"] >= 0
+
+
+@pytest.mark.slow
+def test_saved_model_reloads_and_predicts_like_the_trained_one(compiled_run: Path, one_bucket_data: Path) -> None:
+    saved = compiled_run / "saved_model"
+    assert (saved / "model.safetensors").is_file() and (saved / "tokenizer.json").is_file()
+    assert not list(saved.glob("*.bin")), "weights must be safetensors, and no pickled training args"
+    predictor = SentimentPredictor(saved)
+    rows = _rows(one_bucket_data / "validation.jsonl")
+    predictions = predictor.predict([row["text"] for row in rows])
+    assert {p.label for p in predictions} <= {"negative", "neutral", "positive"}
+    correct = sum(p.label == predictor.labels[row["label"]] for p, row in zip(predictions, rows, strict=True))
+    accuracy = correct / len(rows)
+    reported = json.loads((compiled_run / "metrics.json").read_text())["epochs"][-1]["eval_accuracy"]
+    assert accuracy == pytest.approx(reported, abs=1.5 / len(rows))
+
+
+# ------------------------------------------------------------------------------------------------------ bad input
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture()
+def data_dir(tmp_path: Path, sample_data: Path) -> Path:
+    folder = tmp_path / "data"
+    shutil.copytree(sample_data, folder)
+    return folder
+
+
+def _config(model: Path, dataset: Path, **overrides) -> TrainConfig:
+    settings = {"use_cpu": True, **overrides}
+    return TrainConfig(model=str(model), dataset=str(dataset), output_dir=str(dataset.parent / "out"), **settings)
+
+
+def test_missing_dataset_folder(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(TrainingInputError, match=r"nowhere: no such dataset folder"):
+        train(_config(tiny_model_dir, tmp_path / "nowhere"))
+
+
+def test_missing_split_file(tiny_model_dir: Path, data_dir: Path) -> None:
+    (data_dir / "validation.jsonl").unlink()
+    with pytest.raises(TrainingInputError, match=r"data: no validation split: expected one of validation.jsonl"):
+        train(_config(tiny_model_dir, data_dir))
+
+
+def test_missing_model_directory(data_dir: Path) -> None:
+    with pytest.raises(TrainingInputError, match=r"model directory .*no-model does not exist"):
+        train(_config(data_dir.parent / "no-model", data_dir))
+
+
+def test_model_directory_without_config(data_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "empty-model").mkdir()
+    with pytest.raises(TrainingInputError, match=r"has no config.json"):
+        train(_config(tmp_path / "empty-model", data_dir))
+
+
+def test_label_outside_the_label_set(tiny_model_dir: Path, data_dir: Path) -> None:
+    rows = _rows(data_dir / "train.jsonl")
+    rows[6]["label"] = 5
+    _write(data_dir / "train.jsonl", rows)
+    with pytest.raises(
+        TrainingInputError,
+        match=r"train.jsonl, row 7: label 5 is outside the label set; allowed: "
+        r"0 \(negative\), 1 \(neutral\), 2 \(positive\)$",
+    ):
+        train(_config(tiny_model_dir, data_dir))
+
+
+def test_unknown_label_name_in_csv(tiny_model_dir: Path, data_dir: Path) -> None:
+    (data_dir / "validation.jsonl").unlink()
+    (data_dir / "validation.csv").write_text("text,label\nnice day,positive\nawful day,furious\n")
+    message = r"validation.csv, row 2 \(line 3\): label 'furious' is neither an ASCII integer id"
+    with pytest.raises(TrainingInputError, match=message):
+        train(_config(tiny_model_dir, data_dir))
+
+
+def test_empty_dataset(tiny_model_dir: Path, data_dir: Path) -> None:
+    (data_dir / "train.jsonl").write_text("")
+    with pytest.raises(TrainingInputError, match=r"train.jsonl: empty: the split needs at least one row"):
+        train(_config(tiny_model_dir, data_dir))
+
+
+def test_line_that_is_not_a_json_object(tiny_model_dir: Path, data_dir: Path) -> None:
+    (data_dir / "train.jsonl").write_text('{"text": "fine", "label": 1}\n["not", "an", "object"]\n')
+    with pytest.raises(TrainingInputError, match=r"train.jsonl, row 2: not a JSON object \(got list\)"):
+        train(_config(tiny_model_dir, data_dir))
+
+
+def test_saved_to_disk_dataset_without_validation_split(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import datasets
+
+    split = datasets.Dataset.from_dict({"text": ["a"], "label": [0]})
+    datasets.DatasetDict(train=split, test=split).save_to_disk(str(tmp_path / "disk"))
+    with pytest.raises(TrainingInputError, match=r"has splits \['train', 'test'\]; it needs train, validation"):
+        train(_config(tiny_model_dir, tmp_path / "disk"))
+
+
+def test_row_without_text(tiny_model_dir: Path, data_dir: Path) -> None:
+    _write(data_dir / "validation.jsonl", [{"text": "fine", "label": 1}, {"text": "  ", "label": 0}])
+    with pytest.raises(TrainingInputError, match=r"validation.jsonl, row 2: no text \(got '  '\)"):
+        train(_config(tiny_model_dir, data_dir))
+
+
+def test_bf16_on_a_gpu_without_it(tiny_model_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")
+    config = _config(tiny_model_dir, data_dir, bf16=True, use_cpu=False)
+    message = r"--bf16 needs a GPU with native bfloat16.*Tesla V100-SXM2-16GB has 7.0"
+    with pytest.raises(TrainingInputError, match=message):
+        train(config)
+
+
+def test_bf16_on_a_cpu_without_it(tiny_model_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: {"sse4_2", "avx2"})
+    with pytest.raises(TrainingInputError, match=r"--bf16 needs native bfloat16 on this CPU"):
+        train(_config(tiny_model_dir, data_dir, bf16=True))
+
+
+@pytest.mark.slow
+def test_fewer_rows_than_one_global_batch_still_trains(tiny_model_dir: Path, data_dir: Path) -> None:
+    metrics = train(_config(tiny_model_dir, data_dir, per_device_batch_size=256, max_seq_length=32, epochs=2))
+    assert metrics["optimizer_steps"] == 2  # one partial batch of all 240 rows per epoch
+    assert metrics["throughput"]["measured"] and metrics["throughput"]["samples_per_step"] == 240
+    assert "the train split has 240 row(s), fewer than one global batch of 256" in metrics["warnings"][0]
+
+
+def test_saved_to_disk_dataset_with_other_label_names(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import datasets
+
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["bad", "meh", "good"])}
+    )
+    split = datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 2]}, features=features)
+    datasets.DatasetDict(train=split, validation=split).save_to_disk(str(tmp_path / "disk"))
+    with pytest.raises(TrainingInputError, match=r"label names \['bad', 'meh', 'good'\] differ from the label set"):
+        train(_config(tiny_model_dir, tmp_path / "disk"))
+
+
+def _load_splits(config: TrainConfig) -> dict[str, object]:
+    """The checked splits as ``datasets.Dataset`` objects (training itself reads them without the package)."""
+    import datasets
+
+    splits = train_sentiment.read_config_splits(config).items()
+    return {name: datasets.Dataset.from_dict({"text": split.texts, "label": split.labels}) for name, split in splits}
+
+
+def test_csv_and_saved_to_disk_inputs_load(tmp_path: Path) -> None:
+    import datasets
+
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    for split in ("train", "validation"):
+        (csv_dir / f"{split}.csv").write_text('text,label\n"good, really",positive\nmeh,1\nawful,0\n')
+    splits = _load_splits(TrainConfig(dataset=str(csv_dir)))
+    assert splits["train"]["text"] == ["good, really", "meh", "awful"] and splits["train"]["label"] == [2, 1, 0]
+
+    datasets.DatasetDict({name: splits[name] for name in splits}).save_to_disk(str(tmp_path / "disk"))
+    reloaded = _load_splits(TrainConfig(dataset=str(tmp_path / "disk")))
+    assert reloaded["validation"]["label"] == [2, 1, 0]
+
+
+def test_cli_prints_the_error_and_exits_2(tiny_model_dir: Path, tmp_path: Path, warm_python: WarmPython) -> None:
+    result = _run(
+        warm_python,
+        [
+            "-m",
+            MODULE,
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(tmp_path / "none"),
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("train_sentiment: error: ") and "no such dataset folder" in result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_flags_map_onto_the_config() -> None:
+    config = train_config.parse_args(
+        [
+            "--torch-compile",
+            "--bf16",
+            "--no-fused-adamw",
+            "--labels",
+            "neg, pos",
+            "--epochs",
+            "2",
+            "--dataset",
+            "cardiffnlp/tweet_eval",
+        ]
+    )
+    assert (config.torch_compile, config.bf16, config.fused_adamw) == (True, True, False)
+    assert config.labels == ("neg", "pos") and config.epochs == 2 and config.dataset_config == "sentiment"
+    with pytest.raises(TrainingInputError, match="learning_rate must be between 0 and 1"):
+        train_config.parse_args(["--learning-rate", "3"])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_metrics_agree_with_scikit_learn(seed: int) -> None:
+    """The script's accuracy and macro-F1 are scikit-learn's, also where a class occurs only in the labels or only in
+    the predictions, or not at all."""
+    import numpy as np
+    from sklearn.metrics import accuracy_score, f1_score, log_loss
+
+    rng = np.random.default_rng(seed)
+    size, classes = int(rng.integers(1, 40)), 3
+    labels = rng.integers(0, classes - (seed % 2), size)  # odd seeds: the last class never in the labels
+    logits = rng.normal(size=(size, classes))
+    if seed == 4:
+        logits[:, 1] = -10  # class 1 never predicted
+    predicted = logits.argmax(axis=-1)
+    metrics = train_sentiment.compute_metrics(type("Prediction", (), {"predictions": logits, "label_ids": labels}))
+    assert metrics["accuracy"] == pytest.approx(accuracy_score(labels, predicted))
+    assert metrics["macro_f1"] == pytest.approx(f1_score(labels, predicted, average="macro", zero_division=0))
+    probabilities = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+    assert metrics["cross_entropy"] == pytest.approx(log_loss(labels, probabilities, labels=range(classes)))
