@@ -178,7 +178,14 @@ class TrainingStack(EnvironmentStack):
         training = settings.training
         self.multi_node = training.efa or training.nodes > 1
 
-        self.log_group = self._log_group(settings.logs.retention_days)
+        self.log_group = logs.LogGroup(
+            self,
+            "TrainingLogs",
+            encryption_key=foundation.key,
+            retention=log_retention(settings.logs.retention_days),
+            removal_policy=self.removal_policy,
+        )
+        acknowledge_short_retention(self.log_group, settings.logs.retention_days, "logs.retention_days")
         # {folder on the instance: asset}; the instance unpacks each under the same path as in the repository.
         self.code = {folder: code_asset(self, construct_id) for construct_id, (folder, _) in CODE_ASSETS.items()}
         self.training_image = self._training_image()
@@ -206,38 +213,23 @@ class TrainingStack(EnvironmentStack):
         self.security_group = self.training_template.security_group
         self.placement_group = self.training_template.placement_group
         self.launch_template = self.training_template.launch_template
-        self._run_reaper(settings)
+        # The outside bound of a run's lifetime (the user data's own shutdown can be overridden at launch).
+        TrainingRunReaper(
+            self,
+            "TrainingRunReaper",
+            launch_template_id=self.training_template.launch_template_id,
+            max_run_hours=training.max_run_hours,
+            key=foundation.key,
+            log_retention_days=settings.logs.retention_days,
+            removal_policy=self.removal_policy,
+            retention_setting="logs.retention_days",
+        )
         self._instance_policy()
         self.launcher_policy = self._launcher_policy()
         self.remote_config_parameters = {
             caller: self._remote_config_parameter(caller) for caller in self.foundation.remote_callers
         }
         self._outputs()
-
-    def _log_group(self, retention_days: int) -> logs.LogGroup:
-        """The runs' log group (the instance's log shipper writes each run's streams)."""
-        log_group = logs.LogGroup(
-            self,
-            "TrainingLogs",
-            encryption_key=self.foundation.key,
-            retention=log_retention(retention_days),
-            removal_policy=self.removal_policy,
-        )
-        acknowledge_short_retention(log_group, retention_days, "logs.retention_days")
-        return log_group
-
-    def _run_reaper(self, settings: EnvironmentSettings) -> None:
-        """The outside bound of a run's lifetime (the user data's own shutdown can be overridden at launch)."""
-        TrainingRunReaper(
-            self,
-            "TrainingRunReaper",
-            launch_template_id=self.training_template.launch_template_id,
-            max_run_hours=settings.training.max_run_hours,
-            key=self.foundation.key,
-            log_retention_days=settings.logs.retention_days,
-            removal_policy=self.removal_policy,
-            retention_setting="logs.retention_days",
-        )
 
     # --- launch template inputs ---------------------------------------------------------------------------------
 

@@ -55,7 +55,7 @@ FRONTEND_SETTLE_S = 2.0  # the Java frontend's RSS is measured this long after i
 DJL_MIRROR = Path(os.environ.get("DJL_SERVING_GIT_DIR", "/work/.mirror/deepjavalibrary+djl-serving/repo"))
 DJL_TAG = "v0.36.0"
 DJL_PACKAGE = "engines/python/setup/djl_python"
-FAKE_DJL = ROOT / "tests" / "multimodel" / "fake_djl_python.py"
+FAKE_DJL = ROOT / "tests" / "inference_assets" / "multimodel" / "fake_djl_python.py"
 
 
 @dataclass(frozen=True)
