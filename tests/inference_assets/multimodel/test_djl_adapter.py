@@ -118,6 +118,9 @@ def test_a_dynamic_batch_of_several_requests_is_refused(djl):
 
 
 def test_the_load_call_refuses_batch_size_above_one(unpacked_djl_archive):
+    # The module's `djl` fixture keeps using what it imported: put it back afterwards (any test order).
+    roots = ("djl_python", "sentiment_serving")
+    saved_modules = {name: module for name, module in sys.modules.items() if name.split(".")[0] in roots}
     forget_modules("sentiment_serving")
     sys.modules["djl_python"] = fake_djl_python.module()
     saved_path = list(sys.path)
@@ -131,6 +134,7 @@ def test_the_load_call_refuses_batch_size_above_one(unpacked_djl_archive):
             model.handle(Input(properties))
     finally:
         forget_modules("djl_python", "djl_model_batch_test", "sentiment_serving")
+        sys.modules.update(saved_modules)
         sys.path[:] = saved_path
 
 
