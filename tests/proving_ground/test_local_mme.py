@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tarfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -119,7 +120,7 @@ def endpoint_run(server, models_dir) -> Iterator[_EndpointRun]:
             endpoint, calls, together, cold_loads_before, server.loaded(), during_load, load_ran_throughout
         )
     finally:
-        loaded = server.loaded()  # the module's last test unloaded the tenant itself
+        loaded = server.loaded()
         for name in endpoint.resident():
             if endpoint.server_name(name) in loaded:
                 server.unload(endpoint.server_name(name))
@@ -129,7 +130,7 @@ def endpoint_run(server, models_dir) -> Iterator[_EndpointRun]:
 def tenant(endpoint_run) -> str:
     """One model loaded for the module (each load starts a worker process that imports torch and the model): the
     endpoint run's 0000, which the endpoint registered with server.load under its server name; the tests that need a
-    loaded model share it, and the module's last test unloads it."""
+    loaded model share it."""
     assert TENANT in endpoint_run.server_loaded
     return TENANT
 
@@ -165,8 +166,13 @@ def test_a_model_load_does_not_hold_up_requests_to_loaded_models(endpoint_run):
     assert endpoint_run.load_ran_throughout  # every request was answered while the load was still running
 
 
-def test_an_unloaded_model_is_gone_and_its_name_unknown(server, tenant):
-    """The module's last test: the shared model is unloaded."""
-    server.unload(tenant)
-    assert tenant not in server.loaded()
-    assert server.invoke(tenant, GOOD).status == 404
+def test_an_unloaded_model_is_gone_and_its_name_unknown(server, models_dir, tmp_path):
+    """A model of its own, so that the module's shared one stays loaded for the other tests, whatever their order."""
+    unpacked = tmp_path / "model"
+    with tarfile.open(models_dir / "sentiment-0001.tar.gz") as archive:
+        archive.extractall(unpacked, filter="data")
+    server.load("unload-me", unpacked)
+    assert "unload-me" in server.loaded()
+    server.unload("unload-me")
+    assert "unload-me" not in server.loaded()
+    assert server.invoke("unload-me", GOOD).status == 404
