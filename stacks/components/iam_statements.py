@@ -38,6 +38,20 @@ def cloudwatch_logs_may_use_key(scope: IConstruct, sid: str) -> iam.PolicyStatem
     )
 
 
+def deny_grants_except_for_aws_resources() -> iam.PolicyStatement:
+    """The key-policy statement that allows kms:CreateGrant only for AWS resources (EBS volumes, SageMaker jobs) or
+    from AWS services (Control Tower CT.KMS.PR.3): a principal with kms:CreateGrant cannot hand the key's use to
+    anyone else directly."""
+    return iam.PolicyStatement(
+        sid="DenyGrantsExceptForAwsResources",
+        effect=iam.Effect.DENY,
+        principals=[iam.AnyPrincipal()],
+        actions=["kms:CreateGrant"],
+        resources=["*"],
+        conditions={"BoolIfExists": {"kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "false"}},
+    )
+
+
 def reasoned_policy(
     scope: Construct,
     construct_id: str,

@@ -7,7 +7,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
-from stacks.components.iam_statements import cloudwatch_logs_may_use_key
+from stacks.components.iam_statements import cloudwatch_logs_may_use_key, deny_grants_except_for_aws_resources
 
 # The services that use the key on a principal's behalf: S3 (the buckets' SSE-KMS), SageMaker (job and endpoint
 # volumes, outputs), EC2 (EBS root volumes), ECR (the private repositories), SNS (alarm topics), CloudWatch Logs.
@@ -75,16 +75,5 @@ class PlatformKey(kms.Key):
                     "BoolIfExists": {"aws:PrincipalIsAWSService": "false"},
                 },
             ),
-            # Grants only for AWS resources (EBS volumes, SageMaker jobs) or from AWS services (Control Tower
-            # CT.KMS.PR.3): a principal with kms:CreateGrant cannot hand the key's use to anyone else directly.
-            iam.PolicyStatement(
-                sid="DenyGrantsExceptForAwsResources",
-                effect=iam.Effect.DENY,
-                principals=[iam.AnyPrincipal()],
-                actions=["kms:CreateGrant"],
-                resources=["*"],
-                conditions={
-                    "BoolIfExists": {"kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "false"}
-                },
-            ),
+            deny_grants_except_for_aws_resources(),
         ]

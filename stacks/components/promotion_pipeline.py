@@ -28,7 +28,7 @@ from aws_cdk import pipelines
 from constructs import Construct
 
 from stacks.compliance import acknowledge, acknowledge_control, acknowledge_wildcards, add_template_aspects
-from stacks.components.iam_statements import cloudwatch_logs_may_use_key
+from stacks.components.iam_statements import cloudwatch_logs_may_use_key, deny_grants_except_for_aws_resources
 from stacks.components.image_builds import ImageBuilds, ImageDefinition, built_images, publish_commands
 from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
 
@@ -214,20 +214,8 @@ class PromotionPipeline(Construct):
             enable_key_rotation=True,
         )
         key.add_to_resource_policy(cloudwatch_logs_may_use_key(self, "AllowCodeBuildLogGroups"))
-        # Grants only for AWS resources or from AWS services (Control Tower CT.KMS.PR.3, as the platform key): the
-        # pipeline's roles and the environments' deploy roles encrypt and decrypt, none creates a grant.
-        key.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="DenyGrantsExceptForAwsResources",
-                effect=iam.Effect.DENY,
-                principals=[iam.AnyPrincipal()],
-                actions=["kms:CreateGrant"],
-                resources=["*"],
-                conditions={
-                    "BoolIfExists": {"kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "false"}
-                },
-            )
-        )
+        # The pipeline's roles and the environments' deploy roles encrypt and decrypt; none creates a grant.
+        key.add_to_resource_policy(deny_grants_except_for_aws_resources())
         return key
 
     def _synth_step(self) -> pipelines.CodeBuildStep:
