@@ -52,6 +52,17 @@ def deny_grants_except_for_aws_resources() -> iam.PolicyStatement:
     )
 
 
+def list_own_prefix(bucket: s3.IBucket, prefix: str) -> ReasonedStatement:
+    """ListBucket on ``bucket`` only for keys under ``prefix`` (a caller's ``jobs/<caller>``)."""
+    statement = iam.PolicyStatement(
+        sid="ListOwnPrefix",
+        actions=["s3:ListBucket"],
+        resources=[bucket.bucket_arn],
+        conditions={"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}},
+    )
+    return statement, None
+
+
 def reasoned_policy(
     scope: Construct,
     construct_id: str,

@@ -13,7 +13,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.compliance import acknowledge
-from stacks.components.iam_statements import ReasonedStatement, arn, reasoned_policy, use_key
+from stacks.components.iam_statements import ReasonedStatement, arn, list_own_prefix, reasoned_policy, use_key
 from stacks.components.sagemaker_roles import VpcAttachment
 from training_assets.remote_jobs import OWNER_TAG_KEY, caller_prefix, job_name_prefix
 
@@ -213,15 +213,7 @@ class RemoteJobLauncherPolicy(Construct):
                 "The SDK uploads each call's function and downloads its results under generated keys of the "
                 "caller's own prefix (jobs/<caller>/).",
             ),
-            (
-                iam.PolicyStatement(
-                    sid="ListOwnPrefix",
-                    actions=["s3:ListBucket"],
-                    resources=[remote_jobs.bucket_arn],
-                    conditions={"StringLike": {"s3:prefix": [root, f"{root}/*"]}},
-                ),
-                None,
-            ),
+            list_own_prefix(remote_jobs, root),
             (
                 # job.wait() (and so every @remote call) lists the job's log streams and re-raises an access error.
                 # DescribeLogStreams authorizes on the log group (the ARN with and without ":*", CloudWatch Logs

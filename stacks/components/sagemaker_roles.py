@@ -21,6 +21,7 @@ from stacks.components.iam_statements import (
     arn,
     checkov_skip,
     dlc_pull,
+    list_own_prefix,
     read_datasets,
     reasoned_policy,
     use_key,
@@ -298,15 +299,7 @@ class RemoteJobRole(SageMakerExecutionRole):
                     "The SDK stages each job's function, arguments, results, model output and checkpoints under "
                     "generated keys of the caller's prefix.",
                 ),
-                (
-                    iam.PolicyStatement(
-                        sid="ListOwnPrefix",
-                        actions=["s3:ListBucket"],
-                        resources=[remote_jobs.bucket_arn],
-                        conditions={"StringLike": {"s3:prefix": [root, f"{root}/*"]}},
-                    ),
-                    None,
-                ),
+                list_own_prefix(remote_jobs, root),
                 read_datasets(datasets),
                 (
                     iam.PolicyStatement(
