@@ -4,25 +4,14 @@ refusing good values, fails here."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 from stacks.settings import SettingsError, load_environments, parse_environment
-from tests.conftest import cdk_context
-
-ENVIRONMENTS = cdk_context()["environments"]
+from tests.stacks.settings.test_settings import ENVIRONMENTS, environment_with
 
 
 def _staging(**changes: object) -> dict:
-    raw = copy.deepcopy(ENVIRONMENTS["staging"])
-    for dotted, value in changes.items():
-        *parents, leaf = dotted.split("__")
-        node = raw
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[leaf] = value
-    return raw
+    return environment_with("staging", **changes)
 
 
 def _refusal(**changes: object) -> str | None:

@@ -14,7 +14,12 @@ ENVIRONMENTS = cdk_context()["environments"]
 
 
 def dev_with(**changes: object) -> dict:
-    raw = copy.deepcopy(ENVIRONMENTS["dev"])
+    return environment_with("dev", **changes)
+
+
+def environment_with(name: str, **changes: object) -> dict:
+    """cdk.json's environment ``name`` with ``changes`` (``a__b=v`` sets ``a.b``)."""
+    raw = copy.deepcopy(ENVIRONMENTS[name])
     for dotted, value in changes.items():
         *parents, leaf = dotted.split("__")
         node = raw
