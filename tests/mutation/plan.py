@@ -31,6 +31,10 @@ PYTEST = ["-n", "0", "-p", "no:cacheprovider", "-p", "no:randomly", "-m", "not s
 class Module:
     path: str
     tests: tuple[str, ...]
+    # Fork each mutant's tests from a process that never ran them (mutmut's "forkserver"): a worker forked from one
+    # that ran torch inherits OpenMP's thread pool without its threads and spins until its CPU limit, so every
+    # mutant of a module whose tests compute with torch would read as a timeout, killed or not.
+    torch: bool = False
 
 
 PLAN = {
@@ -49,7 +53,13 @@ PLAN = {
                               ("tests/training_assets/test_checkpoints.py",
                                "tests/training_assets/test_checkpoint_resume_fixtures.py",
                                "tests/training_assets/test_checkpoint_sync_moto.py")),
-    "batching": Module("training_assets/instance/batching.py", ("tests/training_assets/test_fast_path.py",)),
+    "batching": Module("training_assets/instance/batching.py",
+                       ("tests/training_assets/test_fast_path.py", "tests/training_assets/test_packing.py"),
+                       torch=True),
+    "predictor": Module("inference_assets/container/predictor.py",
+                        ("tests/inference_assets/test_predictor_groups.py",
+                         "tests/inference_assets/test_request_identity.py",
+                         "tests/inference_assets/test_predictor_threads.py"), torch=True),
     "image_patching": Module("stacks/image_patching.py",
                              ("tests/stacks/foundation/test_image_waivers.py",
                               "tests/stacks/foundation/test_image_patching.py")),
@@ -90,6 +100,7 @@ def prepare(key: str) -> Path:
         # A mutant that makes a simulation or a loop run forever is killed by its timeout: three times the tests'
         # own time (mutmut's default of fifteen held two workers for minutes per such mutant).
         "timeout_multiplier = 3.0",
+        *(['process_isolation = "forkserver"'] if module.torch else []),
         "",
     ])  # fmt: skip
     with (copy / "pyproject.toml").open("a") as pyproject:
