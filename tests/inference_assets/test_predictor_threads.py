@@ -23,3 +23,13 @@ def test_the_predictor_runs_on_the_threads_given_else_on_every_core(
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     predictor = SentimentPredictor(tiny_model_dir, RuntimeOptions(threads=threads))
     assert predictor.threads == expected and set_to == [expected]
+
+
+def test_a_precision_it_does_not_know_or_no_threads_is_refused_in_one_sentence() -> None:
+    """(The container's own guard behind the settings' check: the sentence an operator reads in the endpoint's log.)"""
+    with pytest.raises(ValueError) as refused:
+        RuntimeOptions(precision="fp16")
+    assert str(refused.value) == "SENTIMENT_PRECISION must be one of fp32, bf16_autocast, got 'fp16'"
+    with pytest.raises(ValueError) as refused:
+        RuntimeOptions(threads=0)
+    assert str(refused.value) == "threads must be >= 1, got 0"

@@ -71,6 +71,9 @@ PLAN = {
                      ("tests/stacks/foundation/test_image_waivers.py",
                       "tests/stacks/foundation/test_image_patching.py")),
     "settings": Module("stacks/settings/network.py", ("tests/stacks/settings",)),
+    "settings_serving": Module("stacks/settings/serving.py", ("tests/stacks/settings",)),
+    "settings_training": Module("stacks/settings/training.py", ("tests/stacks/settings",)),
+    "settings_environment": Module("stacks/settings/environment.py", ("tests/stacks/settings",)),
 }  # fmt: skip
 
 
