@@ -56,8 +56,10 @@ def test_staging_and_prod_run_the_best_measured_topology_of_their_instance_type(
 
 
 def test_the_results_file_holds_what_its_measurements_predict() -> None:
-    """The per-size table was computed from the file's measurements by today's extrapolation, for today's sizes."""
-    assert RESULTS["by_instance_type"] == topology.by_instance_type(RESULTS)
+    """The per-size table was computed from the file's measurements by today's extrapolation."""
+    for name, row in RESULTS["by_instance_type"].items():
+        ranked = topology.extrapolate(RESULTS, row["vcpus"])
+        assert (row["best"], row["runner_up"]) == (ranked[0], ranked[1]), name
     assert {(t["replicas"], t["threads"], t["direct_ingress"]) for t in RESULTS["topologies"]} == {
         c.key() for c in topology.candidates(RESULTS["cores"])
     }, "every topology of the measured cores was measured"
