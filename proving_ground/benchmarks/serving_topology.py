@@ -71,7 +71,8 @@ BATCHES = (8, 16, 32)  # raw forward passes: any batch up to 32
 PRECISIONS = ("fp32", "bf16_autocast")
 REPLICA, PROXY = "ray::ServeReplica", "ray::ProxyActor"  # process kinds (serving_latency._process_kind)
 WALL, CPU = "texts_per_s", "texts_per_cpu_s"  # the two rates of a raw run: by wall clock, per CPU second
-# Seconds the fixed steps take on an idle 2-core host (measured; the estimate printed at the start).
+# Seconds the untimed steps take on an idle 2-core host, for the estimate printed at the start (estimated: at load
+# 12-15 the model and archive took 96 s, the raw workers and labels ~130 s, a server's start 37-84 s).
 FIXED_S = {"model and archive": 45, "raw workers and labels": 40, "server start and stop": 45, "warm-up": 5}
 
 
@@ -111,8 +112,10 @@ def _per_request_ms(rows: list[dict], kind: str) -> float:
 
 def _base(measured: list[dict], replicas: int, threads: int, direct: bool) -> dict:
     """The measured topology a topology of ``replicas`` x ``threads`` extrapolates from: same ingress, the most
-    threads up to ``threads``, and (on a tie) one or several replicas as it has."""
-    fitting = [m for m in measured if m["direct_ingress"] == direct and m["threads"] <= threads]
+    threads up to ``threads`` (else the fewest: a host with more cores than the instance), and on a tie one or several
+    replicas as it has."""
+    same = [m for m in measured if m["direct_ingress"] == direct]
+    fitting = [m for m in same if m["threads"] <= threads] or [min(same, key=lambda m: m["threads"])]
     return max(fitting, key=lambda m: (m["threads"], (m["replicas"] > 1) == (replicas > 1)))
 
 
