@@ -14,41 +14,16 @@ from cfnlint.api import lint_file
 from app import build_app
 from proving_ground.iam_policy import Request, is_allowed, resolve
 from scripts import iam_analysers, template_gates
-from stacks.compliance import add_compliance_gates
 from stacks.pipeline import EXPECTED_LABELS, SYNTH_COMMANDS, PromotionPipelineStack, cdk_cli_version
 from stacks.platform_stage import PlatformStage
 from stacks.settings import SettingsError, load_environments, load_pipeline
 from tests.stacks.components.promotion_targets import PIPELINE, TOOLING
-
-ACCOUNTS = {"dev": "111111111111", "staging": "222222222222", "prod": "333333333333"}
-
-
-MODEL_KEY = "endpoints/sentiment/model-v3.tar.gz"
+from tests.stacks.pipeline_assembly import ACCOUNTS, MODEL_KEY, pipeline_assembly
 
 
 @pytest.fixture(scope="module")
-def assembly(tmp_path_factory: pytest.TempPathFactory, cdk_context: dict[str, Any]) -> Path:
-    outdir = tmp_path_factory.mktemp("pipeline") / "cdk.out"
-    environments = [
-        settings.model_copy(
-            update={
-                "account": ACCOUNTS[settings.name],
-                # Every stage serves a named model version, so every stage has a Graviton endpoint.
-                "graviton_endpoint": settings.graviton_endpoint.model_copy(update={"model_data_key": MODEL_KEY}),
-            }
-        )
-        for settings in load_environments(cdk_context["environments"], None)
-    ]
-    app = cdk.App(context=cdk_context, outdir=str(outdir))
-    PromotionPipelineStack(
-        app,
-        "PromotionPipeline",
-        settings=load_pipeline(PIPELINE),
-        environments=environments,
-    )
-    add_compliance_gates(app)  # the synth below fails on any unacknowledged cdk-nag finding
-    app.synth()
-    return outdir
+def assembly() -> Path:
+    return pipeline_assembly()
 
 
 @pytest.fixture(scope="module")
