@@ -153,3 +153,30 @@ def test_every_workload_role_that_reaches_the_data_is_held_to_the_vpc(
     not_held = [role_id for role_id, held in reaching.items() if not held]
     assert [role_id.startswith("EndpointExecutionRole") for role_id in not_held] == [True]
     assert len(reaching) - len(not_held) >= len(HELD)
+
+
+def _egress(template: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every egress rule of the template: inline in a group, or a SecurityGroupEgress of its own."""
+    rules = []
+    for group_id, resource in template["Resources"].items():
+        if resource["Type"] == "AWS::EC2::SecurityGroup":
+            rules += [(group_id, rule) for rule in resource["Properties"].get("SecurityGroupEgress", [])]
+        if resource["Type"] == "AWS::EC2::SecurityGroupEgress":
+            rules.append((resource["Properties"]["GroupId"]["Fn::GetAtt"][0], resource["Properties"]))
+    return rules
+
+
+def test_what_leaves_through_the_nat_gateway_is_https_and_nothing_else(templates: dict[str, Any]) -> None:
+    """docs/security.md's table of what leaves through the NAT gateway (PyPI, the Hugging Face hub, the EC2 API, the
+    DLAMI's own services) is HTTPS: every security group of the environment leaves only by TCP 443, or to its own
+    members (a caller's @remote instances, for torchrun and NCCL), or not at all (CDK's placeholder rule). A rule
+    for any other port or protocol to any address fails here, and the table must say why."""
+    for environment, stacks in templates.items():
+        for stack, template in stacks.items():
+            for group_id, rule in _egress(template):
+                https = rule.get("IpProtocol") == "tcp" and rule.get("FromPort") == rule.get("ToPort") == 443
+                own = rule.get("DestinationSecurityGroupId") == {"Fn::GetAtt": [group_id, "GroupId"]}
+                nothing = (
+                    rule.get("CidrIp") == "255.255.255.255/32" and rule.get("Description") == "Disallow all traffic"
+                )
+                assert https or own or nothing, f"{environment}/{stack}/{group_id}: {rule}"
