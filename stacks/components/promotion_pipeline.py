@@ -118,8 +118,9 @@ class ModelEndpoint:
 @dataclass(frozen=True)
 class PromotionStage:
     """An environment's stage, its model endpoint (None while the stage serves no named model version) and the stack
-    that deploys the role named ``smoke_test_role_name()`` there (needed whenever the pipeline builds images: the
-    role publishes their digests, after ``access`` deploys and before any stack that reads a ``BuiltImage``)."""
+    that deploys the roles named ``smoke_test_role_name()`` and ``image_publishing_role_name()`` there (the latter
+    needed whenever the pipeline builds images: it publishes their digests, after ``access`` deploys and before any
+    stack that reads a ``BuiltImage``)."""
 
     stage: cdk.Stage
     endpoint: ModelEndpoint | None = None
@@ -210,8 +211,8 @@ class PromotionPipeline(Construct):
         self._named_step_roles: list[tuple[pipelines.CodeBuildStep, str]] = []
         self.stages = [self._add_stage(stack, target, stage_factory) for target in targets]
         self.pipeline.build_pipeline()
-        self._name_step_roles()
-        self._asset_builds_start_no_builds()
+        _name_step_roles(self._named_step_roles)
+        _asset_builds_start_no_builds(self.pipeline)
         if self.images is not None:
             self.images.rebuild_weekly(self.pipeline.pipeline)
         self._acknowledge_generated()
@@ -312,7 +313,7 @@ class PromotionPipeline(Construct):
         return [pipelines.StackSteps(stack=endpoint.stack, pre=[check])], post
 
     def _image_steps(self, environment: PromotionTarget, promotion: PromotionStage) -> list[pipelines.StackSteps]:
-        """Right after the stage's access stack deploys its role: write this execution's image digests into the
+        """Right after the stage's access stack deploys its roles: write this execution's image digests into the
         environment's parameters; every stack of the stage that reads a BuiltImage deploys after that."""
         if self.images is None:
             return []
@@ -320,7 +321,7 @@ class PromotionPipeline(Construct):
         if access is None:
             raise ValueError(
                 f"{promotion.stage.node.path}: the pipeline builds images, so the stage must deploy the role named "
-                "smoke_test_role_name() in a stack given as PromotionStage.access"
+                "image_publishing_role_name() in a stack given as PromotionStage.access"
             )
         for stack in promotion.stage.node.children:
             if isinstance(stack, cdk.Stack) and stack is not access and built_images(stack):
@@ -367,32 +368,6 @@ class PromotionPipeline(Construct):
         )
         self._named_step_roles.append((built, step_role_name(environment, step)))
         return built
-
-    def _asset_builds_start_no_builds(self) -> None:
-        """CDK Pipelines' asset-publishing roles (AssetSingletonRole, aws-cdk-lib pipelines/lib/private/
-        asset-singleton-role.ts) carry codebuild:StartBuild, StopBuild and BatchGetBuilds on ``*`` from a time the
-        role also ran the pipeline's actions; here the pipeline's CodeBuild actions run as their own action role,
-        and the asset builds (cdk-assets publish) start nothing. With the grant, code in an asset build could start
-        any project of the account with its own buildspec (StartBuild's buildspecOverride), the self-mutation
-        project's role included. An explicit Deny on every way to start a build closes it whatever the Allow says."""
-        assets = self.pipeline.node.try_find_child("Assets")
-        for role in assets.node.children if assets is not None else []:
-            if isinstance(role, iam.Role):
-                role.add_to_principal_policy(
-                    iam.PolicyStatement(
-                        sid="AssetBuildsStartNoBuilds",
-                        effect=iam.Effect.DENY,
-                        actions=list(BUILD_STARTS),
-                        resources=["*"],
-                    )
-                )
-
-    def _name_step_roles(self) -> None:
-        """Give each cross-account step's role (generated with its project when the pipeline is built) its fixed
-        name, keeping its logical id: CloudFormation replaces the role, which a name change needs."""
-        for step, name in self._named_step_roles:
-            role = cast(iam.Role, step.project.role)
-            cast(iam.CfnRole, role.node.default_child).role_name = name
 
     def _acknowledge_generated(self) -> None:
         """CDK Pipelines generates the roles of its actions and CodeBuild projects, each with one inline policy.
@@ -450,6 +425,34 @@ class PromotionPipeline(Construct):
             cdk.CfnElement, self.pipeline.pipeline.role.node.find_child("DefaultPolicy").node.default_child
         )
         cfn_pipeline.add_override("DependsOn", [stack.get_logical_id(role_policy)])
+
+
+def _asset_builds_start_no_builds(pipeline: pipelines.CodePipeline) -> None:
+    """CDK Pipelines' asset-publishing roles (AssetSingletonRole, aws-cdk-lib pipelines/lib/private/
+    asset-singleton-role.ts) carry codebuild:StartBuild, StopBuild and BatchGetBuilds on ``*`` from a time the
+    role also ran the pipeline's actions; here the pipeline's CodeBuild actions run as their own action role,
+    and the asset builds (cdk-assets publish) start nothing. With the grant, code in an asset build could start
+    any project of the account with its own buildspec (StartBuild's buildspecOverride), the self-mutation
+    project's role included. An explicit Deny on every way to start a build closes it whatever the Allow says."""
+    assets = pipeline.node.try_find_child("Assets")
+    for role in assets.node.children if assets is not None else []:
+        if isinstance(role, iam.Role):
+            role.add_to_principal_policy(
+                iam.PolicyStatement(
+                    sid="AssetBuildsStartNoBuilds",
+                    effect=iam.Effect.DENY,
+                    actions=list(BUILD_STARTS),
+                    resources=["*"],
+                )
+            )
+
+
+def _name_step_roles(named: Sequence[tuple[pipelines.CodeBuildStep, str]]) -> None:
+    """Give each cross-account step's role (generated with its project when the pipeline is built) its fixed
+    name, keeping its logical id: CloudFormation replaces the role, which a name change needs."""
+    for step, name in named:
+        role = cast(iam.Role, step.project.role)
+        cast(iam.CfnRole, role.node.default_child).role_name = name
 
 
 def _join_as_sub(value: dict[str, Any]) -> dict[str, str] | None:
