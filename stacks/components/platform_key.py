@@ -49,8 +49,12 @@ class PlatformKey(kms.Key):
         """The key refuses every request of the roles held to the VPC (``hold_to_the_vpc``) that neither comes from the
         VPC ``vpc_id`` nor through an AWS service on their behalf (S3, SageMaker, EC2 using the key for them): their
         direct calls (DescribeKey, and the cryptographic operations the ViaService deny already refuses) work only
-        from inside, through a KMS interface endpoint if the VPC gets one."""
-        self.add_to_resource_policy(network_perimeter_statement(vpc_id, actions=["kms:*"], resources=["*"]))
+        from inside, through a KMS interface endpoint if the VPC gets one. A request that names the service it came
+        through (kms:ViaService, KMS Developer Guide, "kms:ViaService") is left to the ViaService deny: SageMaker
+        creates the grants of a job's volume and output with the job role, from SageMaker's own network."""
+        statement = network_perimeter_statement(vpc_id, actions=["kms:*"], resources=["*"])
+        statement.add_condition("Null", {"kms:ViaService": "true"})
+        self.add_to_resource_policy(statement)
 
     def _policy_statements(self) -> list[iam.PolicyStatement]:
         stack = cdk.Stack.of(self)

@@ -104,6 +104,10 @@ def test_the_key_refuses_a_workload_roles_direct_calls_outside_the_vpc_but_not_s
     via_s3 = {"aws:ViaAWSService": "true", "kms:ViaService": S3_VIA}
     assert is_allowed(everything, Request("kms:Decrypt", key_arn, _context(role_id, template) | via_s3),
                       key_policy=key_policy)  # fmt: skip
+    # SageMaker creating a job volume's grant with the job role, from its own network (no aws:SourceVpc).
+    grant = {"kms:ViaService": f"sagemaker.{REGION}.amazonaws.com", "kms:GrantIsForAWSResource": "true"}
+    assert is_allowed(everything, Request("kms:CreateGrant", key_arn, _context(role_id, template) | grant),
+                      key_policy=key_policy)  # fmt: skip
     inside = _context(role_id, template, **{"aws:SourceVpc": _vpc(foundation)})
     assert is_allowed(everything, Request("kms:DescribeKey", key_arn, inside), key_policy=key_policy)
     for network in ({}, {"aws:SourceVpc": OTHER_VPC}):
