@@ -33,7 +33,7 @@ def one_layer_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny RoBERTa with one encoder layer instead of two: the same kinds of kernels (embeddings, attention,
     feed-forward, classifier, their backward, the optimizer step over every parameter), fewer to build on an empty
     TorchInductor cache (22 C++ kernels instead of 26, an optimizer step over 25 tensors instead of 41): this module
-    took 68 CPU-s instead of 83 cold (pytest -n 0, on a loaded host)."""
+    took 59 CPU-s instead of 78 cold (pytest -n 0 under a child subreaper, load 6)."""
     return build_tiny_model(tmp_path_factory.mktemp("one-layer") / "model", num_hidden_layers=1)
 
 
