@@ -56,7 +56,11 @@ class TrainingLauncher(Construct):
         )
         # "LaunchPolicy": apart from the stack's TrainingLauncherPolicy (the people's) by more than a hash.
         self.policy = reasoned_policy(
-            self, "LaunchPolicy", "Write the launcher's own logs", [(write_own_logs(log_group), None)], roles=[self.role]
+            self,
+            "LaunchPolicy",
+            "Start training runs from the template",
+            [(write_own_logs(log_group), None)],
+            roles=[self.role],
         )
         # RunInstances, PassRole of the instance role, the volume key: only from the template, on this role only.
         template.grant_launch(self.policy)
