@@ -69,7 +69,8 @@ def launch(
                 "InstanceInitiatedShutdownBehavior": synthesized["InstanceInitiatedShutdownBehavior"]}  # fmt: skip
     training = ec2.create_launch_template(LaunchTemplateName="training", LaunchTemplateData=platform)
     other = ec2.create_launch_template(LaunchTemplateName="attacker", LaunchTemplateData=platform)
-    ids = {"training": training["LaunchTemplate"]["LaunchTemplateId"], "other": other["LaunchTemplate"]["LaunchTemplateId"]}
+    ids = {name: created["LaunchTemplate"]["LaunchTemplateId"] for name, created in (("training", training),
+                                                                                      ("other", other))}  # fmt: skip
 
     foundation_template, foundation_refs = foundation
     exports = template_exports(foundation_template, foundation_refs)
@@ -97,7 +98,8 @@ def launch(
                       "image_id": image, "image_owner": "amazon", "instance_role_arn": role_arn}
         for template_id in ids.values()
     }  # fmt: skip
-    launcher = Principal(LAUNCHER.name, LAUNCHER.access_key, [policy("TrainingLauncherLaunchPolicy")], LAUNCHER.identity)
+    launch_policy = policy("TrainingLauncherLaunchPolicy")
+    launcher = Principal(LAUNCHER.name, LAUNCHER.access_key, [launch_policy], LAUNCHER.identity)
     person = Principal(PERSON.name, PERSON.access_key, [policy("TrainingLauncherPolicy")], PERSON.identity)
     gate = Gate(ACCOUNT, REGION, tmp_path / "calls.jsonl", [launcher, person, LOOKUP], launch_templates=launchable)
     function = template["Resources"][function_id]["Properties"]
@@ -206,8 +208,21 @@ def test_a_person_may_invoke_the_launcher_and_nothing_that_would_launch_or_alter
         {"run_name": "r", "arguments": {"epochs": True}},
         ["run_name", "r"],
     ],
-    ids=["user-data", "template", "shutdown", "key-pair", "run-name", "nodes", "instance-type", "argument-text",
-         "argument-name", "argument-bound", "argument-nan", "argument-bool", "not-an-object"],  # fmt: skip
+    ids=[
+        "user-data",
+        "template",
+        "shutdown",
+        "key-pair",
+        "run-name",
+        "nodes",
+        "instance-type",
+        "argument-text",
+        "argument-name",
+        "argument-bound",
+        "argument-nan",
+        "argument-bool",
+        "not-an-object",
+    ],
 )
 def test_the_launcher_refuses_what_is_not_a_run_it_starts_in_one_sentence(launch: Any, event: Any) -> None:
     handler = _handler()
