@@ -80,6 +80,7 @@ class TrainingSteps(RehearsalBase):
             **self._base_environment(),
             **self.gate.principal(INSTANCE).environment(),
             "IMDS_instance_id": instance["InstanceId"],
+            "IPTABLES_RULES": str(host / "iptables.rules"),
             "IMDS_reservation_id": reservation,
             "IMDS_local_ipv4": instance["PrivateIpAddress"],
             "EC2_SERVICE_ACCESS_KEY_ID": service.access_key,
