@@ -13,8 +13,8 @@ for real with bash; what an instance has and this machine does not is played:
   training is tests/training_assets/test_container.py's subject): a copy of ``REHEARSAL_TRAINED_MODEL`` when set, else
   placeholder files; ``--log-driver awslogs`` sends the container's output to CloudWatch Logs with the host's
   credentials, as Docker's daemon does (CreateLogStream, then PutLogEvents);
-- ``iptables``: records the rules ec2_run.sh adds (``IPTABLES_RULES``); a host-network container whose uid an OUTPUT rule
-  rejects from IMDS gets no credentials either;
+- ``iptables``: records the rules ec2_run.sh adds (``IPTABLES_RULES``); a host-network container whose uid an OUTPUT
+  rule rejects from IMDS gets no credentials either;
 - ``nvidia-smi``: one A100; ``python3``: this Python; ``shutdown -h now``: the instance-initiated shutdown that
   terminates the instance (``InstanceInitiatedShutdownBehavior: terminate``), made by EC2 itself (``EC2_SERVICE_*``
   credentials); other ``shutdown`` calls (the max-run-hours timer) do nothing;
