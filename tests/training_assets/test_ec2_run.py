@@ -214,7 +214,8 @@ def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dic
 
 
 def test_the_other_node_joins_the_barrier_with_the_run_id_of_its_tag(instance: dict) -> None:
-    """A launch tagged training-run-id=<id> names the run (a relaunch with the same tag resumes it): the rendezvous
+    """A launch tagged training-run-id=<id> (the launcher's run_name) names the run (a relaunch with the same name
+    resumes it): the rendezvous
     id, the checkpoint prefix and the model's prefix all take it. This node is second in IP order."""
     calls = _run(instance, PEERS="10.0.1.2\ti-0def\tsentiment-7;10.0.1.7\ti-0abc\tsentiment-7", SAVES_MODEL="",
                  RENDEZVOUS_TIMEOUT="120", MAX_RESTARTS="2")  # fmt: skip
@@ -234,7 +235,7 @@ def test_a_finished_run_id_is_not_trained_again(instance: dict) -> None:
     assert result.returncode == 1
     assert result.stderr.strip() == (
         "run r-0123 is finished: its model is s3://dev-artifacts/training-output/r-0123/model.tar.gz; launch a new "
-        "run (another training-run-id tag)"
+        "run (another run_name)"
     )
     assert not [call for call in _calls(instance) if call[0] == "docker"]
 
@@ -274,8 +275,7 @@ def test_a_failed_run_uploads_its_newest_checkpoint_and_says_how_to_resume(insta
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         "training failed (exit status 1); to resume from its newest complete checkpoint "
-        "(s3://dev-artifacts/training-output/r-0123/checkpoints/), launch again with the instance tag "
-        "training-run-id=r-0123"
+        "(s3://dev-artifacts/training-output/r-0123/checkpoints/), launch again with run_name r-0123"
     )
     calls = _calls(instance)
     work = instance["work"]

@@ -3,8 +3,9 @@
 # after unpacking training_assets/instance/ and inference_assets/ into the current folder). Every node of one
 # `aws ec2 run-instances --count N` call runs it; the nodes find each other through their shared reservation:
 #
-#   1. list the instances of this reservation (N nodes, in private-IP order: the first is the rendezvous node) and
-#      the run id: the instance tag training-run-id when the launch set one, else the reservation id;
+#   1. list the instances of this reservation (N nodes, in private-IP order: the first is the rendezvous node), the
+#      run id (the instance tag training-run-id, the launcher's run_name; else the reservation id) and the launch's
+#      training arguments (the tag training-run-args);
 #   2. get the training image: pull the digest the platform's pipeline built and promoted (TRAINING_IMAGE_URI), or,
 #      where none is configured, log in to the regional DLC registry and build training_assets/instance/Dockerfile;
 #   3. stage the inputs where the instance has room to read them fast (its NVMe instance storage, /opt/dlami/nvme on
@@ -98,7 +99,7 @@ first_ip="${nodes[0]#*@}"
 echo "run $run_id (reservation $reservation): $count node(s) ${nodes[*]}; this node $me"
 destination="s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX$run_id"
 if aws s3api head-object --bucket "$ARTIFACTS_BUCKET" --key "$OUTPUT_PREFIX$run_id/model.tar.gz" >/dev/null 2>&1; then
-  echo "run $run_id is finished: its model is $destination/model.tar.gz; launch a new run (another $RUN_ID_TAG tag)" >&2
+  echo "run $run_id is finished: its model is $destination/model.tar.gz; launch a new run (another run_name)" >&2
   exit 1
 fi
 
@@ -179,7 +180,7 @@ if [[ -f "$OUT/rendezvous.json" ]]; then  # the rendezvous node's record of when
 fi
 if ((status != 0)); then
   echo "training failed (exit status $status); to resume from its newest complete checkpoint" \
-    "($destination/checkpoints/), launch again with the instance tag $RUN_ID_TAG=$run_id" >&2
+    "($destination/checkpoints/), launch again with run_name $run_id" >&2
   exit "$status"
 fi
 
