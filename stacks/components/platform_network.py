@@ -64,7 +64,7 @@ class PlatformNetwork(Construct):
         # Accounts whose ECR repositories the workloads pull the platform's built images from (the pipeline's).
         self.image_registry_accounts = list(image_registry_accounts)
         private_type = ec2.SubnetType.PRIVATE_WITH_EGRESS if nat_gateways else ec2.SubnetType.PRIVATE_ISOLATED
-        # (private, public): the settings hold them and check that the VPC's CIDR holds these (stacks/settings.py).
+        # (private, public): the settings hold them and check that the VPC's CIDR holds these (settings/network.py).
         private_mask, public_mask = subnet_masks
         subnets = [ec2.SubnetConfiguration(name="Private", subnet_type=private_type, cidr_mask=private_mask)]
         if nat_gateways:
