@@ -155,6 +155,15 @@ def run_arguments(training: TrainingSettings) -> list[str]:
     ]  # fmt: skip
 
 
+def launch_command(region: str, function_name: str, nodes: int) -> str:
+    """The AWS CLI command that asks the launcher for a run of ``nodes`` instances (RUN_NAME: the run's id)."""
+    payload = f'{{"run_name": "RUN_NAME", "nodes": {nodes}}}'
+    return (
+        f"aws lambda invoke --region {region} --function-name {function_name} "
+        f"--cli-binary-format raw-in-base64-out --payload '{payload}' /dev/stdout"
+    )
+
+
 class TrainingStack(EnvironmentStack):
     """Launch template for GPU training runs on EC2 and the ``@remote`` SDK config of one environment."""
 
@@ -227,16 +236,11 @@ class TrainingStack(EnvironmentStack):
             retention_setting="logs.retention_days",
         )
         # The only principal that calls RunInstances with the template; people invoke it (the launcher policy).
-        self.launcher = TrainingLauncher(
-            self,
-            "TrainingLauncher",
-            template=self.training_template,
-            max_nodes=max(training.nodes, 2) if self.multi_node else 1,
-            key=foundation.key,
-            log_retention_days=settings.logs.retention_days,
-            removal_policy=self.removal_policy,
-            retention_setting="logs.retention_days",
-        )
+        self.launcher = TrainingLauncher(self, "TrainingLauncher", template=self.training_template,
+                                         max_nodes=max(training.nodes, 2) if self.multi_node else 1,
+                                         key=foundation.key, log_retention_days=settings.logs.retention_days,
+                                         removal_policy=self.removal_policy,
+                                         retention_setting="logs.retention_days")  # fmt: skip
         self._instance_policy()
         self.launcher_policy = self._launcher_policy()
         self.remote_config_parameters = {
@@ -346,23 +350,11 @@ class TrainingStack(EnvironmentStack):
         return policy
 
     def _launcher_policy(self) -> iam.ManagedPolicy:
-        """Attach to whoever starts training runs: invoke the platform's launcher, and nothing else (no RunInstances,
-        no PassRole: the launcher holds those). Same logical id as when it held the launch grant itself."""
-        policy = iam.ManagedPolicy(
-            self,
-            "TrainingLauncherPolicy",
-            description=f"Start GPU training runs of {self.settings.name} through the platform's training launcher",
-        )
+        """Attach to whoever starts training runs: invoke the launcher, nothing else (its logical id kept)."""
+        policy = iam.ManagedPolicy(self, "TrainingLauncherPolicy", description=f"Start GPU training runs of "
+                                   f"{self.settings.name} through the platform's training launcher")  # fmt: skip
         self.launcher.grant_invoke(policy)
         return policy
-
-    def run_command(self, nodes: int) -> str:
-        """The AWS CLI command that asks the launcher for a run of ``nodes`` instances (RUN_NAME: the run's id)."""
-        payload = f'{{"run_name": "RUN_NAME", "nodes": {nodes}}}'
-        return (
-            f"aws lambda invoke --region {self.region} --function-name {self.launcher.function.function_name} "
-            f"--cli-binary-format raw-in-base64-out --payload '{payload}' /dev/stdout"
-        )
 
     # --- @remote ------------------------------------------------------------------------------------------------
 
@@ -435,7 +427,7 @@ class TrainingStack(EnvironmentStack):
         cdk.CfnOutput(
             self,
             "RunSingleNodeTrainingCommand",
-            value=self.run_command(1),
+            value=launch_command(self.region, self.launcher.function.function_name, 1),
             description=f"Asks the launcher for one {training.instance_type} training run named RUN_NAME (replace it) "
             "in the training subnet's zone (TrainingAvailabilityZone); it uploads model.tar.gz, its SHA-256 and "
             f"metrics.json to the artifacts bucket under {TRAINING_OUTPUT_PREFIX}<run name>/ and powers off",
@@ -445,7 +437,7 @@ class TrainingStack(EnvironmentStack):
             cdk.CfnOutput(
                 self,
                 "RunMultiNodeTrainingCommand",
-                value=self.run_command(nodes),
+                value=launch_command(self.region, self.launcher.function.function_name, nodes),
                 description=f"Starts a {nodes}-node training run (EFA: {training.efa})",
             )
 

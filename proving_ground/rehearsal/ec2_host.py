@@ -92,6 +92,8 @@ if any("--check-only" in arg for arg in command):
     for arg in command:
         if "--rdzv_endpoint=" in arg:
             rendezvous = arg.split("--rdzv_endpoint=", 1)[1].split()[0]
+        elif "rendezvous --nodes" in arg and " --endpoint " in arg:  # rendezvous.py's barrier, then torchrun
+            rendezvous = arg.split(" --endpoint ", 1)[1].split()[0]
     rank0 = rendezvous is None or rendezvous.split(":")[0] == os.environ.get("IMDS_local_ipv4")
     if rank0:
         output = Path(mounts["/opt/ml/output"])

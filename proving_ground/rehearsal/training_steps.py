@@ -104,12 +104,18 @@ class TrainingSteps(RehearsalBase):
             "/var/log/", f"{host}/var-log-"
         )
         (host / "user-data.sh").write_text(script)
+        # The instance's EFA devices (one per network card of a p4d.24xlarge), which launch_training.sh passes through.
+        devices = host / "dev-infiniband"
+        devices.mkdir()
+        for card in range(4):
+            (devices / f"uverbs{card}").touch()
         service = self.gate.principal(AWS_SERVICE)
         env = {
             **self._base_environment(),
             **self.gate.principal(INSTANCE).environment(),
             "IMDS_instance_id": instance["InstanceId"],
             "IPTABLES_RULES": str(host / "iptables.rules"),
+            "EFA_DEVICE_DIR": str(devices),
             "IMDS_reservation_id": reservation,
             "IMDS_local_ipv4": instance["PrivateIpAddress"],
             "EC2_SERVICE_ACCESS_KEY_ID": service.access_key,

@@ -141,6 +141,8 @@ def _docker_runs(calls: list[list[str]]) -> list[list[str]]:
     return [call for call in calls if call[:2] == ["docker", "run"]]
 
 
+# Long: one run read end to end, in the order the script makes its calls (rules, discovery, image, inputs, training,
+# packaging, the three write-once uploads), each with the arguments that matter.
 def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dict) -> None:
     result = _script(instance)
     assert result.returncode == 0, result.stderr

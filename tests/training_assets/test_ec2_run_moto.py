@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "dev-artifacts"
 
 
+# Long: the instance's whole environment as the user data exports it, then what S3 holds, field by field.
 @pytest.mark.slow
 def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: Path, moto_endpoint: str) -> None:
     ec2, s3 = host_client("ec2", moto_endpoint), host_client("s3", moto_endpoint)
