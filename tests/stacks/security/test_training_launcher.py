@@ -110,8 +110,7 @@ def launch(
     monkeypatch.delenv("AWS_SESSION_TOKEN")
     boto3.DEFAULT_SESSION = None  # the handler's boto3.client("ec2") takes the launcher's keys
     uninstall = install(gate)
-    yield {"gate": gate, "ids": ids, "person": person, "function_arn": function_arn, "role_arn": role_arn,
-           "function": function, "function_id": function_id}  # fmt: skip
+    yield {"gate": gate, "ids": ids, "person": person, "function_arn": function_arn, "role_arn": role_arn}
     uninstall()
     boto3.DEFAULT_SESSION = None
 
@@ -224,19 +223,49 @@ def test_a_person_may_invoke_the_launcher_and_nothing_that_would_launch_or_alter
         "not-an-object",
     ],
 )
-def test_the_launcher_refuses_what_is_not_a_run_it_starts_in_one_sentence(launch: Any, event: Any) -> None:
+def test_the_launcher_refuses_what_is_not_a_run_it_starts_in_one_sentence(
+    templates: dict[str, dict[str, dict]], event: Any
+) -> None:
+    """With the dev function's own settings (one node of p4d.24xlarge); a refused request calls nothing."""
     handler = _handler()
+    variables = _function(templates)["Environment"]["Variables"]
+    settings = handler.Settings.from_environment({**variables, "LAUNCH_TEMPLATE_ID": "lt-0training",
+                                                  "LAUNCH_TEMPLATE_VERSION": "1"})  # fmt: skip
+    ec2 = _NoCalls()
     with pytest.raises(handler.Refused) as refusal:
-        handler.handler(event, None)
+        handler.launch(ec2, event, settings)
     sentence = str(refusal.value)
     assert sentence.endswith(".") and sentence.count(". ") == 0, sentence
-    assert not [r for r in launch["gate"].records() if r.operation == "RunInstances"]
 
 
-def test_the_launcher_takes_its_template_from_its_settings_and_runs_one_at_a_time(launch: Any) -> None:
-    """What it launches is the stack's: the template and version from the synthesized environment, the allowed type
-    the template's own; one invocation at a time bounds what a looping caller starts at once."""
-    variables = launch["function"]["Environment"]["Variables"]
-    assert set(variables) == {"LAUNCH_TEMPLATE_ID", "LAUNCH_TEMPLATE_VERSION", "INSTANCE_TYPES", "MAX_NODES"}
+class _NoCalls:
+    """An EC2 client that must not be called."""
+
+    def __getattr__(self, name: str) -> Any:
+        def call(**_: Any) -> None:
+            raise AssertionError(f"the launcher called {name} for a request it refused")
+
+        return call
+
+
+def _function(templates: dict[str, dict[str, dict]]) -> dict[str, Any]:
+    """The dev TrainingLauncher function's properties, as synthesized."""
+    template = templates["dev"]["Training"]
+    (function,) = [r["Properties"] for n, r in template["Resources"].items()
+                   if r["Type"] == "AWS::Lambda::Function" and n.startswith("TrainingLauncherFunction")]  # fmt: skip
+    return function
+
+
+def test_the_launcher_takes_its_template_from_its_settings_and_runs_one_at_a_time(
+    templates: dict[str, dict[str, dict]],
+) -> None:
+    """What it launches is the stack's: the template (by reference) and its latest version, the allowed type the
+    template's own, one node on dev; one invocation at a time bounds what a looping caller starts at once."""
+    function = _function(templates)
+    variables = function["Environment"]["Variables"]
+    (template_id,) = [n for n, r in templates["dev"]["Training"]["Resources"].items()
+                      if r["Type"] == "AWS::EC2::LaunchTemplate"]  # fmt: skip
+    assert variables["LAUNCH_TEMPLATE_ID"] == {"Ref": template_id}
+    assert variables["LAUNCH_TEMPLATE_VERSION"] == {"Fn::GetAtt": [template_id, "LatestVersionNumber"]}
     assert variables["INSTANCE_TYPES"] == "p4d.24xlarge" and variables["MAX_NODES"] == "1"
-    assert launch["function"]["ReservedConcurrentExecutions"] == 1
+    assert function["ReservedConcurrentExecutions"] == 1
