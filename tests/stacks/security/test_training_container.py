@@ -55,14 +55,19 @@ def attacker(templates: dict[str, dict[str, dict]], foundation: Any) -> dict[str
         "key": resolve(template["Resources"][key_id]["Properties"]["KeyPolicy"], refs=refs),
         "key_arn": refs[f"{key_id}.Arn"],
         "gateways": [resolve(policy, refs=refs) for policy in gateways],
+        # The instance's requests reach S3 through the platform's gateway endpoint, in its VPC.
+        "network": {
+            "aws:SourceVpc": refs[logical_id(template, "AWS::EC2::VPC", "Vpc")],
+            "aws:SourceVpce": "vpce-0platforms3gateway",
+        },
     }
 
 
 def _put(attacker: dict[str, Any], key: str, *, once: bool = False, sse: str | None = "aws:kms") -> bool:
-    """PutObject of ``key`` in the artifacts bucket through the S3 gateway endpoint, as ec2_run.sh writes (SSE-KMS
-    with the platform key; ``once``: If-None-Match: *), and the GenerateDataKey S3 makes for it with the caller's
-    credentials: both must be allowed."""
-    context = {**INSTANCE, "aws:ResourceAccount": ACCOUNT}
+    """PutObject of ``key`` in the artifacts bucket from the instance, through the platform's S3 gateway endpoint, as
+    ec2_run.sh writes (SSE-KMS with the platform key; ``once``: If-None-Match: *), and the GenerateDataKey S3 makes
+    for it on the caller's behalf: both must be allowed."""
+    context = {**INSTANCE, **attacker["network"], "aws:ResourceAccount": ACCOUNT}
     if sse:
         context["s3:x-amz-server-side-encryption"] = sse
     if sse == "aws:kms":
@@ -70,8 +75,8 @@ def _put(attacker: dict[str, Any], key: str, *, once: bool = False, sse: str | N
     if once:
         context["s3:if-none-match"] = "*"
     put = Request("s3:PutObject", f"arn:aws:s3:::{ARTIFACTS}/{key}", context)
-    data_key = Request("kms:GenerateDataKey", attacker["key_arn"], {**INSTANCE, "kms:ViaService":
-                                                                   f"s3.{REGION}.amazonaws.com"})  # fmt: skip
+    on_behalf = {**INSTANCE, "aws:ViaAWSService": "true", "kms:ViaService": f"s3.{REGION}.amazonaws.com"}
+    data_key = Request("kms:GenerateDataKey", attacker["key_arn"], on_behalf)
     return is_allowed(attacker["role"], put, resource_policies=[attacker["bucket"]],
                       endpoint_policies=attacker["gateways"]) and is_allowed(
         attacker["role"], data_key, key_policy=attacker["key"])  # fmt: skip
@@ -164,7 +169,8 @@ def test_the_container_cannot_start_alter_or_reach_other_workloads(
 
 def test_the_container_cannot_decrypt_outside_the_platforms_services(attacker: dict[str, Any]) -> None:
     """A data key copied out of an object is of no use directly; the same key through S3 is the run's own read."""
-    direct = Request("kms:Decrypt", attacker["key_arn"], INSTANCE)
-    via_s3 = Request("kms:Decrypt", attacker["key_arn"], {**INSTANCE, "kms:ViaService": f"s3.{REGION}.amazonaws.com"})
+    direct = Request("kms:Decrypt", attacker["key_arn"], {**INSTANCE, **attacker["network"]})
+    via_s3 = Request("kms:Decrypt", attacker["key_arn"], {**INSTANCE, "aws:ViaAWSService": "true",
+                                                          "kms:ViaService": f"s3.{REGION}.amazonaws.com"})  # fmt: skip
     assert not is_allowed(attacker["role"], direct, key_policy=attacker["key"])
     assert is_allowed(attacker["role"], via_s3, key_policy=attacker["key"])
