@@ -41,11 +41,13 @@ def test_the_readme_is_a_front_door() -> None:
 
 def test_ci_runs_the_readmes_test_command() -> None:
     """The quick start's two commands: `make synth` (the main job) and `make test`, which `.ci/run` runs (then the same
-    suite in one shuffled order, `make test-random SEED=<n>`)."""
+    suite in one shuffled order, `make test-random SEED=<n>`, and the fast tests in an order from the commit's hash)."""
     run = [line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
     commands = [line for line in run if line and not line.startswith(("#", "set ", "cd "))]
     assert commands[0] == "make test"
-    assert len(commands) == 2 and re.fullmatch(r"make test-random SEED=\d+", commands[1]), commands
+    assert len(commands) == 3 and re.fullmatch(r"make test-random SEED=\d+", commands[1]), commands
+    commit_seed = 'make test-random SEED="$((16#$(git rev-parse --short=7 HEAD)))" MARK="not slow"'
+    assert commands[2] == commit_seed, commands
     quick_start = README.read_text(encoding="utf-8").split("## Quick start")[1].split("\n## ")[0]
     assert {"synth", "test"} <= _make_commands(code(quick_start))
     assert ".ci/run" in quick_start
