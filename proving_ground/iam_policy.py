@@ -514,8 +514,10 @@ def _create_training_job_context(params: dict[str, Any]) -> dict[str, ContextVal
 
 
 def _s3_context(params: dict[str, Any]) -> dict[str, ContextValue]:
-    """The S3 condition keys the platform's policies use (Amazon S3 condition key reference)."""
+    """The S3 condition keys the platform's policies use (Amazon S3 condition key reference; ``s3:if-none-match``: the
+    conditional write's header, S3 User Guide, "Enforce conditional writes on Amazon S3 buckets")."""
     names = {"Prefix": "s3:prefix", "ServerSideEncryption": "s3:x-amz-server-side-encryption",
+             "IfNoneMatch": "s3:if-none-match",
              "SSEKMSKeyId": "s3:x-amz-server-side-encryption-aws-kms-key-id",
              "SSECustomerAlgorithm": "s3:x-amz-server-side-encryption-customer-algorithm"}  # fmt: skip
     return {key: str(params[name]) for name, key in names.items() if name in params}
@@ -642,7 +644,12 @@ def run_instances_requests(
     template_id = (params.get("LaunchTemplate") or {}).get("LaunchTemplateId")
     if template_id is None or template_id not in launch_templates:
         raise Unsupported("RunInstances without a launch template the rehearsal knows")
-    overrides = set(params) - {"LaunchTemplate", "MinCount", "MaxCount", "ClientToken", "DryRun"}
+    # UserData and InstanceInitiatedShutdownBehavior override the template without any IAM request or condition key
+    # of their own (Service Authorization Reference, Amazon EC2, RunInstances): IAM sees the launch as if they were
+    # absent, which is why people may not call RunInstances with the training template at all. Tags given with the
+    # call are authorized as ec2:CreateTags with ec2:CreateAction (below).
+    invisible = {"UserData", "InstanceInitiatedShutdownBehavior", "TagSpecifications"}
+    overrides = set(params) - {"LaunchTemplate", "MinCount", "MaxCount", "ClientToken", "DryRun"} - invisible
     if overrides:
         raise Unsupported(f"RunInstances overriding template parameters: {', '.join(sorted(overrides))}")
     template = launch_templates[template_id]
@@ -676,7 +683,7 @@ def run_instances_requests(
         reservation = target.get("CapacityReservationId") or "*"
         requests.append(Request(run, f"{ec2}:capacity-reservation/{reservation}", base))
     kinds = {"instance": "instance", "volume": "volume", "network-interface": "network-interface"}
-    for specification in data.get("TagSpecifications", []):
+    for specification in [*data.get("TagSpecifications", []), *params.get("TagSpecifications", [])]:
         tags = _tags(specification.get("Tags"))
         requests.append(Request("ec2:CreateTags", f"{ec2}:{kinds[specification['ResourceType']]}/*",
                                 {**base, **tags, "ec2:CreateAction": "RunInstances"}))  # fmt: skip

@@ -1,7 +1,8 @@
 """GPU training: the p4d launch template that runs one training job and powers off, and the
 SageMaker SDK ``config.yaml`` that sends ``@remote`` functions to this environment's training jobs.
 
-Nothing here launches an instance: a run starts with the ``aws ec2 run-instances`` command in the stack outputs.
+Nothing here launches an instance: a run starts through the platform's launcher (``TrainingLauncher``), whose
+``aws lambda invoke`` command the stack outputs; nobody else may call RunInstances with the template.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from stacks.components.training_launch_template import (
     TrainingLaunchTemplate,
     TrainingRun,
 )
+from stacks.components.training_launcher import TrainingLauncher
 from stacks.components.training_run_reaper import TrainingRunReaper
 from stacks.environment_stack import EnvironmentStack
 from stacks.foundation import (
@@ -153,6 +155,15 @@ def run_arguments(training: TrainingSettings) -> list[str]:
     ]  # fmt: skip
 
 
+def launch_command(region: str, function_name: str, nodes: int) -> str:
+    """The AWS CLI command that asks the launcher for a run of ``nodes`` instances (RUN_NAME: the run's id)."""
+    payload = f'{{"run_name": "RUN_NAME", "nodes": {nodes}}}'
+    return (
+        f"aws lambda invoke --region {region} --function-name {function_name} "
+        f"--cli-binary-format raw-in-base64-out --payload '{payload}' /dev/stdout"
+    )
+
+
 class TrainingStack(EnvironmentStack):
     """Launch template for GPU training runs on EC2 and the ``@remote`` SDK config of one environment."""
 
@@ -224,6 +235,12 @@ class TrainingStack(EnvironmentStack):
             removal_policy=self.removal_policy,
             retention_setting="logs.retention_days",
         )
+        # The only principal that calls RunInstances with the template; people invoke it (the launcher policy).
+        self.launcher = TrainingLauncher(self, "TrainingLauncher", template=self.training_template,
+                                         max_nodes=max(training.nodes, 2) if self.multi_node else 1,
+                                         key=foundation.key, log_retention_days=settings.logs.retention_days,
+                                         removal_policy=self.removal_policy,
+                                         retention_setting="logs.retention_days")  # fmt: skip
         self._instance_policy()
         self.launcher_policy = self._launcher_policy()
         self.remote_config_parameters = {
@@ -333,13 +350,10 @@ class TrainingStack(EnvironmentStack):
         return policy
 
     def _launcher_policy(self) -> iam.ManagedPolicy:
-        """Attach to whoever starts training runs: launch from this template, and nothing broader."""
-        policy = iam.ManagedPolicy(
-            self,
-            "TrainingLauncherPolicy",
-            description=f"Start GPU training runs of {self.settings.name} from the training launch template",
-        )
-        self.training_template.grant_launch(policy)
+        """Attach to whoever starts training runs: invoke the launcher, nothing else (its logical id kept)."""
+        policy = iam.ManagedPolicy(self, "TrainingLauncherPolicy", description=f"Start GPU training runs of "
+                                   f"{self.settings.name} through the platform's training launcher")  # fmt: skip
+        self.launcher.grant_invoke(policy)
         return policy
 
     # --- @remote ------------------------------------------------------------------------------------------------
@@ -413,19 +427,17 @@ class TrainingStack(EnvironmentStack):
         cdk.CfnOutput(
             self,
             "RunSingleNodeTrainingCommand",
-            value=self.training_template.run_command(1),
-            description=f"Starts one {training.instance_type} training run in the training subnet's zone "
-            "(TrainingAvailabilityZone); "
-            "it uploads model.tar.gz and "
-            f"metrics.json to the artifacts bucket under {TRAINING_OUTPUT_PREFIX}<reservation id>/ and "
-            "powers off",
+            value=launch_command(self.region, self.launcher.function.function_name, 1),
+            description=f"Asks the launcher for one {training.instance_type} training run named RUN_NAME (replace it) "
+            "in the training subnet's zone (TrainingAvailabilityZone); it uploads model.tar.gz, its SHA-256 and "
+            f"metrics.json to the artifacts bucket under {TRAINING_OUTPUT_PREFIX}<run name>/ and powers off",
         )
         if self.multi_node:
             nodes = max(training.nodes, 2)
             cdk.CfnOutput(
                 self,
                 "RunMultiNodeTrainingCommand",
-                value=self.training_template.run_command(nodes),
+                value=launch_command(self.region, self.launcher.function.function_name, nodes),
                 description=f"Starts a {nodes}-node training run (EFA: {training.efa})",
             )
 
@@ -441,7 +453,7 @@ class TrainingStack(EnvironmentStack):
             self,
             "TrainingLauncherPolicyArn",
             value=self.launcher_policy.managed_policy_arn,
-            description="Attach to the people or pipelines that start training runs",
+            description="Attach to the people or pipelines that start training runs (invoke the launcher only)",
         )
         for caller, parameter in self.remote_config_parameters.items():
             cdk.CfnOutput(

@@ -221,7 +221,11 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
 
 
 def upload(archive: Path, uri: str, *, kms_key_id: str, s3_client=None) -> str:
-    """Upload ``archive`` to ``uri`` with SSE-KMS under ``kms_key_id``, showing progress; return the S3 URI."""
+    """Upload ``archive`` to ``uri`` with SSE-KMS under ``kms_key_id``, showing progress, then its SHA-256 beside it
+    (``<key>.sha256``, sha256sum's line: the digest the endpoint's model archive check compares before a deploy,
+    stacks/components/model_archive_check); return the S3 URI."""
+    import hashlib
+
     import boto3
     from tqdm import tqdm
 
@@ -242,6 +246,12 @@ def upload(archive: Path, uri: str, *, kms_key_id: str, s3_client=None) -> str:
             ExtraArgs={"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": kms_key_id},
             Callback=progress.update,
         )
+    digest = hashlib.sha256()
+    with archive.open("rb") as data:
+        for chunk in iter(lambda: data.read(8 * 1024 * 1024), b""):
+            digest.update(chunk)
+    client.put_object(Bucket=bucket, Key=f"{key}.sha256", Body=f"{digest.hexdigest()}  {archive.name}\n".encode(),
+                      ServerSideEncryption="aws:kms", SSEKMSKeyId=kms_key_id)  # fmt: skip
     return f"s3://{bucket}/{key}"
 
 

@@ -7,11 +7,14 @@ for real with bash; what an instance has and this machine does not is played:
 - ``curl``: the instance metadata service, answering from ``IMDS_<name>`` variables (token, instance-id, ...);
 - ``docker``: a container runs its command here, with its mounts mapped to their host folders and what a container
   has on the instance: on Docker's bridge network no AWS credentials (the launch template's metadata hop limit of 1
-  keeps IMDS, and so the instance role, from it), on ``--network host`` the host's; the training container (the
+  keeps IMDS, and so the instance role, from it), on ``--network host`` the host's unless the iptables rules reject its
+  uid; the training container (the
   command that runs ``--check-only``) plays torchrun's rank 0, writing ``saved_model/`` and ``metrics.json`` (real
   training is tests/training_assets/test_container.py's subject): a copy of ``REHEARSAL_TRAINED_MODEL`` when set, else
   placeholder files; ``--log-driver awslogs`` sends the container's output to CloudWatch Logs with the host's
   credentials, as Docker's daemon does (CreateLogStream, then PutLogEvents);
+- ``iptables``: records the rules ec2_run.sh adds (``IPTABLES_RULES``); a host-network container whose uid an OUTPUT
+  rule rejects from IMDS gets no credentials either;
 - ``nvidia-smi``: one A100; ``python3``: this Python; ``shutdown -h now``: the instance-initiated shutdown that
   terminates the instance (``InstanceInitiatedShutdownBehavior: terminate``), made by EC2 itself (``EC2_SERVICE_*``
   credentials); other ``shutdown`` calls (the max-run-hours timer) do nothing;
@@ -47,7 +50,8 @@ if args[0] == "login":
 if args[0] == "build":
     sys.exit(0)
 assert args[0] == "run", args
-VALUED = {{"-v", "-w", "-e", "--ulimit", "--log-driver", "--log-opt", "--gpus", "--network"}}
+VALUED = {{"-v", "-w", "-e", "--ulimit", "--log-driver", "--log-opt", "--gpus", "--network", "--user", "--security-opt",
+          "--device"}}
 mounts, env, workdir, options, i = {{}}, {{}}, "/", {{}}, 1
 while args[i].startswith("-"):
     option = args[i]
@@ -88,6 +92,8 @@ if any("--check-only" in arg for arg in command):
     for arg in command:
         if "--rdzv_endpoint=" in arg:
             rendezvous = arg.split("--rdzv_endpoint=", 1)[1].split()[0]
+        elif "rendezvous --nodes" in arg and " --endpoint " in arg:  # rendezvous.py's barrier, then torchrun
+            rendezvous = arg.split(" --endpoint ", 1)[1].split()[0]
     rank0 = rendezvous is None or rendezvous.split(":")[0] == os.environ.get("IMDS_local_ipv4")
     if rank0:
         output = Path(mounts["/opt/ml/output"])
@@ -101,11 +107,17 @@ if any("--check-only" in arg for arg in command):
         (output / "metrics.json").write_text('{{"eval_accuracy": 0.7}}')
     ship("rank 0: trained" if rank0 else "rank 1: trained")
     sys.exit(0)
-# What the container sees: the network; the host's credentials only on the host network (IMDS within one hop).
+# What the container sees: the network; the host's credentials only on the host network (IMDS within one hop) and
+# as a uid whose packets to IMDS the host does not reject (the iptables shim's OUTPUT rules: ec2_run.sh's owner match).
 env.update(PATH="{python_dir}:/usr/bin:/bin", HOME=mounts.get("/root", "/nonexistent"),
            AWS_ENDPOINT_URL=os.environ["AWS_ENDPOINT_URL"], AWS_EC2_METADATA_DISABLED="true",
            AWS_CONFIG_FILE="/nonexistent", AWS_SHARED_CREDENTIALS_FILE="/nonexistent")
-if options.get("--network") == ["host"]:
+uid = options.get("--user", ["0"])[0].split(":")[0]
+rules = Path(os.environ.get("IPTABLES_RULES", "/nonexistent"))
+rejected = rules.exists() and any(
+    "169.254.169.254/32" in rule and rule.split("--uid-owner ")[-1].split()[0] == uid
+    for rule in rules.read_text().splitlines() if rule.startswith("-I OUTPUT") and "--uid-owner" in rule)
+if options.get("--network") == ["host"] and not rejected:
     env.update({{k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if k in os.environ}})
 result = subprocess.run(command, cwd=host_path(workdir), env=env, capture_output=True, text=True)
 sys.stdout.write(result.stdout)
@@ -151,6 +163,14 @@ print("token" if url.endswith("/api/token") else os.environ["IMDS_" + url.rsplit
 """
 
 NVIDIA_SMI = "#!/bin/sh\necho 'GPU 0: NVIDIA A100-SXM4-40GB'\n"
+
+# The host's packet filter: each rule ec2_run.sh adds is written, one a line, to $IPTABLES_RULES (the docker shim
+# reads the OUTPUT rules to decide whether a host-network container reaches IMDS).
+IPTABLES = """#!/bin/sh
+[ "$1" = -w ] && shift
+[ -n "$IPTABLES_RULES" ] && echo "$*" >> "$IPTABLES_RULES"
+exit 0
+"""
 
 # `shutdown -h now` powers the instance off; the launch template's shutdown behaviour terminates it (EC2's doing).
 SHUTDOWN = """#!/bin/sh
@@ -203,6 +223,7 @@ def install_host_tools(bin_dir: Path, aws_cli: Path, *, gated: bool = False, aws
         "docker": DOCKER.format(python=python, python_dir=Path(python).parent),
         "curl": CURL.format(python=python),
         "nvidia-smi": NVIDIA_SMI,
+        "iptables": IPTABLES,
         "aws": aws,
         "python3": f'#!/bin/sh\nexec "{python}" "$@"\n',
         "shutdown": SHUTDOWN,

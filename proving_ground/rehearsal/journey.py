@@ -50,10 +50,13 @@ SERVING_DIGEST = f"999999999999.dkr.ecr.us-west-2.amazonaws.com/pytorch-platform
 LAUNCHER, INSTANCE, ENDPOINT_ROLE = "training launcher", "training instance role", "endpoint execution role"
 MME_CLIENT, REMOTE_LAUNCHER, REMOTE_JOB = "multi-model client", "@remote launcher", "@remote job role"
 MODEL_CHECK = "model archive check"
+# The Training stack's TrainingLauncher function (its role): the only principal that launches from the template.
+RUN_LAUNCHER = "training run launcher"
 # Each principal's access key (AKIA + this): the gate knows a principal by its key.
 KEYS = {DEPLOYER: "deployer0000", OPERATOR: "operator0000", AWS_SERVICE: "awsservice00", LAUNCHER: "launcher0000",
         INSTANCE: "instance0000", ENDPOINT_ROLE: "endpointrole", MME_CLIENT: "mmeclient000",
-        REMOTE_LAUNCHER: "remotelaunch", REMOTE_JOB: "remotejob000", MODEL_CHECK: "modelcheck00"}  # fmt: skip
+        REMOTE_LAUNCHER: "remotelaunch", REMOTE_JOB: "remotejob000", MODEL_CHECK: "modelcheck00",
+        RUN_LAUNCHER: "runlauncher0"}  # fmt: skip
 
 # The services the hosts' and the operator's AWS CLI calls reach (the call server loads their models ahead).
 HOST_CLI_SERVICES = ("s3", "ec2", "logs", "ecr", "ssm", "sts", "sagemaker-runtime")

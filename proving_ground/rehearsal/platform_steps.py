@@ -39,6 +39,7 @@ from proving_ground.rehearsal.journey import (
     OPERATOR,
     REMOTE_JOB,
     REMOTE_LAUNCHER,
+    RUN_LAUNCHER,
     SERVING_DIGEST,
     SERVING_IMAGE,
     RehearsalBase,
@@ -179,6 +180,7 @@ class PlatformSteps(RehearsalBase):
 
         checked = [
             person("Training", "TrainingLauncherPolicy", LAUNCHER, "alice@example.com"),
+            role("Training", "TrainingLauncherRole", RUN_LAUNCHER, "TrainingLauncherFunction"),
             role("Foundation", "TrainingInstanceRole", INSTANCE, "i-instance"),
             role("Foundation", "EndpointExecutionRole", ENDPOINT_ROLE, "SageMaker"),
             # The environment's first @remote caller (training.remote_callers): its launcher policy and job role.

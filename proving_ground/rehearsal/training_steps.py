@@ -5,11 +5,14 @@ the @remote job.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
-import json
 import subprocess
+import sys
 from typing import Any
 
+from proving_ground.iam_policy import Request, is_allowed
+from proving_ground.rehearsal.aws_calls import Record, _write
 from proving_ground.rehearsal.journey import (
     AWS_SERVICE,
     INSTANCE,
@@ -17,25 +20,53 @@ from proving_ground.rehearsal.journey import (
     OPERATOR,
     REMOTE_IMAGE,
     REMOTE_LAUNCHER,
+    RUN_LAUNCHER,
     RehearsalBase,
     StepFailed,
 )
+from stacks.components.training_launcher import HANDLER
+
+
+def _launcher_handler() -> Any:
+    """The launcher function's handler module (stdlib + boto3), as Lambda loads it."""
+    spec = importlib.util.spec_from_file_location("run_launcher_handler", HANDLER / "handler.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
 
 
 class TrainingSteps(RehearsalBase):
     def ec2_run(self) -> str:
-        assert self.deployment is not None
-        outputs = self.deployment.deployed["Training"].outputs
-        command = outputs.get("RunMultiNodeTrainingCommand") or outputs["RunSingleNodeTrainingCommand"]
-        launched = self.shell(LAUNCHER, ["bash", "-c", f"{command} --output json"])
-        if launched.returncode != 0:
-            raise StepFailed(f"`{command}` failed: {launched.stderr.strip()}")
-        reservation = json.loads(launched.stdout)
-        instances = reservation["Instances"]
-        template_id = instances[0].get("Tags") and next(
-            (t["Value"] for t in instances[0]["Tags"] if t["Key"] == "aws:ec2launchtemplate:id"), None
-        )
-        template = self.deployment.launch_templates[template_id or next(iter(self.deployment.launch_templates))]
+        """The person asks the platform's launcher for a run (lambda:InvokeFunction, checked against their policy);
+        the launcher's handler, run here as its role, launches from the template (every call through the gate)."""
+        assert self.deployment is not None and self.gate is not None
+        resources = self.deployment.stacks["Training"].template["Resources"]
+        (function_id,) = [name for name, resource in resources.items() if resource["Type"] == "AWS::Lambda::Function"
+                          and name.startswith("TrainingLauncherFunction")]  # fmt: skip
+        function_arn = str(self.deployment.deployed["Training"].refs[f"{function_id}.Arn"])
+        person = self.gate.principal(LAUNCHER)
+        invoke = Request("lambda:InvokeFunction", function_arn, dict(person.identity))
+        allowed = is_allowed(person.policies or [], invoke)
+        record = Record("EC2 training run", LAUNCHER, "lambda", "Invoke", function_id,
+                        [(invoke.action, invoke.resource)], allowed, None if allowed else "AccessDenied")  # fmt: skip
+        _write(self.gate, record)
+        if not allowed:
+            raise StepFailed(f"{LAUNCHER} may not invoke the training launcher {function_arn}")
+        handler = _launcher_handler()
+        function = resources[function_id]["Properties"]
+        variables = self.deployment.resolve("Training", function["Environment"]["Variables"])
+        event = {"run_name": "rehearsal-run", "nodes": int(variables["MAX_NODES"])}
+        try:
+            settings = handler.Settings.from_environment(variables)
+            started = handler.launch(self.client("ec2", RUN_LAUNCHER), event, settings)
+        except handler.Refused as refusal:
+            raise StepFailed(f"the launcher refused {event}: {refusal}") from None
+        ec2 = self.client("ec2", OPERATOR)
+        (reservation,) = ec2.describe_instances(InstanceIds=started["instance_ids"])["Reservations"]
+        instances = sorted(reservation["Instances"], key=lambda i: started["instance_ids"].index(i["InstanceId"]))
+        template = self.deployment.launch_templates[variables["LAUNCH_TEMPLATE_ID"]]
         # The nodes boot together: each finds the others through the reservation while they run.
         nodes = [self._start_user_data(template["user_data"], reservation["ReservationId"], instance)
                  for instance in instances]  # fmt: skip
@@ -48,16 +79,14 @@ class TrainingSteps(RehearsalBase):
         if failed:
             raise StepFailed("\n".join(failed))
         artifacts = self.stack_output("Foundation", "ArtifactsBucketName")
-        prefix = f"training-output/{reservation['ReservationId']}/"
+        prefix = f"training-output/{started['run_id']}/"
         s3 = self.client("s3", OPERATOR)
         listed = {o["Key"] for o in s3.list_objects_v2(Bucket=artifacts, Prefix=prefix).get("Contents", [])}
-        if {prefix + "model.tar.gz", prefix + "metrics.json"} - listed:
+        if {prefix + name for name in ("model.tar.gz", "metrics.json", "model.tar.gz.sha256")} - listed:
             raise StepFailed(f"the run left {sorted(listed) or 'nothing'} under s3://{artifacts}/{prefix}")
         states = {
             i["InstanceId"]: i["State"]["Name"]
-            for r in self.client("ec2", OPERATOR).describe_instances(InstanceIds=[i["InstanceId"] for i in instances])[
-                "Reservations"
-            ]
+            for r in ec2.describe_instances(InstanceIds=[i["InstanceId"] for i in instances])["Reservations"]
             for i in r["Instances"]
         }
         if set(states.values()) != {"terminated"}:
@@ -75,11 +104,18 @@ class TrainingSteps(RehearsalBase):
             "/var/log/", f"{host}/var-log-"
         )
         (host / "user-data.sh").write_text(script)
+        # The instance's EFA devices (one per network card of a p4d.24xlarge), which launch_training.sh passes through.
+        devices = host / "dev-infiniband"
+        devices.mkdir()
+        for card in range(4):
+            (devices / f"uverbs{card}").touch()
         service = self.gate.principal(AWS_SERVICE)
         env = {
             **self._base_environment(),
             **self.gate.principal(INSTANCE).environment(),
             "IMDS_instance_id": instance["InstanceId"],
+            "IPTABLES_RULES": str(host / "iptables.rules"),
+            "EFA_DEVICE_DIR": str(devices),
             "IMDS_reservation_id": reservation,
             "IMDS_local_ipv4": instance["PrivateIpAddress"],
             "EC2_SERVICE_ACCESS_KEY_ID": service.access_key,

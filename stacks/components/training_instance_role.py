@@ -1,5 +1,5 @@
 """The role and instance profile of the GPU training instances (EC2): Session Manager instead of SSH, the training
-image's pull, read datasets, write model artifacts."""
+image's pull, read datasets, write model artifacts (a run's candidate only once)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,27 @@ def _session_manager_only() -> ReasonedStatement:
     )
 
 
+# What a run writes once at its end (ec2_run.sh): its candidate model, the model's SHA-256 that promotion checks, and
+# its metrics. Nobody holding this role replaces them once written.
+WRITTEN_ONCE = ("model.tar.gz", "model.tar.gz.sha256", "metrics.json")
+
+
+def _candidates_written_once(artifacts: s3.IBucket, prefix: str) -> ReasonedStatement:
+    """Deny writing a run's candidate files unless the write is conditional on the key being absent (If-None-Match:
+    *, which S3 refuses with 412 when the key exists; condition key s3:if-none-match, S3 User Guide, "Enforce
+    conditional writes on Amazon S3 buckets"). A negated operator: a write without the header is denied too."""
+    return (
+        iam.PolicyStatement(
+            sid="WriteCandidatesOnlyOnce",
+            effect=iam.Effect.DENY,
+            actions=["s3:PutObject"],
+            resources=[artifacts.arn_for_objects(f"{prefix}*/{name}") for name in WRITTEN_ONCE],
+            conditions={"StringNotEquals": {"s3:if-none-match": "*"}},
+        ),
+        None,
+    )
+
+
 class TrainingInstanceRole(Construct):
     """The role (this construct's default child), its policy (``policy``) and its ``instance_profile``. Stacks that
     own more of the instances' resources attach their own grants to ``role``."""
@@ -71,6 +92,7 @@ class TrainingInstanceRole(Construct):
                 *dlc_pull(self, training_repository),
                 read_datasets(datasets),
                 write_training_output(artifacts, training_output_prefix),
+                _candidates_written_once(artifacts, training_output_prefix),
                 (
                     iam.PolicyStatement(
                         sid="ListBuckets",

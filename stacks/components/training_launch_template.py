@@ -1,7 +1,8 @@
 """The GPU training launch template: security group, cluster placement group (multi-node runs), the launch template
 whose user data runs one training job and powers off, and ``grant_launch`` with RunInstances scoped to it.
 
-Nothing here launches an instance: a run starts with ``aws ec2 run-instances --launch-template ...``.
+Nothing here launches an instance: runs start through the platform's launcher (training_launcher.py), the one
+holder of ``grant_launch``.
 """
 
 from __future__ import annotations
@@ -152,9 +153,9 @@ class TrainingLaunchTemplate(Construct):
             require_imdsv2=True,
             http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
             # 1 hop (Control Tower CT.EC2.PR.2): a container on Docker's bridge network (single-node runs) cannot
-            # reach IMDS, so it gets no credentials; the host does every AWS call. It does NOT protect multi-node EFA
-            # runs: their container uses the host network (--network host --privileged), adds no hop and reaches
-            # IMDS and the instance role like the host (docs/training.md, "What a training container can reach").
+            # reach IMDS, so it gets no credentials; the host does every AWS call. Host-network containers
+            # (multi-node and EFA runs) add no hop: ec2_run.sh rejects their packets to IMDS by their uid (iptables
+            # owner match), and they run without privileges (docs/training.md, "What a training container can reach").
             http_put_response_hop_limit=METADATA_HOP_LIMIT,
             instance_profile=instance_profile,
             detailed_monitoring=True,
@@ -211,14 +212,6 @@ class TrainingLaunchTemplate(Construct):
     def launch_template_arn(self) -> str:
         stack = cdk.Stack.of(self)
         return f"arn:{stack.partition}:ec2:{stack.region}:{stack.account}:launch-template/{self.launch_template_id}"
-
-    def run_command(self, count: int) -> str:
-        """The AWS CLI command that starts ``count`` instances from the template's latest version, overriding
-        nothing (an override of a template resource is refused by the grant)."""
-        template = f"LaunchTemplateId={self.launch_template_id},Version={self.launch_template.latest_version_number}"
-        return (
-            f"aws ec2 run-instances --region {cdk.Stack.of(self).region} --launch-template {template} --count {count}"
-        )
 
     # --- network ------------------------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import subprocess
 import sys
@@ -233,6 +234,7 @@ def test_upload_uses_sse_kms_and_returns_the_s3_uri(model_archive: Path) -> None
     key_arn = "arn:aws:kms:us-west-2:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
     with Stubber(client) as stubber:
         stubber.add_response("put_object", {"ETag": '"abc"'})
+        stubber.add_response("put_object", {"ETag": '"def"'})  # the digest beside it
         uri = upload(
             model_archive,
             "s3://artifacts-bucket/endpoints/sentiment/v2.tar.gz",
@@ -241,11 +243,16 @@ def test_upload_uses_sse_kms_and_returns_the_s3_uri(model_archive: Path) -> None
         )
         stubber.assert_no_pending_responses()
     assert uri == "s3://artifacts-bucket/endpoints/sentiment/v2.tar.gz"
-    (params,) = sent
+    params, digest = sent
     assert params["Bucket"] == "artifacts-bucket"
     assert params["Key"] == "endpoints/sentiment/v2.tar.gz"
-    assert params["ServerSideEncryption"] == "aws:kms"
-    assert params["SSEKMSKeyId"] == key_arn
+    assert params["ServerSideEncryption"] == digest["ServerSideEncryption"] == "aws:kms"
+    assert params["SSEKMSKeyId"] == digest["SSEKMSKeyId"] == key_arn
+    # The SHA-256 the endpoint's model archive check compares before a deploy, as sha256sum writes it.
+    assert digest["Key"] == "endpoints/sentiment/v2.tar.gz.sha256"
+    expected = hashlib.sha256(model_archive.read_bytes()).hexdigest()
+    body = digest["Body"]
+    assert (body.getvalue() if hasattr(body, "getvalue") else body) == f"{expected}  {model_archive.name}\n".encode()
 
 
 @pytest.mark.parametrize(

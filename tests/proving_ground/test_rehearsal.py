@@ -51,6 +51,7 @@ def test_the_journey_passes_with_every_call_allowed_by_its_principals_policy(
     checked = {r.principal for r in report.records if r.allowed is not None}
     assert checked == {
         "training launcher",
+        "training run launcher",
         "training instance role",
         "endpoint execution role",
         "multi-model client",
@@ -60,7 +61,8 @@ def test_the_journey_passes_with_every_call_allowed_by_its_principals_policy(
     operations = {(r.principal, r.service, r.operation) for r in report.records}
     # The joints the journey crosses, each made by the principal that makes it on AWS.
     assert {
-        ("training launcher", "ec2", "RunInstances"),
+        ("training launcher", "lambda", "Invoke"),  # people only ask the platform's launcher
+        ("training run launcher", "ec2", "RunInstances"),
         ("training instance role", "ec2", "DescribeInstances"),
         ("training instance role", "s3", "PutObject"),  # the run's model, from the host
         ("training instance role", "logs", "PutLogEvents"),  # Docker's awslogs driver and the bootstrap log
@@ -81,8 +83,8 @@ def test_an_upload_from_inside_the_container_stops_the_ec2_run(
     assembly = _copy(cloud_assembly, tmp_path / "cdk.out")
     script = _training_code(assembly, "dev") / "ec2_run.sh"
     text = script.read_text()
-    step5 = re.search(r'  docker run --rm -v "\$WORK:/work".*?\n  for file in model.tar.gz metrics.json; do\n.*?done\n',
-                      text, re.S)  # fmt: skip
+    step5 = re.search(r'  docker run --rm --user "\$CONTAINER_USER".*?\n  for file in model.tar.gz metrics.json '
+                      r'model.tar.gz.sha256; do\n.*?done\n', text, re.S)  # fmt: skip
     assert step5, "ec2_run.sh's step 5 changed: update this test"
     script.write_text(text.replace(step5[0], _UPLOAD_IN_THE_CONTAINER))
 

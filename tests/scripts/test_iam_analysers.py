@@ -59,7 +59,7 @@ def test_intrinsics_resolve_to_arns_of_the_right_shape(cloud_assembly) -> None:
     policies = iam_analysers.identity_policies(iam_analysers.load_templates(Path(cloud_assembly.directory)))
     text = json.dumps([p.document for p in policies])
     assert "Fn::" not in text and '"Ref"' not in text
-    (launcher,) = [p for p in policies if p.stack == "dev/Training" and p.principal == "TrainingLauncherPolicy"]
+    (launcher,) = [p for p in policies if p.stack == "dev/Training" and p.principal == "TrainingLauncherRole"]
     resources = {
         r
         for s in launcher.document["Statement"]

@@ -153,14 +153,17 @@ def test_run_commands_in_outputs(training_templates, environment) -> None:
         return "".join(p if isinstance(p, str) else f"<{json.dumps(p)}>" for p in parts)
 
     single = command("RunSingleNodeTrainingCommand")
-    assert re.fullmatch(
-        r"aws ec2 run-instances --region us-west-2 --launch-template "
-        r'LaunchTemplateId=<\{"Ref": "(\w+)"\}>,Version=<\{"Fn::GetAtt": \["\1", "LatestVersionNumber"\]\}> --count 1',
+    # The command asks the platform's launcher (nobody else may RunInstances with the template).
+    match = re.fullmatch(
+        r'aws lambda invoke --region us-west-2 --function-name <\{"Ref": "(TrainingLauncherFunction\w+)"\}> '
+        r"--cli-binary-format raw-in-base64-out --payload '(.+)' /dev/stdout",
         single,
     )
+    assert match and json.loads(match[2]) == {"run_name": "RUN_NAME", "nodes": 1}
     if environment != "dev":
-        assert command("RunMultiNodeTrainingCommand") == single.replace("--count 1", "--count 2")
-    template_ref = re.search(r'"Ref": "(\w+)"', single)[1]
+        assert command("RunMultiNodeTrainingCommand") == single.replace('"nodes": 1', '"nodes": 2')
+    function = training_templates[environment]["Resources"][match[1]]
+    template_ref = function["Properties"]["Environment"]["Variables"]["LAUNCH_TEMPLATE_ID"]["Ref"]
     assert outputs["LaunchTemplateId"]["Value"] == {"Ref": template_ref}
 
 
@@ -226,16 +229,23 @@ def test_instance_policy_is_scoped_to_this_stack(training_templates, environment
 
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
-def test_launcher_policy_only_launches_from_the_template(training_templates, environment) -> None:
-    (policy,) = [p for name, p in resources(training_templates[environment], "AWS::IAM::ManagedPolicy").items()
-                 if name.startswith("TrainingLauncherPolicy")]  # fmt: skip
-    statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+def test_launcher_policy_only_invokes_the_launcher_which_alone_launches(training_templates, environment) -> None:
+    """People's policy: lambda:InvokeFunction on the launcher, nothing else; the launcher's role holds the launch."""
+    policies = resources(training_templates[environment], "AWS::IAM::ManagedPolicy")
+    (people,) = [p for name, p in policies.items() if name.startswith("TrainingLauncherPolicy")]
+    (invoke,) = people["Properties"]["PolicyDocument"]["Statement"]
+    assert invoke["Action"] == "lambda:InvokeFunction"
+    assert invoke["Resource"]["Fn::GetAtt"][0].startswith("TrainingLauncherFunction")
+    (launcher,) = [p for name, p in policies.items() if name.startswith("TrainingLauncherLaunchPolicy")]
+    statements = {s["Sid"]: s for s in launcher["Properties"]["PolicyDocument"]["Statement"]}
     run = statements["RunFromTheTrainingTemplate"]
     assert run["Action"] == "ec2:RunInstances" and "ec2:LaunchTemplate" in run["Condition"]["ArnLike"]
     assert statements["PassTheTrainingInstanceRole"]["Condition"] == {
         "StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}
     }
     assert "kms:ViaService" in statements["EncryptTheRootVolume"]["Condition"]["StringEquals"]
+    assert launcher["Properties"]["Roles"] == [{"Ref": next(n for n in resources(
+        training_templates[environment], "AWS::IAM::Role") if n.startswith("TrainingLauncherRole"))}]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------------- @remote
@@ -343,7 +353,7 @@ def test_runs_start_in_the_configured_subnet_and_the_outputs_say_where(training_
         (interface,) = launch_data(chosen)["NetworkInterfaces"]
         assert subnet in interface["SubnetId"]["Fn::ImportValue"]
         (launcher,) = [p for name, p in resources(chosen, "AWS::IAM::ManagedPolicy").items()
-                       if name.startswith("TrainingLauncherPolicy")]  # fmt: skip
+                       if name.startswith("TrainingLauncherLaunchPolicy")]  # fmt: skip
         subnets = set(re.findall(r"ExportsOutputRefVpc\w+Subnet\w+", json.dumps(launcher["Properties"])))
         assert {f"dev-Foundation:{name}" for name in subnets} == {interface["SubnetId"]["Fn::ImportValue"]}, (
             "the launch grant names the same subnet only"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -53,14 +54,19 @@ def test_container_pins_match_the_tested_versions() -> None:
         assert tested[package] == version, f"{package}: container {version}, tests {tested[package]}"
 
 
-def _launch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def _launch(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", str(LAUNCHER), "--dry-run", *args], check=False, capture_output=True, text=True, cwd=cwd
+        ["bash", str(LAUNCHER), "--dry-run", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
     )
 
 
-def _command(*args: str, cwd: Path | None = None) -> list[str]:
-    result = _launch(*args, cwd=cwd)
+def _command(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> list[str]:
+    result = _launch(*args, cwd=cwd, env=env)
     assert result.returncode == 0, result.stderr
     return shlex.split(result.stdout)
 
@@ -129,7 +135,9 @@ def test_single_node_command(tmp_path: Path) -> None:
     ]
 
 
-def test_multi_node_command_meets_at_the_barrier_then_uses_c10d_rendezvous_over_efa() -> None:
+def test_multi_node_command_meets_at_the_barrier_then_uses_c10d_rendezvous_over_efa(tmp_path: Path) -> None:
+    for card in range(2):
+        (tmp_path / f"uverbs{card}").touch()
     docker, inside = _split(
         _command(
             "--gpus",
@@ -153,9 +161,15 @@ def test_multi_node_command_meets_at_the_barrier_then_uses_c10d_rendezvous_over_
             "/training",
             "--log-stream",
             "i-1",
+            env={"EFA_DEVICE_DIR": str(tmp_path)},
         )
     )
-    assert "--privileged" in docker and docker[docker.index("--network") + 1] == "host"
+    # The EFA devices passed through (AWS Batch's EFA jobs do the same), never --privileged; the host network for
+    # the rendezvous and NCCL's bootstrap; an unprivileged user whose IMDS packets the host rejects (ec2_run.sh).
+    assert "--privileged" not in docker and docker[docker.index("--network") + 1] == "host"
+    assert [docker[i + 1] for i, arg in enumerate(docker) if arg == "--device"] == [
+        f"{tmp_path}/uverbs0", f"{tmp_path}/uverbs1"]  # fmt: skip
+    assert docker[docker.index("--user") + 1] == "2000:2000" and "no-new-privileges" in docker
     assert "FI_PROVIDER=efa" in docker and "FI_EFA_USE_DEVICE_RDMA=1" in docker
     assert docker[docker.index("--log-driver") + 1] == "awslogs" and "awslogs-group=/training" in docker
     # rendezvous.py holds the barrier, then starts torchrun with the c10d flags bounded by the same 300 s.
@@ -226,3 +240,17 @@ def test_the_input_check_runs_once_before_torchrun(tmp_path: Path, check_status:
     torchrun = ["torchrun", "--nproc_per_node=2", "--standalone", "--nnodes=1", "--max-restarts=0", "--module", MODULE,
                 *arguments]  # fmt: skip
     assert recorded[:-1] == (check + torchrun if trains else check)
+
+
+def test_an_efa_run_without_efa_devices_stops_with_one_line(tmp_path: Path) -> None:
+    result = _launch("--gpus", "8", "--efa", env={"EFA_DEVICE_DIR": str(tmp_path)})
+    assert result.returncode == 2 and result.stdout == ""
+    assert (
+        result.stderr
+        == f"launch_training.sh: error: --efa: no EFA device under {tmp_path} (is the EFA driver loaded?)\n"
+    )
+
+
+def test_the_container_user_is_never_root() -> None:
+    result = _launch("--gpus", "8", env={"CONTAINER_USER": "0:0"})
+    assert result.returncode == 2 and "CONTAINER_USER must be uid:gid other than root, got '0:0'" in result.stderr

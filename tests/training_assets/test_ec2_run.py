@@ -5,6 +5,7 @@ arguments. Also the log shipper's batching within the CloudWatch Logs API limits
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -38,7 +39,8 @@ def _in_container(after_image: list[str]) -> list[str]:
 
 
 # One stand-in for every command: records its argv, answers what ec2_run.sh reads, and plays the training
-# container (rank 0 writes saved_model/ and metrics.json into the mounted output folder when SAVES_MODEL is set).
+# container (rank 0 writes saved_model/ and metrics.json into the mounted output folder when SAVES_MODEL is set) and
+# the packaging container (model.tar.gz).
 FAKE = r"""#!{python}
 import json, os, sys, time
 from pathlib import Path
@@ -77,6 +79,9 @@ elif name == "aws" and args[:2] == ["s3", "cp"]:  # s3://BUCKET/KEY is S3_ROOT/B
             place(target).write_bytes(place(source).read_bytes())
 elif name == "docker" and args[0] == "login":
     sys.stdin.read()
+elif name == "docker" and "inference_assets.tools.package_model" in args:
+    output = Path(next(a.split(":")[0] for a in args if a.endswith(":/work/output")))
+    (output / "model.tar.gz").write_bytes(b"the archive")
 elif name == "docker" and any("--check-only" in a for a in args):
     output = Path(next(a.split(":")[0] for a in args if a.endswith(":/opt/ml/output")))
     if os.environ.get("CHECKPOINTS"):  # a complete checkpoint (the marker lists every other file with its size)
@@ -102,11 +107,15 @@ elif name == "docker" and any("--check-only" in a for a in args):
 def instance(tmp_path: Path) -> dict:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("aws", "curl", "docker", "nvidia-smi", "mountpoint"):
+    for name in ("aws", "curl", "docker", "nvidia-smi", "mountpoint", "iptables"):
         (bin_dir / name).write_text(FAKE.format(python=sys.executable))
         (bin_dir / name).chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
+    devices = tmp_path / "infiniband"  # the EFA devices of a p4d.24xlarge (one per network card)
+    devices.mkdir()
+    for card in range(4):
+        (devices / f"uverbs{card}").touch()
     # What the user data unpacks: the two code assets, under their repository paths.
     for folder in ("training_assets/instance", "inference_assets"):
         shutil.copytree(ROOT / folder, work / folder)
@@ -130,6 +139,7 @@ def instance(tmp_path: Path) -> dict:
         # describe-instances rows (";" between rows): private IP, instance id, run-id tag.
         "PEERS": "10.0.1.9\ti-0def\tNone;10.0.1.7\ti-0abc\tNone",
         "SAVES_MODEL": "1",
+        "EFA_DEVICE_DIR": str(devices),
     }
     return {"work": work, "env": env, "calls": tmp_path / "calls.jsonl"}
 
@@ -153,15 +163,21 @@ def _docker_runs(calls: list[list[str]]) -> list[list[str]]:
     return [call for call in calls if call[:2] == ["docker", "run"]]
 
 
+# Long: one run read end to end, in the order the script makes its calls (rules, discovery, image, inputs, training,
+# packaging, the three write-once uploads), each with the arguments that matter.
 def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dict) -> None:
     result = _script(instance)
     assert result.returncode == 0, result.stderr
     calls = _calls(instance)
     work = str(instance["work"])
-    commands = [call[:3] for call in calls if call[0] in ("aws", "docker")]
+    commands = [call[:3] for call in calls if call[0] in ("aws", "docker", "iptables")]
     # The registry login is a pipe: its two sides start together, in either order.
-    commands[2:4] = sorted(commands[2:4])
+    commands[5:7] = sorted(commands[5:7])
     assert commands == [
+        # Before anything else, the containers lose the metadata service (test_training_container.py: the rules).
+        ["iptables", "-w", "-N"],
+        ["iptables", "-w", "-I"],
+        ["iptables", "-w", "-I"],
         ["aws", "ec2", "describe-instances"],
         ["aws", "s3api", "head-object"],  # is this run id finished already?
         ["aws", "ecr", "get-login-password"],
@@ -170,8 +186,9 @@ def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dic
         ["aws", "s3api", "list-objects-v2"],  # the run's checkpoints in S3 (none)
         ["docker", "run", "--rm"],  # training
         ["docker", "run", "--rm"],  # packaging
-        ["aws", "s3", "cp"],  # model.tar.gz
-        ["aws", "s3", "cp"],  # metrics.json
+        ["aws", "s3api", "put-object"],  # model.tar.gz
+        ["aws", "s3api", "put-object"],  # metrics.json
+        ["aws", "s3api", "put-object"],  # model.tar.gz.sha256
     ]
     assert "no pipeline-built image is configured (training.image_registry_account is not set)" in result.stdout
     build = next(call for call in calls if call[:2] == ["docker", "build"])
@@ -181,7 +198,11 @@ def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dic
     listing = next(call for call in calls if call[:2] == ["aws", "s3api"] and call[2] == "list-objects-v2")
     assert listing[listing.index("--prefix") + 1] == "training-output/r-0123/checkpoints/"
     train, package = _docker_runs(calls)
-    assert "--privileged" in train and "FI_PROVIDER=efa" in train and "awslogs-group=dev-training-logs" in train
+    assert "--privileged" not in train and "FI_PROVIDER=efa" in train and "awslogs-group=dev-training-logs" in train
+    # The EFA devices passed through, one per network card, to a container of the unprivileged user.
+    devices = [train[i + 1] for i, arg in enumerate(train) if arg == "--device"]
+    assert devices == [f"{instance['env']['EFA_DEVICE_DIR']}/uverbs{card}" for card in range(4)]
+    assert train[train.index("--user") + 1] == package[package.index("--user") + 1] == "2000:2000"
     assert "awslogs-stream=r-0123/i-0abc/train" in train
     inside = _in_container(train[train.index("sentiment-training:latest") + 1 :])
     # This node (10.0.1.7) is first in private-IP order: the rendezvous node. The nodes meet at the barrier, then
@@ -203,15 +224,22 @@ def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dic
         "python", "-m", "inference_assets.tools.package_model", "--model-dir", "output/saved_model",
         "--output", "output/model.tar.gz",
     ]  # fmt: skip
-    uploads = [call[-2:] for call in calls if call[:3] == ["aws", "s3", "cp"]]
-    assert uploads == [
-        [f"{work}/output/{name}", f"s3://dev-artifacts/training-output/r-0123/{name}"]
-        for name in ("model.tar.gz", "metrics.json")
+    uploads = [call for call in calls if call[:3] == ["aws", "s3api", "put-object"]]
+    # Each written once (If-None-Match: *), SSE-KMS with the platform key; the digest is the archive's SHA-256.
+    assert [(u[u.index("--body") + 1], u[u.index("--key") + 1]) for u in uploads] == [
+        (f"{work}/output/{name}", f"training-output/r-0123/{name}")
+        for name in ("model.tar.gz", "metrics.json", "model.tar.gz.sha256")
     ]
+    assert all(u[u.index("--if-none-match") + 1] == "*" for u in uploads)
+    assert all(u[u.index("--ssekms-key-id") + 1] == instance["env"]["KMS_KEY_ID"] for u in uploads)
+    digest = hashlib.sha256((instance["work"] / "output" / "model.tar.gz").read_bytes()).hexdigest()
+    assert (instance["work"] / "output" / "model.tar.gz.sha256").read_text() == f"{digest}  model.tar.gz\n"
+    assert f"model: s3://dev-artifacts/training-output/r-0123/model.tar.gz (sha256 {digest})" in result.stdout
 
 
 def test_the_other_node_joins_the_barrier_with_the_run_id_of_its_tag(instance: dict) -> None:
-    """A launch tagged training-run-id=<id> names the run (a relaunch with the same tag resumes it): the rendezvous
+    """A launch tagged training-run-id=<id> (the launcher's run_name) names the run (a relaunch with the same name
+    resumes it): the rendezvous
     id, the checkpoint prefix and the model's prefix all take it. This node is second in IP order."""
     calls = _run(instance, PEERS="10.0.1.2\ti-0def\tsentiment-7;10.0.1.7\ti-0abc\tsentiment-7", SAVES_MODEL="",
                  RENDEZVOUS_TIMEOUT="120", MAX_RESTARTS="2")  # fmt: skip
@@ -231,7 +259,7 @@ def test_a_finished_run_id_is_not_trained_again(instance: dict) -> None:
     assert result.returncode == 1
     assert result.stderr.strip() == (
         "run r-0123 is finished: its model is s3://dev-artifacts/training-output/r-0123/model.tar.gz; launch a new "
-        "run (another training-run-id tag)"
+        "run (another run_name)"
     )
     assert not [call for call in _calls(instance) if call[0] == "docker"]
 
@@ -262,8 +290,8 @@ def test_inputs_and_output_are_staged_on_nvme_when_the_instance_has_it(instance:
     train, package = _docker_runs(calls)
     assert f"{stage}/dataset:/opt/ml/input/data:ro" in train and f"{stage}/output:/opt/ml/output" in train
     assert f"{stage}/output:/work/output" in package
-    uploads = [call[-2] for call in calls if call[:3] == ["aws", "s3", "cp"]]
-    assert uploads == [f"{stage}/output/model.tar.gz", f"{stage}/output/metrics.json"]
+    uploads = [call[call.index("--body") + 1] for call in calls if call[:3] == ["aws", "s3api", "put-object"]]
+    assert uploads == [f"{stage}/output/{name}" for name in ("model.tar.gz", "metrics.json", "model.tar.gz.sha256")]
 
 
 SLOT = "s3://dev-artifacts/training-output/r-0123/checkpoints/slot-0"
@@ -301,8 +329,7 @@ def test_a_failed_run_uploads_its_newest_checkpoint_and_says_how_to_resume(insta
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         "training failed (exit status 1); to resume from its newest complete checkpoint "
-        "(s3://dev-artifacts/training-output/r-0123/checkpoints/), launch again with the instance tag "
-        "training-run-id=r-0123"
+        "(s3://dev-artifacts/training-output/r-0123/checkpoints/), launch again with run_name r-0123"
     )
     calls = _calls(instance)
     work = instance["work"]
@@ -335,7 +362,7 @@ def test_single_node_with_s3_inputs_and_no_model_on_this_node(instance: dict) ->
         "--output-dir", "/opt/ml/output", "--tokenized-dir", "/opt/ml/output/tokenized",
         "--dataset", "/opt/ml/input/data", "--model", "/opt/ml/input/model",
     ]  # fmt: skip
-    assert not [call for call in calls if call[:3] == ["aws", "s3", "cp"]]
+    assert not [call for call in calls if call[:2] == ["aws", "s3api"] and call[2] == "put-object"]
 
 
 def test_missing_setting_stops_the_run(instance: dict) -> None:
@@ -369,3 +396,50 @@ def test_ship_logs_calls_the_aws_cli(instance: dict, tmp_path: Path) -> None:
     calls = [json.loads(line) for line in instance["calls"].read_text().splitlines()]
     assert [call[:3] for call in calls] == [["aws", "logs", "create-log-stream"], ["aws", "logs", "put-log-events"]]
     assert "shipped 2 lines to g" in result.stdout
+
+
+@pytest.mark.parametrize("efa", ["true", "false"])
+def test_no_container_reaches_the_instance_metadata_service(instance: dict, efa: str) -> None:
+    """Issue 41.3, read from the commands ec2_run.sh really runs: before any container starts, the host rejects
+    packets to IMDS from the containers' uid (host-network containers: multi-node and EFA runs) and from Docker's
+    bridge (single node, image builds); every container runs as that uid, unprivileged, with no added capability and
+    no new privileges, so it cannot remove the rules (the launch template's hop limit of 1 is evaluated in
+    tests/stacks/security/test_training_container.py)."""
+    calls = _run(instance, EFA=efa)
+    rules = [call for call in calls if call[0] == "iptables"]
+    assert rules == [
+        ["iptables", "-w", "-N", "DOCKER-USER"],
+        ["iptables", "-w", "-I", "DOCKER-USER", "-d", "169.254.169.254/32", "-j", "REJECT"],
+        ["iptables", "-w", "-I", "OUTPUT", "-d", "169.254.169.254/32", "-m", "owner", "--uid-owner", "2000",
+         "-j", "REJECT"],
+    ]  # fmt: skip
+    first_container = min(i for i, call in enumerate(calls) if call[0] == "docker" and call[1] in ("run", "build"))
+    assert max(calls.index(rule) for rule in rules) < first_container
+    runs = _docker_runs(calls)
+    assert len(runs) == 2  # training and packaging
+    for run in runs:
+        options = run[: run.index("sentiment-training:latest")]
+        assert options[options.index("--user") + 1].split(":")[0] == "2000"  # the uid the OUTPUT rule names
+        assert "--privileged" not in options and "--cap-add" not in options
+        assert options[options.index("--security-opt") + 1] == "no-new-privileges"
+    train = runs[0]
+    # Two nodes: the host network (rendezvous and NCCL bootstrap between nodes), still without privileges.
+    assert train[train.index("--network") + 1] == "host"
+    assert ("--device" in train) == (efa == "true")
+
+
+def test_the_launchers_arguments_tag_reaches_the_script_and_nothing_else_does(instance: dict) -> None:
+    """The launcher tags a run with its training arguments (numbers only); ec2_run.sh appends them after the
+    environment's, and refuses a tag that is anything else (a tag the launcher never writes)."""
+    peers = "10.0.1.7\ti-0abc\tsentiment-8\t--epochs 2 --learning-rate 3e-05"
+    calls = _run(instance, PEERS=peers, EFA="false")
+    (train, _) = _docker_runs(calls)
+    inside = _in_container(train[train.index("sentiment-training:latest") + 1 :])
+    arguments = inside[inside.index(MODULE) + 1 :]
+    assert arguments[arguments.index("--fused-adamw") + 1 : arguments.index("--fused-adamw") + 5] == [
+        "--epochs", "2", "--learning-rate", "3e-05"]  # fmt: skip
+    instance["calls"].unlink()
+    result = _script(instance, PEERS="10.0.1.7\ti-0abc\tsentiment-8\t--output-dir /etc", EFA="false")
+    assert result.returncode == 1
+    assert "tag training-run-args='--output-dir /etc': only '--flag number' pairs" in result.stderr
+    assert not [call for call in _calls(instance) if call[0] == "docker"]

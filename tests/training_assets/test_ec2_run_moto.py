@@ -7,6 +7,7 @@ with the rehearsal (proving_ground/rehearsal/rehearse.py). The trained model mus
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import shutil
@@ -15,6 +16,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from botocore.exceptions import ClientError
 
 from stacks.settings import TrainingSettings
 from tests.training_assets.moto_host import REGION, host_client, host_tools
@@ -23,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "dev-artifacts"
 
 
+# Long: the instance's whole environment as the user data exports it, then what S3 holds, field by field.
 @pytest.mark.slow
 def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: Path, moto_endpoint: str) -> None:
     ec2, s3 = host_client("ec2", moto_endpoint), host_client("s3", moto_endpoint)
@@ -55,16 +58,23 @@ def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: P
             "DATASET": "tweet_eval:sentiment",
             "BASE_MODEL": "cardiffnlp/twitter-roberta-base-sentiment-latest",
             "EFA": "false",
+            "IPTABLES_RULES": str(tmp_path / "iptables.rules"),
         }
         result = subprocess.run(["bash", "training_assets/instance/ec2_run.sh"], cwd=work, env=env, check=False,
                                 capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
 
     prefix = f"training-output/{reservation['ReservationId']}/"
-    for name in ("model.tar.gz", "metrics.json"):
+    for name in ("model.tar.gz", "metrics.json", "model.tar.gz.sha256"):
         head = s3.head_object(Bucket=BUCKET, Key=prefix + name)
         assert (head["ServerSideEncryption"], head["SSEKMSKeyId"]) == ("aws:kms", key_arn), name
     archive = s3.get_object(Bucket=BUCKET, Key=prefix + "model.tar.gz")["Body"].read()
+    # The digest promotion checks, recorded as the run wrote the archive (sha256sum's line).
+    recorded = s3.get_object(Bucket=BUCKET, Key=prefix + "model.tar.gz.sha256")["Body"].read().decode()
+    assert recorded == f"{hashlib.sha256(archive).hexdigest()}  model.tar.gz\n"
+    # Written once: a second write of the archive is refused by S3 itself (412), whoever holds the permission.
+    with pytest.raises(ClientError, match="PreconditionFailed"):
+        s3.put_object(Bucket=BUCKET, Key=prefix + "model.tar.gz", Body=b"poisoned", IfNoneMatch="*")
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         names = set(tar.getnames())
     # The Ray Serve archive the Graviton endpoint serves: model files, Ray's config and deployment, the serving code.

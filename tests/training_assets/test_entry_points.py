@@ -9,6 +9,7 @@ runs the container's command on this machine; the @remote job body with what ``r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -72,7 +73,7 @@ def test_remote_job_with_what_remote_train_sends(
 
 # A stand-in for docker, nvidia-smi and aws: records its calls; `docker run` of the training image runs the
 # container's command here (mounts mapped to their host folders, torchrun as `python -m torch.distributed.run`);
-# `aws s3 sync/cp` copy between s3://BUCKET/KEY and $S3_ROOT/BUCKET/KEY.
+# `aws s3 sync/cp` and `aws s3api put-object` copy between s3://BUCKET/KEY and $S3_ROOT/BUCKET/KEY.
 STAND_IN = r"""#!{python}
 import json, os, shutil, subprocess, sys
 from pathlib import Path
@@ -99,10 +100,16 @@ elif name == "aws" and args[:2] == ["s3", "sync"]:
 elif name == "aws" and args[:2] == ["s3", "cp"] and local(args[-2]).exists():
     local(args[-1]).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(local(args[-2]), local(args[-1]))
+elif name == "aws" and args[:2] == ["s3api", "put-object"]:  # a write-once upload
+    target = Path(os.environ["S3_ROOT"], args[args.index("--bucket") + 1], args[args.index("--key") + 1])
+    if target.exists():
+        sys.exit(254)  # S3's 412 to If-None-Match
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(args[args.index("--body") + 1], target)
 elif name == "docker" and args[:1] == ["login"]:
     sys.stdin.read()
-elif name == "docker" and args[:1] == ["run"] and "--check-only" in " ".join(args):
-    mounts, env, i = {{}}, dict(os.environ), 1
+elif name == "docker" and args[:1] == ["run"]:  # the training container, and the packaging one
+    mounts, env, i, workdir = {{}}, dict(os.environ), 1, None
     while args[i].startswith("-"):
         value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("-") else None
         if args[i] == "-v":
@@ -111,13 +118,17 @@ elif name == "docker" and args[:1] == ["run"] and "--check-only" in " ".join(arg
         elif args[i] == "-e":
             key, _, val = value.partition("=")
             env[key] = val
-        i += 2 if value is not None and args[i] in ("-v", "-e", "--log-driver", "--log-opt", "--ulimit", "--gpus",
-                                                   "--network") else 1
+        elif args[i] == "-w":
+            workdir = value
+        i += 2 if value is not None and args[i] in ("-v", "-e", "-w", "--log-driver", "--log-opt", "--ulimit",
+                                                   "--gpus", "--network", "--user", "--security-opt",
+                                                   "--device") else 1
     command = args[i + 1:]  # after the image
     for container, host in sorted(mounts.items(), key=lambda item: -len(item[0])):
         command = [arg.replace(container, host) for arg in command]
+        workdir = workdir.replace(container, host) if workdir else workdir
     env["PATH"] = os.environ["STAND_IN_BIN"] + os.pathsep + env["PATH"]
-    sys.exit(subprocess.run(command, env=env).returncode)
+    sys.exit(subprocess.run(command, env=env, cwd=workdir).returncode)
 elif name == "torchrun":
     os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *args])
 elif name == "python":
@@ -129,7 +140,7 @@ elif name == "python":
 def stand_ins(tmp_path: Path, tiny_model_dir: Path, sample_data: Path) -> dict[str, Any]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("aws", "curl", "docker", "nvidia-smi", "torchrun", "python"):
+    for name in ("aws", "curl", "docker", "nvidia-smi", "torchrun", "python", "iptables"):
         (bin_dir / name).write_text(STAND_IN.format(python=sys.executable))
         (bin_dir / name).chmod(0o755)
     s3 = tmp_path / "s3"
@@ -189,6 +200,10 @@ def test_ec2_run_with_the_training_stacks_arguments(stand_ins: dict[str, Any]) -
                             check=False, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     uploaded = stand_ins["s3"] / "dev-artifacts" / "training-output" / "r-0123" / "metrics.json"
+    # The packaged archive and the SHA-256 the run recorded as it wrote it (what promotion compares).
+    archive = (uploaded.parent / "model.tar.gz").read_bytes()
+    digest = (uploaded.parent / "model.tar.gz.sha256").read_text()
+    assert digest == f"{hashlib.sha256(archive).hexdigest()}  model.tar.gz\n"
     metrics = json.loads(uploaded.read_text())
     assert_fast_path(metrics)
     assert metrics["config"]["torch_compile"] and metrics["optimizer_step"].startswith("compiled")

@@ -3,8 +3,9 @@
 # after unpacking training_assets/instance/ and inference_assets/ into the current folder). Every node of one
 # `aws ec2 run-instances --count N` call runs it; the nodes find each other through their shared reservation:
 #
-#   1. list the instances of this reservation (N nodes, in private-IP order: the first is the rendezvous node) and
-#      the run id: the instance tag training-run-id when the launch set one, else the reservation id;
+#   1. list the instances of this reservation (N nodes, in private-IP order: the first is the rendezvous node), the
+#      run id (the instance tag training-run-id, the launcher's run_name; else the reservation id) and the launch's
+#      training arguments (the tag training-run-args);
 #   2. get the training image: pull the digest the platform's pipeline built and promoted (TRAINING_IMAGE_URI), or,
 #      where none is configured, log in to the regional DLC registry and build training_assets/instance/Dockerfile;
 #   3. stage the inputs where the instance has room to read them fast (its NVMe instance storage, /opt/dlami/nvme on
@@ -16,8 +17,13 @@
 #      rendezvous node uploads each new complete checkpoint to s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX<run id>/checkpoints/
 #      (SSE-KMS with $KMS_KEY_ID);
 #   5. on the node that ran rank 0: package saved_model/ into model.tar.gz (in the image, no AWS calls) and upload
-#      it with metrics.json from the host to s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX<run id>/ (SSE-KMS with
-#      $KMS_KEY_ID). A run id whose model.tar.gz exists is finished: launching it again stops at step 1.
+#      it with metrics.json and model.tar.gz.sha256 (its SHA-256, which promotion checks) from the host to
+#      s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX<run id>/ (SSE-KMS with $KMS_KEY_ID), each written once (If-None-Match:
+#      the instance role may not replace them). A run id whose model.tar.gz exists is finished: launching it again
+#      stops at step 1.
+#
+# Before any container starts, the host rejects the containers' packets to the instance metadata service (0 below):
+# no container holds the instance role's credentials, on the bridge network or the host's.
 #
 # Settings come from the environment the user data exports:
 #   AWS_REGION DLC_ACCOUNT REGISTRY_DOMAIN DLC_REPOSITORY IMAGE_TAG (the training DLC, as platform_facts/images.json
@@ -39,8 +45,21 @@ RENDEZVOUS_TIMEOUT="${RENDEZVOUS_TIMEOUT:-600}"
 MAX_RESTARTS="${MAX_RESTARTS:-0}"
 CHECKPOINT_UPLOAD_SECONDS="${CHECKPOINT_UPLOAD_SECONDS:-60}"
 RUN_ID_TAG=training-run-id
+RUN_ARGS_TAG=training-run-args
 RDZV_PORT=29500
 WORK="$(pwd)"
+# The training and packaging containers run as this uid:gid (launch_training.sh), never as root.
+export CONTAINER_USER="${CONTAINER_USER:-2000:2000}"
+IMDS_ADDRESS=169.254.169.254
+
+# --- 0. no container reaches the instance metadata service ---------------------------------------------------------
+# Host-network containers (multi-node and EFA runs) send from the host's own stack: their sockets belong to the
+# container's uid, which the OUTPUT rule rejects. Bridge-network containers (single node, image builds) are forwarded
+# from docker0 through DOCKER-USER, Docker's chain for its users' rules (Docker docs, "Packet filtering and
+# firewalls"); the launch template's hop limit of 1 stops them too. The container has no capabilities to undo this.
+iptables -w -N DOCKER-USER 2>/dev/null || true
+iptables -w -I DOCKER-USER -d "$IMDS_ADDRESS/32" -j REJECT
+iptables -w -I OUTPUT -d "$IMDS_ADDRESS/32" -m owner --uid-owner "${CONTAINER_USER%%:*}" -j REJECT
 
 imds() {
   local token
@@ -54,17 +73,24 @@ my_ip="$(imds local-ipv4)"
 
 # --- 1. the nodes of this run, and its id ------------------------------------------------------------------------
 # One row per instance: private IP, instance id, run-id tag (None when the launch set none); in private-IP order.
+# One row per instance: private IP, instance id, run-id tag, run-arguments tag (None when the launch set none); in
+# private-IP order. The platform's launcher sets both tags from validated inputs (stacks/components/training_launcher).
 mapfile -t rows < <(aws ec2 describe-instances --region "$AWS_REGION" \
   --filters "Name=reservation-id,Values=$reservation" "Name=instance-state-name,Values=pending,running" \
-  --query "Reservations[].Instances[].[PrivateIpAddress,InstanceId,Tags[?Key=='$RUN_ID_TAG']|[0].Value]" \
+  --query "Reservations[].Instances[].[PrivateIpAddress,InstanceId,Tags[?Key=='$RUN_ID_TAG']|[0].Value,Tags[?Key=='$RUN_ARGS_TAG']|[0].Value]" \
   --output text | sed '/^[[:space:]]*$/d' | sort -V)
 nodes=()
 run_id="$reservation"
+run_args=""
 for row in "${rows[@]}"; do
-  read -r ip id tag <<<"$row"
+  IFS=$'\t' read -r ip id tag args <<<"$row"
   nodes+=("$id@$ip")
   if [[ "$id" == "$instance_id" && -n "$tag" && "$tag" != None ]]; then run_id="$tag"; fi
+  if [[ "$id" == "$instance_id" && -n "$args" && "$args" != None ]]; then run_args="$args"; fi
 done
+# The launcher writes only flags of train_sentiment.py with numbers; anything else is refused here too.
+[[ -z "$run_args" || "$run_args" =~ ^(--[a-z-]+\ [0-9][0-9.e+-]*( |$))+$ ]] || {
+  echo "tag $RUN_ARGS_TAG='$run_args': only '--flag number' pairs (the launcher writes them)" >&2; exit 1; }
 count="${#nodes[@]}"
 ((count >= 1)) || { echo "no instance found for reservation $reservation" >&2; exit 1; }
 [[ "$run_id" =~ ^[A-Za-z0-9._-]{1,64}$ ]] || { echo "tag $RUN_ID_TAG='$run_id': use 1-64 letters, digits, . _ -" >&2; exit 1; }
@@ -73,7 +99,7 @@ first_ip="${nodes[0]#*@}"
 echo "run $run_id (reservation $reservation): $count node(s) ${nodes[*]}; this node $me"
 destination="s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX$run_id"
 if aws s3api head-object --bucket "$ARTIFACTS_BUCKET" --key "$OUTPUT_PREFIX$run_id/model.tar.gz" >/dev/null 2>&1; then
-  echo "run $run_id is finished: its model is $destination/model.tar.gz; launch a new run (another $RUN_ID_TAG tag)" >&2
+  echo "run $run_id is finished: its model is $destination/model.tar.gz; launch a new run (another run_name)" >&2
   exit 1
 fi
 
@@ -116,7 +142,8 @@ if ((count > 1)); then
     --node "$me" --rendezvous-timeout "$RENDEZVOUS_TIMEOUT")
 fi
 [[ "$EFA" == true ]] && launch_args+=(--efa)
-read -r -a train_args <<<"$TRAIN_ARGS"
+# The launch's arguments come after the environment's, so argparse takes theirs.
+read -r -a train_args <<<"$TRAIN_ARGS $run_args"
 if [[ "$DATASET" == s3://* ]]; then
   aws s3 sync --only-show-errors "$DATASET" "$STAGE/dataset"
   launch_args+=(--data-dir "$STAGE/dataset")
@@ -157,7 +184,7 @@ if [[ -f "$OUT/rendezvous.json" ]]; then  # the rendezvous node's record of when
 fi
 if ((status != 0)); then
   echo "training failed (exit status $status); to resume from its newest complete checkpoint" \
-    "($destination/checkpoints/), launch again with the instance tag $RUN_ID_TAG=$run_id" >&2
+    "($destination/checkpoints/), launch again with run_name $run_id" >&2
   exit "$status"
 fi
 
@@ -165,11 +192,15 @@ fi
 if [[ -d "$OUT/saved_model" ]]; then
   # The container only writes the archive: on its bridge network the metadata hop limit of 1 (launch template)
   # keeps the instance role's credentials from it, so every AWS call runs here on the host.
-  docker run --rm -v "$WORK:/work" -v "$OUT:/work/output" -w /work "$IMAGE" \
+  docker run --rm --user "$CONTAINER_USER" --security-opt no-new-privileges -e HOME=/tmp \
+    -v "$WORK:/work" -v "$OUT:/work/output" -w /work "$IMAGE" \
     python -m inference_assets.tools.package_model --model-dir output/saved_model --output output/model.tar.gz
-  for file in model.tar.gz metrics.json; do
-    aws s3 cp --only-show-errors --sse aws:kms --sse-kms-key-id "$KMS_KEY_ID" \
-      "$OUT/$file" "$destination/$file"
+  # The digest promotion checks (inference_assets/tools/model_check.py), recorded as the run writes the archive.
+  (cd "$OUT" && sha256sum model.tar.gz >model.tar.gz.sha256)
+  for file in model.tar.gz metrics.json model.tar.gz.sha256; do
+    # Written once: S3 refuses the write if the key exists (412), and the instance role may write these keys only so.
+    aws s3api put-object --bucket "$ARTIFACTS_BUCKET" --key "$OUTPUT_PREFIX$run_id/$file" --body "$OUT/$file" \
+      --if-none-match '*' --server-side-encryption aws:kms --ssekms-key-id "$KMS_KEY_ID" >/dev/null
   done
-  echo "model: $destination/model.tar.gz"
+  echo "model: $destination/model.tar.gz (sha256 $(cut -d' ' -f1 "$OUT/model.tar.gz.sha256"))"
 fi

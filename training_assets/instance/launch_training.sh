@@ -15,7 +15,7 @@
 #                         rendezvous (default: 600); a node missing after it stops the run with one line naming it
 #   --max-restarts N      torchrun restarts every worker after one fails, at most N times; with checkpoints they
 #                         resume from the newest complete one (default: 0)
-#   --efa                 NCCL over EFA (p4d: 4 x 100 Gbit/s): privileged container on the host network
+#   --efa                 NCCL over EFA (p4d: 4 x 100 Gbit/s): the EFA devices passed through (never --privileged)
 #   --data-dir DIR        host folder with the dataset, mounted read-only and passed as --dataset
 #   --model-dir DIR       host folder with the base model, mounted read-only and passed as --model
 #   --output-dir DIR      host folder that receives metrics.json and saved_model/ (default: ./output)
@@ -26,6 +26,10 @@
 #
 # Docker flags follow the AWS DLC and NVIDIA recommendations for deep-learning training: --gpus all --ipc=host
 # --shm-size, --ulimit memlock=-1 (pinned memory, NCCL/EFA registration) and --ulimit stack=67108864.
+# The container never holds the instance role: it runs as CONTAINER_USER (uid:gid, default 2000:2000), whose packets
+# to the instance metadata service ec2_run.sh rejects on the host (iptables owner match; the launch template's hop
+# limit of 1 keeps it from bridge-networked containers too), without --privileged and without added capabilities, so
+# it cannot change those rules even on the host network.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
@@ -49,6 +53,8 @@ log_group=""
 log_stream="$(hostname)"
 dry_run=false
 train_args=()
+container_user="${CONTAINER_USER:-2000:2000}"
+efa_devices="${EFA_DEVICE_DIR:-/dev/infiniband}"
 
 while (($#)); do
   case "$1" in
@@ -92,20 +98,34 @@ fi
 for dir in "$data_dir" "$model_dir"; do
   [[ -z "$dir" || -d "$dir" || "$dry_run" == true ]] || fail "folder $dir does not exist"
 done
+[[ "$container_user" =~ ^[1-9][0-9]*:[1-9][0-9]*$ ]] || fail "CONTAINER_USER must be uid:gid other than root, got '$container_user'"
 # Docker mounts need absolute paths (a dry run prints folders that do not exist yet as given).
 host_path() { if [[ -d "$1" ]]; then (cd "$1" && pwd); else printf '%s' "$1"; fi; }
 [[ "$dry_run" == true ]] || mkdir -p "$output_dir"
+# The container's user writes the output (on an instance this script runs as root; elsewhere the folder is ours).
+if [[ "$dry_run" != true ]] && ((EUID == 0)); then chown -R "$container_user" "$output_dir"; fi
 
+# Not root, no new privileges: HOME and USER for the hub cache and TorchInductor's cache folder (the uid has no
+# passwd entry in the image).
 docker_cmd=(docker run --rm --gpus all --ipc=host "--shm-size=$shm_size"
   --ulimit memlock=-1 --ulimit stack=67108864
+  --user "$container_user" --security-opt no-new-privileges -e HOME=/tmp -e USER=training
   -e TOKENIZERS_PARALLELISM=false)
 if ((nnodes > 1)) || [[ "$efa" == true ]]; then
-  # torchrun's rendezvous store and NCCL connect node to node: the container uses the host's addresses.
+  # torchrun's rendezvous store and NCCL's bootstrap advertise the container's addresses to the other nodes, which
+  # reach them only on the host network (Docker's bridge addresses are private to each node).
   docker_cmd+=(--network host)
 fi
 if [[ "$efa" == true ]]; then
-  # libfabric opens the EFA devices (/dev/infiniband/uverbs*); aws-ofi-nccl in the DLC routes NCCL over them.
-  docker_cmd+=(--privileged -e FI_PROVIDER=efa -e FI_EFA_USE_DEVICE_RDMA=1 -e FI_EFA_FORK_SAFE=1)
+  # libfabric opens the EFA devices (/dev/infiniband/uverbs*); aws-ofi-nccl in the DLC routes NCCL over them. AWS
+  # passes them through as devices, not with privileges (AWS Batch User Guide, "Elastic Fabric Adapter": the job's
+  # devices name /dev/infiniband/uverbs0 with READ, WRITE, MKNOD), with the memlock ulimit above.
+  shopt -s nullglob
+  devices=("$efa_devices"/uverbs*)
+  shopt -u nullglob
+  ((${#devices[@]} > 0)) || fail "--efa: no EFA device under $efa_devices (is the EFA driver loaded?)"
+  for device in "${devices[@]}"; do docker_cmd+=(--device "$device"); done
+  docker_cmd+=(-e FI_PROVIDER=efa -e FI_EFA_USE_DEVICE_RDMA=1 -e FI_EFA_FORK_SAFE=1)
   # NCCL names the network it chose in its INFO log (a file per process); train_sentiment.py reads it
   # and stops a run that fell back to TCP sockets (--expect-efa).
   docker_cmd+=(-e NCCL_DEBUG=INFO -e NCCL_DEBUG_SUBSYS=INIT,NET -e NCCL_DEBUG_FILE=/tmp/nccl.%h.%p.log)

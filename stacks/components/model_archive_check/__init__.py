@@ -1,5 +1,6 @@
 """ModelArchiveCheck: a custom resource that fails the deploy within seconds, with one sentence, when the model archive
-an endpoint names is not in S3 (the check itself is ``handler.py``; see there for why).
+an endpoint names is not in S3, or is not the archive whose SHA-256 was recorded beside it when it was written (the
+check itself is ``handler.py``; see there for why). Every deploy of the endpoint passes it, the pipeline's included.
 
 Make the SageMaker model depend on it (``guard``): CloudFormation runs the check before the model, endpoint config
 and endpoint, so a missing archive rolls the stack back before SageMaker starts anything. Delete does nothing.
@@ -19,11 +20,13 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct, IConstruct
 
+from stacks.components.model_archive_check import handler
 from stacks.components.stack_function import function_logs_and_role, stack_function, write_own_logs
 
 HANDLER_DIR = Path(__file__).resolve().parent
-# One HeadObject: seconds. CloudFormation waits no longer than this (plus a minute) for an answer.
-TIMEOUT = cdk.Duration.seconds(60)
+# One HeadObject and the archive read once to hash it (a RoBERTa-base archive is ~500 MB: seconds at S3's speed from
+# Lambda). CloudFormation waits no longer than this (plus a minute) for an answer.
+TIMEOUT = cdk.Duration.minutes(5)
 
 
 class ModelArchiveCheck(Construct):
@@ -59,15 +62,25 @@ class ModelArchiveCheck(Construct):
         self.policy = iam.ManagedPolicy(
             self,
             "Policy",
-            description="Least privilege of the model archive check: HeadObject on the one key, write its own logs",
+            description="Least privilege of the model archive check: read the one archive and its digest, logs",
             roles=[self.role],
             statements=[
-                # HeadObject is authorized as s3:GetObject and reads no data: no kms:Decrypt is needed.
+                # HeadObject is authorized as s3:GetObject; reading the archive and its recorded digest decrypts them
+                # through S3.
                 iam.PolicyStatement(
-                    sid="HeadTheModelArchive",
+                    sid="ReadTheModelArchiveAndItsDigest",
                     actions=["s3:GetObject"],
                     # From the bucket's name, which the endpoint's model already imports: no new export.
-                    resources=[f"arn:{stack.partition}:s3:::{bucket.bucket_name}/{object_key}"],
+                    resources=[
+                        f"arn:{stack.partition}:s3:::{bucket.bucket_name}/{object_key}",
+                        f"arn:{stack.partition}:s3:::{bucket.bucket_name}/{object_key}{handler.DIGEST_SUFFIX}",
+                    ],
+                ),
+                iam.PolicyStatement(
+                    sid="DecryptThroughS3",
+                    actions=["kms:Decrypt"],
+                    resources=[key.key_arn],
+                    conditions={"StringEquals": {"kms:ViaService": f"s3.{stack.region}.{stack.url_suffix}"}},
                 ),
                 write_own_logs(self.log_group),
             ],
@@ -79,7 +92,8 @@ class ModelArchiveCheck(Construct):
             role=self.role,
             policy=self.policy,
             log_group=self.log_group,
-            description="Before the endpoint's model: fail the deploy with one sentence when the archive is absent",
+            description="Before the endpoint's model: fail the deploy with one sentence when the archive is absent or "
+            "changed",
             outside_vpc="Calls only the S3 API, once per deploy that changes the model key: a VPC adds nothing but "
             "network interfaces.",
             outside_vpc_control=(

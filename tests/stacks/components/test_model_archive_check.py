@@ -3,6 +3,7 @@ the synthesized role policy, and the construct's place before the model in a bar
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -95,14 +96,59 @@ def _allowed(template: dict[str, Any], calls: list[Call]) -> list[bool]:
 def test_present_archive_passes(request_type, synthesized, s3_client, answers) -> None:
     template = synthesized
     client, bucket, calls = s3_client
-    client.put_object(Bucket=bucket, Key=KEY, Body=b"archive")
+    _write(client, bucket, b"archive")
     calls.clear()
     handler.handler(_event(request_type, bucket), None, s3=client)
     assert [a["Status"] for a in answers] == ["SUCCESS"]
-    assert answers[0]["Reason"] == f"Model archive s3://{bucket}/{KEY} exists (7 bytes)."
+    assert answers[0]["Reason"] == (
+        f"Model archive s3://{bucket}/{KEY} exists (7 bytes, SHA-256 {hashlib.sha256(b'archive').hexdigest()} as "
+        "recorded)."
+    )
     assert answers[0]["PhysicalResourceId"] == f"s3://{bucket}/{KEY}"  # the location that passed
-    assert [c.operation for c in calls] == ["HeadObject"]
-    assert _allowed(template, calls) == [True]
+    assert [(c.operation, c.params["Key"]) for c in calls] == [
+        ("HeadObject", KEY), ("GetObject", KEY + ".sha256"), ("GetObject", KEY)]  # fmt: skip
+    assert all(_allowed(template, calls))  # each S3 request and the decryption through S3 it makes
+
+
+def _write(client: Any, bucket: str, archive: bytes, digest_of: bytes | None = None) -> None:
+    """The archive and, unless ``digest_of`` is empty, the SHA-256 line recorded beside it when it was written."""
+    client.put_object(Bucket=bucket, Key=KEY, Body=archive)
+    if digest_of != b"":
+        line = f"{hashlib.sha256(archive if digest_of is None else digest_of).hexdigest()}  model.tar.gz\n"
+        client.put_object(Bucket=bucket, Key=KEY + ".sha256", Body=line.encode())
+
+
+@pytest.mark.parametrize("request_type", ["Create", "Update"])
+def test_a_changed_archive_is_refused_with_one_sentence(request_type, synthesized, s3_client, answers) -> None:
+    """Issue 41.4: a candidate replaced after it was written (its recorded digest names other bytes) is not
+    deployed: the model never gets created."""
+    template = synthesized
+    client, bucket, calls = s3_client
+    _write(client, bucket, b"poisoned archive", digest_of=b"archive")
+    calls.clear()
+    handler.handler(_event(request_type, bucket), None, s3=client)
+    ((answer,),) = [answers]
+    assert answer["Status"] == "FAILED"
+    recorded, now = hashlib.sha256(b"archive").hexdigest(), hashlib.sha256(b"poisoned archive").hexdigest()
+    assert answer["Reason"] == (
+        f"Model archive s3://{bucket}/{KEY} ({SETTING}) is not the archive that was written: its SHA-256 is {now}, "
+        f"the digest recorded when it was written ({KEY}.sha256) is {recorded}, so it was replaced since and is not "
+        "deployed."
+    )
+    assert all(_allowed(template, calls))
+
+
+def test_an_archive_without_a_recorded_digest_is_refused_with_one_sentence(synthesized, s3_client, answers) -> None:
+    client, bucket, _ = s3_client
+    _write(client, bucket, b"archive", digest_of=b"")
+    handler.handler(_event("Create", bucket), None, s3=client)
+    ((answer,),) = [answers]
+    assert answer["Status"] == "FAILED"
+    assert answer["Reason"] == (
+        f"Model archive s3://{bucket}/{KEY} ({SETTING}) has no recorded digest ({KEY}.sha256): copy a run's "
+        "model.tar.gz together with its model.tar.gz.sha256, or upload it with `pytorch-platform package --upload`, "
+        "then deploy again."
+    )
 
 
 @pytest.mark.parametrize("request_type", ["Create", "Update"])
@@ -153,17 +199,21 @@ def test_delete_does_nothing_even_without_bucket(answers) -> None:
     ]
 
 
-def test_role_may_read_that_one_key_only(synthesized) -> None:
+def test_role_may_read_that_one_archive_and_its_digest_only(synthesized) -> None:
     template = synthesized
     values = _refs(template)
     policies = role_policies(template, logical_id(template, "AWS::IAM::Role", "CheckRole"), values)
     bucket = values[logical_id(template, "AWS::S3::Bucket", "Artifacts")]
-    assert is_allowed(policies, Request("s3:GetObject", f"arn:aws:s3:::{bucket}/{KEY}"))
+    key_arn = values[f"{logical_id(template, 'AWS::KMS::Key', 'Key')}.Arn"]
+    for name in (KEY, KEY + ".sha256"):
+        assert is_allowed(policies, Request("s3:GetObject", f"arn:aws:s3:::{bucket}/{name}"))
+    assert is_allowed(policies, Request("kms:Decrypt", key_arn, {"kms:ViaService": f"s3.{REGION}.amazonaws.com"}))
     for action, resource in [
         ("s3:GetObject", f"arn:aws:s3:::{bucket}/endpoints/sentiment/other.tar.gz"),
         ("s3:PutObject", f"arn:aws:s3:::{bucket}/{KEY}"),
+        ("s3:PutObject", f"arn:aws:s3:::{bucket}/{KEY}.sha256"),
         ("s3:ListBucket", f"arn:aws:s3:::{bucket}"),
-        ("kms:Decrypt", values[f"{logical_id(template, 'AWS::KMS::Key', 'Key')}.Arn"]),
+        ("kms:Decrypt", key_arn),  # not through S3
     ]:
         assert not is_allowed(policies, Request(action, resource)), action
     assert not resources(template, "AWS::IAM::Policy")  # no inline policies

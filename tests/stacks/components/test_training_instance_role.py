@@ -62,7 +62,10 @@ def test_the_instances_may_do_a_training_run_and_nothing_around_it(template: dic
         ("ecr:BatchGetImage", f"{DLC}/pytorch-inference"): False,
         ("s3:GetObject", "arn:aws:s3:::datasets/tweets/train.csv"): True,
         ("s3:PutObject", "arn:aws:s3:::datasets/tweets/train.csv"): False,
-        ("s3:PutObject", "arn:aws:s3:::artifacts/training-output/r-1/model.tar.gz"): True,
+        ("s3:PutObject", "arn:aws:s3:::artifacts/training-output/r-1/checkpoints/slot-0/model.safetensors"): True,
+        # The run's candidate only as a write-once (If-None-Match: *, below); plain, it would replace one.
+        ("s3:PutObject", "arn:aws:s3:::artifacts/training-output/r-1/model.tar.gz"): False,
+        ("s3:PutObject", "arn:aws:s3:::artifacts/training-output/r-1/model.tar.gz.sha256"): False,
         ("s3:PutObject", "arn:aws:s3:::artifacts/endpoints/sentiment/model-v1.tar.gz"): False,
         ("kms:GenerateDataKey", KEY): True,
         ("kms:CreateGrant", KEY): False,
@@ -71,6 +74,9 @@ def test_the_instances_may_do_a_training_run_and_nothing_around_it(template: dic
         ("ec2messages:GetMessages", "*"): False,
     }
     assert {call: is_allowed(policies, Request(*call)) for call in calls} == calls
+    once = {"s3:if-none-match": "*"}
+    for name in ("model.tar.gz", "model.tar.gz.sha256", "metrics.json"):
+        assert is_allowed(policies, Request("s3:PutObject", f"arn:aws:s3:::artifacts/training-output/r-1/{name}", once))
 
 
 def test_the_role_passes_the_compliance_gates_with_every_wildcard_explained() -> None:

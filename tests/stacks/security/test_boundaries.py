@@ -146,8 +146,8 @@ def test_a_key_policy_must_allow_itself_or_delegate_to_iam() -> None:
 def training_launch(
     templates: dict[str, dict[str, dict]], foundation: Any
 ) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
-    """The dev TrainingLauncherPolicy, the launch template's data and its ARN, resolved alike (the Foundation's
-    exports as the foundation fixture resolves them)."""
+    """The dev launcher's launch policy (the one holder of the template's launch grant, issue 41.2), the launch
+    template's data and its ARN, resolved alike (the Foundation's exports as the foundation fixture resolves them)."""
     template = templates["dev"]["Training"]
     exports = template_exports(*foundation)
     refs: dict[str, Any] = {"AWS::AccountId": ACCOUNT, "AWS::Partition": "aws", "AWS::Region": REGION,
@@ -156,7 +156,7 @@ def training_launch(
         refs.setdefault(name, f"{name}-ref")
         for attribute in ("Arn", "GroupId", "LatestVersionNumber"):
             refs.setdefault(f"{name}.{attribute}", f"{name}.{attribute}")
-    policy_id = logical_id(template, "AWS::IAM::ManagedPolicy", "TrainingLauncherPolicy")
+    policy_id = logical_id(template, "AWS::IAM::ManagedPolicy", "TrainingLauncherLaunchPolicy")
     policy = resolve(template["Resources"][policy_id]["Properties"]["PolicyDocument"], refs=refs, exports=exports)
     (template_id,) = [name for name, r in template["Resources"].items() if r["Type"] == "AWS::EC2::LaunchTemplate"]
     data = {name: resolve(value, refs=refs, exports=exports)  # the user data (Fn::Base64) is not needed

@@ -18,7 +18,10 @@ from tests.conftest import cdk_context
 from tests.stacks.security.conftest import ACCOUNT, BUCKETS, REGION
 
 CALLER = cdk_context()["environments"]["dev"]["training"]["remote_callers"][0]
-HELD = {"TrainingInstanceRole": "training-output/run-7/model.tar.gz", f"RemoteJobRole{CALLER.capitalize()}": ""}
+# What each role writes (a run's checkpoint: its candidate files are written once, tests/stacks/security/
+# test_training_container.py).
+HELD = {"TrainingInstanceRole": "training-output/run-7/checkpoints/slot-0/model.safetensors",
+        f"RemoteJobRole{CALLER.capitalize()}": ""}  # fmt: skip
 OTHER_VPC = "vpc-0attackers0000000"
 S3_VIA = f"s3.{REGION}.amazonaws.com"
 

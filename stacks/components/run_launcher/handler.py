@@ -1,0 +1,147 @@
+"""The platform's training launcher: starts an EC2 training run from the training launch template, from validated
+inputs only.
+
+Whoever may call RunInstances with a launch template may also replace its user data and its instance-initiated
+shutdown behaviour (IAM has no condition key for either: Service Authorization Reference, Amazon EC2, RunInstances),
+so people never call it: they invoke this function, which takes a run name, a node count, an instance type of the
+allowed set and training arguments as data (a table of flags, each a number within bounds), and calls RunInstances
+with the template's own user data, shutdown behaviour, network and profile, overriding nothing but the count and the
+instance tags that name the run (``training-run-id``) and carry its arguments (``training-run-args``), which
+ec2_run.sh reads. Anything else in the request (user data, another template, a shutdown behaviour, a key pair, an
+unknown argument) is refused with one sentence.
+
+Runs in Lambda (stdlib + boto3). Its settings come from its environment: LAUNCH_TEMPLATE_ID, LAUNCH_TEMPLATE_VERSION,
+INSTANCE_TYPES (comma-separated: the allowed set, the template's own type first), MAX_NODES. The instance type is
+checked, never overridden: the allowed set is the template's type, which the launch grant also requires.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+
+LOG = logging.getLogger()
+LOG.setLevel(logging.INFO)
+RUN_ID_TAG = "training-run-id"
+RUN_ARGS_TAG = "training-run-args"
+# A run name becomes an S3 prefix, a rendezvous id and a tag value: ec2_run.sh's own rule, a little narrower.
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+REQUEST_KEYS = frozenset({"run_name", "nodes", "instance_type", "arguments"})
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One train_sentiment.py flag a launch may set: its number type and inclusive bounds."""
+
+    flag: str
+    kind: type[int] | type[float]
+    low: float
+    high: float
+
+
+ARGUMENTS: Mapping[str, Argument] = {
+    "epochs": Argument("--epochs", int, 1, 100),
+    "learning_rate": Argument("--learning-rate", float, 1e-8, 1.0),
+    "per_device_batch_size": Argument("--per-device-batch-size", int, 1, 1024),
+    "seed": Argument("--seed", int, 0, 2**31 - 1),
+}
+
+
+class Refused(ValueError):
+    """The request is not a run this launcher starts; the message is the one sentence the caller sees."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    template_id: str
+    template_version: str
+    instance_types: tuple[str, ...]
+    max_nodes: int
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> Settings:
+        return cls(
+            environ["LAUNCH_TEMPLATE_ID"],
+            environ["LAUNCH_TEMPLATE_VERSION"],
+            tuple(environ["INSTANCE_TYPES"].split(",")),
+            int(environ["MAX_NODES"]),
+        )
+
+
+def _number(name: str, value: Any, argument: Argument) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise Refused(f"arguments.{name} must be a number, got {value!r}.")
+    if argument.kind is int and not (isinstance(value, int) or float(value).is_integer()):
+        raise Refused(f"arguments.{name} must be a whole number, got {value!r}.")
+    if not math.isfinite(value) or not argument.low <= value <= argument.high:
+        raise Refused(f"arguments.{name} must be between {argument.low:g} and {argument.high:g}, got {value!r}.")
+    return str(int(value)) if argument.kind is int else repr(float(value))
+
+
+def run_arguments(arguments: Any) -> str:
+    """The ``--flag number`` pairs of ``arguments`` (a mapping of ARGUMENTS' names to numbers), in a fixed order."""
+    if not isinstance(arguments, dict):
+        raise Refused("arguments must be an object of training arguments.")
+    unknown = sorted(set(arguments) - set(ARGUMENTS))
+    if unknown:
+        raise Refused(f"arguments {', '.join(unknown)} are not training arguments a launch may set; "
+                      f"allowed: {', '.join(ARGUMENTS)}.")  # fmt: skip
+    return " ".join(
+        f"{ARGUMENTS[name].flag} {_number(name, arguments[name], ARGUMENTS[name])}"
+        for name in ARGUMENTS
+        if name in arguments
+    )
+
+
+def launch_request(event: Any, settings: Settings) -> dict[str, Any]:
+    """The RunInstances parameters for ``event``, or Refused with the sentence that says why not."""
+    if not isinstance(event, dict):
+        raise Refused("The request must be an object with run_name, nodes, instance_type and arguments.")
+    other = sorted(set(event) - REQUEST_KEYS)
+    if other:
+        raise Refused(f"{', '.join(other)}: a launch takes only {', '.join(sorted(REQUEST_KEYS))}; user data, "
+                      "templates, shutdown behaviour and network are the platform's.")  # fmt: skip
+    run_name = event.get("run_name")
+    if not isinstance(run_name, str) or not RUN_NAME.fullmatch(run_name):
+        raise Refused(f"run_name must be 1-64 letters, digits, '.', '_' or '-' starting with a letter or digit, "
+                      f"got {run_name!r}.")  # fmt: skip
+    nodes = event.get("nodes", 1)
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= settings.max_nodes:
+        raise Refused(f"nodes must be a whole number from 1 to {settings.max_nodes}, got {nodes!r}.")
+    instance_type = event.get("instance_type", settings.instance_types[0])
+    if instance_type not in settings.instance_types:
+        raise Refused(f"instance_type must be one of {', '.join(settings.instance_types)}, got {instance_type!r}.")
+    tags = [{"Key": RUN_ID_TAG, "Value": run_name}]
+    arguments = run_arguments(event.get("arguments", {}))
+    if arguments:
+        tags.append({"Key": RUN_ARGS_TAG, "Value": arguments})
+    return {
+        "LaunchTemplate": {"LaunchTemplateId": settings.template_id, "Version": settings.template_version},
+        "MinCount": nodes,
+        "MaxCount": nodes,
+        "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
+    }
+
+
+def launch(ec2: Any, event: Any, settings: Settings) -> dict[str, Any]:
+    """Start the run ``event`` asks for; what the caller needs to follow it."""
+    reservation = ec2.run_instances(**launch_request(event, settings))
+    return {
+        "run_id": event["run_name"],
+        "reservation_id": reservation["ReservationId"],
+        "instance_ids": [instance["InstanceId"] for instance in reservation["Instances"]],
+    }
+
+
+def handler(event: Any, _context: Any) -> dict[str, Any]:
+    """Lambda entry point: the launched run; a refused request fails the invocation with its sentence (Refused)."""
+    started = launch(boto3.client("ec2"), event, Settings.from_environment(os.environ))
+    LOG.info("started run %s: %s", started["run_id"], started)
+    return started
