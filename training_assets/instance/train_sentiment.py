@@ -127,6 +127,8 @@ class TokenizedSplit(torch.utils.data.Dataset):
         row = {"input_ids": self.input_ids[index], "label": self.labels[index]}
         if isinstance(index, PaddedIndex):
             row["padded_length"] = index.padded_length
+        elif isinstance(index, packing.PackedIndex):
+            row["packed_rows"] = index.rows
         return row
 
     @property
@@ -251,11 +253,14 @@ class CompiledOptimizerStep:
 def sentiment_trainer() -> type:
     """``SentimentTrainer``, defined on first use: importing ``transformers.Trainer`` loads the model code and
     ``datasets`` (about 2 CPU-seconds per process), which ``--check-only`` and an input error's exit never use."""
+    from accelerate.data_loader import SeedableRandomSampler  # type: ignore[import-untyped]
+    from torch.utils.data import RandomSampler
     from transformers import Trainer
 
     class SentimentTrainer(Trainer):
         """Keeps the collator's token counts per step (``TokenCounter``); batches each global batch from one bucket
-        (``LengthBucketSampler``); compiles the optimizer step when asked (``CompiledOptimizerStep``); drops the last
+        (``LengthBucketSampler``), or packs every rank's batch of a step into the same rows (``AlignedPackingSampler``);
+        compiles the optimizer step when asked (``CompiledOptimizerStep``); drops the last
         partial batch in training only (evaluation sees every row, padded even when training is packed); with CUDA
         graphs, copies evaluation outputs out of the graph's memory before the next batch reuses it; with a
         ``SyncCheck``, arms it for each steady step; reports the loss as one process would on any number of ranks."""
@@ -268,6 +273,7 @@ def sentiment_trainer() -> type:
             token_counter: TokenCounter,
             clone_eval_outputs: bool,
             buckets: tuple[int, ...] | None = None,
+            packing_width: int | None = None,
             compile_optimizer: bool = False,
             sync_check: SyncCheck | None = None,
             eval_collator: Any = None,
@@ -283,6 +289,7 @@ def sentiment_trainer() -> type:
             self.token_counter = token_counter
             self.clone_eval_outputs = clone_eval_outputs
             self.buckets = buckets
+            self.packing_width = packing_width
             self.compile_optimizer = compile_optimizer
             self.sync_check = sync_check
             self.eval_collator = eval_collator
@@ -297,12 +304,24 @@ def sentiment_trainer() -> type:
 
         def _get_train_sampler(self, train_dataset: Any = None) -> Any:
             dataset = self.train_dataset if train_dataset is None else train_dataset
-            if self.buckets is None or not isinstance(dataset, TokenizedSplit):
-                return super()._get_train_sampler(train_dataset)
+            base = super()._get_train_sampler(train_dataset)
+            if not isinstance(dataset, TokenizedSplit):
+                return base
             # Grouped by the global batch: accelerate deals consecutive per-device batches to the ranks in turn
             # (BatchSamplerShard), so each run of world_size batches is one bucket on every rank at the same step.
             batch = self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
-            return LengthBucketSampler(dataset.lengths, self.buckets, batch)
+            if self.buckets is not None:
+                return LengthBucketSampler(dataset.lengths, self.buckets, batch)
+            if self.packing_width is None:
+                return base
+            # Packed: the Trainer's shuffled order, made seedable as accelerate would have made it (its
+            # prepare_data_loader replaces a RandomSampler only), with each step's row count agreed on every rank.
+            if isinstance(base, RandomSampler) and self.args.accelerator_config.use_seedable_sampler:
+                base = SeedableRandomSampler(data_source=base.data_source, replacement=base.replacement,
+                                             num_samples=base._num_samples, generator=base.generator,
+                                             data_seed=self.args.data_seed)  # fmt: skip
+            per_device = self.args.train_batch_size
+            return packing.AlignedPackingSampler(base, dataset.lengths, self.packing_width, per_device, batch)
 
         def create_optimizer(self, model: Any = None) -> torch.optim.Optimizer:
             optimizer = super().create_optimizer(model)
@@ -495,6 +514,7 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         token_counter=counter,
         clone_eval_outputs=cuda_graphs,
         buckets=buckets if config.group_by_length and not packed else None,
+        packing_width=max_length if packed else None,
         compile_optimizer=bool(config.compile_optimizer),
         sync_check=sync_check,
     )
