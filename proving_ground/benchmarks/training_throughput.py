@@ -2,8 +2,8 @@
 (eager, fp32, plain AdamW, every text padded to max_seq_length, random batches), each PyTorch 2 feature alone
 (torch.compile, bf16, fused AdamW) and all three, train_sentiment.py's defaults ("fast_path": bucketed padding,
 batches of one bucket, the compiled optimizer step; with a GPU also CUDA graphs, bf16, DataLoader workers with
-pinned memory), the fast path with several texts per row ("packed") and without gc.freeze ("no_gc_freeze"), on the
-same model and data. ``NAME@N`` runs a variant at per-device batch N (e.g. packed@256).
+pinned memory), the fast path with several texts per row ("packed"), without gc.freeze ("no_gc_freeze") and with
+the Trainer's per-step module walks ("trainer_host_step"), on the same model and data. ``NAME@N`` runs a variant at per-device batch N (e.g. packed@256).
 
 Per variant: samples/s, non-padding tokens/s, padding fraction, the model's training FLOPs per token from its config
 (ModelFlops in training_assets/instance/throughput.py: 6 N + 12 L d l, PaLM's model-FLOPs count) and the model
@@ -80,6 +80,8 @@ VARIANTS = {
     "packed": ("--padding", "packed"),
     # The fast path without gc.freeze() after the warm-up: the host time per step it saves.
     "no_gc_freeze": ("--no-gc-freeze",),
+    # The fast path with the Trainer's per-step model.train() and zero_grad module walks (--no-lean-host-step).
+    "trainer_host_step": ("--no-lean-host-step",),
 }
 # Variants that run the fast path's code (the GPU's sync check applies to them).
 FAST_VARIANTS = ("fast_path", "packed")

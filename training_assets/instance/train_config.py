@@ -86,8 +86,10 @@ class TrainConfig:
     # Multi-node runs over EFA (launch_training.sh --efa): NCCL's chosen network is read from its debug log and a
     # fall-back to TCP sockets stops the run (hardware.check_transport).
     expect_efa: bool = False
-    # Host work off the step: gc.freeze() after the warm-up (collections then skip the long-lived objects).
+    # Host work off the step: gc.freeze() after the warm-up (collections then skip the long-lived objects), and the
+    # Trainer's per-step model.train() and model.zero_grad() module walks replaced (train_sentiment.LeanHostStep).
     gc_freeze: bool = True
+    lean_host_step: bool = True
     # N > 0: profile the last N optimizer steps and report the launches per step (left out of the throughput).
     profile_steps: int = 0
     lr_scaling: str = "none"
@@ -346,6 +348,11 @@ def parser() -> argparse.ArgumentParser:
             "gc-freeze",
             True,
             "gc.freeze() after the warm-up steps: collections skip what lives all run (default: on)",
+        ),
+        (
+            "lean-host-step",
+            True,
+            "no per-step model.train() and module walk for zero_grad (the Trainer's); default: on",
         ),
     ):
         parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=default, help=text)

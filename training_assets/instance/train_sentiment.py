@@ -194,6 +194,41 @@ class FreezeGarbage(TrainerCallback):
         gc.unfreeze()
 
 
+class LeanHostStep:
+    """Host work the Trainer repeats at every step that the run does not need, taken off the model object the train
+    loop steps (bound once, as instance attributes that shadow the module's methods):
+
+    * ``model.train()``, at the start of every ``Trainer.training_step``, walks every submodule to set its mode: it
+      now walks only when the mode changes. The mode is forgotten after an evaluation (``forget_mode``), whose
+      ``model.eval()`` may switch another object (the unwrapped model inside DDP).
+    * ``model.zero_grad()``, after every optimizer step, walks every module for its parameters: it now sets the
+      gradients of the parameter list taken once to None, what ``Module.zero_grad(set_to_none=True)`` does.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.mode: bool | None = None  # unknown until it is set through train()
+        self.parameters = list(model.parameters())
+        object.__setattr__(model, "train", self.train)  # not Module.__setattr__: a plain instance attribute
+        object.__setattr__(model, "zero_grad", self.zero_grad)
+
+    def train(self, mode: bool = True) -> torch.nn.Module:
+        if mode is not self.mode:
+            type(self.model).train(self.model, mode)
+            self.mode = mode
+        return self.model
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if not set_to_none:
+            type(self.model).zero_grad(self.model, set_to_none)
+            return
+        for parameter in self.parameters:
+            parameter.grad = None
+
+    def forget_mode(self) -> None:
+        self.mode = None
+
+
 class NcclTransport(TrainerCallback):
     """At the start of training (the process group and DDP's first broadcast have set NCCL up by then): which
     network NCCL chose, from its debug log; a run that expected EFA and got TCP sockets stops there."""
@@ -275,6 +310,7 @@ def sentiment_trainer() -> type:
             buckets: tuple[int, ...] | None = None,
             packing_width: int | None = None,
             compile_optimizer: bool = False,
+            lean_host_step: bool = False,
             sync_check: SyncCheck | None = None,
             eval_collator: Any = None,
             **kwargs: Any,
@@ -291,6 +327,8 @@ def sentiment_trainer() -> type:
             self.buckets = buckets
             self.packing_width = packing_width
             self.compile_optimizer = compile_optimizer
+            self.lean_host_step = lean_host_step
+            self.lean: LeanHostStep | None = None
             self.sync_check = sync_check
             self.eval_collator = eval_collator
 
@@ -300,7 +338,16 @@ def sentiment_trainer() -> type:
             self.token_counter.add(tokens, squared, tuple(inputs["input_ids"].shape))
             if self.sync_check is not None:
                 self.sync_check.step_starts(len(self.token_counter.shapes) - 1)
+            if self.lean_host_step and (self.lean is None or self.lean.model is not model):
+                self.lean = LeanHostStep(model)  # the object the loop steps (DDP or compiled wrapper): once
             return super().training_step(model, inputs, num_items_in_batch)
+
+        def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().evaluation_loop(*args, **kwargs)
+            finally:
+                if self.lean is not None:  # it switched some object to eval mode: the next step sets train mode
+                    self.lean.forget_mode()
 
         def _get_train_sampler(self, train_dataset: Any = None) -> Any:
             dataset = self.train_dataset if train_dataset is None else train_dataset
@@ -516,6 +563,7 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         buckets=buckets if config.group_by_length and not packed else None,
         packing_width=max_length if packed else None,
         compile_optimizer=bool(config.compile_optimizer),
+        lean_host_step=config.lean_host_step,
         sync_check=sync_check,
     )
     graphs_before, compiler_before = graphs_compiled(), compiler_counts()
