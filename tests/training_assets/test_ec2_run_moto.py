@@ -36,6 +36,12 @@ def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: P
     work = tmp_path / "work"
     for folder in ("training_assets/instance", "inference_assets"):
         shutil.copytree(ROOT / folder, work / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    # TorchInductor's cache: an earlier attempt of the run left an entry in S3; a kernel compiled on this node (by a
+    # torchrun restart, say) is there locally.
+    prefix = f"training-output/{reservation['ReservationId']}/"
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}compile-cache/fxgraph/ab/entry", Body=b"graph")
+    (work / "compile-cache" / "triton" / "0").mkdir(parents=True)
+    (work / "compile-cache" / "triton" / "0" / "kernel.cubin").write_bytes(b"kernel")
     with host_tools(aws_cli, moto_endpoint, tmp_path) as (_, host_environment, _):
         env = {
             **host_environment,
@@ -60,7 +66,9 @@ def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: P
                                 capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
 
-    prefix = f"training-output/{reservation['ReservationId']}/"
+    assert (work / "compile-cache" / "fxgraph" / "ab" / "entry").read_bytes() == b"graph"  # restored
+    uploaded = s3.head_object(Bucket=BUCKET, Key=f"{prefix}compile-cache/triton/0/kernel.cubin")
+    assert (uploaded["ServerSideEncryption"], uploaded["SSEKMSKeyId"]) == ("aws:kms", key_arn)
     for name in ("model.tar.gz", "metrics.json"):
         head = s3.head_object(Bucket=BUCKET, Key=prefix + name)
         assert (head["ServerSideEncryption"], head["SSEKMSKeyId"]) == ("aws:kms", key_arn), name

@@ -455,3 +455,7 @@ def test_compile_builds_one_graph_per_bucket_length_and_the_optimizer_step_once(
     assert metrics["optimizer_step"].startswith("compiled") and metrics["cuda_graphs"] is False  # no CUDA on CPU
     # Steady: every step but the compiling ones (step 1, compiling too, is the warm-up step).
     assert metrics["throughput"]["steady_steps"] == 2 * 8 - len(compilation["steps_that_compiled"])
+    # The compile bound of the collectives held for the compiling steps (and the next ones), not for the whole run.
+    compiled = len(compilation["steps_that_compiled"])
+    assert len(compilation["host_seconds_of_steps_that_compiled"]) == compiled
+    assert compiled <= compilation["steps_under_compile_timeout"] < 2 * 8

@@ -311,6 +311,8 @@ def sentiment_trainer() -> type:
             packing_width: int | None = None,
             compile_optimizer: bool = False,
             lean_host_step: bool = False,
+            collective_timeout: checkpoints.CollectiveTimeout | None = None,
+            model_compiled: bool = False,
             sync_check: SyncCheck | None = None,
             eval_collator: Any = None,
             **kwargs: Any,
@@ -329,6 +331,9 @@ def sentiment_trainer() -> type:
             self.compile_optimizer = compile_optimizer
             self.lean_host_step = lean_host_step
             self.lean: LeanHostStep | None = None
+            self.collective_timeout = collective_timeout
+            self.model_compiled = model_compiled
+            self.eval_shapes: set[tuple[int, ...]] = set()
             self.sync_check = sync_check
             self.eval_collator = eval_collator
 
@@ -338,6 +343,10 @@ def sentiment_trainer() -> type:
             self.token_counter.add(tokens, squared, tuple(inputs["input_ids"].shape))
             if self.sync_check is not None:
                 self.sync_check.step_starts(len(self.token_counter.shapes) - 1)
+            if self.collective_timeout is not None:  # a new shape compiles the model; step 1 the optimizer step
+                first = len(self.token_counter.shapes) == 1
+                new_shape = self.token_counter.earlier[-1] == 0
+                self.collective_timeout.before_step(new_shape if self.model_compiled else first)
             if self.lean_host_step and (self.lean is None or self.lean.model is not model):
                 self.lean = LeanHostStep(model)  # the object the loop steps (DDP or compiled wrapper): once
             return super().training_step(model, inputs, num_items_in_batch)
@@ -378,6 +387,10 @@ def sentiment_trainer() -> type:
 
         def prediction_step(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
             inputs.pop("token_counts", None)  # the collator's host counts are for training steps
+            if self.collective_timeout is not None:  # a new evaluation shape compiles too
+                shape = tuple(inputs["input_ids"].shape)
+                self.collective_timeout.before_step(self.model_compiled and shape not in self.eval_shapes)
+                self.eval_shapes.add(shape)
             outputs = super().prediction_step(model, inputs, *args, **kwargs)
             if not self.clone_eval_outputs:
                 return outputs
@@ -537,6 +550,10 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     transport = NcclTransport(config.expect_efa)
     host = [transport, *([FreezeGarbage(max(1, config.warmup_steps))] if config.gc_freeze else []),
             *([launches] if launches else [])]  # fmt: skip
+    steady_timeout = config.collective_timeout_seconds
+    compile_timeout = config.compile_collective_timeout_seconds or steady_timeout  # resolve() has set it
+    compiling = bool(config.torch_compile or config.compile_optimizer)
+    timeout = checkpoints.CollectiveTimeout(steady_timeout, compile_timeout) if compiling else None
     packed = config.padding == "packed"
     if packed and (reason := packing.check_packable(model.config)):
         raise TrainingInputError(f"--padding packed: {reason}")
@@ -564,6 +581,8 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         packing_width=max_length if packed else None,
         compile_optimizer=bool(config.compile_optimizer),
         lean_host_step=config.lean_host_step,
+        collective_timeout=timeout,
+        model_compiled=bool(config.torch_compile),
         sync_check=sync_check,
     )
     graphs_before, compiler_before = graphs_compiled(), compiler_counts()
@@ -580,6 +599,12 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         "graphs": graphs_compiled() - graphs_before,
         **observed_compilation(compiler_before, [step + 1 for step, compiled in enumerate(meter.compiled) if compiled]),
         "first_steps_of_each_shape": [step + 1 for step, earlier in enumerate(counter.earlier) if not earlier],
+        # The host's seconds in each step that compiled (the compile of one shape: what the compile timeout bounds),
+        # and the steps (training and evaluation batches) that ran under that timeout (checkpoints.CollectiveTimeout).
+        "host_seconds_of_steps_that_compiled": [
+            round(seconds, 3) for seconds, compiled in zip(meter.host_seconds, meter.compiled, strict=True) if compiled
+        ],
+        "steps_under_compile_timeout": timeout.raised_steps if timeout else 0,
     }
     if launches and launches.result:
         meter.excluded = {step - 1 for step in launches.result["profiled_steps"]}
