@@ -179,14 +179,6 @@ def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dic
         "--model", "cardiffnlp/twitter-roberta-base-sentiment-latest",
     ]  # fmt: skip
     assert f"{work}/output:/opt/ml/output" in train
-    # TorchInductor's cache: restored from the run's prefix into a host folder the container compiles into, then
-    # uploaded back (SSE-KMS with the platform key) for a relaunch of the run.
-    restore, upload = [call for call in calls if call[:3] == ["aws", "s3", "sync"]]
-    cache = "s3://dev-artifacts/training-output/r-0123/compile-cache/"
-    assert restore[-2:] == [cache, f"{work}/compile-cache"] and upload[-2:] == [f"{work}/compile-cache", cache]
-    assert upload[upload.index("--sse") + 1] == "aws:kms"
-    assert upload[upload.index("--sse-kms-key-id") + 1] == instance["env"]["KMS_KEY_ID"]
-    assert f"{work}/compile-cache:/opt/ml/compile-cache" in train
     assert package[package.index("sentiment-training:latest") + 1 :] == [
         "python", "-m", "inference_assets.tools.package_model", "--model-dir", "output/saved_model",
         "--output", "output/model.tar.gz",
@@ -196,6 +188,20 @@ def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dic
         [f"{work}/output/{name}", f"s3://dev-artifacts/training-output/r-0123/{name}"]
         for name in ("model.tar.gz", "metrics.json")
     ]
+
+
+def test_the_rendezvous_node_restores_and_uploads_the_runs_compile_cache(instance: dict) -> None:
+    """TorchInductor's cache: restored from the run's prefix into a host folder the container compiles into, then
+    uploaded back (SSE-KMS with the platform key) for a relaunch of the run."""
+    calls = _run(instance)
+    work = instance["work"]
+    restore, upload = [call for call in calls if call[:3] == ["aws", "s3", "sync"]]
+    cache = "s3://dev-artifacts/training-output/r-0123/compile-cache/"
+    assert restore[-2:] == [cache, f"{work}/compile-cache"] and upload[-2:] == [f"{work}/compile-cache", cache]
+    assert upload[upload.index("--sse") + 1] == "aws:kms"
+    assert upload[upload.index("--sse-kms-key-id") + 1] == instance["env"]["KMS_KEY_ID"]
+    train, _ = _docker_runs(calls)
+    assert f"{work}/compile-cache:/opt/ml/compile-cache" in train
 
 
 def test_the_other_node_joins_the_barrier_with_the_run_id_of_its_tag(instance: dict) -> None:

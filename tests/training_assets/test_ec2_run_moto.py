@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,14 @@ from tests.training_assets.moto_host import REGION, host_client, host_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "dev-artifacts"
+
+
+def _seed_compile_cache(s3: Any, prefix: str, local: Path) -> None:
+    """TorchInductor's cache: an earlier attempt of the run left an entry in S3; a kernel compiled on this node (by a
+    torchrun restart, say) is there locally."""
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}compile-cache/fxgraph/ab/entry", Body=b"graph")
+    (local / "triton" / "0").mkdir(parents=True)
+    (local / "triton" / "0" / "kernel.cubin").write_bytes(b"kernel")
 
 
 @pytest.mark.slow
@@ -36,12 +45,8 @@ def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: P
     work = tmp_path / "work"
     for folder in ("training_assets/instance", "inference_assets"):
         shutil.copytree(ROOT / folder, work / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    # TorchInductor's cache: an earlier attempt of the run left an entry in S3; a kernel compiled on this node (by a
-    # torchrun restart, say) is there locally.
     prefix = f"training-output/{reservation['ReservationId']}/"
-    s3.put_object(Bucket=BUCKET, Key=f"{prefix}compile-cache/fxgraph/ab/entry", Body=b"graph")
-    (work / "compile-cache" / "triton" / "0").mkdir(parents=True)
-    (work / "compile-cache" / "triton" / "0" / "kernel.cubin").write_bytes(b"kernel")
+    _seed_compile_cache(s3, prefix, work / "compile-cache")
     with host_tools(aws_cli, moto_endpoint, tmp_path) as (_, host_environment, _):
         env = {
             **host_environment,
@@ -67,11 +72,9 @@ def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: P
     assert result.returncode == 0, result.stdout + result.stderr
 
     assert (work / "compile-cache" / "fxgraph" / "ab" / "entry").read_bytes() == b"graph"  # restored
-    uploaded = s3.head_object(Bucket=BUCKET, Key=f"{prefix}compile-cache/triton/0/kernel.cubin")
-    assert (uploaded["ServerSideEncryption"], uploaded["SSEKMSKeyId"]) == ("aws:kms", key_arn)
-    for name in ("model.tar.gz", "metrics.json"):
-        head = s3.head_object(Bucket=BUCKET, Key=prefix + name)
-        assert (head["ServerSideEncryption"], head["SSEKMSKeyId"]) == ("aws:kms", key_arn), name
+    for key in ("compile-cache/triton/0/kernel.cubin", "model.tar.gz", "metrics.json"):  # uploaded, encrypted
+        head = s3.head_object(Bucket=BUCKET, Key=prefix + key)
+        assert (head["ServerSideEncryption"], head["SSEKMSKeyId"]) == ("aws:kms", key_arn), key
     archive = s3.get_object(Bucket=BUCKET, Key=prefix + "model.tar.gz")["Body"].read()
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         names = set(tar.getnames())
