@@ -223,14 +223,8 @@ def _run(name: str, flags: tuple[str, ...], batch_size: int, sync_debug: str, ar
          model: str, dataset: str, work: Path) -> dict:  # fmt: skip
     output = work / name.replace("@", "-b")
     work.mkdir(parents=True, exist_ok=True)
-    # PYTHON_EXEC: torchrun's setting for its workers' interpreter (torch.distributed.run), taken by every variant's
-    # process (with one process per node too).
-    launcher = [os.environ.get("PYTHON_EXEC", sys.executable)]
     stats = work / f"{_file_name(name)}.pstats"  # megabytes: summarized into the row, not kept
-    if args.cprofile:  # one process: the profile of the whole run, written when it ends
-        launcher += ["-m", "cProfile", "-o", str(stats)]
-    elif args.nproc_per_node > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc_per_node}"]
+    launcher = _launcher(args, stats)
     command = [
         *launcher, "-m", TRAINING_MODULE, "--model", model, "--dataset", dataset, "--output-dir", str(output),
         "--epochs", str(args.epochs), "--per-device-batch-size", str(batch_size),
@@ -292,6 +286,18 @@ def host_profile(path: Path, steps: int) -> dict[str, dict[str, float]]:
             if function == wanted and file.endswith(ending):
                 found[key] = {"calls": round(primitive / steps, 3), "seconds": round(cumulative / steps, 6)}
     return found
+
+
+def _launcher(args: argparse.Namespace, stats: Path) -> list[str]:
+    """The start of a variant's command: its interpreter, under cProfile (one process) or torchrun (several).
+    PYTHON_EXEC: torchrun's setting for its workers' interpreter (torch.distributed.run), taken for every variant's
+    process (with one process per node too)."""
+    launcher = [os.environ.get("PYTHON_EXEC", sys.executable)]
+    if args.cprofile:  # the profile of the whole run, written when it ends
+        return [*launcher, "-m", "cProfile", "-o", str(stats)]
+    if args.nproc_per_node > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc_per_node}"]
+    return launcher
 
 
 def _file_name(variant: str) -> str:

@@ -203,6 +203,8 @@ class LeanHostStep:
       ``model.eval()`` may switch another object (the unwrapped model inside DDP).
     * ``model.zero_grad()``, after every optimizer step, walks every module for its parameters: it now sets the
       gradients of the parameter list taken once to None, what ``Module.zero_grad(set_to_none=True)`` does.
+    * the gradient clipping gets ``model.parameters()`` from the Trainer, another walk: it now gets that list
+      (``SentimentTrainer._clip_grad_norm``).
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -350,6 +352,14 @@ def sentiment_trainer() -> type:
             if self.lean_host_step and (self.lean is None or self.lean.model is not model):
                 self.lean = LeanHostStep(model)  # the object the loop steps (DDP or compiled wrapper): once
             return super().training_step(model, inputs, num_items_in_batch)
+
+        def _clip_grad_norm(self, model: Any) -> Any:
+            # transformers 5.23 passes model.parameters() (a walk over every module) to accelerate's clipping; the
+            # lean step's list holds the same parameters. DTensor meshes (tensor parallelism, unused here) keep the
+            # Trainer's own path, which handles them.
+            if self.lean is None or self.lean.model is not model or self._has_mixed_mesh_grads(model):
+                return super()._clip_grad_norm(model)
+            return self.accelerator.clip_grad_norm_(self.lean.parameters, self.args.max_grad_norm)
 
         def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
             try:
