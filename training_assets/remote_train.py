@@ -26,6 +26,9 @@ Checkpoints (``-- --checkpoint-steps N``) go to the job's ``/opt/ml/checkpoints`
 ``<your S3 root>/checkpoints/<run id>/`` (the SDK's ``CheckpointLocation``; SageMaker's CheckpointConfig) and back
 into a restarted job; ``--spot`` runs on managed spot capacity, and an interrupted job resumes from its newest
 complete checkpoint. ``--run-id`` names the checkpoint folder, so a new job with the same run id resumes too.
+A job that compiles (torch.compile: on by default with a GPU) keeps TorchInductor's cache in ``compile-cache/`` of
+that folder, with or without checkpoints: SageMaker restores it into every instance of a restarted job or of a job
+with the same run id, which then loads the kernels compiled before instead of compiling them again.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPENDENCIES = ROOT / "training_assets" / "requirements-remote.txt"
 JOB_INPUT_DIR = Path("/opt/ml/input/remote")
 REMOTE_FUNCTION = ("SageMaker", "PythonSDK", "Modules", "RemoteFunction")
+COMPILE_CACHE = "compile-cache"  # TorchInductor's cache, in the job's checkpoint folder
 
 
 class RemoteSetupError(ValueError):
@@ -105,7 +109,8 @@ def run_training_job(config: dict[str, Any], checkpoints: os.PathLike[str] | Non
     Under torchrun each GPU's process runs it (train() joins them in one DDP run); rank 0 writes the model, and
     every rank returns rank 0's metrics, since each process uploads its return value to the same results key.
     ``checkpoints``: the SDK's CheckpointLocation (the job's /opt/ml/checkpoints, which SageMaker keeps in S3): the
-    run checkpoints there and resumes from the newest complete checkpoint it finds there.
+    run checkpoints there and resumes from the newest complete checkpoint it finds there, and keeps TorchInductor's
+    cache in its ``compile-cache/`` (unless the config names another folder).
     """
     settings = TrainConfig(**config)
     for field, name in (("dataset", "dataset"), ("model", "base_model")):
@@ -116,7 +121,8 @@ def run_training_job(config: dict[str, Any], checkpoints: os.PathLike[str] | Non
     # The instance's processes share one tokenized copy (the output folder below is each process's own).
     settings = replace(settings, tokenized_dir=settings.tokenized_dir or str(JOB_INPUT_DIR / "tokenized"))
     if checkpoints is not None:
-        settings = replace(settings, checkpoint_dir=os.fspath(checkpoints))
+        cache = settings.compile_cache_dir or os.path.join(checkpoints, COMPILE_CACHE)
+        settings = replace(settings, checkpoint_dir=os.fspath(checkpoints), compile_cache_dir=cache)
     with tempfile.TemporaryDirectory() as output:
         metrics = train(replace(settings, output_dir=output))
         if int(os.environ.get("RANK", "0")) == 0:
@@ -309,9 +315,11 @@ def job_options(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, A
 
 def checkpoint_location(args: argparse.Namespace, config: dict[str, Any], train_config: TrainConfig,
                         suffix: str = "") -> Any:  # fmt: skip
-    """The SDK's CheckpointLocation for the run (None without checkpoints): ``<caller's S3 root>/checkpoints/<run
-    id><suffix>/``, in the RemoteJobs bucket the caller's job role writes (SSE-KMS by the bucket's default key)."""
-    if not train_config.checkpoint_steps:
+    """The SDK's CheckpointLocation for the run (None without checkpoints and without torch.compile): ``<caller's S3
+    root>/checkpoints/<run id><suffix>/``, in the RemoteJobs bucket the caller's job role writes (SSE-KMS by the
+    bucket's default key); it holds the checkpoints and TorchInductor's cache (``compile-cache/``)."""
+    compiles = train_config.torch_compile is not False or bool(train_config.compile_optimizer)
+    if not (train_config.checkpoint_steps or compiles):
         return None
     from sagemaker.core.remote_function import CheckpointLocation
 

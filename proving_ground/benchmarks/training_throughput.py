@@ -2,8 +2,10 @@
 (eager, fp32, plain AdamW, every text padded to max_seq_length, random batches), each PyTorch 2 feature alone
 (torch.compile, bf16, fused AdamW) and all three, train_sentiment.py's defaults ("fast_path": bucketed padding,
 batches of one bucket, the compiled optimizer step; with a GPU also CUDA graphs, bf16, DataLoader workers with
-pinned memory), the fast path with several texts per row ("packed") and without gc.freeze ("no_gc_freeze"), on the
-same model and data. ``NAME@N`` runs a variant at per-device batch N (e.g. packed@256).
+pinned memory), the fast path with several texts per row ("packed"), without gc.freeze ("no_gc_freeze") and with
+the Trainer's per-step module walks ("trainer_host_step"), on the same model and data. ``NAME@N`` runs a variant at
+per-device batch N (e.g. packed@256). ``--cprofile`` runs each variant under cProfile and reports the host's calls and
+seconds per step in the Trainer's step functions and the module walks.
 
 Per variant: samples/s, non-padding tokens/s, padding fraction, the model's training FLOPs per token from its config
 (ModelFlops in training_assets/instance/throughput.py: 6 N + 12 L d l, PaLM's model-FLOPs count) and the model
@@ -44,6 +46,7 @@ import argparse
 import json
 import os
 import platform
+import pstats
 import random
 import shlex
 import shutil
@@ -80,6 +83,8 @@ VARIANTS = {
     "packed": ("--padding", "packed"),
     # The fast path without gc.freeze() after the warm-up: the host time per step it saves.
     "no_gc_freeze": ("--no-gc-freeze",),
+    # The fast path with the Trainer's per-step model.train() and zero_grad module walks (--no-lean-host-step).
+    "trainer_host_step": ("--no-lean-host-step",),
 }
 # Variants that run the fast path's code (the GPU's sync check applies to them).
 FAST_VARIANTS = ("fast_path", "packed")
@@ -114,6 +119,16 @@ ROBERTA_BASE_POSITIONS = 514
 # Tweet-length texts: 1 + Poisson(2.4) sample texts joined, 3.4 on average; a sample text is 6.8 tokens of the
 # benchmark's tokenizer plus the 2 special tokens of the joined text: ~25 tokens, the issue's tweet length.
 EXTRA_TEXTS_MEAN = 2.4
+# What --cprofile reports per optimizer step: (file ending, function name) of the functions the host runs per step.
+HOST_FUNCTIONS = {
+    "trainer_inner_training_loop": ("transformers/trainer.py", "_inner_training_loop"),
+    "trainer_training_step": ("transformers/trainer.py", "training_step"),
+    "module_train": ("torch/nn/modules/module.py", "train"),
+    "module_zero_grad": ("torch/nn/modules/module.py", "zero_grad"),
+    "module_named_modules": ("torch/nn/modules/module.py", "named_modules"),
+    "clip_grad_norm": ("accelerate/accelerator.py", "clip_grad_norm_"),
+    "gc_collect": ("~", "<built-in method gc.collect>"),
+}
 PER_RUN_ONLY = ("device", "load_average_1m_before_after")  # in the results once, or per round
 HONESTY = (
     "AWS's PyTorch 2.0 blog post reports +42% fine-tuning speed from torch.compile + bf16 + fused AdamW on one "
@@ -208,9 +223,8 @@ def _run(name: str, flags: tuple[str, ...], batch_size: int, sync_debug: str, ar
          model: str, dataset: str, work: Path) -> dict:  # fmt: skip
     output = work / name.replace("@", "-b")
     work.mkdir(parents=True, exist_ok=True)
-    launcher = [sys.executable]
-    if args.nproc_per_node > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc_per_node}"]
+    stats = work / f"{_file_name(name)}.pstats"  # megabytes: summarized into the row, not kept
+    launcher = _launcher(args, stats)
     command = [
         *launcher, "-m", TRAINING_MODULE, "--model", model, "--dataset", dataset, "--output-dir", str(output),
         "--epochs", str(args.epochs), "--per-device-batch-size", str(batch_size),
@@ -252,9 +266,38 @@ def _run(name: str, flags: tuple[str, ...], batch_size: int, sync_debug: str, ar
         sync = [line for line in lines if "synchronizing CUDA operation" in line]
         errors = [line for line in lines if line.startswith("train_sentiment: error")]
         return {**failed, "error": (sync or errors or lines)[-1]}
+    if not (output / "metrics.json").is_file():  # cProfile ends 0 whatever its module's exit status was
+        lines = log.read_text().strip().splitlines() or ["(no output)"]
+        return {**failed, "error": lines[-1]}
     metrics = json.loads((output / "metrics.json").read_text())
     shutil.copyfile(output / "metrics.json", args.results_dir / f"{_file_name(name)}.metrics.json")
-    return {**summarize(name, flags, batch_size, metrics, load), "log": log.name}
+    row = {**summarize(name, flags, batch_size, metrics, load), "log": log.name}
+    if args.cprofile:
+        row["host_profile_per_step"] = host_profile(stats, metrics["optimizer_steps"])
+    return row
+
+
+def host_profile(path: Path, steps: int) -> dict[str, dict[str, float]]:
+    """Per optimizer step, from a cProfile of the whole run: the calls (not counting a function's recursive calls)
+    and the seconds inside each of HOST_FUNCTIONS (cProfile's overhead included, alike in every variant)."""
+    found: dict[str, dict[str, float]] = {}
+    for (file, _, function), (primitive, _, _, cumulative, _) in pstats.Stats(str(path)).stats.items():  # type: ignore[attr-defined]
+        for key, (ending, wanted) in HOST_FUNCTIONS.items():
+            if function == wanted and file.endswith(ending):
+                found[key] = {"calls": round(primitive / steps, 3), "seconds": round(cumulative / steps, 6)}
+    return found
+
+
+def _launcher(args: argparse.Namespace, stats: Path) -> list[str]:
+    """The start of a variant's command: its interpreter, under cProfile (one process) or torchrun (several).
+    PYTHON_EXEC: torchrun's setting for its workers' interpreter (torch.distributed.run), taken for every variant's
+    process (with one process per node too)."""
+    launcher = [os.environ.get("PYTHON_EXEC", sys.executable)]
+    if args.cprofile:  # the profile of the whole run, written when it ends
+        return [*launcher, "-m", "cProfile", "-o", str(stats)]
+    if args.nproc_per_node > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc_per_node}"]
+    return launcher
 
 
 def _file_name(variant: str) -> str:
@@ -320,6 +363,7 @@ def summarize(name: str, flags: tuple[str, ...], batch_size: int, metrics: dict,
         "fx_graph_cache_hits": compilation.get("fx_graph_cache_hits"),
         "host_seconds_per_step": throughput.get("steady_host_seconds_per_step"),
         "host_seconds_per_step_max": throughput.get("steady_host_seconds_per_step_max"),
+        "host_cpu_seconds_per_step": throughput.get("steady_host_cpu_seconds_per_step"),
         "device_seconds_per_step": throughput.get("steady_device_seconds_per_step"),
         "data_loader_wait_seconds": throughput.get("steady_data_loader_wait_seconds"),
         "kernel_launches_per_step": host.get("kernel_launches_per_step"),
@@ -430,6 +474,7 @@ def _best(name: str, rounds: list[dict]) -> dict:
     return {
         **best,
         "rounds_median_samples_per_second": [run["median_samples_per_second"] for run in done],
+        "rounds_host_cpu_seconds_per_step": [run.get("host_cpu_seconds_per_step") for run in done],
         "rounds_compile_warmup_seconds": [run["compile_warmup_seconds"] for run in done],
         "rounds_load_average_1m_before_after": [run["load_average_1m_before_after"] for run in done],
     }
@@ -482,6 +527,8 @@ def main(argv: list[str] | None = None) -> None:
                         "start: each gets at most what is left (default: no limit)")  # fmt: skip
     parser.add_argument("--inductor-cache", type=Path, help="one TorchInductor cache for every variant (default: a "
                         "fresh one per variant, so each compiles cold)")  # fmt: skip
+    parser.add_argument("--cprofile", action="store_true", help="run each variant under cProfile (one process) and "
+                        "report the host's calls and seconds per step in the functions of HOST_FUNCTIONS")  # fmt: skip
     parser.add_argument("--profile-steps", type=int, default=0, help="train_sentiment.py --profile-steps (launches "
                         "per step)")  # fmt: skip
     parser.add_argument("--probe-seconds", type=float, default=0.0, help="measure the device first for this long "
@@ -496,6 +543,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(error))
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.cprofile and args.nproc_per_node > 1:
+        parser.error("--cprofile profiles one process: use --nproc-per-node 1")
     on_cpu = args.use_cpu or not torch.cuda.is_available()
     if args.cpu_threads is None and on_cpu:
         args.cpu_threads = 1

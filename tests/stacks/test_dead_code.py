@@ -30,6 +30,7 @@ IGNORE_NAMES = [
     "published_bf16_tflops_with_sparsity",  # a field of the accelerators table, checked against its source
     "base_learning_rate", "steps_per_epoch",  # fields of the training plan, written to the run's metrics
     "forward",  # torch calls a Module's forward from __call__
+    "grad",  # autograd accumulates into a parameter's grad and the optimizer reads it (set to None between steps)
     "model_accepts_loss_kwargs", "floating_point_ops",  # transformers' Trainer reads the one, calls the other
     "expected_requests",  # the Ray Serve replica's batch target, read by its tests (what the replica observes)
 ]  # fmt: skip

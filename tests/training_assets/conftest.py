@@ -8,8 +8,10 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from proving_ground.rehearsal.ec2_host import patch_moto_reservation_filter, shared_aws_cli
 from tests.training_assets.warm_python import WarmPython
@@ -73,3 +75,19 @@ def warm_python() -> Iterator[WarmPython]:
     python = WarmPython({**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"})
     yield python
     python.close()
+
+
+@pytest.fixture()
+def compile_without_codegen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile with the aot_eager backend: TorchDynamo still captures the same graphs under the same guards
+    (what compiles, when, and what recompiles is decided there), and AOTAutograd still traces forward and backward,
+    but no C++ or Triton code is generated, which on a shared 2-core machine takes minutes per shape."""
+    real = torch.compile
+
+    def compile_(model: Any = None, **kwargs: Any) -> Any:
+        kwargs.pop("mode", None)
+        kwargs.pop("options", None)
+        kwargs["backend"] = "aot_eager"
+        return real(model, **kwargs) if model is not None else real(**kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile_)

@@ -285,7 +285,8 @@ def test_the_command_line_reaches_the_checkpoint_settings_and_the_report(tmp_pat
     assert (defaults.checkpoint_steps, defaults.checkpoint_dir, defaults.collective_timeout_seconds) == (0, None, 300)
     assert checkpoints.report(config, "x/checkpoint-7") == {"checkpoints": {
         "every_steps": 7, "folder": str(tmp_path / "ck"), "resumed_from": "x/checkpoint-7",
-        "marker": "checkpoint-complete.json", "collective_timeout_seconds": 90}}  # fmt: skip
+        "marker": "checkpoint-complete.json", "collective_timeout_seconds": 90,
+        "compile_collective_timeout_seconds": None}}  # fmt: skip
     assert checkpoints.report(defaults, None)["checkpoints"]["every_steps"] is None
     assert [type(c) for c in checkpoints.callbacks(config)] == [checkpoints.CompleteMarker]
     assert checkpoints.callbacks(defaults) == []

@@ -184,7 +184,9 @@ def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dic
         ["docker", "login", "--username"],
         ["docker", "build", "-t"],
         ["aws", "s3api", "list-objects-v2"],  # the run's checkpoints in S3 (none)
+        ["aws", "s3", "sync"],  # the run's compile cache, restored
         ["docker", "run", "--rm"],  # training
+        ["aws", "s3", "sync"],  # the compile cache, uploaded (this node is the rendezvous node)
         ["docker", "run", "--rm"],  # packaging
         ["aws", "s3api", "put-object"],  # model.tar.gz
         ["aws", "s3api", "put-object"],  # metrics.json
@@ -215,7 +217,7 @@ def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dic
     # --expect-efa: a run over EFA that NCCL put on TCP sockets stops (hardware.check_transport).
     assert inside[inside.index(MODULE) + 1 :] == [
         "--output-dir", "/opt/ml/output", "--tokenized-dir", "/opt/ml/output/tokenized", "--expect-efa",
-        "--epochs", "3", "--torch-compile", "--bf16", "--fused-adamw",
+        "--compile-cache-dir", "/opt/ml/compile-cache", "--epochs", "3", "--torch-compile", "--bf16", "--fused-adamw",
         "--dataset", "tweet_eval", "--dataset-config", "sentiment",
         "--model", "cardiffnlp/twitter-roberta-base-sentiment-latest",
     ]  # fmt: skip
@@ -237,6 +239,20 @@ def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dic
     assert f"model: s3://dev-artifacts/training-output/r-0123/model.tar.gz (sha256 {digest})" in result.stdout
 
 
+def test_the_rendezvous_node_restores_and_uploads_the_runs_compile_cache(instance: dict) -> None:
+    """TorchInductor's cache: restored from the run's prefix into a host folder the container compiles into, then
+    uploaded back (SSE-KMS with the platform key) for a relaunch of the run."""
+    calls = _run(instance)
+    work = instance["work"]
+    restore, upload = [call for call in calls if call[:3] == ["aws", "s3", "sync"]]
+    cache = "s3://dev-artifacts/training-output/r-0123/compile-cache/"
+    assert restore[-2:] == [cache, f"{work}/compile-cache"] and upload[-2:] == [f"{work}/compile-cache", cache]
+    assert upload[upload.index("--sse") + 1] == "aws:kms"
+    assert upload[upload.index("--sse-kms-key-id") + 1] == instance["env"]["KMS_KEY_ID"]
+    train, _ = _docker_runs(calls)
+    assert f"{work}/compile-cache:/opt/ml/compile-cache" in train
+
+
 def test_the_other_node_joins_the_barrier_with_the_run_id_of_its_tag(instance: dict) -> None:
     """A launch tagged training-run-id=<id> (the launcher's run_name) names the run (a relaunch with the same name
     resumes it): the rendezvous
@@ -252,6 +268,11 @@ def test_the_other_node_joins_the_barrier_with_the_run_id_of_its_tag(instance: d
     ]  # fmt: skip
     finished = next(call for call in calls if call[:3] == ["aws", "s3api", "head-object"])
     assert finished[finished.index("--key") + 1] == "training-output/sentiment-7/model.tar.gz"
+    # The run's compile cache: restored here too; uploaded by the rendezvous node only.
+    syncs = [call[-2:] for call in calls if call[:3] == ["aws", "s3", "sync"]]
+    assert syncs == [
+        ["s3://dev-artifacts/training-output/sentiment-7/compile-cache/", f"{instance['work']}/compile-cache"]
+    ]
 
 
 def test_a_finished_run_id_is_not_trained_again(instance: dict) -> None:
@@ -351,8 +372,10 @@ def test_single_node_with_s3_inputs_and_no_model_on_this_node(instance: dict) ->
                  DATASET="s3://dev-datasets/tweets/", BASE_MODEL="s3://dev-datasets/models/roberta/")  # fmt: skip
     work = str(instance["work"])
     syncs = [call[-2:] for call in calls if call[:3] == ["aws", "s3", "sync"]]
+    cache = "s3://dev-artifacts/training-output/r-0123/compile-cache/"
     assert syncs == [["s3://dev-datasets/tweets/", f"{work}/dataset"],
-                     ["s3://dev-datasets/models/roberta/", f"{work}/base_model"]]  # fmt: skip
+                     ["s3://dev-datasets/models/roberta/", f"{work}/base_model"],
+                     [cache, f"{work}/compile-cache"], [f"{work}/compile-cache", cache]]  # fmt: skip
     (train,) = _docker_runs(calls)  # no packaging: saved_model/ is on the node of rank 0
     assert "--privileged" not in train and "--network" not in train
     assert f"{work}/dataset:/opt/ml/input/data:ro" in train and f"{work}/base_model:/opt/ml/input/model:ro" in train

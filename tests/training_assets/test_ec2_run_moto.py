@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
@@ -23,6 +24,14 @@ from tests.training_assets.moto_host import REGION, host_client, host_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "dev-artifacts"
+
+
+def _seed_compile_cache(s3: Any, prefix: str, local: Path) -> None:
+    """TorchInductor's cache: an earlier attempt of the run left an entry in S3; a kernel compiled on this node (by a
+    torchrun restart, say) is there locally."""
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}compile-cache/fxgraph/ab/entry", Body=b"graph")
+    (local / "triton" / "0").mkdir(parents=True)
+    (local / "triton" / "0" / "kernel.cubin").write_bytes(b"kernel")
 
 
 # Long: the instance's whole environment as the user data exports it, then what S3 holds, field by field.
@@ -39,6 +48,8 @@ def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: P
     work = tmp_path / "work"
     for folder in ("training_assets/instance", "inference_assets"):
         shutil.copytree(ROOT / folder, work / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    prefix = f"training-output/{reservation['ReservationId']}/"
+    _seed_compile_cache(s3, prefix, work / "compile-cache")
     with host_tools(aws_cli, moto_endpoint, tmp_path) as (_, host_environment, _):
         env = {
             **host_environment,
@@ -64,9 +75,9 @@ def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: P
                                 capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
 
-    prefix = f"training-output/{reservation['ReservationId']}/"
-    for name in ("model.tar.gz", "metrics.json", "model.tar.gz.sha256"):
-        head = s3.head_object(Bucket=BUCKET, Key=prefix + name)
+    assert (work / "compile-cache" / "fxgraph" / "ab" / "entry").read_bytes() == b"graph"  # restored
+    for name in ("compile-cache/triton/0/kernel.cubin", "model.tar.gz", "metrics.json", "model.tar.gz.sha256"):
+        head = s3.head_object(Bucket=BUCKET, Key=prefix + name)  # uploaded, encrypted
         assert (head["ServerSideEncryption"], head["SSEKMSKeyId"]) == ("aws:kms", key_arn), name
     archive = s3.get_object(Bucket=BUCKET, Key=prefix + "model.tar.gz")["Body"].read()
     # The digest promotion checks, recorded as the run wrote the archive (sha256sum's line).

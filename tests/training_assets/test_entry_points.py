@@ -95,8 +95,9 @@ elif name == "aws" and args[:2] == ["s3api", "head-object"]:  # a finished run's
     sys.exit(0 if Path(os.environ["S3_ROOT"], bucket, key).exists() else 254)
 elif name == "aws" and args[:2] == ["ecr", "get-login-password"]:
     print("password")
-elif name == "aws" and args[:2] == ["s3", "sync"]:
-    shutil.copytree(local(args[-2]), local(args[-1]), dirs_exist_ok=True)
+elif name == "aws" and args[:2] == ["s3", "sync"]:  # from a prefix that holds nothing: nothing copied, as aws does
+    if local(args[-2]).exists():
+        shutil.copytree(local(args[-2]), local(args[-1]), dirs_exist_ok=True)
 elif name == "aws" and args[:2] == ["s3", "cp"] and local(args[-2]).exists():
     local(args[-1]).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(local(args[-2]), local(args[-1]))
@@ -209,3 +210,6 @@ def test_ec2_run_with_the_training_stacks_arguments(stand_ins: dict[str, Any]) -
     assert metrics["config"]["torch_compile"] and metrics["optimizer_step"].startswith("compiled")
     assert metrics["config"]["max_seq_length"] == HyperParameters().max_seq_length  # what the stack sends
     assert metrics["max_seq_length"] == 64  # the tiny model's limit
+    # TorchInductor's cache: the container's folder (here the host folder the stand-in maps it to; its S3 copy is
+    # test_ec2_run's and test_ec2_run_moto's).
+    assert metrics["host"]["inductor_cache_dir"] == str(stand_ins["work"] / "compile-cache")

@@ -1,6 +1,7 @@
 """Many ranks learn exactly like one: two CPU processes (torchrun, gloo) and one process, at the same global batch
 and seed, log the same loss and gradient norm at every step, end with the same weights, and every rank runs the
-same bucket length at the same step (the batches are grouped by the global batch, not per device).
+same bucket length at the same step (the batches are grouped by the global batch, not per device), or with
+``--padding packed`` the same number of packed rows.
 
 The tiny model's dropout is off for this comparison: dropout draws its masks per process, so with it on the two
 runs would differ by design, not by a bug."""
@@ -61,6 +62,21 @@ def runs(tiny_model_without_dropout: Path, sample_data: Path, tmp_path_factory: 
     return outputs
 
 
+@pytest.fixture(scope="module")
+def packed_ranks(tiny_model_without_dropout: Path, sample_data: Path, tmp_path_factory: pytest.TempPathFactory,
+                 warm_python: WarmPython) -> Path:  # fmt: skip
+    """The shapes folder of a two-rank run with --padding packed (one epoch: the shapes are what is compared)."""
+    root = tmp_path_factory.mktemp("packed-ranks")
+    arguments = ["--record-dir", str(root / "shapes"), "--model", str(tiny_model_without_dropout), "--dataset",
+                 str(sample_data), "--output-dir", str(root / "output"), *SETTINGS, "--epochs", "1", "--padding",
+                 "packed"]  # fmt: skip
+    result = _run(warm_python, 2, arguments, root)
+    if result.returncode and "Gloo connectFullMesh failed" in result.stderr:
+        result = _run(warm_python, 2, arguments, root)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return root / "shapes"
+
+
 def _metrics(output: Path) -> dict:
     return json.loads((output / "metrics.json").read_text())
 
@@ -114,3 +130,17 @@ def test_only_rank_zero_reports_and_writes(runs: dict[int, Path]) -> None:
     assert metrics["throughput"]["measured_steps"] == STEPS - 1
     assert sorted(p.name for p in runs[2].iterdir()) == ["metrics.json", "saved_model", "shapes"]
     assert SentimentPredictor(runs[2] / "saved_model").predict("The update is amazing!")[0].label
+
+
+@pytest.mark.slow
+def test_every_rank_packs_the_same_number_of_rows_at_the_same_step(packed_ranks: Path) -> None:
+    ranks = [json.loads((packed_ranks / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    own = [json.loads((packed_ranks / f"rank-{rank}.rows.json").read_text()) for rank in (0, 1)]
+    steps = TRAIN_ROWS // GLOBAL_BATCH
+    assert len(ranks[0]) == len(ranks[1]) == steps
+    assert ranks[0] == ranks[1]
+    # Each step's rows are the most either rank's texts pack into by themselves: no more padding than that.
+    assert [shape[0] for shape in ranks[0]] == [max(pair) for pair in zip(own[0][:steps], own[1][:steps], strict=True)]
+    assert {shape[1] for shape in ranks[0]} == {32}  # max_seq_length: the packed rows' width
+    # The ranks' own row counts differ on some steps: without the agreement they would run different shapes.
+    assert any(a != b for a, b in zip(own[0][:steps], own[1][:steps], strict=True))

@@ -14,7 +14,14 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from inference_assets.container.predictor import SentimentPredictor
 from training_assets.instance.batching import BucketCollator, bucket_lengths
 from training_assets.instance.dataset import TrainingInputError
-from training_assets.instance.packing import PackedClassifier, PackingCollator, check_packable, pack_rows
+from training_assets.instance.packing import (
+    AlignedPackingSampler,
+    PackedClassifier,
+    PackedIndex,
+    PackingCollator,
+    check_packable,
+    pack_rows,
+)
 from training_assets.instance.train_config import TrainConfig
 from training_assets.instance.train_sentiment import train
 
@@ -72,6 +79,36 @@ def test_a_packed_batch_gives_the_loss_and_gradients_of_the_padded_batch(
     leaky = {**packed, "segment_ids": (packed["segment_ids"] > 0).long()}
     _, leaky_logits, _ = loss_and_gradients(leaky, PackedClassifier(model))
     assert (leaky_logits - logits).abs().max() > 1000 * TOLERANCE
+
+
+def test_every_batch_of_a_step_packs_into_the_rows_of_its_fullest_batch(
+    tiny_model_dir: Path, texts: list[dict]
+) -> None:
+    """Two ranks of 8 texts per step (a global batch of 16): each index carries the most rows either rank's texts
+    pack into; the collator adds empty rows up to it, which change neither the loss nor the logits."""
+    lengths = [len(text["input_ids"]) for text in texts]
+    order = list(range(len(texts)))[::-1]
+    sampler = AlignedPackingSampler(order, lengths, width=32, per_device_batch=8, global_batch=16)
+    indices = list(sampler)
+    assert indices == order and len(sampler) == len(texts)
+    for start in range(0, 48, 16):
+        own = [len(pack_rows([lengths[i] for i in order[first : first + 8]], 32)) for first in (start, start + 8)]
+        assert {index.rows for index in indices[start : start + 16] if isinstance(index, PackedIndex)} == {max(own)}
+    collate = PackingCollator(pad_token_id=1, width=32)
+    batch = [texts[i] for i in order[:8]]
+    alone = collate(batch)
+    widened = collate([{**row, "packed_rows": alone["input_ids"].shape[0] + 2} for row in batch])
+    assert widened["input_ids"].shape == (alone["input_ids"].shape[0] + 2, 32)
+    assert widened["token_counts"] == alone["token_counts"]
+    torch.manual_seed(0)
+    model = PackedClassifier(AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)).eval()
+    alone.pop("token_counts"), widened.pop("token_counts")
+    one, other = model(**alone), model(**widened)
+    assert torch.allclose(one.logits, other.logits, atol=TOLERANCE) and one.loss.item() == pytest.approx(
+        other.loss.item(), abs=TOLERANCE
+    )
+    with pytest.raises(ValueError, match="the global batch 12 must be a multiple of the per-device batch 8"):
+        AlignedPackingSampler(order, lengths, width=32, per_device_batch=8, global_batch=12)
 
 
 def test_packing_needs_a_model_that_pools_the_first_token(tiny_model_dir: Path) -> None:

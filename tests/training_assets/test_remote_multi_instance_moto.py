@@ -144,12 +144,43 @@ def test_a_spot_job_checkpoints_to_the_callers_prefix_and_resumes_there(
     # Inside the job the function checkpoints where SageMaker syncs from (and restores to, after an interruption).
     (config,) = seen
     assert (config.checkpoint_dir, config.checkpoint_steps) == ("/opt/ml/checkpoints/", 50)
-    # SageMaker copies the checkpoints with the job's role: it may write them, encrypted with the platform key.
-    key = f"jobs/{caller}/checkpoints/tweets-7/checkpoint-50/model.safetensors"
-    call = Call("s3", "PutObject", {"Bucket": platform.buckets["RemoteJobs"], "Key": key}, REGION, ACCOUNT)
+    # TorchInductor's cache beside the checkpoints: SageMaker restores it with them.
+    assert config.compile_cache_dir == "/opt/ml/checkpoints/compile-cache"
+    # SageMaker copies the checkpoints and the cache with the job's role, both ways: it may, with the platform key.
     encrypted = {bucket: platform.key_arn for bucket in platform.buckets.values()}
-    for request_ in requests_for(call, kms_encrypted_buckets=encrypted, principal=harness.IDENTITIES[JOB]):
-        assert is_allowed(platform.policies[JOB], request_), request_
+    for key in (f"jobs/{caller}/checkpoints/tweets-7/checkpoint-50/model.safetensors",
+                f"jobs/{caller}/checkpoints/tweets-7/compile-cache/triton/0/kernel.cubin"):  # fmt: skip
+        for action in ("PutObject", "GetObject"):
+            call = Call("s3", action, {"Bucket": platform.buckets["RemoteJobs"], "Key": key}, REGION, ACCOUNT)
+            for request_ in requests_for(call, kms_encrypted_buckets=encrypted, principal=harness.IDENTITIES[JOB]):
+                assert is_allowed(platform.policies[JOB], request_), request_
+
+
+@pytest.mark.parametrize("compiles", [True, False])
+def test_a_job_that_compiles_keeps_its_compile_cache_where_sagemaker_restores_it(
+    platform: harness.Platform, monkeypatch: pytest.MonkeyPatch, compiles: bool
+) -> None:
+    """Without checkpoints, a job that compiles (the GPU default) still gets a checkpoint location, for
+    TorchInductor's cache; one that does not compile gets none."""
+    seen: list[Any] = []
+
+    def recording_train(config: Any) -> dict[str, Any]:
+        seen.append(config)
+        return harness.stub_train(config)
+
+    monkeypatch.setattr(remote_train, "train", recording_train)
+    dataset = harness.upload_dataset(platform)
+    flags = [] if compiles else ["--no-torch-compile"]
+    harness.run_launcher(platform, "--run-id", "tweets-8", "train", "--", "--dataset", dataset, *flags)
+    assert set(platform.refused(LAUNCHER)) <= harness.TOLERATED_REFUSALS and platform.refused(JOB) == []
+    request = platform.create_requests[-1]
+    (config,) = seen
+    if compiles:
+        uri = f"s3://{platform.buckets['RemoteJobs']}/jobs/{harness.CALLER}/checkpoints/tweets-8/"
+        assert request["CheckpointConfig"] == {"LocalPath": "/opt/ml/checkpoints/", "S3Uri": uri}
+        assert (config.compile_cache_dir, config.checkpoint_steps) == ("/opt/ml/checkpoints/compile-cache", 0)
+    else:
+        assert "CheckpointConfig" not in request and config.compile_cache_dir is None
 
 
 def test_spot_without_checkpoints_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -40,13 +40,15 @@ from pathlib import Path
 
 # What torchrun sets for its workers (torch.distributed.elastic: the agent and the launcher), read when a worker
 # initializes its process group, never when torch is imported; pytest's name of the test that runs; and what a
-# SageMaker job's code reads when it runs (training_assets/remote_train.py: SM_MODEL_DIR in run_training_job).
+# SageMaker job's code reads when it runs (training_assets/remote_train.py: SM_MODEL_DIR in run_training_job); and
+# what bash sets for the commands of a script (the command's path in _, its nesting level, its working folders).
 # fmt: off
 READ_AT_RUN_TIME = {"LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
               "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
               "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
               "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-              "NCCL_ASYNC_ERROR_HANDLING", "PYTEST_CURRENT_TEST", "SM_MODEL_DIR"}
+              "NCCL_ASYNC_ERROR_HANDLING", "PYTEST_CURRENT_TEST", "SM_MODEL_DIR",
+              "_", "SHLVL", "PWD", "OLDPWD"}
 # fmt: on
 # What a training process imports before it trains (torch, transformers' Trainer and model classes, what they pull
 # in; torchrun's launcher), but not the modules the commands run: ``python -m`` runs its module as __main__ only.

@@ -12,7 +12,8 @@ stop in minutes.
 * ``--collective-timeout`` (``TrainingArguments.ddp_timeout``: the process group's timeout, NCCL's watchdog aborts a
   collective that exceeds it) bounds how long the survivors of a lost process wait in a collective before they fail
   and torchrun restarts them or gives up. It must exceed the longest pause between two collectives of a healthy run:
-  the first compilation, an evaluation, a checkpoint save.
+  an evaluation, a checkpoint save; the first compilation of a batch shape gets its own bound
+  (``CollectiveTimeout``: ``--compile-collective-timeout`` for the steps that compile, and only for those).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import json
 import shutil
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=DEFAULT_COLLECTIVE_TIMEOUT_SECONDS,
                         help="seconds a process waits in a collective (all-reduce, barrier) before the run fails "
                         f"(default {DEFAULT_COLLECTIVE_TIMEOUT_SECONDS})")  # fmt: skip
+    parser.add_argument("--compile-collective-timeout", dest="compile_collective_timeout_seconds", type=int,
+                        default=None, help="the same for a step that compiles a new batch shape, and the step after "
+                        "it (default: by torch.compile mode, train_config.COMPILE_STEP_TIMEOUT_SECONDS)")  # fmt: skip
 
 
 def check(config: Any) -> None:
@@ -54,6 +59,12 @@ def check(config: Any) -> None:
     if config.collective_timeout_seconds < 30:
         raise TrainingInputError(
             f"collective_timeout_seconds must be at least 30, got {config.collective_timeout_seconds}"
+        )
+    compiling = config.compile_collective_timeout_seconds
+    if compiling is not None and compiling < config.collective_timeout_seconds:
+        raise TrainingInputError(
+            f"compile_collective_timeout_seconds must be at least collective_timeout_seconds "
+            f"({config.collective_timeout_seconds}), got {compiling}"
         )
 
 
@@ -89,6 +100,34 @@ class CompleteMarker(TrainerCallback):
         if state.is_local_process_zero:
             write_marker(Path(args.output_dir) / f"{CHECKPOINT_PREFIX}{state.global_step}", state.global_step)
         _barrier()
+
+
+class CollectiveTimeout:
+    """The process group's collective timeout, step by step: ``compiling_seconds`` for a step that compiles (the
+    first step of a batch shape, in training or evaluation) and for the step after it (the optimizer step compiles
+    after the gradient all-reduce of step 1, and a slower rank's compile reaches into the next step's first
+    collective); ``seconds`` for every other step, so that once its shapes have compiled a run notices a dead rank
+    within ``seconds``, not within the compile bound. The ranks need not agree on it by a collective: every rank
+    runs the same shape at the same step (batches grouped by the global batch), so each decides the same.
+
+    The timeout is the process group's (``torch.distributed.distributed_c10d._set_pg_timeout``: gloo and NCCL
+    apply a new timeout to the collectives started after it, as ``ddp_timeout`` is applied at ``init_process_group``).
+    ``raised_steps`` counts the steps that ran under the compile bound (metrics.json)."""
+
+    def __init__(self, seconds: int, compiling_seconds: int) -> None:
+        self.seconds = seconds
+        self.compiling_seconds = max(seconds, compiling_seconds)
+        self.current = seconds  # what the process group was created with (TrainingArguments.ddp_timeout)
+        self.previous_compiled = False
+        self.raised_steps = 0
+
+    def before_step(self, compiles: bool) -> None:
+        wanted = self.compiling_seconds if compiles or self.previous_compiled else self.seconds
+        self.previous_compiled = compiles
+        self.raised_steps += wanted > self.seconds
+        if wanted != self.current and _distributed():
+            torch.distributed.distributed_c10d._set_pg_timeout(timedelta(seconds=wanted))
+        self.current = wanted
 
 
 def callbacks(config: Any) -> list[TrainerCallback]:
@@ -130,4 +169,6 @@ def finish(config: Any, local_process_zero: bool) -> None:
 def report(config: Any, resumed_from: str | None) -> dict[str, Any]:
     return {"checkpoints": {"every_steps": config.checkpoint_steps or None, "folder": str(checkpoint_dir(config)),
                             "resumed_from": resumed_from, "marker": MARKER,
-                            "collective_timeout_seconds": config.collective_timeout_seconds}}  # fmt: skip
+                            "collective_timeout_seconds": config.collective_timeout_seconds,
+                            "compile_collective_timeout_seconds":
+                                config.compile_collective_timeout_seconds}}  # fmt: skip

@@ -15,7 +15,10 @@
 #      stops every node with one line naming it), then torchrun (one process per GPU, c10d rendezvous, EFA on several
 #      nodes, MAX_RESTARTS worker restarts), streaming the container's output to CloudWatch Logs; meanwhile the
 #      rendezvous node uploads each new complete checkpoint to s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX<run id>/checkpoints/
-#      (SSE-KMS with $KMS_KEY_ID);
+#      (SSE-KMS with $KMS_KEY_ID); TorchInductor's cache (compiled kernels) lives in
+#      s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX<run id>/compile-cache/: every node restores it before training, and the
+#      rendezvous node uploads what is new every COMPILE_CACHE_UPLOAD_SECONDS and when training ends, so a relaunch of
+#      the run skips the compiles of the attempt before (compile_cache_upload below);
 #   5. on the node that ran rank 0: package saved_model/ into model.tar.gz (in the image, no AWS calls) and upload
 #      it with metrics.json and model.tar.gz.sha256 (its SHA-256, which promotion checks) from the host to
 #      s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX<run id>/ (SSE-KMS with $KMS_KEY_ID), each written once (If-None-Match:
@@ -32,6 +35,7 @@
 #   TRAIN_ARGS (hyper-parameter flags of train_sentiment.py)
 #   TRAINING_IMAGE_URI (optional: the pipeline-built image by digest) LOCAL_NVME (true|false, default false)
 #   RENDEZVOUS_TIMEOUT (seconds, default 600) MAX_RESTARTS (default 0) CHECKPOINT_UPLOAD_SECONDS (default 60)
+#   COMPILE_CACHE_UPLOAD_SECONDS (default 300)
 set -euo pipefail
 
 : "${AWS_REGION:?}" "${DLC_ACCOUNT:?}" "${REGISTRY_DOMAIN:?}" "${DLC_REPOSITORY:?}" "${IMAGE_TAG:?}"
@@ -44,6 +48,7 @@ NVME_MOUNT="${NVME_MOUNT:-/opt/dlami/nvme}"  # where the DLAMI mounts the instan
 RENDEZVOUS_TIMEOUT="${RENDEZVOUS_TIMEOUT:-600}"
 MAX_RESTARTS="${MAX_RESTARTS:-0}"
 CHECKPOINT_UPLOAD_SECONDS="${CHECKPOINT_UPLOAD_SECONDS:-60}"
+COMPILE_CACHE_UPLOAD_SECONDS="${COMPILE_CACHE_UPLOAD_SECONDS:-300}"
 RUN_ID_TAG=training-run-id
 RUN_ARGS_TAG=training-run-args
 RDZV_PORT=29500
@@ -65,6 +70,16 @@ imds() {
   local token
   token="$(curl -sf -X PUT http://169.254.169.254/latest/api/token -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')"
   curl -sf -H "X-aws-ec2-metadata-token: $token" "http://169.254.169.254/latest/meta-data/$1"
+}
+
+# TorchInductor's cache of this run, kept in S3 under the run's own prefix: restored on every node before training,
+# uploaded by the rendezvous node while it trains (what is new, every COMPILE_CACHE_UPLOAD_SECONDS: the first steps'
+# compiles survive a node lost later) and once more after. Never shared between runs: the cache holds compiled code
+# (shared libraries, Triton kernels) that the training processes load and run, so only this run's instances write
+# what it loads.
+compile_cache_upload() {
+  aws s3 sync --only-show-errors --sse aws:kms --sse-kms-key-id "$KMS_KEY_ID" "$STAGE/compile-cache" \
+    "$destination/compile-cache/"
 }
 
 instance_id="$(imds instance-id)"
@@ -161,12 +176,19 @@ fi
 checkpoints=(python3 training_assets/instance/checkpoint_sync.py --local "$OUT/checkpoints"
   --s3 "$destination/checkpoints/" --kms-key-id "$KMS_KEY_ID")
 "${checkpoints[@]:0:2}" restore "${checkpoints[@]:2}"
+mkdir -p "$STAGE/compile-cache"
+aws s3 sync --only-show-errors "$destination/compile-cache/" "$STAGE/compile-cache"
+launch_args+=(--compile-cache-dir "$STAGE/compile-cache")
 
 # --- 4. training (the rendezvous node uploads the checkpoints meanwhile) ------------------------------------------
 uploader=""
+cache_uploader=""
 if [[ "$me" == "${nodes[0]}" ]]; then
   "${checkpoints[@]:0:2}" upload "${checkpoints[@]:2}" --watch "$CHECKPOINT_UPLOAD_SECONDS" &
   uploader=$!
+  # (The sleep holds none of this script's streams: it may outlive the loop it belongs to by up to one period.)
+  while sleep "$COMPILE_CACHE_UPLOAD_SECONDS" </dev/null >/dev/null 2>&1; do compile_cache_upload || true; done &
+  cache_uploader=$!
 fi
 status=0
 bash training_assets/instance/launch_training.sh --image "$IMAGE" "${launch_args[@]}" -- "${train_args[@]}" || status=$?
@@ -177,6 +199,12 @@ if [[ -n "$uploader" ]]; then
   # its handler (a run that fails within its first moments) ends it without that upload. S3 holding the checkpoint
   # already, this only lists the slots.
   "${checkpoints[@]:0:2}" upload "${checkpoints[@]:2}" || echo "warning: the last checkpoint upload failed" >&2
+fi
+if [[ -n "$cache_uploader" ]]; then
+  # A sync cut short by the stop, or still running beside the last one, uploads the same files: harmless.
+  kill -TERM "$cache_uploader" 2>/dev/null || true
+  wait "$cache_uploader" 2>/dev/null || true
+  compile_cache_upload || echo "warning: the compile cache upload failed" >&2
 fi
 if [[ -f "$OUT/rendezvous.json" ]]; then  # the rendezvous node's record of when the nodes started
   aws s3 cp --only-show-errors --sse aws:kms --sse-kms-key-id "$KMS_KEY_ID" "$OUT/rendezvous.json" \

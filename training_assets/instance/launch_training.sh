@@ -19,6 +19,8 @@
 #   --data-dir DIR        host folder with the dataset, mounted read-only and passed as --dataset
 #   --model-dir DIR       host folder with the base model, mounted read-only and passed as --model
 #   --output-dir DIR      host folder that receives metrics.json and saved_model/ (default: ./output)
+#   --compile-cache-dir DIR  host folder for TorchInductor's cache (compiled kernels), kept across the restarts of
+#                         torchrun and the runs that reuse the folder (ec2_run.sh keeps it in S3 per run)
 #   --shm-size SIZE       shared memory for the data loaders (default: 16g)
 #   --log-group NAME      send the container's output to this CloudWatch Logs group (docker awslogs driver)
 #   --log-stream NAME     stream within --log-group (default: the host name)
@@ -48,6 +50,7 @@ efa=false
 data_dir=""
 model_dir=""
 output_dir="./output"
+compile_cache_dir=""
 shm_size="16g"
 log_group=""
 log_stream="$(hostname)"
@@ -71,6 +74,7 @@ while (($#)); do
     --data-dir) data_dir="${2:?--data-dir needs a value}"; shift 2 ;;
     --model-dir) model_dir="${2:?--model-dir needs a value}"; shift 2 ;;
     --output-dir) output_dir="${2:?--output-dir needs a value}"; shift 2 ;;
+    --compile-cache-dir) compile_cache_dir="${2:?--compile-cache-dir needs a value}"; shift 2 ;;
     --shm-size) shm_size="${2:?--shm-size needs a value}"; shift 2 ;;
     --log-group) log_group="${2:?--log-group needs a value}"; shift 2 ;;
     --log-stream) log_stream="${2:?--log-stream needs a value}"; shift 2 ;;
@@ -145,6 +149,13 @@ fi
 if [[ -n "$model_dir" ]]; then
   docker_cmd+=(-v "$(host_path "$model_dir"):/opt/ml/input/model:ro")
   script_args+=(--model /opt/ml/input/model)
+fi
+if [[ -n "$compile_cache_dir" ]]; then
+  [[ "$dry_run" == true ]] || mkdir -p "$compile_cache_dir"
+  # The container's user writes the kernels it compiles there (root restored the cache from S3).
+  if [[ "$dry_run" != true ]] && ((EUID == 0)); then chown -R "$container_user" "$compile_cache_dir"; fi
+  docker_cmd+=(-v "$(host_path "$compile_cache_dir"):/opt/ml/compile-cache")
+  script_args+=(--compile-cache-dir /opt/ml/compile-cache)
 fi
 
 if ((nnodes > 1)); then

@@ -12,16 +12,21 @@ width x width scores, but the masked ones are the only waste, and the matrix mul
 of RoBERTa-base's FLOPs on tweets) run on real tokens only.
 
 Only the training batches are packed; evaluation runs the padded batches through the unchanged model.
+
+Every rank packs the same number of rows on the same step (``AlignedPackingSampler``): the rows a batch packs into
+vary with its texts' lengths, and a rank whose batch packed into another row count than the others' would compile
+(and, with CUDA graphs, record) a shape of its own while the others wait for it in the gradient all-reduce.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import Sampler
 
 # Model types whose sequence classifier is an encoder (``base_model``) and a head that pools the first token.
 PACKABLE_MODEL_TYPES = ("roberta", "xlm-roberta")
@@ -48,6 +53,65 @@ def pack_rows(sizes: Sequence[int], width: int) -> list[list[int]]:
     return rows
 
 
+class PackedIndex(int):
+    """A row index that carries the row count of its step's packed batches (``AlignedPackingSampler``): the collator
+    of each rank adds empty rows up to it. An ``int`` everywhere else."""
+
+    rows: int
+
+    def __new__(cls, index: int, rows: int) -> PackedIndex:
+        value = super().__new__(cls, index)
+        value.rows = rows
+        return value
+
+    def __reduce__(self) -> tuple[type, tuple[int, int]]:  # DataLoader workers get the indices pickled
+        return (PackedIndex, (int(self), self.rows))
+
+
+class AlignedPackingSampler(Sampler[int]):
+    """The order of ``base`` (the Trainer's shuffled sampler), each index of a full global batch carrying the most
+    rows that any per-device batch of that global batch packs into, so that every rank (and every accumulated
+    micro-step) packs its batch into that many rows: one shape per step on every rank.
+
+    ``global_batch`` counts every rank's batch and the accumulated steps: accelerate deals the consecutive
+    ``per_device_batch`` indices of the loader to the ranks in turn (``BatchSamplerShard``), so one global batch is
+    one optimizer step on every rank (as ``LengthBucketSampler`` groups buckets). Rows of a last partial global batch
+    (a split smaller than one global batch, batch_plan) are plain indices. ``pack_rows`` is deterministic, so the
+    sampler counts exactly the rows the collator will pack.
+    """
+
+    def __init__(self, base: Any, lengths: Sequence[int], width: int, per_device_batch: int,
+                 global_batch: int) -> None:  # fmt: skip
+        if not 1 <= per_device_batch <= global_batch or global_batch % per_device_batch:
+            raise ValueError(f"the global batch {global_batch} must be a multiple of the per-device batch "
+                             f"{per_device_batch}")  # fmt: skip
+        self.base = base
+        self.lengths = lengths
+        self.width = width
+        self.per_device_batch = per_device_batch
+        self.global_batch = global_batch
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def set_epoch(self, epoch: int) -> None:  # the Trainer reshuffles each epoch through the sampler's epoch
+        if hasattr(self.base, "set_epoch"):
+            self.base.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        order = list(self.base)
+        full = len(order) - len(order) % self.global_batch
+        aligned: list[int] = []
+        for start in range(0, full, self.global_batch):
+            batch = order[start : start + self.global_batch]
+            rows = max(
+                len(pack_rows([self.lengths[i] for i in batch[first : first + self.per_device_batch]], self.width))
+                for first in range(0, self.global_batch, self.per_device_batch)
+            )
+            aligned += [PackedIndex(index, rows) for index in batch]
+        return iter(aligned + order[full:])
+
+
 @dataclass(frozen=True)
 class PackingCollator:
     """Packs tokenized rows (``input_ids``, ``label``) into rows of ``width`` tokens.
@@ -55,7 +119,8 @@ class PackingCollator:
     Returns ``input_ids`` and ``position_ids`` (rows x width; padding has the pad id and RoBERTa's padding position),
     ``segment_ids`` (0 on padding, 1, 2, ... for the texts of a row), ``text_starts`` (per text, in input order, the
     flat index of its first token), ``labels`` and ``token_counts`` (host integers: non-padding tokens and the sum of
-    squared text lengths). A plain top-level class, so DataLoader worker processes can pickle it.
+    squared text lengths). Rows carrying ``packed_rows`` (``PackedIndex``) get empty rows up to that count (padding
+    only, each position attending to itself). A plain top-level class, so DataLoader worker processes can pickle it.
     """
 
     pad_token_id: int
@@ -64,7 +129,7 @@ class PackingCollator:
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         sizes = [len(row["input_ids"]) for row in rows]
         packed = pack_rows(sizes, self.width)
-        shape = (len(packed), self.width)
+        shape = (max(len(packed), *(row.get("packed_rows", 0) for row in rows)), self.width)
         input_ids = torch.full(shape, self.pad_token_id, dtype=torch.long)
         # RoBERTa numbers positions from padding_idx + 1 and gives padding padding_idx (its pad token id).
         position_ids = torch.full(shape, self.pad_token_id, dtype=torch.long)

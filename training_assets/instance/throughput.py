@@ -50,6 +50,10 @@ class ThroughputMeter(TrainerCallback):
         # Host clock per step: from on_step_begin to on_step_end (the host's own work: launching, the Python of the
         # Trainer), and the wait before it since the previous step ended (the next batch from the data loader).
         self.host_seconds: list[float] = []
+        # The train loop thread's CPU time per step (time.thread_time): the host's own work without the time it
+        # waited for a core, which on a busy machine the wall clock counts too.
+        self.host_cpu_seconds: list[float] = []
+        self._cpu_start = 0.0
         self.excluded: set[int] = set()  # steps (0-based) left out of the steady steps: profiled ones
         self.loader_wait_seconds: list[float | None] = []
         self._start: Any = None
@@ -71,12 +75,14 @@ class ThroughputMeter(TrainerCallback):
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._graphs = graphs_compiled()
         self._host_start = time.perf_counter()
+        self._cpu_start = time.thread_time()
         self.loader_wait_seconds.append(None if self._host_end is None else self._host_start - self._host_end)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         end = self._mark()
         self._host_end = time.perf_counter()
         self.host_seconds.append(self._host_end - self._host_start)
+        self.host_cpu_seconds.append(time.thread_time() - self._cpu_start)
         self.steps.append((self._start, end))
         self._start = end
         self.compiled.append(graphs_compiled() > self._graphs)
@@ -111,8 +117,9 @@ class ThroughputMeter(TrainerCallback):
                 **self.host_summary(seconds, steady)}  # fmt: skip
 
     def host_summary(self, seconds: list[float], steady: list[int]) -> dict[str, Any]:
-        """Per steady step: the host's time, the device's (CUDA events; on CPU the host's wall clock, whole step),
-        and the wait for the next batch; the median, and the host's slowest step (a pause shows there)."""
+        """Per steady step: the host's time (wall clock, and the train loop thread's CPU time), the device's (CUDA
+        events; on CPU the host's wall clock, whole step), and the wait for the next batch; the median, and the
+        host's slowest step (a pause shows there)."""
         if not steady:
             return {}
         host = [self.host_seconds[i] for i in steady]
@@ -120,6 +127,7 @@ class ThroughputMeter(TrainerCallback):
         return {
             "steady_host_seconds_per_step": round(statistics.median(host), 6),
             "steady_host_seconds_per_step_max": round(max(host), 6),
+            "steady_host_cpu_seconds_per_step": round(statistics.median(self.host_cpu_seconds[i] for i in steady), 6),
             "steady_device_seconds_per_step": round(statistics.median(seconds[i] for i in steady), 6),
             "steady_data_loader_wait_seconds": round(statistics.median(waits), 6) if waits else None,
         }

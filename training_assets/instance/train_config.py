@@ -33,9 +33,17 @@ SYNC_DEBUG_MODES = ("off", "warn", "error")
 # DataLoader workers per GPU process: collating a batch of token lists takes well under a millisecond each, so a
 # few keep ahead of a step; more only take cores from the other ranks' host threads.
 MAX_WORKERS_PER_GPU = 4
-# The least collective timeout of a compiled run: the first step of each shape compiles (forward, backward and the
-# optimizer step) before the ranks meet in the gradient all-reduce; docs/training.md scales what two CPU ranks took.
-COMPILE_COLLECTIVE_TIMEOUT_SECONDS = 1800
+# The collective timeout of a step that compiles (checkpoints.CollectiveTimeout), by torch.compile mode: one shape's
+# first compile on the slowest rank, since every rank compiles the same shape at the same step and the timeout
+# bounds each collective, not the run (docs/training.md derives them: 46 s, the slowest cold first step measured on
+# an H200 for RoBERTa-base, x 8 ranks sharing the host's compile threads = 368 s, with margin 600 s). Autotuning
+# benchmarks candidate kernels per shape and has not been measured: its modes keep 30 minutes.
+COMPILE_STEP_TIMEOUT_SECONDS = {
+    "default": 600,
+    "reduce-overhead": 600,
+    "max-autotune": 1800,
+    "max-autotune-no-cudagraphs": 1800,
+}
 
 
 @dataclass
@@ -78,6 +86,8 @@ class TrainConfig:
     checkpoint_steps: int = 0
     checkpoint_dir: str | None = None
     collective_timeout_seconds: int = checkpoints.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
+    # None: COMPILE_STEP_TIMEOUT_SECONDS of the torch.compile mode (resolve()); the bound of a compiling step only.
+    compile_collective_timeout_seconds: int | None = None
     tokenized_dir: str | None = None
     global_batch_size: int | None = None
     # TorchInductor's cache (TORCHINDUCTOR_CACHE_DIR): a folder that outlives the process, on storage every node
@@ -86,8 +96,10 @@ class TrainConfig:
     # Multi-node runs over EFA (launch_training.sh --efa): NCCL's chosen network is read from its debug log and a
     # fall-back to TCP sockets stops the run (hardware.check_transport).
     expect_efa: bool = False
-    # Host work off the step: gc.freeze() after the warm-up (collections then skip the long-lived objects).
+    # Host work off the step: gc.freeze() after the warm-up (collections then skip the long-lived objects), and the
+    # Trainer's per-step model.train() and model.zero_grad() module walks replaced (train_sentiment.LeanHostStep).
     gc_freeze: bool = True
+    lean_host_step: bool = True
     # N > 0: profile the last N optimizer steps and report the launches per step (left out of the throughput).
     profile_steps: int = 0
     lr_scaling: str = "none"
@@ -191,11 +203,17 @@ def resolve(config: TrainConfig, use_cuda: bool) -> TrainConfig:
         torch_compile_mode=mode if compile_on else None,
         dataloader_workers=workers,
         compile_optimizer=compile_on if config.compile_optimizer is None else config.compile_optimizer,
-        # A rank waits in its first collectives while the others compile each new shape (docs/training.md).
-        collective_timeout_seconds=max(config.collective_timeout_seconds, COMPILE_COLLECTIVE_TIMEOUT_SECONDS)
-        if compile_on or config.compile_optimizer
-        else config.collective_timeout_seconds,
+        # A rank waits in a collective while a slower one compiles the step's new shape (docs/training.md).
+        compile_collective_timeout_seconds=compile_step_timeout(config, mode if compile_on else None),
     )
+
+
+def compile_step_timeout(config: TrainConfig, mode: str | None) -> int:
+    """The collective timeout of a compiling step: as set, else by mode (the optimizer step alone compiles as in
+    mode "default"), never below the steady steps' timeout."""
+    if config.compile_collective_timeout_seconds is not None:
+        return config.compile_collective_timeout_seconds
+    return max(config.collective_timeout_seconds, COMPILE_STEP_TIMEOUT_SECONDS[mode or "default"])
 
 
 def optimizer_name(config: TrainConfig) -> str:
@@ -346,6 +364,11 @@ def parser() -> argparse.ArgumentParser:
             "gc-freeze",
             True,
             "gc.freeze() after the warm-up steps: collections skip what lives all run (default: on)",
+        ),
+        (
+            "lean-host-step",
+            True,
+            "no per-step model.train() and module walk for zero_grad (the Trainer's); default: on",
         ),
     ):
         parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=default, help=text)

@@ -127,6 +127,8 @@ class TokenizedSplit(torch.utils.data.Dataset):
         row = {"input_ids": self.input_ids[index], "label": self.labels[index]}
         if isinstance(index, PaddedIndex):
             row["padded_length"] = index.padded_length
+        elif isinstance(index, packing.PackedIndex):
+            row["packed_rows"] = index.rows
         return row
 
     @property
@@ -192,6 +194,43 @@ class FreezeGarbage(TrainerCallback):
         gc.unfreeze()
 
 
+class LeanHostStep:
+    """Host work the Trainer repeats at every step that the run does not need, taken off the model object the train
+    loop steps (bound once, as instance attributes that shadow the module's methods):
+
+    * ``model.train()``, at the start of every ``Trainer.training_step``, walks every submodule to set its mode: it
+      now walks only when the mode changes. The mode is forgotten after an evaluation (``forget_mode``), whose
+      ``model.eval()`` may switch another object (the unwrapped model inside DDP).
+    * ``model.zero_grad()``, after every optimizer step, walks every module for its parameters: it now sets the
+      gradients of the parameter list taken once to None, what ``Module.zero_grad(set_to_none=True)`` does.
+    * the gradient clipping gets ``model.parameters()`` from the Trainer, another walk: it now gets that list
+      (``SentimentTrainer._clip_grad_norm``).
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.mode: bool | None = None  # unknown until it is set through train()
+        self.parameters = list(model.parameters())
+        object.__setattr__(model, "train", self.train)  # not Module.__setattr__: a plain instance attribute
+        object.__setattr__(model, "zero_grad", self.zero_grad)
+
+    def train(self, mode: bool = True) -> torch.nn.Module:
+        if mode is not self.mode:
+            type(self.model).train(self.model, mode)
+            self.mode = mode
+        return self.model
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if not set_to_none:
+            type(self.model).zero_grad(self.model, set_to_none)
+            return
+        for parameter in self.parameters:
+            parameter.grad = None
+
+    def forget_mode(self) -> None:
+        self.mode = None
+
+
 class NcclTransport(TrainerCallback):
     """At the start of training (the process group and DDP's first broadcast have set NCCL up by then): which
     network NCCL chose, from its debug log; a run that expected EFA and got TCP sockets stops there."""
@@ -251,11 +290,14 @@ class CompiledOptimizerStep:
 def sentiment_trainer() -> type:
     """``SentimentTrainer``, defined on first use: importing ``transformers.Trainer`` loads the model code and
     ``datasets`` (about 2 CPU-seconds per process), which ``--check-only`` and an input error's exit never use."""
+    from accelerate.data_loader import SeedableRandomSampler  # type: ignore[import-untyped]
+    from torch.utils.data import RandomSampler
     from transformers import Trainer
 
     class SentimentTrainer(Trainer):
         """Keeps the collator's token counts per step (``TokenCounter``); batches each global batch from one bucket
-        (``LengthBucketSampler``); compiles the optimizer step when asked (``CompiledOptimizerStep``); drops the last
+        (``LengthBucketSampler``), or packs every rank's batch of a step into the same rows (``AlignedPackingSampler``);
+        compiles the optimizer step when asked (``CompiledOptimizerStep``); drops the last
         partial batch in training only (evaluation sees every row, padded even when training is packed); with CUDA
         graphs, copies evaluation outputs out of the graph's memory before the next batch reuses it; with a
         ``SyncCheck``, arms it for each steady step; reports the loss as one process would on any number of ranks."""
@@ -268,7 +310,11 @@ def sentiment_trainer() -> type:
             token_counter: TokenCounter,
             clone_eval_outputs: bool,
             buckets: tuple[int, ...] | None = None,
+            packing_width: int | None = None,
             compile_optimizer: bool = False,
+            lean_host_step: bool = False,
+            collective_timeout: checkpoints.CollectiveTimeout | None = None,
+            model_compiled: bool = False,
             sync_check: SyncCheck | None = None,
             eval_collator: Any = None,
             **kwargs: Any,
@@ -283,7 +329,13 @@ def sentiment_trainer() -> type:
             self.token_counter = token_counter
             self.clone_eval_outputs = clone_eval_outputs
             self.buckets = buckets
+            self.packing_width = packing_width
             self.compile_optimizer = compile_optimizer
+            self.lean_host_step = lean_host_step
+            self.lean: LeanHostStep | None = None
+            self.collective_timeout = collective_timeout
+            self.model_compiled = model_compiled
+            self.eval_shapes: set[tuple[int, ...]] = set()
             self.sync_check = sync_check
             self.eval_collator = eval_collator
 
@@ -293,16 +345,49 @@ def sentiment_trainer() -> type:
             self.token_counter.add(tokens, squared, tuple(inputs["input_ids"].shape))
             if self.sync_check is not None:
                 self.sync_check.step_starts(len(self.token_counter.shapes) - 1)
+            if self.collective_timeout is not None:  # a new shape compiles the model; step 1 the optimizer step
+                first = len(self.token_counter.shapes) == 1
+                new_shape = self.token_counter.earlier[-1] == 0
+                self.collective_timeout.before_step(new_shape if self.model_compiled else first)
+            if self.lean_host_step and (self.lean is None or self.lean.model is not model):
+                self.lean = LeanHostStep(model)  # the object the loop steps (DDP or compiled wrapper): once
             return super().training_step(model, inputs, num_items_in_batch)
+
+        def _clip_grad_norm(self, model: Any) -> Any:
+            # transformers 5.23 passes model.parameters() (a walk over every module) to accelerate's clipping; the
+            # lean step's list holds the same parameters. DTensor meshes (tensor parallelism, unused here) keep the
+            # Trainer's own path, which handles them.
+            if self.lean is None or self.lean.model is not model or self._has_mixed_mesh_grads(model):
+                return super()._clip_grad_norm(model)
+            return self.accelerator.clip_grad_norm_(self.lean.parameters, self.args.max_grad_norm)
+
+        def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().evaluation_loop(*args, **kwargs)
+            finally:
+                if self.lean is not None:  # it switched some object to eval mode: the next step sets train mode
+                    self.lean.forget_mode()
 
         def _get_train_sampler(self, train_dataset: Any = None) -> Any:
             dataset = self.train_dataset if train_dataset is None else train_dataset
-            if self.buckets is None or not isinstance(dataset, TokenizedSplit):
-                return super()._get_train_sampler(train_dataset)
+            base = super()._get_train_sampler(train_dataset)
+            if not isinstance(dataset, TokenizedSplit):
+                return base
             # Grouped by the global batch: accelerate deals consecutive per-device batches to the ranks in turn
             # (BatchSamplerShard), so each run of world_size batches is one bucket on every rank at the same step.
             batch = self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
-            return LengthBucketSampler(dataset.lengths, self.buckets, batch)
+            if self.buckets is not None:
+                return LengthBucketSampler(dataset.lengths, self.buckets, batch)
+            if self.packing_width is None:
+                return base
+            # Packed: the Trainer's shuffled order, made seedable as accelerate would have made it (its
+            # prepare_data_loader replaces a RandomSampler only), with each step's row count agreed on every rank.
+            if isinstance(base, RandomSampler) and self.args.accelerator_config.use_seedable_sampler:
+                base = SeedableRandomSampler(data_source=base.data_source, replacement=base.replacement,
+                                             num_samples=base._num_samples, generator=base.generator,
+                                             data_seed=self.args.data_seed)  # fmt: skip
+            per_device = self.args.train_batch_size
+            return packing.AlignedPackingSampler(base, dataset.lengths, self.packing_width, per_device, batch)
 
         def create_optimizer(self, model: Any = None) -> torch.optim.Optimizer:
             optimizer = super().create_optimizer(model)
@@ -312,6 +397,10 @@ def sentiment_trainer() -> type:
 
         def prediction_step(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
             inputs.pop("token_counts", None)  # the collator's host counts are for training steps
+            if self.collective_timeout is not None:  # a new evaluation shape compiles too
+                shape = tuple(inputs["input_ids"].shape)
+                self.collective_timeout.before_step(self.model_compiled and shape not in self.eval_shapes)
+                self.eval_shapes.add(shape)
             outputs = super().prediction_step(model, inputs, *args, **kwargs)
             if not self.clone_eval_outputs:
                 return outputs
@@ -471,6 +560,10 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
     transport = NcclTransport(config.expect_efa)
     host = [transport, *([FreezeGarbage(max(1, config.warmup_steps))] if config.gc_freeze else []),
             *([launches] if launches else [])]  # fmt: skip
+    steady_timeout = config.collective_timeout_seconds
+    compile_timeout = config.compile_collective_timeout_seconds or steady_timeout  # resolve() has set it
+    compiling = bool(config.torch_compile or config.compile_optimizer)
+    timeout = checkpoints.CollectiveTimeout(steady_timeout, compile_timeout) if compiling else None
     packed = config.padding == "packed"
     if packed and (reason := packing.check_packable(model.config)):
         raise TrainingInputError(f"--padding packed: {reason}")
@@ -495,7 +588,11 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         token_counter=counter,
         clone_eval_outputs=cuda_graphs,
         buckets=buckets if config.group_by_length and not packed else None,
+        packing_width=max_length if packed else None,
         compile_optimizer=bool(config.compile_optimizer),
+        lean_host_step=config.lean_host_step,
+        collective_timeout=timeout,
+        model_compiled=bool(config.torch_compile),
         sync_check=sync_check,
     )
     graphs_before, compiler_before = graphs_compiled(), compiler_counts()
@@ -512,6 +609,12 @@ def train(config: TrainConfig | dict[str, Any], callbacks: Sequence[TrainerCallb
         "graphs": graphs_compiled() - graphs_before,
         **observed_compilation(compiler_before, [step + 1 for step, compiled in enumerate(meter.compiled) if compiled]),
         "first_steps_of_each_shape": [step + 1 for step, earlier in enumerate(counter.earlier) if not earlier],
+        # The host's seconds in each step that compiled (the compile of one shape: what the compile timeout bounds),
+        # and the steps (training and evaluation batches) that ran under that timeout (checkpoints.CollectiveTimeout).
+        "host_seconds_of_steps_that_compiled": [
+            round(seconds, 3) for seconds, compiled in zip(meter.host_seconds, meter.compiled, strict=True) if compiled
+        ],
+        "steps_under_compile_timeout": timeout.raised_steps if timeout else 0,
     }
     if launches and launches.result:
         meter.excluded = {step - 1 for step in launches.result["profiled_steps"]}
