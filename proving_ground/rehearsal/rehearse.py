@@ -10,8 +10,9 @@ Steps, as the README ("First deploy"), docs/training.md, docs/multi-model.md and
  2. preflight         the operator publishes the serving image first (README's step 2: an arm64 image in the tooling
                       account's ECR, whose policy names this account, and its digest in the SSM parameter), then
                       ``pytorch-platform preflight -c env=<env>``: no blocker (quotas answer 1000, see below);
- 3. deploy            Foundation, Training and MultiModelEndpoint: each template's resources created in moto from its
-                      resolved properties (``cdk deploy``'s part), code assets published from the assembly;
+ 3. deploy            what `cdk bootstrap` leaves, the code assets published, then Foundation, Training and
+                      MultiModelEndpoint through moto's CloudFormation, what it cannot create made by hand with its
+                      policies (proving_ground/rehearsal/deployment.py; the report's table per resource type);
  4. EC2 training run  the Training stack's run command (a stack output) as the training launcher; every instance runs
                       the launch template's user data for real with bash (so ec2_run.sh), as the instance role, with
                       the host shims of proving_ground/rehearsal/ec2_host.py; the instances power off;
@@ -39,8 +40,12 @@ the stacks' resources, the operator (an administrator: the templates give people
 running the cleanup), and AWS services acting on their own (EC2 terminating an instance that powered off).
 
 What moto or this machine lacks, the rehearsal plays, and says so here (none of it changes product code):
-- CloudFormation: moto's needs every moto extra; the rehearsal creates the templates' resources itself and answers
-  DescribeStacks / ListStacks / ListStackResources from what it deployed (calls still checked). Service Quotas:
+- CloudFormation: moto's, with the types it cannot create made by hand (deployment.py and hand_made.py say what
+  and why); ListStackResources is answered from what the rehearsal recorded (moto's resolves a deleted stack's
+  imports again). moto's S3 evaluates bucket policies without the request's context (over the rehearsal's http://
+  endpoint the TLS-only Deny refuses everything): the call gate evaluates them instead. moto's CloudFormation names
+  an endpoint itself and updates an autoscaled variant's instance type: the rehearsal gives it the template's
+  EndpointName and SageMaker's refusal. Service Quotas:
   moto knows only the vpc service's; the rehearsal's account has every quota the templates use raised to 1000, the
   Elastic IPs too (EC2 DescribeAccountAttributes: cdk.json's environments, sharing one account, need six of a new
   account's five), and every interface endpoint service offered in the region's zones (moto's DescribeVpcEndpoint-
