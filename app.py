@@ -14,6 +14,7 @@ import aws_cdk as cdk
 
 from ops_review import PLACEHOLDER_METADATA
 from stacks.compliance import add_compliance_gates
+from stacks.components.image_builds import ImageRegistry
 from stacks.pipeline import PromotionPipelineStack
 from stacks.platform_stage import PlatformStage
 from stacks.settings import SettingsError, load_environments, load_pipeline
@@ -54,9 +55,11 @@ def build_app(**app_props: Any) -> cdk.App:
     app = cdk.App(**app_props)
     environments = app.node.try_get_context("environments")
     today = _today(app.node.try_get_context("today"))
-    for settings in load_environments(environments, app.node.try_get_context("env")):
-        PlatformStage(app, settings, today=today)
     pipeline = load_pipeline(app.node.try_get_context("pipeline"))
+    # The platform's images live in the pipeline's account and region; without a pipeline, in each environment's own.
+    registry = None if pipeline is None else ImageRegistry(pipeline.account, pipeline.region)
+    for settings in load_environments(environments, app.node.try_get_context("env")):
+        PlatformStage(app, settings, today=today, image_registry=registry)
     placeholder = pipeline is None and _flag(app.node.try_get_context("placeholder_pipeline"), "placeholder_pipeline")
     if placeholder:
         pipeline = load_pipeline(PLACEHOLDER_PIPELINE)

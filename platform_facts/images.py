@@ -6,7 +6,7 @@ gets no security fixes, so synth refuses it unless an environment accepts that r
 in, so the checks are testable at any date.
 
 A training DLC's row also carries what its tag may not spell (``training``: EC2 or SageMaker flavour, Python, CUDA):
-the settings choose a training image by tag and read its repository, CUDA and Python from here (stacks/settings.py,
+the settings choose a training image by tag and read its repository, CUDA and Python from here (stacks/settings/,
 the image URIs and pull grants of the stacks, training_assets/remote_train.py's Python check).
 """
 

@@ -327,7 +327,7 @@ def render(
         environment_model, pipeline_model = environment_model or EnvironmentSettings, pipeline_model or PipelineSettings
     if cdk_json is None:
         cdk_json = json.loads(CDK_JSON.read_text(encoding="utf-8"))
-    module = environment_model.__module__.replace(".", "/") + ".py"
+    module = environment_model.__module__.replace(".", "/").removesuffix("/environment") + "/"
     models = _models_by_name(environment_model)
     environments = cdk_json.get("context", {}).get("environments", {})
     lines = [

@@ -17,9 +17,10 @@ from constructs import Construct, IConstruct
 
 from platform_facts.instances import has_local_nvme
 from stacks.compliance import acknowledge_short_retention, log_retention
+from stacks.components.image_builds import ImageRegistry
 from stacks.components.logical_ids import keep_logical_ids
 from stacks.components.platform_key import PlatformKey
-from stacks.components.platform_network import PlatformNetwork, WorkloadSecurityGroup
+from stacks.components.platform_network import PlatformNetwork, WorkloadSecurityGroup, hold_to_the_vpc
 from stacks.components.provider_log_groups import expire_provider_logs
 from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy, RemoteJobsSecurityGroup, TrainingJobLimits
 from stacks.components.sagemaker_endpoint import ModelNetwork, endpoint_name_for
@@ -61,7 +62,17 @@ class RemoteCaller:
 class FoundationStack(EnvironmentStack):
     """KMS key, S3 buckets, VPC and the IAM roles of one environment."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, settings: EnvironmentSettings, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: EnvironmentSettings,
+        image_registry: ImageRegistry | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``image_registry``: the account whose repositories hold the platform's built images (the pipeline's), which
+        the ECR endpoint's policy admits; None: this account's own."""
         super().__init__(
             scope,
             construct_id,
@@ -69,6 +80,7 @@ class FoundationStack(EnvironmentStack):
             settings=settings,
             **kwargs,
         )
+        self.image_registry = image_registry
         self.key = PlatformKey(
             self,
             "PlatformKey",
@@ -80,6 +92,7 @@ class FoundationStack(EnvironmentStack):
         self._buckets()
         self._network()
         self._roles()
+        self._network_perimeter()
         if settings.logs.manage_training_job_log_group:
             self.training_job_log_retention = TrainingJobLogRetention(
                 self,
@@ -101,7 +114,7 @@ class FoundationStack(EnvironmentStack):
 
     def _buckets(self) -> None:
         retain = not self.settings.destroy_on_delete
-        buckets = SecureBuckets(
+        self.buckets = buckets = SecureBuckets(
             self,
             KEEP_LOGICAL_IDS,
             key=self.key,
@@ -146,7 +159,7 @@ class FoundationStack(EnvironmentStack):
                 flow_log_key=self.key,
                 flow_log_retention=log_retention(vpc_settings.flow_log_retention_days),
                 removal_policy=self.removal_policy,
-                image_registry_accounts=[a for a in [self.settings.training.image_registry_account] if a is not None],
+                image_registry_accounts=self._image_registry_accounts(),
             )
             acknowledge_short_retention(
                 self.network.flow_log_group, vpc_settings.flow_log_retention_days, "vpc.flow_log_retention_days"
@@ -161,6 +174,23 @@ class FoundationStack(EnvironmentStack):
             )
             for caller in self.settings.training.remote_callers
         }
+
+    def _network_perimeter(self) -> None:
+        """The roles whose code runs in the platform's VPC (the GPU training instances, each caller's @remote jobs)
+        reach the buckets and the key only from there: their credentials, if taken, work nowhere else. Not held:
+        people and the pipeline (outside the VPC by design, with their own scoped policies), and the endpoints'
+        execution role, with which SageMaker itself downloads model archives and uploads captured data, on a network
+        path AWS does not document for data capture (docs/security.md, "Not enforced yet")."""
+        for role in [self.training_instance_role, *(caller.job_role for caller in self.remote_callers.values())]:
+            hold_to_the_vpc(role)
+        self.buckets.hold_to_network(self.vpc.vpc_id)
+        self.key.hold_to_network(self.vpc.vpc_id)
+
+    def _image_registry_accounts(self) -> list[str]:
+        """The accounts whose repositories hold the images the workloads pull that the platform built."""
+        accounts = [self.settings.training.image_registry_account]
+        accounts.append(self.image_registry.account if self.image_registry else None)
+        return [account for account in accounts if account is not None]
 
     def _roles(self) -> None:
         """One role per principal: the endpoints, the GPU training instances, @remote jobs and their launchers."""

@@ -4,9 +4,10 @@
 The image is Ray Serve on Amazon Linux 2023 (inference_assets/image/Dockerfile), built natively on arm64 by the
 promotion pipeline, rebuilt weekly on the patched base, and promoted like the code: the stack reads the digest the
 pipeline published to this environment's SSM parameter ``/<project>/images/graviton-serving`` when it deploys, and
-grants the endpoint's execution role the pull of that repository. The archive holds Ray Serve's ``config.yaml`` +
-``deployment.py`` and the ``sentiment_serving`` package (``pytorch-platform package``); the image holds every
-dependency, so the model runs network-isolated.
+grants the endpoint's execution role the pull of the repository in the registry the settings name (the pipeline's
+tooling account and region; without a pipeline, the environment's own), never of one the parameter names. The
+archive holds Ray Serve's ``config.yaml`` + ``deployment.py`` and the ``sentiment_serving`` package
+(``pytorch-platform package``); the image holds every dependency, so the model runs network-isolated.
 
 A new model version is a settings change: upload the archive (``pytorch-platform package --upload``), set
 ``graviton_endpoint.model_data_key`` and deploy. CloudFormation then replaces the model and the endpoint config
@@ -25,7 +26,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from inference_assets.tools.endpoint_environment import endpoint_environment
-from stacks.components.image_builds import BuiltImage
+from stacks.components.image_builds import BuiltImage, ImageRegistry
 from stacks.components.model_archive_check import ModelArchiveCheck
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
@@ -61,9 +62,10 @@ def image_source(environment: str, parameter_name: str) -> str:
     """What synth says about the endpoint's image: where its digest comes from, and what to do before a first deploy."""
     return (
         f"{environment}/GravitonEndpoint runs the platform's {SERVING_IMAGE} image by the digest in the SSM parameter "
-        f"{parameter_name} of its account and region: the promotion pipeline builds the image and writes the parameter "
-        "before it deploys the stack; before deploying it with cdk deploy, build and publish the image and write the "
-        "parameter (docs/images.md, 'Deploying by hand')."
+        f"{parameter_name} of its account and region, pulled from the registry of the pipeline's account and region "
+        "(cdk.json pipeline; without one, the environment's own): the promotion pipeline builds the image and writes "
+        "the parameter before it deploys the stack; before deploying it with cdk deploy, build and publish the image "
+        "and write the parameter (docs/images.md, 'Deploying by hand')."
     )
 
 
@@ -79,8 +81,11 @@ class GravitonEndpointStack(EnvironmentStack):
         *,
         settings: EnvironmentSettings,
         foundation: FoundationStack,
+        image_registry: ImageRegistry | None = None,
         **kwargs,
     ) -> None:
+        """``image_registry``: where the serving image's repository is (the pipeline's account and region); None: the
+        environment's own account and region (images published by hand, docs/images.md)."""
         super().__init__(
             scope,
             construct_id,
@@ -96,7 +101,10 @@ class GravitonEndpointStack(EnvironmentStack):
                 "version; PlatformStage leaves the stack out until one is named."
             )
         # The digest the pipeline promoted to this environment (resolved when the stack deploys).
-        self.serving_image = BuiltImage(self, "ServingImage", project=settings.tags.project, image=SERVING_IMAGE)
+        registry = image_registry or ImageRegistry(self.account, self.region)
+        self.serving_image = BuiltImage(
+            self, "ServingImage", project=settings.tags.project, image=SERVING_IMAGE, registry=registry
+        )
         cdk.Annotations.of(self).add_info(image_source(settings.name, self.serving_image.parameter_name))
         # Construct id "Default": CDK leaves it out of logical ids, so Model, EndpointConfig, Endpoint, ... keep the
         # ids they had when this stack built them itself, and deployed endpoints are updated, not replaced.

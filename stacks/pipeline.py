@@ -18,10 +18,13 @@ from aws_cdk import region_info
 from constructs import Construct
 
 from platform_facts.images import ImageFact, PatchStatus, training_images
-from stacks.components.image_builds import Architecture, BaseRegistry, ImageDefinition
+from stacks.components.image_builds import Architecture, BaseRegistry, ImageDefinition, ImageRegistry
 from stacks.components.promotion_pipeline import (
     EXPECTED_LABELS,
     KEEP_LOGICAL_IDS,
+    MODEL_CHECK,
+    PUBLISH_IMAGES,
+    SMOKE_TEST,
     SYNTH_COMMANDS,
     ModelEndpoint,
     PipelineSource,
@@ -29,8 +32,10 @@ from stacks.components.promotion_pipeline import (
     PromotionStage,
     PromotionTarget,
     cdk_cli_version,
+    image_publishing_role_name,
     smoke_test_role_name,
     smoke_tested,
+    step_role_arn,
 )
 from stacks.image_names import image_parameter_name
 from stacks.image_patching import SERVING_IMAGE, CheckedImage, ImageUse, record_images
@@ -95,14 +100,17 @@ def platform_images(scope: Construct, today: date) -> list[ImageDefinition]:
 
 
 class SmokeTestAccessStack(cdk.Stack):
-    """In the environment's account: the role the pipeline's steps assume there (CodeBuild runs in the tooling
-    account; without this role it could not reach a cross-account endpoint or bucket), and nothing more:
-    write the digests of the ``images`` the pipeline built into their parameters, look up the one model archive the
-    endpoint will serve (pre-deploy model check, given ``model_bucket`` and ``model_key``) and, given
-    ``endpoint_name``, describe and invoke that endpoint (smoke test)."""
+    """In the environment's account: the roles the pipeline's steps assume there (CodeBuild runs in the tooling
+    account; without them it could not reach a cross-account endpoint or bucket), and nothing more. The
+    image-publishing role writes the digests of the ``images`` the pipeline built into their parameters and is
+    assumed only by the image-publishing step; the smoke-test role looks up the one model archive the endpoint will
+    serve (pre-deploy model check, given ``model_bucket`` and ``model_key``) and, given ``endpoint_name``, describes
+    and invokes that endpoint (smoke test), assumed only by those two steps. Each trusts exactly the ARNs of the step
+    roles (fixed names, ``step_role_name()``), not a name pattern: a pattern admits any role named so (the pipeline's
+    self-mutation and asset roles, or a role anyone creates with such a name)."""
 
-    # Long: the role and its three optional grants (image digests, model lookup, smoke test), each with the condition
-    # that scopes it.
+    # Long: the two roles and their three optional grants (image digests, model lookup, smoke test), each with the
+    # condition that scopes it.
     def __init__(
         self,
         scope: Construct,
@@ -110,7 +118,6 @@ class SmokeTestAccessStack(cdk.Stack):
         *,
         settings: EnvironmentSettings,
         tooling_account: str,
-        pipeline_stack_name: str,
         model_bucket: s3.IBucket | None = None,
         model_key: str | None = None,
         endpoint_name: str | None = None,
@@ -121,21 +128,25 @@ class SmokeTestAccessStack(cdk.Stack):
             construct_id,
             description=f"Lets the promotion pipeline check the model of, and smoke-test, the {settings.name} endpoint",
         )
-        pipeline_roles = f"{pipeline_stack_name}-*"
+        target = promotion_target(settings)
         self.role = iam.Role(
             self,
             "SmokeTestRole",
-            role_name=smoke_test_role_name(promotion_target(settings)),
-            # Only the pipeline stack's roles (the CodeBuild steps' roles, whose names CloudFormation generates as
-            # <stack name>-<logical id>-<suffix>), not any principal of the tooling account. aws:PrincipalArn is the
-            # role's ARN for an assumed-role session (IAM User Guide, "AWS global condition context keys").
-            assumed_by=iam.AccountPrincipal(tooling_account).with_conditions(
-                {"ArnLike": {"aws:PrincipalArn": f"arn:{self.partition}:iam::{tooling_account}:role/{pipeline_roles}"}}
-            ),
+            role_name=smoke_test_role_name(target),
+            assumed_by=self._steps(tooling_account, target, MODEL_CHECK, SMOKE_TEST),
             description="Assumed by the promotion pipeline's model-check and smoke-test steps (tooling account)",
             max_session_duration=cdk.Duration.hours(1),
         )
+        self.publishing_role: iam.Role | None = None
         if images:
+            self.publishing_role = iam.Role(
+                self,
+                "ImagePublishingRole",
+                role_name=image_publishing_role_name(target),
+                assumed_by=self._steps(tooling_account, target, PUBLISH_IMAGES),
+                description="Assumed by the promotion pipeline's image-publishing step (tooling account) only",
+                max_session_duration=cdk.Duration.hours(1),
+            )
             publish = iam.ManagedPolicy(
                 self,
                 "ImagePromotionPolicy",
@@ -155,7 +166,7 @@ class SmokeTestAccessStack(cdk.Stack):
                     )
                 ],
             )
-            publish.attach_to_role(self.role)
+            publish.attach_to_role(self.publishing_role)
         if model_bucket is None or model_key is None:
             return
         # HeadObject needs s3:GetObject; without s3:ListBucket S3 answers a missing key with 403 instead of 404.
@@ -198,6 +209,15 @@ class SmokeTestAccessStack(cdk.Stack):
             ],
         )
         policy.attach_to_role(self.role)
+
+    def _steps(self, tooling_account: str, target: PromotionTarget, *steps: str) -> iam.IPrincipal:
+        """The tooling account's roles of ``steps`` of ``target``, by exact ARN. aws:PrincipalArn is the role's ARN
+        for an assumed-role session (IAM User Guide, "AWS global condition context keys"); with the account as the
+        principal, the role need not exist when this trust policy is written (an ARN principal must)."""
+        arns = [
+            step_role_arn(target, step, tooling_account=tooling_account, partition=self.partition) for step in steps
+        ]
+        return iam.AccountPrincipal(tooling_account).with_conditions({"ArnEquals": {"aws:PrincipalArn": arns}})
 
 
 class PromotionPipelineStack(cdk.Stack):
@@ -259,7 +279,10 @@ class PromotionPipelineStack(cdk.Stack):
         """The environment's PlatformStage and the role the pipeline's steps assume there (publishing the images'
         digests; once the stage serves a named model version, also its model check and smoke test)."""
         environment = self.environments[target.name]
-        stage = self.stage_class(scope, environment, construct_id=environment.name, today=self.today)
+        registry = ImageRegistry(self.account, self.region)  # the images' repositories are in this stack's account
+        stage = self.stage_class(
+            scope, environment, construct_id=environment.name, today=self.today, image_registry=registry
+        )
         endpoint = getattr(stage, "graviton_endpoint", None)
         model_key = None if endpoint is None else environment.graviton_endpoint.model_data_key
         foundation = stage.foundation
@@ -268,7 +291,6 @@ class PromotionPipelineStack(cdk.Stack):
             "SmokeTestAccess",
             settings=environment,
             tooling_account=self.account,
-            pipeline_stack_name=self.stack_name,
             model_bucket=None if endpoint is None else foundation.artifacts_bucket,
             model_key=model_key,
             endpoint_name=endpoint.sagemaker_endpoint.fixed_name if endpoint and smoke_tested(target) else None,

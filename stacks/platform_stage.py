@@ -7,6 +7,7 @@ from datetime import date
 import aws_cdk as cdk
 from constructs import Construct
 
+from stacks.components.image_builds import ImageRegistry
 from stacks.foundation import FoundationStack
 from stacks.graviton_endpoint import GravitonEndpointStack
 from stacks.image_patching import check_images, record_images
@@ -33,8 +34,11 @@ class PlatformStage(cdk.Stage):
         *,
         construct_id: str | None = None,
         today: date | None = None,
+        image_registry: ImageRegistry | None = None,
     ) -> None:
-        """``today``: the date the images' patch windows are checked against (the clock's date when None)."""
+        """``today``: the date the images' patch windows are checked against (the clock's date when None);
+        ``image_registry``: where the platform's built images are (the promotion pipeline's account and region, from
+        cdk.json's ``pipeline``); None: in the environment's own account and region."""
         today = today or date.today()
         # Before any resource: an image past its end of patching stops synth with one sentence.
         images = check_images(settings, today)
@@ -42,7 +46,7 @@ class PlatformStage(cdk.Stage):
             scope, construct_id or settings.name, env=cdk.Environment(account=settings.account, region=settings.region)
         )
         self.settings = settings
-        self.foundation = FoundationStack(self, "Foundation", settings=settings)
+        self.foundation = FoundationStack(self, "Foundation", settings=settings, image_registry=image_registry)
         self.training = TrainingStack(self, "Training", settings=settings, foundation=self.foundation)
         if settings.graviton_endpoint.enabled and settings.graviton_endpoint.model_data_key is None:
             # First deploy: no model version yet. An endpoint over a missing archive fails only after many minutes of
@@ -50,7 +54,7 @@ class PlatformStage(cdk.Stage):
             cdk.Annotations.of(self.foundation).add_info(no_model_yet(settings.name))
         elif settings.graviton_endpoint.enabled:
             self.graviton_endpoint = GravitonEndpointStack(
-                self, "GravitonEndpoint", settings=settings, foundation=self.foundation
+                self, "GravitonEndpoint", settings=settings, foundation=self.foundation, image_registry=image_registry
             )
         if settings.multi_model_endpoint.enabled:
             self.multi_model_endpoint = MultiModelEndpointStack(

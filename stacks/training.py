@@ -21,7 +21,7 @@ from constructs import Construct
 
 from platform_facts.instances import has_local_nvme, instance_type
 from stacks.compliance import acknowledge, acknowledge_short_retention, acknowledge_wildcards, log_retention
-from stacks.components.image_builds import BuiltImage
+from stacks.components.image_builds import BuiltImage, ImageRegistry
 from stacks.components.training_launch_template import (
     KEEP_LOGICAL_IDS,
     CapacityTarget,
@@ -246,7 +246,7 @@ class TrainingStack(EnvironmentStack):
         if account is None:
             return None
         image = BuiltImage(self, "TrainingImage", project=self.settings.tags.project, image=TRAINING_IMAGE,
-                           registry_account=account)  # fmt: skip
+                           registry=ImageRegistry(account, self.region))  # fmt: skip
         # Imported as mutable, the foundation's role takes the grant in a policy of this stack (no cross-stack edit).
         role = iam.Role.from_role_name(self, "InstanceRoleForImagePulls",
                                        self.foundation.training_instance_role.role_name, mutable=True)  # fmt: skip

@@ -12,7 +12,7 @@ pipeline every week, so a rebuild on freshly patched base images is promoted exa
 approval, prod).
 
 ``BuiltImage`` is the other end: in an environment's stack it reads that parameter (resolved at deploy time) and
-grants the pull across accounts.
+grants the pull across accounts, on the repository of the registry the settings name (``ImageRegistry``).
 """
 
 from __future__ import annotations
@@ -432,10 +432,23 @@ def _check(images: Sequence[ImageDefinition], source_root: Path) -> None:
             raise ValueError(f"image {image.name}: no build context folder {image.context} in {source_root}.")
 
 
+@dataclass(frozen=True)
+class ImageRegistry:
+    """Where the platform's built images live: the account and region of their ECR repositories (the promotion
+    pipeline's tooling account and region; without a pipeline, the environment's own)."""
+
+    account: str
+    region: str
+
+
 class BuiltImage(Construct):
     """An image the platform's pipeline built, as an environment's stack uses it: ``image_uri`` is the digest URI
     the pipeline promoted to this environment (an SSM parameter resolved when the stack deploys), ``grant_pull``
-    lets a role pull it from the tooling account's repository.
+    lets a role pull it from the repository of ``registry``.
+
+    The pull is granted on the repository the settings name, never on one the parameter's value names: whoever may
+    write the parameter (a deployed role) could otherwise point the puller at a repository of their choosing in any
+    account, and the grant would follow. A digest URI of another registry then fails the pull instead.
 
     Across accounts both sides must allow the pull: the repository's policy names the environment's account
     (``ImageBuilds(pull_accounts=...)``) and the pulling role's own policy allows the pull actions plus
@@ -447,25 +460,17 @@ class BuiltImage(Construct):
     (https://docs.aws.amazon.com/AmazonECR/latest/userguide/encryption-at-rest.html)."""
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, project: str, image: str, registry_account: str | None = None
+        self, scope: Construct, construct_id: str, *, project: str, image: str, registry: ImageRegistry
     ) -> None:
-        """``registry_account``: the account of the repository (the pipeline's tooling account). None: the account and
-        region the parameter's digest URI names (``<account>.dkr.ecr.<region>.<domain>/<repository>@sha256:...``),
-        read when the stack deploys, so the pull is granted on exactly the repository the endpoint pulls from, wherever
-        the image was published from (the pipeline, or an operator deploying by hand)."""
         super().__init__(scope, construct_id)
         stack = cdk.Stack.of(self)
         self.image = image
+        self.registry = registry
         self.parameter_name = image_parameter_name(project, image)
         self.image_uri = ssm.StringParameter.value_for_string_parameter(self, self.parameter_name)
         name = image_repository_name(project, image)
-        if registry_account is None:
-            host = cdk.Fn.split(".", self.image_uri)
-            account, region = cdk.Fn.select(0, host), cdk.Fn.select(3, host)
-        else:
-            account, region = registry_account, stack.region
         self.repository_arn = stack.format_arn(
-            service="ecr", account=account, region=region, resource="repository", resource_name=name
+            service="ecr", account=registry.account, region=registry.region, resource="repository", resource_name=name
         )
         self.repository = ecr.Repository.from_repository_attributes(
             self, "Repository", repository_name=name, repository_arn=self.repository_arn

@@ -8,6 +8,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from stacks.components.iam_statements import cloudwatch_logs_may_use_key, deny_grants_except_for_aws_resources
+from stacks.components.platform_network import network_perimeter_statement
 
 # The services that use the key on a principal's behalf: S3 (the buckets' SSE-KMS), SageMaker (job and endpoint
 # volumes, outputs), EC2 (EBS root volumes), ECR (the private repositories), SNS (alarm topics), CloudWatch Logs.
@@ -43,6 +44,17 @@ class PlatformKey(kms.Key):
         )
         for statement in self._policy_statements():
             self.add_to_resource_policy(statement)
+
+    def hold_to_network(self, vpc_id: str) -> None:
+        """The key refuses every request of the roles held to the VPC (``hold_to_the_vpc``) that neither comes from the
+        VPC ``vpc_id`` nor through an AWS service on their behalf (S3, SageMaker, EC2 using the key for them): their
+        direct calls (DescribeKey, and the cryptographic operations the ViaService deny already refuses) work only
+        from inside, through a KMS interface endpoint if the VPC gets one. A request that names the service it came
+        through (kms:ViaService, KMS Developer Guide, "kms:ViaService") is left to the ViaService deny: SageMaker
+        creates the grants of a job's volume and output with the job role, from SageMaker's own network."""
+        statement = network_perimeter_statement(vpc_id, actions=["kms:*"], resources=["*"])
+        statement.add_condition("Null", {"kms:ViaService": "true"})
+        self.add_to_resource_policy(statement)
 
     def _policy_statements(self) -> list[iam.PolicyStatement]:
         stack = cdk.Stack.of(self)

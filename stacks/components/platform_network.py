@@ -29,6 +29,45 @@ INTERFACE_ENDPOINTS = {
     "Ec2Messages": ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
 }
 
+# The principal tag that puts a role inside the network perimeter: the buckets and the key refuse its requests unless
+# they come from the platform's VPC. The name AWS's data-perimeter examples use for principals whose credentials must
+# stay on expected networks (aws-samples/data-perimeter-policy-examples, service_control_policies: "IAM principals
+# tagged with the data-perimeter-include tag set to true").
+NETWORK_PERIMETER_TAG = "data-perimeter-include"
+
+
+def hold_to_the_vpc(role: iam.IRole) -> None:
+    """Mark ``role`` as one whose requests to the platform's buckets and key must come from the platform's VPC
+    (``network_perimeter_statement``): a workload role whose code runs there, so credentials taken from it work
+    nowhere else."""
+    cdk.Tags.of(role).add(NETWORK_PERIMETER_TAG, "true")
+
+
+def network_perimeter_statement(
+    vpc_id: str, *, actions: Sequence[str], resources: Sequence[str]
+) -> iam.PolicyStatement:
+    """The resource-policy Deny of the network perimeter: requests of roles tagged ``NETWORK_PERIMETER_TAG`` that do
+    not come from the VPC ``vpc_id`` (through its S3 gateway endpoint or any of its interface endpoints, which set
+    aws:SourceVpc) are refused. After AWS's data-perimeter example EnforceNetworkPerimeter
+    (aws-samples/data-perimeter-policy-examples, resource_based_policies), narrowed to the tagged roles: people and
+    the pipeline's builds work from outside the VPC by design and keep their own policies. Not refused: requests an
+    AWS service makes on a tagged role's behalf (aws:ViaAWSService, e.g. S3 calling KMS for an SSE-KMS object, which
+    carry no aws:SourceVpc), and AWS service principals (which carry no principal tag). IAM User Guide, "AWS global
+    condition context keys": aws:SourceVpc is present only for requests through a VPC endpoint."""
+    return iam.PolicyStatement(
+        sid="DenyWorkloadRolesOutsideThePlatformsVpc",
+        effect=iam.Effect.DENY,
+        principals=[iam.AnyPrincipal()],
+        actions=list(actions),
+        resources=list(resources),
+        conditions={
+            "StringEquals": {f"aws:PrincipalTag/{NETWORK_PERIMETER_TAG}": "true"},
+            "StringNotEqualsIfExists": {"aws:SourceVpc": vpc_id},
+            "BoolIfExists": {"aws:ViaAWSService": "false"},
+        },
+    )
+
+
 # Interface endpoints that take the identity-perimeter policy. They support endpoint policies (ECR, SageMaker,
 # STS, CloudWatch Logs and SSM user guides). Left with the default (full access) policy: ECR's Docker endpoint,
 # whose registry protocol starts with unauthenticated requests, and the Session Manager channels (ssmmessages,
@@ -64,7 +103,7 @@ class PlatformNetwork(Construct):
         # Accounts whose ECR repositories the workloads pull the platform's built images from (the pipeline's).
         self.image_registry_accounts = list(image_registry_accounts)
         private_type = ec2.SubnetType.PRIVATE_WITH_EGRESS if nat_gateways else ec2.SubnetType.PRIVATE_ISOLATED
-        # (private, public): the settings hold them and check that the VPC's CIDR holds these (stacks/settings.py).
+        # (private, public): the settings hold them and check that the VPC's CIDR holds these (settings/network.py).
         private_mask, public_mask = subnet_masks
         subnets = [ec2.SubnetConfiguration(name="Private", subnet_type=private_type, cidr_mask=private_mask)]
         if nat_gateways:

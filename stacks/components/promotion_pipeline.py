@@ -74,6 +74,27 @@ def smoke_test_role_name(target: PromotionTarget) -> str:
     return f"{target.project}-{target.name}-pipeline-smoke-test"[:64]
 
 
+def image_publishing_role_name(target: PromotionTarget) -> str:
+    """The role, in the environment's account, that only the image-publishing step assumes: the one principal the
+    platform deploys there that may write the image parameters."""
+    return f"{target.project}-{target.name}-pipeline-image-publishing"[:64]
+
+
+# The cross-account steps of each stage, by the id prefix of their CodeBuild step ("<step>-<environment>").
+MODEL_CHECK, SMOKE_TEST, PUBLISH_IMAGES = "ModelCheck", "SmokeTest", "PublishImages"
+
+
+def step_role_name(target: PromotionTarget, step: str) -> str:
+    """The fixed name of the tooling-account role a cross-account ``step`` of ``target`` runs as, so the role it
+    assumes in the environment's account can trust exactly that role (a generated name is unknown to another
+    account's stack, and a name pattern admits every role named so)."""
+    return f"{target.project}-{target.name}-pipeline-{step}"[:64]
+
+
+def step_role_arn(target: PromotionTarget, step: str, *, tooling_account: str, partition: str) -> str:
+    return f"arn:{partition}:iam::{tooling_account}:role/{step_role_name(target, step)}"
+
+
 def smoke_tested(target: PromotionTarget) -> bool:
     """Every environment, prod included: prod runs a weekly image and a model staging smoke-tested, but on its own
     instances, settings and account; a few labelled requests right after its deploy say it serves (issue 38). The
@@ -97,8 +118,9 @@ class ModelEndpoint:
 @dataclass(frozen=True)
 class PromotionStage:
     """An environment's stage, its model endpoint (None while the stage serves no named model version) and the stack
-    that deploys the role named ``smoke_test_role_name()`` there (needed whenever the pipeline builds images: the
-    role publishes their digests, after ``access`` deploys and before any stack that reads a ``BuiltImage``)."""
+    that deploys the roles named ``smoke_test_role_name()`` and ``image_publishing_role_name()`` there (the latter
+    needed whenever the pipeline builds images: it publishes their digests, after ``access`` deploys and before any
+    stack that reads a ``BuiltImage``)."""
 
     stage: cdk.Stage
     endpoint: ModelEndpoint | None = None
@@ -186,8 +208,11 @@ class PromotionPipeline(Construct):
                     "project builds only the repository's own Dockerfile and pushes only to its own repository.",
                     "codebuild_project_environment_privileged_check",
                 )
+        self._named_step_roles: list[tuple[pipelines.CodeBuildStep, str]] = []
         self.stages = [self._add_stage(stack, target, stage_factory) for target in targets]
         self.pipeline.build_pipeline()
+        _name_step_roles(self._named_step_roles)
+        _asset_builds_start_no_builds(self.pipeline)
         if self.images is not None:
             self.images.rebuild_weekly(self.pipeline.pipeline)
         self._acknowledge_generated()
@@ -266,8 +291,9 @@ class PromotionPipeline(Construct):
         if endpoint is None:
             return [], []
         check = self._cross_account_step(
-            f"ModelCheck-{environment.name}",
+            MODEL_CHECK,
             environment,
+            smoke_test_role_name(environment),
             env_from_cfn_outputs={"ARTIFACTS_BUCKET": endpoint.bucket_name},
             command="python -m inference_assets.tools.model_check "
             f'--bucket "$ARTIFACTS_BUCKET" --key {endpoint.model_key} --region {environment.region}',
@@ -276,8 +302,9 @@ class PromotionPipeline(Construct):
         if smoke_tested(environment):
             post.append(
                 self._cross_account_step(
-                    f"SmokeTest-{environment.name}",
+                    SMOKE_TEST,
                     environment,
+                    smoke_test_role_name(environment),
                     env_from_cfn_outputs={"ENDPOINT_NAME": endpoint.endpoint_name},
                     command="python -m inference_assets.tools.endpoint_client smoke-test "
                     f'--endpoint-name "$ENDPOINT_NAME" --region {environment.region} --expect-labels {EXPECTED_LABELS}',
@@ -286,7 +313,7 @@ class PromotionPipeline(Construct):
         return [pipelines.StackSteps(stack=endpoint.stack, pre=[check])], post
 
     def _image_steps(self, environment: PromotionTarget, promotion: PromotionStage) -> list[pipelines.StackSteps]:
-        """Right after the stage's access stack deploys its role: write this execution's image digests into the
+        """Right after the stage's access stack deploys its roles: write this execution's image digests into the
         environment's parameters; every stack of the stage that reads a BuiltImage deploys after that."""
         if self.images is None:
             return []
@@ -294,15 +321,16 @@ class PromotionPipeline(Construct):
         if access is None:
             raise ValueError(
                 f"{promotion.stage.node.path}: the pipeline builds images, so the stage must deploy the role named "
-                "smoke_test_role_name() in a stack given as PromotionStage.access"
+                "image_publishing_role_name() in a stack given as PromotionStage.access"
             )
         for stack in promotion.stage.node.children:
             if isinstance(stack, cdk.Stack) and stack is not access and built_images(stack):
                 stack.add_stack_dependency(access, "reads the image digests the pipeline publishes after this stack")
         gate = scan_gate_step(self.images, environment, self.source)
         publish = self._cross_account_step(
-            f"PublishImages-{environment.name}",
+            PUBLISH_IMAGES,
             environment,
+            image_publishing_role_name(environment),
             env=self.images.promotion_env(),
             env_from_cfn_outputs={},
             command=publish_commands(self.images.project, list(self.images.builds), environment.region),
@@ -311,18 +339,22 @@ class PromotionPipeline(Construct):
 
     def _cross_account_step(
         self,
-        step_id: str,
+        step: str,
         environment: PromotionTarget,
+        target_role_name: str,
         *,
         env_from_cfn_outputs: dict[str, cdk.CfnOutput],
         command: str | Sequence[str],
         env: dict[str, str] | None = None,
     ) -> pipelines.CodeBuildStep:
-        """A CodeBuild step that runs ``command`` (or each of several) as the environment account's pipeline role."""
-        role_arn = self._smoke_role_arn(environment)
+        """A CodeBuild step ``<step>-<environment>`` that runs ``command`` (or each of several) as the environment
+        account's role ``target_role_name``, from a role of its own named ``step_role_name()`` (which that role
+        trusts, and nothing else of this account)."""
+        stack = cdk.Stack.of(self)
+        role_arn = f"arn:{stack.partition}:iam::{environment.account or stack.account}:role/{target_role_name}"
         commands = [command] if isinstance(command, str) else list(command)
-        return pipelines.CodeBuildStep(
-            step_id,
+        built = pipelines.CodeBuildStep(
+            f"{step}-{environment.name}",
             input=self.source,
             env={"SMOKE_TEST_ROLE_ARN": role_arn, **(env or {})},
             env_from_cfn_outputs=env_from_cfn_outputs,
@@ -334,11 +366,8 @@ class PromotionPipeline(Construct):
                 *(f"AWS_PROFILE={SMOKE_TEST_PROFILE} {line}" for line in commands),
             ],
         )
-
-    def _smoke_role_arn(self, environment: PromotionTarget) -> str:
-        stack = cdk.Stack.of(self)
-        account = environment.account or stack.account
-        return f"arn:{stack.partition}:iam::{account}:role/{smoke_test_role_name(environment)}"
+        self._named_step_roles.append((built, step_role_name(environment, step)))
+        return built
 
     def _acknowledge_generated(self) -> None:
         """CDK Pipelines generates the roles of its actions and CodeBuild projects, each with one inline policy.
@@ -398,6 +427,34 @@ class PromotionPipeline(Construct):
         cfn_pipeline.add_override("DependsOn", [stack.get_logical_id(role_policy)])
 
 
+def _asset_builds_start_no_builds(pipeline: pipelines.CodePipeline) -> None:
+    """CDK Pipelines' asset-publishing roles (AssetSingletonRole, aws-cdk-lib pipelines/lib/private/
+    asset-singleton-role.ts) carry codebuild:StartBuild, StopBuild and BatchGetBuilds on ``*`` from a time the
+    role also ran the pipeline's actions; here the pipeline's CodeBuild actions run as their own action role,
+    and the asset builds (cdk-assets publish) start nothing. With the grant, code in an asset build could start
+    any project of the account with its own buildspec (StartBuild's buildspecOverride), the self-mutation
+    project's role included. An explicit Deny on every way to start a build closes it whatever the Allow says."""
+    assets = pipeline.node.try_find_child("Assets")
+    for role in assets.node.children if assets is not None else []:
+        if isinstance(role, iam.Role):
+            role.add_to_principal_policy(
+                iam.PolicyStatement(
+                    sid="AssetBuildsStartNoBuilds",
+                    effect=iam.Effect.DENY,
+                    actions=list(BUILD_STARTS),
+                    resources=["*"],
+                )
+            )
+
+
+def _name_step_roles(named: Sequence[tuple[pipelines.CodeBuildStep, str]]) -> None:
+    """Give each cross-account step's role (generated with its project when the pipeline is built) its fixed
+    name, keeping its logical id: CloudFormation replaces the role, which a name change needs."""
+    for step, name in named:
+        role = cast(iam.Role, step.project.role)
+        cast(iam.CfnRole, role.node.default_child).role_name = name
+
+
 def _join_as_sub(value: dict[str, Any]) -> dict[str, str] | None:
     """An Fn::Join of strings and Refs as the equivalent Fn::Sub (None for anything else)."""
     delimiter, parts = value["Fn::Join"]
@@ -411,8 +468,17 @@ def _as_list(value: Any) -> list[Any]:
 
 
 _ASSET_BUILDS_REASON = (
-    "CDK Pipelines' asset-publishing role (AssetSingletonRole) starts, watches and stops the builds of the asset "
-    "projects it generates, and grants that on every project; only CodeBuild can assume the role."
+    "CDK Pipelines' asset-publishing role (AssetSingletonRole) is generated with StartBuild, StopBuild and "
+    "BatchGetBuilds on every project; the role's explicit Deny (AssetBuildsStartNoBuilds) refuses every start, so "
+    "what is left is watching and stopping builds. Only CodeBuild can assume the role."
+)
+# Every CodeBuild action that runs a build (Service Authorization Reference, AWS CodeBuild): the asset builds may
+# call none of them.
+BUILD_STARTS = (
+    "codebuild:StartBuild",
+    "codebuild:StartBuildBatch",
+    "codebuild:RetryBuild",
+    "codebuild:RetryBuildBatch",
 )
 # Why each kind of wildcard statement that CDK Pipelines generates is needed (keyed by the services it names).
 _GENERATED_WILDCARD_REASONS = {

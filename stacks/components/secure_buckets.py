@@ -15,6 +15,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.compliance import acknowledge, acknowledge_control
+from stacks.components.platform_network import network_perimeter_statement
 
 # Give a stack's one SecureBuckets this id: CDK leaves "Default" out of logical ids, so its buckets keep the ids
 # they had as direct children of the stack, and a deployed (retained) bucket is never replaced by an empty twin.
@@ -116,6 +117,17 @@ class SecureBuckets(Construct):
         self._acknowledge_object_lock(bucket)
         self.data_buckets.append(bucket)
         return bucket
+
+    def hold_to_network(self, vpc_id: str) -> None:
+        """Every data bucket refuses the requests of the roles held to the VPC (``hold_to_the_vpc``) that do not come
+        from the VPC ``vpc_id`` (platform_network.network_perimeter_statement). Not the access-log bucket: only S3's
+        log delivery writes it."""
+        for bucket in self.data_buckets:
+            bucket.add_to_resource_policy(
+                network_perimeter_statement(
+                    vpc_id, actions=["s3:*"], resources=[bucket.bucket_arn, bucket.arn_for_objects("*")]
+                )
+            )
 
     def _deny_other_encryption(self, bucket: s3.Bucket) -> None:
         """Objects are written under the pair's key or the bucket default (which is that key), never under another

@@ -56,7 +56,7 @@ PLAN = {
     "images": Module("platform_facts/images.py",
                      ("tests/stacks/foundation/test_image_waivers.py",
                       "tests/stacks/foundation/test_image_patching.py")),
-    "settings": Module("stacks/settings.py", ("tests/stacks/settings",)),
+    "settings": Module("stacks/settings/network.py", ("tests/stacks/settings",)),
 }  # fmt: skip
 
 

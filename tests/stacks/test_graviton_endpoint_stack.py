@@ -12,6 +12,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Match, Template
 
 from app import build_app
+from proving_ground.iam_policy import resolve
 from stacks.compliance import add_compliance_gates
 from stacks.components.image_builds import IMAGE_BY_DIGEST, PULL_ACTIONS
 from stacks.components.sagemaker_endpoint import DlcImage
@@ -315,22 +316,14 @@ def test_the_execution_role_may_read_the_archive_and_pull_the_image(env_template
     )
     assert imports(pull["Properties"]["Roles"][0], "EndpointExecutionRole")
     (statement,) = pull["Properties"]["PolicyDocument"]["Statement"]
-    # The repository the parameter's digest URI names (account and region are its host's first and fourth labels).
+    # The repository of the registry the settings name (without a pipeline in cdk.json: the environment's own account
+    # and region), never one the parameter's digest URI names (issue 41.5: a deployed role could write any URI).
     assert sorted(statement["Action"]) == sorted(PULL_ACTIONS)
-    uri = {"Ref": _image_parameter(endpoint)}
-    host = {"Fn::Split": [".", uri]}
-    assert statement["Resource"] == {
-        "Fn::Join": [
-            "",
-            [
-                "arn:aws:ecr:",
-                {"Fn::Select": [3, host]},
-                ":",
-                {"Fn::Select": [0, host]},
-                f":repository/pytorch-platform/{SERVING_IMAGE}",
-            ],
-        ]
-    }
+    assert _image_parameter(endpoint) not in json.dumps(statement)
+    refs = {"AWS::AccountId": "123456789012", "AWS::Partition": "aws", "AWS::Region": settings.region}
+    assert resolve(statement["Resource"], refs=refs) == (
+        f"arn:aws:ecr:{settings.region}:123456789012:repository/pytorch-platform/{SERVING_IMAGE}"
+    )
     assert pull_id in only_resource(endpoint, "AWS::SageMaker::Model")["DependsOn"]
 
 

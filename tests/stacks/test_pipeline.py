@@ -14,41 +14,16 @@ from cfnlint.api import lint_file
 from app import build_app
 from proving_ground.iam_policy import Request, is_allowed, resolve
 from scripts import iam_analysers, template_gates
-from stacks.compliance import add_compliance_gates
 from stacks.pipeline import EXPECTED_LABELS, SYNTH_COMMANDS, PromotionPipelineStack, cdk_cli_version
 from stacks.platform_stage import PlatformStage
 from stacks.settings import SettingsError, load_environments, load_pipeline
 from tests.stacks.components.promotion_targets import PIPELINE, TOOLING
-
-ACCOUNTS = {"dev": "111111111111", "staging": "222222222222", "prod": "333333333333"}
-
-
-MODEL_KEY = "endpoints/sentiment/model-v3.tar.gz"
+from tests.stacks.pipeline_assembly import ACCOUNTS, MODEL_KEY, pipeline_assembly
 
 
 @pytest.fixture(scope="module")
-def assembly(tmp_path_factory: pytest.TempPathFactory, cdk_context: dict[str, Any]) -> Path:
-    outdir = tmp_path_factory.mktemp("pipeline") / "cdk.out"
-    environments = [
-        settings.model_copy(
-            update={
-                "account": ACCOUNTS[settings.name],
-                # Every stage serves a named model version, so every stage has a Graviton endpoint.
-                "graviton_endpoint": settings.graviton_endpoint.model_copy(update={"model_data_key": MODEL_KEY}),
-            }
-        )
-        for settings in load_environments(cdk_context["environments"], None)
-    ]
-    app = cdk.App(context=cdk_context, outdir=str(outdir))
-    PromotionPipelineStack(
-        app,
-        "PromotionPipeline",
-        settings=load_pipeline(PIPELINE),
-        environments=environments,
-    )
-    add_compliance_gates(app)  # the synth below fails on any unacknowledged cdk-nag finding
-    app.synth()
-    return outdir
+def assembly() -> Path:
+    return pipeline_assembly()
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +124,7 @@ def test_smoke_test_calls_the_endpoint_client_after_the_deployment(
         for s in r["Properties"]["PolicyDocument"]["Statement"]
         if s["Action"] == "sts:AssumeRole" and s["Resource"] == role_arn
     ]
-    assert len(grants) == 3, "the smoke test's, the model check's and the image publication's projects"
+    assert len(grants) == 2, "the smoke test's and the model check's projects (image publication has its own role)"
 
 
 def test_prod_is_smoke_tested_after_its_approval_and_deployment(stages: dict[str, Any]) -> None:
@@ -214,8 +189,8 @@ def test_smoke_test_role_in_the_target_account_only_describes_and_invokes(enviro
     folder = assembly / f"assembly-PromotionPipeline-{environment}"
     (template_file,) = folder.glob("*SmokeTestAccess*.template.json")
     resources = json.loads(template_file.read_text())["Resources"]
-    (role,) = [r for r in resources.values() if r["Type"] == "AWS::IAM::Role"]
-    assert role["Properties"]["RoleName"] == f"pytorch-platform-{environment}-pipeline-smoke-test"
+    (role,) = [r for r in resources.values() if r["Type"] == "AWS::IAM::Role"
+               and r["Properties"]["RoleName"] == f"pytorch-platform-{environment}-pipeline-smoke-test"]  # fmt: skip
     (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
     assert json.dumps(trust["Principal"]).count(f":iam::{TOOLING}:root") == 1
     (policy,) = [r for lid, r in resources.items() if lid.startswith("SmokeTestPolicy")]
@@ -230,39 +205,61 @@ def test_smoke_test_role_in_the_target_account_only_describes_and_invokes(enviro
     assert environments == {f"aws://{ACCOUNTS[environment]}/us-west-2"}
 
 
+def _assumable_by(role: dict[str, Any], account: str, principal_arn: str) -> bool:
+    """Whether the trust policy of ``role`` (in ``account``) lets ``principal_arn`` assume it. Cross-account, the
+    trust policy must allow on its own (the caller's identity policy allows sts:AssumeRole on the role: the step's
+    role_policy_statements): it names the caller's account and its condition holds. The evaluator models
+    same-account decisions, so the trust statement is evaluated as the only grant."""
+    trust = resolve(role["Properties"]["AssumeRolePolicyDocument"], refs={"AWS::Partition": "aws",
+                                                                          "AWS::AccountId": account})  # fmt: skip
+    role_arn = f"arn:aws:iam::{account}:role/{role['Properties']['RoleName']}"
+    caller_account = principal_arn.split(":")[4]
+    context = {"aws:PrincipalArn": principal_arn, "aws:PrincipalAccount": caller_account}
+    (statement,) = trust["Statement"]
+    as_grant = {k: v for k, v in statement.items() if k != "Principal"} | {"Resource": role_arn}
+    return statement["Principal"] == {"AWS": f"arn:aws:iam::{caller_account}:root"} and is_allowed(
+        [{"Statement": [as_grant]}], Request("sts:AssumeRole", role_arn, context)
+    )
+
+
+def _step_role_arns(template: dict[str, Any], environment: str) -> dict[str, str]:
+    """The ARNs of the tooling account's roles of the environment's cross-account steps, by step (their fixed
+    names, read from the pipeline's template)."""
+    roles = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::IAM::Role"]
+    names = {role["RoleName"] for role in roles if f"-{environment}-pipeline-" in role.get("RoleName", "")}
+    return {name.rsplit("-", 1)[1]: f"arn:aws:iam::{TOOLING}:role/{name}" for name in names}
+
+
 @pytest.mark.parametrize("environment", list(ACCOUNTS))
-def test_only_the_pipelines_roles_assume_the_smoke_test_role(
+def test_each_environment_role_is_assumed_by_exactly_its_steps_role(
     environment: str, assembly: Path, template: dict[str, Any]
 ) -> None:
-    """Issue 22.4: the trust policy, evaluated, admits the pipeline stack's step roles and no other principal of the
-    tooling account (aws:PrincipalArn); the step roles have generated names, which start with the stack name."""
+    """Issue 41.5: the smoke-test role is assumed by the model-check and smoke-test steps' roles, the image-publishing
+    role by the image-publishing step's role, each by exact ARN: not by the pipeline's other roles (self-mutation,
+    asset publishing, the other steps), nor by any role named like the pipeline stack, nor by any other principal."""
     folder = assembly / f"assembly-PromotionPipeline-{environment}"
     (template_file,) = folder.glob("*SmokeTestAccess*.template.json")
     resources = json.loads(template_file.read_text())["Resources"]
-    (role,) = [r for r in resources.values() if r["Type"] == "AWS::IAM::Role"]
-    refs = {"AWS::Partition": "aws", "AWS::AccountId": ACCOUNTS[environment]}
-    trust = resolve(role["Properties"]["AssumeRolePolicyDocument"], refs=refs)
-    role_arn = f"arn:aws:iam::{ACCOUNTS[environment]}:role/{role['Properties']['RoleName']}"
-
-    def assumable_by(principal_arn: str) -> bool:
-        account = principal_arn.split(":")[4]
-        context = {"aws:PrincipalArn": principal_arn, "aws:PrincipalAccount": account}
-        # Cross-account, the trust policy must allow on its own (the caller's identity policy allows sts:AssumeRole
-        # on the role: the step's role_policy_statements): it names the caller's account and its condition holds.
-        # The evaluator models same-account decisions, so the trust statement is evaluated as the only grant.
-        (statement,) = trust["Statement"]
-        as_grant = {k: v for k, v in statement.items() if k != "Principal"} | {"Resource": role_arn}
-        return statement["Principal"] == {"AWS": f"arn:aws:iam::{account}:root"} and is_allowed(
-            [{"Statement": [as_grant]}], Request("sts:AssumeRole", role_arn, context)
-        )
-
-    step_roles = [r for r in template["Resources"].values()
-                  if r["Type"] == "AWS::IAM::Role" and "codebuild.amazonaws.com" in json.dumps(r)]  # fmt: skip
-    assert step_roles and all("RoleName" not in r["Properties"] for r in step_roles)  # generated: stack-name prefix
-    assert assumable_by(f"arn:aws:iam::{TOOLING}:role/PromotionPipeline-PipelineSmokeTestdevRole1A2B-9XYZ")
-    assert not assumable_by(f"arn:aws:iam::{TOOLING}:role/developer")
-    assert not assumable_by(f"arn:aws:iam::{TOOLING}:user/ci-bot")
-    assert not assumable_by(f"arn:aws:iam::{ACCOUNTS[environment]}:role/PromotionPipeline-Anything")
+    roles = {r["Properties"]["RoleName"].rsplit("-pipeline-", 1)[1]: r
+             for r in resources.values() if r["Type"] == "AWS::IAM::Role"}  # fmt: skip
+    steps = _step_role_arns(template, environment)
+    assert set(steps) == {"ModelCheck", "SmokeTest", "PublishImages"}
+    expected = {"smoke-test": {"ModelCheck", "SmokeTest"}, "image-publishing": {"PublishImages"}}
+    assert set(roles) == set(expected)
+    account = ACCOUNTS[environment]
+    others = [f"arn:aws:iam::{TOOLING}:role/PromotionPipeline-PipelineUpdatePipelineSelfMutationRole-1A2B",
+              f"arn:aws:iam::{TOOLING}:role/PromotionPipeline-PipelineAssetsFileRole-9XYZ",
+              f"arn:aws:iam::{TOOLING}:role/developer", f"arn:aws:iam::{TOOLING}:user/ci-bot",
+              f"arn:aws:iam::{account}:role/pytorch-platform-{environment}-pipeline-SmokeTest"]  # fmt: skip
+    for kind, role in roles.items():
+        for step, arn in steps.items():
+            assert _assumable_by(role, account, arn) is (step in expected[kind]), (kind, step)
+        assert not any(_assumable_by(role, account, arn) for arn in others), kind
+    # Only the image-publishing role writes the image parameters.
+    writers = [r for lid, r in resources.items() if lid.startswith("ImagePromotionPolicy")]
+    (writer,) = writers
+    (role_ref,) = writer["Properties"]["Roles"]
+    assert resources[role_ref["Ref"]]["Properties"]["RoleName"].endswith("-image-publishing")
 
 
 @pytest.mark.parametrize("environment", list(ACCOUNTS))

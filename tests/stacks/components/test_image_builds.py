@@ -26,6 +26,7 @@ from stacks.components.image_builds import (
     BuiltImage,
     ImageBuilds,
     ImageDefinition,
+    ImageRegistry,
     built_images,
     image_uri_variable,
     publish_commands,
@@ -332,7 +333,9 @@ def test_a_bad_definition_stops_synth_with_one_sentence(change: dict[str, Any], 
 
 def test_built_image_reads_the_promoted_digest_and_grants_the_pull_across_accounts() -> None:
     stack = cdk.Stack(cdk.App(), "Consumer", env=cdk.Environment(account=ENVIRONMENT, region=REGION))
-    image = BuiltImage(stack, "TrainingImage", project=PROJECT, image="training", registry_account=TOOLING)
+    image = BuiltImage(
+        stack, "TrainingImage", project=PROJECT, image="training", registry=ImageRegistry(TOOLING, REGION)
+    )
     role = iam.Role(stack, "Runner", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
     image.grant_pull(role)
     cdk.CfnOutput(stack, "Uri", value=image.image_uri)
@@ -352,25 +355,31 @@ def test_built_image_reads_the_promoted_digest_and_grants_the_pull_across_accoun
     assert not is_allowed([policy], Request("ecr:PutImage", _repository_arn("training")))
 
 
-@pytest.mark.parametrize("registry", [TOOLING, ENVIRONMENT])
-def test_without_a_registry_account_the_pull_is_granted_on_the_repository_the_digest_names(registry: str) -> None:
-    """The Graviton endpoint's case: the repository's account and region come from the promoted digest URI when the
-    stack deploys, so the pull covers the image the parameter names, whoever published it, and nothing else."""
+@pytest.mark.parametrize("written_by", [TOOLING, STRANGER])
+def test_the_pull_is_granted_on_the_settings_registry_whatever_the_parameter_holds(written_by: str) -> None:
+    """Issue 41.5: the repository's account and region come from the settings (the pipeline's registry), never from
+    the parameter's value, which a deployed role writes: a digest of another account's repository (written_by
+    STRANGER) gets no pull grant, so the endpoint cannot run it."""
     stack = cdk.Stack(cdk.App(), "Consumer", env=cdk.Environment(account=ENVIRONMENT, region=REGION))
-    image = BuiltImage(stack, "ServingImage", project=PROJECT, image="serving")
+    image = BuiltImage(stack, "ServingImage", project=PROJECT, image="serving", registry=ImageRegistry(TOOLING, REGION))
     policy = iam.ManagedPolicy(stack, "Pull", statements=[image.pull_statement()])
     role = iam.Role(stack, "Runner", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
     policy.attach_to_role(role)
     template = Template.from_stack(stack).to_json()
     (name,) = [n for n, p in template["Parameters"].items() if p["Default"] == "/pytorch-platform/images/serving"]
-    digest = f"{registry}.dkr.ecr.{REGION}.amazonaws.com/{PROJECT}/serving@sha256:{'a1' * 32}"
+    digest = f"{written_by}.dkr.ecr.{REGION}.amazonaws.com/{PROJECT}/serving@sha256:{'a1' * 32}"
     (document,) = [r["Properties"]["PolicyDocument"] for r in template["Resources"].values()
                    if r["Type"] == "AWS::IAM::ManagedPolicy"]  # fmt: skip
     document = _resolve(document, {name: digest, "AWS::Partition": "aws"})
     for action in PULL_ACTIONS:
-        assert is_allowed([document], Request(action, _repository_arn("serving", registry)))
-        assert not is_allowed([document], Request(action, _repository_arn("training", registry)))
-        assert not is_allowed([document], Request(action, _repository_arn("serving", STRANGER)))
+        assert is_allowed([document], Request(action, _repository_arn("serving", TOOLING)))
+        assert is_allowed([document], Request(action, _repository_arn("serving", written_by))) is (
+            written_by == TOOLING
+        )
+        assert not is_allowed([document], Request(action, _repository_arn("training", TOOLING)))
+        assert not is_allowed(
+            [document], Request(action, f"arn:aws:ecr:eu-west-1:{TOOLING}:repository/{PROJECT}/serving")
+        )
 
 
 @pytest.mark.parametrize(
@@ -398,7 +407,7 @@ def _stage(scope: Construct, environment: PromotionTarget) -> PromotionStage:
     access = cdk.Stack(stage, "Access")
     cdk.CfnWaitConditionHandle(access, "Placeholder")
     reader = cdk.Stack(stage, "Reader")
-    image = BuiltImage(reader, "Training", project=PROJECT, image="training", registry_account=TOOLING)
+    image = BuiltImage(reader, "Training", project=PROJECT, image="training", registry=ImageRegistry(TOOLING, REGION))
     cdk.CfnOutput(reader, "Uri", value=image.image_uri)
     other = cdk.Stack(stage, "Other")
     cdk.CfnWaitConditionHandle(other, "Placeholder")
@@ -457,7 +466,8 @@ def test_each_stage_publishes_this_executions_digests_before_a_stack_reads_them(
     commands = json.loads(project["Properties"]["Source"]["BuildSpec"])["phases"]["build"]["commands"]
     assert commands[2:] == [f"AWS_PROFILE=smoke-test {c}" for c in publish_commands(PROJECT, ["serving", "training"],
                                                                                      REGION)]  # fmt: skip
-    role_arn = f"arn:aws:iam::{ACCOUNTS[environment]}:role/pytorch-platform-{environment}-pipeline-smoke-test"
+    # The image-publishing role there, not the smoke-test role: only this step writes the image parameters.
+    role_arn = f"arn:aws:iam::{ACCOUNTS[environment]}:role/pytorch-platform-{environment}-pipeline-image-publishing"
     variables = _resolve(project["Properties"]["Environment"]["EnvironmentVariables"], {"AWS::Partition": "aws"})
     assert {"Name": "SMOKE_TEST_ROLE_ARN", "Type": "PLAINTEXT", "Value": role_arn} in variables
     if environment == "prod":

@@ -28,9 +28,17 @@ def _suffix(caller: str) -> str:
 class Principal:
     """A principal of the Foundation with its identity policies, and the resource policies it meets."""
 
-    def __init__(self, foundation: tuple[dict[str, Any], dict[str, Any]], policies: list[dict[str, Any]], arn: str):
+    def __init__(
+        self,
+        foundation: tuple[dict[str, Any], dict[str, Any]],
+        policies: list[dict[str, Any]],
+        arn: str,
+        session: dict[str, str] | None = None,
+    ):
+        """``session``: what every request of the principal carries besides its ARN (a job role's tags, and the
+        platform's VPC its requests come from)."""
         template, refs = foundation
-        self.policies, self.arn = policies, arn
+        self.policies, self.arn, self.session = policies, arn, session or {}
         self.bucket_policies = {  # bucket name -> its policy
             bucket: resolve(policy["Properties"]["PolicyDocument"], refs=refs)
             for name, bucket in BUCKETS.items()
@@ -43,7 +51,8 @@ class Principal:
 
     def may(self, action: str, resource: str, **context: Any) -> bool:
         full = {"aws:PrincipalArn": self.arn, "aws:PrincipalAccount": ACCOUNT, "aws:SecureTransport": "true",
-                "aws:PrincipalIsAWSService": "false", **context}  # fmt: skip
+                "aws:PrincipalIsAWSService": "false", "aws:ViaAWSService": "false", **self.session,
+                **context}  # fmt: skip
         request = Request(action, resource, full)
         if action.startswith("s3:"):
             bucket = resource.removeprefix("arn:aws:s3:::").split("/")[0]
@@ -58,7 +67,13 @@ def job_a(foundation: Any) -> Principal:
     """Code inside A's @remote job: it holds A's job role's credentials (the container's credentials endpoint)."""
     template, refs = foundation
     role_id = logical_id(template, "AWS::IAM::Role", f"RemoteJobRole{_suffix(A)}")
-    return Principal(foundation, role_policies(template, role_id, refs), f"arn:aws:iam::{ACCOUNT}:role/job-{A}")
+    # Its requests carry the role's tags (data-perimeter-include) and come from the platform's VPC (issue 41.6).
+    tags = template["Resources"][role_id]["Properties"].get("Tags", [])
+    session = {f"aws:PrincipalTag/{tag['Key']}": tag["Value"] for tag in tags}
+    assert session.get("aws:PrincipalTag/data-perimeter-include") == "true"
+    session["aws:SourceVpc"] = refs[logical_id(template, "AWS::EC2::VPC", "Vpc")]
+    arn = f"arn:aws:iam::{ACCOUNT}:role/job-{A}"
+    return Principal(foundation, role_policies(template, role_id, refs), arn, session)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Every refusal of the settings that no other test reached (found with coverage of stacks/settings.py): each stops
+"""Every refusal of the settings that no other test reached (found with coverage of stacks/settings/): each stops
 synth with its one sentence, next to the nearest value that passes, so a rule that stops refusing, or starts
 refusing good values, fails here."""
 

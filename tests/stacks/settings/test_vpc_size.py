@@ -1,4 +1,4 @@
-"""A created VPC must hold the subnets the stacks make in it (stacks/settings.py; PlatformNetwork makes them): every
+"""A created VPC must hold the subnets the stacks make in it (settings/network.py; PlatformNetwork makes them): every
 prefix AWS allows for a VPC (/16 to /28) is tried for every zone count with and without NAT gateways, and the
 smallest one the settings accept is exactly the smallest one CDK can lay the subnets out in (one size smaller fails
 CDK's subnet allocation), so the rule refuses nothing that would have worked."""
