@@ -401,6 +401,15 @@ class Deployment:
                     policies.append(self.resolve(stack_id, props["PolicyDocument"]))
         return policies
 
+    def role_tags(self, role_name: str) -> dict[str, str]:
+        """The tags a deployed role carries (its template's Tags, resolved)."""
+        for stack_id, deployed in self.deployed.items():
+            for logical, resource in deployed.stack.template["Resources"].items():
+                if resource["Type"] == "AWS::IAM::Role" and deployed.refs.get(logical) == role_name:
+                    tags = self.resolve(stack_id, resource.get("Properties", {}).get("Tags", []))
+                    return {t["Key"]: str(t["Value"]) for t in tags}
+        return {}
+
     def resource_policies(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
         """The deployed buckets' policies by bucket name and the keys' policies by key ARN, resolved (the call gate
         evaluates them with every request on those resources)."""

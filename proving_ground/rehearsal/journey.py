@@ -143,8 +143,18 @@ def boto3_session(region: str) -> Any:
         return _sessions[region]
 
 
-def make_principal(name: str, key: str, policies: list[dict[str, Any]] | None, arn: str, session: str) -> Principal:
+def make_principal(
+    name: str,
+    key: str,
+    policies: list[dict[str, Any]] | None,
+    arn: str,
+    session: str,
+    tags: dict[str, str] | None = None,
+) -> Principal:
+    """A principal acting with its own key; ``tags``: its role's tags, which IAM gives every request as
+    aws:PrincipalTag/<key> (the data perimeter's bucket and key policies read them)."""
     identity = {"aws:PrincipalArn": arn, "aws:userid": f"AROA{key[-12:].upper()}:{session}"}
+    identity.update({f"aws:PrincipalTag/{k}": v for k, v in (tags or {}).items()})
     return Principal(name=name, access_key=f"AKIA{key.upper()}", policies=policies, identity=identity)
 
 

@@ -193,7 +193,8 @@ class PlatformSteps(RehearsalBase):
         def role(stack_id: str, prefix: str, name: str, session: str) -> Principal:
             role_name = deployment.role_name(stack_id, prefix)
             arn = f"arn:aws:iam::{ACCOUNT}:role/{role_name}"
-            return make_principal(name, keys[name], deployment.role_policies(role_name), arn, session)
+            policies, tags = deployment.role_policies(role_name), deployment.role_tags(role_name)
+            return make_principal(name, keys[name], policies, arn, session, tags)
 
         def person(stack_id: str, prefix: str, name: str, session: str) -> Principal:
             arn = f"arn:aws:iam::{ACCOUNT}:role/{name.replace(' ', '-').replace('@', '')}"
@@ -292,7 +293,8 @@ class PlatformSteps(RehearsalBase):
         if name not in {p.name for p in self.gate.principals}:
             key, arn = f"eniwait{len(self.gate.principals):05d}", f"arn:aws:iam::{ACCOUNT}:role/{role}"
             policies = deployment.role_policies(role)
-            self.gate.principals.append(make_principal(name, key, policies, arn, "eni-release-wait"))
+            tags = deployment.role_tags(role)
+            self.gate.principals.append(make_principal(name, key, policies, arn, "eni-release-wait", tags))
             self.gate.save(self.gate_file)
         properties = deployment.resolve(stack_id, self.stacks[stack_id].template["Resources"][logical]["Properties"])
         try:

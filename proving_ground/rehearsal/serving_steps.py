@@ -248,6 +248,7 @@ class ServingSteps(RehearsalBase):
                 self.deployment.role_policies(role_name),
                 f"arn:aws:iam::{ACCOUNT}:role/{role_name}",
                 "model-archive-check",
+                self.deployment.role_tags(role_name),
             )
         )
         self.gate.save(self.gate_file)
