@@ -145,7 +145,102 @@ class Coverage:
         return lines
 
 
-class Deployment:
+class _DeployedPolicies:
+    """What the deployed templates say, resolved: the principals' identity policies, the resources' own policies
+    (Deployment's base: one class of both would be over the repository's size rule)."""
+
+    stacks: dict[str, StackTemplate]
+    deployed: dict[str, DeployedStack]
+    exports: dict[str, Any]
+    region: str
+
+    def resolve(self, stack_id: str, value: Any) -> Any:
+        return resolve(value, refs=self.deployed[stack_id].refs, exports=self.exports)
+
+    # --- policies -----------------------------------------------------------------------------------------------------
+
+    def role_policies(self, role_name: str) -> list[dict[str, Any]]:
+        """Every identity policy of a role, from every deployed stack (a stack may attach policies to another's)."""
+        policies = []
+        for stack_id, deployed in self.deployed.items():
+            for logical, resource in deployed.stack.template["Resources"].items():
+                props = resource.get("Properties", {})
+                if resource["Type"] == "AWS::IAM::Role" and deployed.refs.get(logical) == role_name:
+                    policies += [self.resolve(stack_id, p["PolicyDocument"]) for p in props.get("Policies", [])]
+                    if props.get("ManagedPolicyArns"):
+                        raise StepFailed(f"role {logical} has managed policies attached by ARN: not modelled")
+                attached = resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy")
+                if attached and role_name in self.resolve(stack_id, props.get("Roles", [])):
+                    policies.append(self.resolve(stack_id, props["PolicyDocument"]))
+        return policies
+
+    def role_tags(self, role_name: str) -> dict[str, str]:
+        """The tags a deployed role carries (its template's Tags, resolved)."""
+        for stack_id, deployed in self.deployed.items():
+            for logical, resource in deployed.stack.template["Resources"].items():
+                if resource["Type"] == "AWS::IAM::Role" and deployed.refs.get(logical) == role_name:
+                    tags = self.resolve(stack_id, resource.get("Properties", {}).get("Tags", []))
+                    return {t["Key"]: str(t["Value"]) for t in tags}
+        return {}
+
+    def resource_policies(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """The deployed buckets' policies by bucket name and the keys' policies by key ARN, resolved (the call gate
+        evaluates them with every request on those resources)."""
+        buckets: dict[str, dict[str, Any]] = {}
+        keys: dict[str, dict[str, Any]] = {}
+        for stack_id, deployed in self.deployed.items():
+            for logical, resource in deployed.stack.template["Resources"].items():
+                props = resource.get("Properties", {})
+                if resource["Type"] == "AWS::S3::BucketPolicy":
+                    buckets[str(self.resolve(stack_id, props["Bucket"]))] = self.resolve(
+                        stack_id, props["PolicyDocument"]
+                    )
+                elif resource["Type"] == "AWS::KMS::Key":
+                    keys[str(deployed.refs[f"{logical}.Arn"])] = self.resolve(stack_id, props["KeyPolicy"])
+        return buckets, keys
+
+    def topic_and_endpoint_policies(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """The deployed topics' policies by topic ARN, and the VPC endpoints' policies by the botocore service name
+        whose calls pass them (``aws_calls.Gate.endpoint_policies``), resolved."""
+        topics: dict[str, dict[str, Any]] = {}
+        endpoints: dict[str, dict[str, Any]] = {}
+        for stack_id, deployed in self.deployed.items():
+            for logical, resource in deployed.stack.template["Resources"].items():
+                props = resource.get("Properties", {})
+                if resource["Type"] == "AWS::SNS::TopicPolicy":
+                    policy = self.resolve(stack_id, props["PolicyDocument"])
+                    topics.update({topic: policy for topic in self.resolve(stack_id, props["Topics"])})
+                elif resource["Type"] == "AWS::EC2::VPCEndpoint" and "PolicyDocument" in props:
+                    suffix = str(self.resolve(stack_id, props["ServiceName"])).split(f".{self.region}.", 1)[-1]
+                    service = _ENDPOINT_SERVICES.get(suffix)
+                    if service is not None:
+                        endpoints[service] = {
+                            "id": deployed.refs[logical],
+                            "policy": self.resolve(stack_id, props["PolicyDocument"]),
+                            "vpc": self.resolve(stack_id, props["VpcId"]),
+                        }
+        return topics, endpoints
+
+    def managed_policy(self, stack_id: str, prefix: str) -> dict[str, Any]:
+        template = self.stacks[stack_id].template["Resources"]
+        (logical,) = [
+            name
+            for name, resource in template.items()
+            if resource["Type"] == "AWS::IAM::ManagedPolicy" and re.fullmatch(rf"{prefix}[0-9A-F]{{8}}", name)
+        ]
+        return dict(self.resolve(stack_id, template[logical]["Properties"]["PolicyDocument"]))
+
+    def role_name(self, stack_id: str, prefix: str) -> str:
+        template = self.stacks[stack_id].template["Resources"]
+        (logical,) = [
+            name
+            for name, resource in template.items()
+            if resource["Type"] == "AWS::IAM::Role" and re.fullmatch(rf"{prefix}[0-9A-F]{{8}}", name)
+        ]
+        return str(self.deployed[stack_id].refs[logical])
+
+
+class Deployment(_DeployedPolicies):
     """What `cdk deploy` would have created: moto's CloudFormation and the hand-made rest (the module docstring)."""
 
     def __init__(self, stacks: dict[str, StackTemplate], client: Callable[[str], Any], region: str) -> None:
@@ -165,9 +260,6 @@ class Deployment:
         self.after_created: dict[str, hand_made.Deleter] = {}
         zones = client("ec2").describe_availability_zones()["AvailabilityZones"]
         self.zones = sorted(zone["ZoneName"] for zone in zones)
-
-    def resolve(self, stack_id: str, value: Any) -> Any:
-        return resolve(value, refs=self.deployed[stack_id].refs, exports=self.exports)
 
     def set_ref(self, stack_id: str, logical: str, ref: Any, **attributes: Any) -> Any:
         refs = self.deployed[stack_id].refs
@@ -383,88 +475,6 @@ class Deployment:
                     )
         deployed.status = "DELETE_COMPLETE"
         return [f"{resources[k]['Type'].rsplit('::', 1)[-1]} {deployed.refs[k]}" for k in retained]
-
-    # --- policies -----------------------------------------------------------------------------------------------------
-
-    def role_policies(self, role_name: str) -> list[dict[str, Any]]:
-        """Every identity policy of a role, from every deployed stack (a stack may attach policies to another's)."""
-        policies = []
-        for stack_id, deployed in self.deployed.items():
-            for logical, resource in deployed.stack.template["Resources"].items():
-                props = resource.get("Properties", {})
-                if resource["Type"] == "AWS::IAM::Role" and deployed.refs.get(logical) == role_name:
-                    policies += [self.resolve(stack_id, p["PolicyDocument"]) for p in props.get("Policies", [])]
-                    if props.get("ManagedPolicyArns"):
-                        raise StepFailed(f"role {logical} has managed policies attached by ARN: not modelled")
-                attached = resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy")
-                if attached and role_name in self.resolve(stack_id, props.get("Roles", [])):
-                    policies.append(self.resolve(stack_id, props["PolicyDocument"]))
-        return policies
-
-    def role_tags(self, role_name: str) -> dict[str, str]:
-        """The tags a deployed role carries (its template's Tags, resolved)."""
-        for stack_id, deployed in self.deployed.items():
-            for logical, resource in deployed.stack.template["Resources"].items():
-                if resource["Type"] == "AWS::IAM::Role" and deployed.refs.get(logical) == role_name:
-                    tags = self.resolve(stack_id, resource.get("Properties", {}).get("Tags", []))
-                    return {t["Key"]: str(t["Value"]) for t in tags}
-        return {}
-
-    def resource_policies(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-        """The deployed buckets' policies by bucket name and the keys' policies by key ARN, resolved (the call gate
-        evaluates them with every request on those resources)."""
-        buckets: dict[str, dict[str, Any]] = {}
-        keys: dict[str, dict[str, Any]] = {}
-        for stack_id, deployed in self.deployed.items():
-            for logical, resource in deployed.stack.template["Resources"].items():
-                props = resource.get("Properties", {})
-                if resource["Type"] == "AWS::S3::BucketPolicy":
-                    buckets[str(self.resolve(stack_id, props["Bucket"]))] = self.resolve(
-                        stack_id, props["PolicyDocument"]
-                    )
-                elif resource["Type"] == "AWS::KMS::Key":
-                    keys[str(deployed.refs[f"{logical}.Arn"])] = self.resolve(stack_id, props["KeyPolicy"])
-        return buckets, keys
-
-    def topic_and_endpoint_policies(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-        """The deployed topics' policies by topic ARN, and the VPC endpoints' policies by the botocore service name
-        whose calls pass them (``aws_calls.Gate.endpoint_policies``), resolved."""
-        topics: dict[str, dict[str, Any]] = {}
-        endpoints: dict[str, dict[str, Any]] = {}
-        for stack_id, deployed in self.deployed.items():
-            for logical, resource in deployed.stack.template["Resources"].items():
-                props = resource.get("Properties", {})
-                if resource["Type"] == "AWS::SNS::TopicPolicy":
-                    policy = self.resolve(stack_id, props["PolicyDocument"])
-                    topics.update({topic: policy for topic in self.resolve(stack_id, props["Topics"])})
-                elif resource["Type"] == "AWS::EC2::VPCEndpoint" and "PolicyDocument" in props:
-                    suffix = str(self.resolve(stack_id, props["ServiceName"])).split(f".{self.region}.", 1)[-1]
-                    service = _ENDPOINT_SERVICES.get(suffix)
-                    if service is not None:
-                        endpoints[service] = {
-                            "id": deployed.refs[logical],
-                            "policy": self.resolve(stack_id, props["PolicyDocument"]),
-                            "vpc": self.resolve(stack_id, props["VpcId"]),
-                        }
-        return topics, endpoints
-
-    def managed_policy(self, stack_id: str, prefix: str) -> dict[str, Any]:
-        template = self.stacks[stack_id].template["Resources"]
-        (logical,) = [
-            name
-            for name, resource in template.items()
-            if resource["Type"] == "AWS::IAM::ManagedPolicy" and re.fullmatch(rf"{prefix}[0-9A-F]{{8}}", name)
-        ]
-        return dict(self.resolve(stack_id, template[logical]["Properties"]["PolicyDocument"]))
-
-    def role_name(self, stack_id: str, prefix: str) -> str:
-        template = self.stacks[stack_id].template["Resources"]
-        (logical,) = [
-            name
-            for name, resource in template.items()
-            if resource["Type"] == "AWS::IAM::Role" and re.fullmatch(rf"{prefix}[0-9A-F]{{8}}", name)
-        ]
-        return str(self.deployed[stack_id].refs[logical])
 
 
 def _written(value: Any, hand: set[str], refs: dict[str, Any]) -> Any:

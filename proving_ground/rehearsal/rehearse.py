@@ -238,58 +238,13 @@ def _patch_moto() -> Callable[[], None]:
     """Workarounds in the in-process moto server (see the module docstring); returns the undo."""
     from urllib.parse import unquote
 
-    from moto.iam.access_control import PermissionResult
-    from moto.s3 import models as s3_models
     from moto.sagemaker import models as sagemaker_models
     from moto.sagemakerruntime import responses as runtime_responses
 
     undo_filter = patch_moto_reservation_filter()
+    undo_cloudformation = _patch_moto_cloudformation()
     validate = sagemaker_models.FakeEndpointConfig.validate_instance_type
     invoke = runtime_responses.SageMakerRuntimeResponse.invoke_endpoint
-    bucket_permission = s3_models.FakeBucket.get_permission
-    endpoint_name_type = sagemaker_models.FakeEndpoint.__dict__["cloudformation_name_type"]
-    endpoint_update = sagemaker_models.FakeEndpoint.__dict__["update_from_cloudformation_json"]
-    endpoint_create = sagemaker_models.FakeEndpoint.__dict__["create_from_cloudformation_json"]
-    running_types: dict[str, dict[str, str]] = {}  # endpoint name -> variant -> instance type
-
-    def refused_while_autoscaled(cls: Any, original_resource: Any, new_resource_name: str,
-                                 cloudformation_json: Any, account_id: str, region_name: str) -> Any:  # fmt: skip
-        # SageMaker refuses an update that changes the instance type of a variant registered with Application Auto
-        # Scaling (developer guide, "Update endpoints that use auto scaling"); moto updates it.
-        from moto.applicationautoscaling.models import applicationautoscaling_backends
-        from moto.cloudformation.exceptions import ValidationError
-
-        backend = sagemaker_models.sagemaker_backends[account_id][region_name]
-        new_config = backend.describe_endpoint_config(cloudformation_json["Properties"]["EndpointConfigName"])
-        new_types = {v["VariantName"]: v["InstanceType"] for v in new_config["ProductionVariants"]}
-        # The endpoint's running types: moto's CloudFormation has already deleted the config it replaced.
-        old_types = running_types.get(original_resource.endpoint_name, {})
-        targets = applicationautoscaling_backends[account_id][region_name].targets
-        for variant, instance_type in old_types.items():
-            resource_id = f"endpoint/{original_resource.endpoint_name}/variant/{variant}"
-            scaled = any(resource_id in by_id for by_id in targets.values())
-            if scaled and new_types.get(variant, instance_type) != instance_type:
-                raise ValidationError(message=f"The update would change the instance type of variant {variant}, "
-                                      "a target for automatic scaling: deregister it first")  # fmt: skip
-        updated = endpoint_update.__func__(cls, original_resource, new_resource_name, cloudformation_json,
-                                           account_id, region_name)  # fmt: skip
-        running_types[original_resource.endpoint_name] = new_types
-        return updated
-
-    def recorded_create(cls: Any, resource_name: str, cloudformation_json: Any, account_id: str, region_name: str,
-                        **kwargs: Any) -> Any:  # fmt: skip
-        created = endpoint_create.__func__(cls, resource_name, cloudformation_json, account_id, region_name, **kwargs)
-        backend = sagemaker_models.sagemaker_backends[account_id][region_name]
-        config = backend.describe_endpoint_config(created.endpoint_config_name)
-        running_types[created.endpoint_name] = {
-            v["VariantName"]: v["InstanceType"] for v in config["ProductionVariants"]
-        }
-        return created
-
-    def gate_decides(self: Any, action: str, resource: str) -> Any:
-        # moto evaluates a bucket policy without the request's context (its TLS-only Deny then refuses every
-        # request over the rehearsal's http:// endpoint); the call gate evaluates it with the context AWS sees.
-        return PermissionResult.NEUTRAL
 
     def any_ml_type(self: Any, instance_type: str) -> None:
         if not instance_type.startswith("ml."):
@@ -311,23 +266,84 @@ def _patch_moto() -> Callable[[], None]:
             return 424, model_error, json.dumps({"message": str(failure), "OriginalStatusCode": 500})
         return 200, {"Content-Type": content_type, "x-Amzn-Invoked-Production-Variant": "AllTraffic"}, answer
 
-    s3_models.FakeBucket.get_permission = gate_decides  # type: ignore[method-assign]
-    # moto's CloudFormation names an endpoint itself; CloudFormation takes the template's EndpointName.
-    sagemaker_models.FakeEndpoint.cloudformation_name_type = staticmethod(lambda: "EndpointName")  # type: ignore[method-assign]
-    sagemaker_models.FakeEndpoint.update_from_cloudformation_json = classmethod(refused_while_autoscaled)  # type: ignore[method-assign,assignment]
-    sagemaker_models.FakeEndpoint.create_from_cloudformation_json = classmethod(recorded_create)  # type: ignore[method-assign,assignment]
     sagemaker_models.FakeEndpointConfig.validate_instance_type = any_ml_type  # type: ignore[method-assign]
     runtime_responses.SageMakerRuntimeResponse.invoke_endpoint = played_invoke  # type: ignore[method-assign]
 
     def undo() -> None:
-        s3_models.FakeBucket.get_permission = bucket_permission  # type: ignore[method-assign]
-        sagemaker_models.FakeEndpoint.cloudformation_name_type = endpoint_name_type  # type: ignore[method-assign]
-        sagemaker_models.FakeEndpoint.update_from_cloudformation_json = endpoint_update  # type: ignore[method-assign]
-        sagemaker_models.FakeEndpoint.create_from_cloudformation_json = endpoint_create  # type: ignore[method-assign]
         sagemaker_models.FakeEndpointConfig.validate_instance_type = validate  # type: ignore[method-assign]
         runtime_responses.SageMakerRuntimeResponse.invoke_endpoint = invoke  # type: ignore[method-assign]
         ENDPOINT_HANDLERS.clear()
+        undo_cloudformation()
         undo_filter()
+
+    return undo
+
+
+# Long: four replacements of moto methods, each with the state it shares with the others, and their undo
+def _patch_moto_cloudformation() -> Callable[[], None]:
+    """Where moto's CloudFormation and S3 differ from AWS in what the rehearsal deploys (the module docstring);
+    returns the undo."""
+    from moto.iam.access_control import PermissionResult
+    from moto.s3 import models as s3_models
+    from moto.sagemaker import models as sagemaker_models
+
+    endpoint = sagemaker_models.FakeEndpoint
+    endpoint_update = endpoint.__dict__["update_from_cloudformation_json"]
+    endpoint_create = endpoint.__dict__["create_from_cloudformation_json"]
+    running_types: dict[str, dict[str, str]] = {}  # endpoint name -> variant -> instance type
+
+    def types_of(backend: Any, config_name: str) -> dict[str, str]:
+        config = backend.describe_endpoint_config(config_name)
+        return {v["VariantName"]: v["InstanceType"] for v in config["ProductionVariants"]}
+
+    def refused_while_autoscaled(cls: Any, original_resource: Any, new_resource_name: str,
+                                 cloudformation_json: Any, account_id: str, region_name: str) -> Any:  # fmt: skip
+        # SageMaker refuses an update that changes the instance type of a variant registered with Application Auto
+        # Scaling (developer guide, "Update endpoints that use auto scaling"); moto updates it.
+        from moto.applicationautoscaling.models import applicationautoscaling_backends
+        from moto.cloudformation.exceptions import ValidationError
+
+        backend = sagemaker_models.sagemaker_backends[account_id][region_name]
+        new_types = types_of(backend, cloudformation_json["Properties"]["EndpointConfigName"])
+        # The endpoint's running types: moto's CloudFormation has already deleted the config it replaced.
+        name = original_resource.endpoint_name
+        targets = applicationautoscaling_backends[account_id][region_name].targets
+        for variant, instance_type in running_types.get(name, {}).items():
+            scaled = any(f"endpoint/{name}/variant/{variant}" in by_id for by_id in targets.values())
+            if scaled and new_types.get(variant, instance_type) != instance_type:
+                raise ValidationError(message=f"The update would change the instance type of variant {variant}, "
+                                      "a target for automatic scaling: deregister it first")  # fmt: skip
+        updated = endpoint_update.__func__(cls, original_resource, new_resource_name, cloudformation_json,
+                                           account_id, region_name)  # fmt: skip
+        running_types[name] = new_types
+        return updated
+
+    def recorded_create(cls: Any, resource_name: str, cloudformation_json: Any, account_id: str, region_name: str,
+                        **kwargs: Any) -> Any:  # fmt: skip
+        created = endpoint_create.__func__(cls, resource_name, cloudformation_json, account_id, region_name, **kwargs)
+        backend = sagemaker_models.sagemaker_backends[account_id][region_name]
+        running_types[created.endpoint_name] = types_of(backend, created.endpoint_config_name)
+        return created
+
+    def gate_decides(self: Any, action: str, resource: str) -> Any:
+        # moto evaluates a bucket policy without the request's context (its TLS-only Deny then refuses every
+        # request over the rehearsal's http:// endpoint); the call gate evaluates it with the context AWS sees.
+        return PermissionResult.NEUTRAL
+
+    replaced = [
+        (s3_models.FakeBucket, "get_permission", gate_decides),
+        # moto's CloudFormation names an endpoint itself; CloudFormation takes the template's EndpointName.
+        (endpoint, "cloudformation_name_type", staticmethod(lambda: "EndpointName")),
+        (endpoint, "update_from_cloudformation_json", classmethod(refused_while_autoscaled)),
+        (endpoint, "create_from_cloudformation_json", classmethod(recorded_create)),
+    ]
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in replaced]
+    for owner, name, value in replaced:
+        setattr(owner, name, value)
+
+    def undo() -> None:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
 
     return undo
 
