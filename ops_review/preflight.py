@@ -19,6 +19,8 @@ deployed state from AWS:
   ``training.subnet_index`` of the Foundation's private subnets when it is deployed, else the zone the Training
   stack's ``TrainingAvailabilityZone`` output selects from the region's zones in alphabetical order, as
   ``Fn::GetAZs`` lists them (CloudFormation user guide, "Fn::GetAZs").
+- The SageMaker types in the private subnets' zones: each endpoint's, and the @remote jobs' (their config.yaml lists
+  every private subnet), read as the EC2 offering of the same hardware (SageMaker has no per-zone offering API).
 - The capacity reservation the launch template targets (EC2 DescribeCapacityReservations): type, zone, state, free
   instances and market type.
 - The model object the Graviton endpoint names (S3 HeadObject in the artifacts bucket).
