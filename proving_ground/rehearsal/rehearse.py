@@ -42,8 +42,8 @@ running the cleanup), and AWS services acting on their own (EC2 terminating an i
 What moto or this machine lacks, the rehearsal plays, and says so here (none of it changes product code):
 - CloudFormation: moto's, with the types it cannot create made by hand (deployment.py and hand_made.py say what
   and why); ListStackResources is answered from what the rehearsal recorded (moto's resolves a deleted stack's
-  imports again). moto's S3 evaluates bucket policies without the request's context (over the rehearsal's http://
-  endpoint the TLS-only Deny refuses everything): the call gate evaluates them instead. moto's CloudFormation names
+  imports again). moto's S3 and KMS apply bucket and key policies without the request's context (the TLS-only and
+  perimeter Denies then refuse everything over the rehearsal's http:// endpoint): the call gate evaluates them. moto's CloudFormation names
   an endpoint itself and updates an autoscaled variant's instance type: the rehearsal gives it the template's
   EndpointName and SageMaker's refusal. Service Quotas:
   moto knows only the vpc service's; the rehearsal's account has every quota the templates use raised to 1000, the
@@ -279,11 +279,12 @@ def _patch_moto() -> Callable[[], None]:
     return undo
 
 
-# Long: four replacements of moto methods, each with the state it shares with the others, and their undo
+# Long: five replacements of moto methods, each with the state it shares with the others, and their undo
 def _patch_moto_cloudformation() -> Callable[[], None]:
     """Where moto's CloudFormation and S3 differ from AWS in what the rehearsal deploys (the module docstring);
     returns the undo."""
     from moto.iam.access_control import PermissionResult
+    from moto.kms import responses as kms_responses
     from moto.s3 import models as s3_models
     from moto.sagemaker import models as sagemaker_models
 
@@ -330,8 +331,14 @@ def _patch_moto_cloudformation() -> Callable[[], None]:
         # request over the rehearsal's http:// endpoint); the call gate evaluates it with the context AWS sees.
         return PermissionResult.NEUTRAL
 
+    def key_policy_to_the_gate(key: Any, action: str) -> None:
+        # moto's KMS, too, applies a key policy's Deny statements without their conditions (the network perimeter's
+        # Deny then refuses everyone); the call gate evaluates the key policy with the request's context.
+        return None
+
     replaced = [
         (s3_models.FakeBucket, "get_permission", gate_decides),
+        (kms_responses, "validate_policy", key_policy_to_the_gate),
         # moto's CloudFormation names an endpoint itself; CloudFormation takes the template's EndpointName.
         (endpoint, "cloudformation_name_type", staticmethod(lambda: "EndpointName")),
         (endpoint, "update_from_cloudformation_json", classmethod(refused_while_autoscaled)),
