@@ -43,10 +43,10 @@ What moto or this machine lacks, the rehearsal plays, and says so here (none of 
 - CloudFormation: moto's, with the types it cannot create made by hand (deployment.py and hand_made.py say what
   and why); ListStackResources is answered from what the rehearsal recorded (moto's resolves a deleted stack's
   imports again). moto's S3 and KMS apply bucket and key policies without the request's context (the TLS-only and
-  perimeter Denies then refuse everything over the rehearsal's http:// endpoint): the call gate evaluates them. moto's CloudFormation names
-  an endpoint itself and updates an autoscaled variant's instance type: the rehearsal gives it the template's
-  EndpointName and SageMaker's refusal. Service Quotas:
-  moto knows only the vpc service's; the rehearsal's account has every quota the templates use raised to 1000, the
+  perimeter Denies then refuse everything over the rehearsal's http:// endpoint): the call gate evaluates them.
+  moto's CloudFormation names an endpoint itself and updates an autoscaled variant's instance type: the rehearsal
+  gives it the template's EndpointName and SageMaker's refusal.
+- Service Quotas: moto knows only the vpc service's; the rehearsal's account has every quota the templates use raised to 1000, the
   Elastic IPs too (EC2 DescribeAccountAttributes: cdk.json's environments, sharing one account, need six of a new
   account's five), and every interface endpoint service offered in the region's zones (moto's DescribeVpcEndpoint-
   Services needs every moto extra).
