@@ -9,7 +9,8 @@ Model servers only move bytes and headers in and out; everything about a request
               400 malformed body (encoding, BOM, JSON syntax, nesting, huge numbers, NaN, lone surrogates, wrong
                   keys or types, empty texts), 406 an Accept that excludes application/json,
               413 more bytes or texts than the limits (contract.py), 415 any other content type or charset,
-              500 anything unexpected (the detail goes to the server log only, never to the client)
+              500 anything unexpected, e.g. a failed forward pass, or a prediction that is malformed or not a
+                  finite number (for that request alone; the detail goes to the server log, never to the client)
 
 Limits (``contract.Limits``) come from the container environment (the endpoint stack sets them from validated
 settings) or from DJL's serving.properties (``option.*``). A text of any length is accepted: the predictor cuts it
@@ -234,6 +235,13 @@ def _json_type(value: object) -> str:
     }.get(type(value), "null")
 
 
+def _kind(value: object) -> str:
+    """What a value of the model's answer is, for the server log: its JSON type, or its Python type."""
+    if value is None or type(value) in (dict, list, str, bool, int, float):
+        return _json_type(value)
+    return f"a {type(value).__name__}"
+
+
 def parse_request(body: object, headers: Mapping[str, object], limits: Limits) -> list[str]:
     """The texts of one request (body bytes + headers), or :class:`ClientError` with its status and reason.
 
@@ -300,8 +308,43 @@ def internal_error_answer(request_id: str | None = None) -> Answer:
     return Answer(500, json.dumps(body).encode())
 
 
-def success_answer(predictions: list[dict]) -> Answer:
-    return Answer(200, json.dumps(predictions, allow_nan=False).encode())
+def _invalid_prediction(prediction: object) -> str | None:
+    """Why ``prediction`` is not one the protocol answers with (``{"label": str, "score": number, "scores": {str:
+    number}}``, numbers finite; other keys are passed on), or None."""
+    if not isinstance(prediction, Mapping):
+        return f"a prediction is {_kind(prediction)}, not an object"
+    if not isinstance(prediction.get("label"), str):
+        return "a prediction's label is not a string"
+    scores = prediction.get("scores")
+    if not isinstance(scores, Mapping) or not all(isinstance(label, str) for label in scores):
+        return "a prediction's scores are not an object of labels"
+    for name, value in (("score", prediction.get("score")), *((f"scores[{k!r}]", v) for k, v in scores.items())):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"a prediction's {name} is {_kind(value)}, not a number"
+        if not math.isfinite(value):
+            return f"a prediction's {name} is {value}, not a finite number"
+    return None
+
+
+def success_answer(predictions: Sequence[object], request_id: str | None = None) -> Answer:
+    """A 200 with one request's predictions; or, if the model gave one that is malformed or not a finite number
+    (NaN, infinity), a 500 for this request alone that says so (the values go to the server log), never a body a
+    client cannot parse and never an exception that would cost the requests beside it their answers."""
+    problem = next(filter(None, map(_invalid_prediction, predictions)), None)
+    if problem is None:
+        try:
+            return Answer(200, json.dumps(list(predictions), allow_nan=False).encode())
+        except (TypeError, ValueError) as error:  # an extra key the model added that JSON cannot carry
+            problem = f"a prediction cannot be written as JSON ({error})"
+    log.error("request %s: the model's answer is not a valid prediction: %s: %.2000r", request_id, problem, predictions)
+    where = f" (request {request_id})" if request_id else ""
+    reason = "not a finite number" if "finite" in problem else "malformed"
+    body = {
+        "code": 500,
+        "message": "Internal Server Error",
+        "error": f"the model's prediction is {reason}{where}; see the server log",
+    }
+    return Answer(500, json.dumps(body).encode())
 
 
 Request = tuple[object, Mapping[str, object]]  # (body, headers) as the model server hands them over
@@ -346,5 +389,5 @@ def answer_batch(
                 answers[index] = internal_error_answer(ids[index])
         else:
             for index, start, end in spans:
-                answers[index] = success_answer(predictions[start:end])
+                answers[index] = success_answer(predictions[start:end], ids[index])
     return [answer or internal_error_answer(ids[index]) for index, answer in enumerate(answers)]

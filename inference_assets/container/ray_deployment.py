@@ -181,11 +181,15 @@ class SentimentDeployment:
             return [internal_error_answer(item.request_id) for item in items]
         finally:
             self._pass_started = None
-        self._failed_passes = 0
         answers, start = [], 0
         for item in items:
-            answers.append(success_answer(predictions[start : start + len(item.texts)]))
+            # A prediction that is malformed or not a finite number is a 500 for its own request only.
+            answers.append(success_answer(predictions[start : start + len(item.texts)], item.request_id))
             start += len(item.texts)
+        # A pass that answered no request with a valid prediction counts as failed (a model that gives NaN for
+        # everything cannot serve); one bad prediction among good ones is that input's, not the model's.
+        valid = any(answer.status == 200 for answer in answers)
+        self._failed_passes = 0 if valid else self._failed_passes + 1
         tokens = sum(map(len, encodings))
         log.info(
             "batch of %d requests answered with one forward pass (%d texts, %d tokens)", len(items), len(texts), tokens
@@ -290,7 +294,7 @@ class SentimentDeployment:
             items = [item for item, _, _ in taken]
             try:
                 answers = await loop.run_in_executor(self._forward, self.answer_together, items)
-            except Exception as error:  # answer_batch answers failures itself: this is the executor failing
+            except Exception as error:  # answer_together answers failures itself: this is the executor failing
                 for _, future, _ in taken:
                     if not future.done():
                         future.set_exception(error)

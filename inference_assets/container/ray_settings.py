@@ -37,18 +37,41 @@ DIRECT_INGRESS_ENV = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
 PING_RESERVE = 4
 
 
-# Each replica gets this many cores for its intra-op threads by default: a RoBERTa-base forward pass on a short text
-# scales to about 4 Graviton cores; more replicas with fewer threads each serve concurrent requests better.
-CORES_PER_WORKER = 4
+@dataclass(frozen=True)
+class Topology:
+    """How an instance's vCPUs serve the model: ``replicas`` processes (one model copy each) of ``threads`` intra-op
+    threads, and how requests reach them: with one replica, that replica listens on SageMaker's port itself (direct
+    ingress, ray_server.py); with several, Ray's proxy balances them on that port (one port reaches one process)."""
+
+    replicas: int
+    threads: int
+
+    @property
+    def direct_ingress(self) -> bool:
+        return self.replicas == 1
+
+    def __str__(self) -> str:
+        ingress = "direct ingress" if self.direct_ingress else "Ray's proxy"
+        return f"{self.replicas} replica(s) x {self.threads} thread(s), {ingress}"
 
 
-def replicas_and_threads(vcpus: int, replicas: int | None = None) -> tuple[int, int]:
-    """(replicas, threads per replica) on ``vcpus`` cores: ``replicas`` or one per CORES_PER_WORKER cores, and the
-    cores shared among them (the endpoint's environment and the settings' checks use this one rule)."""
+# THE DEFAULT TOPOLOGY (workers_per_model unset), chosen by measurement: proving_ground/benchmarks/serving_topology.py
+# runs every topology at equal cores through the real server and extrapolates to each instance size
+# (proving_ground/benchmarks/results/serving_topology.json; docs/serving.md, "Topology");
+# tests/proving_ground/test_serving_topology.py fails when this rule is not the best that file holds for every
+# Graviton size SageMaker hosts. None: one replica with all of the instance's vCPUs, on SageMaker's port (direct
+# ingress); n: one replica per n vCPUs, behind Ray's proxy when there are several.
+THREADS_PER_REPLICA: int | None = None
+
+
+def default_topology(vcpus: int, replicas: int | None = None) -> Topology:
+    """The topology on ``vcpus`` cores: ``replicas`` (the settings' workers_per_model) or the measured rule above, and
+    the cores shared among the replicas (the endpoint's environment and the settings' checks use this one rule)."""
     if vcpus < 1:
         raise ValueError(f"vcpus must be >= 1, got {vcpus}")
-    replicas = replicas or max(1, vcpus // CORES_PER_WORKER)
-    return replicas, max(1, vcpus // replicas)
+    if replicas is None:
+        replicas = 1 if THREADS_PER_REPLICA is None else max(1, vcpus // THREADS_PER_REPLICA)
+    return Topology(replicas, max(1, vcpus // replicas))
 
 
 def _positive_int(environment: Mapping[str, str], name: str, default: int) -> int:

@@ -3,7 +3,8 @@
 Ray Serve (the server of the platform's Graviton serving image and of the local harness;
 ``inference_assets/container/ray_settings.py`` reads them):
 
-- ``SENTIMENT_SERVE_REPLICAS``: model replicas (the ``workers`` rule below: one per 4 vCPUs).
+- ``SENTIMENT_SERVE_REPLICAS``: model replicas (``workers``, else the measured default topology,
+  ``ray_settings.default_topology``: one replica with every vCPU, direct ingress).
 - ``SENTIMENT_SERVE_MAX_BATCH_SIZE`` / ``SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S``: ``@serve.batch``'s
   ``max_batch_size`` and ``batch_wait_timeout_s`` (settings ``server_batch_size``, ``server_max_batch_delay_ms``).
 - ``OMP_NUM_THREADS``: threads per replica (replicas x threads = the instance's vCPUs); the replica passes it to
@@ -42,9 +43,7 @@ from inference_assets.container.contract import (
     Limits,
     Precision,
 )
-from inference_assets.container.ray_settings import CORES_PER_WORKER, ServeSettings, replicas_and_threads
-
-__all__ = ["CORES_PER_WORKER", "endpoint_environment"]
+from inference_assets.container.ray_settings import ServeSettings, default_topology
 
 
 def endpoint_environment(
@@ -62,7 +61,8 @@ def endpoint_environment(
 ) -> dict[str, str]:
     """Environment variables for the serving container on a host with ``vcpus`` cores; the endpoint stack passes
     every value from validated settings."""
-    workers, threads = replicas_and_threads(vcpus, workers)
+    topology = default_topology(vcpus, workers)
+    workers, threads = topology.replicas, topology.threads
     environment = {
         "OMP_NUM_THREADS": str(threads),
         "OMP_WAIT_POLICY": "PASSIVE",

@@ -320,6 +320,11 @@ class RawWorker:
         self._connection.send(("batches", (size, duration_s)))
         return self._connection.recv()
 
+    def predict(self, texts: list[str]) -> list[dict]:
+        """The predictions of ``texts`` (in passes of 16), as the protocol answers them."""
+        self._connection.send(("predict", texts))
+        return self._connection.recv()
+
     def close(self) -> None:
         self._connection.send(None)
         self._process.join(timeout=30)
@@ -335,6 +340,9 @@ def _raw_worker(connection, model_dir: str, precision: str, threads: int, enviro
         kind, argument = command
         if kind == "load":
             connection.send(run_load(lambda text: bool(predictor.predict([text])), texts, 1, argument))
+        elif kind == "predict":
+            chunks = [argument[i : i + 16] for i in range(0, len(argument), 16)]
+            connection.send([p for chunk in chunks for p in predictor.predict_dicts(chunk)])
         else:
             connection.send(run_batches(predictor, texts, *argument))
 

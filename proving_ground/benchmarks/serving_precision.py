@@ -57,6 +57,11 @@ def latency_ms(predictor: SentimentPredictor, texts: list[str], size: int, calls
 def compare(fp32: SentimentPredictor, bf16: SentimentPredictor, texts: list[str]) -> dict:
     exact = [p.as_dict() for i in range(0, len(texts), 16) for p in fp32.predict(texts[i : i + 16])]
     fast = [p.as_dict() for i in range(0, len(texts), 16) for p in bf16.predict(texts[i : i + 16])]
+    return compare_predictions(exact, fast)
+
+
+def compare_predictions(exact: list[dict], fast: list[dict]) -> dict:
+    """Labels and class probabilities of the same texts from fp32 (``exact``) and bf16 (``fast``) passes."""
     differences = [
         abs(a["scores"][label] - b["scores"][label]) for a, b in zip(exact, fast, strict=True) for label in a["scores"]
     ]
@@ -64,7 +69,7 @@ def compare(fp32: SentimentPredictor, bf16: SentimentPredictor, texts: list[str]
     margins = [sorted(a["scores"].values())[-1] - sorted(a["scores"].values())[-2] for a in exact]
     clear = [same for same, margin in zip(agree, margins, strict=True) if margin > 0.01]
     return {
-        "texts": len(texts),
+        "texts": len(exact),
         "label_agreement": round(sum(agree) / len(agree), 4),
         "texts_with_margin_over_0.01": len(clear),
         "label_agreement_margin_over_0.01": round(sum(clear) / len(clear), 4) if clear else None,

@@ -17,7 +17,7 @@ from inference_assets.container.contract import (
     validate_model_name,
     worst_call_seconds,
 )
-from inference_assets.container.ray_settings import replicas_and_threads
+from inference_assets.container.ray_settings import Topology, default_topology
 from platform_facts.instances import InstanceType, lookup
 from stacks.settings.base import StrictModel, families_where, instance_facts, s3_key
 
@@ -151,7 +151,7 @@ class GravitonEndpointSettings(StrictModel):
 
     @model_validator(mode="after")
     def _worst_request_within_invoke_timeout(self) -> GravitonEndpointSettings:
-        _, threads = replicas_and_threads(self.vcpus, self.workers_per_model)
+        threads = self.topology.threads
         if (seconds := worst_call_seconds(self.max_request_tokens, threads)) > INVOKE_TIMEOUT_S:
             allowed = max_request_tokens_within_timeout(threads)
             raise ValueError(
@@ -160,6 +160,12 @@ class GravitonEndpointSettings(StrictModel):
                 f"allowed up to {allowed} here, or fewer workers_per_model"
             )
         return self
+
+    @property
+    def topology(self) -> Topology:
+        """Replicas, threads and ingress of each instance: workers_per_model, else the measured default
+        (``ray_settings.default_topology``; docs/serving.md, "Topology")."""
+        return default_topology(self.vcpus, self.workers_per_model)
 
     @property
     def vcpus(self) -> int:

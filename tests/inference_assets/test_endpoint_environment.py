@@ -6,15 +6,23 @@ import pytest
 
 from inference_assets.container.contract import Limits
 from inference_assets.container.predictor import RuntimeOptions
-from inference_assets.container.ray_settings import ServeSettings
+from inference_assets.container.ray_server import ingress_environment
+from inference_assets.container.ray_settings import ServeSettings, default_topology, direct_ingress
 from inference_assets.tools.endpoint_environment import endpoint_environment
 
 
-@pytest.mark.parametrize(("vcpus", "workers", "threads"), [(1, 1, 1), (2, 1, 2), (4, 1, 4), (16, 4, 4), (64, 16, 4)])
-def test_default_workers_get_four_cores_each(vcpus: int, workers: int, threads: int) -> None:
+@pytest.mark.parametrize("vcpus", [1, 2, 4, 8, 16, 48, 64])
+def test_the_default_topology_fills_the_instance_and_the_launcher_runs_it(vcpus: int) -> None:
+    """The measured default (ray_settings.default_topology; tests/proving_ground/test_serving_topology.py checks it
+    is the best measured) is what the container runs: its replicas and threads, every vCPU used, and direct ingress
+    exactly when there is one replica."""
     environment = endpoint_environment(vcpus=vcpus)
-    assert environment["SENTIMENT_SERVE_REPLICAS"] == str(workers)
-    assert environment["OMP_NUM_THREADS"] == str(threads)
+    expected = default_topology(vcpus)
+    assert environment["SENTIMENT_SERVE_REPLICAS"] == str(expected.replicas)
+    assert environment["OMP_NUM_THREADS"] == str(expected.threads)
+    assert expected.replicas * expected.threads == vcpus
+    assert direct_ingress({**environment, **ingress_environment(environment, 8080)}) is expected.direct_ingress
+    assert expected.direct_ingress is (expected.replicas == 1)
 
 
 def test_explicit_workers_become_ray_replicas_and_nothing_of_torchserve_is_set() -> None:
@@ -62,7 +70,7 @@ def test_ray_replicas_times_threads_fit_the_instance(vcpus: int, workers: int | 
     """Each replica reserves its threads as Ray CPUs: more than the host's cores and a replica never starts."""
     settings = ServeSettings.from_environment(endpoint_environment(vcpus=vcpus, workers=workers), cores=1)
     assert settings.replicas * settings.threads <= vcpus
-    assert settings.replicas == (workers or max(1, vcpus // 4))
+    assert settings.replicas == (workers or default_topology(vcpus).replicas)
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ def _one_sentence(message: str) -> None:
 def test_every_environment_admits_its_worst_request_within_the_invoke_timeout() -> None:
     for name, raw in RAW.items():
         settings = parse_environment(name, raw).graviton_endpoint
-        threads = settings.vcpus // (settings.workers_per_model or max(1, settings.vcpus // 4))
+        threads = settings.topology.threads
         assert worst_call_seconds(settings.max_request_tokens, threads) <= INVOKE_TIMEOUT_S, name
 
 

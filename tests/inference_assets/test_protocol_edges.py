@@ -137,9 +137,51 @@ def test_a_failed_forward_pass_is_a_500_for_each_request_that_took_part(caplog) 
     assert "0 predictions for 1 texts" in caplog.text
 
 
-def test_a_prediction_that_is_not_a_number_never_reaches_a_client_as_json_it_cannot_parse() -> None:
-    with pytest.raises(ValueError, match="JSON compliant"):
-        answer_batch([(b"a", {"Content-Type": "text/plain"})], lambda t: [{"score": float("nan")}], TEST_LIMITS)
+def _good(text: str) -> dict:
+    return {"label": "positive", "score": 0.9, "scores": {"negative": 0.1, "positive": 0.9}, "text": text}
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason", "logged"),
+    [
+        ({**_good("x"), "score": float("nan")}, "not a finite number", "score is nan, not a finite number"),
+        ({**_good("x"), "scores": {"positive": float("inf")}}, "not a finite number", "scores['positive'] is inf"),
+        ({**_good("x"), "score": -float("inf")}, "not a finite number", "score is -inf"),
+        ({**_good("x"), "extra": [float("nan")]}, "malformed", "cannot be written as JSON"),
+        ({**_good("x"), "score": "0.9"}, "malformed", "score is a string, not a number"),
+        ({**_good("x"), "score": None}, "malformed", "score is null, not a number"),
+        ({**_good("x"), "score": True}, "malformed", "score is a boolean, not a number"),
+        ({**_good("x"), "extra": object()}, "malformed", "cannot be written as JSON"),
+        ({"score": 0.9, "scores": {}}, "malformed", "label is not a string"),
+        ({**_good("x"), "scores": [0.9]}, "malformed", "scores are not an object of labels"),
+        (0.9, "malformed", "a prediction is a number, not an object"),
+        (complex(1, 1), "malformed", "a prediction is a complex, not an object"),
+    ],
+)
+def test_a_prediction_that_is_malformed_or_not_a_finite_number_fails_only_its_own_request(
+    bad: object, reason: str, logged: str, caplog
+) -> None:
+    """The request whose prediction the model got wrong gets a 500 that says so; the requests answered by the same
+    forward pass get theirs, and nothing raises (the server keeps serving)."""
+
+    def predict(texts: list[str]) -> list:
+        return [bad if text == "bad" else _good(text) for text in texts]
+
+    plain = {"Content-Type": "text/plain"}
+    requests = [(b"first", plain), (b'{"inputs": ["ok", "bad"]}', JSON), (b"last", plain)]
+    with caplog.at_level(logging.INFO, logger=protocol.log.name):
+        answers = answer_batch(requests, predict, TEST_LIMITS, ["r-1", "r-2", "r-3"])
+    assert [answer.status for answer in answers] == [200, 500, 200]
+    assert answers[0].json() == [_good("first")] and answers[2].json() == [_good("last")]
+    assert answers[1].json() == {
+        "code": 500,
+        "message": "Internal Server Error",
+        "error": f"the model's prediction is {reason} (request r-2); see the server log",
+    }
+    assert b"\n" not in answers[1].body
+    (record,) = [record for record in caplog.records if record.levelno == logging.ERROR]
+    assert record.getMessage().startswith("request r-2: the model's answer is not a valid prediction: a prediction")
+    assert logged in record.getMessage()
 
 
 @pytest.fixture

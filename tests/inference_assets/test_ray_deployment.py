@@ -354,6 +354,37 @@ def test_a_replica_whose_forward_passes_keep_failing_says_it_cannot_serve(replic
     replica.check_health()
 
 
+def test_a_prediction_that_is_not_a_number_fails_only_its_request_and_the_replica_keeps_serving(
+    replica, monkeypatch
+) -> None:
+    """One text whose scores come out NaN (what a broken input or kernel gives) is a 500 for its request alone; the
+    requests in the same forward pass are answered, /ping stays 200; a model that answers NaN for every request
+    counts as failing (three such passes and the replica says it cannot serve)."""
+    original = replica.predictor.predict_dicts
+
+    def nan_for(poisoned: set[str]):
+        def predict(texts, *encodings):
+            answers = original(texts, *encodings)
+            return [{**a, "score": float("nan")} if t in poisoned else a for t, a in zip(texts, answers, strict=True)]
+
+        return predict
+
+    plain = {"content-type": "text/plain"}
+    monkeypatch.setattr(replica.predictor, "predict_dicts", nan_for({"poisoned"}))
+    answers = _answer_together(replica, [(b"fine", plain, "n-1"), (b"poisoned", plain, "n-2"), (b"good", plain, "n-3")])
+    assert [answer.status for answer in answers] == [200, 500, 200]
+    error = "the model's prediction is not a finite number (request n-2); see the server log"
+    assert answers[1].json()["error"] == error
+    assert _http(replica, "GET", "/ping").status_code == 200
+    monkeypatch.setattr(replica.predictor, "predict_dicts", nan_for({"a", "b", "c"}))
+    for text in ("a", "b", "c"):
+        assert _answer_together(replica, [(text.encode(), plain, text)])[0].status == 500
+    assert "the last 3 forward passes failed" in json.loads(_http(replica, "GET", "/ping").body)["error"]
+    monkeypatch.setattr(replica.predictor, "predict_dicts", original)
+    assert _answer_together(replica, [(b"fine", plain, "n-4")])[0].status == 200
+    assert _http(replica, "GET", "/ping").status_code == 200
+
+
 def test_the_launcher_keeps_ray_off_the_network() -> None:
     """No usage report (the endpoint has no egress); the dashboard and the node address are ray_server.main's
     ray.init arguments (include_dashboard=False, _node_ip_address=127.0.0.1)."""
