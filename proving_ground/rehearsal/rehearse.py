@@ -49,7 +49,7 @@ What moto or this machine lacks, the rehearsal plays, and says so here (none of 
 - Service Quotas: moto knows only the vpc service's; the rehearsal's account has every quota the templates use raised
   to 1000, the Elastic IPs too (EC2 DescribeAccountAttributes: cdk.json's environments, sharing one account, need six
   of a new account's five), and every interface endpoint service offered in the region's zones (moto's
-  DescribeVpcEndpoint- Services needs every moto extra).
+  DescribeVpcEndpointServices needs every moto extra).
 - moto has no placement groups (the launch template is created without one; RunInstances is still checked against
   it), and refuses ``/aws/service/...`` SSM parameters (the image is moto's Amazon-owned Deep Learning AMI) and
   ``ml.c7g`` types.
