@@ -138,10 +138,11 @@ docs: $(SYNTH_INSTALLED)
 	$(BIN)/python -m scripts.settings_reference
 
 ## The whole suite with each module's tests in a random order (pytest-randomly, off in `make test`; its seed is printed,
-## SEED=<n> replays it). The modules keep the order tests/conftest.py gives them, so the workers' split is unchanged.
+## SEED=<n> replays it; MARK="not slow" for the fast tests only). The modules keep the order tests/conftest.py gives
+## them, so the workers' split is unchanged.
 .PHONY: test-random
 test-random: $(DEV_INSTALLED)
-	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -p randomly $(if $(SEED),--randomly-seed=$(SEED))
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -p randomly $(if $(SEED),--randomly-seed=$(SEED)) $(if $(MARK),-m "$(MARK)")
 
 ## Mutation testing (mutmut) of the modules where a bug would hurt users, each with only the fast tests covering it
 ## (tests/mutation/plan.py): MODULE=<key> for one, ONLY=<glob> for some of its mutants. Minutes to an hour per module

@@ -97,7 +97,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 class _DurationRecorder:
     """Sums each scope's test phases (setup, call, teardown) as the workers report them, and writes them into
-    DURATIONS (the scopes this run did not run keep their seconds; modules that no longer exist are dropped)."""
+    DURATIONS (the scopes this run did not run keep their seconds; modules that no longer exist, or that are part of a
+    SAME_WORKER group now, are dropped)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -109,7 +110,9 @@ class _DurationRecorder:
     def pytest_sessionfinish(self) -> None:
         known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
         seconds = {**known, **{scope: round(s, 1) for scope, s in self.seconds.items()}}
-        kept = {scope: s for scope, s in seconds.items() if scope in SAME_WORKER or (ROOT / scope).is_file()}
+        # A module that joined a SAME_WORKER group is counted in the group's seconds: its own entry goes too.
+        kept = {scope: s for scope, s in seconds.items()
+                if scope in SAME_WORKER or ((ROOT / scope).is_file() and _scope(scope) == scope)}  # fmt: skip
         DURATIONS.write_text(json.dumps(dict(sorted(kept.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
 
 

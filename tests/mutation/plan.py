@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ BUILD = ROOT / "build" / "mutate"
 # The packages a mutated module's tests import, copied next to it (mutmut runs the tests inside its mutants/ copy).
 PACKAGES = ["stacks", "inference_assets", "training_assets", "platform_facts", "mme_sizing", "ops_review",
             "proving_ground", "scripts", "app.py", "platform_cli.py", "cdk.json"]  # fmt: skip
+ONE_THREAD = "one_thread"  # the pytest plugin (this folder's one_thread.py) that keeps torch on one thread
 PYTEST = ["-n", "0", "-p", "no:cacheprovider", "-p", "no:randomly", "-m", "not slow", "-q", "-x", "--timeout", "300"]
 
 
@@ -31,12 +33,17 @@ PYTEST = ["-n", "0", "-p", "no:cacheprovider", "-p", "no:randomly", "-m", "not s
 class Module:
     path: str
     tests: tuple[str, ...]
+    # Its tests compute with torch: torch keeps one thread (tests/mutation/one_thread.py says why; the first run of
+    # predictor.py read 128 of its 239 mutants as timeouts; mutmut's forkserver isolation, which avoids the fork,
+    # builds the tiny model again for every mutant: ~30 s each here).
+    torch: bool = False
 
 
 PLAN = {
     "simulation": Module("mme_sizing/simulation.py",
                          ("tests/mme_sizing/test_simulation.py", "tests/mme_sizing/test_lru_skewed_traffic.py",
-                          "tests/mme_sizing/test_simulation_known_answers.py")),
+                          "tests/mme_sizing/test_simulation_known_answers.py",
+                          "tests/mme_sizing/test_simulation_rules.py")),
     "protocol": Module("inference_assets/container/protocol.py",
                        ("tests/inference_assets/test_protocol.py", "tests/inference_assets/test_exact_limits.py",
                         "tests/inference_assets/test_protocol_edges.py")),
@@ -49,7 +56,14 @@ PLAN = {
                               ("tests/training_assets/test_checkpoints.py",
                                "tests/training_assets/test_checkpoint_resume_fixtures.py",
                                "tests/training_assets/test_checkpoint_sync_moto.py")),
-    "batching": Module("training_assets/instance/batching.py", ("tests/training_assets/test_fast_path.py",)),
+    "batching": Module("training_assets/instance/batching.py",
+                       ("tests/training_assets/test_fast_path.py", "tests/training_assets/test_packing.py"),
+                       torch=True),
+    "predictor": Module("inference_assets/container/predictor.py",
+                        ("tests/inference_assets/test_predictor_groups.py",
+                         "tests/inference_assets/test_request_identity.py",
+                         "tests/inference_assets/test_predictor_threads.py",
+                         "tests/inference_assets/test_predictor_answers.py"), torch=True),
     "image_patching": Module("stacks/image_patching.py",
                              ("tests/stacks/foundation/test_image_waivers.py",
                               "tests/stacks/foundation/test_image_patching.py")),
@@ -57,6 +71,9 @@ PLAN = {
                      ("tests/stacks/foundation/test_image_waivers.py",
                       "tests/stacks/foundation/test_image_patching.py")),
     "settings": Module("stacks/settings/network.py", ("tests/stacks/settings",)),
+    "settings_serving": Module("stacks/settings/serving.py", ("tests/stacks/settings",)),
+    "settings_training": Module("stacks/settings/training.py", ("tests/stacks/settings",)),
+    "settings_environment": Module("stacks/settings/environment.py", ("tests/stacks/settings",)),
 }  # fmt: skip
 
 
@@ -85,11 +102,14 @@ def prepare(key: str) -> Path:
         f"source_paths = {_toml_list([str(Path(module.path).parent) + '/'])}",
         f"only_mutate = {_toml_list([module.path])}",
         f"also_copy = {_toml_list([p for p in PACKAGES if (copy / p).exists()])}",
-        f"pytest_add_cli_args = {_toml_list(PYTEST)}",
+        f"pytest_add_cli_args = {_toml_list([*PYTEST, *(['-p', ONE_THREAD] if module.torch else [])])}",
         f"pytest_add_cli_args_test_selection = {_toml_list(list(module.tests))}",
         # A mutant that makes a simulation or a loop run forever is killed by its timeout: three times the tests'
         # own time (mutmut's default of fifteen held two workers for minutes per such mutant).
         "timeout_multiplier = 3.0",
+        # Each mutant's worker runs the fixtures again (the tiny model built, loaded), which the tests' timings that
+        # mutmut's CPU limit starts from do not include: 10 s more for those of torch modules.
+        f"timeout_constant = {10.0 if module.torch else 1.0}",
         "",
     ])  # fmt: skip
     with (copy / "pyproject.toml").open("a") as pyproject:
@@ -101,7 +121,9 @@ def run(key: str, only: list[str]) -> dict[str, object]:
     copy = prepare(key)
     mutmut = [str(Path(sys.executable).with_name("mutmut"))]
     started = time.monotonic()
-    subprocess.run([*mutmut, "run", *only], cwd=copy, check=False)
+    # (the plugin by its folder: a package named tests in site-packages hides this tree's tests/ from imports)
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)} if PLAN[key].torch else None
+    subprocess.run([*mutmut, "run", *only], cwd=copy, check=False, env=environment)
     seconds = round(time.monotonic() - started)
     subprocess.run([*mutmut, "export-cicd-stats"], cwd=copy, check=True, capture_output=True)
     stats = json.loads((copy / "mutants" / "mutmut-cicd-stats.json").read_text())

@@ -40,7 +40,7 @@ def _in_container(after_image: list[str]) -> list[str]:
 # One stand-in for every command: records its argv, answers what ec2_run.sh reads, and plays the training
 # container (rank 0 writes saved_model/ and metrics.json into the mounted output folder when SAVES_MODEL is set).
 FAKE = r"""#!{python}
-import json, os, sys
+import json, os, sys, time
 from pathlib import Path
 name, args = Path(sys.argv[0]).name, sys.argv[1:]
 with open(os.environ["CALLS"], "a") as calls:
@@ -59,6 +59,22 @@ elif name == "aws" and args[:2] == ["ecr", "get-login-password"]:
     print("password")
 elif name == "aws" and args[:2] == ["s3", "sync"]:
     Path(args[-1]).mkdir(parents=True, exist_ok=True)
+elif name == "aws" and args[:2] == ["s3api", "list-objects-v2"]:  # the bucket's objects as `aws s3 cp` wrote them
+    bucket = Path(os.environ["S3_ROOT"], args[args.index("--bucket") + 1])
+    keys = {{str(path.relative_to(bucket)): path.stat().st_size for path in bucket.rglob("*") if path.is_file()}}
+    rows = [[key, size] for key, size in sorted(keys.items()) if key.startswith(args[args.index("--prefix") + 1])]
+    print(json.dumps(rows or None))  # the CLI prints null for an empty listing
+elif name == "aws" and args[:2] == ["s3", "cp"]:  # s3://BUCKET/KEY is S3_ROOT/BUCKET/KEY
+    place = lambda uri: Path(os.environ["S3_ROOT"], uri[5:]) if uri.startswith("s3://") else Path(uri)
+    pairs = [(args[-2], args[-1])]
+    if "--recursive" in args:  # SOURCE/ TARGET/ --exclude * --include NAME ...
+        exclude = args.index("--exclude")
+        names = [args[i + 1] for i, arg in enumerate(args) if arg == "--include"]
+        pairs = [(f"{{args[exclude - 2]}}{{name}}", f"{{args[exclude - 1]}}{{name}}") for name in names]
+    for source, target in pairs:
+        if place(source).is_file():  # (the stand-in for the packaging container writes no model.tar.gz)
+            place(target).parent.mkdir(parents=True, exist_ok=True)
+            place(target).write_bytes(place(source).read_bytes())
 elif name == "docker" and args[0] == "login":
     sys.stdin.read()
 elif name == "docker" and any("--check-only" in a for a in args):
@@ -70,6 +86,11 @@ elif name == "docker" and any("--check-only" in a for a in args):
         (folder / "checkpoint-complete.json").write_text(json.dumps(
             {{"state": "complete", "step": 5, "files": {{"model.safetensors": 7}}}}))
     if os.environ.get("TRAINING_FAILS"):
+        if os.environ.get("FAILS_AFTER_UPLOAD"):  # ... once the uploader has put the checkpoint in S3
+            marker, waited = Path(os.environ["S3_ROOT"], os.environ["FAILS_AFTER_UPLOAD"]), 0
+            while not (marker.is_file() and '"complete"' in marker.read_text()) and waited < 2400:
+                time.sleep(0.05)  # (at most two minutes: a run whose uploader never uploads fails the test)
+                waited += 1
         sys.exit(1)
     if os.environ.get("SAVES_MODEL"):
         (output / "saved_model").mkdir(parents=True)
@@ -92,6 +113,7 @@ def instance(tmp_path: Path) -> dict:
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "CALLS": str(tmp_path / "calls.jsonl"),
+        "S3_ROOT": str(tmp_path / "s3"),
         "AWS_REGION": "us-west-2",
         "DLC_ACCOUNT": "763104351884",
         "REGISTRY_DOMAIN": "amazonaws.com",
@@ -244,8 +266,38 @@ def test_inputs_and_output_are_staged_on_nvme_when_the_instance_has_it(instance:
     assert uploads == [f"{stage}/output/model.tar.gz", f"{stage}/output/metrics.json"]
 
 
-def test_a_failed_run_uploads_its_newest_checkpoint_and_says_how_to_resume(instance: dict) -> None:
-    result = _script(instance, CHECKPOINTS="1", TRAINING_FAILS="1")
+SLOT = "s3://dev-artifacts/training-output/r-0123/checkpoints/slot-0"
+
+
+def _target(copy: list[str]) -> str:
+    """Where ``aws s3 cp [--recursive SOURCE/ TARGET/ --exclude * --include NAME ...| SOURCE TARGET]`` writes."""
+    return copy[copy.index("--exclude") - 1] if "--recursive" in copy else copy[-1]
+
+
+def _uploader_never_starts(instance: dict) -> dict[str, str]:
+    """The uploader (``checkpoint_sync.py upload --watch``, started in the background) is stopped by the TERM that
+    ends it before its interpreter has set a handler, as when training fails within its first moments: the python3
+    that ec2_run.sh finds first on PATH waits in ``sleep`` for it."""
+    python3 = Path(instance["env"]["PATH"].split(":")[0], "python3")
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    python3.write_text(f'#!/bin/bash\n[[ " $* " == *" --watch "* ]] && exec sleep 600\nexec {system} "$@"\n')
+    python3.chmod(0o755)
+    return {}
+
+
+# When the uploader gets its TERM: as it comes (usually after its first round, before the checkpoint exists); after it
+# has uploaded the checkpoint (training fails only then; rounds every 0.1 s); before it has started at all.
+WHEN_THE_RUN_FAILS = {
+    "as-it-comes": lambda instance: {},
+    "after-the-uploader-uploaded": lambda instance: {"FAILS_AFTER_UPLOAD": f"{SLOT[5:]}/checkpoint-complete.json",
+                                                     "CHECKPOINT_UPLOAD_SECONDS": "0.1"},
+    "before-the-uploader-starts": _uploader_never_starts,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("when", list(WHEN_THE_RUN_FAILS))
+def test_a_failed_run_uploads_its_newest_checkpoint_and_says_how_to_resume(instance: dict, when: str) -> None:
+    result = _script(instance, CHECKPOINTS="1", TRAINING_FAILS="1", **WHEN_THE_RUN_FAILS[when](instance))
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         "training failed (exit status 1); to resume from its newest complete checkpoint "
@@ -255,14 +307,13 @@ def test_a_failed_run_uploads_its_newest_checkpoint_and_says_how_to_resume(insta
     calls = _calls(instance)
     work = instance["work"]
     folder = f"{work}/output/checkpoints/checkpoint-5"
-    slot = "s3://dev-artifacts/training-output/r-0123/checkpoints/slot-0"
-    copies = [call for call in calls if call[:3] == ["aws", "s3", "cp"]]
-    # The slot is marked as being written, then the files (one call: the marker's files, the marker excluded), then
-    # the complete marker; all SSE-KMS with the key.
+    copies = [call for call in calls if call[:3] == ["aws", "s3", "cp"] and _target(call).startswith("s3://")]
+    # Once, whoever uploads it: the slot is marked as being written, then the files (one call: the marker's files, the
+    # marker excluded), then the complete marker; all SSE-KMS with the key.
     marking, files, marker = copies
-    assert marking[-1] == marker[-1] == f"{slot}/checkpoint-complete.json"
+    assert marking[-1] == marker[-1] == f"{SLOT}/checkpoint-complete.json"
     assert marker[-2] == f"{folder}/checkpoint-complete.json"
-    assert files[-6:] == [f"{folder}/", f"{slot}/", "--exclude", "*", "--include", "model.safetensors"]
+    assert files[-6:] == [f"{folder}/", f"{SLOT}/", "--exclude", "*", "--include", "model.safetensors"]
     assert "--recursive" in files
     assert all(call[call.index("--sse-kms-key-id") + 1] == instance["env"]["KMS_KEY_ID"] for call in copies)
     assert len(_docker_runs(calls)) == 1  # no packaging after a failure

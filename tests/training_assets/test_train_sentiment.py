@@ -1,4 +1,5 @@
-"""The training script for real: a compiled CPU fine-tune and every bad input (two processes: test_many_ranks.py)."""
+"""The training script for real: every bad input and the CLI (the compiled CPU fine-tune: test_compiled_run.py; two
+processes: test_many_ranks.py)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from inference_assets.container.predictor import SentimentPredictor
 from tests.training_assets.warm_python import WarmPython
 from training_assets.instance import hardware, train_config, train_sentiment
-from training_assets.instance.batching import SMALLEST_BUCKET
 from training_assets.instance.dataset import TrainingInputError
 from training_assets.instance.train_config import TrainConfig
 from training_assets.instance.train_sentiment import train
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "training_assets.instance.train_sentiment"
-# Hyper-parameters with which the tiny model learns the sample data in a few epochs.
-FAST = ["--epochs", "3", "--per-device-batch-size", "8", "--learning-rate", "5e-3", "--max-seq-length", "32"]
 TRAIN_ROWS = 240
-# The compiled run trains twice as many epochs (its --epochs after FAST's wins) on the short texts of
-# one_bucket_data, and learns as clearly.
-COMPILED_EPOCHS = 6
 
 
 def _rows(path: Path) -> list[dict]:
@@ -36,105 +30,6 @@ def _run(python: WarmPython, arguments: list[str], cwd: Path) -> subprocess.Comp
     (the tests run elsewhere)."""
     return subprocess.run([python.executable, *arguments], check=False, cwd=cwd, env=python.env(), capture_output=True,
                           text=True, timeout=600)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def one_bucket_data(tiny_model_dir: Path, sample_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sample texts of at most the smallest bucket's tokens, whole batches of training ones: every training batch
-    pads to that one bucket, so TorchInductor compiles the training step for one shape (each further shape took ~25
-    more C++ kernels, ~25 CPU-seconds here). That each bucket length compiles once, and only then, is TorchDynamo's
-    decision, tested on texts of several lengths in test_fast_path."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    folder = tmp_path_factory.mktemp("one-bucket")
-    for split in ("train", "validation"):
-        rows = [row for row in _rows(sample_data / f"{split}.jsonl")
-                if len(tokenizer(row["text"])["input_ids"]) <= SMALLEST_BUCKET]  # fmt: skip
-        if split == "train":
-            rows = rows[: len(rows) // 8 * 8]
-        (folder / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return folder
-
-
-@pytest.fixture(scope="module")
-def compiled_run(
-    tiny_model_dir: Path, one_bucket_data: Path, tmp_path_factory: pytest.TempPathFactory, warm_python: WarmPython
-) -> Path:
-    """One CLI run with torch.compile and fused AdamW on; the tests below inspect what it left."""
-    output = tmp_path_factory.mktemp("compiled")
-    result = _run(
-        warm_python,
-        [
-            "-m",
-            MODULE,
-            "--model",
-            str(tiny_model_dir),
-            "--dataset",
-            str(one_bucket_data),
-            "--output-dir",
-            str(output),
-            "--torch-compile",
-            "--fused-adamw",
-            "--use-cpu",
-            *FAST,
-            "--epochs",
-            str(COMPILED_EPOCHS),
-        ],
-        cwd=tmp_path_factory.getbasetemp(),
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return output
-
-
-@pytest.mark.slow
-def test_compiled_run_learns_and_reports_every_epoch(compiled_run: Path) -> None:
-    metrics = json.loads((compiled_run / "metrics.json").read_text())
-    assert metrics["config"]["torch_compile"] and metrics["config"]["fused_adamw"] and not metrics["config"]["bf16"]
-    # TorchInductor for real: the optimizer step compiled with the model, each batch shape compiled once.
-    assert metrics["optimizer_step"].startswith("compiled")
-    assert metrics["compilation"]["steps_that_compiled"] == metrics["compilation"]["first_steps_of_each_shape"]
-    assert list(metrics["padding"]["steps_per_length"]) == [str(SMALLEST_BUCKET)]  # one shape: one_bucket_data's
-    epochs = metrics["epochs"]
-    assert [row["epoch"] for row in epochs] == [float(epoch) for epoch in range(1, COMPILED_EPOCHS + 1)]
-    assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
-    assert epochs[-1]["eval_loss"] < epochs[0]["eval_loss"]
-    for row in epochs:
-        assert 0.0 <= row["eval_accuracy"] <= 1.0 and 0.0 <= row["eval_macro_f1"] <= 1.0
-
-
-@pytest.mark.slow
-def test_throughput_excludes_the_compile_warmup(compiled_run: Path, one_bucket_data: Path) -> None:
-    throughput = json.loads((compiled_run / "metrics.json").read_text())["throughput"]
-    steps_per_epoch = len(_rows(one_bucket_data / "train.jsonl")) // 8
-    assert throughput["warmup_steps"] == 1
-    assert throughput["measured_steps"] == COMPILED_EPOCHS * steps_per_epoch - 1
-    assert throughput["samples_per_step"] == 8
-    assert throughput["train_samples_per_second"] == pytest.approx(
-        throughput["measured_steps"] * 8 / throughput["measured_seconds"], rel=1e-3
-    )
-    # Non-padding tokens: more than the two special tokens per sample, fewer than the padded length.
-    tokens_per_sample = throughput["non_padding_tokens_per_second"] / throughput["train_samples_per_second"]
-    assert 2 < tokens_per_sample < 32
-    # Bucketed padding (the default): positions computed per sample stay well under max_seq_length.
-    assert throughput["positions_per_second"] / throughput["train_samples_per_second"] < 16
-    assert 0 < throughput["padding_fraction"] <= 0.4
-    assert throughput["warmup_seconds"] >= throughput["compile_warmup_seconds"] >= 0
-
-
-@pytest.mark.slow
-def test_saved_model_reloads_and_predicts_like_the_trained_one(compiled_run: Path, one_bucket_data: Path) -> None:
-    saved = compiled_run / "saved_model"
-    assert (saved / "model.safetensors").is_file() and (saved / "tokenizer.json").is_file()
-    assert not list(saved.glob("*.bin")), "weights must be safetensors, and no pickled training args"
-    predictor = SentimentPredictor(saved)
-    rows = _rows(one_bucket_data / "validation.jsonl")
-    predictions = predictor.predict([row["text"] for row in rows])
-    assert {p.label for p in predictions} <= {"negative", "neutral", "positive"}
-    correct = sum(p.label == predictor.labels[row["label"]] for p, row in zip(predictions, rows, strict=True))
-    accuracy = correct / len(rows)
-    reported = json.loads((compiled_run / "metrics.json").read_text())["epochs"][-1]["eval_accuracy"]
-    assert accuracy == pytest.approx(reported, abs=1.5 / len(rows))
 
 
 # ------------------------------------------------------------------------------------------------------ bad input

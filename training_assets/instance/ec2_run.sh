@@ -144,8 +144,12 @@ fi
 status=0
 bash training_assets/instance/launch_training.sh --image "$IMAGE" "${launch_args[@]}" -- "${train_args[@]}" || status=$?
 if [[ -n "$uploader" ]]; then
-  kill -TERM "$uploader" 2>/dev/null || true  # it uploads a checkpoint it has not uploaded yet, then stops
-  wait "$uploader" || echo "warning: the last checkpoint upload failed" >&2
+  kill -TERM "$uploader" 2>/dev/null || true  # it finishes the upload under way (and uploads once more), then stops
+  wait "$uploader" || true
+  # The last upload runs here, once the uploader has stopped: a TERM that reaches it before its interpreter has set
+  # its handler (a run that fails within its first moments) ends it without that upload. S3 holding the checkpoint
+  # already, this only lists the slots.
+  "${checkpoints[@]:0:2}" upload "${checkpoints[@]:2}" || echo "warning: the last checkpoint upload failed" >&2
 fi
 if [[ -f "$OUT/rendezvous.json" ]]; then  # the rendezvous node's record of when the nodes started
   aws s3 cp --only-show-errors --sse aws:kms --sse-kms-key-id "$KMS_KEY_ID" "$OUT/rendezvous.json" \

@@ -54,3 +54,32 @@ def each_key_matters(policies: list[dict[str, Any]], action: str, resource: str,
         key: is_allowed(policies, Request(action, resource, {k: v for k, v in context.items() if k != key}))
         for key in context
     }
+
+
+# An identity policy that allows everything: beside it, what a resource policy refuses is what that policy decides.
+ALLOW_EVERYTHING = {"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+
+
+def bucket_requests(bucket_arn: str) -> list[tuple[str, str]]:
+    """Reads, writes, deletes and listing of objects, and a change of the bucket itself."""
+    objects = f"{bucket_arn}/prefix/object"
+    return [("s3:GetObject", objects), ("s3:PutObject", objects), ("s3:DeleteObject", objects),
+            ("s3:ListBucket", bucket_arn), ("s3:PutBucketPolicy", bucket_arn)]  # fmt: skip
+
+
+def over_tls_and_plain_http(
+    resource_policy: dict[str, Any],
+    requests: Iterable[tuple[str, str]],
+    context: Mapping[str, ContextValue] | None = None,
+) -> dict[tuple[str, str], tuple[bool, bool]]:
+    """``{(action, resource): (allowed over TLS, allowed over plain HTTP)}`` for a caller of the resource's account
+    whose identity policy allows everything (``context``: more keys of each request)."""
+    decisions = {}
+    for action, resource in requests:
+        allowed = [
+            is_allowed([ALLOW_EVERYTHING], Request(action, resource, {**(context or {}), "aws:SecureTransport": tls}),
+                       resource_policies=[resource_policy])
+            for tls in ("true", "false")
+        ]  # fmt: skip
+        decisions[(action, resource)] = (allowed[0], allowed[1])
+    return decisions

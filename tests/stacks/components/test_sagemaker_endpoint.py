@@ -8,7 +8,7 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Match, Template
 
-from proving_ground.iam_policy import Request, is_allowed
+from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     DlcImage,
@@ -24,6 +24,9 @@ from tests.stacks.components.bare_endpoint import (
     endpoint_on_bare_stack,
     server_errors_alarm,
 )
+from tests.stacks.components.bare_stack import refs
+
+OTHER_ACCOUNT = "999999999999"
 
 
 @pytest.fixture(scope="module")
@@ -76,29 +79,31 @@ def test_model_runs_the_image_in_the_vpc_after_its_role_and_its_image_pull(singl
     assert any(d.startswith("Role") for d in model["DependsOn"]), "SageMaker checks the role on CreateModel"
 
 
+def _values(stack: cdk.Stack, endpoint: SageMakerEndpoint, template: dict) -> dict:
+    """refs() of the template in the bare stack's account, with the endpoint's ARN."""
+    values = {**refs(template), "AWS::AccountId": ACCOUNT}
+    endpoint_id = stack.get_logical_id(endpoint.endpoint)
+    values[f"{endpoint_id}.EndpointArn"] = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint/{endpoint_id.lower()}"
+    return values
+
+
+PULL = {"ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"}
+ECR_ACTIONS = [*sorted(PULL), "ecr:PutImage", "ecr:InitiateLayerUpload", "ecr:BatchDeleteImage",
+               "ecr:SetRepositoryPolicy"]  # fmt: skip
+
+
 def test_the_image_grants_the_pull_of_exactly_its_own_repository(single) -> None:
-    _, _, template = single
-    template.has_resource_properties(
-        "AWS::IAM::ManagedPolicy",
-        {
-            "Roles": [{"Ref": Match.string_like_regexp("^Role")}],
-            "PolicyDocument": {
-                "Statement": [
-                    {
-                        "Action": [
-                            "ecr:BatchCheckLayerAvailability",
-                            "ecr:BatchGetImage",
-                            "ecr:GetDownloadUrlForLayer",
-                        ],
-                        "Effect": "Allow",
-                        "Resource": "arn:aws:ecr:us-west-2:763104351884:repository/pytorch-inference-arm64",
-                        "Sid": "PullModelImage",
-                    }
-                ],
-                "Version": "2012-10-17",
-            },
-        },
+    """The endpoint role's policies, evaluated: the pull actions on the image's repository, nothing else of ECR there,
+    and nothing on another repository of the same registry."""
+    stack, endpoint, assertions = single
+    template = assertions.to_json()
+    policies = role_policies(
+        template, logical_id(template, "AWS::IAM::Role", "Role"), _values(stack, endpoint, template)
     )
+    registry = f"arn:aws:ecr:{REGION}:763104351884:repository"
+    own, other = f"{registry}/pytorch-inference-arm64", f"{registry}/pytorch-training"
+    assert {action for action in ECR_ACTIONS if is_allowed(policies, Request(action, own))} == PULL
+    assert not [action for action in ECR_ACTIONS if is_allowed(policies, Request(action, other))]
 
 
 def test_config_is_encrypted_and_the_endpoint_keeps_scaled_counts(single) -> None:
@@ -215,23 +220,17 @@ def test_metric_helpers_name_the_variant_in_the_right_namespace(single) -> None:
 
 
 def test_grant_invoke_allows_invoke_on_this_endpoint_only(single) -> None:
-    stack, endpoint, template = single
-    template.has_resource_properties(
-        "AWS::IAM::Policy",
-        {
-            "PolicyDocument": Match.object_like(
-                {
-                    "Statement": [
-                        {
-                            "Action": "sagemaker:InvokeEndpoint",
-                            "Effect": "Allow",
-                            "Resource": {"Fn::GetAtt": [stack.get_logical_id(endpoint.endpoint), "EndpointArn"]},
-                        }
-                    ]
-                }
-            )
-        },
-    )
+    """The grantee's policies, evaluated: invoking this endpoint, not another one, nor changing or deleting it."""
+    stack, endpoint, assertions = single
+    template = assertions.to_json()
+    values = _values(stack, endpoint, template)
+    policies = role_policies(template, logical_id(template, "AWS::IAM::Role", "Client"), values)
+    this = values[f"{stack.get_logical_id(endpoint.endpoint)}.EndpointArn"]
+    another = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint/another"
+    assert is_allowed(policies, Request("sagemaker:InvokeEndpoint", this))
+    assert not is_allowed(policies, Request("sagemaker:InvokeEndpoint", another))
+    for action in ("sagemaker:InvokeEndpointAsync", "sagemaker:UpdateEndpoint", "sagemaker:DeleteEndpoint"):
+        assert not is_allowed(policies, Request(action, this)), action
 
 
 def test_invoke_statement_limits_target_models() -> None:
@@ -266,68 +265,70 @@ def test_dlc_image_parse() -> None:
 # --- the alarm topic's policy -----------------------------------------------------------------------------------
 
 
-def _alarm_publish_statements(template: dict, topic_id: str) -> list[dict]:
-    """Allow statements for cloudwatch.amazonaws.com sns:Publish in the TopicPolicy that covers ``topic_id``."""
-    found = []
-    for resource in template["Resources"].values():
-        if resource["Type"] != "AWS::SNS::TopicPolicy" or {"Ref": topic_id} not in resource["Properties"]["Topics"]:
-            continue
-        for statement in resource["Properties"]["PolicyDocument"]["Statement"]:
-            if statement["Effect"] == "Allow" and statement.get("Principal") == {"Service": "cloudwatch.amazonaws.com"}:
-                found.append(statement)
-    return found
+def _topic_policy(template: dict, topic_id: str, values: dict) -> dict | None:
+    """The policy of the topic ``topic_id`` (None: the topic has none), its references resolved."""
+    policies = [resource["Properties"]["PolicyDocument"] for resource in template["Resources"].values()
+                if resource["Type"] == "AWS::SNS::TopicPolicy"
+                and {"Ref": topic_id} in resource["Properties"]["Topics"]]  # fmt: skip
+    return resolve(policies[0], refs=values) if policies else None
 
 
-def _expected_alarm_statement(topic_id: str, account: object, region: str) -> dict:
+def _alarms_publish(policy: dict, topic: str, account: str, region: str) -> dict[str, bool]:
+    """The topic policy, evaluated for CloudWatch publishing an alarm's state change: allowed for an alarm of this
+    account in this region, over TLS; each other case refused."""
+    alarm = f"arn:aws:cloudwatch:{region}:{account}:alarm:dev-GravitonEndpoint-ServerErrors"
+
+    def publishes(service: str = "cloudwatch.amazonaws.com", tls: str = "true", **keys: str) -> bool:
+        context = {"aws:PrincipalServiceName": service, "aws:SecureTransport": tls,
+                   **{"aws:SourceAccount": account, "aws:SourceArn": alarm, **keys}}  # fmt: skip
+        context = {key: value for key, value in context.items() if value}
+        return is_allowed([], Request("sns:Publish", topic, context), resource_policies=[policy])
+
     return {
-        "Action": "sns:Publish",
-        "Effect": "Allow",
-        "Principal": {"Service": "cloudwatch.amazonaws.com"},
-        "Resource": {"Ref": topic_id},
-        "Sid": "AllowCloudWatchAlarmsToPublish",
-        "Condition": {
-            "StringEquals": {"aws:SourceAccount": account},
-            "ArnLike": {
-                "aws:SourceArn": {"Fn::Join": ["", [f"arn:aws:cloudwatch:{region}:", account, ":alarm:*"]]}
-                if isinstance(account, dict)
-                else f"arn:aws:cloudwatch:{region}:{account}:alarm:*"
-            },
-        },
+        "alarm of this account": publishes(),
+        "plain HTTP": publishes(tls="false"),
+        "another service": publishes(service="events.amazonaws.com"),
+        "another account": publishes(
+            **{"aws:SourceAccount": OTHER_ACCOUNT, "aws:SourceArn": alarm.replace(account, OTHER_ACCOUNT)}
+        ),
+        "another account's alarm": publishes(**{"aws:SourceArn": alarm.replace(account, OTHER_ACCOUNT)}),
+        "another region's alarm": publishes(**{"aws:SourceArn": alarm.replace(region, "eu-west-1")}),
+        "not an alarm": publishes(**{"aws:SourceArn": f"arn:aws:cloudwatch:{region}:{account}:dashboard/d"}),
+        "no source account": publishes(**{"aws:SourceAccount": ""}),
+        "no source": publishes(**{"aws:SourceArn": ""}),
     }
 
 
+ONLY_ALARMS = {"alarm of this account": True} | dict.fromkeys(
+    ["plain HTTP", "another service", "another account", "another account's alarm", "another region's alarm",
+     "not an alarm", "no source account", "no source"], False)  # fmt: skip
+
+
 def test_cloudwatch_alarms_may_publish_to_the_topic_from_this_account_only(single) -> None:
-    stack, endpoint, _ = single
-    template = Template.from_stack(stack).to_json()
+    stack, endpoint, assertions = single
+    template = assertions.to_json()
+    values = {**refs(template), "AWS::AccountId": ACCOUNT}
     topic = stack.get_logical_id(endpoint.alarm_topic.node.default_child)
-    assert _alarm_publish_statements(template, topic) == [_expected_alarm_statement(topic, ACCOUNT, REGION)]
+    policy = _topic_policy(template, topic, values)
+    assert policy is not None and _alarms_publish(policy, values[topic], ACCOUNT, REGION) == ONLY_ALARMS
 
 
 def test_every_alarm_topic_of_every_environment_accepts_its_alarms(templates) -> None:
     """Each environment's stacks are account-agnostic (account from the deploying credentials) or pinned to one."""
     checked = 0
     for environment, stacks in templates.items():
+        settings = cdk_context()["environments"][environment]
+        # (an environment without an account deploys to its credentials' account: any one, here bare_endpoint's)
+        account, region = settings.get("account", ACCOUNT), settings.get("region", DEFAULT_REGION)
         for stack_name, template in stacks.items():
+            values = {**refs(template), "AWS::AccountId": account}
             topics = [lid for lid, r in template["Resources"].items() if r["Type"] == "AWS::SNS::Topic"]
             alarms = [r for r in template["Resources"].values() if r["Type"] == "AWS::CloudWatch::Alarm"]
             for topic in topics:
                 where = f"{environment}/{stack_name}/{topic}"
-                (statement,) = _alarm_publish_statements(template, topic) or [None]
-                assert statement is not None, f"{where}: CloudWatch alarms cannot publish to this topic"
-                account = statement["Condition"]["StringEquals"]["aws:SourceAccount"]
-                assert account in ({"Ref": "AWS::AccountId"},) or str(account).isdigit(), where
-                region = cdk_context()["environments"][environment].get("region", DEFAULT_REGION)
-                assert statement == _expected_alarm_statement(topic, account, region), where
-                # The topic policy keeps the TLS-only Deny next to the Allow.
-                policy = next(
-                    r
-                    for r in template["Resources"].values()
-                    if r["Type"] == "AWS::SNS::TopicPolicy" and {"Ref": topic} in r["Properties"]["Topics"]
-                )
-                assert any(
-                    s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
-                    for s in policy["Properties"]["PolicyDocument"]["Statement"]
-                ), where
+                policy = _topic_policy(template, topic, values)
+                assert policy is not None, f"{where}: CloudWatch alarms cannot publish to this topic"
+                assert _alarms_publish(policy, values[topic], account, region) == ONLY_ALARMS, where
                 assert all({"Ref": topic} in a["Properties"]["AlarmActions"] for a in alarms), where
                 checked += 1
     assert checked >= len(templates), "every environment has at least one alarm topic"

@@ -14,6 +14,7 @@ from proving_ground.iam_policy import Request, is_allowed, resolve
 from stacks.compliance import add_compliance_gates
 from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
 from tests.stacks.components.bare_stack import refs, resources
+from tests.stacks.components.statement_requests import bucket_requests, over_tls_and_plain_http
 
 
 def _stack(removal_policy: cdk.RemovalPolicy, **props: object) -> tuple[cdk.Stack, SecureBuckets]:
@@ -100,13 +101,16 @@ def test_data_buckets_use_the_key_and_log_into_the_target(destroyed: Template, n
 
 
 def test_every_bucket_is_tls_only(destroyed: Template) -> None:
-    policies = destroyed.find_resources("AWS::S3::BucketPolicy")
-    assert len(policies) == 3
-    for policy in policies.values():
-        statements = policy["Properties"]["PolicyDocument"]["Statement"]
-        assert any(
-            s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}} for s in statements
-        )
+    """Each bucket's policy, evaluated: every kind of request allowed over TLS is refused over plain HTTP."""
+    template = destroyed.to_json()
+    values = refs(template)
+    policies = resources(template, "AWS::S3::BucketPolicy").values()
+    assert {policy["Properties"]["Bucket"]["Ref"] for policy in policies} == set(resources(template, "AWS::S3::Bucket"))
+    for policy in policies:
+        bucket = f"arn:aws:s3:::{resolve(policy['Properties']['Bucket'], refs=values)}"
+        document = resolve(policy["Properties"]["PolicyDocument"], refs=values)
+        decisions = over_tls_and_plain_http(document, bucket_requests(bucket))
+        assert decisions == dict.fromkeys(bucket_requests(bucket), (True, False)), bucket
 
 
 def test_destroyed_buckets_are_emptied_and_retained_ones_are_not(destroyed: Template, retained: Template) -> None:

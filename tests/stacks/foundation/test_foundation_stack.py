@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import fnmatch
 import re
 
 import pytest
 from aws_cdk import region_info
 from aws_cdk.assertions import Match, Template
 
+from proving_ground.iam_policy import Request, is_allowed, resolve
 from stacks.settings import DEFAULT_REGION, parse_environment
 from tests.conftest import cdk_context
+from tests.stacks.components.bare_stack import ACCOUNT, REGION, refs
+from tests.stacks.components.statement_requests import (
+    ALLOW_EVERYTHING,
+    bucket_requests,
+    concrete,
+    each_key_matters,
+    granted_actions,
+    over_tls_and_plain_http,
+)
 
 SETTINGS = {name: parse_environment(name, raw) for name, raw in cdk_context()["environments"].items()}
 ENVIRONMENTS = list(SETTINGS)
+# Every environment deploys to the account of its credentials, in the default region: the requests below are made
+# in bare_stack's account and region, which the templates' references resolve to.
+assert all(not raw.get("account") and raw.get("region", DEFAULT_REGION) == REGION
+           for raw in cdk_context()["environments"].values())  # fmt: skip
+OTHER_ACCOUNT = "999999999999"
 # What each environment's removal policy (cdk.json) makes of its key and buckets.
 EXPECTED_DELETION = {name: "Delete" if settings.destroy_on_delete else "Retain" for name, settings in SETTINGS.items()}
 
@@ -46,8 +62,9 @@ def test_every_bucket_is_encrypted_tls_only_versioned_private_logged_and_retaine
     buckets = resources(foundation, "AWS::S3::Bucket")
     log_buckets = [name for name in buckets if name.startswith("AccessLogs")]
     assert len(buckets) == 4 and len(log_buckets) == 1
+    values = refs(foundation)
     policies = {
-        p["Properties"]["Bucket"]["Ref"]: p["Properties"]["PolicyDocument"]["Statement"]
+        p["Properties"]["Bucket"]["Ref"]: resolve(p["Properties"]["PolicyDocument"], refs=values)
         for p in resources(foundation, "AWS::S3::BucketPolicy").values()
     }
     for name, bucket in buckets.items():
@@ -59,11 +76,8 @@ def test_every_bucket_is_encrypted_tls_only_versioned_private_logged_and_retaine
         ), name
         assert props["LifecycleConfiguration"]["Rules"], name
         (encryption,) = props["BucketEncryption"]["ServerSideEncryptionConfiguration"]
-        tls_denied = any(
-            s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
-            for s in policies[name]
-        )
-        assert tls_denied, f"{name} accepts plain HTTP"
+        requests = bucket_requests(f"arn:aws:s3:::{values[name]}")  # (evaluated: allowed over TLS only)
+        assert over_tls_and_plain_http(policies[name], requests) == dict.fromkeys(requests, (True, False)), name
         if name in log_buckets:
             # S3 server access logs can only be delivered to SSE-S3 buckets.
             assert encryption["ServerSideEncryptionByDefault"] == {"SSEAlgorithm": "AES256"}
@@ -102,11 +116,27 @@ def test_no_role_has_a_star_action_or_an_aws_full_access_policy(foundation: dict
             assert "FullAccess" not in str(arn), f"{name} has {arn}"
 
 
-def test_every_pass_role_names_the_service_it_passes_to(foundation: dict) -> None:
-    pass_roles = [(n, s) for n, s in _statements(foundation) if "iam:PassRole" in _as_list(s["Action"])]
-    assert pass_roles
-    for name, statement in pass_roles:
-        assert "iam:PassedToService" in statement["Condition"]["StringEquals"], name
+def test_every_pass_role_passes_its_role_to_sagemaker_only(foundation: dict) -> None:
+    """Each role a policy may pass (the @remote callers' job roles), evaluated: passed to SageMaker, not to another
+    service, and not by a request that names no service."""
+    values = refs(foundation)
+    passed = 0
+    for name, policy in {**resources(foundation, "AWS::IAM::ManagedPolicy"),
+                         **resources(foundation, "AWS::IAM::Policy")}.items():  # fmt: skip
+        raw = policy["Properties"]["PolicyDocument"]
+        if not any(fnmatch.fnmatchcase("iam:PassRole", action) for action, _ in granted_actions([raw])):
+            continue  # (the others name resources that refs() has no ARN for)
+        document = [resolve(raw, refs=values)]
+        for action, role in granted_actions(document):
+            if fnmatch.fnmatchcase("iam:PassRole", action):
+                to_sagemaker = {"iam:PassedToService": "sagemaker.amazonaws.com"}
+                assert each_key_matters(document, action, concrete(role), to_sagemaker) == {
+                    "iam:PassedToService": False
+                }, name
+                to_ec2 = Request(action, concrete(role), {"iam:PassedToService": "ec2.amazonaws.com"})
+                assert not is_allowed(document, to_ec2), name
+                passed += 1
+    assert passed == len(_remote_callers(foundation))
 
 
 def test_roles_and_instance_profile(foundation: dict) -> None:
@@ -193,37 +223,60 @@ def test_vpc_attachment_is_held_to_the_platform_vpc_subnets_and_security_group(f
     (group_id,) = [name for name in groups if re.fullmatch(rf"{group}[0-9A-F]{{8}}", name)]
     others = [name for name in groups if name.startswith(("WorkloadSecurityGroup", "RemoteJobsSecurityGroup"))
               and name != group_id]  # fmt: skip
-    statements = _statements_by_sid(foundation, policy)
-    create = statements["CreateInterfacesInThePlatformSubnets"]
-    assert create["Action"] == "ec2:CreateNetworkInterface"
-    (condition,) = create["Condition"]["ArnEquals"].items()
-    assert condition[0] == "ec2:Vpc" and condition[1]["Fn::Join"][1][-2:] == [":vpc/", {"Ref": vpc_id}]
-    resources_text = str(create["Resource"])
-    private_subnets = [
-        name for name in resources(foundation, "AWS::EC2::Subnet") if name.startswith("VpcPrivateSubnet")
-    ]
-    assert private_subnets and all(name in resources_text for name in private_subnets)
-    assert others and "PublicSubnet" not in resources_text and group_id in resources_text
-    assert not [other for other in others if other in resources_text]
-    assert "subnet/*" not in resources_text and "security-group/*" not in resources_text
-    manage = statements["ManageInterfacesInThePlatformVpc"]
-    assert manage["Condition"] == create["Condition"]
-    assert sorted(manage["Action"]) == ["ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"]
-    assert statements["DeleteInterfacePermissions"]["Action"] == "ec2:DeleteNetworkInterfacePermission"
+    values = refs(foundation)
+    (document,) = [resolve(r["Properties"]["PolicyDocument"], refs=values)
+                   for name, r in resources(foundation, "AWS::IAM::ManagedPolicy").items()
+                   if name.startswith(policy)]  # fmt: skip
+    subnets = [name for name in resources(foundation, "AWS::EC2::Subnet")]
+    private = [values[name] for name in subnets if name.startswith("VpcPrivateSubnet")]
+    public = [values[name] for name in subnets if not name.startswith("VpcPrivateSubnet")]
+    assert private and public
+    platform, other = (
+        f"arn:aws:ec2:{REGION}:{ACCOUNT}:vpc/{values[vpc_id]}",
+        f"arn:aws:ec2:{REGION}:{ACCOUNT}:vpc/vpc-0other",
+    )
+
+    def allowed(action: str, resource: str, vpc: str | None = platform) -> bool:
+        context = {"ec2:Vpc": vpc} if vpc else {}
+        return is_allowed([document], Request(action, f"arn:aws:ec2:{REGION}:{ACCOUNT}:{resource}", context))
+
+    create, interface = "ec2:CreateNetworkInterface", "network-interface/eni-0123"
+    assert all(allowed(create, f"subnet/{subnet}") for subnet in private)
+    assert allowed(create, f"security-group/{values[group_id]}") and allowed(create, interface)
+    assert not [subnet for subnet in public if allowed(create, f"subnet/{subnet}")]
+    assert others and not [o for o in others if allowed(create, f"security-group/{values[o]}")]
+    assert not allowed(create, "subnet/subnet-0elsewhere") and not allowed(create, "security-group/sg-0elsewhere")
+    # Every action on the interfaces: in the platform's VPC only, and never by a request without the ec2:Vpc key.
+    for action in (create, "ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"):
+        assert allowed(action, interface), action
+        assert not allowed(action, interface, other) and not allowed(action, interface, None), action
+    # Deleting an interface's permission has no resource-level permission or condition key (Service Authorization
+    # Reference, Amazon EC2): allowed on "*", where SageMaker's cleanup needs it.
+    assert allowed("ec2:DeleteNetworkInterfacePermission", "network-interface/eni-0123", None)
 
 
 def test_key_grants_only_for_aws_resources_or_services(foundation: dict) -> None:
-    (key,) = resources(foundation, "AWS::KMS::Key").values()
-    statements = key["Properties"]["KeyPolicy"]["Statement"]
-    (deny,) = [s for s in statements if s.get("Sid") == "DenyGrantsExceptForAwsResources"]
-    assert deny == {
-        "Sid": "DenyGrantsExceptForAwsResources",
-        "Effect": "Deny",
-        "Principal": {"AWS": "*"},
-        "Action": "kms:CreateGrant",
-        "Resource": "*",
-        "Condition": {"BoolIfExists": {"kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "false"}},
-    }
+    """The key policy, evaluated for a principal of the account whose IAM policy allows everything: a grant for an
+    AWS resource (an integrated service creating it for the caller) or by an AWS service is allowed, a grant the
+    caller creates for itself is not (the key decides, whatever the account's IAM policies allow)."""
+    values = refs(foundation)
+    ((key_id, key),) = resources(foundation, "AWS::KMS::Key").items()
+    key_policy = resolve(key["Properties"]["KeyPolicy"], refs=values)
+    caller = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/Admin"}
+
+    def may_grant(**context: str) -> bool:
+        request = Request("kms:CreateGrant", values[f"{key_id}.Arn"], {**caller, **context})
+        return is_allowed([ALLOW_EVERYTHING], request, key_policy=key_policy)
+
+    assert may_grant(**{"kms:GrantIsForAWSResource": "true", "aws:PrincipalIsAWSService": "false"})
+    assert may_grant(**{"kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "true"})
+    assert not may_grant(**{"kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "false"})
+    assert not may_grant()  # (neither key: a caller's own CreateGrant call)
+    # The same caller keeps the key's other uses (the Deny is on grants only).
+    decrypt = Request(
+        "kms:Decrypt", values[f"{key_id}.Arn"], {**caller, "kms:ViaService": f"s3.{REGION}.amazonaws.com"}
+    )
+    assert is_allowed([ALLOW_EVERYTHING], decrypt, key_policy=key_policy)
 
 
 def test_data_buckets_send_object_events_to_eventbridge(foundation: dict) -> None:
@@ -267,34 +320,53 @@ def _role(template: dict, prefix: str) -> dict:
     return role
 
 
-def _arn_suffix(value: dict) -> str:
-    """The literal tail of an Fn::Join ARN (what follows the account)."""
-    return value["Fn::Join"][1][-1]
-
-
 @pytest.mark.parametrize("role", ["EndpointExecutionRole", "RemoteJobRole"])
 def test_sagemaker_trusts_name_this_accounts_resources(foundation: dict, role: str) -> None:
     """The endpoints' role for this account's resources; each caller's job role only for that caller's jobs."""
     if role == "EndpointExecutionRole":
-        _trusts_this_accounts(_role(foundation, role), ":*")
-    for caller in _remote_callers(foundation) if role == "RemoteJobRole" else []:
-        _trusts_this_accounts(_role(foundation, f"RemoteJobRole{caller}"), f":training-job/{caller.lower()}-*")
+        _trusts_this_accounts(foundation, _role(foundation, role), "endpoint/dev-sentiment", [])
+    callers = _remote_callers(foundation) if role == "RemoteJobRole" else []
+    for caller in callers:
+        job = "training-job/{}-fn-2026-12-06-07-00-00-000"
+        others = [job.format(other.lower()) for other in callers if other != caller]
+        others += [job.format(f"{caller.lower()}x"), "endpoint/dev-sentiment"]  # a longer name; not a job
+        _trusts_this_accounts(
+            foundation, _role(foundation, f"RemoteJobRole{caller}"), job.format(caller.lower()), others
+        )
 
 
-def _trusts_this_accounts(role: dict, source_arn_tail: str) -> None:
-    (statement,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
-    assert statement["Principal"] == {"Service": "sagemaker.amazonaws.com"}
-    (source_arn,) = statement["Condition"]["ArnLike"].values()
-    assert list(statement["Condition"]["ArnLike"]) == ["aws:SourceArn"]
-    assert _arn_suffix(source_arn) == source_arn_tail
-    assert {"Ref": "AWS::AccountId"} in source_arn["Fn::Join"][1] and ":sagemaker:" in source_arn["Fn::Join"][1][0]
+def _may_assume(template: dict, role: dict, service: str, source_arn: str | None, **context: str) -> bool:
+    trust = resolve(role["Properties"]["AssumeRolePolicyDocument"], refs=refs(template))
+    keys = {"aws:PrincipalServiceName": service, **({"aws:SourceArn": source_arn} if source_arn else {}), **context}
+    return is_allowed([], Request("sts:AssumeRole", f"arn:aws:iam::{ACCOUNT}:role/x", keys), resource_policies=[trust])
+
+
+def _trusts_this_accounts(template: dict, role: dict, resource: str, others: list[str]) -> None:
+    """SageMaker acting for ``resource`` of this account may assume ``role``; for ``others``, for the same resource in
+    another account, without a source, or another service, it may not."""
+    sagemaker = "sagemaker.amazonaws.com"
+    assert _may_assume(template, role, sagemaker, f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:{resource}")
+    for other in others:
+        assert not _may_assume(template, role, sagemaker, f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:{other}"), other
+    assert not _may_assume(template, role, sagemaker, f"arn:aws:sagemaker:{REGION}:{OTHER_ACCOUNT}:{resource}")
+    assert not _may_assume(template, role, sagemaker, None)
+    assert not _may_assume(template, role, "ec2.amazonaws.com", f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:{resource}")
 
 
 def test_flow_log_role_trusts_only_this_accounts_flow_logs(foundation: dict) -> None:
-    (statement,) = _role(foundation, "FlowLogRole")["Properties"]["AssumeRolePolicyDocument"]["Statement"]
-    assert statement["Principal"] == {"Service": "vpc-flow-logs.amazonaws.com"}
-    assert statement["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
-    assert _arn_suffix(statement["Condition"]["ArnLike"]["aws:SourceArn"]) == ":vpc-flow-log/*"
+    role, service = _role(foundation, "FlowLogRole"), "vpc-flow-logs.amazonaws.com"
+
+    def may_assume(account: str = ACCOUNT, resource: str = "vpc-flow-log/fl-0123", **context: str) -> bool:
+        source = f"arn:aws:ec2:{REGION}:{account}:{resource}"
+        return _may_assume(foundation, role, service, source, **{"aws:SourceAccount": account, **context})
+
+    assert may_assume()
+    assert not may_assume(OTHER_ACCOUNT) and not may_assume(resource="instance/i-0123")
+    assert not may_assume(**{"aws:SourceAccount": OTHER_ACCOUNT})  # a source ARN alone does not do
+    assert not _may_assume(foundation, role, service, None, **{"aws:SourceAccount": ACCOUNT})
+    assert not _may_assume(
+        foundation, role, "sagemaker.amazonaws.com", f"arn:aws:ec2:{REGION}:{ACCOUNT}:vpc-flow-log/f"
+    )
     (flow_log,) = resources(foundation, "AWS::EC2::FlowLog").values()
     assert flow_log["Properties"]["DeliverLogsPermissionArn"]["Fn::GetAtt"][0].startswith("FlowLogRole")
 
@@ -307,35 +379,55 @@ def _endpoint(template: dict, name: str) -> dict:
 def test_s3_gateway_endpoint_reaches_only_this_accounts_buckets_and_the_aws_owned_ones_it_needs(
     foundation: dict,
 ) -> None:
-    statements = {s["Sid"]: s for s in _endpoint(foundation, "S3")["PolicyDocument"]["Statement"]}
-    assert set(statements) == {
-        "AllowThisAccountsPrincipalsToThisAccountsBuckets",
-        "AllowReadsOfAwsOwnedBuckets",
-        "AllowAwsServicePrincipals",
-    }
-    account = {"Ref": "AWS::AccountId"}
-    assert statements["AllowThisAccountsPrincipalsToThisAccountsBuckets"]["Condition"] == {
-        "StringEquals": {"aws:PrincipalAccount": account, "aws:ResourceAccount": account}
-    }
-    owned = statements["AllowReadsOfAwsOwnedBuckets"]
-    assert owned["Action"] == "s3:GetObject" and "Condition" not in owned
-    assert "arn:aws:s3:::prod-us-west-2-starport-layer-bucket/*" in owned["Resource"]  # ECR image layers
-    assert "arn:aws:s3:::us-west-2-birdwatcher-prod/*" in owned["Resource"]  # SSM Agent (Session Manager)
-    assert all(r.endswith("/*") and "*" not in r[:-2] for r in owned["Resource"])
+    """The gateway's policy, evaluated for callers whose IAM policies allow everything: this account's principals
+    reach this account's buckets only; of other accounts' buckets, reads of the AWS-owned ones the instances need
+    (ECR's image layers, the SSM Agent's); AWS services acting through it keep their access."""
+    document = resolve(_endpoint(foundation, "S3")["PolicyDocument"], refs=refs(foundation))
+    aws_owned = "111111111111"  # (an account of AWS's own buckets: not this one)
+
+    def through(
+        action: str, resource: str, principal: str = ACCOUNT, owner: str = ACCOUNT, service: bool = False
+    ) -> bool:
+        context = {"aws:PrincipalAccount": principal, "aws:ResourceAccount": owner,
+                   "aws:PrincipalIsAWSService": str(service).lower()}  # fmt: skip
+        return is_allowed([ALLOW_EVERYTHING], Request(action, resource, context), endpoint_policies=[document])
+
+    for action, resource in bucket_requests("arn:aws:s3:::dev-artifacts"):
+        assert through(action, resource), action
+        assert not through(action, resource, owner=OTHER_ACCOUNT), action  # no copy out to another account's bucket
+        assert not through(action, resource, principal=OTHER_ACCOUNT), action
+        assert through(action, resource, principal=aws_owned, owner=OTHER_ACCOUNT, service=True), action
+    for bucket in (f"prod-{REGION}-starport-layer-bucket", f"{REGION}-birdwatcher-prod"):  # ECR layers, SSM Agent
+        assert through("s3:GetObject", f"arn:aws:s3:::{bucket}/sha256/0123", owner=aws_owned), bucket
+        assert not through("s3:PutObject", f"arn:aws:s3:::{bucket}/sha256/0123", owner=aws_owned), bucket
+        assert not through("s3:ListBucket", f"arn:aws:s3:::{bucket}", owner=aws_owned), bucket
+    assert not through("s3:GetObject", f"arn:aws:s3:::prod-{REGION}-starport-layer-bucket-x/o", owner=OTHER_ACCOUNT)
+
+
+# One call through each interface endpoint whose service applies endpoint policies.
+THROUGH_INTERFACE_ENDPOINTS = {"EcrApi": "ecr:BatchGetImage", "SageMakerApi": "sagemaker:CreateTrainingJob",
+                               "SageMakerRuntime": "sagemaker:InvokeEndpoint", "Sts": "sts:AssumeRole",
+                               "Logs": "logs:PutLogEvents", "Ssm": "ssm:GetParameter"}  # fmt: skip
 
 
 def test_interface_endpoints_admit_only_this_accounts_principals_where_policies_apply(foundation: dict) -> None:
+    """Each endpoint's policy, evaluated: this account's principals to this account's resources (the ECR API also
+    to the registry of AWS's Deep Learning Containers; a call with no resource account, as STS's, too), AWS
+    services; nobody else's principals, and no other account's resources."""
     dlc_account = region_info.Fact.find(DEFAULT_REGION, region_info.FactName.DLC_REPOSITORY_ACCOUNT)
-    for name in ("EcrApi", "SageMakerApi", "SageMakerRuntime", "Sts", "Logs", "Ssm"):
-        statements = _endpoint(foundation, name)["PolicyDocument"]["Statement"]
-        # This account's resources; the ECR API also the registry of AWS's Deep Learning Containers.
-        accounts = [{"Ref": "AWS::AccountId"}, *([dlc_account] if name == "EcrApi" else [])]
-        assert [s["Condition"] for s in statements] == [
-            {
-                "StringEquals": {"aws:PrincipalAccount": {"Ref": "AWS::AccountId"}},
-                "StringEqualsIfExists": {"aws:ResourceAccount": accounts},
-            },
-            {"Bool": {"aws:PrincipalIsAWSService": "true"}},
-        ], name
+    for name, action in THROUGH_INTERFACE_ENDPOINTS.items():
+        document = resolve(_endpoint(foundation, name)["PolicyDocument"], refs=refs(foundation))
+
+        def through(principal: str = ACCOUNT, owner: str | None = ACCOUNT, service: bool = False,
+                    document: dict = document, action: str = action) -> bool:  # fmt: skip
+            context = {"aws:PrincipalAccount": principal, "aws:PrincipalIsAWSService": str(service).lower(),
+                       **({"aws:ResourceAccount": owner} if owner else {})}  # fmt: skip
+            request = Request(action, f"arn:aws:service:{REGION}:{owner}:resource", context)
+            return is_allowed([ALLOW_EVERYTHING], request, endpoint_policies=[document])
+
+        assert through() and through(owner=None), name
+        assert not through(principal=OTHER_ACCOUNT) and not through(owner=OTHER_ACCOUNT), name
+        assert through(owner=dlc_account) == (name == "EcrApi"), name
+        assert through(principal=OTHER_ACCOUNT, owner=OTHER_ACCOUNT, service=True), name
     for name in ("EcrDocker", "SsmMessages", "Ec2Messages"):
         assert "PolicyDocument" not in _endpoint(foundation, name), name

@@ -52,7 +52,8 @@ def test_unknown_environment_in_selection() -> None:
 
 def test_unknown_environment_in_cdk_json_is_not_silently_mapped_to_dev() -> None:
     with pytest.raises(
-        SettingsError, match=r"^environments\.preprod: unknown environment; allowed environments are dev"
+        SettingsError,
+        match=r"^environments\.preprod: unknown environment; allowed environments are dev, staging, prod\.$",
     ):
         load_environments({**ENVIRONMENTS, "preprod": ENVIRONMENTS["dev"]}, None)
 
@@ -314,7 +315,8 @@ def test_only_one_environment_per_account_manages_the_training_job_log_group() -
     with pytest.raises(
         SettingsError,
         match=r"^environments\.prod\.logs\.manage_training_job_log_group: only one environment per account and "
-        r"region may manage /aws/sagemaker/TrainingJobs, and staging already does",
+        r"region may manage /aws/sagemaker/TrainingJobs, and staging already does \(give the environments different "
+        r"accounts, or set it in one of them\)\.$",
     ):
         load_environments(environments, "dev")  # every environment counts, whichever are synthesized
     environments["staging"]["account"] = "222222222222"
