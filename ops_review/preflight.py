@@ -19,6 +19,8 @@ deployed state from AWS:
   ``training.subnet_index`` of the Foundation's private subnets when it is deployed, else the zone the Training
   stack's ``TrainingAvailabilityZone`` output selects from the region's zones in alphabetical order, as
   ``Fn::GetAZs`` lists them (CloudFormation user guide, "Fn::GetAZs").
+- The SageMaker types in the private subnets' zones: each endpoint's, and the @remote jobs' (their config.yaml lists
+  every private subnet), read as the EC2 offering of the same hardware (SageMaker has no per-zone offering API).
 - The capacity reservation the launch template targets (EC2 DescribeCapacityReservations): type, zone, state, free
   instances and market type.
 - The model object the Graviton endpoint names (S3 HeadObject in the artifacts bucket).
@@ -249,32 +251,40 @@ class _AccountChecks:
 
     def endpoint_instance_zones(self) -> None:
         """SageMaker runs an endpoint in VPC mode on instances in its subnets' zones; an endpoint type none of them
-        offers cannot start. Read as the EC2 offering of the type's hardware (ml.c7g.4xlarge: c7g.4xlarge; EC2
-        DescribeInstanceTypeOfferings): SageMaker's per-zone offering has no API, so this is the nearest account
-        answer, and a zone that lacks it is a warning while another zone has it."""
-        types = sorted(self.needs.endpoint_maxima)
-        if not types:
-            return
+        offers cannot start."""
+        for instance_type in sorted(self.needs.endpoint_maxima):
+            self._sagemaker_type_zones(instance_type, "endpoint", "choose another instance type for the endpoint")
+
+    def remote_instance_zones(self) -> None:
+        """The @remote jobs run in VPC mode in the private subnets the Training stack's config.yaml lists (all of
+        them): SageMaker places the job's instances in one of those subnets, so a type none of their zones offers
+        cannot start (the job fails at CreateTrainingJob or waits for capacity)."""
+        if self.needs.remote_type:
+            advice = "set training.remote_instance_type to a type the zones offer"
+            self._sagemaker_type_zones(self.needs.remote_type, "@remote job", advice)
+
+    def _sagemaker_type_zones(self, instance_type: str, what: str, advice: str) -> None:
+        """A SageMaker type read as the EC2 offering of its hardware (ml.c7g.4xlarge: c7g.4xlarge; EC2
+        DescribeInstanceTypeOfferings): SageMaker has no per-zone offering API (its ListTrainingJobs, DescribeEndpoint
+        and Service Quotas answer per region), so this is the nearest account answer, and a zone that lacks it is a
+        warning while another zone has it."""
         zones, source = self._zones()
-        ec2 = self.client("ec2")
-        for instance_type in types:
-            hardware = instance_type.removeprefix("ml.")
-            offered = {
-                o["Location"]
-                for o in _pages(ec2, "describe_instance_type_offerings", "InstanceTypeOfferings",
-                                LocationType="availability-zone",
-                                Filters=[{"Name": "instance-type", "Values": [hardware]}])
-            }  # fmt: skip
-            have = [zone for zone in zones if zone in offered]
-            check = f"{instance_type} in the endpoint subnets' zones"
-            if not have:
-                self.add("BLOCKER", check, f"none of {', '.join(zones)} ({source}) offers {hardware}: choose "
-                         "another instance type for the endpoint, or another region.")  # fmt: skip
-            elif len(have) < len(zones):
-                self.add("WARNING", check, f"only {', '.join(have)} of {', '.join(zones)} offer {hardware}: "
-                         "SageMaker places every instance there.")  # fmt: skip
-            else:
-                self.add("OK", check, f"offered in {', '.join(zones)}.")
+        hardware = instance_type.removeprefix("ml.")
+        offered = {
+            o["Location"]
+            for o in _pages(self.client("ec2"), "describe_instance_type_offerings", "InstanceTypeOfferings",
+                            LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [hardware]}])
+        }  # fmt: skip
+        have = [zone for zone in zones if zone in offered]
+        check = f"{instance_type} in the {what} subnets' zones"
+        if not have:
+            self.add("BLOCKER", check, f"none of {', '.join(zones)} ({source}) offers {hardware}: {advice}, or "
+                     "another region.")  # fmt: skip
+        elif len(have) < len(zones):
+            self.add("WARNING", check, f"only {', '.join(have)} of {', '.join(zones)} offer {hardware}: "
+                     "SageMaker places every instance there.")  # fmt: skip
+        else:
+            self.add("OK", check, f"offered in {', '.join(zones)}.")
 
     def elastic_ips(self) -> None:
         """Each NAT gateway holds an Elastic IP, and every environment deployed into this account and region draws on
@@ -325,7 +335,8 @@ class Preflight(_AccountChecks):
     def run(self) -> list[Finding]:
         self.foundation = self._stack_outputs(self.needs.foundation_stack)
         for check in (self.ec2_quota, self.zone_offering, self.capacity_reservation, self.sagemaker_quotas,
-                      self.endpoint_services, self.endpoint_instance_zones, self.key_and_buckets,
+                      self.endpoint_services, self.endpoint_instance_zones, self.remote_instance_zones,
+                      self.key_and_buckets,
                       self.model_objects, self.images, self.fixed_names, self.elastic_ips):  # fmt: skip
             try:
                 check()
@@ -578,7 +589,12 @@ def codebuild_quotas(cdk_out: Path, clients: Callable[[str], Any]) -> list[Findi
     """The promotion pipeline's account: CodeBuild runs no more builds at once per environment type and compute type
     than its "Concurrently running builds for <OS>/<size> environment" quota, and a new account's may start at 0 (no
     build runs at all until it is raised). Quotas found by name, as for SageMaker (the codes are per type); each type
-    the pipeline's projects use needs at least one, and as many as its projects to run a wave's builds side by side."""
+    the pipeline's projects use needs at least one, and as many as its projects to run a wave's builds side by side.
+
+    Names as the CodeBuild user guide's "Quotas for AWS CodeBuild" lists them
+    (https://docs.aws.amazon.com/codebuild/latest/userguide/limits.html, checked 2026-12-06): "Concurrently running
+    builds for ARM/Large environment", "... for Linux/Medium environment", one per platform and size; GPU builds are
+    "Linux GPU/<size>". Over a limit, builds queue (up to five times the limit), "Builds in AWS CodeBuild"."""
     from ops_review.review import load_assembly
 
     stacks = [s for s in load_assembly(cdk_out) if s.stack == "PromotionPipeline" and "/" not in s.environment]
@@ -589,7 +605,8 @@ def codebuild_quotas(cdk_out: Path, clients: Callable[[str], Any]) -> list[Findi
         if resource["Type"] != "AWS::CodeBuild::Project":
             continue
         environment = resource["Properties"]["Environment"]
-        system = "arm" if environment["Type"].startswith("ARM") else "linux"
+        kind = str(environment["Type"])
+        system = "linux gpu" if kind == "LINUX_GPU_CONTAINER" else "arm" if kind.startswith("ARM") else "linux"
         size = str(environment["ComputeType"]).removeprefix("BUILD_GENERAL1_").lower()
         key = f"{system}/{size} environment"
         wanted[key] = wanted.get(key, 0) + 1

@@ -411,6 +411,7 @@ OPERATIONS: dict[tuple[str, str], list[tuple[str, Callable[[Call], str]]]] = {
     ("logs", "DescribeLogGroups"): [("logs:DescribeLogGroups", lambda c: _arn(c, "logs", "log-group:*"))],
     # Actions without resource-level permissions are evaluated against "*" (Service Authorization Reference).
     ("ec2", "DescribeInstances"): [("ec2:DescribeInstances", lambda c: "*")],
+    ("ec2", "DescribeNetworkInterfaces"): [("ec2:DescribeNetworkInterfaces", lambda c: "*")],
     ("ec2", "DescribeInstanceTypeOfferings"): [("ec2:DescribeInstanceTypeOfferings", lambda c: "*")],
     ("ec2", "DescribeInstanceTypes"): [("ec2:DescribeInstanceTypes", lambda c: "*")],
     ("ec2", "DescribeAvailabilityZones"): [("ec2:DescribeAvailabilityZones", lambda c: "*")],

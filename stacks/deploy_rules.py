@@ -83,19 +83,21 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "autoscaling-target-bounds",
-        "Application Auto Scaling API Reference, RegisterScalableTarget: MinCapacity <= MaxCapacity; SageMaker "
-        "developer guide, 'Automatic scaling of Amazon SageMaker AI models': a variant's minimum is at least 1",
+        "Application Auto Scaling API Reference, RegisterScalableTarget, MinCapacity and MaxCapacity: the minimum "
+        "to scale in to and the maximum to scale out to; the minimum allowed is 0 only for the resources it lists "
+        "(SageMaker inference components, not endpoint variants), 1 for all others",
         _scalable_target_bounds,
     ),
     Rule(
         "sagemaker-autoscaling-burstable",
-        "SageMaker developer guide, automatic scaling prerequisites: burstable (ml.t*) instance types cannot autoscale",
+        "SageMaker developer guide, 'Configure model auto scaling with the console': registering a variant checks "
+        "that its instance type is not burstable (such as T2); SageMaker does not autoscale burstable instances",
         _no_autoscaling_on_burstable,
     ),
     Rule(
         "ec2-public-ip-several-network-cards",
-        "EC2 user guide, 'Assign a public IPv4 address': the public IPv4 address is assigned only to an instance "
-        "with a single network interface",
+        "EC2 API Reference, InstanceNetworkInterfaceSpecification, AssociatePublicIpAddress: a public IPv4 address "
+        "goes to eth0 of a new interface, and not when the request specifies more than one network interface",
         _no_public_ip_with_several_cards,
     ),
 )

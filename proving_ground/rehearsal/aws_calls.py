@@ -6,8 +6,10 @@ by the AWS CLI in a shell script, by a tool's boto3 client or by an SDK's worker
 AWS attributes them. ``install`` wraps botocore's ``BaseClient._make_api_call`` (the AWS CLI v1 and boto3 both call
 through it): the call is mapped to the IAM requests it needs (``proving_ground.iam_policy.requests_for``) and evaluated
 against the principal's identity policies together with the resource's own policy where the templates give it one (a
-bucket's policy, a KMS key's policy: ``Gate.bucket_policies``, ``Gate.key_policies``), as IAM decides a request in
-the resource's account; a refused call gets the AccessDenied error IAM would send and never reaches the emulator.
+bucket's policy, a topic's, a KMS key's policy: ``Gate.bucket_policies``, ``Gate.topic_policies``,
+``Gate.key_policies``) and, for a principal inside the VPC, the policy of the VPC endpoint its call passes
+(``Gate.endpoint_policies``), as IAM decides a request in the resource's account; a refused call gets the
+AccessDenied error IAM would send and never reaches the emulator.
 Each call is one JSON line in the gate's log, with the rehearsal step that was running.
 
 A subprocess joins the gate through the environment: ``REHEARSAL_GATE`` names the gate file and
@@ -57,6 +59,8 @@ class Principal:
     # Global condition keys IAM sets for this principal (aws:userid, aws:PrincipalArn, ...).
     identity: dict[str, str] = field(default_factory=dict)
     secret_key: str = "rehearsal-secret"
+    # Calls from inside the VPC (an instance, a job, an endpoint): they pass the VPC endpoint of their service.
+    in_vpc: bool = False
 
     def environment(self) -> dict[str, str]:
         """The variables that make a process act as this principal."""
@@ -90,6 +94,10 @@ class Gate:
     # Bucket name -> its bucket policy, key ARN -> its key policy (resolved): evaluated with every request on them.
     bucket_policies: dict[str, dict[str, Any]] = field(default_factory=dict)
     key_policies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Topic ARN -> its topic policy; botocore service name -> the VPC endpoint its calls from the VPC pass:
+    # {"id": vpce id, "vpc": vpc id, "policy": the endpoint policy}.
+    topic_policies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    endpoint_policies: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def principal(self, name: str) -> Principal:
         (found,) = [p for p in self.principals if p.name == name]
@@ -167,19 +175,39 @@ StandIn = Callable[[dict[str, Any]], dict[str, Any]]
 _REQUEST_CONTEXT = {"aws:SecureTransport": "true", "aws:PrincipalIsAWSService": "false"}
 
 
-def allowed_with_resource_policies(gate: Gate, policies: list[dict[str, Any]], request: Request) -> bool:
+def allowed_with_resource_policies(
+    gate: Gate, policies: list[dict[str, Any]], request: Request, *, endpoint: str | None = None
+) -> bool:
     """The decision for ``request`` by the identity ``policies``, the bucket's policy (an S3 request on a bucket of
-    ``gate.bucket_policies``) and the key's policy (a KMS request on a key of ``gate.key_policies``, which KMS
-    requires to allow: by itself or by delegating to the account's IAM policies)."""
-    contextual = Request(request.action, request.resource, {**_REQUEST_CONTEXT, **request.context})
+    ``gate.bucket_policies``), the topic's policy (``gate.topic_policies``), the key's policy (a KMS request on a key
+    of ``gate.key_policies``, which KMS requires to allow: by itself or by delegating to the account's IAM policies),
+    and the policy of the VPC endpoint the call passes (``endpoint``: the botocore service name of a call made from
+    inside the VPC; ``gate.endpoint_policies``), which must allow it as well (VPC user guide, "Control access to VPC
+    endpoints using endpoint policies")."""
+    # The resource's account: the ARN's, else (S3 ARNs name none) the rehearsal's, which owns every bucket it makes.
+    arn_account = request.resource.split(":")[4] if request.resource.count(":") >= 5 else ""
+    context = {**_REQUEST_CONTEXT, "aws:ResourceAccount": arn_account or gate.account, **request.context}
     service = request.action.partition(":")[0].lower()
+    # Only the call's own service passes the endpoint: what that service asks of another on the caller's behalf
+    # (S3 asking KMS for a data key) goes from service to service.
+    own = {"sagemaker-runtime": "sagemaker"}.get(endpoint or "", endpoint)
+    passes = gate.endpoint_policies.get(endpoint or "") if own == service else None
+    if passes is not None:
+        context.update({"aws:SourceVpce": passes["id"], "aws:SourceVpc": passes["vpc"]})
+    contextual = Request(request.action, request.resource, context)
+    boundaries = [passes["policy"]] if passes is not None else []
     if service == "s3":
         bucket = request.resource.removeprefix("arn:aws:s3:::").split("/", 1)[0]
         bucket_policy = gate.bucket_policies.get(bucket)
-        return is_allowed(policies, contextual, resource_policies=[bucket_policy] if bucket_policy else [])
+        return is_allowed(policies, contextual, resource_policies=[bucket_policy] if bucket_policy else [],
+                          endpoint_policies=boundaries)  # fmt: skip
+    if service == "sns" and request.resource in gate.topic_policies:
+        return is_allowed(policies, contextual, resource_policies=[gate.topic_policies[request.resource]],
+                          endpoint_policies=boundaries)  # fmt: skip
     if service == "kms" and request.resource in gate.key_policies:
-        return is_allowed(policies, contextual, key_policy=gate.key_policies[request.resource])
-    return is_allowed(policies, contextual)
+        return is_allowed(policies, contextual, key_policy=gate.key_policies[request.resource],
+                          endpoint_policies=boundaries)  # fmt: skip
+    return is_allowed(policies, contextual, endpoint_policies=boundaries)
 
 
 # Long: botocore's before-call hook that records, stands in for and gates every call, with its undo: the pieces share
@@ -234,7 +262,9 @@ def install(
             except Unsupported as gap:
                 record(principal.name, [], False, f"unmapped: {gap}")
                 raise
-            refused = [r for r in requests if not allowed_with_resource_policies(gate, principal.policies, r)]
+            endpoint = service if principal.in_vpc else None
+            policies = principal.policies
+            refused = [r for r in requests if not allowed_with_resource_policies(gate, policies, r, endpoint=endpoint)]
             record(principal.name, requests, not refused, None if not refused else "AccessDenied")
             if refused:
                 raise denied(operation, principal, refused[0])

@@ -1,10 +1,27 @@
-"""CloudFormation, played: each template's resources created in moto from their resolved properties, the
-stack's outputs and resource list kept for the stand-ins that answer DescribeStacks and its kin.
+"""CloudFormation, played: each synthesized template deployed through moto's CloudFormation (CreateStack, then one
+UpdateStack per later wave), and the resources of the types it cannot create made by hand through the services' APIs
+with every policy the template gives them (proving_ground/rehearsal/hand_made.py), in the order CloudFormation creates
+them: a resource waits for every resource it names (Ref, Fn::GetAtt, Fn::Sub, DependsOn). A wave is every resource
+moto can create whose dependencies are all created or in the wave; then every hand-made resource whose dependencies
+are created; and so on. Refs to hand-made resources are written into the next wave's template as the values they
+created (CloudFormation would resolve them the same way). Deleting plays the waves backwards: the hand-made resources
+by hand (a retained one kept, as CloudFormation keeps it), each wave by an UpdateStack that removes it, the first by
+DeleteStack.
+
+Where moto's CloudFormation differs from CloudFormation, the rehearsal plays CloudFormation's part:
+- moto evaluates ``DeletionPolicy: Retain`` only; CDK's ``RetainExceptOnCreate`` (what a stack deletion retains as
+  well) is given to it as ``Retain``;
+- moto's UpdateStack does not register the exports an update adds: they are registered after each wave;
+- moto deletes a bucket that still holds objects by doing nothing: a bucket the template deletes and that is still
+  there after its stack is gone is CloudFormation's DELETE_FAILED (BucketNotEmpty), and fails the destroy;
+- moto's CloudFormation ignores a template's ``Rules`` (CDK's bootstrap-version check): left out.
+The values CloudFormation resolves for moto's resources (physical ids, Fn::GetAtt) are read from moto's stack.
 """
 
 from __future__ import annotations
 
-import base64
+import copy
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -13,38 +30,83 @@ from typing import Any
 
 from ops_review.review import StackTemplate
 from proving_ground.iam_policy import resolve
+from proving_ground.rehearsal import hand_made
 from proving_ground.rehearsal.journey import ACCOUNT, StepFailed
 
+CAPABILITIES = ["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"]
+_RETAINED = ("Retain", "RetainExceptOnCreate")
+# Fn::GetAtt attributes moto's models lack that equal the resource's Ref (CloudFormation's resource schema: an
+# endpoint's EndpointArn is its Ref): moto is given the Ref.
+_ATTRIBUTES_AS_REF = {("AWS::SageMaker::Endpoint", "EndpointArn")}
+# A VPC endpoint's service (what its ServiceName ends with) -> the botocore service whose API calls pass it.
+_ENDPOINT_SERVICES = {"s3": "s3", "ecr.api": "ecr", "sagemaker.api": "sagemaker", "sagemaker.runtime":
+                      "sagemaker-runtime", "sts": "sts", "logs": "logs", "ssm": "ssm", "kms": "kms"}  # fmt: skip
 
-def _physical(stack_name: str, logical: str, limit: int = 63) -> str:
-    """A CloudFormation-style generated name: stack name, logical id, lower-case for buckets."""
-    return f"{stack_name}-{logical}"[:limit]
+
+def played_types() -> set[str]:
+    """The resource types moto's CloudFormation creates (its model map), less those the rehearsal makes itself."""
+    from moto.cloudformation.parsing import get_model_map
+
+    return set(get_model_map()) - set(hand_made.NOT_PLAYED)
 
 
-def _sagemaker_arn(arn: str) -> str:
-    """SageMaker lower-cases resource names in its ARNs (moto keeps their case)."""
-    prefix, _, name = arn.rpartition("/")
-    return f"{prefix}/{name.lower()}"
+def dependencies(resource: dict[str, Any], names: set[str]) -> set[str]:
+    """The logical ids of ``names`` that ``resource`` names: Ref, Fn::GetAtt, Fn::Sub variables, DependsOn."""
+    found: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            if isinstance(value.get("Ref"), str):
+                found.add(value["Ref"])
+            attribute = value.get("Fn::GetAtt")
+            if attribute is not None:
+                found.add(attribute[0] if isinstance(attribute, list) else str(attribute).split(".")[0])
+            if "Fn::Sub" in value:
+                body = value["Fn::Sub"] if isinstance(value["Fn::Sub"], str) else value["Fn::Sub"][0]
+                found.update(v.split(".")[0] for v in re.findall(r"\$\{([^!}][^}]*)\}", body))
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(resource.get("Properties", {}))
+    depends = resource.get("DependsOn", [])
+    found.update([depends] if isinstance(depends, str) else depends)
+    return found & names
 
 
 class Refs(dict[str, Any]):
-    """Ref / GetAtt values of one stack: what the rehearsal created, else a placeholder that no real call matches
-    (a policy naming a resource the rehearsal never made can only refuse). A template parameter of an SSM type (a
-    ``BuiltImage``'s digest) is read from SSM, as CloudFormation reads it when the stack deploys."""
+    """Ref / GetAtt values of one stack: hand-made resources' as they were created, moto's read from its stack, else a
+    placeholder that no real call matches (a policy naming a resource never made can only refuse). A template
+    parameter of an SSM type (a ``BuiltImage``'s digest) is read from SSM, as CloudFormation reads it."""
 
     def __init__(
-        self, stack: StackTemplate, pseudo: dict[str, Any], parameter: Callable[[str], str] | None = None
+        self, stack: StackTemplate, pseudo: dict[str, Any], parameter: Callable[[str], str], moto: Callable[[], Any]
     ) -> None:
         super().__init__(pseudo)
         self.stack = stack
         self.parameter = parameter
+        self.moto = moto  # moto's stack, once created
 
     def __missing__(self, key: str) -> Any:
-        logical = key.partition(".")[0]
+        logical, _, attribute = key.partition(".")
         if logical in self.stack.template.get("Resources", {}):
-            return f"rehearsal-not-created-{self.stack.stack_name}-{key}"
+            stack = self.moto()
+            model = stack.resource_map._parsed_resources.get(logical) if stack is not None else None
+            if model is None:
+                return f"rehearsal-not-created-{self.stack.stack_name}-{key}"
+            # moto's Ref: the model's physical id; models that have none (an ingress rule) answer with their own id.
+            physical = getattr(model, "physical_resource_id", None) or getattr(model, "id", logical)
+            kind = self.stack.template["Resources"][logical]["Type"]
+            as_ref = not attribute or (kind, attribute) in _ATTRIBUTES_AS_REF
+            value = physical if as_ref else model.get_cfn_attribute(attribute)
+            if kind.startswith("AWS::SageMaker::") and as_ref:
+                value = hand_made.sagemaker_arn(str(value))
+            self[key] = value
+            return value
         declared = self.stack.template.get("Parameters", {}).get(key)
-        if self.parameter and declared and declared["Type"] == "AWS::SSM::Parameter::Value<String>":
+        if declared and declared["Type"] == "AWS::SSM::Parameter::Value<String>":
             self[key] = self.parameter(declared["Default"])
             return self[key]
         raise KeyError(key)
@@ -56,260 +118,44 @@ class DeployedStack:
     refs: Refs
     outputs: dict[str, str] = field(default_factory=dict)
     resources: list[tuple[str, str, str]] = field(default_factory=list)  # (logical id, type, physical id)
+    # In creation order: ("cloudformation", logical ids of one wave) or ("hand", [logical id]).
+    steps: list[tuple[str, list[str]]] = field(default_factory=list)
     status: str = "CREATE_COMPLETE"
 
     def physical(self, resource_type: str) -> list[str]:
         return [physical for _, kind, physical in self.resources if kind == resource_type]
 
 
-class Deployment:
-    """What `cdk deploy` would have created, created in moto from the templates' resolved properties."""
+@dataclass
+class Coverage:
+    """Per resource type of the deployed templates: how many moto's CloudFormation created, how many the rehearsal
+    made by hand, how many nothing emulates."""
 
-    def __init__(self, stacks: dict[str, StackTemplate], client: Callable[[str], Any], region: str) -> None:
-        self.stacks = stacks
-        self.client = client
-        self.region = region
-        self.exports: dict[str, Any] = {}
-        self.deployed: dict[str, DeployedStack] = {}
-        self.launch_templates: dict[str, dict[str, Any]] = {}
-        self.encrypted_buckets: dict[str, str] = {}
-        zones = client("ec2").describe_availability_zones()["AvailabilityZones"]
-        self.zones = sorted(zone["ZoneName"] for zone in zones)
+    played: dict[str, int] = field(default_factory=dict)
+    by_hand: dict[str, int] = field(default_factory=dict)
+    not_emulated: dict[str, int] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        kinds = sorted({*self.played, *self.by_hand, *self.not_emulated})
+        width = max((len(k) for k in kinds), default=10)
+        lines = [f"  {'resource type':<{width}}  played  by hand  not emulated"]
+        for kind in kinds:
+            counts = (self.played.get(kind, 0), self.by_hand.get(kind, 0), self.not_emulated.get(kind, 0))
+            lines.append(f"  {kind:<{width}}  {counts[0]:>6}  {counts[1]:>7}  {counts[2]:>12}")
+        return lines
+
+
+class _DeployedPolicies:
+    """What the deployed templates say, resolved: the principals' identity policies, the resources' own policies
+    (Deployment's base: one class of both would be over the repository's size rule)."""
+
+    stacks: dict[str, StackTemplate]
+    deployed: dict[str, DeployedStack]
+    exports: dict[str, Any]
+    region: str
 
     def resolve(self, stack_id: str, value: Any) -> Any:
         return resolve(value, refs=self.deployed[stack_id].refs, exports=self.exports)
-
-    def deploy(self, stack_id: str) -> DeployedStack:
-        stack = self.stacks[stack_id]
-        pseudo = {"AWS::AccountId": ACCOUNT, "AWS::Region": self.region, "AWS::Partition": "aws",
-                  "AWS::URLSuffix": "amazonaws.com", "AWS::StackName": stack.stack_name,
-                  "AWS::NoValue": None, "Fn::GetAZs": self.zones}  # fmt: skip
-        deployed = self.deployed[stack_id] = DeployedStack(stack, Refs(stack, pseudo, self._ssm_parameter))
-        resources = stack.template["Resources"]
-        for kind, create in self._creators():
-            for logical, resource in resources.items():
-                if resource["Type"] == kind:
-                    physical = create(stack_id, logical, resource.get("Properties", {}))
-                    deployed.resources.append((logical, kind, str(physical)))
-        for name, output in stack.template.get("Outputs", {}).items():
-            try:
-                value = self.resolve(stack_id, output["Value"])
-            except KeyError:
-                continue
-            deployed.outputs[name] = str(value)
-            if "Export" in output:
-                self.exports[self.resolve(stack_id, output["Export"]["Name"])] = value
-        return deployed
-
-    def _ssm_parameter(self, name: str) -> str:
-        value: str = self.client("ssm").get_parameter(Name=name)["Parameter"]["Value"]
-        return value
-
-    def destroy(self, stack_id: str) -> None:
-        """Delete what the stack created that outlives nothing else: endpoints, targets, instances' templates."""
-        deployed = self.deployed[stack_id]
-        sagemaker, autoscaling = self.client("sagemaker"), self.client("application-autoscaling")
-        for logical, kind, physical in reversed(deployed.resources):
-            resource = deployed.stack.template["Resources"][logical]
-            retained = resource.get("DeletionPolicy") in ("Retain", "RetainExceptOnCreate")
-            if kind == "AWS::ApplicationAutoScaling::ScalableTarget":
-                resource_id, dimension, namespace = physical.split("|")
-                autoscaling.deregister_scalable_target(
-                    ServiceNamespace=namespace, ResourceId=resource_id, ScalableDimension=dimension
-                )
-            elif kind == "AWS::SageMaker::Endpoint":
-                sagemaker.delete_endpoint(EndpointName=physical)
-            elif kind == "AWS::SageMaker::EndpointConfig":
-                sagemaker.delete_endpoint_config(EndpointConfigName=physical)
-            elif kind == "AWS::SageMaker::Model":
-                sagemaker.delete_model(ModelName=physical)
-            elif kind == "AWS::Logs::LogGroup" and not retained:
-                self.client("logs").delete_log_group(logGroupName=physical)
-            elif kind == "AWS::EC2::LaunchTemplate":
-                self.client("ec2").delete_launch_template(LaunchTemplateId=physical)
-        deployed.status = "DELETE_COMPLETE"
-
-    # --- one creator per resource type, in dependency order -----------------------------------------------------------
-
-    def _creators(self) -> list[tuple[str, Callable[[str, str, dict[str, Any]], str]]]:
-        return [
-            ("AWS::KMS::Key", self._key),
-            ("AWS::EC2::VPC", self._vpc),
-            ("AWS::EC2::Subnet", self._subnet),
-            ("AWS::EC2::SecurityGroup", self._security_group),
-            ("AWS::S3::Bucket", self._bucket),
-            ("AWS::IAM::Role", self._role),
-            ("AWS::IAM::InstanceProfile", self._instance_profile),
-            ("AWS::IAM::ManagedPolicy", self._managed_policy),
-            ("AWS::Logs::LogGroup", self._log_group),
-            ("AWS::EC2::PlacementGroup", self._placement_group),
-            ("AWS::EC2::LaunchTemplate", self._launch_template),
-            ("AWS::SSM::Parameter", self._parameter),
-            ("AWS::SageMaker::Model", self._model),
-            ("AWS::SageMaker::EndpointConfig", self._endpoint_config),
-            ("AWS::SageMaker::Endpoint", self._endpoint),
-            ("AWS::ApplicationAutoScaling::ScalableTarget", self._scalable_target),
-            ("AWS::ApplicationAutoScaling::ScalingPolicy", self._scaling_policy),
-        ]
-
-    def _set(self, stack_id: str, logical: str, ref: Any, **attributes: Any) -> Any:
-        refs = self.deployed[stack_id].refs
-        refs[logical] = ref
-        refs.update({f"{logical}.{name}": value for name, value in attributes.items()})
-        return ref
-
-    def _key(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        key = self.client("kms").create_key(Description=str(props.get("Description", logical)))["KeyMetadata"]
-        return self._set(stack_id, logical, key["KeyId"], Arn=key["Arn"])
-
-    def _vpc(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        vpc = self.client("ec2").create_vpc(CidrBlock=self.resolve(stack_id, props["CidrBlock"]))["Vpc"]["VpcId"]
-        return self._set(stack_id, logical, vpc, VpcId=vpc)
-
-    def _subnet(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        subnet = self.client("ec2").create_subnet(
-            VpcId=self.resolve(stack_id, props["VpcId"]),
-            CidrBlock=self.resolve(stack_id, props["CidrBlock"]),
-            AvailabilityZone=self.resolve(stack_id, props["AvailabilityZone"]),
-        )["Subnet"]
-        return self._set(stack_id, logical, subnet["SubnetId"], SubnetId=subnet["SubnetId"])
-
-    def _security_group(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        stack = self.stacks[stack_id].stack_name
-        group = self.client("ec2").create_security_group(
-            GroupName=_physical(stack, logical, 255),
-            Description=str(self.resolve(stack_id, props.get("GroupDescription", logical)))[:255],
-            VpcId=self.resolve(stack_id, props["VpcId"]),
-        )["GroupId"]
-        return self._set(stack_id, logical, group, GroupId=group)
-
-    def _bucket(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        name = re.sub(r"[^a-z0-9-]", "-", _physical(self.stacks[stack_id].stack_name, logical).lower())
-        s3 = self.client("s3")
-        s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": self.region})
-        encryption = self.resolve(stack_id, props.get("BucketEncryption", {}))
-        for rule in encryption.get("ServerSideEncryptionConfiguration", []):
-            default = rule["ServerSideEncryptionByDefault"]
-            if default["SSEAlgorithm"] == "aws:kms":
-                self.encrypted_buckets[name] = default["KMSMasterKeyID"]
-            api_rule = {
-                "ApplyServerSideEncryptionByDefault": default,
-                "BucketKeyEnabled": bool(rule.get("BucketKeyEnabled")),
-            }
-            s3.put_bucket_encryption(Bucket=name, ServerSideEncryptionConfiguration={"Rules": [api_rule]})
-        return self._set(stack_id, logical, name, Arn=f"arn:aws:s3:::{name}")
-
-    def _role(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        name = props.get("RoleName") or _physical(self.stacks[stack_id].stack_name, logical, 64)
-        trust = json.dumps(self.resolve(stack_id, props["AssumeRolePolicyDocument"]))
-        role = self.client("iam").create_role(RoleName=name, AssumeRolePolicyDocument=trust)["Role"]
-        return self._set(stack_id, logical, name, Arn=role["Arn"], RoleId=role["RoleId"])
-
-    def _instance_profile(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        name = _physical(self.stacks[stack_id].stack_name, logical, 128)
-        iam = self.client("iam")
-        profile = iam.create_instance_profile(InstanceProfileName=name)["InstanceProfile"]
-        for role in self.resolve(stack_id, props["Roles"]):
-            iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=role)
-        return self._set(stack_id, logical, name, Arn=profile["Arn"])
-
-    def _managed_policy(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        # Not created: the call gate holds the policies (moto enforces none).
-        arn = f"arn:aws:iam::{ACCOUNT}:policy/{_physical(self.stacks[stack_id].stack_name, logical, 128)}"
-        return self._set(stack_id, logical, arn)
-
-    def _log_group(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        name = self.resolve(stack_id, props.get("LogGroupName")) or _physical(
-            self.stacks[stack_id].stack_name, logical, 512
-        )
-        self.client("logs").create_log_group(logGroupName=name)
-        arn = f"arn:aws:logs:{self.region}:{ACCOUNT}:log-group:{name}:*"
-        return self._set(stack_id, logical, name, Arn=arn)
-
-    def _placement_group(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        # moto 5.2.5 has no placement groups: the name only (RunInstances is still checked against it).
-        name = _physical(self.stacks[stack_id].stack_name, logical, 255)
-        return self._set(stack_id, logical, name, GroupName=name)
-
-    def _launch_template(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        data = dict(props["LaunchTemplateData"])
-        user_data = self.resolve(stack_id, data.pop("UserData")["Fn::Base64"])
-        resolved = self.resolve(stack_id, data)
-        ec2 = self.client("ec2")
-        # moto's Amazon-owned Deep Learning AMI (by name: all 1,300 of moto's images cost seconds to list and parse).
-        dlami = [{"Name": "name", "Values": ["Deep Learning AMI Amazon Linux*"]}]
-        image = ec2.describe_images(Owners=["amazon"], Filters=dlami)["Images"][0]["ImageId"]
-        # moto refuses /aws/service SSM parameters and has no placement groups.
-        emulated = {k: v for k, v in resolved.items() if k != "Placement"}
-        emulated["ImageId"] = image
-        emulated["UserData"] = base64.b64encode(user_data.encode()).decode()
-        name = _physical(self.stacks[stack_id].stack_name, logical, 128)
-        template = ec2.create_launch_template(LaunchTemplateName=name, LaunchTemplateData=emulated)["LaunchTemplate"]
-        template_id = template["LaunchTemplateId"]
-        profile = resolved["IamInstanceProfile"]["Arn"].rsplit("/", 1)[-1]
-        (role,) = self.client("iam").get_instance_profile(InstanceProfileName=profile)["InstanceProfile"]["Roles"]
-        self.launch_templates[template_id] = {
-            "arn": f"arn:aws:ec2:{self.region}:{ACCOUNT}:launch-template/{template_id}",
-            "data": resolved,
-            "image_id": image,
-            "image_owner": "amazon",
-            "instance_role_arn": role["Arn"],
-            "user_data": user_data,
-        }
-        return self._set(stack_id, logical, template_id, LatestVersionNumber="1", DefaultVersionNumber="1")
-
-    def _parameter(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        name = self.resolve(stack_id, props["Name"])
-        value = self.resolve(stack_id, props["Value"])
-        self.client("ssm").put_parameter(Name=name, Value=value, Type=props.get("Type", "String"))
-        return self._set(stack_id, logical, name)
-
-    def _model(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        name = _physical(self.stacks[stack_id].stack_name, logical, 63)
-        resolved = self.resolve(stack_id, props)
-        options = {k: resolved[k] for k in ("VpcConfig", "EnableNetworkIsolation") if k in resolved}
-        arn = self.client("sagemaker").create_model(
-            ModelName=name,
-            ExecutionRoleArn=resolved["ExecutionRoleArn"],
-            PrimaryContainer=resolved["PrimaryContainer"],
-            **options,
-        )["ModelArn"]
-        self._set(stack_id, logical, _sagemaker_arn(arn), ModelName=name)
-        return name
-
-    def _endpoint_config(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        name = _physical(self.stacks[stack_id].stack_name, logical, 63)
-        resolved = self.resolve(stack_id, props)
-        options = {k: resolved[k] for k in ("KmsKeyId", "DataCaptureConfig") if k in resolved}
-        self.client("sagemaker").create_endpoint_config(
-            EndpointConfigName=name, ProductionVariants=resolved["ProductionVariants"], **options
-        )
-        return self._set(stack_id, logical, name, EndpointConfigName=name)
-
-    def _endpoint(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        resolved = self.resolve(stack_id, props)
-        name = resolved["EndpointName"]
-        arn = self.client("sagemaker").create_endpoint(
-            EndpointName=name, EndpointConfigName=resolved["EndpointConfigName"]
-        )["EndpointArn"]
-        arn = _sagemaker_arn(arn)
-        self._set(stack_id, logical, arn, EndpointName=name, EndpointArn=arn)
-        return str(name)
-
-    def _scalable_target(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        resolved = self.resolve(stack_id, props)
-        keys = ("ServiceNamespace", "ResourceId", "ScalableDimension", "MinCapacity", "MaxCapacity")
-        self.client("application-autoscaling").register_scalable_target(**{k: resolved[k] for k in keys})
-        ref = f"{resolved['ResourceId']}|{resolved['ScalableDimension']}|{resolved['ServiceNamespace']}"
-        return self._set(stack_id, logical, ref)
-
-    def _scaling_policy(self, stack_id: str, logical: str, props: dict[str, Any]) -> str:
-        resolved = self.resolve(stack_id, props)
-        resource_id, dimension, namespace = resolved.pop("ScalingTargetId").split("|")
-        arn = self.client("application-autoscaling").put_scaling_policy(
-            ServiceNamespace=namespace, ResourceId=resource_id, ScalableDimension=dimension, **resolved
-        )["PolicyARN"]
-        return self._set(stack_id, logical, arn)
 
     # --- policies -----------------------------------------------------------------------------------------------------
 
@@ -328,6 +174,15 @@ class Deployment:
                     policies.append(self.resolve(stack_id, props["PolicyDocument"]))
         return policies
 
+    def role_tags(self, role_name: str) -> dict[str, str]:
+        """The tags a deployed role carries (its template's Tags, resolved)."""
+        for stack_id, deployed in self.deployed.items():
+            for logical, resource in deployed.stack.template["Resources"].items():
+                if resource["Type"] == "AWS::IAM::Role" and deployed.refs.get(logical) == role_name:
+                    tags = self.resolve(stack_id, resource.get("Properties", {}).get("Tags", []))
+                    return {t["Key"]: str(t["Value"]) for t in tags}
+        return {}
+
     def resource_policies(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
         """The deployed buckets' policies by bucket name and the keys' policies by key ARN, resolved (the call gate
         evaluates them with every request on those resources)."""
@@ -343,6 +198,28 @@ class Deployment:
                 elif resource["Type"] == "AWS::KMS::Key":
                     keys[str(deployed.refs[f"{logical}.Arn"])] = self.resolve(stack_id, props["KeyPolicy"])
         return buckets, keys
+
+    def topic_and_endpoint_policies(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """The deployed topics' policies by topic ARN, and the VPC endpoints' policies by the botocore service name
+        whose calls pass them (``aws_calls.Gate.endpoint_policies``), resolved."""
+        topics: dict[str, dict[str, Any]] = {}
+        endpoints: dict[str, dict[str, Any]] = {}
+        for stack_id, deployed in self.deployed.items():
+            for logical, resource in deployed.stack.template["Resources"].items():
+                props = resource.get("Properties", {})
+                if resource["Type"] == "AWS::SNS::TopicPolicy":
+                    policy = self.resolve(stack_id, props["PolicyDocument"])
+                    topics.update({topic: policy for topic in self.resolve(stack_id, props["Topics"])})
+                elif resource["Type"] == "AWS::EC2::VPCEndpoint" and "PolicyDocument" in props:
+                    suffix = str(self.resolve(stack_id, props["ServiceName"])).split(f".{self.region}.", 1)[-1]
+                    service = _ENDPOINT_SERVICES.get(suffix)
+                    if service is not None:
+                        endpoints[service] = {
+                            "id": deployed.refs[logical],
+                            "policy": self.resolve(stack_id, props["PolicyDocument"]),
+                            "vpc": self.resolve(stack_id, props["VpcId"]),
+                        }
+        return topics, endpoints
 
     def managed_policy(self, stack_id: str, prefix: str) -> dict[str, Any]:
         template = self.stacks[stack_id].template["Resources"]
@@ -361,3 +238,278 @@ class Deployment:
             if resource["Type"] == "AWS::IAM::Role" and re.fullmatch(rf"{prefix}[0-9A-F]{{8}}", name)
         ]
         return str(self.deployed[stack_id].refs[logical])
+
+
+class Deployment(_DeployedPolicies):
+    """What `cdk deploy` would have created: moto's CloudFormation and the hand-made rest (the module docstring)."""
+
+    def __init__(self, stacks: dict[str, StackTemplate], client: Callable[[str], Any], region: str) -> None:
+        self.stacks = stacks
+        self.client = client
+        self.region = region
+        self.exports: dict[str, Any] = {}
+        self.deployed: dict[str, DeployedStack] = {}
+        self.launch_templates: dict[str, dict[str, Any]] = {}
+        self.encrypted_buckets: dict[str, str] = {}
+        self.coverage = Coverage()
+        self.played = played_types()
+        # Custom resources whose handler the steps run (the model archive check), and what deleting one runs.
+        self.custom_creators: dict[str, hand_made.Creator] = {}
+        self.custom_deleters: dict[str, hand_made.Deleter] = {}
+        # What the service does when CloudFormation has created a resource of that type (an endpoint's interfaces).
+        self.after_created: dict[str, hand_made.Deleter] = {}
+        zones = client("ec2").describe_availability_zones()["AvailabilityZones"]
+        self.zones = sorted(zone["ZoneName"] for zone in zones)
+
+    def set_ref(self, stack_id: str, logical: str, ref: Any, **attributes: Any) -> Any:
+        refs = self.deployed[stack_id].refs
+        refs[logical] = ref
+        refs.update({f"{logical}.{name}": value for name, value in attributes.items()})
+        return ref
+
+    def moto_stack(self, stack_name: str) -> Any:
+        """moto's stack of that name (this process's moto server holds the backends), or None."""
+        from moto.cloudformation.models import cloudformation_backends
+
+        backend = cloudformation_backends[ACCOUNT][self.region]
+        return next((s for s in backend.stacks.values() if s.name == stack_name), None)
+
+    # Long: the waves of one stack (the module docstring), each recorded for the destroy and the coverage table
+    def deploy(self, stack_id: str) -> DeployedStack:
+        stack = self.stacks[stack_id]
+        pseudo = {"AWS::AccountId": ACCOUNT, "AWS::Region": self.region, "AWS::Partition": "aws",
+                  "AWS::URLSuffix": "amazonaws.com", "AWS::StackName": stack.stack_name,
+                  "AWS::NoValue": None, "Fn::GetAZs": self.zones}  # fmt: skip
+        refs = Refs(stack, pseudo, self._ssm_parameter, lambda: self.moto_stack(stack.stack_name))
+        deployed = self.deployed[stack_id] = DeployedStack(stack, refs)
+        resources = stack.template["Resources"]
+        names = set(resources)
+        needs = {logical: dependencies(resource, names) for logical, resource in resources.items()}
+        played = {logical for logical, r in resources.items() if r["Type"] in self.played}
+        created: set[str] = set()
+        while len(created) < len(resources):
+            by_hand = sorted(k for k in names - created - played if needs[k] <= created)
+            for logical in by_hand:
+                kind = resources[logical]["Type"]
+                create = self.custom_creators.get(kind) or hand_made.creator(kind)
+                physical = create(self, stack_id, logical, resources[logical].get("Properties", {}))
+                deployed.resources.append((logical, kind, str(physical)))
+                deployed.steps.append(("hand", [logical]))
+                target = self.coverage.not_emulated if kind in hand_made.NOT_EMULATED else self.coverage.by_hand
+                target[kind] = target.get(kind, 0) + 1
+                created.add(logical)
+            wave = self._wave(played - created, needs, created)
+            if wave:
+                self._cloudformation(stack_id, created & played, wave, created)
+                created |= wave
+                deployed.steps.append(("cloudformation", sorted(wave)))
+                for logical in sorted(wave):
+                    kind = resources[logical]["Type"]
+                    deployed.resources.append((logical, kind, str(refs[logical])))
+                    self.coverage.played[kind] = self.coverage.played.get(kind, 0) + 1
+                    if kind in self.after_created:
+                        self.after_created[kind](self, stack_id, logical)
+            if not by_hand and not wave:
+                raise StepFailed(f"{stack.stack_name}: cannot order {sorted(names - created)}")
+        for logical, resource in resources.items():
+            properties = resource.get("Properties", {})
+            if resource["Type"] == "AWS::S3::Bucket":
+                for rule in properties.get("BucketEncryption", {}).get("ServerSideEncryptionConfiguration", []):
+                    default = self.resolve(stack_id, rule["ServerSideEncryptionByDefault"])
+                    if default["SSEAlgorithm"] == "aws:kms":
+                        self.encrypted_buckets[str(refs[logical])] = default["KMSMasterKeyID"]
+        for name, output in stack.template.get("Outputs", {}).items():
+            value = self.resolve(stack_id, output["Value"])
+            deployed.outputs[name] = str(value)
+            if "Export" in output:
+                self.exports[self.resolve(stack_id, output["Export"]["Name"])] = value
+        return deployed
+
+    def update(self, stack_id: str, template: dict[str, Any]) -> None:
+        """`cdk deploy` of a changed template: one UpdateStack (the hand-made resources as they are)."""
+        deployed = self.deployed[stack_id]
+        stack = dataclasses.replace(self.stacks[stack_id], template=template)
+        self.stacks[stack_id] = deployed.stack = deployed.refs.stack = stack
+        created = {k for _, wave in deployed.steps for k in wave}
+        played = {k for k in created if template["Resources"][k]["Type"] in self.played}
+        before = {k: deployed.refs[k] for k in played}
+
+        def forget() -> None:  # read again from moto: a replaced resource has new values
+            known = {k: v for k, v in deployed.refs.items() if k.partition(".")[0] in played}
+            for key in known:
+                del deployed.refs[key]
+            for key, value in known.items():  # what moto's updated stack no longer parses keeps its value
+                if str(deployed.refs[key]).startswith("rehearsal-not-created-"):
+                    deployed.refs[key] = value
+
+        cloudformation = self.client("cloudformation")
+        body = json.dumps(self._template(stack_id, played, created))
+        cloudformation.update_stack(StackName=stack.stack_name, TemplateBody=body, Capabilities=CAPABILITIES)
+        forget()
+        # CloudFormation then updates the resources that name a replaced one (an endpoint naming its replaced
+        # config); moto's diff sees their unchanged text and leaves them: the new values are written into them.
+        replaced = {k for k in played if deployed.refs[k] != before[k]}
+        if replaced:
+            body = json.dumps(self._template(stack_id, played, created, literal=replaced))
+            try:
+                cloudformation.update_stack(StackName=stack.stack_name, TemplateBody=body, Capabilities=CAPABILITIES)
+            finally:
+                forget()
+
+    @staticmethod
+    def _wave(candidates: set[str], needs: dict[str, set[str]], created: set[str]) -> set[str]:
+        """The candidates whose dependencies are created or candidates of the wave themselves, transitively."""
+        wave = set(candidates)
+        while True:
+            blocked = {k for k in wave if not needs[k] <= created | wave}
+            if not blocked:
+                return wave
+            wave -= blocked
+
+    def _template(
+        self,
+        stack_id: str,
+        included: set[str],
+        created: set[str],
+        literal: set[str] = frozenset(),  # type: ignore[assignment]
+    ) -> dict[str, Any]:
+        """The template moto gets: the included resources, the names of hand-made ones (and of ``literal``) written as
+        their values, the outputs whose resources exist."""
+        template = self.stacks[stack_id].template
+        refs = self.deployed[stack_id].refs
+        hand = {k for k in created if k not in included} | set(literal)
+        resources = {}
+        for logical in included:
+            resource = copy.deepcopy(template["Resources"][logical])
+            if resource.get("DeletionPolicy") in _RETAINED:
+                resource["DeletionPolicy"] = "Retain"
+            depends = resource.get("DependsOn", [])
+            depends = [d for d in ([depends] if isinstance(depends, str) else depends) if d in included]
+            resource.pop("DependsOn", None)
+            if depends:
+                resource["DependsOn"] = depends
+            resources[logical] = _written(resource, hand, refs)
+        names = set(template["Resources"])
+        kinds = {logical: resource["Type"] for logical, resource in template["Resources"].items()}
+        resources = _as_refs(resources, kinds)
+        outputs = {
+            name: _as_refs(_written(output, hand, refs), kinds)
+            for name, output in template.get("Outputs", {}).items()
+            if dependencies({"Properties": output}, names) <= included | hand
+        }
+        body = {k: v for k, v in template.items() if k not in ("Resources", "Outputs", "Rules")}
+        return {**body, "Resources": resources, **({"Outputs": outputs} if outputs else {})}
+
+    def _cloudformation(self, stack_id: str, before: set[str], wave: set[str], created: set[str]) -> None:
+        name = self.stacks[stack_id].stack_name
+        body = json.dumps(self._template(stack_id, before | wave, created | wave))
+        cloudformation = self.client("cloudformation")
+        if before or self.moto_stack(name) is not None:
+            cloudformation.update_stack(StackName=name, TemplateBody=body, Capabilities=CAPABILITIES)
+        else:
+            cloudformation.create_stack(StackName=name, TemplateBody=body, Capabilities=CAPABILITIES)
+        self._register_exports(name)
+        (described,) = cloudformation.describe_stacks(StackName=name)["Stacks"]
+        if not described["StackStatus"].endswith("_COMPLETE"):
+            raise StepFailed(f"{name}: {described['StackStatus']} {described.get('StackStatusReason', '')}")
+
+    def _register_exports(self, stack_name: str) -> None:
+        from moto.cloudformation.models import cloudformation_backends
+
+        backend = cloudformation_backends[ACCOUNT][self.region]
+        stack = self.moto_stack(stack_name)
+        for export in stack.exports if stack is not None else []:
+            backend.exports[export.name] = export
+
+    def _detach_managed_policies(self, stack_id: str, logicals: set[str]) -> None:
+        """CloudFormation detaches a managed policy from its roles before deleting it; moto's CloudFormation deletes
+        the role first and fails with DeleteConflict: the rehearsal detaches them (IAM DetachRolePolicy)."""
+        iam = self.client("iam")
+        resources = self.stacks[stack_id].template["Resources"]
+        for logical in sorted(logicals):
+            if resources[logical]["Type"] != "AWS::IAM::ManagedPolicy":
+                continue
+            arn = self.deployed[stack_id].refs[logical]
+            for role in iam.list_entities_for_policy(PolicyArn=arn, EntityFilter="Role")["PolicyRoles"]:
+                iam.detach_role_policy(RoleName=role["RoleName"], PolicyArn=arn)
+
+    def _ssm_parameter(self, name: str) -> str:
+        value: str = self.client("ssm").get_parameter(Name=name)["Parameter"]["Value"]
+        return value
+
+    # Long: the waves backwards, each hand-made resource's deletion as CloudFormation or its handler makes it
+    def destroy(self, stack_id: str) -> list[str]:
+        """Delete the stack as CloudFormation does; returns what it retains (DeletionPolicy Retain)."""
+        deployed = self.deployed[stack_id]
+        resources = deployed.stack.template["Resources"]
+        name = deployed.stack.stack_name
+        retained = [k for k, r in resources.items() if r.get("DeletionPolicy") in _RETAINED]
+        remaining = {k for _, wave in deployed.steps for k in wave}
+        for step, logicals in reversed(deployed.steps):
+            remaining -= set(logicals)
+            if step == "hand":
+                (logical,) = logicals
+                kind = resources[logical]["Type"]
+                delete = self.custom_deleters.get(kind) or hand_made.DELETERS.get(kind)
+                if delete is not None and logical not in retained:
+                    delete(self, stack_id, logical)
+                continue
+            self._detach_managed_policies(stack_id, set(logicals))
+            for kind in hand_made.NETWORK_DELETION_ORDER:
+                for logical in sorted(k for k in logicals if resources[k]["Type"] == kind and k not in retained):
+                    hand_made.NETWORK_DELETERS[kind](self, stack_id, logical)
+            played_left = {k for k in remaining if resources[k]["Type"] in self.played}
+            if played_left:
+                body = json.dumps(self._template(stack_id, played_left, remaining))
+                self.client("cloudformation").update_stack(StackName=name, TemplateBody=body,
+                                                           Capabilities=CAPABILITIES)  # fmt: skip
+            else:
+                self.client("cloudformation").delete_stack(StackName=name)
+        s3 = self.client("s3")
+        for logical, resource in resources.items():
+            if resource["Type"] == "AWS::S3::Bucket" and logical not in retained:
+                bucket = str(deployed.refs[logical])
+                if bucket in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
+                    raise StepFailed(
+                        f"{name}: DELETE_FAILED, bucket {bucket} ({logical}) is not empty (BucketNotEmpty)"
+                    )
+        deployed.status = "DELETE_COMPLETE"
+        return [f"{resources[k]['Type'].rsplit('::', 1)[-1]} {deployed.refs[k]}" for k in retained]
+
+
+def _written(value: Any, hand: set[str], refs: dict[str, Any]) -> Any:
+    """``value`` with every name of a hand-made resource (Ref, Fn::GetAtt, Fn::Sub variable) replaced by its value."""
+    if isinstance(value, list):
+        return [_written(v, hand, refs) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if isinstance(value.get("Ref"), str) and value["Ref"] in hand:
+        return refs[value["Ref"]]
+    attribute = value.get("Fn::GetAtt")
+    if isinstance(attribute, list) and attribute[0] in hand:
+        return refs[f"{attribute[0]}.{attribute[1]}"]
+    if "Fn::Sub" in value:
+        body, variables = (value["Fn::Sub"], {}) if isinstance(value["Fn::Sub"], str) else value["Fn::Sub"]
+
+        def literal(match: re.Match[str]) -> str:
+            name = match[1]
+            if name.split(".")[0] in hand and name not in variables:
+                return str(refs[name])
+            return match[0]
+
+        body = re.sub(r"\$\{([^!}][^}]*)\}", literal, body)
+        variables = _written(variables, hand, refs)
+        return {"Fn::Sub": [body, variables] if variables else body}
+    return {k: _written(v, hand, refs) for k, v in value.items()}
+
+
+def _as_refs(value: Any, kinds: dict[str, str]) -> Any:
+    """``value`` with each Fn::GetAtt of ``_ATTRIBUTES_AS_REF`` given as the Ref it equals."""
+    if isinstance(value, list):
+        return [_as_refs(v, kinds) for v in value]
+    if not isinstance(value, dict):
+        return value
+    attribute = value.get("Fn::GetAtt")
+    if isinstance(attribute, list) and (kinds.get(attribute[0]), attribute[1]) in _ATTRIBUTES_AS_REF:
+        return {"Ref": attribute[0]}
+    return {k: _as_refs(v, kinds) for k, v in value.items()}

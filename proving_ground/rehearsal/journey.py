@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,11 +52,12 @@ MME_CLIENT, REMOTE_LAUNCHER, REMOTE_JOB = "multi-model client", "@remote launche
 MODEL_CHECK = "model archive check"
 # The Training stack's TrainingLauncher function (its role): the only principal that launches from the template.
 RUN_LAUNCHER = "training run launcher"
+ENDPOINT_OPERATOR = "endpoint operator"  # holds only `change-endpoint-instance --print-policy`
 # Each principal's access key (AKIA + this): the gate knows a principal by its key.
 KEYS = {DEPLOYER: "deployer0000", OPERATOR: "operator0000", AWS_SERVICE: "awsservice00", LAUNCHER: "launcher0000",
         INSTANCE: "instance0000", ENDPOINT_ROLE: "endpointrole", MME_CLIENT: "mmeclient000",
         REMOTE_LAUNCHER: "remotelaunch", REMOTE_JOB: "remotejob000", MODEL_CHECK: "modelcheck00",
-        RUN_LAUNCHER: "runlauncher0"}  # fmt: skip
+        RUN_LAUNCHER: "runlauncher0", ENDPOINT_OPERATOR: "endpointoper"}  # fmt: skip
 
 # The services the hosts' and the operator's AWS CLI calls reach (the call server loads their models ahead).
 HOST_CLI_SERVICES = ("s3", "ec2", "logs", "ecr", "ssm", "sts", "sagemaker-runtime")
@@ -71,6 +72,7 @@ STEPS = (
     "publish to the multi-model endpoint",
     "serve and invoke locally",
     "deploy the endpoint and smoke-test it",
+    "change-endpoint-instance",
     "@remote",
     "destroy and clean up",
 )
@@ -93,6 +95,7 @@ class Report:
     environment: str
     results: list[StepResult]
     records: list[Record]
+    coverage: list[str] = field(default_factory=list)  # the deployment's table (deployment.Coverage.lines)
 
     @property
     def ok(self) -> bool:
@@ -110,6 +113,10 @@ class Report:
         by_principal: dict[str, list[Record]] = {}
         for record in self.records:
             by_principal.setdefault(record.principal, []).append(record)
+        if self.coverage:
+            lines.append("Resources per type: played by moto's CloudFormation, created by hand through the API, "
+                         "not emulated:")  # fmt: skip
+            lines += self.coverage
         lines.append("AWS calls (checked against the principal's synthesized policies, or recorded only):")
         for principal, records in sorted(by_principal.items()):
             checked = [r for r in records if r.allowed is not None]
@@ -138,8 +145,18 @@ def boto3_session(region: str) -> Any:
         return _sessions[region]
 
 
-def make_principal(name: str, key: str, policies: list[dict[str, Any]] | None, arn: str, session: str) -> Principal:
+def make_principal(
+    name: str,
+    key: str,
+    policies: list[dict[str, Any]] | None,
+    arn: str,
+    session: str,
+    tags: dict[str, str] | None = None,
+) -> Principal:
+    """A principal acting with its own key; ``tags``: its role's tags, which IAM gives every request as
+    aws:PrincipalTag/<key> (the data perimeter's bucket and key policies read them)."""
     identity = {"aws:PrincipalArn": arn, "aws:userid": f"AROA{key[-12:].upper()}:{session}"}
+    identity.update({f"aws:PrincipalTag/{k}": v for k, v in (tags or {}).items()})
     return Principal(name=name, access_key=f"AKIA{key.upper()}", policies=policies, identity=identity)
 
 
@@ -175,6 +192,8 @@ class RehearsalBase:
         self.gate_file = self.work / "gate.json"
         self.uninstall: Callable[[], None] = lambda: None
         self._clients: dict[tuple[str, str], Any] = {}
+        self.endpoint_interfaces: dict[str, list[str]] = {}  # endpoint name (lower case) -> its network interfaces
+        self.destroyed: list[str] = []  # what the destroy step's waits said and what the stacks retained
         self._clients_lock = threading.Lock()
 
     def client(self, service: str, principal: str = DEPLOYER) -> Any:
@@ -263,4 +282,5 @@ class RehearsalBase:
             arn = principal.identity["aws:PrincipalArn"]
             if principal.policies is not None and principal.name in (INSTANCE, ENDPOINT_ROLE, REMOTE_JOB):
                 principal.policies = self.deployment.role_policies(arn.rsplit("/", 1)[-1])
+        self.gate.topic_policies, self.gate.endpoint_policies = self.deployment.topic_and_endpoint_policies()
         self.gate.save(self.gate_file)

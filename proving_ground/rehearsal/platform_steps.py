@@ -24,7 +24,7 @@ from proving_ground.rehearsal.aws_calls import (
     install,
     start_server,
 )
-from proving_ground.rehearsal.deployment import DeployedStack, Deployment
+from proving_ground.rehearsal.deployment import Deployment
 from proving_ground.rehearsal.ec2_host import install_host_tools, shared_aws_cli
 from proving_ground.rehearsal.journey import (
     ACCOUNT,
@@ -73,7 +73,7 @@ class PlatformSteps(RehearsalBase):
         self.gate = Gate(ACCOUNT, self.region, self.work / "calls.jsonl", unchecked)
         self.gate.save(self.gate_file)
         os.environ["AWS_DEFAULT_REGION"] = self.region
-        stand_ins = {**self._cloudformation_stand_ins(), **self._quota_stand_ins()}
+        stand_ins = {**self._quota_stand_ins(), ("cloudformation", "ListStackResources"): self._stack_resources}
         self.uninstall = install(self.gate, stand_ins=stand_ins, resource_tags=self._tags)
 
     def preflight(self) -> str:
@@ -111,6 +111,26 @@ class PlatformSteps(RehearsalBase):
         self.serving_image_uri = SERVING_DIGEST.split("@")[0] + "@" + image["imageId"]["imageDigest"]
         name = image_parameter_name(self.settings().tags.project, SERVING_IMAGE)
         self.client("ssm", OPERATOR).put_parameter(Name=name, Type="String", Value=self.serving_image_uri)
+
+    def _stack_resources(self, params: dict[str, Any]) -> dict[str, Any]:
+        """ListStackResources from what the deployment recorded (live stacks by name, deleted ones by id, as
+        CloudFormation answers for 90 days): moto's, for a deleted stack, resolves its template's imports again
+        and fails once the exporting stack is gone."""
+        from botocore.exceptions import ClientError
+
+        asked = params["StackName"]
+        for deployed in self.deployment.deployed.values() if self.deployment else []:
+            name = deployed.stack.stack_name
+            gone = deployed.status == "DELETE_COMPLETE"
+            if (asked == name and not gone) or asked.startswith(f"arn:aws:cloudformation:{self.region}:{ACCOUNT}:"
+                                                                f"stack/{name}/"):  # fmt: skip
+                status = "DELETE_COMPLETE" if gone else "CREATE_COMPLETE"
+                return {"StackResourceSummaries": [
+                    {"LogicalResourceId": logical, "PhysicalResourceId": physical, "ResourceType": kind,
+                     "LastUpdatedTimestamp": "2026-12-01T00:00:00Z", "ResourceStatus": status}
+                    for logical, kind, physical in deployed.resources]}  # fmt: skip
+        error = {"Error": {"Code": "ValidationError", "Message": f"Stack with id {params['StackName']} does not exist"}}
+        raise ClientError(error, "ListStackResources")
 
     def _quota_stand_ins(self) -> dict[tuple[str, str], Callable[[dict[str, Any]], dict[str, Any]]]:
         """Service Quotas (moto knows only the vpc service's): the rehearsal's account has raised every quota the
@@ -162,17 +182,20 @@ class PlatformSteps(RehearsalBase):
         assert self.gate is not None
         region = self.region
         self.deployment = deployment = Deployment(self.stacks, self.client, region)
+        deployment.custom_deleters["Custom::EniReleaseWait"] = self._eni_release_wait
+        deployment.after_created["AWS::SageMaker::Endpoint"] = self._endpoint_interfaces
+        self._bootstrap()
         for stack_id in ("Foundation", "Training", "MultiModelEndpoint"):
             if stack_id in self.stacks:
                 deployment.deploy(stack_id)
-        self._publish_assets()
 
         keys = KEYS
 
         def role(stack_id: str, prefix: str, name: str, session: str) -> Principal:
             role_name = deployment.role_name(stack_id, prefix)
             arn = f"arn:aws:iam::{ACCOUNT}:role/{role_name}"
-            return make_principal(name, keys[name], deployment.role_policies(role_name), arn, session)
+            policies, tags = deployment.role_policies(role_name), deployment.role_tags(role_name)
+            return make_principal(name, keys[name], policies, arn, session, tags)
 
         def person(stack_id: str, prefix: str, name: str, session: str) -> Principal:
             arn = f"arn:aws:iam::{ACCOUNT}:role/{name.replace(' ', '-').replace('@', '')}"
@@ -197,6 +220,9 @@ class PlatformSteps(RehearsalBase):
         self.gate.principals += checked
         self.gate.kms_encrypted_buckets = dict(deployment.encrypted_buckets)
         self.gate.bucket_policies, self.gate.key_policies = deployment.resource_policies()
+        self.gate.topic_policies, self.gate.endpoint_policies = deployment.topic_and_endpoint_policies()
+        for principal in self.gate.principals:
+            principal.in_vpc = principal.name in (INSTANCE, ENDPOINT_ROLE, REMOTE_JOB)
         self.gate.launch_templates = {k: {n: v for n, v in t.items() if n != "user_data"}
                                       for k, t in deployment.launch_templates.items()}  # fmt: skip
         self.gate.save(self.gate_file)
@@ -213,11 +239,14 @@ class PlatformSteps(RehearsalBase):
             return {}
         return {t["Key"]: t["Value"] for t in tags}
 
-    def _publish_assets(self) -> None:
-        """Zip the assembly's file assets into the bootstrap bucket, as `cdk deploy` publishes them."""
+    def _bootstrap(self) -> None:
+        """What `cdk bootstrap` leaves (the assets bucket, the bootstrap version parameter every template's
+        BootstrapVersion reads), then the assembly's file assets zipped into the bucket, as `cdk deploy` publishes
+        them before it deploys."""
         s3 = self.client("s3")
         bucket = f"cdk-hnb659fds-assets-{ACCOUNT}-{self.region}"
         s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": self.region})
+        self.client("ssm").put_parameter(Name="/cdk-bootstrap/hnb659fds/version", Value="30", Type="String")
         for manifest in (self.assembly / f"assembly-{self.environment}").glob("*.assets.json"):
             for asset_hash, asset in json.loads(manifest.read_text())["files"].items():
                 if asset["source"].get("packaging") != "zip":
@@ -230,51 +259,54 @@ class PlatformSteps(RehearsalBase):
                             archive.write(path, path.relative_to(source).as_posix())
                 s3.put_object(Bucket=bucket, Key=f"{asset_hash}.zip", Body=buffer.getvalue())
 
-    def _cloudformation_stand_ins(self) -> dict[tuple[str, str], Callable[[dict[str, Any]], dict[str, Any]]]:
-        """DescribeStacks, ListStacks and ListStackResources from what the rehearsal deployed."""
+    def _endpoint_interfaces(self, deployment: Deployment, stack_id: str, logical: str) -> None:
+        """SageMaker, starting an endpoint whose model has a VpcConfig, puts a network interface in each of its
+        subnets, in its security groups (requester-managed: the account cannot delete them)."""
+        resources = self.stacks[stack_id].template["Resources"]
+        models = [r for r in resources.values() if r["Type"] == "AWS::SageMaker::Model"]
+        vpc = [
+            deployment.resolve(stack_id, m["Properties"]["VpcConfig"]) for m in models if "VpcConfig" in m["Properties"]
+        ]
+        name = deployment.resolve(stack_id, resources[logical]["Properties"]["EndpointName"])
+        ec2 = self.client("ec2", AWS_SERVICE)
+        for config in vpc:
+            for subnet in config["Subnets"]:
+                interface = ec2.create_network_interface(SubnetId=subnet, Groups=config["SecurityGroupIds"],
+                                                         Description=f"SageMaker endpoint {name}")  # fmt: skip
+                self.endpoint_interfaces.setdefault(str(name).lower(), []).append(
+                    interface["NetworkInterface"]["NetworkInterfaceId"]
+                )
 
-        def deployed() -> dict[str, DeployedStack]:
-            return self.deployment.deployed if self.deployment is not None else {}
+    def _eni_release_wait(self, deployment: Deployment, stack_id: str, logical: str) -> None:
+        """Custom::EniReleaseWait's Delete, its handler's wait run as its role: SageMaker releases a deleted
+        endpoint's interfaces a while after DeleteEndpoint returns (played: a second later, by the AWS service)."""
+        from stacks.components.eni_release_wait import handler
 
-        def stack_id(name: str) -> str:
-            return f"arn:aws:cloudformation:{self.region}:{ACCOUNT}:stack/{name}/rehearsal"
-
-        def by_name(name: str) -> DeployedStack:
-            for stack in deployed().values():
-                if name in (stack.stack.stack_name, stack_id(stack.stack.stack_name)):
-                    if stack.status == "DELETE_COMPLETE" and not name.startswith("arn:"):
-                        break
-                    return stack
-            from botocore.exceptions import ClientError
-
-            error = {"Error": {"Code": "ValidationError", "Message": f"Stack with id {name} does not exist"}}
-            raise ClientError(error, "DescribeStacks")
-
-        def describe(params: dict[str, Any]) -> dict[str, Any]:
-            stack = by_name(params["StackName"])
-            outputs = [{"OutputKey": k, "OutputValue": v} for k, v in stack.outputs.items()]
-            return {"Stacks": [{"StackName": stack.stack.stack_name, "StackId": stack_id(stack.stack.stack_name),
-                                "CreationTime": "2026-12-01T00:00:00Z", "StackStatus": stack.status,
-                                "Outputs": outputs}]}  # fmt: skip
-
-        def list_stacks(params: dict[str, Any]) -> dict[str, Any]:
-            return {"StackSummaries": [{"StackName": s.stack.stack_name, "StackId": stack_id(s.stack.stack_name),
-                                        "CreationTime": "2026-12-01T00:00:00Z", "StackStatus": s.status}
-                                       for s in deployed().values()]}  # fmt: skip
-
-        def list_resources(params: dict[str, Any]) -> dict[str, Any]:
-            stack = by_name(params["StackName"])
-            return {"StackResourceSummaries": [
-                {"LogicalResourceId": logical, "PhysicalResourceId": physical, "ResourceType": kind,
-                 "LastUpdatedTimestamp": "2026-12-01T00:00:00Z",
-                 "ResourceStatus": "DELETE_COMPLETE" if stack.status == "DELETE_COMPLETE" else "CREATE_COMPLETE"}
-                for logical, kind, physical in stack.resources]}  # fmt: skip
-
-        return {
-            ("cloudformation", "DescribeStacks"): describe,
-            ("cloudformation", "ListStacks"): list_stacks,
-            ("cloudformation", "ListStackResources"): list_resources,
-        }
+        assert self.gate is not None
+        live = {e["EndpointName"].lower() for e in self.client("sagemaker", AWS_SERVICE).list_endpoints()["Endpoints"]}
+        gone = [eni for name, enis in self.endpoint_interfaces.items() if name not in live for eni in enis]
+        for name in [n for n in self.endpoint_interfaces if n not in live]:
+            del self.endpoint_interfaces[name]
+        ec2 = self.client("ec2", AWS_SERVICE)
+        release = threading.Timer(1.0, lambda: [ec2.delete_network_interface(NetworkInterfaceId=e) for e in gone])
+        release.start()
+        role = deployment.role_name(stack_id, "EniReleaseWaitRole")
+        name = f"ENI release wait ({self.stacks[stack_id].stack})"
+        if name not in {p.name for p in self.gate.principals}:
+            key, arn = f"eniwait{len(self.gate.principals):05d}", f"arn:aws:iam::{ACCOUNT}:role/{role}"
+            policies = deployment.role_policies(role)
+            tags = deployment.role_tags(role)
+            self.gate.principals.append(make_principal(name, key, policies, arn, "eni-release-wait", tags))
+            self.gate.save(self.gate_file)
+        properties = deployment.resolve(stack_id, self.stacks[stack_id].template["Resources"][logical]["Properties"])
+        try:
+            said = handler.wait_for_release(
+                self.client("ec2", name), self.client("sagemaker", name), properties["SecurityGroupIds"],
+                properties.get("SharedWithEndpoints", []), budget_seconds=60, poll_seconds=0.25,
+            )  # fmt: skip
+        finally:
+            release.join()
+        self.destroyed.append(f"{self.stacks[stack_id].stack}: {said}")
 
     def destroy_and_clean_up(self) -> str:
         from ops_review import cleanup
@@ -282,7 +314,9 @@ class PlatformSteps(RehearsalBase):
         assert self.deployment is not None
         for stack_id in ("GravitonEndpoint", "MultiModelEndpoint", "Training", "Foundation"):
             if stack_id in self.deployment.deployed:
-                self.deployment.destroy(stack_id)
+                kept = self.deployment.destroy(stack_id)
+                if kept:
+                    self.destroyed.append(f"{self.stacks[stack_id].stack} retains {', '.join(kept)}")
         arguments = ["--env", self.environment, "--cdk-out", str(self.assembly), "--region", self.region]
         outputs = []
         for dry_run in (["--dry-run"], []):  # docs/operations.md: list first, then delete
@@ -296,7 +330,8 @@ class PlatformSteps(RehearsalBase):
         alive = [line for line in listed if "still" in line]
         if alive:
             raise StepFailed("; ".join(alive))
-        return f"listed {len(listed)}: {'; '.join(listed)}; {done[-1] if done else ''}"
+        destroyed = "; ".join(self.destroyed)
+        return f"{destroyed}; cleanup listed {len(listed)}: {'; '.join(listed)}; {done[-1] if done else ''}"
 
 
 _call_servers: dict[Path, Path] = {}  # unpacked AWS CLI -> the socket of this process's call server

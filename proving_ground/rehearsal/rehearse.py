@@ -10,8 +10,9 @@ Steps, as the README ("First deploy"), docs/training.md, docs/multi-model.md and
  2. preflight         the operator publishes the serving image first (README's step 2: an arm64 image in the tooling
                       account's ECR, whose policy names this account, and its digest in the SSM parameter), then
                       ``pytorch-platform preflight -c env=<env>``: no blocker (quotas answer 1000, see below);
- 3. deploy            Foundation, Training and MultiModelEndpoint: each template's resources created in moto from its
-                      resolved properties (``cdk deploy``'s part), code assets published from the assembly;
+ 3. deploy            what `cdk bootstrap` leaves, the code assets published, then Foundation, Training and
+                      MultiModelEndpoint through moto's CloudFormation, what it cannot create made by hand with its
+                      policies (proving_ground/rehearsal/deployment.py; the report's table per resource type);
  4. EC2 training run  the Training stack's run command (a stack output) as the training launcher; every instance runs
                       the launch template's user data for real with bash (so ec2_run.sh), as the instance role, with
                       the host shims of proving_ground/rehearsal/ec2_host.py; the instances power off;
@@ -24,6 +25,10 @@ Steps, as the README ("First deploy"), docs/training.md, docs/multi-model.md and
  9. smoke test        the operator writes the serving image's digest parameter, GravitonEndpoint deployed (its
                       model archive check run as the check's role);
                       ``pytorch-platform smoke-test`` against it;
+    change instance   a larger ``graviton_endpoint.instance_type`` (the template's endpoint config changed as synth
+                      would change it) deployed by ``change-endpoint-instance`` as an operator holding only its
+                      ``--print-policy``: the scaling deregistered (moto, like SageMaker here, refuses to change an
+                      autoscaled variant's type), the stack updated, the scaling registered again;
 10. @remote           ``python -m training_assets.remote_train ... train`` with the config the stack writes to SSM;
 11. destroy, cleanup  the stacks' resources deleted, then ``pytorch-platform cleanup --env <env>``.
 
@@ -35,12 +40,16 @@ the stacks' resources, the operator (an administrator: the templates give people
 running the cleanup), and AWS services acting on their own (EC2 terminating an instance that powered off).
 
 What moto or this machine lacks, the rehearsal plays, and says so here (none of it changes product code):
-- CloudFormation: moto's needs every moto extra; the rehearsal creates the templates' resources itself and answers
-  DescribeStacks / ListStacks / ListStackResources from what it deployed (calls still checked). Service Quotas:
-  moto knows only the vpc service's; the rehearsal's account has every quota the templates use raised to 1000, the
-  Elastic IPs too (EC2 DescribeAccountAttributes: cdk.json's environments, sharing one account, need six of a new
-  account's five), and every interface endpoint service offered in the region's zones (moto's DescribeVpcEndpoint-
-  Services needs every moto extra).
+- CloudFormation: moto's, with the types it cannot create made by hand (deployment.py and hand_made.py say what
+  and why); ListStackResources is answered from what the rehearsal recorded (moto's resolves a deleted stack's
+  imports again). moto's S3 and KMS apply bucket and key policies without the request's context (the TLS-only and
+  perimeter Denies then refuse everything over the rehearsal's http:// endpoint): the call gate evaluates them.
+  moto's CloudFormation names an endpoint itself and updates an autoscaled variant's instance type: the rehearsal
+  gives it the template's EndpointName and SageMaker's refusal.
+- Service Quotas: moto knows only the vpc service's; the rehearsal's account has every quota the templates use raised
+  to 1000, the Elastic IPs too (EC2 DescribeAccountAttributes: cdk.json's environments, sharing one account, need six
+  of a new account's five), and every interface endpoint service offered in the region's zones (moto's
+  DescribeVpcEndpointServices needs every moto extra).
 - moto has no placement groups (the launch template is created without one; RunInstances is still checked against
   it), and refuses ``/aws/service/...`` SSM parameters (the image is moto's Amazon-owned Deep Learning AMI) and
   ``ml.c7g`` types.
@@ -128,6 +137,7 @@ class Rehearsal(PlatformSteps, TrainingSteps, ServingSteps):
                 self.publish_multi_model,
                 self.serve_locally,
                 self.deploy_endpoint_and_smoke_test,
+                self.change_endpoint_instance,
                 self.remote,
                 self.destroy_and_clean_up,
             ]
@@ -157,7 +167,8 @@ class Rehearsal(PlatformSteps, TrainingSteps, ServingSteps):
             undo_parsing()
             for name, value in saved_env.items():
                 os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
-        return Report(self.environment, self.results, self.gate.records() if self.gate else [])
+        coverage = self.deployment.coverage.lines() if self.deployment else []
+        return Report(self.environment, self.results, self.gate.records() if self.gate else [], coverage)
 
     def _refused(self, step: str) -> list[Record]:
         if self.gate is None:
@@ -231,6 +242,7 @@ def _patch_moto() -> Callable[[], None]:
     from moto.sagemakerruntime import responses as runtime_responses
 
     undo_filter = patch_moto_reservation_filter()
+    undo_cloudformation = _patch_moto_cloudformation()
     validate = sagemaker_models.FakeEndpointConfig.validate_instance_type
     invoke = runtime_responses.SageMakerRuntimeResponse.invoke_endpoint
 
@@ -261,7 +273,84 @@ def _patch_moto() -> Callable[[], None]:
         sagemaker_models.FakeEndpointConfig.validate_instance_type = validate  # type: ignore[method-assign]
         runtime_responses.SageMakerRuntimeResponse.invoke_endpoint = invoke  # type: ignore[method-assign]
         ENDPOINT_HANDLERS.clear()
+        undo_cloudformation()
         undo_filter()
+
+    return undo
+
+
+# Long: five replacements of moto methods, each with the state it shares with the others, and their undo
+def _patch_moto_cloudformation() -> Callable[[], None]:
+    """Where moto's CloudFormation and S3 differ from AWS in what the rehearsal deploys (the module docstring);
+    returns the undo."""
+    from moto.iam.access_control import PermissionResult
+    from moto.kms import responses as kms_responses
+    from moto.s3 import models as s3_models
+    from moto.sagemaker import models as sagemaker_models
+
+    endpoint = sagemaker_models.FakeEndpoint
+    endpoint_update = endpoint.__dict__["update_from_cloudformation_json"]
+    endpoint_create = endpoint.__dict__["create_from_cloudformation_json"]
+    running_types: dict[str, dict[str, str]] = {}  # endpoint name -> variant -> instance type
+
+    def types_of(backend: Any, config_name: str) -> dict[str, str]:
+        config = backend.describe_endpoint_config(config_name)
+        return {v["VariantName"]: v["InstanceType"] for v in config["ProductionVariants"]}
+
+    def refused_while_autoscaled(cls: Any, original_resource: Any, new_resource_name: str,
+                                 cloudformation_json: Any, account_id: str, region_name: str) -> Any:  # fmt: skip
+        # SageMaker refuses an update that changes the instance type of a variant registered with Application Auto
+        # Scaling (developer guide, "Update endpoints that use auto scaling"); moto updates it.
+        from moto.applicationautoscaling.models import applicationautoscaling_backends
+        from moto.cloudformation.exceptions import ValidationError
+
+        backend = sagemaker_models.sagemaker_backends[account_id][region_name]
+        new_types = types_of(backend, cloudformation_json["Properties"]["EndpointConfigName"])
+        # The endpoint's running types: moto's CloudFormation has already deleted the config it replaced.
+        name = original_resource.endpoint_name
+        targets = applicationautoscaling_backends[account_id][region_name].targets
+        for variant, instance_type in running_types.get(name, {}).items():
+            scaled = any(f"endpoint/{name}/variant/{variant}" in by_id for by_id in targets.values())
+            if scaled and new_types.get(variant, instance_type) != instance_type:
+                raise ValidationError(message=f"The update would change the instance type of variant {variant}, "
+                                      "a target for automatic scaling: deregister it first")  # fmt: skip
+        updated = endpoint_update.__func__(cls, original_resource, new_resource_name, cloudformation_json,
+                                           account_id, region_name)  # fmt: skip
+        running_types[name] = new_types
+        return updated
+
+    def recorded_create(cls: Any, resource_name: str, cloudformation_json: Any, account_id: str, region_name: str,
+                        **kwargs: Any) -> Any:  # fmt: skip
+        created = endpoint_create.__func__(cls, resource_name, cloudformation_json, account_id, region_name, **kwargs)
+        backend = sagemaker_models.sagemaker_backends[account_id][region_name]
+        running_types[created.endpoint_name] = types_of(backend, created.endpoint_config_name)
+        return created
+
+    def gate_decides(self: Any, action: str, resource: str) -> Any:
+        # moto evaluates a bucket policy without the request's context (its TLS-only Deny then refuses every
+        # request over the rehearsal's http:// endpoint); the call gate evaluates it with the context AWS sees.
+        return PermissionResult.NEUTRAL
+
+    def key_policy_to_the_gate(key: Any, action: str) -> None:
+        # moto's KMS, too, applies a key policy's Deny statements without their conditions (the network perimeter's
+        # Deny then refuses everyone); the call gate evaluates the key policy with the request's context.
+        return None
+
+    replaced = [
+        (s3_models.FakeBucket, "get_permission", gate_decides),
+        (kms_responses, "validate_policy", key_policy_to_the_gate),
+        # moto's CloudFormation names an endpoint itself; CloudFormation takes the template's EndpointName.
+        (endpoint, "cloudformation_name_type", staticmethod(lambda: "EndpointName")),
+        (endpoint, "update_from_cloudformation_json", classmethod(refused_while_autoscaled)),
+        (endpoint, "create_from_cloudformation_json", classmethod(recorded_create)),
+    ]
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in replaced]
+    for owner, name, value in replaced:
+        setattr(owner, name, value)
+
+    def undo() -> None:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
 
     return undo
 

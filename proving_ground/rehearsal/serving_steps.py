@@ -5,6 +5,8 @@ locally, deploy the endpoint and smoke-test it; SageMaker's part played over the
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import hashlib
 import io
 import json
@@ -15,6 +17,7 @@ from typing import Any
 from proving_ground.rehearsal.journey import (
     ACCOUNT,
     ENDPOINT_HANDLERS,
+    ENDPOINT_OPERATOR,
     ENDPOINT_ROLE,
     KEYS,
     MME_CLIENT,
@@ -166,9 +169,12 @@ class ServingSteps(RehearsalBase):
             Value=getattr(self, "serving_image_uri", SERVING_DIGEST),
             Overwrite=True,
         )
+        checked: list[str] = []
+        self.deployment.custom_creators["Custom::ModelArchiveCheck"] = lambda deployment, stack_id, logical, props: (
+            self._model_archive_check(stack_id, logical, checked)
+        )
         deployed = self.deployment.deploy("GravitonEndpoint")
         self.refresh_role_policies()
-        checked = self._model_archive_check()
         endpoint = deployed.outputs["EndpointName"]
         model = self.deployment.resolve(
             "GravitonEndpoint",
@@ -185,20 +191,56 @@ class ServingSteps(RehearsalBase):
         # That was the last invocation (the later steps invoke no endpoint): Ray stops now, not idle till the end,
         # and while the next steps run (its shutdown takes seconds, mostly waiting).
         self._stop_local_server(wait=False)
-        return f"{checked} {out.getvalue().strip()}"
+        return f"{' '.join(checked)} {out.getvalue().strip()}"
 
-    def _model_archive_check(self) -> str:
-        """CloudFormation runs the stack's model archive check (Custom::ModelArchiveCheck) before its model: the
+    def change_endpoint_instance(self) -> str:
+        """docs/operations.md, "Change an endpoint's instance type", played on the rehearsed Graviton endpoint."""
+        from ops_review import change_instance
+
+        assert self.gate is not None and self.deployment is not None
+        stack = self.stacks["GravitonEndpoint"]
+        changed = copy.deepcopy(stack.template)
+        (config,) = [r for r in changed["Resources"].values() if r["Type"] == "AWS::SageMaker::EndpointConfig"]
+        old = config["Properties"]["ProductionVariants"][0]["InstanceType"]
+        new = "ml.c7g.4xlarge" if old == "ml.c7g.2xlarge" else "ml.c7g.2xlarge"
+        for variant in config["Properties"]["ProductionVariants"]:
+            variant["InstanceType"] = new
+        planned = change_instance.planned_from_template(dataclasses.replace(stack, template=changed))
+        policy = change_instance.required_policy(planned.endpoint_name, self.region, ACCOUNT)
+        arn = f"arn:aws:iam::{ACCOUNT}:role/endpoint-operator"
+        self.gate.principals.append(make_principal(ENDPOINT_OPERATOR, KEYS[ENDPOINT_OPERATOR], [policy], arn, "ops"))
+        self.gate.save(self.gate_file)
+        said: list[str] = []
+        deployment = self.deployment
+
+        def deploy(_: change_instance.Planned) -> int:
+            deployment.update("GravitonEndpoint", changed)  # `cdk deploy`: CloudFormation, as the deployer
+            return 0
+
+        code = change_instance.change_instance_type(
+            planned, lambda service: self.client(service, ENDPOINT_OPERATOR), deploy,
+            state_file=self.work / "graviton-scaling.json", timeout_s=60, poll_s=0, log=said.append,
+            sleep=lambda _: None,
+        )  # fmt: skip
+        running = change_instance.running_instance_types(self.client("sagemaker", OPERATOR), planned.endpoint_name)
+        targets = self.client("application-autoscaling", OPERATOR).describe_scalable_targets(
+            ServiceNamespace="sagemaker", ResourceIds=list(planned.scaling)
+        )["ScalableTargets"]
+        if code != 0 or running[1] != planned.instance_types or len(targets) != len(planned.scaling):
+            raise StepFailed(f"change-endpoint-instance exited {code}: {running}, {len(targets)} targets; {said}")
+        return f"{old} -> {new}: {said[-1]}"
+
+    def _model_archive_check(self, stack_id: str, logical: str, said: list[str]) -> str:
+        """CloudFormation creates the stack's model archive check (Custom::ModelArchiveCheck) before its model: the
         handler's check runs here as the check's role, every call checked against that role's policy."""
         import boto3
 
         from stacks.components.model_archive_check import handler
 
         assert self.gate is not None and self.deployment is not None
-        resources = self.stacks["GravitonEndpoint"].template["Resources"].values()
-        (properties,) = [r["Properties"] for r in resources if r["Type"] == "Custom::ModelArchiveCheck"]
-        check = self.deployment.resolve("GravitonEndpoint", {k: properties[k] for k in ("Bucket", "Key", "Setting")})
-        role_name = self.deployment.role_name("GravitonEndpoint", "ModelArchiveCheckRole")
+        properties = self.stacks[stack_id].template["Resources"][logical]["Properties"]
+        check = self.deployment.resolve(stack_id, {k: properties[k] for k in ("Bucket", "Key", "Setting")})
+        role_name = self.deployment.role_name(stack_id, "ModelArchiveCheckRole")
         self.gate.principals.append(
             make_principal(
                 MODEL_CHECK,
@@ -206,13 +248,17 @@ class ServingSteps(RehearsalBase):
                 self.deployment.role_policies(role_name),
                 f"arn:aws:iam::{ACCOUNT}:role/{role_name}",
                 "model-archive-check",
+                self.deployment.role_tags(role_name),
             )
         )
-        self.gate.save(self.gate_file)  # fmt: skip
+        self.gate.save(self.gate_file)
         with self.acting_as(MODEL_CHECK):
             try:
-                return handler.check_archive(
-                    boto3.client("s3", region_name=self.region), check["Bucket"], check["Key"], check["Setting"]
+                said.append(
+                    handler.check_archive(
+                        boto3.client("s3", region_name=self.region), check["Bucket"], check["Key"], check["Setting"]
+                    )
                 )
             except handler.ArchiveMissing as error:
                 raise StepFailed(str(error)) from None
+        return self.deployment.set_ref(stack_id, logical, f"model-archive-check-{check['Key']}")

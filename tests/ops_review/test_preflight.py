@@ -521,3 +521,24 @@ def test_a_new_pipeline_account_whose_codebuild_runs_no_build_is_a_blocker(tmp_p
         "start; request an increase (aws service-quotas request-service-quota-increase --service-code codebuild "
         "--quota-code L-00000001 --desired-value 2).",
     ]
+
+
+def test_the_remote_type_is_checked_in_the_zones_of_the_jobs_subnets(aws: None, assembly: Path) -> None:
+    """The @remote jobs run in the private subnets (config.yaml's VpcConfig lists them all): moto offers p4d.24xlarge in
+    eu-west-1 only in eu-west-1c, so staging's two subnets (a, b) cannot run the job, prod's three can, in one of
+    them; in us-west-2 every subnet's zone offers it."""
+    findings = {}
+    for environment, region in (("staging", "eu-west-1"), ("prod", "eu-west-1"), ("staging", "us-west-2")):
+        run = Preflight(_needs(assembly, environment, region=region), Account(region).client)
+        run.remote_instance_zones()
+        (findings[environment, region],) = [f.line() for f in run.findings]
+    assert findings["staging", "eu-west-1"] == (
+        "BLOCKER  ml.p4d.24xlarge in the @remote job subnets' zones: none of eu-west-1a, eu-west-1b (the region's "
+        "zones, as Fn::GetAZs lists them) offers p4d.24xlarge: set training.remote_instance_type to a type the zones "
+        "offer, or another region."
+    )
+    assert findings["prod", "eu-west-1"] == (
+        "WARNING  ml.p4d.24xlarge in the @remote job subnets' zones: only eu-west-1c of eu-west-1a, eu-west-1b, "
+        "eu-west-1c offer p4d.24xlarge: SageMaker places every instance there."
+    )
+    assert findings["staging", "us-west-2"].startswith("OK       ml.p4d.24xlarge in the @remote job subnets' zones")
