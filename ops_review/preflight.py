@@ -127,8 +127,9 @@ def needs_of(cdk_out: Path, environment: str) -> Needs:
         return [r.get("Properties", {}) for r in template["Resources"].values() if r["Type"] == kind]
 
     (launch,) = of_type(training, "AWS::EC2::LaunchTemplate")
+    # The nodes of each run command the stack prints: the launcher's payload ({"nodes": N}, stacks/training.py).
     counts = [int(m) for name, output in training["Outputs"].items() if name.startswith("Run")
-              for m in re.findall(r"--count (\d+)", json.dumps(output["Value"]))]  # fmt: skip
+              for m in re.findall(r'\\"nodes\\": (\d+)', json.dumps(output["Value"]))]  # fmt: skip
     zone = training["Outputs"]["TrainingAvailabilityZone"]["Value"]["Fn::Select"][0]
     subnets = foundation["Outputs"]["PrivateSubnetIds"]["Value"]["Fn::Join"][1]
     remote = re.findall(r"InstanceType: (ml\.[\w.]+)", json.dumps(of_type(training, "AWS::SSM::Parameter")))

@@ -24,9 +24,6 @@ import logging
 import urllib.request
 from typing import Any
 
-import boto3
-from botocore.exceptions import ClientError
-
 LOG = logging.getLogger()
 LOG.setLevel(logging.INFO)
 PHYSICAL_ID = "model-archive-check"
@@ -43,6 +40,14 @@ class ArchiveMissing(Exception):
     """The archive is absent; the message is the sentence CloudFormation shows."""
 
 
+def _s3_client() -> Any:
+    """boto3 is imported when the handler runs, not with the module: the construct imports DIGEST_SUFFIX from here at
+    synth, which installs only requirements.txt (no boto3: tests/stacks/settings/test_app_errors.py)."""
+    import boto3
+
+    return boto3.client("s3")
+
+
 class ArchiveChanged(Exception):
     """The archive is not the one whose digest was recorded when it was written (or none was recorded): refused."""
 
@@ -52,6 +57,8 @@ def check_archive(s3: Any, bucket: str, key: str, setting: str) -> str:
     sentence that says what to do. The digest is ``<key>.sha256`` beside the archive (sha256sum's line): what the
     training run recorded as it wrote its model.tar.gz (write-once, training_assets/instance/ec2_run.sh) and copied
     with it when promoted, or what ``pytorch-platform package --upload`` recorded."""
+    from botocore.exceptions import ClientError  # here, not at the top: see _s3_client
+
     try:
         head = s3.head_object(Bucket=bucket, Key=key)
     except ClientError as error:
@@ -79,6 +86,8 @@ def check_archive(s3: Any, bucket: str, key: str, setting: str) -> str:
 
 def recorded_digest(s3: Any, bucket: str, key: str, setting: str) -> str:
     """The hex SHA-256 recorded beside the archive, or ArchiveChanged when there is none to check against."""
+    from botocore.exceptions import ClientError  # here, not at the top: see _s3_client
+
     try:
         line = s3.get_object(Bucket=bucket, Key=key + DIGEST_SUFFIX)["Body"].read().decode("ascii", "replace")
     except ClientError as error:
@@ -122,7 +131,7 @@ def handler(event: dict[str, Any], context: Any, *, s3: Any = None) -> None:
             location = f"s3://{properties['Bucket']}/{properties['Key']}"
             try:
                 reason = check_archive(
-                    s3 or boto3.client("s3"), properties["Bucket"], properties["Key"], properties["Setting"]
+                    s3 or _s3_client(), properties["Bucket"], properties["Key"], properties["Setting"]
                 )
             except (ArchiveMissing, ArchiveChanged):
                 if event.get("PhysicalResourceId") != location:
