@@ -188,6 +188,19 @@ def test_network_interfaces_only_in_the_given_vpc_subnets_and_security_group(tem
     assert not create("network-interface/eni-0123", in_vpc=f"arn:aws:ec2:{REGION}:{ACCOUNT}:vpc/vpc-other")
 
 
+# What SageMaker does with the platform key for a job or an endpoint under its execution role: read and write
+# encrypted objects (Decrypt, Encrypt, GenerateDataKey), look the key up (DescribeKey) and hand the key to the
+# instances' encrypted volumes (CreateGrant). A role missing one fails the job or endpoint at its first use of the key.
+KEY_CALLS = ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey", "kms:CreateGrant"]
+
+
+@pytest.mark.parametrize("role", ["EndpointRole", "JobRole"])
+def test_the_roles_make_every_call_sagemaker_needs_with_the_platform_key(template: dict, role: str) -> None:
+    policies = _policies(template, role)
+    assert [action for action in KEY_CALLS if not is_allowed(policies, Request(action, KEY))] == []
+    assert not is_allowed(policies, Request("kms:ScheduleKeyDeletion", KEY))
+
+
 def test_the_roles_pass_the_compliance_gates_with_every_wildcard_explained() -> None:
     """cdk-nag (AwsSolutions, NIST 800-53) refuses a wildcard or inline policy that no acknowledgement explains."""
     stack = bare_stack()
