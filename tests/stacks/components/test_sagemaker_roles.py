@@ -11,7 +11,15 @@ from aws_cdk import aws_s3 as s3
 
 from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
 from stacks.components.sagemaker_roles import EndpointExecutionRole, RemoteJobRole, VpcAttachment
-from tests.stacks.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, synth_through_the_gates, template_of
+from tests.stacks.components.bare_stack import (
+    ACCOUNT,
+    REGION,
+    bare_stack,
+    refs,
+    resources,
+    synth_through_the_gates,
+    template_of,
+)
 from tests.stacks.components.statement_requests import (
     allowed_without_context,
     concrete,
@@ -199,6 +207,22 @@ def test_the_roles_make_every_call_sagemaker_needs_with_the_platform_key(templat
     policies = _policies(template, role)
     assert [action for action in KEY_CALLS if not is_allowed(policies, Request(action, KEY))] == []
     assert not is_allowed(policies, Request("kms:ScheduleKeyDeletion", KEY))
+
+
+def test_checkov_hears_why_each_policy_grants_the_interface_permission_cleanup_on_every_resource(
+    template: dict,
+) -> None:
+    """checkov's CKV_AWS_109 refuses a permissions-management action on "*" unless the policy's metadata skips it
+    with a reason: every policy granting ec2:DeleteNetworkInterfacePermission (no resource-level permissions) does."""
+    cleanup = ("ec2:DeleteNetworkInterfacePermission", "*")
+    policies = [
+        policy
+        for policy in resources(template, "AWS::IAM::ManagedPolicy").values()
+        if cleanup in granted_actions([resolve(policy["Properties"]["PolicyDocument"], refs=refs(template))])
+    ]
+    assert len(policies) == 2  # fmt: skip
+    for policy in policies:
+        assert [skip["id"] for skip in policy["Metadata"]["checkov"]["skip"]] == ["CKV_AWS_109"]
 
 
 def test_the_roles_pass_the_compliance_gates_with_every_wildcard_explained() -> None:
