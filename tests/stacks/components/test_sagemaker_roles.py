@@ -135,6 +135,23 @@ def test_endpoints_write_only_their_own_environments_log_groups(template: dict) 
     assert {arn: is_allowed(policies, Request("logs:PutLogEvents", arn)) for arn in expected} == expected
 
 
+LOG_ACTIONS = ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"]
+
+
+def test_each_role_creates_finds_and_writes_its_own_log_group(template: dict) -> None:
+    """What SageMaker does with an endpoint's or a job's logs under its execution role: create the group if missing,
+    list its streams, create and write its own streams. Group-level actions are checked on the group's ARN in both
+    forms (with and without the ':*' that CloudWatch Logs authorizes them on)."""
+    logs = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker"
+    endpoint = f"{logs}/Endpoints/dev-GravitonEndpoint"
+    calls = [(action, arn) for action in LOG_ACTIONS for arn in (endpoint, f"{endpoint}:log-stream:AllTraffic/i-0")]
+    assert [call for call in calls if not is_allowed(_policies(template, "EndpointRole"), Request(*call))] == []
+    jobs = f"{logs}/TrainingJobs"
+    calls = [(action, arn) for action in LOG_ACTIONS[::3] for arn in (jobs, f"{jobs}:*")]
+    calls += [(action, f"{jobs}:log-stream:nlp-fn-2026/algo-1-1700000000") for action in LOG_ACTIONS[1:3]]
+    assert [call for call in calls if not is_allowed(_policies(template, "JobRole"), Request(*call))] == []
+
+
 def test_remote_jobs_stage_under_their_callers_prefix_read_datasets_and_pull_the_training_image(
     template: dict,
 ) -> None:
