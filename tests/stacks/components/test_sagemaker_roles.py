@@ -242,6 +242,38 @@ def test_checkov_hears_why_each_policy_grants_the_interface_permission_cleanup_o
         assert [skip["id"] for skip in policy["Metadata"]["checkov"]["skip"]] == ["CKV_AWS_109"]
 
 
+def test_each_role_makes_the_calls_of_its_workload_that_no_other_test_names(template: dict) -> None:
+    """The calls each role's workload makes beyond those the tests above name: SageMaker's metrics (PutMetricData
+    has no resource-level permissions: its resource is *), handing over and deleting the interfaces it created in the
+    platform's VPC, listing the model prefixes (endpoints), and for remote jobs a multipart upload aborted, and
+    locating and listing the buckets the SDK reads."""
+    vpc = {"ec2:Vpc": f"arn:aws:ec2:{REGION}:{ACCOUNT}:vpc/{VPC}"}
+    interface = f"arn:aws:ec2:{REGION}:{ACCOUNT}:network-interface/eni-0123"
+    both = [
+        Request("ec2:CreateNetworkInterfacePermission", interface, vpc),
+        Request("ec2:DeleteNetworkInterface", interface, vpc),
+        Request("ec2:DeleteNetworkInterfacePermission", "*"),
+    ]
+    calls = {
+        "EndpointRole": [
+            *both,
+            Request("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "/aws/sagemaker/Endpoints"}),
+            Request("s3:ListBucket", "arn:aws:s3:::artifacts", {"s3:prefix": "endpoints/sentiment/"}),
+        ],
+        "JobRole": [
+            *both,
+            Request("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "/aws/sagemaker/TrainingJobs"}),
+            Request("s3:AbortMultipartUpload", _object("RemoteJobs", "jobs/nlp/nlp-fn-2026/results/payload.pkl")),
+            Request("s3:GetBucketLocation", "arn:aws:s3:::remotejobs"),
+            Request("s3:GetBucketLocation", "arn:aws:s3:::datasets"),
+            Request("s3:ListBucket", "arn:aws:s3:::datasets"),
+        ],
+    }
+    for role, requests in calls.items():
+        policies = _policies(template, role)
+        assert [request for request in requests if not is_allowed(policies, request)] == [], role
+
+
 def test_the_roles_pass_the_compliance_gates_with_every_wildcard_explained() -> None:
     """cdk-nag (AwsSolutions, NIST 800-53) refuses a wildcard or inline policy that no acknowledgement explains."""
     stack = bare_stack()
