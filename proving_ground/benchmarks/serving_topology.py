@@ -18,7 +18,7 @@ One command (~7 minutes on an idle 2-core host; it prints its estimate first):
    before and after each, with no server up, and each served rate is set against their mean: the ratio.
 3. ``extrapolate``: each topology's ratio on an instance of any size, from what step 2 measured (docs/serving.md,
    "Topology", states the model), and the best per Graviton size SageMaker hosts: what
-   ``inference_assets/container/ray_settings.py`` (``THREADS_PER_REPLICA``) must choose, which
+   ``inference_assets/container/ray_settings.py`` (``REPLICAS_BY_VCPUS``) must choose, which
    tests/proving_ground/test_serving_topology.py checks against the results file.
 
 The load generator shares the cores with the server (served numbers are a lower bound), and a loaded host makes the
@@ -45,6 +45,7 @@ from typing import Any
 
 import psutil
 
+from inference_assets.container.ray_settings import default_topology
 from inference_assets.local.local_server import LocalRayServer
 from inference_assets.tools.endpoint_environment import endpoint_environment
 from inference_assets.tools.package_model import build_model_archive
@@ -184,6 +185,16 @@ def by_instance_type(results: dict) -> dict[str, dict]:
         ranked = extrapolate(results, vcpus)
         table[name] = {"vcpus": vcpus, "best": ranked[0], "runner_up": ranked[1] if len(ranked) > 1 else None}
     return table
+
+
+def default_measured(results: dict) -> dict:
+    """The topology the settings choose on the measured cores (``ray_settings.default_topology``), as measured: its
+    ratio per number of clients and the worse of them."""
+    chosen = default_topology(results["cores"])
+    key = (chosen.replicas, chosen.threads, chosen.direct_ingress)
+    (row,) = [t for t in results["topologies"] if (t["replicas"], t["threads"], t["direct_ingress"]) == key]
+    ratios = {level: values["ratio"] for level, values in row["levels"].items()}
+    return {"name": row["name"], "ratios": ratios, "ratio": row["ratio"]}
 
 
 @contextmanager
@@ -403,12 +414,14 @@ def run(
         "replica_serial_cpu_ms": replica_serial_ms(raw, topologies, precision, batch),
     }
     results["by_instance_type"] = by_instance_type(results)
+    results["default_topology"] = default_measured(results)
     write(output, results)
     return results
 
 
 def _ratios(topology: dict) -> str:
-    return "/".join(f"{topology['levels'][str(level)]['ratio']:.2f}" for level in LEVELS)
+    ratios = topology.get("ratios") or {level: row["ratio"] for level, row in topology["levels"].items()}
+    return "/".join(f"{ratios[str(level)]:.2f}" for level in LEVELS)
 
 
 def docs_line(results: dict) -> str:
@@ -424,11 +437,13 @@ def docs_line(results: dict) -> str:
         f"{' direct' if row['best']['direct_ingress'] else ' proxy'} {row['best']['predicted_ratio']:.2f}"
         for name, row in results["by_instance_type"].items()
     )
+    default = results["default_topology"]
     return (
         f"`{results['command']}` ({results['date']}, {results['cpu']}, {results['cores']} cores, load "
         f"{loads[0]} before, {loads[1]} after; ratios by {results['ratios_by']}): yardsticks {yardsticks}; served at "
-        f"{' / '.join(map(str, LEVELS))} single-text clients: {rows}. Best per size (measured at "
-        f"{results['cores']} vCPUs, extrapolated above, predicted ratio): {chosen}."
+        f"{' / '.join(map(str, LEVELS))} single-text clients: {rows}; the default topology ({default['name']}, "
+        f"server batch {results['served_with']['server_batch_size']}): **{_ratios(default)}**. Best per size "
+        f"(measured at {results['cores']} vCPUs, extrapolated above, predicted ratio): {chosen}."
     )
 
 
@@ -450,6 +465,9 @@ def markdown(results: dict) -> str:
         f"- yardstick per number of clients (the best pass of at most that many texts): {raw['yardsticks']}; its runs "
         f"before and after each server ({results['ratios_by']}): {runs}",
         f"- a replica's serial CPU per request (outside the forward pass): {results['replica_serial_cpu_ms']} ms",
+        f"- **the default topology** (what the settings choose on {results['cores']} vCPUs): "
+        f"{results['default_topology']['name']}, ratio {_ratios(results['default_topology'])} at "
+        f"{' / '.join(map(str, LEVELS))} clients",
         "",
         "| raw precision | batch | texts/s | texts per CPU s |",
         "|---|---|---|---|",

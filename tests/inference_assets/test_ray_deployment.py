@@ -51,7 +51,8 @@ def replica(archive_module: ModuleType, unpacked_model: Path):
     with pytest.MonkeyPatch.context() as patch:
         for name, value in LIMITS_ENV.items():
             patch.setenv(name, value)
-        settings = importlib.import_module("sentiment_serving.ray_settings").ServeSettings(threads=1)
+        # Passes of 8 (not the default): the tests fill max_invocations (8 passes' worth) and count passes.
+        settings = importlib.import_module("sentiment_serving.ray_settings").ServeSettings(threads=1, max_batch_size=8)
         # The user class behind the @serve.deployment wrapper, constructed as a replica constructs it.
         made = archive_module.SentimentDeployment.func_or_class(str(unpacked_model), settings)
         made.torch_threads = torch.get_num_threads()
