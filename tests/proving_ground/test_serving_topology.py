@@ -4,8 +4,8 @@ The results file (proving_ground/benchmarks/results/serving_topology.json) holds
 equal cores; ``best_topology`` reads the best there (extrapolated for other sizes by the model docs/serving.md states).
 The settings' topology for each Graviton size (``GravitonEndpointSettings.topology``) and what the container does with
 the environment the stack writes (the launcher's replicas, threads and ingress) must be that best one. When a new
-measurement picks another, change that size's entry of ``REPLICAS_BY_VCPUS`` in inference_assets/container/ray_settings.py
-(the failure names it).
+measurement picks another, change that size's entry of ``REPLICAS_BY_VCPUS`` in
+inference_assets/container/ray_settings.py (the failure names it).
 """
 
 from __future__ import annotations
