@@ -33,6 +33,7 @@ import functools
 import json
 import math
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -74,6 +75,8 @@ REPLICA, PROXY = "ray::ServeReplica", "ray::ProxyActor"  # process kinds (servin
 WALL, CPU = "texts_per_s", "texts_per_cpu_s"  # the two rates of a raw run: by wall clock, per CPU second
 # Seconds the untimed steps take on an idle 2-core host, for the estimate printed at the start (estimated: at load
 # 12-15 the model and archive took 96 s, the raw workers and labels ~130 s, a server's start 37-84 s).
+# The line a replica logs per forward pass (ray_deployment.SentimentDeployment.answer_together): its texts and seconds.
+PASS_LINE = re.compile(r"answered with one forward pass \((\d+) texts, \d+ tokens\) in ([0-9.]+) s")
 FIXED_S = {"model and archive": 45, "raw workers and labels": 40, "server start and stop": 45, "warm-up": 5}
 
 
@@ -220,6 +223,29 @@ def _tree_rss_mib(leader: int) -> float:
         return 0.0
 
 
+def pass_totals(log_texts: list[str]) -> tuple[int, float]:
+    """Texts and seconds of the forward passes logged in ``log_texts`` (replica logs)."""
+    found = [match for text in log_texts for match in PASS_LINE.findall(text)]
+    return sum(int(texts) for texts, _ in found), sum(float(seconds) for _, seconds in found)
+
+
+def _logged_passes(server: LocalRayServer) -> tuple[int, float]:
+    assert server.workdir is not None
+    logs = (server.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log")
+    return pass_totals([path.read_text(errors="replace") for path in logs])
+
+
+def forward_share(before: tuple[int, float], after: tuple[int, float], replicas: int, wall_s: float) -> dict:
+    """Where a level's time went: the share of the wall time the replicas' forward threads were in a pass (the rest is
+    the wait between passes: answers out, requests in, admission), and the passes' own rate (texts per second of
+    pass), against which the raw pass shows what the server's other work took from the pass's cores."""
+    texts, seconds = after[0] - before[0], after[1] - before[1]
+    return {
+        "forward_busy": round(seconds / (replicas * wall_s), 3) if wall_s > 0 else 0.0,
+        "pass_texts_per_s": round(texts / seconds, 2) if seconds > 0 else 0.0,
+    }
+
+
 def serve(archive: Path, candidate: Candidate, cores: int, precision: str, batch: int, duration_s: float) -> dict:
     """``candidate`` served on ``cores`` with the settings' defaults, ``precision`` and a server batch of ``batch``,
     loaded by each of LEVELS."""
@@ -243,7 +269,12 @@ def serve(archive: Path, candidate: Candidate, cores: int, precision: str, batch
         run_load(caller, texts, max(LEVELS), 3.0)
         runner = metered(functools.partial(run_load, caller, texts), server.process_group,
                          functools.partial(replica_passes, server))  # fmt: skip
-        rows = [summarise(candidate.name, level, [runner(level, duration_s)]) for level in LEVELS]
+        rows = []
+        for level in LEVELS:
+            before = _logged_passes(server)
+            run_ = runner(level, duration_s)  # waits a second after the load for the replicas' logs
+            share = forward_share(before, _logged_passes(server), candidate.replicas, run_["wall_s"])
+            rows.append(summarise(candidate.name, level, [run_]) | share)
         rss = _tree_rss_mib(server.process_group)
     return {**asdict(candidate), "name": candidate.name, "rows": rows, "server_rss_mib": rss, "startup_s": startup_s}
 
@@ -308,6 +339,8 @@ def summarise_topology(served: dict, around: dict[str, list[dict]], rate: str) -
             "errors": row["errors"],
             "requests_per_pass": row["mean_requests_per_pass"],
             "cpu_ms_per_request": row["cpu_ms_per_request"],
+            "forward_busy": row["forward_busy"],
+            "pass_texts_per_s": row["pass_texts_per_s"],
         }
     keys = ("replicas", "threads", "direct_ingress", "name", "server_rss_mib", "startup_s")
     return {
@@ -473,15 +506,16 @@ def markdown(results: dict) -> str:
         "|---|---|---|---|",
         *(f"| {r['precision']} | {r['batch']} | {r['texts_per_s']} | {r['texts_per_cpu_s']} |" for r in raw["sweep"]),
         "",
-        "| topology | clients | req/s | **ratio** | wall clock | per CPU s | req per pass | p50 ms | p99 ms | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| topology | clients | req/s | **ratio** | wall clock | per CPU s | req per pass | forward busy "
+        "| pass texts/s | p50 ms | p99 ms | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in results["topologies"]:
         for level, row in t["levels"].items():
             lines.append(
                 f"| {t['name']} | {level} | {row['requests_per_s']} | **{row['ratio']}** | {row['ratio_wall_clock']} | "
-                f"{row['ratio_per_cpu_s']} | {row['requests_per_pass']} | {row['p50_ms']} | {row['p99_ms']} | "
-                f"{row['errors']} |"
+                f"{row['ratio_per_cpu_s']} | {row['requests_per_pass']} | {row.get('forward_busy', '')} | "
+                f"{row.get('pass_texts_per_s', '')} | {row['p50_ms']} | {row['p99_ms']} | {row['errors']} |"
             )
     lines += [
         "",
