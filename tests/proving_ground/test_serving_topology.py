@@ -111,6 +111,17 @@ def test_the_rule_gives_each_listed_size_its_replicas_and_other_sizes_one_replic
     assert default_topology(8, replicas=2).threads == 4, "workers_per_model overrides the rule"
 
 
+def test_a_levels_forward_share_is_pass_time_over_wall_time_per_replica() -> None:
+    """Two replicas logged 64 texts in 2 s of passes over a 4 s level: each was in a pass a quarter of the time, at
+    32 texts per second of pass."""
+    share = topology.forward_share((10, 1.0), (74, 3.0), replicas=2, wall_s=4.0)
+    assert share == {"forward_busy": 0.25, "pass_texts_per_s": 32.0}
+    assert topology.forward_share((5, 1.0), (5, 1.0), replicas=1, wall_s=4.0) == {
+        "forward_busy": 0.0,
+        "pass_texts_per_s": 0.0,
+    }
+
+
 def test_docs_benchmarks_carry_the_results_line() -> None:
     text = topology.DOCS.read_text()
     block = text.split(topology.DOCS_BEGIN, 1)[1].split(topology.DOCS_END, 1)[0]
