@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
-from proving_ground.iam_policy import Request, is_allowed
+from ops_review.iam_policy import Request, is_allowed
 from proving_ground.rehearsal.aws_calls import Record, _write
 from proving_ground.rehearsal.journey import (
     AWS_SERVICE,
