@@ -21,6 +21,7 @@ It does not model SCPs, permission boundaries or session policies: the platform 
 from __future__ import annotations
 
 import base64
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,9 +44,14 @@ class Request:
     context: Mapping[str, ContextValue] = field(default_factory=dict)
 
 
-def _wildcard(pattern: str, value: str, *, case_sensitive: bool = True) -> bool:
+@functools.lru_cache(maxsize=8192)
+def _compiled(pattern: str, case_sensitive: bool) -> re.Pattern[str]:
     regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    return re.fullmatch(regex, value, 0 if case_sensitive else re.IGNORECASE) is not None
+    return re.compile(regex, 0 if case_sensitive else re.IGNORECASE)
+
+
+def _wildcard(pattern: str, value: str, *, case_sensitive: bool = True) -> bool:
+    return _compiled(pattern, case_sensitive).fullmatch(value) is not None
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -201,12 +207,15 @@ def is_allowed(
     resource_policies: Sequence[dict[str, Any]] = (),
     key_policy: dict[str, Any] | None = None,
     endpoint_policies: Sequence[dict[str, Any]] = (),
+    same_account: bool = True,
 ) -> bool:
-    """The decision for ``request`` made by a principal of the resource's account.
+    """The decision for ``request`` made by a principal of the resource's account (``same_account``), or of another.
 
     ``policies``: the principal's identity policies; ``resource_policies``: the resource's own (bucket policy, ...);
     ``key_policy``: for KMS requests, the key's policy (required: KMS refuses without one); ``endpoint_policies``:
-    the VPC endpoints the request passes through, each of which must allow it.
+    the VPC endpoints the request passes through, each of which must allow it. A request from another account needs
+    both an Allow of the principal's identity policies and one of the resource's policy naming the principal or its
+    account (IAM User Guide, "Cross-account policy evaluation logic").
     """
     identity = _statements(policies)
     resource = _statements(resource_policies) + (_statements([key_policy]) if key_policy else [])
@@ -220,9 +229,23 @@ def is_allowed(
             return False
     identity_allows = any(s["Effect"] == "Allow" and _matches(s, request) for s in identity)
     grants = {_matches(s, request, resource_policy=True) for s in resource if s["Effect"] == "Allow"}
+    if not same_account:
+        return identity_allows and bool(grants & {"direct", "account"})
     if key_policy is not None:
         return "direct" in grants or ("account" in grants and identity_allows)
     return identity_allows or "direct" in grants
+
+
+def allowing_statements(
+    policies: Iterable[dict[str, Any]], request: Request, *, resource_policy: bool = False
+) -> list[dict[str, Any]]:
+    """The Allow statements of ``policies`` that apply to ``request`` (identity policies, or resource policies whose
+    ``Principal`` names the caller or its account)."""
+    return [
+        s
+        for s in _statements(policies)
+        if s["Effect"] == "Allow" and _matches(s, request, resource_policy=resource_policy)
+    ]
 
 
 def _as_list_of_statements(policy: dict[str, Any]) -> list[dict[str, Any]]:
