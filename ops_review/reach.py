@@ -42,6 +42,8 @@ MODELLED_KEYS = {
     "s3:x-amz-server-side-encryption-customer-algorithm",
 }  # fmt: skip
 PRINCIPAL_TAG = "aws:PrincipalTag/"
+# A resource's tags, as the template gives them (aws:ResourceTag/<key>; IAM's own iam:ResourceTag/<key> for roles).
+RESOURCE_TAGS = ("aws:ResourceTag/", "iam:ResourceTag/")
 
 # The actions asked of each kind of resource, besides every action of its service that a policy in scope names.
 ACTIONS = {
@@ -173,6 +175,7 @@ class _Target:
     arn: str
     account: str
     policy: dict[str, Any] | None = None
+    tags: dict[str, str] = field(default_factory=dict)
     scopes: dict[str, str] = field(default_factory=dict)  # label -> the ARN pattern its requests are probed inside
 
 
@@ -237,7 +240,7 @@ def _relaxed(document: dict[str, Any]) -> dict[str, Any]:
         assumed: list[str] = []
         for operator, keys in statement["Condition"].items():
             for key, values in keys.items():
-                if key in MODELLED_KEYS or key.startswith(PRINCIPAL_TAG):
+                if key in MODELLED_KEYS or key.startswith((PRINCIPAL_TAG, *RESOURCE_TAGS)):
                     kept.setdefault(operator, {})[key] = values
                 else:
                     assumed.append(f"{operator} {key}: {', '.join(map(str, _strings(values) or [values]))}")
@@ -290,7 +293,12 @@ class _Scope:
                     name = f"{stack.template.stack}/{construct_name(stack.template, lid)}"
                     if stack not in self.own and stack.template.environment != APP_ENVIRONMENT:
                         name = f"{stack.template.environment}/{name}"  # another stage's, seen from the pipeline
-                    targets[arn] = _Target(name, RESOURCE_TYPES[resource["Type"]][0], arn, stack.account)
+                    tags = {
+                        str(tag["Key"]): tag["Value"]
+                        for tag in resource.get("Properties", {}).get("Tags", [])
+                        if isinstance(tag, dict) and isinstance(tag.get("Value"), str)
+                    }
+                    targets[arn] = _Target(name, RESOURCE_TYPES[resource["Type"]][0], arn, stack.account, tags=tags)
         for stack in self.stacks:  # a role's trust policy is the resource policy of sts:AssumeRole on it
             for lid, resource in stack.resources.items():
                 if resource["Type"] == "AWS::IAM::Role" and stack.arn_of(lid) in targets:
@@ -443,6 +451,7 @@ class _Scope:
         rows: dict[tuple[str, str, str, tuple[str, ...]], set[str]] = {}
         for target in self.targets.values():
             context = {**base, "aws:ResourceAccount": target.account}
+            context.update({f"{prefix}{key}": value for prefix in RESOURCE_TAGS for key, value in target.tags.items()})
             loose_resource = [_without_conditions(target.policy)] if target.policy else []
             for label, pattern in target.scopes.items():
                 for action, arn, extra in self._requests(target, label, pattern, context):

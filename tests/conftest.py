@@ -38,6 +38,7 @@ SAME_WORKER = {
     "sizing-plans": (
         "tests/stacks/components/test_alarm_subscriptions.py",
         "tests/ops_review/test_review.py",
+        "tests/ops_review/test_reach.py",
         "tests/ops_review/test_replacements.py",
         "tests/stacks/foundation/test_image_patching.py",
         "tests/mme_sizing/test_plan.py",
