@@ -254,6 +254,24 @@ def _without_conditions(document: dict[str, Any]) -> dict[str, Any]:
     return {"Statement": allows}
 
 
+def _about(documents: list[dict[str, Any]], arn: str) -> list[dict[str, Any]]:
+    """The statements of ``documents`` that may concern ``arn`` or what lies inside it (a bucket's objects, a log
+    group's streams), as one document: a statement whose every resource pattern begins with other text than the ARN
+    cannot match it or anything under it (a policy variable counts as a wildcard; NotResource may match anything)."""
+
+    def literal(pattern: str) -> str:
+        return re.split(r"[*?]|\$\{", pattern, maxsplit=1)[0]
+
+    kept = [
+        statement
+        for document in documents
+        for statement in _statements(document)
+        if "NotResource" in statement
+        or any(arn.startswith(literal(p)) or literal(p).startswith(arn) for p in _strings(statement.get("Resource")))
+    ]
+    return [{"Statement": kept}] if kept else []
+
+
 def _probe(pattern: str, context: dict[str, ContextValue]) -> str:
     """The ARN of a request inside ``pattern``: its policy variables as the principal's own (``${aws:userid}``: the
     caller's own prefix), each wildcard as one name."""
@@ -447,9 +465,12 @@ class _Scope:
     def reach_of(self, principal: _Principal) -> list[dict[str, Any]]:
         """Each resource and scope the principal reaches: the actions allowed, by the conditions that must hold."""
         base = self.context_of(principal)
-        loose = [_without_conditions(d) for d in principal.policies]
         rows: dict[tuple[str, str, str, tuple[str, ...]], set[str]] = {}
         for target in self.targets.values():
+            identity = _about(principal.policies, target.arn)
+            if not any(s["Effect"] == "Allow" for d in identity for s in _statements(d)) and target.policy is None:
+                continue
+            loose = [_without_conditions(d) for d in identity]
             context = {**base, "aws:ResourceAccount": target.account}
             context.update({f"{prefix}{key}": value for prefix in RESOURCE_TAGS for key, value in target.tags.items()})
             loose_resource = [_without_conditions(target.policy)] if target.policy else []
@@ -459,7 +480,7 @@ class _Scope:
                     if not (allowing_statements(loose, request)
                             or allowing_statements(loose_resource, request, resource_policy=True)):  # fmt: skip
                         continue
-                    conditions = self._decide(principal, target, request)
+                    conditions = self._decide(principal, identity, target, request)
                     if conditions is not None:
                         rows.setdefault((target.name, target.kind, label, tuple(conditions)), set()).add(action)
         return [
@@ -485,11 +506,18 @@ class _Scope:
         return [*((a, _probe(pattern, context), {}) for a in objects), ("s3:ListBucket", target.arn, listing)]
 
     def _allowed(
-        self, principal: _Principal, target: _Target, request: Request, *, relaxed: bool = False
+        self,
+        principal: _Principal,
+        policies: list[dict[str, Any]],
+        target: _Target,
+        request: Request,
+        *,
+        relaxed: bool = False,
     ) -> list[_Channel]:
-        """The channels through which AWS would allow the request."""
+        """The channels through which AWS would allow the request (``policies``: the principal's identity policies
+        about the target)."""
         service = request.action.split(":", 1)[0]
-        identity = [_relaxed(d) for d in principal.policies] if relaxed else principal.policies
+        identity = [_relaxed(d) for d in policies] if relaxed else policies
         policy = target.policy
         if target.kind == "key" and policy is None:  # AWS's default key policy: the account's IAM policies decide
             policy = {"Statement": [{"Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{target.account}:root"},
@@ -517,17 +545,19 @@ class _Scope:
                 allowed.append(channel)
         return allowed
 
-    def _decide(self, principal: _Principal, target: _Target, request: Request) -> list[str] | None:
+    def _decide(
+        self, principal: _Principal, policies: list[dict[str, Any]], target: _Target, request: Request
+    ) -> list[str] | None:
         """None if AWS refuses the request however it arrives; else the conditions under which it allows it."""
         conditions: list[str] = []
-        allowed = self._allowed(principal, target, request)
+        allowed = self._allowed(principal, policies, target, request)
         if not allowed and request.action == "s3:PutObject":
             create = Request(request.action, request.resource, {**request.context, "s3:if-none-match": "*"})
-            allowed = self._allowed(principal, target, create)
+            allowed = self._allowed(principal, policies, target, create)
             conditions = ["only as a create (If-None-Match: *)"] if allowed else []
         if not allowed:
-            allowed = self._allowed(principal, target, request, relaxed=True)
-            identity = [_relaxed(d) for d in principal.policies]
+            allowed = self._allowed(principal, policies, target, request, relaxed=True)
+            identity = [_relaxed(d) for d in policies]
             resource = [_relaxed(target.policy)] if target.policy else []
             statements = allowing_statements(identity, request) + allowing_statements(
                 resource, request, resource_policy=True
