@@ -114,9 +114,8 @@ def test_the_instances_of_a_job_reach_each_other_and_sagemaker_may_attach_them(t
                                             {"ec2:Vpc": f"arn:aws:ec2:{REGION}:{ACCOUNT}:vpc/vpc-2"}))  # fmt: skip
 
 
-def test_a_spot_job_checkpoints_to_the_callers_prefix_and_resumes_there(
-    platform: harness.Platform, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _record_train_configs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The training configs the job's function is called with (the training itself stubbed)."""
     seen: list[Any] = []
 
     def recording_train(config: Any) -> dict[str, Any]:
@@ -124,6 +123,13 @@ def test_a_spot_job_checkpoints_to_the_callers_prefix_and_resumes_there(
         return harness.stub_train(config)
 
     monkeypatch.setattr(remote_train, "train", recording_train)
+    return seen
+
+
+def test_a_spot_job_checkpoints_to_the_callers_prefix_and_resumes_there(
+    platform: harness.Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _record_train_configs(monkeypatch)
     dataset = harness.upload_dataset(platform)
     harness.run_launcher(platform, "--spot", "--run-id", "tweets-7", "train", "--", "--dataset", dataset,
                  "--checkpoint-steps", "50")  # fmt: skip
@@ -155,13 +161,7 @@ def test_a_job_that_compiles_keeps_its_compile_cache_where_sagemaker_restores_it
 ) -> None:
     """Without checkpoints, a job that compiles (the GPU default) still gets a checkpoint location, for
     TorchInductor's cache; one that does not compile gets none."""
-    seen: list[Any] = []
-
-    def recording_train(config: Any) -> dict[str, Any]:
-        seen.append(config)
-        return harness.stub_train(config)
-
-    monkeypatch.setattr(remote_train, "train", recording_train)
+    seen = _record_train_configs(monkeypatch)
     dataset = harness.upload_dataset(platform)
     flags = [] if compiles else ["--no-torch-compile"]
     harness.run_launcher(platform, "--run-id", "tweets-8", "train", "--", "--dataset", dataset, *flags)
