@@ -20,18 +20,20 @@ key a job names, a launch template's settings) are assumed to hold and listed wi
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ops_review.iam_policy import ContextValue, Request, allowing_statements, is_allowed, resolve
+from ops_review.iam_policy import ContextValue, Request, Unsupported, allowing_statements, is_allowed, resolve
 from ops_review.review import APP_ENVIRONMENT, StackTemplate, construct_name
 
 # The account and region of a stack synthesized without them (environment-agnostic).
 PLACEHOLDER_ACCOUNT = "123456789012"
 PLACEHOLDER_REGION = "us-east-1"
 PROBE = "x"  # what a wildcard of a policy's resource stands for in the request that probes it
+NOT_EVALUATED = "(reach not evaluated)"  # the one entry of an environment whose policies the review cannot resolve
 
 # Condition keys the review sets from the way a request arrives and who makes it; a condition on any other key of an
 # Allow is assumed to hold and shown with the reach.
@@ -96,6 +98,10 @@ _POLICY_RESOURCE_PATTERNS = {
 }
 
 
+class NotEvaluated(Exception):
+    """A template holds a policy the review cannot resolve, so an environment's reach would be a guess."""
+
+
 @dataclass
 class _Stack:
     """One stack with its placeholder names: every reference of its template resolves to a value of the right shape."""
@@ -114,7 +120,10 @@ class _Stack:
         self.resources: dict[str, dict[str, Any]] = self.template.template.get("Resources", {})
 
     def resolve(self, value: Any) -> Any:
-        return resolve(value, refs=_Refs(self), exports=self.exports)
+        try:
+            return resolve(value, refs=_Refs(self), exports=self.exports)
+        except Unsupported as error:  # a value the review cannot read: no reach of this environment is shown
+            raise NotEvaluated(f"{self.template.stack} uses {error}, which the review does not resolve") from error
 
     def name_of(self, logical_id: str) -> str:
         properties = self.resources[logical_id].get("Properties", {})
@@ -182,7 +191,7 @@ class _Target:
 @dataclass
 class _Principal:
     name: str
-    kind: str  # role | policy holder
+    kind: str  # role | people holding this policy
     arn: str
     account: str
     trusted_by: list[str]
@@ -204,19 +213,26 @@ class _Channel:
 def _documents_of(stack: _Stack) -> Iterable[tuple[str, str, dict[str, Any]]]:
     """(logical id, kind, resolved document) of every policy the stack holds: identity, bucket, key, repository."""
     for logical_id, resource in stack.resources.items():
-        properties = resource.get("Properties", {})
-        kind = resource["Type"]
-        if kind == "AWS::IAM::Role":
-            for policy in properties.get("Policies", []):
-                yield logical_id, "inline", stack.resolve(policy["PolicyDocument"])
-        elif kind in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
-            yield logical_id, "identity", stack.resolve(properties["PolicyDocument"])
-        elif kind == "AWS::S3::BucketPolicy":
-            yield logical_id, "bucket", stack.resolve(properties["PolicyDocument"])
-        elif kind == "AWS::KMS::Key" and "KeyPolicy" in properties:
-            yield logical_id, "key", stack.resolve(properties["KeyPolicy"])
-        elif kind == "AWS::ECR::Repository" and "RepositoryPolicyText" in properties:
-            yield logical_id, "repository", stack.resolve(properties["RepositoryPolicyText"])
+        yield from _documents_of_resource(stack, logical_id, resource)
+
+
+def _documents_of_resource(
+    stack: _Stack, logical_id: str, resource: dict[str, Any]
+) -> Iterable[tuple[str, str, dict[str, Any]]]:
+    """The policies of one resource (a role's inline ones, a policy, a bucket's, a key's, a repository's)."""
+    properties = resource.get("Properties", {})
+    kind = resource["Type"]
+    if kind == "AWS::IAM::Role":
+        for policy in properties.get("Policies", []):
+            yield logical_id, "inline", stack.resolve(policy["PolicyDocument"])
+    elif kind in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
+        yield logical_id, "identity", stack.resolve(properties["PolicyDocument"])
+    elif kind == "AWS::S3::BucketPolicy":
+        yield logical_id, "bucket", stack.resolve(properties["PolicyDocument"])
+    elif kind == "AWS::KMS::Key" and "KeyPolicy" in properties:
+        yield logical_id, "key", stack.resolve(properties["KeyPolicy"])
+    elif kind == "AWS::ECR::Repository" and "RepositoryPolicyText" in properties:
+        yield logical_id, "repository", stack.resolve(properties["RepositoryPolicyText"])
 
 
 def _statements(document: dict[str, Any]) -> list[dict[str, Any]]:
@@ -607,8 +623,9 @@ def reach_assembly(stacks: list[StackTemplate]) -> dict[str, dict[str, dict[str,
     resolved = [_Stack(stack, exports, deployer(stack)) for stack in stacks]
     for stack in resolved:
         for output in stack.template.template.get("Outputs", {}).values():
-            if "Export" in output:
-                exports[str(stack.resolve(output["Export"]["Name"]))] = stack.resolve(output["Value"])
+            with contextlib.suppress(NotEvaluated):  # an import of it stays a name of its own
+                if "Export" in output:
+                    exports[str(stack.resolve(output["Export"]["Name"]))] = stack.resolve(output["Value"])
     app = [s for s in resolved if s.template.environment == APP_ENVIRONMENT]
     reach: dict[str, dict[str, dict[str, Any]]] = {}
     for environment in sorted({s.template.environment for s in resolved}):
@@ -618,14 +635,18 @@ def reach_assembly(stacks: list[StackTemplate]) -> dict[str, dict[str, dict[str,
             shared = [s for s in resolved if s.template.environment.startswith(tuple(deployed))]
         else:
             shared = app
-        scope = _Scope(own, shared)
-        reach[environment] = {
-            principal.name: {
-                "kind": principal.kind,
-                "trusted_by": principal.trusted_by,
-                "not_evaluated": principal.not_evaluated,
-                "reach": scope.reach_of(principal),
+        try:
+            scope = _Scope(own, shared)
+            reach[environment] = {
+                principal.name: {
+                    "kind": principal.kind,
+                    "trusted_by": principal.trusted_by,
+                    "not_evaluated": principal.not_evaluated,
+                    "reach": scope.reach_of(principal),
+                }
+                for principal in sorted(scope.principals(), key=lambda p: p.name)
             }
-            for principal in sorted(scope.principals(), key=lambda p: p.name)
-        }
+        except (NotEvaluated, Unsupported) as error:  # Unsupported: a policy element the evaluator does not model
+            entry = {"kind": "-", "trusted_by": [], "not_evaluated": [str(error)], "reach": []}
+            reach[environment] = {NOT_EVALUATED: entry}
     return reach

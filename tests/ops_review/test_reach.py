@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ops_review.__main__ import main
-from ops_review.reach import reach_assembly
+from ops_review.reach import NOT_EVALUATED, reach_assembly
 from ops_review.review import StackTemplate, load_assembly
 from stacks.foundation import caller_construct_suffix
 from stacks.settings import parse_environment
@@ -168,3 +168,16 @@ def test_a_bucket_policy_that_refuses_takes_the_reach_away(platform_assembly: Pa
     rows = _rows(reach_assembly(stacks)[ENV], _role(a), REMOTE_JOBS)
     assert _object_scopes(rows, "s3:PutObject") == set()
     assert _object_scopes(rows, "s3:GetObject") == {f"jobs/{a}/*"}
+
+
+def test_a_policy_the_review_cannot_resolve_is_said_not_guessed(platform_assembly: Path) -> None:
+    """A condition function the evaluator's resolver does not know (Fn::If) leaves the environment's reach unshown,
+    with one sentence naming the stack, instead of a reach computed without that policy."""
+    stacks = _dev(platform_assembly)
+    resources = _resources(stacks, "Foundation")
+    bucket_policy = resources[_logical_id(resources, "AWS::S3::BucketPolicy", "RemoteJobsPolicy")]
+    statement = bucket_policy["Properties"]["PolicyDocument"]["Statement"][0]
+    statement["Resource"] = {"Fn::If": ["IsProd", statement["Resource"], {"Ref": "AWS::NoValue"}]}
+    reach = reach_assembly(stacks)[ENV]
+    assert list(reach) == [NOT_EVALUATED]
+    assert reach[NOT_EVALUATED]["not_evaluated"] == ["Foundation uses Fn::If, which the review does not resolve"]
