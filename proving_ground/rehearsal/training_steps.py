@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from proving_ground.iam_policy import Request, is_allowed
+from ops_review.iam_policy import Request, is_allowed
 from proving_ground.rehearsal.aws_calls import Record, _write
 from proving_ground.rehearsal.journey import (
     AWS_SERVICE,

@@ -11,15 +11,8 @@ from typing import Any
 import boto3
 import pytest
 
-from proving_ground.iam_policy import (
-    Call,
-    Request,
-    is_allowed,
-    logical_id,
-    requests_for,
-    resolve,
-    role_policies,
-)
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import Call, logical_id, requests_for, role_policies
 from tests.stacks.security.exports import template_exports
 from tests.training_assets import test_remote_sdk_moto as harness
 from training_assets import remote_train
