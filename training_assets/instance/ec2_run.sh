@@ -121,13 +121,11 @@ echo "run $run_id (reservation $reservation): $count node(s) ${nodes[*]}; this n
 writer="$INSTANCE_ROLE_ID:$instance_id"
 run_uri="s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX$run_id/"
 destination="${run_uri}nodes/$writer"
-lineage=(python3 training_assets/instance/run_lineage.py --run "$run_uri")
-"${lineage[@]}" await --reservation "$reservation" --writer "$writer" --timeout "$LAUNCH_RECORD_SECONDS"
-mapfile -t writers < <("${lineage[@]}" writers)
-if candidate="$("${lineage[@]}" candidate 2>/dev/null)"; then
-  echo "run $run_id is finished: its model is $candidate; launch a new run (another run_name)" >&2
-  exit 1
-fi
+# Wait for the launcher's record of this launch; the run's writers (whose folders it resumes from); a finished run
+# (one of its writers wrote the candidate) stops here with one line.
+joined="$(python3 training_assets/instance/run_lineage.py --run "$run_uri" join --reservation "$reservation" \
+  --writer "$writer" --timeout "$LAUNCH_RECORD_SECONDS")"
+mapfile -t writers <<<"$joined"
 
 # --- 2. the training image ---------------------------------------------------------------------------------------
 if [[ -n "$TRAINING_IMAGE_URI" ]]; then

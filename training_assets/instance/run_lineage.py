@@ -14,9 +14,12 @@ launch; no instance may write under ``launches/``): ``{"run_id", "reservation_id
 again (resume) is a new reservation with new instances and a record of its own; its instances read the checkpoints and
 compile cache of every writer the run's records name, write their own folders, and ignore any other folder.
 
-    run_lineage.py --run s3://bucket/<run prefix>/ await --reservation r-... --writer ROLEID:i-...
-    run_lineage.py --run s3://bucket/<run prefix>/ writers      # one writer per line, oldest launch first
+    run_lineage.py --run s3://bucket/<run prefix>/ join --reservation r-... --writer ROLEID:i-...
     run_lineage.py --run s3://bucket/<run prefix>/ candidate    # the run's model.tar.gz, if one of its writers wrote it
+
+``join`` (ec2_run.sh, before training) waits until the launcher's record of this launch names this instance (an
+instance nobody recorded trains nothing), refuses a finished run (one of its writers wrote the candidate), and prints
+the run's writers, one per line, whose folders it restores from.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ LAUNCHES = "launches/"
 CANDIDATE = "model.tar.gz"
 DIGEST = "model.tar.gz.sha256"
 # A writer is an instance-profile session's aws:userid: the role's unique id (AROA...) and the instance id.
-WRITER = re.compile(r"^AROA[A-Z0-9]{4,124}:i-[0-9a-f]{8,17}$")
-RECORD = re.compile(r"^r-[0-9a-f]{8,17}\.json$")
+WRITER = re.compile(r"^AROA[A-Z0-9]+:i-[0-9a-f]+$")
+RECORD = re.compile(r"^r-[0-9a-f]+\.json$")
 
 Runner = Callable[[Sequence[str]], str]
 
@@ -73,8 +76,8 @@ class Lineage:
 
     def _keys(self, under: str) -> list[str]:
         output = self.aws(["s3api", "list-objects-v2", "--bucket", self.bucket, "--prefix", self.prefix + under,
-                           "--query", "Contents[].Key", "--output", "json"])  # fmt: skip
-        return [key[len(self.prefix) :] for key in json.loads(output or "null") or []]
+                           "--query", "Contents[].[Key,Size]", "--output", "json"])  # fmt: skip
+        return [key[len(self.prefix) :] for key, _ in json.loads(output or "null") or []]
 
     def _record(self, name: str) -> list[str]:
         """The writers of one launch record; a record of another run or with a malformed writer names none."""
@@ -114,12 +117,23 @@ class Lineage:
                 )
             time.sleep(every)
 
-    def candidate(self) -> str | None:
+    def join(self, reservation_id: str, writer: str, *, timeout: float) -> list[str]:
+        """The run's writers once its record names ``writer``; NotInRun when the run is finished."""
+        self.wait_for(reservation_id, writer, timeout=timeout)
+        writers = self.writers()
+        found = self.candidate(writers)
+        if found is not None:
+            run_id = self.prefix.rstrip("/").rsplit("/", 1)[-1]
+            raise NotInRun(f"run {run_id} is finished: its model is {found}; launch a new run (another run_name)")
+        return writers
+
+    def candidate(self, writers: Sequence[str] | None = None) -> str | None:
         """``s3://.../nodes/<writer>/model.tar.gz`` of the run's writer that wrote its candidate and the digest beside
         it (at most one: a finished run is never launched again); None when none did. Folders of instances that the
         run's records do not name are not the run's, whatever they hold."""
         keys = set(self._keys(NODES))
-        done = [w for w in self.writers() if {f"{NODES}{w}/{CANDIDATE}", f"{NODES}{w}/{DIGEST}"} <= keys]
+        writers = self.writers() if writers is None else writers
+        done = [w for w in writers if {f"{NODES}{w}/{CANDIDATE}", f"{NODES}{w}/{DIGEST}"} <= keys]
         if len(done) > 1:
             raise NotInRun(f"s3://{self.bucket}/{self.prefix}: writers {', '.join(done)} each wrote a candidate.")
         return f"s3://{self.bucket}/{self.prefix}{NODES}{done[0]}/{CANDIDATE}" if done else None
@@ -129,19 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", required=True, help="s3://bucket/<run prefix>/")
     commands = parser.add_subparsers(dest="command", required=True)
-    wait = commands.add_parser("await", help="wait until the launcher's record of a reservation names a writer")
-    wait.add_argument("--reservation", required=True)
-    wait.add_argument("--writer", required=True)
-    wait.add_argument("--timeout", type=float, default=300.0)
-    commands.add_parser("writers", help="the run's writers, one per line")
+    join = commands.add_parser("join", help="wait for this launch's record; the run's writers, one per line")
+    join.add_argument("--reservation", required=True)
+    join.add_argument("--writer", required=True)
+    join.add_argument("--timeout", type=float, default=300.0)
     commands.add_parser("candidate", help="the run's model.tar.gz (exit status 1: none yet)")
     args = parser.parse_args(argv)
     try:
         lineage = Lineage(args.run)
-        if args.command == "await":
-            lineage.wait_for(args.reservation, args.writer, timeout=args.timeout)
-        elif args.command == "writers":
-            for writer in lineage.writers():
+        if args.command == "join":
+            for writer in lineage.join(args.reservation, args.writer, timeout=args.timeout):
                 print(writer)
         else:
             found = lineage.candidate()
@@ -150,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             print(found)
     except (NotInRun, RuntimeError, ValueError) as error:
-        print(f"run_lineage: {error}", file=sys.stderr)
+        print(error, file=sys.stderr)
         return 1
     return 0
 

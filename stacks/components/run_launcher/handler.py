@@ -156,21 +156,21 @@ def launch(ec2: Any, s3: Any, event: Any, settings: Settings) -> dict[str, Any]:
         "reservation_id": reservation["ReservationId"],
         "instance_ids": [instance["InstanceId"] for instance in reservation["Instances"]],
     }
-    writers = [f"{settings.instance_role_id}:{instance}" for instance in started["instance_ids"]]
-    record = {"run_id": started["run_id"], "reservation_id": started["reservation_id"], "writers": writers}
-    # (run_lineage.record_key's layout: the function's code asset holds this folder only.)
-    key = f"{settings.output_prefix}{started['run_id']}/launches/{started['reservation_id']}.json"
-    s3.put_object(
-        Bucket=settings.artifacts_bucket,
-        Key=key,
-        Body=json.dumps(record).encode(),
-        IfNoneMatch="*",
-        ServerSideEncryption="aws:kms",
-        SSEKMSKeyId=settings.kms_key_id,
-        ContentType="application/json",
-    )
-    started["launch_record"] = f"s3://{settings.artifacts_bucket}/{key}"
+    started["launch_record"] = record(s3, started["run_id"], started["reservation_id"], started["instance_ids"],
+                                      settings)  # fmt: skip
     return started
+
+
+def record(s3: Any, run_id: str, reservation_id: str, instance_ids: list[str], settings: Settings) -> str:
+    """Write the record of one launch (once, SSE-KMS): which instances' folders are the run's; its URI. The layout
+    is training_assets/instance/run_lineage.py's (the function's code asset holds this folder only)."""
+    writers = [f"{settings.instance_role_id}:{instance}" for instance in instance_ids]
+    body = json.dumps({"run_id": run_id, "reservation_id": reservation_id, "writers": writers}).encode()
+    key = f"{settings.output_prefix}{run_id}/launches/{reservation_id}.json"
+    s3.put_object(Bucket=settings.artifacts_bucket, Key=key, Body=body, IfNoneMatch="*",
+                  ServerSideEncryption="aws:kms", SSEKMSKeyId=settings.kms_key_id,
+                  ContentType="application/json")  # fmt: skip
+    return f"s3://{settings.artifacts_bucket}/{key}"
 
 
 def handler(event: Any, _context: Any) -> dict[str, Any]:
