@@ -10,6 +10,7 @@ import importlib.util
 import io
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from proving_ground.iam_policy import Request, is_allowed
@@ -26,6 +27,8 @@ from proving_ground.rehearsal.journey import (
     StepFailed,
 )
 from stacks.components.training_launcher import HANDLER
+
+LINEAGE = Path(__file__).resolve().parents[2] / "training_assets" / "instance" / "run_lineage.py"
 
 
 def launcher_handler() -> Any:
@@ -68,8 +71,7 @@ class TrainingSteps(RehearsalBase):
         (reservation,) = ec2.describe_instances(InstanceIds=started["instance_ids"])["Reservations"]
         instances = sorted(reservation["Instances"], key=lambda i: started["instance_ids"].index(i["InstanceId"]))
         template = self.deployment.launch_templates[variables["LAUNCH_TEMPLATE_ID"]]
-        # Each instance acts as its own session of the instance role (aws:userid <role id>:<instance id>, which the
-        # role's write grant names).
+        # Each instance acts as its own session of the instance role (aws:userid <role id>:<instance id>).
         sessions = {i["InstanceId"]: self._instance_session(settings.instance_role_id, i["InstanceId"])
                     for i in instances}  # fmt: skip
         self.gate.save(self.gate_file)
@@ -84,14 +86,11 @@ class TrainingSteps(RehearsalBase):
                 failed.append(f"node {node} ({instance['InstanceId']}): user data exited {process.returncode}:\n{tail}")
         if failed:
             raise StepFailed("\n".join(failed))
-        artifacts = self.stack_output("Foundation", "ArtifactsBucketName")
-        # The candidate lies in the folder of the node of rank 0 (the first in private-IP order: ec2_run.sh).
-        first = min(instances, key=lambda i: tuple(int(part) for part in i["PrivateIpAddress"].split(".")))
-        prefix = f"training-output/{started['run_id']}/nodes/{sessions[first['InstanceId']].identity['aws:userid']}/"
-        s3 = self.client("s3", OPERATOR)
-        listed = {o["Key"] for o in s3.list_objects_v2(Bucket=artifacts, Prefix=prefix).get("Contents", [])}
-        if {prefix + name for name in ("model.tar.gz", "metrics.json", "model.tar.gz.sha256")} - listed:
-            raise StepFailed(f"the run left {sorted(listed) or 'nothing'} under s3://{artifacts}/{prefix}")
+        # The run's candidate as the operator finds it to promote it: in the folder of a writer its records name.
+        run = f"s3://{self.stack_output('Foundation', 'ArtifactsBucketName')}/training-output/{started['run_id']}/"
+        found = self.shell(OPERATOR, [sys.executable, str(LINEAGE), "--run", run, "candidate"], cwd=self.work)
+        if found.returncode != 0:
+            raise StepFailed(f"the run left no candidate under {run}: {found.stderr.strip()}")
         states = {
             i["InstanceId"]: i["State"]["Name"]
             for r in ec2.describe_instances(InstanceIds=[i["InstanceId"] for i in instances])["Reservations"]
@@ -99,7 +98,7 @@ class TrainingSteps(RehearsalBase):
         }
         if set(states.values()) != {"terminated"}:
             raise StepFailed(f"instances still alive after the run: {states}")
-        self.facts["run_model"] = f"s3://{artifacts}/{prefix}model.tar.gz"
+        self.facts["run_model"] = found.stdout.strip()
         return f"{len(instances)} node(s); {self.facts['run_model']}; instances terminated"
 
     def _instance_session(self, role_id: str, instance_id: str) -> Principal:

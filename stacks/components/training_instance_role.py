@@ -84,9 +84,32 @@ def _nothing_outside_the_own_folder(artifacts: s3.IBucket, prefix: str) -> Reaso
     )
 
 
+def _launch_record_policy(scope: Construct, artifacts: s3.IBucket, prefix: str, key: kms.IKey) -> iam.ManagedPolicy:
+    """Write a run's launch records (training_assets/instance/run_lineage.py): they name the folders a run trusts,
+    so no instance may write them (WriteNoOtherFolder); the launcher's role attaches this policy."""
+    return reasoned_policy(
+        scope,
+        "LaunchRecordPolicy",
+        "Record each launch of a training run: which instances make it up",
+        [
+            (
+                iam.PolicyStatement(
+                    sid="RecordLaunches",
+                    actions=["s3:PutObject"],
+                    resources=[artifacts.arn_for_objects(f"{prefix}*/{LAUNCHES}*")],
+                    conditions={"StringEquals": {"s3:if-none-match": "*"}},
+                ),
+                "The launcher records each launch of any run under that run's launches/ folder, once.",
+            ),
+            use_key(key, "kms:GenerateDataKey"),
+        ],
+    )
+
+
 class TrainingInstanceRole(Construct):
     """The role (this construct's default child), its policy (``policy``) and its ``instance_profile``. Stacks that
-    own more of the instances' resources attach their own grants to ``role``."""
+    own more of the instances' resources attach their own grants to ``role``. ``launch_record_policy`` lets its
+    holder (the launcher) record which instances make up a run, in ``artifacts`` under ``output_prefix``."""
 
     def __init__(
         self,
@@ -100,6 +123,7 @@ class TrainingInstanceRole(Construct):
         key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
+        self.artifacts, self.output_prefix = artifacts, training_output_prefix  # where runs write (run_lineage.py)
         self.role = iam.Role(
             self,
             "Default",
@@ -137,22 +161,5 @@ class TrainingInstanceRole(Construct):
             "AWS's documented custom instance profile; no narrower resource.",
         )
         self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
-        # Whoever holds it records which instances make up a run (the platform's launcher only): the records name the
-        # folders a run trusts (training_assets/instance/run_lineage.py); no instance may write them.
-        self.launch_record_policy = reasoned_policy(
-            self,
-            "LaunchRecordPolicy",
-            "Record each launch of a training run: which instances make it up",
-            [
-                (
-                    iam.PolicyStatement(
-                        sid="RecordLaunches",
-                        actions=["s3:PutObject"],
-                        resources=[artifacts.arn_for_objects(f"{training_output_prefix}*/{LAUNCHES}*")],
-                        conditions={"StringEquals": {"s3:if-none-match": "*"}},
-                    ),
-                    "The launcher records each launch of any run under that run's launches/ folder, once.",
-                ),
-                use_key(key, "kms:GenerateDataKey"),
-            ],
-        )
+        # Whoever holds it records which instances make up a run (the platform's launcher only).
+        self.launch_record_policy = _launch_record_policy(self, artifacts, training_output_prefix, key)

@@ -17,12 +17,12 @@ import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.compliance import acknowledge, acknowledge_control
 from stacks.components.iam_statements import reasoned_policy
 from stacks.components.stack_function import function_logs_and_role, write_own_logs
+from stacks.components.training_instance_role import TrainingInstanceRole
 from stacks.components.training_launch_template import TrainingLaunchTemplate
 
 HANDLER = Path(__file__).with_name("run_launcher")
@@ -41,10 +41,7 @@ class TrainingLauncher(Construct):
         *,
         template: TrainingLaunchTemplate,
         max_nodes: int,
-        artifacts: s3.IBucket,
-        output_prefix: str,
-        instance_role: iam.Role,
-        record_policy: iam.IManagedPolicy,
+        instances: TrainingInstanceRole,
         key: kms.IKey,
         log_retention_days: int,
         removal_policy: cdk.RemovalPolicy,
@@ -70,7 +67,7 @@ class TrainingLauncher(Construct):
         # RunInstances, PassRole of the instance role, the volume key: only from the template, on this role only.
         template.grant_launch(self.policy)
         # Recording a launch (the Foundation's policy, beside the bucket and the instance role whose folders it names).
-        self.role.add_managed_policy(record_policy)
+        self.role.add_managed_policy(instances.launch_record_policy)
         self.function = lambda_.Function(
             self,
             "Function",
@@ -87,11 +84,11 @@ class TrainingLauncher(Construct):
                 "LAUNCH_TEMPLATE_VERSION": template.launch_template.latest_version_number,
                 "INSTANCE_TYPES": template.instance_type,
                 "MAX_NODES": str(max_nodes),
-                "ARTIFACTS_BUCKET": artifacts.bucket_name,
-                "OUTPUT_PREFIX": output_prefix,
+                "ARTIFACTS_BUCKET": instances.artifacts.bucket_name,
+                "OUTPUT_PREFIX": instances.output_prefix,
                 "KMS_KEY_ID": key.key_arn,
                 # The writers' folders are the instances' sessions, <role id>:<instance id> (run_lineage.py).
-                "INSTANCE_ROLE_ID": instance_role.role_id,
+                "INSTANCE_ROLE_ID": instances.role.role_id,
             },
             # A few launches a day: one at a time is plenty and bounds what a stuck caller can start at once.
             reserved_concurrent_executions=1,
