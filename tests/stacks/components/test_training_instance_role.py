@@ -127,6 +127,19 @@ def test_the_role_passes_the_compliance_gates_with_every_wildcard_explained() ->
 
 
 def test_checkov_hears_why_session_manager_needs_a_wildcard(template: dict) -> None:
-    ((_, policy),) = resources(template, "AWS::IAM::ManagedPolicy").items()
+    """(The launch record policy, the construct's other managed policy, is the launcher's.)"""
+    (policy,) = [p for lid, p in resources(template, "AWS::IAM::ManagedPolicy").items() if "LaunchRecord" not in lid]
     assert [skip["id"] for skip in policy["Metadata"]["checkov"]["skip"]] == ["CKV_AWS_111"]
     resolve(policy["Properties"]["PolicyDocument"], refs=refs(template))  # every reference resolves
+
+
+def test_the_launch_record_policy_writes_only_records_and_only_once(template: dict) -> None:
+    """Its holder (the launcher) records launches under a run's launches/, never over an existing record and never
+    into an instance's folder; its data key comes through S3."""
+    (lid,) = [lid for lid in resources(template, "AWS::IAM::ManagedPolicy") if "LaunchRecord" in lid]
+    policy = [resolve(template["Resources"][lid]["Properties"]["PolicyDocument"], refs=refs(template))]
+    once = {"s3:if-none-match": "*"}
+    assert is_allowed(policy, Request("s3:PutObject", f"{OUT}/run-b/launches/r-0b1.json", once))
+    assert not is_allowed(policy, Request("s3:PutObject", f"{OUT}/run-b/launches/r-0b1.json"))  # a replacement
+    assert not is_allowed(policy, Request("s3:PutObject", f"{OUT}/run-b/nodes/AROAX:i-0b0/model.tar.gz", once))
+    assert is_allowed(policy, Request("kms:GenerateDataKey", KEY))
