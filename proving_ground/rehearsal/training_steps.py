@@ -102,12 +102,13 @@ class TrainingSteps(RehearsalBase):
         return f"{len(instances)} node(s); {self.facts['run_model']}; instances terminated"
 
     def _instance_session(self, role_id: str, instance_id: str) -> Principal:
-        """The instance role's session on one instance, a principal of the gate: its own keys, aws:userid
-        ``<role id>:<instance id>`` (IAM User Guide, policy variables: a role assigned to an EC2 instance)."""
+        """The instance role's session on one instance, a principal of the gate under the role's name (its records
+        read "training instance role"): its own keys, aws:userid ``<role id>:<instance id>`` (IAM User Guide, policy
+        variables: a role assigned to an EC2 instance)."""
         assert self.gate is not None
-        role = self.gate.principal(INSTANCE)
+        role = next(p for p in self.gate.principals if p.name == INSTANCE)  # the role's own entry comes first
         session = dataclasses.replace(
-            role, name=f"{INSTANCE} {instance_id}", access_key=f"AKIA{instance_id[2:].upper():0<16}",
+            role, access_key=f"AKIA{instance_id[2:].upper():0<16}",
             identity={**role.identity, "aws:userid": f"{role_id}:{instance_id}"},
         )  # fmt: skip
         self.gate.principals.append(session)
