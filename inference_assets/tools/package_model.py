@@ -39,7 +39,7 @@ RAY_ENTRY_FILES = {name: CONTAINER / "entrypoints" / name for name in ("config.y
 # The package's name inside the archive (code/ is on the model server's sys.path).
 ARCHIVE_PACKAGE = "sentiment_serving"
 REQUIREMENTS = CONTAINER / "requirements.txt"
-VENDOR_CONSTRAINTS = CONTAINER / "requirements-aarch64.lock"
+VENDOR_CONSTRAINTS = CONTAINER / "requirements-vendor.lock"
 
 # Vendoring's default target: Python 3.12 on linux/aarch64 with glibc 2.35 (publish_models passes the x86 images'
 # platforms). pip does not widen a manylinux_2_x platform to older glibc tags by itself, so list them all.

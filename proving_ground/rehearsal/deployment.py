@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ops_review.iam_policy import resolve
 from ops_review.review import StackTemplate
-from proving_ground.iam_policy import resolve
 from proving_ground.rehearsal import hand_made
 from proving_ground.rehearsal.journey import ACCOUNT, StepFailed
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from proving_ground.iam_policy import Request, is_allowed
+from ops_review.iam_policy import Request, is_allowed
 from proving_ground.rehearsal.aws_calls import Principal, Record, _write
 from proving_ground.rehearsal.journey import (
     AWS_SERVICE,
@@ -31,14 +31,19 @@ from stacks.components.training_launcher import HANDLER
 LINEAGE = Path(__file__).resolve().parents[2] / "training_assets" / "instance" / "run_lineage.py"
 
 
-def launcher_handler() -> Any:
-    """The launcher function's handler module (stdlib + boto3), as Lambda loads it."""
-    spec = importlib.util.spec_from_file_location("run_launcher_handler", HANDLER / "handler.py")
+def lambda_handler(folder: Path, name: str) -> Any:
+    """A platform function's handler module (stdlib + boto3) from its asset folder, as Lambda loads it."""
+    spec = importlib.util.spec_from_file_location(name, folder / "handler.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
+
+
+def launcher_handler() -> Any:
+    """The training launcher's handler."""
+    return lambda_handler(HANDLER, "run_launcher_handler")
 
 
 class TrainingSteps(RehearsalBase):

@@ -1,7 +1,7 @@
 """The Training stack's side of multi-node runs: the settings reach the instance (the bound, restarts, checkpoints,
 the fixed global batch, NVMe), the pipeline-built image is pulled by digest with a grant scoped to its repository,
 and the instance role may make every S3 call the checkpoint sync makes and nothing wider. Evaluated with the
-project's IAM evaluator (proving_ground/iam_policy.py) against the synthesized policies."""
+project's IAM evaluator (ops_review/iam_policy.py) against the synthesized policies."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from proving_ground.iam_policy import Call, Request, is_allowed, logical_id, requests_for, resolve
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import Call, logical_id, requests_for
 
 REGISTRY = "999999999999"
 ACCOUNT, REGION = "123456789012", "us-west-2"

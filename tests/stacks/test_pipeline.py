@@ -12,7 +12,7 @@ import pytest
 from cfnlint.api import lint_file
 
 from app import build_app
-from proving_ground.iam_policy import Request, is_allowed, resolve
+from ops_review.iam_policy import Request, is_allowed, resolve
 from scripts import iam_analysers, template_gates
 from stacks.pipeline import EXPECTED_LABELS, SYNTH_COMMANDS, PromotionPipelineStack, cdk_cli_version
 from stacks.platform_stage import PlatformStage

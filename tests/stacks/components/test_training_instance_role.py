@@ -8,7 +8,8 @@ import pytest
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 
-from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import logical_id, role_policies
 from stacks.components.training_instance_role import TrainingInstanceRole
 from tests.stacks.components.bare_stack import (
     ACCOUNT,

@@ -1,4 +1,4 @@
-"""Attacks on the principals of the synthesized dev templates, evaluated by proving_ground/iam_policy.py: each must
+"""Attacks on the principals of the synthesized dev templates, evaluated by ops_review/iam_policy.py: each must
 be denied, while the legitimate request next to it is allowed (the recorded SDK flows are in
 tests/training_assets/test_remote_sdk_moto.py). The evaluator itself is checked against AWS's documented examples."""
 
@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import logical_id, role_policies
 from tests.stacks.security.conftest import ACCOUNT, BUCKETS, REGION
 from tests.stacks.security.exports import template_exports
 

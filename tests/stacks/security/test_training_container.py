@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import logical_id, role_policies
 from tests.stacks.security.conftest import ACCOUNT, BUCKETS, REGION
 from tests.stacks.security.exports import template_exports
 

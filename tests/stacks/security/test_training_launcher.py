@@ -1,7 +1,7 @@
 """Issue 41.2 and the two launchers of 41.7: EC2 training runs that nobody can alter. The dev Training stack's
 TrainingLauncher handler runs against moto with the launch policy it is synthesized with, and a person holds the
 synthesized TrainingLauncherPolicy; every call goes through the rehearsal's call gate (proving_ground/rehearsal/
-aws_calls.py), which evaluates it request by request as EC2 authorizes RunInstances (proving_ground/iam_policy.py).
+aws_calls.py), which evaluates it request by request as EC2 authorizes RunInstances (ops_review/iam_policy.py).
 
 Denied: a person's RunInstances with the template (as it is, with their own user data, with another shutdown
 behaviour), from another template, their PassRole of the instance role, their tagging of a run; the launcher's
@@ -22,7 +22,8 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import logical_id
 from proving_ground.rehearsal.aws_calls import Gate, Principal, install
 from proving_ground.rehearsal.training_steps import launcher_handler
 from tests.stacks.security.conftest import ACCOUNT, REGION
