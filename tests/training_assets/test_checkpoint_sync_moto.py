@@ -104,10 +104,10 @@ def test_a_checkpoint_copies_in_one_call_unless_a_folder_name_holds_a_glob_chara
 def test_a_resumed_run_restores_from_its_own_earlier_writers_only(
     aws: AwsCli, moto_endpoint: str, tmp_path: Path
 ) -> None:
-    """Run B was launched, uploaded checkpoint 5 from its instance's folder, and is launched again (resume) on a new
-    instance. An instance of run A planted checkpoint 9 in a folder of its own inside B's prefix (the one place under
-    B its role may write). The new instance restores B's 5: the launcher's records (written by its own code) name B's
-    writers, and A's folder is not among them."""
+    """Run B was launched twice: its first instance uploaded checkpoints up to 7, its second (a resume) up to 5 before
+    it failed, and B is launched a third time. An instance of run A planted checkpoint 9 in a folder of its own
+    inside B's prefix (the one place under B its role may write). The new instance restores B's 7, the newest among
+    the writers the launcher's records (written by its own code) name; A's folder is not among them."""
     s3 = host_client("s3", moto_endpoint)
     bucket = "lineage"
     s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
@@ -117,19 +117,23 @@ def test_a_resumed_run_restores_from_its_own_earlier_writers_only(
     run = f"s3://{bucket}/training-output/run-b/"
     handler.record(s3, "run-b", "r-0b000001", ["i-0b000001"], settings)
     S3Checkpoints(f"{run}nodes/AROAINSTANCES:i-0b000001/checkpoints/", kms_key_id=key, aws=aws).upload(
-        _checkpoint(tmp_path / "b-first", 5)
+        _checkpoint(tmp_path / "b-first", 7)
+    )
+    handler.record(s3, "run-b", "r-0b000002", ["i-0b000002"], settings)
+    S3Checkpoints(f"{run}nodes/AROAINSTANCES:i-0b000002/checkpoints/", kms_key_id=key, aws=aws).upload(
+        _checkpoint(tmp_path / "b-second", 5)
     )
     S3Checkpoints(f"{run}nodes/AROAINSTANCES:i-0a000001/checkpoints/", kms_key_id=key, aws=aws).upload(
         _checkpoint(tmp_path / "a-attacker", 9)
     )
-    handler.record(s3, "run-b", "r-0b000002", ["i-0b000002"], settings)  # the resume
+    handler.record(s3, "run-b", "r-0b000003", ["i-0b000003"], settings)  # the second resume
 
     lineage = Lineage(run, aws=aws)
-    writers = lineage.join("r-0b000002", "AROAINSTANCES:i-0b000002", timeout=0)
-    assert writers == ["AROAINSTANCES:i-0b000001", "AROAINSTANCES:i-0b000002"]
+    writers = lineage.join("r-0b000003", "AROAINSTANCES:i-0b000003", timeout=0)
+    assert writers == [f"AROAINSTANCES:i-0b00000{n}" for n in (1, 2, 3)]
     sources = [S3Checkpoints(f"{run}nodes/{writer}/checkpoints/", aws=aws) for writer in reversed(writers)]
-    restored = restore_newest(tmp_path / "b-second", sources)
-    assert restored == tmp_path / "b-second" / "checkpoint-5" and is_complete(restored)
+    restored = restore_newest(tmp_path / "b-third", sources)
+    assert restored == tmp_path / "b-third" / "checkpoint-7" and is_complete(restored)
     # Not a member of B: A's instance finds no record naming it, and trains nothing under B.
     with pytest.raises(NotInRun, match="does not name AROAINSTANCES:i-0a000001"):
-        lineage.join("r-0b000002", "AROAINSTANCES:i-0a000001", timeout=0)
+        lineage.join("r-0b000003", "AROAINSTANCES:i-0a000001", timeout=0)
