@@ -33,11 +33,14 @@ $(SYNTH_INSTALLED): requirements.txt | $(BIN)/python
 # files pin them): the `pytorch-platform` command. Then every installed module byte-compiled once (18 s on 2 cores):
 # where PYTHONDONTWRITEBYTECODE is set (as on this machine) nothing would ever cache the synth install's
 # --no-compile packages, and each of the suite's processes recompiled aws-cdk-lib (2.6 CPU-s instead of 0.9 for its
-# import), botocore, cfn-lint... (compileall exits 1 for torch's one Python 3.12-only test file: ignored).
-$(DEV_INSTALLED): requirements-dev.txt pyproject.toml $(SYNTH_INSTALLED)
+# import), botocore, cfn-lint... (compileall exits 1 for torch's one Python 3.12-only test file: ignored). checkov's
+# virtualenv too, here and not in `make synth`'s install: the suite's first checkov compiled what it imports
+# (8.4 CPU-s instead of 4.9).
+$(DEV_INSTALLED): requirements-dev.txt pyproject.toml $(SYNTH_INSTALLED) .venv-checkov/.installed
 	$(PIP) -r requirements-dev.txt
 	$(PIP) --no-deps --no-build-isolation -e .
-	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib/python3.*/site-packages >/dev/null || true
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib/python3.*/site-packages .venv-checkov/lib/python3.*/site-packages \
+		>/dev/null || true
 	touch $@
 
 # checkov pins its own boto3/botocore: keep it apart from the app's virtualenv.

@@ -16,23 +16,30 @@ from ops_review.markdown import (
     environment_markdown,
     gates_markdown,
     index_markdown,
+    reach_text,
     review_warnings,
 )
+from ops_review.reach import reach_assembly
 from ops_review.review import PRICES_FILE, load_assembly, load_gates_report, load_prices, review_assembly
 
 
 def write_review(
-    reviews: dict[str, dict[str, dict[str, Any]]], out: Path, gates: dict[str, Any] | None = None
+    reviews: dict[str, dict[str, dict[str, Any]]],
+    out: Path,
+    gates: dict[str, Any] | None = None,
+    reach: dict[str, dict[str, dict[str, Any]]] | None = None,
 ) -> list[Path]:
-    """One Markdown and one JSON file per environment (a section/key per stack), gates.md when the assembly has a
-    gates report, and an index.md."""
+    """One Markdown and one JSON file per environment (a section/key per stack, and what each principal can reach),
+    gates.md when the assembly has a gates report, and an index.md."""
     out.mkdir(parents=True, exist_ok=True)
     files = {environment: re.sub(r"[^A-Za-z0-9_.-]+", "-", environment).strip("-") or "app" for environment in reviews}
     written = []
     for environment, stacks in reviews.items():
         json_file, markdown_file = out / f"{files[environment]}.json", out / f"{files[environment]}.md"
-        json_file.write_text(json.dumps({"environment": environment, "stacks": stacks}, indent=2) + "\n")
-        markdown_file.write_text(environment_markdown(environment, stacks))
+        principals = (reach or {}).get(environment, {})
+        document = {"environment": environment, "stacks": stacks, "reach": principals}
+        json_file.write_text(json.dumps(document, indent=2) + "\n")
+        markdown_file.write_text(environment_markdown(environment, stacks, principals))
         written += [json_file, markdown_file]
     if gates is not None:
         (out / "gates.md").write_text(gates_markdown(gates))
@@ -66,6 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="count the images' days of patching left from this date, YYYY-MM-DD (default: the clock's)",
     )
+    parser.add_argument(
+        "--reach",
+        nargs="?",
+        const="",
+        metavar="PRINCIPAL",
+        help="also print what each principal (or those whose name holds PRINCIPAL) can reach",
+    )
     args = parser.parse_args(argv)
     if (args.cdk_out is None) == (args.diff is None):
         parser.error("give either one cloud assembly or --diff OLD NEW")
@@ -84,9 +98,14 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         else:
             reviews = review_assembly(args.cdk_out, prices, args.today)
-            written = write_review(reviews, args.out, load_gates_report(args.cdk_out))
+            reach = reach_assembly(load_assembly(args.cdk_out))
+            written = write_review(reviews, args.out, load_gates_report(args.cdk_out), reach)
             for warning in review_warnings(reviews):
                 print(f"WARNING {warning}")
+            if args.reach is not None:
+                for environment, principals in reach.items():
+                    for line in reach_text(environment, principals, args.reach):
+                        print(line)
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

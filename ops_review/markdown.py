@@ -57,7 +57,9 @@ def _access_flags(row: dict[str, Any]) -> str:
     return ", ".join(flags) or "-"
 
 
-def environment_markdown(environment: str, stacks: dict[str, dict[str, Any]]) -> str:
+def environment_markdown(
+    environment: str, stacks: dict[str, dict[str, Any]], reach: dict[str, dict[str, Any]] | None = None
+) -> str:
     lines = [f"# Ops review: {environment}", ""]
     lines += _table(
         [
@@ -87,9 +89,46 @@ def environment_markdown(environment: str, stacks: dict[str, dict[str, Any]]) ->
         ],
     )
     lines += _images_markdown(stacks)
+    if reach is not None:
+        lines += reach_markdown(reach)
     for name, review in stacks.items():
         lines += stack_markdown(name, review)
     return "\n".join(lines)
+
+
+def _principal_heading(name: str, entry: dict[str, Any]) -> str:
+    trusted = f"; assumed by {', '.join(entry['trusted_by'])}" if entry["trusted_by"] else ""
+    return f"{name} ({entry['kind']}{trusted})"
+
+
+def reach_markdown(reach: dict[str, dict[str, Any]]) -> list[str]:
+    """Per principal, what it can reach: resource, scope inside it, the allowed actions and the conditions that must
+    hold (ops_review/reach.py evaluates them)."""
+    lines = ["## What each principal can reach", ""]
+    for name, entry in reach.items():
+        lines += [f"### {_principal_heading(name, entry)}", ""]
+        lines += [f"Not evaluated: {item}" for item in entry["not_evaluated"]] + (
+            [""] if entry["not_evaluated"] else []
+        )
+        rows = [[r["resource"], r["scope"] or "-", r["actions"], r["conditions"]] for r in entry["reach"]]
+        lines += _table(["resource", "scope", "actions", "only when"], rows)
+    return lines
+
+
+def reach_text(environment: str, reach: dict[str, dict[str, Any]], principal: str = "") -> list[str]:
+    """The reach of the principals whose name holds ``principal``, as terminal lines."""
+    lines = []
+    for name, entry in reach.items():
+        if principal.lower() not in name.lower():
+            continue
+        lines.append(f"{environment} {_principal_heading(name, entry)}")
+        lines += [f"  not evaluated: {item}" for item in entry["not_evaluated"]]
+        for row in entry["reach"] or [{"resource": "(nothing of the platform's)", "scope": "", "actions": [],
+                                       "conditions": []}]:  # fmt: skip
+            scope = f" {row['scope']}" if row["scope"] else ""
+            when = f"  [{'; '.join(row['conditions'])}]" if row["conditions"] else ""
+            lines.append(f"  {row['resource']}{scope}: {', '.join(row['actions'])}{when}")
+    return lines
 
 
 def _images_markdown(stacks: dict[str, dict[str, Any]]) -> list[str]:

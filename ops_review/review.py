@@ -868,3 +868,9 @@ def _encryption_of(resource_type: str, properties: dict[str, Any]) -> dict[str, 
 
 # Weaker encryption ranks lower; the diff flags any step down.
 ENCRYPTION_RANK = {"kms": 3, "sse-s3": 2, "ebs-default": 2, "service-default": 1, "none": 0}
+
+
+def construct_name(stack: StackTemplate, logical_id: str) -> str:
+    """How the review names a resource of a stack: its construct path inside the stack, without CDK's Default and
+    Resource levels (RemoteJobRoleNlp, Vpc/FlowLogs)."""
+    return _Names(stack)._short_name(logical_id)

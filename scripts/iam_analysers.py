@@ -13,7 +13,8 @@ resource checks see real ARNs; an ``Fn::ImportValue`` resolves through the expor
 Identity policies only: inline role policies and ``AWS::IAM::Policy`` / ``AWS::IAM::ManagedPolicy`` documents,
 cloudsplaining on each principal's policies together (an escalation can need actions from two of them), parliament
 on each document. AWS managed policies attached by ARN are AWS's and are not analysed; resource, key and endpoint
-policies are left to the platform's own evaluator (``proving_ground/iam_policy.py``) and cdk-nag.
+policies are left to the platform's own evaluator (``ops_review/iam_policy.py``, which the review's reach runs) and
+cdk-nag.
 """
 
 from __future__ import annotations
@@ -31,11 +32,10 @@ from typing import Any
 
 import yaml
 
+from ops_review.reach import PLACEHOLDER_ACCOUNT, PLACEHOLDER_REGION
 from stacks.image_names import image_of_parameter, image_repository_name
 
 EXCEPTIONS_FILE = Path(__file__).with_name("iam_analysers_exceptions.yaml")
-PLACEHOLDER_ACCOUNT = "123456789012"
-PLACEHOLDER_REGION = "us-east-1"
 # The cloudsplaining risk categories the gate holds (its ServiceWildcard and InfrastructureModification findings
 # overlap cdk-nag's AwsSolutions-IAM5, which synth already decides statement by statement).
 CLOUDSPLAINING_CATEGORIES = ("PrivilegeEscalation", "DataExfiltration", "ResourceExposure", "CredentialsExposure")

@@ -13,12 +13,14 @@ from typing import Any, cast
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import region_info
 from constructs import Construct
 
 from platform_facts.images import ImageFact, PatchStatus, training_images
 from stacks.components.image_builds import Architecture, BaseRegistry, ImageDefinition, ImageRegistry
+from stacks.components.model_archive_check.handler import DIGEST_SUFFIX
 from stacks.components.promotion_pipeline import (
     EXPECTED_LABELS,
     KEEP_LOGICAL_IDS,
@@ -120,6 +122,7 @@ class SmokeTestAccessStack(cdk.Stack):
         tooling_account: str,
         model_bucket: s3.IBucket | None = None,
         model_key: str | None = None,
+        model_encryption: kms.IKey | None = None,
         endpoint_name: str | None = None,
         images: Sequence[str] = (),
     ) -> None:
@@ -167,19 +170,29 @@ class SmokeTestAccessStack(cdk.Stack):
                 ],
             )
             publish.attach_to_role(self.publishing_role)
-        if model_bucket is None or model_key is None:
+        if model_bucket is None or model_key is None or model_encryption is None:
             return
         # HeadObject needs s3:GetObject; without s3:ListBucket S3 answers a missing key with 403 instead of 404.
         folder = model_key.rsplit("/", 1)[0] + "/"
         model_check = iam.ManagedPolicy(
             self,
             "ModelCheckPolicy",
-            description="Look up the model archive the endpoint will serve",
+            description="Read the model archive the endpoint will serve and the digest recorded when it was written",
             statements=[
                 iam.PolicyStatement(
                     sid="LookUpTheModelArchive",
                     actions=["s3:GetObject"],
-                    resources=[model_bucket.arn_for_objects(model_key)],
+                    resources=[
+                        model_bucket.arn_for_objects(model_key),
+                        model_bucket.arn_for_objects(model_key + DIGEST_SUFFIX),
+                    ],
+                ),
+                # The archive and its digest are SSE-KMS objects: S3 decrypts them with the caller's kms:Decrypt.
+                iam.PolicyStatement(
+                    sid="DecryptThemThroughS3",
+                    actions=["kms:Decrypt"],
+                    resources=[model_encryption.key_arn],
+                    conditions={"StringEquals": {"kms:ViaService": f"s3.{self.region}.amazonaws.com"}},
                 ),
                 iam.PolicyStatement(
                     sid="ListTheModelFolder",
@@ -293,6 +306,7 @@ class PromotionPipelineStack(cdk.Stack):
             tooling_account=self.account,
             model_bucket=None if endpoint is None else foundation.artifacts_bucket,
             model_key=model_key,
+            model_encryption=None if endpoint is None else foundation.key,
             endpoint_name=endpoint.sagemaker_endpoint.fixed_name if endpoint and smoke_tested(target) else None,
             images=self.image_names,
         )

@@ -238,7 +238,8 @@ class TrainingStack(EnvironmentStack):
         # The only principal that calls RunInstances with the template; people invoke it (the launcher policy).
         self.launcher = TrainingLauncher(self, "TrainingLauncher", template=self.training_template,
                                          max_nodes=max(training.nodes, 2) if self.multi_node else 1,
-                                         key=foundation.key, log_retention_days=settings.logs.retention_days,
+                                         instances=foundation.training_instance, key=foundation.key,
+                                         log_retention_days=settings.logs.retention_days,
                                          removal_policy=self.removal_policy,
                                          retention_setting="logs.retention_days")  # fmt: skip
         self._instance_policy()
@@ -294,6 +295,7 @@ class TrainingStack(EnvironmentStack):
             "ARTIFACTS_BUCKET": self.foundation.artifacts_bucket.bucket_name,
             "OUTPUT_PREFIX": TRAINING_OUTPUT_PREFIX,
             "KMS_KEY_ID": self.foundation.key.key_arn,
+            "INSTANCE_ROLE_ID": self.foundation.training_instance_role.role_id,
             "DATASET": training.dataset,
             "BASE_MODEL": training.base_model,
             "EFA": "true" if training.efa else "false",
@@ -304,14 +306,10 @@ class TrainingStack(EnvironmentStack):
             "RENDEZVOUS_TIMEOUT": str(training.rendezvous_timeout_seconds),
             "MAX_RESTARTS": str(training.max_restarts),
         }
-        return TrainingRun(
-            code=code,
-            environment=environment,
-            run_command="bash training_assets/instance/ec2_run.sh",
-            ship_logs_script="training_assets/instance/ship_logs.py",
-            log_group_name=self.log_group.log_group_name,
-            max_run_hours=training.max_run_hours,
-        )
+        return TrainingRun(code=code, environment=environment, run_command="bash training_assets/instance/ec2_run.sh",
+                           ship_logs_script="training_assets/instance/ship_logs.py",
+                           log_group_name=self.log_group.log_group_name,
+                           max_run_hours=training.max_run_hours)  # fmt: skip
 
     # --- IAM ----------------------------------------------------------------------------------------------------
 

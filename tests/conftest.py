@@ -34,10 +34,15 @@ def pytest_configure(config: pytest.Config) -> None:
 # plan cdk.json's multi-model endpoints (`pytorch-platform review`, `mme-plan`), and mme_sizing.plan simulates each
 # environment's plan once per process (prod's takes ~15 CPU-s).
 SAME_WORKER = {
-    "pipeline-assembly": ("tests/stacks/test_pipeline.py", "tests/stacks/security/test_delivery_attackers.py"),
+    "pipeline-assembly": (
+        "tests/stacks/test_pipeline.py",
+        "tests/stacks/security/test_delivery_attackers.py",
+        "tests/ops_review/test_reach_pipeline.py",
+    ),
     "sizing-plans": (
         "tests/stacks/components/test_alarm_subscriptions.py",
         "tests/ops_review/test_review.py",
+        "tests/ops_review/test_reach.py",
         "tests/ops_review/test_replacements.py",
         "tests/stacks/foundation/test_image_patching.py",
         "tests/mme_sizing/test_plan.py",

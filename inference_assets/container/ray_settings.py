@@ -6,8 +6,10 @@ the local tools read the variable names here without Ray installed).
                                           OMP_NUM_THREADS=1 in a worker where it is unset (ray/_private/utils.py
                                           ``set_omp_num_threads_if_unset``), so the replica is given these threads
                                           explicitly and reserves as many Ray CPUs
-    SENTIMENT_SERVE_MAX_BATCH_SIZE        requests per forward pass (``@serve.batch`` max_batch_size; default 8)
-    SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S  how long a batch waits for its round (``batch_wait_timeout_s``; default 0.05)
+    SENTIMENT_SERVE_MAX_BATCH_SIZE        requests per forward pass (``@serve.batch`` max_batch_size; default
+                                          DEFAULT_MAX_BATCH_SIZE)
+    SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S  how long a batch waits for its round (``batch_wait_timeout_s``; default
+                                          DEFAULT_BATCH_WAIT_TIMEOUT_S)
     RAY_SERVE_THROUGHPUT_OPTIMIZED        Ray Serve's throughput-optimized mode (ray/serve/_private/constants.py, end;
                                           docs.ray.io serve/advanced-guides/performance); the launcher turns it on
                                           unless set ("0" turns it off): with one replica, that replica serves HTTP
@@ -35,6 +37,13 @@ DIRECT_INGRESS_ENV = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
 # Ray slots of a replica that only /ping uses: invocations are refused (503) at max_invocations, so a health check
 # always finds a free slot, with every replica saturated, in Ray's proxy as with direct ingress.
 PING_RESERVE = 4
+# The batching defaults, chosen by measurement (proving_ground/benchmarks/serving_topology.py; docs/serving.md,
+# "Topology"): the one source the settings (server_batch_size, server_max_batch_delay_ms), the endpoint's environment
+# and the replica read. Passes of 32: the best raw pass of up to 32 texts is a pass of 32, and a server whose passes
+# hold 8 serves 32 clients at most at a pass of 8's rate (about half of it). A 50 ms wait: the round of 32 clients
+# comes back over tens of milliseconds, and a shorter wait splits it (a lone client never waits).
+DEFAULT_MAX_BATCH_SIZE = 32
+DEFAULT_BATCH_WAIT_TIMEOUT_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -57,11 +66,12 @@ class Topology:
 
 # THE DEFAULT TOPOLOGY (workers_per_model unset), chosen by measurement: proving_ground/benchmarks/serving_topology.py
 # runs every topology at equal cores through the real server and extrapolates to each instance size
-# (proving_ground/benchmarks/results/serving_topology.json; docs/serving.md, "Topology");
-# tests/proving_ground/test_serving_topology.py fails when this rule is not the best that file holds for every
-# Graviton size SageMaker hosts. None: one replica with all of the instance's vCPUs, on SageMaker's port (direct
-# ingress); n: one replica per n vCPUs, behind Ray's proxy when there are several.
-THREADS_PER_REPLICA: int | None = None
+# (proving_ground/benchmarks/results/serving_topology.json; docs/serving.md, "Topology").
+# REPLICAS_BY_VCPUS gives, for each vCPU count of the Graviton sizes SageMaker hosts, the replicas of the best: one
+# replica listens on SageMaker's port itself (direct ingress), several share the vCPUs behind Ray's proxy.
+# tests/proving_ground/test_serving_topology.py fails, naming the entry to write, when an entry is not the results
+# file's best. A vCPU count not listed (another family) runs one replica with every vCPU.
+REPLICAS_BY_VCPUS: dict[int, int] = {2: 1, 4: 1, 8: 1, 16: 1, 32: 1, 48: 1, 64: 1}
 
 
 def default_topology(vcpus: int, replicas: int | None = None) -> Topology:
@@ -70,7 +80,7 @@ def default_topology(vcpus: int, replicas: int | None = None) -> Topology:
     if vcpus < 1:
         raise ValueError(f"vcpus must be >= 1, got {vcpus}")
     if replicas is None:
-        replicas = 1 if THREADS_PER_REPLICA is None else max(1, vcpus // THREADS_PER_REPLICA)
+        replicas = min(vcpus, REPLICAS_BY_VCPUS.get(vcpus, 1))
     return Topology(replicas, max(1, vcpus // replicas))
 
 
@@ -87,8 +97,8 @@ def _positive_int(environment: Mapping[str, str], name: str, default: int) -> in
 class ServeSettings:
     replicas: int = 1
     threads: int = 1
-    max_batch_size: int = 8
-    batch_wait_timeout_s: float = 0.05
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    batch_wait_timeout_s: float = DEFAULT_BATCH_WAIT_TIMEOUT_S
 
     def __post_init__(self) -> None:
         for name in ("replicas", "threads", "max_batch_size"):
@@ -116,7 +126,7 @@ class ServeSettings:
         """Bad values raise with the variable's name; ``cores`` defaults to this host's."""
         replicas = _positive_int(environment, REPLICAS_ENV, 1)
         threads = _positive_int(environment, THREADS_ENV, max(1, (cores or os.cpu_count() or 1) // replicas))
-        raw_timeout = environment.get(BATCH_WAIT_TIMEOUT_ENV) or "0.05"
+        raw_timeout = environment.get(BATCH_WAIT_TIMEOUT_ENV) or str(DEFAULT_BATCH_WAIT_TIMEOUT_S)
         try:
             timeout = float(raw_timeout)
         except ValueError:
@@ -124,7 +134,7 @@ class ServeSettings:
         return cls(
             replicas=replicas,
             threads=threads,
-            max_batch_size=_positive_int(environment, MAX_BATCH_SIZE_ENV, 8),
+            max_batch_size=_positive_int(environment, MAX_BATCH_SIZE_ENV, DEFAULT_MAX_BATCH_SIZE),
             batch_wait_timeout_s=timeout,
         )
 

@@ -43,15 +43,20 @@ from inference_assets.container.contract import (
     Limits,
     Precision,
 )
-from inference_assets.container.ray_settings import ServeSettings, default_topology
+from inference_assets.container.ray_settings import (
+    DEFAULT_BATCH_WAIT_TIMEOUT_S,
+    DEFAULT_MAX_BATCH_SIZE,
+    ServeSettings,
+    default_topology,
+)
 
 
 def endpoint_environment(
     *,
     vcpus: int,
     workers: int | None = None,
-    batch_size: int = 8,
-    max_batch_delay_ms: int = 50,
+    batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    max_batch_delay_ms: int = round(DEFAULT_BATCH_WAIT_TIMEOUT_S * 1000),
     limits: Limits | None = None,
     fast_math: Literal["bf16", "off"] = "bf16",
     lru_cache_capacity: int = 1024,

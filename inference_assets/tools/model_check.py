@@ -1,8 +1,11 @@
-"""Pre-deploy check: the model archive an endpoint will serve exists in S3.
+"""Pre-deploy check: the model archive an endpoint will serve exists in S3 and is the archive that was written.
 
 An endpoint over a missing archive fails only when SageMaker starts its instances ("Could not find model data"),
-many minutes into CreateEndpoint, and CloudFormation then rolls the stack back. This check takes a second:
-HeadObject on each key, and one sentence and exit status 1 when one is absent.
+many minutes into CreateEndpoint, and CloudFormation then rolls the stack back. This check takes seconds: HeadObject
+on each key, then the archive's SHA-256 against the digest recorded beside it when it was written (``<key>.sha256``,
+sha256sum's line: written by the training run into its instance's own folder, which no other run may write, and
+copied with the archive when promoted, or by ``pytorch-platform package --upload``), and one sentence and exit status
+1 when an archive is absent, has no recorded digest or is not the archive that was written.
 
     python -m inference_assets.tools.model_check --env dev                   # key and region from cdk.json
     python -m inference_assets.tools.model_check --bucket B --key endpoints/sentiment/model-v2.tar.gz
@@ -14,6 +17,7 @@ The bucket is the Foundation stack's ``ArtifactsBucketName`` output (CloudFormat
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -22,9 +26,12 @@ from typing import Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from inference_assets.tools.package_model import DIGEST_SUFFIX
+
 BUCKET_OUTPUT = "ArtifactsBucketName"
 DEFAULT_REGION = "us-west-2"
 _MISSING = {"404", "NoSuchKey", "NotFound"}
+CHUNK = 8 * 1024 * 1024
 
 
 class CheckFailed(Exception):
@@ -74,6 +81,34 @@ def check_model(s3: Any, bucket: str, key: str) -> None:
         raise CheckFailed(f"Cannot look up model s3://{bucket}/{key}: {_reason(error)}.") from None
 
 
+def check_digest(s3: Any, bucket: str, key: str) -> str:
+    """The archive's SHA-256 when it is the one whose digest was recorded beside it; CheckFailed (one sentence)
+    when no digest was recorded or the archive's differs (it was replaced since it was written)."""
+    try:
+        line = s3.get_object(Bucket=bucket, Key=key + DIGEST_SUFFIX)["Body"].read().decode("ascii", "replace")
+    except ClientError as error:
+        if str(error.response.get("Error", {}).get("Code", "")) not in _MISSING | {"403", "AccessDenied"}:
+            raise CheckFailed(f"Cannot read the digest of model s3://{bucket}/{key}: {_reason(error)}.") from None
+        line = ""
+    recorded = line.split(" ", 1)[0].strip().lower()
+    if len(recorded) != 64 or any(c not in "0123456789abcdef" for c in recorded):
+        raise CheckFailed(
+            f"Model s3://{bucket}/{key} has no recorded digest ({key}{DIGEST_SUFFIX}): copy a run's model.tar.gz "
+            f"together with its model.tar.gz{DIGEST_SUFFIX}, or upload it with `pytorch-platform package --upload`."
+        )
+    digest = hashlib.sha256()
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"]
+    for chunk in iter(lambda: body.read(CHUNK), b""):
+        digest.update(chunk)
+    if digest.hexdigest() != recorded:
+        raise CheckFailed(
+            f"Model s3://{bucket}/{key} is not the archive that was written: its SHA-256 is {digest.hexdigest()}, "
+            f"the digest recorded when it was written ({key}{DIGEST_SUFFIX}) is {recorded}, so it was replaced "
+            "since and must not be deployed."
+        )
+    return recorded
+
+
 def _absent(s3: Any, bucket: str, key: str) -> str:
     """The sentence for a missing archive; names the archives that do exist next to it, when they can be listed."""
     folder = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
@@ -99,7 +134,7 @@ def _reason(error: Exception) -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m inference_assets.tools.model_check",
-        description="Stop before deploying an endpoint whose model archive is not in S3.",
+        description="Stop before deploying an endpoint whose model archive is not in S3 or not the one written.",
     )
     parser.add_argument("--env", help="environment in cdk.json: its graviton_endpoint.model_data_key and region")
     parser.add_argument("--key", action="append", default=[], help="object key to check (repeatable)")
@@ -130,8 +165,10 @@ def main(argv: list[str] | None = None, *, session: Any = None) -> int:
             session.client("cloudformation"), args.stack_name or f"{args.env}-Foundation"
         )
         s3 = session.client("s3")
+        digests = {}
         for key in keys:
             check_model(s3, bucket, key)
+            digests[key] = check_digest(s3, bucket, key)
     except CheckFailed as failure:
         print(failure, file=sys.stderr)
         return 1
@@ -139,7 +176,7 @@ def main(argv: list[str] | None = None, *, session: Any = None) -> int:
         print(f"Cannot check the model: {error}.", file=sys.stderr)
         return 1
     for key in keys:
-        print(f"Model s3://{bucket}/{key} exists.")
+        print(f"Model s3://{bucket}/{key} exists and is the archive that was written (SHA-256 {digests[key]}).")
     return 0
 
 

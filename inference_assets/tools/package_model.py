@@ -39,7 +39,7 @@ RAY_ENTRY_FILES = {name: CONTAINER / "entrypoints" / name for name in ("config.y
 # The package's name inside the archive (code/ is on the model server's sys.path).
 ARCHIVE_PACKAGE = "sentiment_serving"
 REQUIREMENTS = CONTAINER / "requirements.txt"
-VENDOR_CONSTRAINTS = CONTAINER / "requirements-aarch64.lock"
+VENDOR_CONSTRAINTS = CONTAINER / "requirements-vendor.lock"
 
 # Vendoring's default target: Python 3.12 on linux/aarch64 with glibc 2.35 (publish_models passes the x86 images'
 # platforms). pip does not widen a manylinux_2_x platform to older glibc tags by itself, so list them all.
@@ -220,6 +220,11 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
+# The recorded digest's key: the archive's key and this suffix, holding sha256sum's line ("<hex>  <name>"); what the
+# training run writes beside its model.tar.gz (training_assets/instance/ec2_run.sh) and promotion checks.
+DIGEST_SUFFIX = ".sha256"
+
+
 def upload(archive: Path, uri: str, *, kms_key_id: str, s3_client=None) -> str:
     """Upload ``archive`` to ``uri`` with SSE-KMS under ``kms_key_id``, showing progress, then its SHA-256 beside it
     (``<key>.sha256``, sha256sum's line: the digest the endpoint's model archive check compares before a deploy,
@@ -250,8 +255,9 @@ def upload(archive: Path, uri: str, *, kms_key_id: str, s3_client=None) -> str:
     with archive.open("rb") as data:
         for chunk in iter(lambda: data.read(8 * 1024 * 1024), b""):
             digest.update(chunk)
-    client.put_object(Bucket=bucket, Key=f"{key}.sha256", Body=f"{digest.hexdigest()}  {archive.name}\n".encode(),
-                      ServerSideEncryption="aws:kms", SSEKMSKeyId=kms_key_id)  # fmt: skip
+    line = f"{digest.hexdigest()}  {archive.name}\n".encode()
+    client.put_object(Bucket=bucket, Key=f"{key}{DIGEST_SUFFIX}", Body=line, ServerSideEncryption="aws:kms",
+                      SSEKMSKeyId=kms_key_id)  # fmt: skip
     return f"s3://{bucket}/{key}"
 
 

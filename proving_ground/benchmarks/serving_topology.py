@@ -18,7 +18,7 @@ One command (~7 minutes on an idle 2-core host; it prints its estimate first):
    before and after each, with no server up, and each served rate is set against their mean: the ratio.
 3. ``extrapolate``: each topology's ratio on an instance of any size, from what step 2 measured (docs/serving.md,
    "Topology", states the model), and the best per Graviton size SageMaker hosts: what
-   ``inference_assets/container/ray_settings.py`` (``THREADS_PER_REPLICA``) must choose, which
+   ``inference_assets/container/ray_settings.py`` (``REPLICAS_BY_VCPUS``) must choose, which
    tests/proving_ground/test_serving_topology.py checks against the results file.
 
 The load generator shares the cores with the server (served numbers are a lower bound), and a loaded host makes the
@@ -33,6 +33,7 @@ import functools
 import json
 import math
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -45,6 +46,7 @@ from typing import Any
 
 import psutil
 
+from inference_assets.container.ray_settings import default_topology
 from inference_assets.local.local_server import LocalRayServer
 from inference_assets.tools.endpoint_environment import endpoint_environment
 from inference_assets.tools.package_model import build_model_archive
@@ -73,7 +75,9 @@ REPLICA, PROXY = "ray::ServeReplica", "ray::ProxyActor"  # process kinds (servin
 WALL, CPU = "texts_per_s", "texts_per_cpu_s"  # the two rates of a raw run: by wall clock, per CPU second
 # Seconds the untimed steps take on an idle 2-core host, for the estimate printed at the start (estimated: at load
 # 12-15 the model and archive took 96 s, the raw workers and labels ~130 s, a server's start 37-84 s).
-FIXED_S = {"model and archive": 45, "raw workers and labels": 40, "server start and stop": 45, "warm-up": 5}
+# The line a replica logs per forward pass (ray_deployment.SentimentDeployment.answer_together): its texts and seconds.
+PASS_LINE = re.compile(r"answered with one forward pass \((\d+) texts, \d+ tokens\) in ([0-9.]+) s")
+FIXED_S = {"model and archive": 45, "raw workers and labels": 40, "server start and stop": 45, "warm-up": 2}
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,16 @@ def by_instance_type(results: dict) -> dict[str, dict]:
     return table
 
 
+def default_measured(results: dict) -> dict:
+    """The topology the settings choose on the measured cores (``ray_settings.default_topology``), as measured: its
+    ratio per number of clients and the worse of them."""
+    chosen = default_topology(results["cores"])
+    key = (chosen.replicas, chosen.threads, chosen.direct_ingress)
+    (row,) = [t for t in results["topologies"] if (t["replicas"], t["threads"], t["direct_ingress"]) == key]
+    ratios = {level: values["ratio"] for level, values in row["levels"].items()}
+    return {"name": row["name"], "ratios": ratios, "ratio": row["ratio"]}
+
+
 @contextmanager
 def _raw_worker(model_dir: Path, precision: str, threads: int, environment: dict[str, str]) -> Iterator[RawWorker]:
     worker = RawWorker(model_dir, precision, threads, {**environment, "OMP_NUM_THREADS": str(threads)})
@@ -193,6 +207,11 @@ def _raw_worker(model_dir: Path, precision: str, threads: int, environment: dict
         yield worker
     finally:
         worker.close()
+
+
+def _warm(worker: RawWorker, batch: int, seconds: float) -> None:
+    """Untimed passes of ``batch`` texts, as long as a timed run."""
+    worker.run_batches(batch, batch, seconds)
 
 
 def _raw_run(worker: RawWorker, batch: int, seconds: float) -> dict:
@@ -207,6 +226,29 @@ def _tree_rss_mib(leader: int) -> float:
         return round(sum(p.memory_info().rss for p in family if p.is_running()) / 2**20)
     except psutil.Error:
         return 0.0
+
+
+def pass_totals(log_texts: list[str]) -> tuple[int, float]:
+    """Texts and seconds of the forward passes logged in ``log_texts`` (replica logs)."""
+    found = [match for text in log_texts for match in PASS_LINE.findall(text)]
+    return sum(int(texts) for texts, _ in found), sum(float(seconds) for _, seconds in found)
+
+
+def _logged_passes(server: LocalRayServer) -> tuple[int, float]:
+    assert server.workdir is not None
+    logs = (server.workdir / "tmp").glob("ray/session_latest/logs/serve/replica_*.log")
+    return pass_totals([path.read_text(errors="replace") for path in logs])
+
+
+def forward_share(before: tuple[int, float], after: tuple[int, float], replicas: int, wall_s: float) -> dict:
+    """Where a level's time went: the share of the wall time the replicas' forward threads were in a pass (the rest is
+    the wait between passes: answers out, requests in, admission), and the passes' own rate (texts per second of
+    pass), against which the raw pass shows what the server's other work took from the pass's cores."""
+    texts, seconds = after[0] - before[0], after[1] - before[1]
+    return {
+        "forward_busy": round(seconds / (replicas * wall_s), 3) if wall_s > 0 else 0.0,
+        "pass_texts_per_s": round(texts / seconds, 2) if seconds > 0 else 0.0,
+    }
 
 
 def serve(archive: Path, candidate: Candidate, cores: int, precision: str, batch: int, duration_s: float) -> dict:
@@ -228,11 +270,16 @@ def serve(archive: Path, candidate: Candidate, cores: int, precision: str, batch
         assert server.environment["OMP_NUM_THREADS"] == str(candidate.threads), server.environment
         startup_s = round(time.perf_counter() - starting, 1)
         caller = http_caller(server.port)
-        run_load(caller, texts, 1, 2.0)  # warm-up: lazy initialisation, then the batching's expectation
-        run_load(caller, texts, max(LEVELS), 3.0)
+        run_load(caller, texts, 1, 2.0)  # warm-up: lazy initialisation
         runner = metered(functools.partial(run_load, caller, texts), server.process_group,
                          functools.partial(replica_passes, server))  # fmt: skip
-        rows = [summarise(candidate.name, level, [runner(level, duration_s)]) for level in LEVELS]
+        rows = []
+        for level in LEVELS:
+            run_load(caller, texts, level, duration_s / 3)  # untimed: this level's pass shapes, as the raw passes
+            before = _logged_passes(server)
+            run_ = runner(level, duration_s)  # waits a second after the load for the replicas' logs
+            share = forward_share(before, _logged_passes(server), candidate.replicas, run_["wall_s"])
+            rows.append(summarise(candidate.name, level, [run_]) | share)
         rss = _tree_rss_mib(server.process_group)
     return {**asdict(candidate), "name": candidate.name, "rows": rows, "server_rss_mib": rss, "startup_s": startup_s}
 
@@ -251,6 +298,11 @@ def measure_raw(
     bf16 = settings.fast_math == "bf16" and labels["label_agreement"] == 1.0
     eligible = ["fp32", "bf16_autocast"] if bf16 else ["fp32"]
     batches = sorted({*BATCHES, served_batch})  # the server's batch too: what its full pass costs
+    # Untimed first: a worker's first passes of each shape (texts per length band x padded length) build and cache
+    # its kernels (LRU_CACHE_CAPACITY), and a cold 6 s run read ~0.7 of a warm one; the server's levels warm alike.
+    for p in eligible:
+        for batch in batches:
+            _warm(workers[p], batch, seconds)
     sweep = [{"precision": p, **_raw_run(workers[p], batch, seconds)} for p in eligible for batch in batches]
     best = max(sweep, key=lambda row: row[rate])
     yardsticks = {
@@ -260,6 +312,7 @@ def measure_raw(
     for precision in set(workers) - needed:
         workers.pop(precision).close()
     with _raw_worker(model_dir, best["precision"], 1, environment) as single:
+        _warm(single, best["batch"], seconds)
         one_thread = _raw_run(single, best["batch"], seconds)
     # Throughput a pass keeps when its threads double (log2(cores) doublings from one thread to all the cores): by
     # wall clock, all the cores against one; per CPU second (a loaded host) the CPU cost alone, which misses threads
@@ -297,6 +350,8 @@ def summarise_topology(served: dict, around: dict[str, list[dict]], rate: str) -
             "errors": row["errors"],
             "requests_per_pass": row["mean_requests_per_pass"],
             "cpu_ms_per_request": row["cpu_ms_per_request"],
+            "forward_busy": row["forward_busy"],
+            "pass_texts_per_s": row["pass_texts_per_s"],
         }
     keys = ("replicas", "threads", "direct_ingress", "name", "server_rss_mib", "startup_s")
     return {
@@ -321,8 +376,8 @@ def expected_seconds(candidate_count: int, duration_s: float, raw_s: float) -> f
     """What one run takes on an idle host: the fixed steps (FIXED_S, per server where they are) and the timed ones
     (the raw sweep of both precisions and the one-thread run; two yardsticks around each server, at most)."""
     fixed = FIXED_S["model and archive"] + FIXED_S["raw workers and labels"]
-    per_server = FIXED_S["server start and stop"] + FIXED_S["warm-up"] + len(LEVELS) * duration_s
-    sweep = (len(PRECISIONS) * len(BATCHES) + 1) * raw_s
+    per_server = FIXED_S["server start and stop"] + FIXED_S["warm-up"] + len(LEVELS) * duration_s * 4 / 3
+    sweep = (len(PRECISIONS) * len(BATCHES) + 1) * raw_s * 2  # each after its warm-up run
     return fixed + sweep + candidate_count * per_server + (candidate_count + 1) * len(LEVELS) * raw_s
 
 
@@ -403,12 +458,14 @@ def run(
         "replica_serial_cpu_ms": replica_serial_ms(raw, topologies, precision, batch),
     }
     results["by_instance_type"] = by_instance_type(results)
+    results["default_topology"] = default_measured(results)
     write(output, results)
     return results
 
 
 def _ratios(topology: dict) -> str:
-    return "/".join(f"{topology['levels'][str(level)]['ratio']:.2f}" for level in LEVELS)
+    ratios = topology.get("ratios") or {level: row["ratio"] for level, row in topology["levels"].items()}
+    return "/".join(f"{ratios[str(level)]:.2f}" for level in LEVELS)
 
 
 def docs_line(results: dict) -> str:
@@ -424,11 +481,13 @@ def docs_line(results: dict) -> str:
         f"{' direct' if row['best']['direct_ingress'] else ' proxy'} {row['best']['predicted_ratio']:.2f}"
         for name, row in results["by_instance_type"].items()
     )
+    default = results["default_topology"]
     return (
         f"`{results['command']}` ({results['date']}, {results['cpu']}, {results['cores']} cores, load "
         f"{loads[0]} before, {loads[1]} after; ratios by {results['ratios_by']}): yardsticks {yardsticks}; served at "
-        f"{' / '.join(map(str, LEVELS))} single-text clients: {rows}. Best per size (measured at "
-        f"{results['cores']} vCPUs, extrapolated above, predicted ratio): {chosen}."
+        f"{' / '.join(map(str, LEVELS))} single-text clients: {rows}; the default topology ({default['name']}, "
+        f"server batch {results['served_with']['server_batch_size']}): **{_ratios(default)}**. Best per size "
+        f"(measured at {results['cores']} vCPUs, extrapolated above, predicted ratio): {chosen}."
     )
 
 
@@ -450,20 +509,24 @@ def markdown(results: dict) -> str:
         f"- yardstick per number of clients (the best pass of at most that many texts): {raw['yardsticks']}; its runs "
         f"before and after each server ({results['ratios_by']}): {runs}",
         f"- a replica's serial CPU per request (outside the forward pass): {results['replica_serial_cpu_ms']} ms",
+        f"- **the default topology** (what the settings choose on {results['cores']} vCPUs): "
+        f"{results['default_topology']['name']}, ratio {_ratios(results['default_topology'])} at "
+        f"{' / '.join(map(str, LEVELS))} clients",
         "",
         "| raw precision | batch | texts/s | texts per CPU s |",
         "|---|---|---|---|",
         *(f"| {r['precision']} | {r['batch']} | {r['texts_per_s']} | {r['texts_per_cpu_s']} |" for r in raw["sweep"]),
         "",
-        "| topology | clients | req/s | **ratio** | wall clock | per CPU s | req per pass | p50 ms | p99 ms | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| topology | clients | req/s | **ratio** | wall clock | per CPU s | req per pass | forward busy "
+        "| pass texts/s | p50 ms | p99 ms | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in results["topologies"]:
         for level, row in t["levels"].items():
             lines.append(
                 f"| {t['name']} | {level} | {row['requests_per_s']} | **{row['ratio']}** | {row['ratio_wall_clock']} | "
-                f"{row['ratio_per_cpu_s']} | {row['requests_per_pass']} | {row['p50_ms']} | {row['p99_ms']} | "
-                f"{row['errors']} |"
+                f"{row['ratio_per_cpu_s']} | {row['requests_per_pass']} | {row.get('forward_busy', '')} | "
+                f"{row.get('pass_texts_per_s', '')} | {row['p50_ms']} | {row['p99_ms']} | {row['errors']} |"
             )
     lines += [
         "",

@@ -4,7 +4,7 @@ A principal is known by its access key: each one (the training launcher, the tra
 execution role, ...) gets its own key pair, and whoever acts as it holds that pair in its environment, so calls made
 by the AWS CLI in a shell script, by a tool's boto3 client or by an SDK's worker threads are all attributed the way
 AWS attributes them. ``install`` wraps botocore's ``BaseClient._make_api_call`` (the AWS CLI v1 and boto3 both call
-through it): the call is mapped to the IAM requests it needs (``proving_ground.iam_policy.requests_for``) and evaluated
+through it): the call is mapped to the IAM requests it needs (``iam_requests.requests_for``) and evaluated
 against the principal's identity policies together with the resource's own policy where the templates give it one (a
 bucket's policy, a topic's, a KMS key's policy: ``Gate.bucket_policies``, ``Gate.topic_policies``,
 ``Gate.key_policies``) and, for a principal inside the VPC, the policy of the VPC endpoint its call passes
@@ -44,7 +44,8 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
-from proving_ground.iam_policy import Call, Request, Unsupported, is_allowed, requests_for
+from ops_review.iam_policy import Request, Unsupported, is_allowed
+from proving_ground.iam_requests import Call, requests_for
 
 GATE_ENV = "REHEARSAL_GATE"
 STEP_ENV = "REHEARSAL_STEP"
@@ -89,7 +90,7 @@ class Gate:
     principals: list[Principal]
     # Bucket -> key ARN of its default SSE-KMS encryption (S3 calls KMS as the caller).
     kms_encrypted_buckets: dict[str, str] = field(default_factory=dict)
-    # Launch template id -> what RunInstances from it creates (``proving_ground.iam_policy.run_instances_requests``).
+    # Launch template id -> what RunInstances from it creates (``proving_ground.iam_requests.run_instances_requests``).
     launch_templates: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Bucket name -> its bucket policy, key ARN -> its key policy (resolved): evaluated with every request on them.
     bucket_policies: dict[str, dict[str, Any]] = field(default_factory=dict)

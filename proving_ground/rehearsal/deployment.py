@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ops_review.iam_policy import resolve
 from ops_review.review import StackTemplate
-from proving_ground.iam_policy import resolve
 from proving_ground.rehearsal import hand_made
 from proving_ground.rehearsal.journey import ACCOUNT, StepFailed
 
@@ -167,12 +167,21 @@ class _DeployedPolicies:
                 props = resource.get("Properties", {})
                 if resource["Type"] == "AWS::IAM::Role" and deployed.refs.get(logical) == role_name:
                     policies += [self.resolve(stack_id, p["PolicyDocument"]) for p in props.get("Policies", [])]
-                    if props.get("ManagedPolicyArns"):
-                        raise StepFailed(f"role {logical} has managed policies attached by ARN: not modelled")
+                    for arn in self.resolve(stack_id, props.get("ManagedPolicyArns", [])):
+                        policies.append(self._managed_policy_by_arn(logical, str(arn)))
                 attached = resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy")
                 if attached and role_name in self.resolve(stack_id, props.get("Roles", [])):
                     policies.append(self.resolve(stack_id, props["PolicyDocument"]))
         return policies
+
+    def _managed_policy_by_arn(self, role: str, arn: str) -> dict[str, Any]:
+        """The document of a customer-managed policy of a deployed stack that a role attaches by ARN (a Training
+        role attaching a Foundation policy); an AWS managed policy is not modelled."""
+        for stack_id, deployed in self.deployed.items():
+            for logical, resource in deployed.stack.template["Resources"].items():
+                if resource["Type"] == "AWS::IAM::ManagedPolicy" and str(deployed.refs.get(logical)) == arn:
+                    return self.resolve(stack_id, resource["Properties"]["PolicyDocument"])
+        raise StepFailed(f"role {role} attaches {arn}, which no deployed stack defines: not modelled")
 
     def role_tags(self, role_name: str) -> dict[str, str]:
         """The tags a deployed role carries (its template's Tags, resolved)."""

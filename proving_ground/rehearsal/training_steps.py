@@ -5,14 +5,16 @@ the @remote job.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import io
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
-from proving_ground.iam_policy import Request, is_allowed
-from proving_ground.rehearsal.aws_calls import Record, _write
+from ops_review.iam_policy import Request, is_allowed
+from proving_ground.rehearsal.aws_calls import Principal, Record, _write
 from proving_ground.rehearsal.journey import (
     AWS_SERVICE,
     INSTANCE,
@@ -26,15 +28,22 @@ from proving_ground.rehearsal.journey import (
 )
 from stacks.components.training_launcher import HANDLER
 
+LINEAGE = Path(__file__).resolve().parents[2] / "training_assets" / "instance" / "run_lineage.py"
 
-def launcher_handler() -> Any:
-    """The launcher function's handler module (stdlib + boto3), as Lambda loads it."""
-    spec = importlib.util.spec_from_file_location("run_launcher_handler", HANDLER / "handler.py")
+
+def lambda_handler(folder: Path, name: str) -> Any:
+    """A platform function's handler module (stdlib + boto3) from its asset folder, as Lambda loads it."""
+    spec = importlib.util.spec_from_file_location(name, folder / "handler.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
+
+
+def launcher_handler() -> Any:
+    """The training launcher's handler."""
+    return lambda_handler(HANDLER, "run_launcher_handler")
 
 
 class TrainingSteps(RehearsalBase):
@@ -60,16 +69,20 @@ class TrainingSteps(RehearsalBase):
         event = {"run_name": "rehearsal-run", "nodes": int(variables["MAX_NODES"])}
         try:
             settings = handler.Settings.from_environment(variables)
-            started = handler.launch(self.client("ec2", RUN_LAUNCHER), event, settings)
+            started = handler.launch(self.client("ec2", RUN_LAUNCHER), self.client("s3", RUN_LAUNCHER), event, settings)
         except handler.Refused as refusal:
             raise StepFailed(f"the launcher refused {event}: {refusal}") from None
         ec2 = self.client("ec2", OPERATOR)
         (reservation,) = ec2.describe_instances(InstanceIds=started["instance_ids"])["Reservations"]
         instances = sorted(reservation["Instances"], key=lambda i: started["instance_ids"].index(i["InstanceId"]))
         template = self.deployment.launch_templates[variables["LAUNCH_TEMPLATE_ID"]]
+        # Each instance acts as its own session of the instance role (aws:userid <role id>:<instance id>).
+        sessions = {i["InstanceId"]: self._instance_session(settings.instance_role_id, i["InstanceId"])
+                    for i in instances}  # fmt: skip
+        self.gate.save(self.gate_file)
         # The nodes boot together: each finds the others through the reservation while they run.
-        nodes = [self._start_user_data(template["user_data"], reservation["ReservationId"], instance)
-                 for instance in instances]  # fmt: skip
+        nodes = [self._start_user_data(template["user_data"], reservation["ReservationId"], instance,
+                                       sessions[instance["InstanceId"]]) for instance in instances]  # fmt: skip
         failed = []
         for node, (instance, process) in enumerate(zip(instances, nodes, strict=True)):
             if process.wait(timeout=600) != 0:
@@ -78,12 +91,11 @@ class TrainingSteps(RehearsalBase):
                 failed.append(f"node {node} ({instance['InstanceId']}): user data exited {process.returncode}:\n{tail}")
         if failed:
             raise StepFailed("\n".join(failed))
-        artifacts = self.stack_output("Foundation", "ArtifactsBucketName")
-        prefix = f"training-output/{started['run_id']}/"
-        s3 = self.client("s3", OPERATOR)
-        listed = {o["Key"] for o in s3.list_objects_v2(Bucket=artifacts, Prefix=prefix).get("Contents", [])}
-        if {prefix + name for name in ("model.tar.gz", "metrics.json", "model.tar.gz.sha256")} - listed:
-            raise StepFailed(f"the run left {sorted(listed) or 'nothing'} under s3://{artifacts}/{prefix}")
+        # The run's candidate as the operator finds it to promote it: in the folder of a writer its records name.
+        run = f"s3://{self.stack_output('Foundation', 'ArtifactsBucketName')}/training-output/{started['run_id']}/"
+        found = self.shell(OPERATOR, [sys.executable, str(LINEAGE), "--run", run, "candidate"], cwd=self.work)
+        if found.returncode != 0:
+            raise StepFailed(f"the run left no candidate under {run}: {found.stderr.strip()}")
         states = {
             i["InstanceId"]: i["State"]["Name"]
             for r in ec2.describe_instances(InstanceIds=[i["InstanceId"] for i in instances])["Reservations"]
@@ -91,11 +103,26 @@ class TrainingSteps(RehearsalBase):
         }
         if set(states.values()) != {"terminated"}:
             raise StepFailed(f"instances still alive after the run: {states}")
-        self.facts["run_model"] = f"s3://{artifacts}/{prefix}model.tar.gz"
+        self.facts["run_model"] = found.stdout.strip()
         return f"{len(instances)} node(s); {self.facts['run_model']}; instances terminated"
 
-    def _start_user_data(self, user_data: str, reservation: str, instance: dict[str, Any]) -> subprocess.Popen[bytes]:
-        """The instance boots: its user data runs with bash, as its role, in a folder of its own."""
+    def _instance_session(self, role_id: str, instance_id: str) -> Principal:
+        """The instance role's session on one instance, a principal of the gate under the role's name (its records
+        read "training instance role"): its own keys, aws:userid ``<role id>:<instance id>`` (IAM User Guide, policy
+        variables: a role assigned to an EC2 instance)."""
+        assert self.gate is not None
+        role = next(p for p in self.gate.principals if p.name == INSTANCE)  # the role's own entry comes first
+        session = dataclasses.replace(
+            role, access_key=f"AKIA{instance_id[2:].upper():0<16}",
+            identity={**role.identity, "aws:userid": f"{role_id}:{instance_id}"},
+        )  # fmt: skip
+        self.gate.principals.append(session)
+        return session
+
+    def _start_user_data(
+        self, user_data: str, reservation: str, instance: dict[str, Any], session: Principal
+    ) -> subprocess.Popen[bytes]:
+        """The instance boots: its user data runs with bash, as its role's session, in a folder of its own."""
         assert self.gate is not None
         host = self.work / "instances" / instance["InstanceId"]
         host.mkdir(parents=True)
@@ -112,7 +139,7 @@ class TrainingSteps(RehearsalBase):
         service = self.gate.principal(AWS_SERVICE)
         env = {
             **self._base_environment(),
-            **self.gate.principal(INSTANCE).environment(),
+            **session.environment(),
             "IMDS_instance_id": instance["InstanceId"],
             "IPTABLES_RULES": str(host / "iptables.rules"),
             "EFA_DEVICE_DIR": str(devices),

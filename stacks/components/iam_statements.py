@@ -14,6 +14,7 @@ from aws_cdk import region_info
 from constructs import Construct, IConstruct
 
 from stacks.compliance import acknowledge_wildcards
+from training_assets.instance.run_lineage import NODES
 
 # A statement and why its wildcards are needed (None: it has none).
 ReasonedStatement = tuple[iam.PolicyStatement, str | None]
@@ -129,11 +130,28 @@ def read_datasets(datasets: s3.IBucket) -> ReasonedStatement:
 
 
 def write_training_output(artifacts: s3.IBucket, prefix: str) -> ReasonedStatement:
+    """Reads of every run's output (a resumed run reads its earlier instances' checkpoints); writes only into the
+    calling instance's own folder of a run, ``<prefix><run>/nodes/<role id>:<instance id>/``. ``${aws:userid}`` of an
+    instance-profile session is ``<role id>:<instance id>`` (IAM User Guide, "IAM policy elements: Variables and
+    tags", "Request information that you can use for policy variables": role assigned to an Amazon EC2 instance), a
+    session EC2 names after the instance, which nothing on the instance chooses."""
     return (
         iam.PolicyStatement(
             sid="WriteTrainingOutput",
-            actions=["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
+            actions=["s3:PutObject", "s3:AbortMultipartUpload"],
+            resources=[artifacts.arn_for_objects(f"{prefix}*/{NODES}${{aws:userid}}/*")],
+        ),
+        "Each instance writes its checkpoints, compile cache and candidate into its own folder of any run it is "
+        "launched for (the run name is the launcher's); the folder is the instance's session, ${aws:userid}.",
+    )
+
+
+def read_training_output(artifacts: s3.IBucket, prefix: str) -> ReasonedStatement:
+    return (
+        iam.PolicyStatement(
+            sid="ReadTrainingOutput",
+            actions=["s3:GetObject"],
             resources=[artifacts.arn_for_objects(f"{prefix}*")],
         ),
-        "Each training run writes its model under a new key of the training-output prefix.",
+        "A run launched again reads its launch records and its earlier instances' checkpoints and compile cache.",
     )

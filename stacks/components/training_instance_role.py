@@ -1,5 +1,6 @@
 """The role and instance profile of the GPU training instances (EC2): Session Manager instead of SSH, the training
-image's pull, read datasets, write model artifacts (a run's candidate only once)."""
+image's pull, read datasets, write model artifacts (each instance into its own folder of its run, a candidate only
+once)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from stacks.components.iam_statements import (
     checkov_skip,
     dlc_pull,
     read_datasets,
+    read_training_output,
     reasoned_policy,
     use_key,
     write_training_output,
 )
+from training_assets.instance.run_lineage import LAUNCHES, NODES
 
 
 def _session_manager_only() -> ReasonedStatement:
@@ -41,8 +44,9 @@ def _session_manager_only() -> ReasonedStatement:
     )
 
 
-# What a run writes once at its end (ec2_run.sh): its candidate model, the model's SHA-256 that promotion checks, and
-# its metrics. Nobody holding this role replaces them once written.
+# What a run writes once at its end (ec2_run.sh), into the folder of its instance of rank 0: its candidate model, the
+# model's SHA-256 that promotion checks, and its metrics. Nobody holding this role replaces them once written, and no
+# other instance writes that folder at all (write_training_output).
 WRITTEN_ONCE = ("model.tar.gz", "model.tar.gz.sha256", "metrics.json")
 
 
@@ -62,9 +66,50 @@ def _candidates_written_once(artifacts: s3.IBucket, prefix: str) -> ReasonedStat
     )
 
 
+def _nothing_outside_the_own_folder(artifacts: s3.IBucket, prefix: str) -> ReasonedStatement:
+    """The write grant's first ``*`` may span folders, so a key such as ``<run>/nodes/<victim>/x/nodes/<own>/y``
+    would match it and land inside another instance's folder; and ``launches/`` is the launcher's record of which
+    instances make up a run. Neither is writable by any instance."""
+    return (
+        iam.PolicyStatement(
+            sid="WriteNoOtherFolder",
+            effect=iam.Effect.DENY,
+            actions=["s3:PutObject"],
+            resources=[
+                artifacts.arn_for_objects(f"{prefix}*/{NODES}*/{NODES}*"),
+                artifacts.arn_for_objects(f"{prefix}*/{LAUNCHES}*"),
+            ],
+        ),
+        None,
+    )
+
+
+def _launch_record_policy(scope: Construct, artifacts: s3.IBucket, prefix: str, key: kms.IKey) -> iam.ManagedPolicy:
+    """Write a run's launch records (training_assets/instance/run_lineage.py): they name the folders a run trusts,
+    so no instance may write them (WriteNoOtherFolder); the launcher's role attaches this policy."""
+    return reasoned_policy(
+        scope,
+        "LaunchRecordPolicy",
+        "Record each launch of a training run: which instances make it up",
+        [
+            (
+                iam.PolicyStatement(
+                    sid="RecordLaunches",
+                    actions=["s3:PutObject"],
+                    resources=[artifacts.arn_for_objects(f"{prefix}*/{LAUNCHES}*")],
+                    conditions={"StringEquals": {"s3:if-none-match": "*"}},
+                ),
+                "The launcher records each launch of any run under that run's launches/ folder, once.",
+            ),
+            use_key(key, "kms:GenerateDataKey"),
+        ],
+    )
+
+
 class TrainingInstanceRole(Construct):
     """The role (this construct's default child), its policy (``policy``) and its ``instance_profile``. Stacks that
-    own more of the instances' resources attach their own grants to ``role``."""
+    own more of the instances' resources attach their own grants to ``role``. ``launch_record_policy`` lets its
+    holder (the launcher) record which instances make up a run, in ``artifacts`` under ``output_prefix``."""
 
     def __init__(
         self,
@@ -78,6 +123,7 @@ class TrainingInstanceRole(Construct):
         key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
+        self.artifacts, self.output_prefix = artifacts, training_output_prefix  # where runs write (run_lineage.py)
         self.role = iam.Role(
             self,
             "Default",
@@ -91,7 +137,9 @@ class TrainingInstanceRole(Construct):
             [
                 *dlc_pull(self, training_repository),
                 read_datasets(datasets),
+                read_training_output(artifacts, training_output_prefix),
                 write_training_output(artifacts, training_output_prefix),
+                _nothing_outside_the_own_folder(artifacts, training_output_prefix),
                 _candidates_written_once(artifacts, training_output_prefix),
                 (
                     iam.PolicyStatement(
@@ -113,3 +161,5 @@ class TrainingInstanceRole(Construct):
             "AWS's documented custom instance profile; no narrower resource.",
         )
         self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
+        # Whoever holds it records which instances make up a run (the platform's launcher only).
+        self.launch_record_policy = _launch_record_policy(self, artifacts, training_output_prefix, key)

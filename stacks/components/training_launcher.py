@@ -22,6 +22,7 @@ from constructs import Construct
 from stacks.compliance import acknowledge, acknowledge_control
 from stacks.components.iam_statements import reasoned_policy
 from stacks.components.stack_function import function_logs_and_role, write_own_logs
+from stacks.components.training_instance_role import TrainingInstanceRole
 from stacks.components.training_launch_template import TrainingLaunchTemplate
 
 HANDLER = Path(__file__).with_name("run_launcher")
@@ -40,6 +41,7 @@ class TrainingLauncher(Construct):
         *,
         template: TrainingLaunchTemplate,
         max_nodes: int,
+        instances: TrainingInstanceRole,
         key: kms.IKey,
         log_retention_days: int,
         removal_policy: cdk.RemovalPolicy,
@@ -64,6 +66,8 @@ class TrainingLauncher(Construct):
         )
         # RunInstances, PassRole of the instance role, the volume key: only from the template, on this role only.
         template.grant_launch(self.policy)
+        # Recording a launch (the Foundation's policy, beside the bucket and the instance role whose folders it names).
+        self.role.add_managed_policy(instances.launch_record_policy)
         self.function = lambda_.Function(
             self,
             "Function",
@@ -80,6 +84,11 @@ class TrainingLauncher(Construct):
                 "LAUNCH_TEMPLATE_VERSION": template.launch_template.latest_version_number,
                 "INSTANCE_TYPES": template.instance_type,
                 "MAX_NODES": str(max_nodes),
+                "ARTIFACTS_BUCKET": instances.artifacts.bucket_name,
+                "OUTPUT_PREFIX": instances.output_prefix,
+                "KMS_KEY_ID": key.key_arn,
+                # The writers' folders are the instances' sessions, <role id>:<instance id> (run_lineage.py).
+                "INSTANCE_ROLE_ID": instances.role.role_id,
             },
             # A few launches a day: one at a time is plenty and bounds what a stuck caller can start at once.
             reserved_concurrent_executions=1,
@@ -93,15 +102,16 @@ class TrainingLauncher(Construct):
         cfn_function.add_override("DependsOn", [cdk.Stack.of(self).get_logical_id(policy)])
         # checkov reads its exceptions from the resource's template metadata.
         cfn_function.add_metadata("checkov", {"skip": [{"id": "CKV_AWS_173", "comment": (
-            "The environment holds the launch template's id and version, the instance type and a node count: no "
-            "secret. Lambda encrypts it at rest with its own key; the platform key serves only the services its "
-            "policy names, Lambda not among them.")}, {"id": "CKV_AWS_45", "comment": (
+            "The environment holds the launch template's id and version, the instance type, a node count, the "
+            "bucket's name, the key's ARN and the instance role's id: no secret. Lambda encrypts it at rest with "
+            "its own key; the platform key serves only the services its policy names, Lambda not among "
+            "them.")}, {"id": "CKV_AWS_45", "comment": (
             "The same identifiers and numbers: no secret. What checkov 3 flags is its own record of the template's "
             "file name, which it adds to the variables (Properties/Environment/Variables/__file__) and whose "
             "generated stack name can read as a high-entropy string (the pipeline's dev stage).")}]})  # fmt: skip
         outside_vpc = (
-            "It calls only the EC2 API, which the platform's VPC has no interface endpoint for (docs/security.md, "
-            "the NAT table); it reads and holds no data."
+            "It calls the EC2 API, which the platform's VPC has no interface endpoint for (docs/security.md, the NAT "
+            "table), and writes one small launch record per launch (instance ids); it reads no data."
         )
         acknowledge(
             self.function,

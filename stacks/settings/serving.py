@@ -17,7 +17,12 @@ from inference_assets.container.contract import (
     validate_model_name,
     worst_call_seconds,
 )
-from inference_assets.container.ray_settings import Topology, default_topology
+from inference_assets.container.ray_settings import (
+    DEFAULT_BATCH_WAIT_TIMEOUT_S,
+    DEFAULT_MAX_BATCH_SIZE,
+    Topology,
+    default_topology,
+)
 from platform_facts.instances import InstanceType, lookup
 from stacks.settings.base import StrictModel, families_where, instance_facts, s3_key
 
@@ -87,8 +92,8 @@ class GravitonEndpointSettings(StrictModel):
     max_request_tokens: Annotated[int, _limit("max_request_tokens")] = Limits.max_request_tokens
     # Model server workers (Ray Serve replicas) and batching: the delay bounds a batch's wait for its round (serving.md)
     workers_per_model: Annotated[int, Field(ge=1, le=64)] | None = None
-    server_batch_size: Annotated[int, Field(ge=1, le=256)] = 8
-    server_max_batch_delay_ms: Annotated[int, Field(ge=0, le=10000)] = 50
+    server_batch_size: Annotated[int, Field(ge=1, le=256)] = DEFAULT_MAX_BATCH_SIZE
+    server_max_batch_delay_ms: Annotated[int, Field(ge=0, le=10000)] = round(DEFAULT_BATCH_WAIT_TIMEOUT_S * 1000)
     # Graviton fast paths (PyTorch's Graviton inference tuning recipe) and the model's precision.
     fast_math: Literal["bf16", "off"] = "bf16"
     lru_cache_capacity: Annotated[int, Field(ge=0, le=65_536)] = 1024

@@ -169,7 +169,8 @@ class TrainingSettings(StrictModel):
         default=300,
         description="Seconds a process waits in a collective (NCCL all-reduce, barrier) before the run fails: the "
         "survivors of a lost node stop after this instead of the Trainer's default 30 minutes. Must exceed the "
-        "longest pause of a healthy run (first compilation, evaluation, a checkpoint save).",
+        "longest pause of a healthy run between two collectives (an evaluation, a checkpoint save); a step that "
+        "compiles a new batch shape waits for the training script's own compile bound instead.",
     )
 
     @field_validator("instance_type")

@@ -1,6 +1,6 @@
-"""A local wheelhouse for vendoring tests: one small wheel per distribution of the aarch64 lock, built here in
-milliseconds, so that vendor_dependencies (pip install --target --platform ... --only-binary) runs exactly as it does
-for a real archive, with ``--no-index --find-links`` instead of PyPI (no test reaches the network).
+"""A local wheelhouse for vendoring tests: one small wheel per distribution of requirements-vendor.lock, built here
+in milliseconds, so that vendor_dependencies (pip install --target --platform ... --only-binary) runs exactly as it
+does for a real archive, with ``--no-index --find-links`` instead of PyPI (no test reaches the network).
 
 Each distribution has the lock's version for linux/aarch64 CPython 3.12; the compiled ones (tokenizers, safetensors)
 carry a stub extension whose ELF header names aarch64. Decoys make a wrong resolution visible: the same versions

@@ -60,9 +60,7 @@ def test_the_container_reads_back_what_the_environment_sets() -> None:
     environment = endpoint_environment(vcpus=8, workers=2, limits=limits, precision="bf16_autocast")
     assert Limits.from_environment(environment) == limits
     assert RuntimeOptions.from_environment(environment) == RuntimeOptions("bf16_autocast", False, threads=4)
-    assert ServeSettings.from_environment(environment) == ServeSettings(
-        replicas=2, threads=4, max_batch_size=8, batch_wait_timeout_s=0.05
-    )
+    assert ServeSettings.from_environment(environment) == ServeSettings(replicas=2, threads=4)  # default batching
 
 
 @pytest.mark.parametrize(("vcpus", "workers"), [(2, None), (16, None), (16, 2), (64, 3)])

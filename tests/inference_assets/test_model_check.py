@@ -1,10 +1,15 @@
-"""The pre-deploy model check against moto's S3 and CloudFormation: present, absent, wrong key, bucket lookup."""
+"""The pre-deploy model check against moto's S3 and CloudFormation: present, absent, wrong key, bucket lookup, and an
+archive replaced after it was written (or without a recorded digest) refused."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import boto3
@@ -12,6 +17,7 @@ import pytest
 from botocore.stub import Stubber
 
 from inference_assets.tools.model_check import main
+from inference_assets.tools.package_model import upload
 
 REGION = "us-west-2"
 BUCKET = "dev-foundation-artifacts-0123"
@@ -27,7 +33,13 @@ def aws(mocked_aws: str):
 
 
 def _upload(session, key: str = KEY) -> None:
-    session.client("s3").put_object(Bucket=BUCKET, Key=key, Body=b"archive")
+    """The archive and its digest beside it, as `pytorch-platform package --upload` writes them."""
+    key_id = session.client("kms").create_key()["KeyMetadata"]["Arn"]
+    with tempfile.TemporaryDirectory() as folder:
+        archive = Path(folder, "model.tar.gz")
+        archive.write_bytes(b"archive")
+        with contextlib.redirect_stderr(io.StringIO()):  # its progress bar
+            upload(archive, f"s3://{BUCKET}/{key}", kms_key_id=key_id, s3_client=session.client("s3"))
 
 
 class _WithStack:
@@ -72,7 +84,30 @@ def _one_sentence(text: str) -> str:
 def test_present_model_passes(aws, capsys: pytest.CaptureFixture[str]) -> None:
     _upload(aws)
     assert main(["--bucket", BUCKET, "--key", KEY], session=aws) == 0
-    assert f"s3://{BUCKET}/{KEY} exists" in capsys.readouterr().out
+    digest = hashlib.sha256(b"archive").hexdigest()
+    assert f"s3://{BUCKET}/{KEY} exists and is the archive that was written (SHA-256 {digest})" in (
+        capsys.readouterr().out
+    )
+
+
+def test_a_replaced_archive_is_refused_in_one_sentence(aws, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41.4: the archive written beside its digest, then replaced (a poisoned candidate): refused."""
+    _upload(aws)
+    aws.client("s3").put_object(Bucket=BUCKET, Key=KEY, Body=b"poisoned")
+    assert main(["--bucket", BUCKET, "--key", KEY], session=aws) == 1
+    assert _one_sentence(capsys.readouterr().err) == (
+        f"Model s3://{BUCKET}/{KEY} is not the archive that was written: its SHA-256 is "
+        f"{hashlib.sha256(b'poisoned').hexdigest()}, the digest recorded when it was written ({KEY}.sha256) is "
+        f"{hashlib.sha256(b'archive').hexdigest()}, so it was replaced since and must not be deployed.\n"
+    )
+
+
+def test_an_archive_without_a_recorded_digest_is_refused(aws, capsys: pytest.CaptureFixture[str]) -> None:
+    aws.client("s3").put_object(Bucket=BUCKET, Key=KEY, Body=b"archive")
+    assert main(["--bucket", BUCKET, "--key", KEY], session=aws) == 1
+    assert _one_sentence(capsys.readouterr().err).startswith(
+        f"Model s3://{BUCKET}/{KEY} has no recorded digest ({KEY}.sha256): copy a run's model.tar.gz together with"
+    )
 
 
 def test_absent_model_stops_with_one_sentence(aws, capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,7 +136,7 @@ def test_bucket_and_key_come_from_the_foundation_output_and_cdk_json(
     session = _WithStack(aws, [{"OutputKey": "ArtifactsBucketName", "OutputValue": BUCKET}])
     cdk_json = _cdk_json(tmp_path, {"model_data_key": KEY})
     assert main(["--env", "dev", "--cdk-json", str(cdk_json)], session=session) == 0
-    assert f"s3://{BUCKET}/{KEY} exists" in capsys.readouterr().out
+    assert f"s3://{BUCKET}/{KEY} exists and is the archive that was written" in capsys.readouterr().out
 
 
 def test_missing_foundation_stack_says_deploy_it_first(aws, tmp_path: Path, capsys) -> None:

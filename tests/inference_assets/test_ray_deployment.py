@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import logging
 import sys
 import threading
 import time
@@ -51,7 +52,8 @@ def replica(archive_module: ModuleType, unpacked_model: Path):
     with pytest.MonkeyPatch.context() as patch:
         for name, value in LIMITS_ENV.items():
             patch.setenv(name, value)
-        settings = importlib.import_module("sentiment_serving.ray_settings").ServeSettings(threads=1)
+        # Passes of 8 (not the default): the tests fill max_invocations (8 passes' worth) and count passes.
+        settings = importlib.import_module("sentiment_serving.ray_settings").ServeSettings(threads=1, max_batch_size=8)
         # The user class behind the @serve.deployment wrapper, constructed as a replica constructs it.
         made = archive_module.SentimentDeployment.func_or_class(str(unpacked_model), settings)
         made.torch_threads = torch.get_num_threads()
@@ -122,6 +124,19 @@ def test_a_batch_of_only_bad_requests_runs_no_forward_pass(replica, forward_pass
     )
     assert [a.status for a in answers] == [400, 415]
     assert forward_passes == []
+
+
+def test_each_forward_pass_logs_its_texts_and_time_as_the_topology_benchmark_reads_them(replica, caplog) -> None:
+    """The topology benchmark's forward-thread share comes from these lines (serving_topology.pass_totals)."""
+    from proving_ground.benchmarks.serving_topology import pass_totals
+
+    caplog.set_level(logging.INFO, logger="ray.serve")
+    json_body = json.dumps({"inputs": ["two", "three"]}).encode()
+    _answer_together(
+        replica, [(b"one", {"content-type": "text/plain"}, "a"), (json_body, {"content-type": "application/json"}, "b")]
+    )
+    texts, seconds = pass_totals([caplog.text])
+    assert texts == 3 and 0 <= seconds < 60
 
 
 def test_a_failing_forward_pass_is_a_clean_500_and_the_replica_keeps_serving(replica, caplog) -> None:

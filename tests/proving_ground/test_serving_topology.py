@@ -4,7 +4,8 @@ The results file (proving_ground/benchmarks/results/serving_topology.json) holds
 equal cores; ``best_topology`` reads the best there (extrapolated for other sizes by the model docs/serving.md states).
 The settings' topology for each Graviton size (``GravitonEndpointSettings.topology``) and what the container does with
 the environment the stack writes (the launcher's replicas, threads and ingress) must be that best one. When a new
-measurement picks another, change ``THREADS_PER_REPLICA`` in inference_assets/container/ray_settings.py.
+measurement picks another, change that size's entry of ``REPLICAS_BY_VCPUS`` in
+inference_assets/container/ray_settings.py (the failure names it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import pytest
 
 from inference_assets.container.ray_server import ingress_environment
-from inference_assets.container.ray_settings import ServeSettings, direct_ingress
+from inference_assets.container.ray_settings import ServeSettings, default_topology, direct_ingress
 from inference_assets.tools.endpoint_environment import endpoint_environment
 from proving_ground.benchmarks import serving_topology as topology
 from stacks.settings import parse_environment
@@ -23,7 +24,7 @@ from tests.conftest import cdk_context
 
 RESULTS = json.loads(topology.DEFAULT_OUTPUT.with_suffix(".json").read_text())
 SIZES = topology.sizes()
-WHERE = "inference_assets/container/ray_settings.py THREADS_PER_REPLICA"
+WHERE = "inference_assets/container/ray_settings.py REPLICAS_BY_VCPUS"
 
 
 def _launched(settings: GravitonEndpointSettings) -> tuple[int, int, bool]:
@@ -43,7 +44,7 @@ def test_the_settings_choose_the_best_measured_topology_for_every_graviton_size(
     chosen = settings.topology
     assert (chosen.replicas, chosen.threads, chosen.direct_ingress) == best, (
         f"{instance_type}: the settings choose {chosen}, the results file's best is {best} "
-        f"(replicas, threads, direct ingress): change {WHERE}"
+        f"(replicas, threads, direct ingress): set {SIZES[instance_type]}: {best[0]} in {WHERE}"
     )
     assert _launched(settings) == best, "the container must run what the settings choose"
 
@@ -64,6 +65,61 @@ def test_the_results_file_holds_what_its_measurements_predict() -> None:
         c.key() for c in topology.candidates(RESULTS["cores"])
     }, "every topology of the measured cores was measured"
     assert all(level["errors"] == 0 for t in RESULTS["topologies"] for level in t["levels"].values())
+
+
+def test_the_results_file_was_measured_with_the_default_batching_and_reports_the_default_topology() -> None:
+    """The file's server batch and wait are the settings' defaults (what the endpoint runs), and its default-topology
+    row is the measured row of the topology the settings choose on the measured cores."""
+    settings, served = GravitonEndpointSettings(), RESULTS["served_with"]
+    assert (served["server_batch_size"], served["server_max_batch_delay_ms"]) == (
+        settings.server_batch_size,
+        settings.server_max_batch_delay_ms,
+    ), "rerun the benchmark with the settings' default batching"
+    chosen = default_topology(RESULTS["cores"])
+    default = RESULTS["default_topology"]
+    assert default == topology.default_measured(RESULTS)
+    (row,) = [t for t in RESULTS["topologies"] if t["name"] == default["name"]]
+    assert (row["replicas"], row["threads"], row["direct_ingress"]) == (
+        chosen.replicas,
+        chosen.threads,
+        chosen.direct_ingress,
+    )
+    assert set(default["ratios"]) == {str(level) for level in topology.LEVELS}
+
+
+def test_one_source_for_the_batching_defaults() -> None:
+    """The settings' defaults, the environment the stack writes for them and what a replica reads with the variables
+    unset are one batch size and one wait."""
+    settings = GravitonEndpointSettings()
+    written = ServeSettings.from_environment(endpoint_environment(vcpus=2), cores=2)
+    unset = ServeSettings.from_environment({}, cores=2)
+    for serve in (written, unset, ServeSettings()):
+        assert serve.max_batch_size == settings.server_batch_size
+        assert serve.batch_wait_timeout_s * 1000 == pytest.approx(settings.server_max_batch_delay_ms)
+
+
+def test_the_rule_gives_each_listed_size_its_replicas_and_other_sizes_one_replica() -> None:
+    """REPLICAS_BY_VCPUS as the settings read it: the listed replicas share the vCPUs (behind the proxy when several);
+    a vCPU count it does not list runs one replica with every vCPU on SageMaker's port."""
+    from inference_assets.container import ray_settings
+
+    for vcpus, replicas in ray_settings.REPLICAS_BY_VCPUS.items():
+        chosen = default_topology(vcpus)
+        assert (chosen.replicas, chosen.threads, chosen.direct_ingress) == (replicas, vcpus // replicas, replicas == 1)
+    unlisted = next(n for n in range(3, 100) if n not in ray_settings.REPLICAS_BY_VCPUS)
+    assert default_topology(unlisted).direct_ingress and default_topology(unlisted).threads == unlisted
+    assert default_topology(8, replicas=2).threads == 4, "workers_per_model overrides the rule"
+
+
+def test_a_levels_forward_share_is_pass_time_over_wall_time_per_replica() -> None:
+    """Two replicas logged 64 texts in 2 s of passes over a 4 s level: each was in a pass a quarter of the time, at
+    32 texts per second of pass."""
+    share = topology.forward_share((10, 1.0), (74, 3.0), replicas=2, wall_s=4.0)
+    assert share == {"forward_busy": 0.25, "pass_texts_per_s": 32.0}
+    assert topology.forward_share((5, 1.0), (5, 1.0), replicas=1, wall_s=4.0) == {
+        "forward_busy": 0.0,
+        "pass_texts_per_s": 0.0,
+    }
 
 
 def test_docs_benchmarks_carry_the_results_line() -> None:

@@ -12,7 +12,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Match, Template
 
 from app import build_app
-from proving_ground.iam_policy import resolve
+from ops_review.iam_policy import resolve
 from stacks.compliance import add_compliance_gates
 from stacks.components.image_builds import IMAGE_BY_DIGEST, PULL_ACTIONS
 from stacks.components.sagemaker_endpoint import DlcImage

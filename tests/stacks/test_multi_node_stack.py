@@ -1,7 +1,7 @@
 """The Training stack's side of multi-node runs: the settings reach the instance (the bound, restarts, checkpoints,
 the fixed global batch, NVMe), the pipeline-built image is pulled by digest with a grant scoped to its repository,
 and the instance role may make every S3 call the checkpoint sync makes and nothing wider. Evaluated with the
-project's IAM evaluator (proving_ground/iam_policy.py) against the synthesized policies."""
+project's IAM evaluator (ops_review/iam_policy.py) against the synthesized policies."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from proving_ground.iam_policy import Call, Request, is_allowed, logical_id, requests_for, resolve
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import Call, logical_id, requests_for
 
 REGISTRY = "999999999999"
 ACCOUNT, REGION = "123456789012", "us-west-2"
@@ -74,8 +75,10 @@ class _Refs(dict):  # type: ignore[type-arg]
 
 
 def test_the_instance_role_allows_every_call_of_the_checkpoint_sync(templates) -> None:
-    """What checkpoint_sync.py and ec2_run.sh do with the run's prefix: list it, read markers and files, write
-    files and markers SSE-KMS with the platform key, and check whether the run's model exists."""
+    """What checkpoint_sync.py, run_lineage.py and ec2_run.sh do with the run's prefix, as the instance's session
+    (aws:userid <role id>:<instance id>): list the launch records and read them, list the writers' folders (is the
+    run finished?), read an earlier writer's markers and files (resume), write files and markers into its own folder
+    SSE-KMS with the platform key."""
     foundation = templates["dev"]["Foundation"]
     role_id = logical_id(foundation, "AWS::IAM::Role", "TrainingInstanceRole")
     bucket_id = logical_id(foundation, "AWS::S3::Bucket", "Artifacts")
@@ -89,19 +92,29 @@ def test_the_instance_role_allows_every_call_of_the_checkpoint_sync(templates) -
         for resource in foundation["Resources"].values()
         if resource["Type"] == "AWS::IAM::ManagedPolicy" and {"Ref": role_id} in resource["Properties"].get("Roles", [])
     ]
-    run = "training-output/r-0123"
-    write = {"Key": f"{run}/checkpoints/slot-1/optimizer.pt", "ServerSideEncryption": "aws:kms", "SSEKMSKeyId": key_arn}
+    run, session, earlier = "training-output/r-0123", "AROAINSTANCE:i-0new", "AROAINSTANCE:i-0old"
+    mine = f"{run}/nodes/{session}"
+    write = {
+        "Key": f"{mine}/checkpoints/slot-1/optimizer.pt",
+        "ServerSideEncryption": "aws:kms",
+        "SSEKMSKeyId": key_arn,
+    }
     calls = [
-        ("ListObjectsV2", {"Bucket": "artifacts", "Prefix": f"{run}/checkpoints/"}),
-        ("ListObjectsV2", {"Bucket": "artifacts", "Prefix": f"{run}/checkpoints/slot-0/"}),  # a slot's download
-        ("HeadObject", {"Bucket": "artifacts", "Key": f"{run}/model.tar.gz"}),
-        ("GetObject", {"Bucket": "artifacts", "Key": f"{run}/checkpoints/slot-0/checkpoint-complete.json"}),
+        ("ListObjectsV2", {"Bucket": "artifacts", "Prefix": f"{run}/launches/"}),
+        ("GetObject", {"Bucket": "artifacts", "Key": f"{run}/launches/r-0123.json"}),
+        ("ListObjectsV2", {"Bucket": "artifacts", "Prefix": f"{run}/nodes/"}),
+        ("ListObjectsV2", {"Bucket": "artifacts", "Prefix": f"{run}/nodes/{earlier}/checkpoints/"}),
+        (
+            "GetObject",
+            {"Bucket": "artifacts", "Key": f"{run}/nodes/{earlier}/checkpoints/slot-0/checkpoint-complete.json"},
+        ),
         ("PutObject", {"Bucket": "artifacts", **write}),
     ]
     for operation, params in calls:
         call = Call("s3", operation, params, REGION, ACCOUNT)
         for request in requests_for(call, kms_encrypted_buckets={"artifacts": key_arn}):
-            assert is_allowed(policies, request), (operation, request)
+            as_session = Request(request.action, request.resource, {**request.context, "aws:userid": session})
+            assert is_allowed(policies, as_session), (operation, request)
     # Not the prefixes endpoints serve from.
     served = Call("s3", "PutObject", {"Bucket": "artifacts", "Key": "endpoints/x/checkpoint-complete.json"}, REGION,
                   ACCOUNT)  # fmt: skip
@@ -112,7 +125,7 @@ def test_the_checkpoint_sync_runs_on_the_hosts_python() -> None:
     """The host (DLAMI Ubuntu 22.04: Python 3.10, no torch) runs checkpoint_sync.py and the barrier module before
     any container starts: standard library imports only."""
     root = Path(__file__).resolve().parents[2] / "training_assets" / "instance"
-    for name in ("checkpoint_sync.py", "rendezvous.py"):
+    for name in ("checkpoint_sync.py", "rendezvous.py", "run_lineage.py"):
         imports = re.findall(r"^(?:from|import) ([\w.]+)", (root / name).read_text(), flags=re.MULTILINE)
         heavy = ("torch", "transformers", "training_assets", "boto3", "datasets")
         assert not [module for module in imports if module.split(".")[0] in heavy], (name, imports)

@@ -12,7 +12,7 @@ import pytest
 from cfnlint.api import lint_file
 
 from app import build_app
-from proving_ground.iam_policy import Request, is_allowed, resolve
+from ops_review.iam_policy import Request, is_allowed, resolve
 from scripts import iam_analysers, template_gates
 from stacks.pipeline import EXPECTED_LABELS, SYNTH_COMMANDS, PromotionPipelineStack, cdk_cli_version
 from stacks.platform_stage import PlatformStage
@@ -172,13 +172,20 @@ def test_model_check_runs_after_foundation_and_before_the_endpoint_deploys(
 
 
 @pytest.mark.parametrize("environment", list(ACCOUNTS))
-def test_model_check_role_reads_only_the_model_archive(environment: str, assembly: Path) -> None:
+def test_model_check_role_reads_only_the_model_archive_and_its_digest(environment: str, assembly: Path) -> None:
     folder = assembly / f"assembly-PromotionPipeline-{environment}"
     (template_file,) = folder.glob("*SmokeTestAccess*.template.json")
     resources = json.loads(template_file.read_text())["Resources"]
     (policy,) = [r for lid, r in resources.items() if lid.startswith("ModelCheckPolicy")]
-    get, listing = policy["Properties"]["PolicyDocument"]["Statement"]
-    assert get["Action"] == "s3:GetObject" and json.dumps(get["Resource"]).endswith(f'/{MODEL_KEY}"]]}}')
+    get, decrypt, listing = policy["Properties"]["PolicyDocument"]["Statement"]
+    # The archive and the digest recorded beside it (the check refuses an archive replaced since it was written).
+    assert get["Action"] == "s3:GetObject"
+    assert [
+        json.dumps(r).endswith(f'/{MODEL_KEY}{suffix}"]]}}')
+        for r, suffix in zip(get["Resource"], ("", ".sha256"), strict=True)
+    ] == [True, True]
+    assert decrypt["Action"] == "kms:Decrypt"
+    assert decrypt["Condition"] == {"StringEquals": {"kms:ViaService": "s3.us-west-2.amazonaws.com"}}
     assert listing["Action"] == "s3:ListBucket"
     assert listing["Condition"] == {"StringEquals": {"s3:prefix": "endpoints/sentiment/"}}
     assert [lid for lid in resources if lid.startswith("SmokeTestPolicy")], "every stage's role may smoke-test"

@@ -1,6 +1,6 @@
 """The checkpoints' copy in S3 (checkpoint_sync.py) with the real AWS CLI (v1, the one aws-cdk-lib ships) against a
 moto server: two slots written in turn, SSE-KMS with the platform key, the newest complete one restored, and a slot
-whose upload stopped halfway never restored."""
+whose upload stopped halfway never restored; a resumed run restores from its own earlier instances' folders only."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from proving_ground.rehearsal.training_steps import launcher_handler
 from tests.training_assets.moto_host import REGION, host_client, host_tools
-from training_assets.instance.checkpoint_sync import MARKER, S3Checkpoints, is_complete, write_marker
+from training_assets.instance.checkpoint_sync import MARKER, S3Checkpoints, is_complete, restore_newest, write_marker
+from training_assets.instance.run_lineage import Lineage, NotInRun
 
 BUCKET = "checkpoint-sync"
 PREFIX = "training-output/r-0123/checkpoints/"
@@ -96,3 +98,42 @@ def test_a_checkpoint_copies_in_one_call_unless_a_folder_name_holds_a_glob_chara
         else:
             assert sorted(call[-1].removeprefix(remote.uri) for call in copies) == [
                 "slot-0/a*b?.bin", "slot-0/model.safetensors", "slot-0/nested/rng_state_0.pth"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_resumed_run_restores_from_its_own_earlier_writers_only(
+    aws: AwsCli, moto_endpoint: str, tmp_path: Path
+) -> None:
+    """Run B was launched twice: its first instance uploaded checkpoints up to 7, its second (a resume) up to 5 before
+    it failed, and B is launched a third time. An instance of run A planted checkpoint 9 in a folder of its own
+    inside B's prefix (the one place under B its role may write). The new instance restores B's 7, the newest among
+    the writers the launcher's records (written by its own code) name; A's folder is not among them."""
+    s3 = host_client("s3", moto_endpoint)
+    bucket = "lineage"
+    s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
+    key = host_client("kms", moto_endpoint).create_key()["KeyMetadata"]["Arn"]
+    handler = launcher_handler()
+    settings = handler.Settings("lt-0", "1", ("p4d.24xlarge",), 1, bucket, "training-output/", key, "AROAINSTANCES")
+    run = f"s3://{bucket}/training-output/run-b/"
+    handler.record(s3, "run-b", "r-0b000001", ["i-0b000001"], settings)
+    S3Checkpoints(f"{run}nodes/AROAINSTANCES:i-0b000001/checkpoints/", kms_key_id=key, aws=aws).upload(
+        _checkpoint(tmp_path / "b-first", 7)
+    )
+    handler.record(s3, "run-b", "r-0b000002", ["i-0b000002"], settings)
+    S3Checkpoints(f"{run}nodes/AROAINSTANCES:i-0b000002/checkpoints/", kms_key_id=key, aws=aws).upload(
+        _checkpoint(tmp_path / "b-second", 5)
+    )
+    S3Checkpoints(f"{run}nodes/AROAINSTANCES:i-0a000001/checkpoints/", kms_key_id=key, aws=aws).upload(
+        _checkpoint(tmp_path / "a-attacker", 9)
+    )
+    handler.record(s3, "run-b", "r-0b000003", ["i-0b000003"], settings)  # the second resume
+
+    lineage = Lineage(run, aws=aws)
+    writers = lineage.join("r-0b000003", "AROAINSTANCES:i-0b000003", timeout=0)
+    assert writers == [f"AROAINSTANCES:i-0b00000{n}" for n in (1, 2, 3)]
+    sources = [S3Checkpoints(f"{run}nodes/{writer}/checkpoints/", aws=aws) for writer in reversed(writers)]
+    restored = restore_newest(tmp_path / "b-third", sources)
+    assert restored == tmp_path / "b-third" / "checkpoint-7" and is_complete(restored)
+    # Not a member of B: A's instance finds no record naming it, and trains nothing under B.
+    with pytest.raises(NotInRun, match="does not name AROAINSTANCES:i-0a000001"):
+        lineage.join("r-0b000003", "AROAINSTANCES:i-0a000001", timeout=0)

@@ -66,6 +66,11 @@ elif name == "aws" and args[:2] == ["s3api", "list-objects-v2"]:  # the bucket's
     keys = {{str(path.relative_to(bucket)): path.stat().st_size for path in bucket.rglob("*") if path.is_file()}}
     rows = [[key, size] for key, size in sorted(keys.items()) if key.startswith(args[args.index("--prefix") + 1])]
     print(json.dumps(rows or None))  # the CLI prints null for an empty listing
+elif name == "aws" and args[:2] == ["s3", "cp"] and args[-1] == "-":  # to stdout (a launch record)
+    source = Path(os.environ["S3_ROOT"], args[-2][5:])
+    if not source.is_file():
+        sys.exit(1)
+    print(source.read_text(), end="")
 elif name == "aws" and args[:2] == ["s3", "cp"]:  # s3://BUCKET/KEY is S3_ROOT/BUCKET/KEY
     place = lambda uri: Path(os.environ["S3_ROOT"], uri[5:]) if uri.startswith("s3://") else Path(uri)
     pairs = [(args[-2], args[-1])]
@@ -103,6 +108,19 @@ elif name == "docker" and any("--check-only" in a for a in args):
 """
 
 
+ROLE_ID = "AROATRAINING"
+# This node's folder of the run: the only place its session (aws:userid <role id>:<instance id>) may write.
+MINE = f"nodes/{ROLE_ID}:i-0abc"
+
+
+def _record(s3_root: Path, run: str, reservation: str, instances: list[str]) -> None:
+    """The launcher's record of one launch (stacks/components/run_launcher/handler.py writes it)."""
+    path = s3_root / "dev-artifacts" / "training-output" / run / "launches" / f"{reservation}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writers = [f"{ROLE_ID}:{instance}" for instance in instances]
+    path.write_text(json.dumps({"run_id": run, "reservation_id": reservation, "writers": writers}))
+
+
 @pytest.fixture()
 def instance(tmp_path: Path) -> dict:
     bin_dir = tmp_path / "bin"
@@ -119,6 +137,9 @@ def instance(tmp_path: Path) -> dict:
     # What the user data unpacks: the two code assets, under their repository paths.
     for folder in ("training_assets/instance", "inference_assets"):
         shutil.copytree(ROOT / folder, work / folder)
+    # The launcher's record of this launch (reservation r-0123, both nodes), for each run name the tests launch.
+    for run in ("r-0123", "sentiment-7", "sentiment-8"):
+        _record(tmp_path / "s3", run, "r-0123", ["i-0abc", "i-0def"])
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "CALLS": str(tmp_path / "calls.jsonl"),
@@ -132,12 +153,13 @@ def instance(tmp_path: Path) -> dict:
         "ARTIFACTS_BUCKET": "dev-artifacts",
         "OUTPUT_PREFIX": "training-output/",
         "KMS_KEY_ID": "arn:aws:kms:us-west-2:123456789012:key/k",
+        "INSTANCE_ROLE_ID": ROLE_ID,
         "DATASET": "tweet_eval:sentiment",
         "BASE_MODEL": "cardiffnlp/twitter-roberta-base-sentiment-latest",
         "EFA": "true",
         "TRAIN_ARGS": "--epochs 3 --torch-compile --bf16 --fused-adamw",
-        # describe-instances rows (";" between rows): private IP, instance id, run-id tag.
-        "PEERS": "10.0.1.9\ti-0def\tNone;10.0.1.7\ti-0abc\tNone",
+        # describe-instances rows (";" between rows): private IP, instance id, run-id tag (the launcher's run_name).
+        "PEERS": "10.0.1.9\ti-0def\tr-0123;10.0.1.7\ti-0abc\tr-0123",
         "SAVES_MODEL": "1",
         "EFA_DEVICE_DIR": str(devices),
     }
@@ -172,19 +194,25 @@ def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dic
     work = str(instance["work"])
     commands = [call[:3] for call in calls if call[0] in ("aws", "docker", "iptables")]
     # The registry login is a pipe: its two sides start together, in either order.
-    commands[5:7] = sorted(commands[5:7])
+    commands[9:11] = sorted(commands[9:11])
     assert commands == [
         # Before anything else, the containers lose the metadata service (test_training_container.py: the rules).
         ["iptables", "-w", "-N"],
         ["iptables", "-w", "-I"],
         ["iptables", "-w", "-I"],
         ["aws", "ec2", "describe-instances"],
-        ["aws", "s3api", "head-object"],  # is this run id finished already?
+        ["aws", "s3api", "list-objects-v2"],  # the launcher's records of the run: is this launch's there yet?
+        ["aws", "s3", "cp"],  # ... and does it name this node?
+        ["aws", "s3api", "list-objects-v2"],  # the run's writers: every launch record of the run
+        ["aws", "s3", "cp"],
+        ["aws", "s3api", "list-objects-v2"],  # is the run finished (did one of its writers write the candidate)?
         ["aws", "ecr", "get-login-password"],
         ["docker", "login", "--username"],
         ["docker", "build", "-t"],
-        ["aws", "s3api", "list-objects-v2"],  # the run's checkpoints in S3 (none)
-        ["aws", "s3", "sync"],  # the run's compile cache, restored
+        ["aws", "s3api", "list-objects-v2"],  # this node's checkpoints in S3 (none)
+        ["aws", "s3api", "list-objects-v2"],  # the other writer's (none)
+        ["aws", "s3", "sync"],  # the run's compile cache, restored from each writer's folder
+        ["aws", "s3", "sync"],
         ["docker", "run", "--rm"],  # training
         ["aws", "s3", "sync"],  # the compile cache, uploaded (this node is the rendezvous node)
         ["docker", "run", "--rm"],  # packaging
@@ -197,8 +225,14 @@ def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dic
     # The node builds on the DLC the image table names: repository and tag from the user data, no Dockerfile default.
     assert f"DLC_REPOSITORY={IMAGE.repository}" in build and f"BASE_TAG={IMAGE.tag}" in build
     assert build[-1] == "training_assets/instance/"
-    listing = next(call for call in calls if call[:2] == ["aws", "s3api"] and call[2] == "list-objects-v2")
-    assert listing[listing.index("--prefix") + 1] == "training-output/r-0123/checkpoints/"
+    listings = [call for call in calls if call[:2] == ["aws", "s3api"] and call[2] == "list-objects-v2"]
+    assert [listing[listing.index("--prefix") + 1] for listing in listings] == [
+        "training-output/r-0123/launches/",
+        "training-output/r-0123/launches/",
+        "training-output/r-0123/nodes/",
+        f"training-output/r-0123/{MINE}/checkpoints/",
+        f"training-output/r-0123/nodes/{ROLE_ID}:i-0def/checkpoints/",
+    ]
     train, package = _docker_runs(calls)
     assert "--privileged" not in train and "FI_PROVIDER=efa" in train and "awslogs-group=dev-training-logs" in train
     # The EFA devices passed through, one per network card, to a container of the unprivileged user.
@@ -229,24 +263,26 @@ def test_two_node_efa_run_builds_meets_trains_packages_and_uploads(instance: dic
     uploads = [call for call in calls if call[:3] == ["aws", "s3api", "put-object"]]
     # Each written once (If-None-Match: *), SSE-KMS with the platform key; the digest is the archive's SHA-256.
     assert [(u[u.index("--body") + 1], u[u.index("--key") + 1]) for u in uploads] == [
-        (f"{work}/output/{name}", f"training-output/r-0123/{name}")
+        (f"{work}/output/{name}", f"training-output/r-0123/{MINE}/{name}")
         for name in ("model.tar.gz", "metrics.json", "model.tar.gz.sha256")
     ]
     assert all(u[u.index("--if-none-match") + 1] == "*" for u in uploads)
     assert all(u[u.index("--ssekms-key-id") + 1] == instance["env"]["KMS_KEY_ID"] for u in uploads)
     digest = hashlib.sha256((instance["work"] / "output" / "model.tar.gz").read_bytes()).hexdigest()
     assert (instance["work"] / "output" / "model.tar.gz.sha256").read_text() == f"{digest}  model.tar.gz\n"
-    assert f"model: s3://dev-artifacts/training-output/r-0123/model.tar.gz (sha256 {digest})" in result.stdout
+    assert f"model: s3://dev-artifacts/training-output/r-0123/{MINE}/model.tar.gz (sha256 {digest})" in result.stdout
 
 
 def test_the_rendezvous_node_restores_and_uploads_the_runs_compile_cache(instance: dict) -> None:
-    """TorchInductor's cache: restored from the run's prefix into a host folder the container compiles into, then
-    uploaded back (SSE-KMS with the platform key) for a relaunch of the run."""
+    """TorchInductor's cache: restored from every writer's folder of the run into a host folder the container
+    compiles into, then uploaded (SSE-KMS with the platform key) into this node's own folder, for a relaunch."""
     calls = _run(instance)
     work = instance["work"]
-    restore, upload = [call for call in calls if call[:3] == ["aws", "s3", "sync"]]
-    cache = "s3://dev-artifacts/training-output/r-0123/compile-cache/"
-    assert restore[-2:] == [cache, f"{work}/compile-cache"] and upload[-2:] == [f"{work}/compile-cache", cache]
+    mine, other, upload = [call for call in calls if call[:3] == ["aws", "s3", "sync"]]
+    cache = f"s3://dev-artifacts/training-output/r-0123/{MINE}/compile-cache/"
+    assert mine[-2:] == [cache, f"{work}/compile-cache"] and upload[-2:] == [f"{work}/compile-cache", cache]
+    assert other[-2:] == [f"s3://dev-artifacts/training-output/r-0123/nodes/{ROLE_ID}:i-0def/compile-cache/",
+                          f"{work}/compile-cache"]  # fmt: skip
     assert upload[upload.index("--sse") + 1] == "aws:kms"
     assert upload[upload.index("--sse-kms-key-id") + 1] == instance["env"]["KMS_KEY_ID"]
     train, _ = _docker_runs(calls)
@@ -266,21 +302,45 @@ def test_the_other_node_joins_the_barrier_with_the_run_id_of_its_tag(instance: d
         "--node", "i-0abc@10.0.1.7", "--endpoint", "10.0.1.2:29500", "--run-id", "sentiment-7", "--timeout", "120",
         "--max-restarts", "2", "--record", "/opt/ml/output/rendezvous.json",
     ]  # fmt: skip
-    finished = next(call for call in calls if call[:3] == ["aws", "s3api", "head-object"])
-    assert finished[finished.index("--key") + 1] == "training-output/sentiment-7/model.tar.gz"
-    # The run's compile cache: restored here too; uploaded by the rendezvous node only.
+    finished = [call for call in calls if call[:3] == ["aws", "s3api", "list-objects-v2"]][2]
+    assert finished[finished.index("--prefix") + 1] == "training-output/sentiment-7/nodes/"
+    # The run's compile cache: restored here too, from each writer; uploaded by the rendezvous node only.
     syncs = [call[-2:] for call in calls if call[:3] == ["aws", "s3", "sync"]]
     assert syncs == [
-        ["s3://dev-artifacts/training-output/sentiment-7/compile-cache/", f"{instance['work']}/compile-cache"]
-    ]
+        [f"s3://dev-artifacts/training-output/sentiment-7/nodes/{ROLE_ID}:{node}/compile-cache/",
+         f"{instance['work']}/compile-cache"] for node in ("i-0abc", "i-0def")
+    ]  # fmt: skip
 
 
 def test_a_finished_run_id_is_not_trained_again(instance: dict) -> None:
-    result = _script(instance, FINISHED="1")
+    """A run one of whose writers wrote the candidate and its digest is finished; a candidate in the folder of an
+    instance that no launch of the run names is not the run's (any instance may write its own folder anywhere)."""
+    run = Path(instance["env"]["S3_ROOT"], "dev-artifacts", "training-output", "r-0123")
+    for name in ("model.tar.gz", "model.tar.gz.sha256"):
+        (run / "nodes" / f"{ROLE_ID}:i-0bad" / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / "nodes" / f"{ROLE_ID}:i-0bad" / name).write_text("planted")
+    calls = _run(instance)  # trains: the planted candidate is nobody's of this run
+    assert len(_docker_runs(calls)) == 2
+    instance["calls"].unlink()
+    _record(run.parents[2], "r-0123", "r-0099", ["i-0999"])  # an earlier launch of the run, which finished
+    for name in ("model.tar.gz", "model.tar.gz.sha256"):
+        (run / "nodes" / f"{ROLE_ID}:i-0999" / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / "nodes" / f"{ROLE_ID}:i-0999" / name).write_text("trained")
+    result = _script(instance)
     assert result.returncode == 1
     assert result.stderr.strip() == (
-        "run r-0123 is finished: its model is s3://dev-artifacts/training-output/r-0123/model.tar.gz; launch a new "
-        "run (another run_name)"
+        f"run r-0123 is finished: its model is s3://dev-artifacts/training-output/r-0123/nodes/{ROLE_ID}:i-0999/"
+        "model.tar.gz; launch a new run (another run_name)"
+    )
+    assert not [call for call in _calls(instance) if call[0] == "docker"]
+
+
+def test_an_instance_the_launcher_did_not_record_trains_nothing(instance: dict) -> None:
+    result = _script(instance, PEERS="10.0.1.7\ti-0abc\tsentiment-9", LAUNCH_RECORD_SECONDS="0")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "s3://dev-artifacts/training-output/sentiment-9/launches/r-0123.json does not name AROATRAINING:i-0abc after "
+        "0 s: only instances the platform's launcher started and recorded run a training run."
     )
     assert not [call for call in _calls(instance) if call[0] == "docker"]
 
@@ -315,7 +375,7 @@ def test_inputs_and_output_are_staged_on_nvme_when_the_instance_has_it(instance:
     assert uploads == [f"{stage}/output/{name}" for name in ("model.tar.gz", "metrics.json", "model.tar.gz.sha256")]
 
 
-SLOT = "s3://dev-artifacts/training-output/r-0123/checkpoints/slot-0"
+SLOT = f"s3://dev-artifacts/training-output/r-0123/{MINE}/checkpoints/slot-0"
 
 
 def _target(copy: list[str]) -> str:
@@ -350,7 +410,7 @@ def test_a_failed_run_uploads_its_newest_checkpoint_and_says_how_to_resume(insta
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         "training failed (exit status 1); to resume from its newest complete checkpoint "
-        "(s3://dev-artifacts/training-output/r-0123/checkpoints/), launch again with run_name r-0123"
+        f"(s3://dev-artifacts/training-output/r-0123/{MINE}/checkpoints/), launch again with run_name r-0123"
     )
     calls = _calls(instance)
     work = instance["work"]
@@ -368,14 +428,16 @@ def test_a_failed_run_uploads_its_newest_checkpoint_and_says_how_to_resume(insta
 
 
 def test_single_node_with_s3_inputs_and_no_model_on_this_node(instance: dict) -> None:
-    calls = _run(instance, PEERS="10.0.1.7\ti-0abc\tNone", EFA="false", SAVES_MODEL="",
+    calls = _run(instance, PEERS="10.0.1.7\ti-0abc\tr-0123", EFA="false", SAVES_MODEL="",
                  DATASET="s3://dev-datasets/tweets/", BASE_MODEL="s3://dev-datasets/models/roberta/")  # fmt: skip
     work = str(instance["work"])
     syncs = [call[-2:] for call in calls if call[:3] == ["aws", "s3", "sync"]]
-    cache = "s3://dev-artifacts/training-output/r-0123/compile-cache/"
+    cache = f"s3://dev-artifacts/training-output/r-0123/{MINE}/compile-cache/"
+    other = f"s3://dev-artifacts/training-output/r-0123/nodes/{ROLE_ID}:i-0def/compile-cache/"
     assert syncs == [["s3://dev-datasets/tweets/", f"{work}/dataset"],
                      ["s3://dev-datasets/models/roberta/", f"{work}/base_model"],
-                     [cache, f"{work}/compile-cache"], [f"{work}/compile-cache", cache]]  # fmt: skip
+                     [cache, f"{work}/compile-cache"], [other, f"{work}/compile-cache"],
+                     [f"{work}/compile-cache", cache]]  # fmt: skip
     (train,) = _docker_runs(calls)  # no packaging: saved_model/ is on the node of rank 0
     assert "--privileged" not in train and "--network" not in train
     assert f"{work}/dataset:/opt/ml/input/data:ro" in train and f"{work}/base_model:/opt/ml/input/model:ro" in train

@@ -19,11 +19,13 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from proving_ground.rehearsal.training_steps import launcher_handler
 from stacks.settings import TrainingSettings
 from tests.training_assets.moto_host import REGION, host_client, host_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "dev-artifacts"
+ROLE_ID = "AROAMOTOTRAINING"
 
 
 def _seed_compile_cache(s3: Any, prefix: str, local: Path) -> None:
@@ -42,14 +44,23 @@ def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: P
     key_arn = host_client("kms", moto_endpoint).create_key()["KeyMetadata"]["Arn"]
     host_client("logs", moto_endpoint).create_log_group(logGroupName="dev-training-logs")  # the TrainingStack's
     image = ec2.describe_images()["Images"][0]["ImageId"]
-    reservation = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, InstanceType="p4d.24xlarge")
+    run_tag = {"ResourceType": "instance", "Tags": [{"Key": "training-run-id", "Value": "sentiment-moto"}]}
+    reservation = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, InstanceType="p4d.24xlarge",
+                                    TagSpecifications=[run_tag])  # fmt: skip
     instance = reservation["Instances"][0]
+    # The launcher's record of the launch, written by its own code (as it does right after RunInstances).
+    handler = launcher_handler()
+    settings = handler.Settings("lt-0", "1", ("p4d.24xlarge",), 1, BUCKET, "training-output/", key_arn, ROLE_ID)
+    handler.record(s3, "sentiment-moto", reservation["ReservationId"], [instance["InstanceId"]], settings)
 
     work = tmp_path / "work"
     for folder in ("training_assets/instance", "inference_assets"):
         shutil.copytree(ROOT / folder, work / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    prefix = f"training-output/{reservation['ReservationId']}/"
-    _seed_compile_cache(s3, prefix, work / "compile-cache")
+    run = "training-output/sentiment-moto/"
+    prefix = f"{run}nodes/{ROLE_ID}:{instance['InstanceId']}/"  # the instance's own folder of the run
+    # An earlier launch of the run (resume) left its compile cache in its own folder; this one restores it.
+    handler.record(s3, "sentiment-moto", "r-00000000", ["i-00000000"], settings)
+    _seed_compile_cache(s3, f"{run}nodes/{ROLE_ID}:i-00000000/", work / "compile-cache")
     with host_tools(aws_cli, moto_endpoint, tmp_path) as (_, host_environment, _):
         env = {
             **host_environment,
@@ -66,6 +77,7 @@ def test_the_model_lands_in_s3_under_the_platform_key(tmp_path: Path, aws_cli: P
             "ARTIFACTS_BUCKET": BUCKET,
             "OUTPUT_PREFIX": "training-output/",
             "KMS_KEY_ID": key_arn,
+            "INSTANCE_ROLE_ID": ROLE_ID,
             "DATASET": "tweet_eval:sentiment",
             "BASE_MODEL": "cardiffnlp/twitter-roberta-base-sentiment-latest",
             "EFA": "false",

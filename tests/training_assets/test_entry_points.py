@@ -88,8 +88,18 @@ elif name == "curl":
     url = next(arg for arg in args if arg.startswith("http"))
     print("token" if url.endswith("/api/token") else {{"instance-id": "i-0abc", "reservation-id": "r-0123",
           "local-ipv4": "10.0.1.7"}}[url.rsplit("/", 1)[-1]], end="")
-elif name == "aws" and args[:2] == ["ec2", "describe-instances"]:
-    print("10.0.1.7")
+elif name == "aws" and args[:2] == ["ec2", "describe-instances"]:  # one node, tagged by the launcher
+    print("10.0.1.7\ti-0abc\tr-0123")
+elif name == "aws" and args[:2] == ["s3api", "list-objects-v2"]:  # [[key, size], ...] or null, as the CLI prints
+    bucket = Path(os.environ["S3_ROOT"], args[args.index("--bucket") + 1])
+    prefix = args[args.index("--prefix") + 1]
+    rows = sorted([str(p.relative_to(bucket)), p.stat().st_size] for p in bucket.rglob("*") if p.is_file()
+                  and str(p.relative_to(bucket)).startswith(prefix))
+    print(json.dumps(rows or None))
+elif name == "aws" and args[:2] == ["s3", "cp"] and args[-1] == "-":  # to stdout
+    if not local(args[-2]).exists():
+        sys.exit(1)
+    print(local(args[-2]).read_text(), end="")
 elif name == "aws" and args[:2] == ["s3api", "head-object"]:  # a finished run's model.tar.gz exists
     bucket, key = args[args.index("--bucket") + 1], args[args.index("--key") + 1]
     sys.exit(0 if Path(os.environ["S3_ROOT"], bucket, key).exists() else 254)
@@ -137,6 +147,9 @@ elif name == "python":
 """
 
 
+ROLE_ID = "AROATRAINING"
+
+
 @pytest.fixture()
 def stand_ins(tmp_path: Path, tiny_model_dir: Path, sample_data: Path) -> dict[str, Any]:
     bin_dir = tmp_path / "bin"
@@ -147,6 +160,10 @@ def stand_ins(tmp_path: Path, tiny_model_dir: Path, sample_data: Path) -> dict[s
     s3 = tmp_path / "s3"
     shutil.copytree(sample_data, s3 / "dev-datasets" / "tweets")
     shutil.copytree(tiny_model_dir, s3 / "dev-datasets" / "models" / "tiny")
+    # The launcher's record of this launch: this node is the run's one writer (run_lineage.py).
+    record = s3 / "dev-artifacts" / "training-output" / "r-0123" / "launches" / "r-0123.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"run_id": "r-0123", "reservation_id": "r-0123", "writers": [f"{ROLE_ID}:i-0abc"]}))
     work = tmp_path / "work"
     for folder in ("training_assets/instance", "inference_assets"):  # what the user data unpacks
         shutil.copytree(ROOT / folder, work / folder)
@@ -194,13 +211,15 @@ def test_ec2_run_with_the_training_stacks_arguments(stand_ins: dict[str, Any]) -
         "DLC_REPOSITORY": TrainingSettings().image.repository, "IMAGE_TAG": TrainingSettings().image_tag,
         "LOG_GROUP": "dev-training-logs",
         "ARTIFACTS_BUCKET": "dev-artifacts", "OUTPUT_PREFIX": "training-output/", "KMS_KEY_ID": "key",
+        "INSTANCE_ROLE_ID": ROLE_ID,
         "DATASET": "s3://dev-datasets/tweets/", "BASE_MODEL": "s3://dev-datasets/models/tiny/", "EFA": "false",
         "TRAIN_ARGS": " ".join(arguments),
     }  # fmt: skip
     result = subprocess.run(["bash", "training_assets/instance/ec2_run.sh"], cwd=stand_ins["work"], env=env,
                             check=False, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    uploaded = stand_ins["s3"] / "dev-artifacts" / "training-output" / "r-0123" / "metrics.json"
+    uploaded = stand_ins["s3"] / "dev-artifacts" / "training-output" / "r-0123" / "nodes" / f"{ROLE_ID}:i-0abc"
+    uploaded = uploaded / "metrics.json"  # into this instance's own folder of the run
     # The packaged archive and the SHA-256 the run recorded as it wrote it (what promotion compares).
     archive = (uploaded.parent / "model.tar.gz").read_bytes()
     digest = (uploaded.parent / "model.tar.gz.sha256").read_text()

@@ -11,15 +11,8 @@ from typing import Any
 import boto3
 import pytest
 
-from proving_ground.iam_policy import (
-    Call,
-    Request,
-    is_allowed,
-    logical_id,
-    requests_for,
-    resolve,
-    role_policies,
-)
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import Call, logical_id, requests_for, role_policies
 from tests.stacks.security.exports import template_exports
 from tests.training_assets import test_remote_sdk_moto as harness
 from training_assets import remote_train
@@ -121,9 +114,8 @@ def test_the_instances_of_a_job_reach_each_other_and_sagemaker_may_attach_them(t
                                             {"ec2:Vpc": f"arn:aws:ec2:{REGION}:{ACCOUNT}:vpc/vpc-2"}))  # fmt: skip
 
 
-def test_a_spot_job_checkpoints_to_the_callers_prefix_and_resumes_there(
-    platform: harness.Platform, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _record_train_configs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The training configs the job's function is called with (the training itself stubbed)."""
     seen: list[Any] = []
 
     def recording_train(config: Any) -> dict[str, Any]:
@@ -131,6 +123,13 @@ def test_a_spot_job_checkpoints_to_the_callers_prefix_and_resumes_there(
         return harness.stub_train(config)
 
     monkeypatch.setattr(remote_train, "train", recording_train)
+    return seen
+
+
+def test_a_spot_job_checkpoints_to_the_callers_prefix_and_resumes_there(
+    platform: harness.Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _record_train_configs(monkeypatch)
     dataset = harness.upload_dataset(platform)
     harness.run_launcher(platform, "--spot", "--run-id", "tweets-7", "train", "--", "--dataset", dataset,
                  "--checkpoint-steps", "50")  # fmt: skip
@@ -162,13 +161,7 @@ def test_a_job_that_compiles_keeps_its_compile_cache_where_sagemaker_restores_it
 ) -> None:
     """Without checkpoints, a job that compiles (the GPU default) still gets a checkpoint location, for
     TorchInductor's cache; one that does not compile gets none."""
-    seen: list[Any] = []
-
-    def recording_train(config: Any) -> dict[str, Any]:
-        seen.append(config)
-        return harness.stub_train(config)
-
-    monkeypatch.setattr(remote_train, "train", recording_train)
+    seen = _record_train_configs(monkeypatch)
     dataset = harness.upload_dataset(platform)
     flags = [] if compiles else ["--no-torch-compile"]
     harness.run_launcher(platform, "--run-id", "tweets-8", "train", "--", "--dataset", dataset, *flags)

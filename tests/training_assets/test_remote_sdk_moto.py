@@ -43,16 +43,8 @@ import pytest
 import yaml
 from botocore.exceptions import ClientError
 
-from proving_ground.iam_policy import (
-    Call,
-    Request,
-    Unsupported,
-    is_allowed,
-    logical_id,
-    requests_for,
-    resolve,
-    role_policies,
-)
+from ops_review.iam_policy import Request, Unsupported, is_allowed, resolve
+from proving_ground.iam_requests import Call, logical_id, requests_for, role_policies
 from stacks.settings import TrainingSettings
 from tests.conftest import cdk_context
 from tests.stacks.security.exports import template_exports

@@ -12,8 +12,11 @@ into the slot that does not hold the newest complete one, as (1) a marker saying
 at two checkpoints, and nothing needs ``s3:DeleteObject``. Uploads are SSE-KMS with the platform key, as
 ec2_run.sh uploads the model.
 
+Each instance uploads into its own folder of the run (``<run>/nodes/<writer>/checkpoints/``, run_lineage.py); a run
+launched again restores the newest complete checkpoint among its earlier writers' folders (``--from``, read only).
+
     checkpoint_sync.py upload  --local DIR --s3 s3://bucket/prefix/ --kms-key-id ARN [--watch SECONDS]
-    checkpoint_sync.py restore --local DIR --s3 s3://bucket/prefix/
+    checkpoint_sync.py restore --local DIR --s3 s3://bucket/prefix/ [--from s3://bucket/other-prefix/ ...]
 """
 
 from __future__ import annotations
@@ -222,6 +225,14 @@ class S3Checkpoints:
         return target
 
 
+def restore_newest(root: Path, sources: Sequence[S3Checkpoints]) -> Path | None:
+    """Restore the newest complete checkpoint of any of ``sources`` (the run's writers' folders) into ``root``."""
+    found = [(int(newest[1]["step"]), index) for index, source in enumerate(sources) if (newest := source.newest())]
+    if not found:
+        return newest_complete(root)
+    return sources[max(found)[1]].restore(root)
+
+
 def upload_newest(root: Path, remote: S3Checkpoints, log: Callable[[str], None] = print) -> int | None:
     """Upload the newest complete local checkpoint if S3 lacks it; return its step when uploaded."""
     folder = newest_complete(root)
@@ -257,6 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("upload", "restore"))
     parser.add_argument("--local", type=Path, required=True, help="the run's checkpoint folder on this host")
     parser.add_argument("--s3", required=True, help="s3://bucket/<run prefix>/checkpoints/")
+    parser.add_argument(
+        "--from",
+        dest="sources",
+        action="append",
+        default=[],
+        help="restore: also an earlier writer's s3://.../checkpoints/ of the run (repeatable)",
+    )
     parser.add_argument("--kms-key-id", help="KMS key for SSE-KMS uploads (upload)")
     parser.add_argument("--watch", type=float, default=0, help="upload: repeat every N seconds until SIGTERM")
     args = parser.parse_args(argv)
@@ -264,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         remote = S3Checkpoints(args.s3, kms_key_id=args.kms_key_id)
         if args.command == "restore":
-            found = remote.restore(args.local)
+            sources = [remote, *(S3Checkpoints(uri) for uri in args.sources if uri.rstrip("/") != args.s3.rstrip("/"))]
+            found = restore_newest(args.local, sources)
             found_text = f"resuming from {found}" if found else "no checkpoint: the run starts at step 0"
             log(f"checkpoint_sync: {found_text}")
         elif args.watch > 0:

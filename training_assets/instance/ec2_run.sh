@@ -4,43 +4,47 @@
 # `aws ec2 run-instances --count N` call runs it; the nodes find each other through their shared reservation:
 #
 #   1. list the instances of this reservation (N nodes, in private-IP order: the first is the rendezvous node), the
-#      run id (the instance tag training-run-id, the launcher's run_name; else the reservation id) and the launch's
-#      training arguments (the tag training-run-args);
+#      run id (the instance tag training-run-id, the launcher's run_name) and the launch's training arguments (the tag
+#      training-run-args); wait for the launcher's record of this launch (s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX<run
+#      id>/launches/<reservation>.json) to name this instance, and read from the run's records which instances wrote
+#      it before (run_lineage.py). This instance writes only its own folder of the run, <run>/nodes/<writer>/ (the
+#      writer is INSTANCE_ROLE_ID:<instance id>, the session's aws:userid, which the instance role's policy requires);
 #   2. get the training image: pull the digest the platform's pipeline built and promoted (TRAINING_IMAGE_URI), or,
 #      where none is configured, log in to the regional DLC registry and build training_assets/instance/Dockerfile;
 #   3. stage the inputs where the instance has room to read them fast (its NVMe instance storage, /opt/dlami/nvme on
 #      the DLAMI, when LOCAL_NVME is true; else the root volume): the dataset and base model when they are S3 URIs
-#      (else the script loads them from the hub), and the newest complete checkpoint of this run id, if any;
+#      (else the script loads them from the hub), and the newest complete checkpoint the run's writers uploaded, if any;
 #   4. run launch_training.sh: the nodes meet at a barrier (bounded by RENDEZVOUS_TIMEOUT seconds; a missing node
 #      stops every node with one line naming it), then torchrun (one process per GPU, c10d rendezvous, EFA on several
 #      nodes, MAX_RESTARTS worker restarts), streaming the container's output to CloudWatch Logs; meanwhile the
-#      rendezvous node uploads each new complete checkpoint to s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX<run id>/checkpoints/
-#      (SSE-KMS with $KMS_KEY_ID); TorchInductor's cache (compiled kernels) lives in
-#      s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX<run id>/compile-cache/: every node restores it before training, and the
-#      rendezvous node uploads what is new every COMPILE_CACHE_UPLOAD_SECONDS and when training ends, so a relaunch of
-#      the run skips the compiles of the attempt before (compile_cache_upload below);
+#      rendezvous node uploads each new complete checkpoint to <run>/nodes/<writer>/checkpoints/ (SSE-KMS with
+#      $KMS_KEY_ID); TorchInductor's cache (compiled kernels) lives in <run>/nodes/<writer>/compile-cache/: every node
+#      restores the run's writers' caches before training, and the rendezvous node uploads what is new every
+#      COMPILE_CACHE_UPLOAD_SECONDS and when training ends, so a relaunch of the run skips the compiles of the attempt
+#      before (compile_cache_upload below);
 #   5. on the node that ran rank 0: package saved_model/ into model.tar.gz (in the image, no AWS calls) and upload
 #      it with metrics.json and model.tar.gz.sha256 (its SHA-256, which promotion checks) from the host to
-#      s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX<run id>/ (SSE-KMS with $KMS_KEY_ID), each written once (If-None-Match:
-#      the instance role may not replace them). A run id whose model.tar.gz exists is finished: launching it again
-#      stops at step 1.
+#      <run>/nodes/<writer>/ (SSE-KMS with $KMS_KEY_ID), each written once (If-None-Match: the instance role may not
+#      replace them; no other instance may write that folder at all). A run one of whose writers wrote its
+#      model.tar.gz is finished: launching it again stops at step 1.
 #
 # Before any container starts, the host rejects the containers' packets to the instance metadata service (0 below):
 # no container holds the instance role's credentials, on the bridge network or the host's.
 #
 # Settings come from the environment the user data exports:
 #   AWS_REGION DLC_ACCOUNT REGISTRY_DOMAIN DLC_REPOSITORY IMAGE_TAG (the training DLC, as platform_facts/images.json
-#   names it) LOG_GROUP ARTIFACTS_BUCKET OUTPUT_PREFIX KMS_KEY_ID
+#   names it) LOG_GROUP ARTIFACTS_BUCKET OUTPUT_PREFIX KMS_KEY_ID INSTANCE_ROLE_ID (the instance role's unique id)
 #   DATASET (s3://... folder, or hub NAME[:CONFIG]) BASE_MODEL (s3://... folder or hub id) EFA (true|false)
 #   TRAIN_ARGS (hyper-parameter flags of train_sentiment.py)
 #   TRAINING_IMAGE_URI (optional: the pipeline-built image by digest) LOCAL_NVME (true|false, default false)
 #   RENDEZVOUS_TIMEOUT (seconds, default 600) MAX_RESTARTS (default 0) CHECKPOINT_UPLOAD_SECONDS (default 60)
-#   COMPILE_CACHE_UPLOAD_SECONDS (default 300)
+#   COMPILE_CACHE_UPLOAD_SECONDS (default 300) LAUNCH_RECORD_SECONDS (how long to wait for the launcher's record,
+#   default 300)
 set -euo pipefail
 
 : "${AWS_REGION:?}" "${DLC_ACCOUNT:?}" "${REGISTRY_DOMAIN:?}" "${DLC_REPOSITORY:?}" "${IMAGE_TAG:?}"
 : "${LOG_GROUP:?}" "${ARTIFACTS_BUCKET:?}" "${OUTPUT_PREFIX:?}" "${KMS_KEY_ID:?}" "${DATASET:?}" "${BASE_MODEL:?}"
-: "${EFA:?}"
+: "${EFA:?}" "${INSTANCE_ROLE_ID:?}"
 TRAIN_ARGS="${TRAIN_ARGS:-}"
 TRAINING_IMAGE_URI="${TRAINING_IMAGE_URI:-}"
 LOCAL_NVME="${LOCAL_NVME:-false}"
@@ -49,6 +53,7 @@ RENDEZVOUS_TIMEOUT="${RENDEZVOUS_TIMEOUT:-600}"
 MAX_RESTARTS="${MAX_RESTARTS:-0}"
 CHECKPOINT_UPLOAD_SECONDS="${CHECKPOINT_UPLOAD_SECONDS:-60}"
 COMPILE_CACHE_UPLOAD_SECONDS="${COMPILE_CACHE_UPLOAD_SECONDS:-300}"
+LAUNCH_RECORD_SECONDS="${LAUNCH_RECORD_SECONDS:-300}"
 RUN_ID_TAG=training-run-id
 RUN_ARGS_TAG=training-run-args
 RDZV_PORT=29500
@@ -87,7 +92,6 @@ reservation="$(imds reservation-id)"
 my_ip="$(imds local-ipv4)"
 
 # --- 1. the nodes of this run, and its id ------------------------------------------------------------------------
-# One row per instance: private IP, instance id, run-id tag (None when the launch set none); in private-IP order.
 # One row per instance: private IP, instance id, run-id tag, run-arguments tag (None when the launch set none); in
 # private-IP order. The platform's launcher sets both tags from validated inputs (stacks/components/training_launcher).
 mapfile -t rows < <(aws ec2 describe-instances --region "$AWS_REGION" \
@@ -95,7 +99,7 @@ mapfile -t rows < <(aws ec2 describe-instances --region "$AWS_REGION" \
   --query "Reservations[].Instances[].[PrivateIpAddress,InstanceId,Tags[?Key=='$RUN_ID_TAG']|[0].Value,Tags[?Key=='$RUN_ARGS_TAG']|[0].Value]" \
   --output text | sed '/^[[:space:]]*$/d' | sort -V)
 nodes=()
-run_id="$reservation"
+run_id=""
 run_args=""
 for row in "${rows[@]}"; do
   IFS=$'\t' read -r ip id tag args <<<"$row"
@@ -108,15 +112,20 @@ done
   echo "tag $RUN_ARGS_TAG='$run_args': only '--flag number' pairs (the launcher writes them)" >&2; exit 1; }
 count="${#nodes[@]}"
 ((count >= 1)) || { echo "no instance found for reservation $reservation" >&2; exit 1; }
-[[ "$run_id" =~ ^[A-Za-z0-9._-]{1,64}$ ]] || { echo "tag $RUN_ID_TAG='$run_id': use 1-64 letters, digits, . _ -" >&2; exit 1; }
+[[ "$run_id" =~ ^[A-Za-z0-9._-]{1,64}$ ]] || {
+  echo "tag $RUN_ID_TAG='$run_id': use 1-64 letters, digits, . _ - (the platform's launcher sets it)" >&2; exit 1; }
 me="$instance_id@$my_ip"
 first_ip="${nodes[0]#*@}"
 echo "run $run_id (reservation $reservation): $count node(s) ${nodes[*]}; this node $me"
-destination="s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX$run_id"
-if aws s3api head-object --bucket "$ARTIFACTS_BUCKET" --key "$OUTPUT_PREFIX$run_id/model.tar.gz" >/dev/null 2>&1; then
-  echo "run $run_id is finished: its model is $destination/model.tar.gz; launch a new run (another run_name)" >&2
-  exit 1
-fi
+# This instance's own folder of the run: the only place its role may write (the session's aws:userid).
+writer="$INSTANCE_ROLE_ID:$instance_id"
+run_uri="s3://$ARTIFACTS_BUCKET/$OUTPUT_PREFIX$run_id/"
+destination="${run_uri}nodes/$writer"
+# Wait for the launcher's record of this launch; the run's writers (whose folders it resumes from); a finished run
+# (one of its writers wrote the candidate) stops here with one line.
+joined="$(python3 training_assets/instance/run_lineage.py --run "$run_uri" join --reservation "$reservation" \
+  --writer "$writer" --timeout "$LAUNCH_RECORD_SECONDS")"
+mapfile -t writers <<<"$joined"
 
 # --- 2. the training image ---------------------------------------------------------------------------------------
 if [[ -n "$TRAINING_IMAGE_URI" ]]; then
@@ -172,12 +181,17 @@ if [[ "$BASE_MODEL" == s3://* ]]; then
 else
   train_args+=(--model "$BASE_MODEL")
 fi
-# The newest complete checkpoint of this run id (a run launched again resumes from it; train_sentiment.py decides).
+# The newest complete checkpoint the run's writers uploaded (a run launched again resumes from it, reading the folders
+# of its earlier instances; train_sentiment.py decides). This node uploads into its own folder only.
 checkpoints=(python3 training_assets/instance/checkpoint_sync.py --local "$OUT/checkpoints"
   --s3 "$destination/checkpoints/" --kms-key-id "$KMS_KEY_ID")
-"${checkpoints[@]:0:2}" restore "${checkpoints[@]:2}"
+earlier=()
+for other in "${writers[@]}"; do earlier+=(--from "${run_uri}nodes/$other/checkpoints/"); done
+"${checkpoints[@]:0:2}" restore "${checkpoints[@]:2}" "${earlier[@]}"
 mkdir -p "$STAGE/compile-cache"
-aws s3 sync --only-show-errors "$destination/compile-cache/" "$STAGE/compile-cache"
+for other in "${writers[@]}"; do
+  aws s3 sync --only-show-errors "${run_uri}nodes/$other/compile-cache/" "$STAGE/compile-cache"
+done
 launch_args+=(--compile-cache-dir "$STAGE/compile-cache")
 
 # --- 4. training (the rendezvous node uploads the checkpoints meanwhile) ------------------------------------------
@@ -223,12 +237,13 @@ if [[ -d "$OUT/saved_model" ]]; then
   docker run --rm --user "$CONTAINER_USER" --security-opt no-new-privileges -e HOME=/tmp \
     -v "$WORK:/work" -v "$OUT:/work/output" -w /work "$IMAGE" \
     python -m inference_assets.tools.package_model --model-dir output/saved_model --output output/model.tar.gz
-  # The digest promotion checks (inference_assets/tools/model_check.py), recorded as the run writes the archive.
+  # The digest promotion checks (ModelArchiveCheck, inference_assets/tools/model_check.py), recorded as the run writes
+  # the archive, in the folder only this instance may write.
   (cd "$OUT" && sha256sum model.tar.gz >model.tar.gz.sha256)
   for file in model.tar.gz metrics.json model.tar.gz.sha256; do
     # Written once: S3 refuses the write if the key exists (412), and the instance role may write these keys only so.
-    aws s3api put-object --bucket "$ARTIFACTS_BUCKET" --key "$OUTPUT_PREFIX$run_id/$file" --body "$OUT/$file" \
-      --if-none-match '*' --server-side-encryption aws:kms --ssekms-key-id "$KMS_KEY_ID" >/dev/null
+    aws s3api put-object --bucket "$ARTIFACTS_BUCKET" --key "$OUTPUT_PREFIX$run_id/nodes/$writer/$file" \
+      --body "$OUT/$file" --if-none-match '*' --server-side-encryption aws:kms --ssekms-key-id "$KMS_KEY_ID" >/dev/null
   done
   echo "model: $destination/model.tar.gz (sha256 $(cut -d' ' -f1 "$OUT/model.tar.gz.sha256"))"
 fi

@@ -10,13 +10,23 @@ instance tags that name the run (``training-run-id``) and carry its arguments (`
 ec2_run.sh reads. Anything else in the request (user data, another template, a shutdown behaviour, a key pair, an
 unknown argument) is refused with one sentence.
 
+Once the instances exist, it records the launch: ``<OUTPUT_PREFIX><run>/launches/<reservation id>.json`` in the
+artifacts bucket, ``{"run_id", "reservation_id", "writers"}``, the writers being each instance's session id
+(``<instance role id>:<instance id>``, the folder of the run that instance alone may write). Only this function writes
+under ``launches/``, so a run's records say which instances' folders are the run's: ec2_run.sh waits for its own
+launch's record before it trains, resumes only from the folders its run's records name, and a candidate is the run's
+only in such a folder (training_assets/instance/run_lineage.py). Written once (If-None-Match: *), SSE-KMS with the
+platform key.
+
 Runs in Lambda (stdlib + boto3). Its settings come from its environment: LAUNCH_TEMPLATE_ID, LAUNCH_TEMPLATE_VERSION,
-INSTANCE_TYPES (comma-separated: the allowed set, the template's own type first), MAX_NODES. The instance type is
-checked, never overridden: the allowed set is the template's type, which the launch grant also requires.
+INSTANCE_TYPES (comma-separated: the allowed set, the template's own type first), MAX_NODES, ARTIFACTS_BUCKET,
+OUTPUT_PREFIX, KMS_KEY_ID, INSTANCE_ROLE_ID. The instance type is checked, never overridden: the allowed set is the
+template's type, which the launch grant also requires.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -64,6 +74,10 @@ class Settings:
     template_version: str
     instance_types: tuple[str, ...]
     max_nodes: int
+    artifacts_bucket: str
+    output_prefix: str
+    kms_key_id: str
+    instance_role_id: str
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> Settings:
@@ -72,6 +86,10 @@ class Settings:
             environ["LAUNCH_TEMPLATE_VERSION"],
             tuple(environ["INSTANCE_TYPES"].split(",")),
             int(environ["MAX_NODES"]),
+            environ["ARTIFACTS_BUCKET"],
+            environ["OUTPUT_PREFIX"],
+            environ["KMS_KEY_ID"],
+            environ["INSTANCE_ROLE_ID"],
         )
 
 
@@ -130,18 +148,33 @@ def launch_request(event: Any, settings: Settings) -> dict[str, Any]:
     }
 
 
-def launch(ec2: Any, event: Any, settings: Settings) -> dict[str, Any]:
-    """Start the run ``event`` asks for; what the caller needs to follow it."""
+def launch(ec2: Any, s3: Any, event: Any, settings: Settings) -> dict[str, Any]:
+    """Start the run ``event`` asks for and record which instances make it up; what the caller needs to follow it."""
     reservation = ec2.run_instances(**launch_request(event, settings))
-    return {
+    started = {
         "run_id": event["run_name"],
         "reservation_id": reservation["ReservationId"],
         "instance_ids": [instance["InstanceId"] for instance in reservation["Instances"]],
     }
+    started["launch_record"] = record(s3, started["run_id"], started["reservation_id"], started["instance_ids"],
+                                      settings)  # fmt: skip
+    return started
+
+
+def record(s3: Any, run_id: str, reservation_id: str, instance_ids: list[str], settings: Settings) -> str:
+    """Write the record of one launch (once, SSE-KMS): which instances' folders are the run's; its URI. The layout
+    is training_assets/instance/run_lineage.py's (the function's code asset holds this folder only)."""
+    writers = [f"{settings.instance_role_id}:{instance}" for instance in instance_ids]
+    body = json.dumps({"run_id": run_id, "reservation_id": reservation_id, "writers": writers}).encode()
+    key = f"{settings.output_prefix}{run_id}/launches/{reservation_id}.json"
+    s3.put_object(Bucket=settings.artifacts_bucket, Key=key, Body=body, IfNoneMatch="*",
+                  ServerSideEncryption="aws:kms", SSEKMSKeyId=settings.kms_key_id,
+                  ContentType="application/json")  # fmt: skip
+    return f"s3://{settings.artifacts_bucket}/{key}"
 
 
 def handler(event: Any, _context: Any) -> dict[str, Any]:
     """Lambda entry point: the launched run; a refused request fails the invocation with its sentence (Refused)."""
-    started = launch(boto3.client("ec2"), event, Settings.from_environment(os.environ))
+    started = launch(boto3.client("ec2"), boto3.client("s3"), event, Settings.from_environment(os.environ))
     LOG.info("started run %s: %s", started["run_id"], started)
     return started

@@ -1,5 +1,5 @@
 """A bare stack for construct tests (the project's feature flags, a fixed account and region), and the values its
-template's references resolve to, so that synthesized policies can be evaluated with proving_ground/iam_policy.py."""
+template's references resolve to, so that synthesized policies can be evaluated with ops_review/iam_policy.py."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from proving_ground.iam_policy import ContextValue, Request, is_allowed
+from ops_review.iam_policy import ContextValue, Request, is_allowed
 
 
 def _as_list(value: Any) -> list[Any]:

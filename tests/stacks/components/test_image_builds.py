@@ -1,6 +1,6 @@
 """ImageBuilds on a bare stack (repositories, build roles, native CodeBuild projects, the weekly rebuild), the
 BuiltImage plumbing an environment's stack reads a digest with, and both wired into a PromotionPipeline: the
-policies are evaluated with the project's own IAM evaluator (proving_ground/iam_policy.py), not read by eye."""
+policies are evaluated with the project's own IAM evaluator (ops_review/iam_policy.py), not read by eye."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk.assertions import Template
 from constructs import Construct
 
-from proving_ground.iam_policy import Request, is_allowed
+from ops_review.iam_policy import Request, is_allowed
 from stacks.components.image_builds import (
     IMAGE_BY_DIGEST,
     PULL_ACTIONS,

@@ -15,7 +15,8 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sagemaker as sagemaker
 from moto import mock_aws
 
-from proving_ground.iam_policy import Call, Request, is_allowed, logical_id, requests_for, role_policies
+from ops_review.iam_policy import Request, is_allowed
+from proving_ground.iam_requests import Call, logical_id, requests_for, role_policies
 from stacks.components.model_archive_check import TIMEOUT, ModelArchiveCheck, handler
 from tests.stacks.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
 from tests.stacks.components.cloudformation_answers import capture_answers

@@ -5,7 +5,7 @@ from __future__ import annotations
 import aws_cdk as cdk
 import pytest
 
-from proving_ground.iam_policy import Request, is_allowed, resolve
+from ops_review.iam_policy import Request, is_allowed, resolve
 from stacks.components.platform_key import PlatformKey
 from tests.stacks.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
 

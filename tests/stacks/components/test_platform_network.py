@@ -9,7 +9,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from aws_cdk import region_info
 
-from proving_ground.iam_policy import Request, is_allowed, resolve
+from ops_review.iam_policy import Request, is_allowed, resolve
 from stacks.components.platform_network import (
     ENDPOINTS_WITH_IDENTITY_PERIMETER,
     INTERFACE_ENDPOINTS,

@@ -10,7 +10,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 
-from proving_ground.iam_policy import Request, is_allowed, resolve
+from ops_review.iam_policy import Request, is_allowed, resolve
 from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy, TrainingJobLimits
 from stacks.components.sagemaker_roles import VpcAttachment
 from tests.stacks.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of

@@ -8,7 +8,8 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Match, Template
 
-from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import logical_id, role_policies
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     DlcImage,

@@ -1,5 +1,5 @@
 """EndpointExecutionRole and RemoteJobRole on a bare stack: who may assume them, and the calls their synthesized
-policies allow and refuse (evaluated with proving_ground/iam_policy.py); the stack passes the compliance gates."""
+policies allow and refuse (evaluated with ops_review/iam_policy.py); the stack passes the compliance gates."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 
-from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import logical_id, role_policies
 from stacks.components.sagemaker_roles import EndpointExecutionRole, RemoteJobRole, VpcAttachment
 from tests.stacks.components.bare_stack import (
     ACCOUNT,

@@ -10,7 +10,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Match, Template
 
-from proving_ground.iam_policy import Request, is_allowed, resolve
+from ops_review.iam_policy import Request, is_allowed, resolve
 from stacks.compliance import add_compliance_gates
 from stacks.components.secure_buckets import KEEP_LOGICAL_IDS, SecureBuckets
 from tests.stacks.components.bare_stack import refs, resources

@@ -1,6 +1,6 @@
 """The training launch template can target capacity bought ahead: an On-Demand Capacity Reservation or a Capacity
 Block for ML (by id) or a Capacity Reservation resource group. The launch grant's RunInstances requests, as
-proving_ground/iam_policy.py builds them from the template's data, are evaluated against the synthesized launcher
+proving_ground/iam_requests.py builds them from the template's data, are evaluated against the synthesized launcher
 policy:
 a run from the template into its reservation is allowed, into another reservation is not, and the template
 conditions of every other resource still hold."""
@@ -15,7 +15,8 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 
-from proving_ground.iam_policy import Call, Request, is_allowed, resolve, run_instances_requests
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import Call, run_instances_requests
 from stacks.components.training_launch_template import (
     KEEP_LOGICAL_IDS,
     CapacityTarget,

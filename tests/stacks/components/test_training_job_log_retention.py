@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from aws_cdk import aws_logs as logs
 
-from proving_ground.iam_policy import Request, is_allowed, role_policies
+from ops_review.iam_policy import Request, is_allowed
+from proving_ground.iam_requests import role_policies
 from stacks.components.training_job_log_retention import LOG_RETENTION_ID, TrainingJobLogRetention
 from tests.stacks.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
 

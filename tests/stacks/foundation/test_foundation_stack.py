@@ -9,7 +9,7 @@ import pytest
 from aws_cdk import region_info
 from aws_cdk.assertions import Match, Template
 
-from proving_ground.iam_policy import Request, is_allowed, resolve
+from ops_review.iam_policy import Request, is_allowed, resolve
 from stacks.settings import DEFAULT_REGION, parse_environment
 from tests.conftest import cdk_context
 from tests.stacks.components.bare_stack import ACCOUNT, REGION, refs

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from proving_ground.iam_policy import Request, is_allowed, logical_id, role_policies
+from ops_review.iam_policy import Request, is_allowed
+from proving_ground.iam_requests import logical_id, role_policies
 from stacks.components.training_job_log_retention import LOG_RETENTION_ID
 from stacks.foundation import TRAINING_JOB_LOG_GROUP
 

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from aws_cdk import region_info
 
+from ops_review.iam_policy import Request, is_allowed
 from platform_facts.images import training_images
-from proving_ground.iam_policy import Request, is_allowed, logical_id, role_policies
+from proving_ground.iam_requests import logical_id, role_policies
 from stacks.settings import parse_environment
 from tests.conftest import cdk_context
 

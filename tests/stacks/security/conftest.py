@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from proving_ground.iam_policy import logical_id
+from proving_ground.iam_requests import logical_id
 
 ACCOUNT, REGION = "123456789012", "us-west-2"
 BUCKETS = {"Artifacts": "artifacts-bucket", "RemoteJobs": "remote-jobs-bucket", "Datasets": "datasets-bucket"}

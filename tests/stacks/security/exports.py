@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from proving_ground.iam_policy import resolve
+from ops_review.iam_policy import resolve
 
 
 def template_exports(template: dict[str, Any], refs: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Attacks on the principals of the synthesized dev templates, evaluated by proving_ground/iam_policy.py: each must
+"""Attacks on the principals of the synthesized dev templates, evaluated by ops_review/iam_policy.py: each must
 be denied, while the legitimate request next to it is allowed (the recorded SDK flows are in
 tests/training_assets/test_remote_sdk_moto.py). The evaluator itself is checked against AWS's documented examples."""
 
@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import logical_id, role_policies
 from tests.stacks.security.conftest import ACCOUNT, BUCKETS, REGION
 from tests.stacks.security.exports import template_exports
 
@@ -33,13 +34,16 @@ def test_the_training_instance_role_holds_session_manager_and_no_parameter_reads
 
 @pytest.mark.parametrize("role", ["TrainingInstanceRole", "RemoteJobRoleNlp", "EndpointExecutionRole"])
 def test_only_the_promotion_path_writes_what_endpoints_read(foundation: Any, role: str) -> None:
-    """Training instances write candidates under training-output/, @remote jobs only under their caller's prefix of
-    the remote-jobs bucket; no workload role writes the endpoints' model prefixes (endpoints/, multi-model/)."""
+    """Training instances write candidates under training-output/ (each into its own folder of a run: aws:userid is
+    the instance-profile session), @remote jobs only under their caller's prefix of the remote-jobs bucket; no
+    workload role writes the endpoints' model prefixes (endpoints/, multi-model/)."""
     policies = _role(foundation, role)
     for prefix in ("endpoints/", "multi-model/"):
         assert not is_allowed(policies, Request("s3:PutObject", f"arn:aws:s3:::artifacts-bucket/{prefix}m.tar.gz"))
+    session = {"aws:userid": "AROAINSTANCE:i-0123"}
     writes_candidates = is_allowed(
-        policies, Request("s3:PutObject", "arn:aws:s3:::artifacts-bucket/training-output/r/m")
+        policies,
+        Request("s3:PutObject", "arn:aws:s3:::artifacts-bucket/training-output/r/nodes/AROAINSTANCE:i-0123/m", session),
     )
     assert writes_candidates == (role == "TrainingInstanceRole")
 

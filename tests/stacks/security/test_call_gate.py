@@ -12,7 +12,8 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from proving_ground.iam_policy import logical_id, resolve
+from ops_review.iam_policy import resolve
+from proving_ground.iam_requests import logical_id
 from proving_ground.rehearsal.aws_calls import Gate, Principal, install
 from tests.stacks.security.conftest import ACCOUNT, BUCKETS, REGION
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import logical_id, role_policies
 from stacks.image_names import image_parameter_name
 from stacks.image_patching import SERVING_IMAGE
 from tests.stacks.components.promotion_targets import TOOLING

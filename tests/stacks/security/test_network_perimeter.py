@@ -12,15 +12,17 @@ from typing import Any
 
 import pytest
 
-from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import logical_id, role_policies
 from stacks.components.platform_network import NETWORK_PERIMETER_TAG
 from tests.conftest import cdk_context
 from tests.stacks.security.conftest import ACCOUNT, BUCKETS, REGION
 
 CALLER = cdk_context()["environments"]["dev"]["training"]["remote_callers"][0]
-# What each role writes (a run's checkpoint: its candidate files are written once, tests/stacks/security/
-# test_training_container.py).
-HELD = {"TrainingInstanceRole": "training-output/run-7/checkpoints/slot-0/model.safetensors",
+# What each role writes (a run's checkpoint, in its instance's own folder: its candidate files are written once,
+# tests/stacks/security/test_training_container.py).
+SESSION = "AROAINSTANCE:i-0run7"  # aws:userid of an instance-profile session: <role id>:<instance id>
+HELD = {"TrainingInstanceRole": f"training-output/run-7/nodes/{SESSION}/checkpoints/slot-0/model.safetensors",
         f"RemoteJobRole{CALLER.capitalize()}": ""}  # fmt: skip
 OTHER_VPC = "vpc-0attackers0000000"
 S3_VIA = f"s3.{REGION}.amazonaws.com"
@@ -54,7 +56,7 @@ def _tags(template: dict[str, Any], role_id: str) -> dict[str, str]:
 def _context(role_id: str, template: dict[str, Any], **network: str) -> dict[str, Any]:
     return {"aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/{role_id}", "aws:PrincipalAccount": ACCOUNT,
             "aws:SecureTransport": "true", "aws:PrincipalIsAWSService": "false", "aws:ViaAWSService": "false",
-            **_tags(template, role_id), **network}  # fmt: skip
+            "aws:userid": SESSION, **_tags(template, role_id), **network}  # fmt: skip
 
 
 def _an_object_it_reads(foundation: tuple[dict[str, Any], dict[str, Any]], role_id: str) -> str:

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import logical_id, role_policies
 from tests.conftest import cdk_context
 from tests.stacks.security.conftest import ACCOUNT, BUCKETS, REGION
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve, role_policies
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import logical_id, role_policies
 from tests.stacks.security.conftest import ACCOUNT, BUCKETS, REGION
 from tests.stacks.security.exports import template_exports
 
@@ -25,6 +26,9 @@ INSTANCE = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalIsAWSService": "false
             "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/TrainingInstanceRole",
             "aws:userid": "AROAINSTANCE:i-0attacker",
             "ec2:SourceInstanceARN": f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/i-0attacker"}  # fmt: skip
+ATTACKER = INSTANCE["aws:userid"]  # an instance of run A, where the attacker's code runs
+VICTIM = "AROAINSTANCE:i-0victim"  # run B's instance of rank 0: its folder holds B's checkpoints and candidate
+RESUMED = "AROAINSTANCE:i-0resumed"  # run B launched again: a new instance of the same run
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +67,12 @@ def attacker(templates: dict[str, dict[str, dict]], foundation: Any) -> dict[str
     }
 
 
-def _put(attacker: dict[str, Any], key: str, *, once: bool = False, sse: str | None = "aws:kms") -> bool:
-    """PutObject of ``key`` in the artifacts bucket from the instance, through the platform's S3 gateway endpoint, as
-    ec2_run.sh writes (SSE-KMS with the platform key; ``once``: If-None-Match: *), and the GenerateDataKey S3 makes
-    for it on the caller's behalf: both must be allowed."""
-    context = {**INSTANCE, **attacker["network"], "aws:ResourceAccount": ACCOUNT}
+def _put(attacker: dict[str, Any], key: str, *, once: bool = False, sse: str | None = "aws:kms",
+         session: str = ATTACKER) -> bool:  # fmt: skip
+    """PutObject of ``key`` in the artifacts bucket from the instance whose session is ``session`` (aws:userid),
+    through the platform's S3 gateway endpoint, as ec2_run.sh writes (SSE-KMS with the platform key; ``once``:
+    If-None-Match: *), and the GenerateDataKey S3 makes for it on the caller's behalf: both must be allowed."""
+    context = {**INSTANCE, "aws:userid": session, **attacker["network"], "aws:ResourceAccount": ACCOUNT}
     if sse:
         context["s3:x-amz-server-side-encryption"] = sse
     if sse == "aws:kms":
@@ -95,18 +100,58 @@ def test_the_launch_template_keeps_imds_from_bridged_containers(templates: dict[
 
 
 def test_a_run_writes_its_checkpoints_and_its_candidate_once(attacker: dict[str, Any]) -> None:
-    """The legitimate flow beside the attacks: checkpoints into the run's slots, the candidate files with
-    If-None-Match (S3 refuses the write with 412 when the key exists, test_ec2_run_moto.py)."""
-    assert _put(attacker, "training-output/r-0123/checkpoints/slot-0/model.safetensors")
-    for name in ("model.tar.gz", "model.tar.gz.sha256", "metrics.json"):
-        assert _put(attacker, f"training-output/r-0123/{name}", once=True), name
+    """The legitimate flow beside the attacks: run B's instance writes checkpoints into its own folder of the run and
+    the candidate files with If-None-Match (S3 refuses the write with 412 when the key exists,
+    test_ec2_run_moto.py); B launched again (resume) writes its new instance's folder the same way."""
+    for session in (VICTIM, RESUMED):
+        folder = f"training-output/run-b/nodes/{session}"
+        assert _put(attacker, f"{folder}/checkpoints/slot-0/model.safetensors", session=session), session
+        assert _put(attacker, f"{folder}/compile-cache/fxgraph/ab/entry", session=session), session
+        for name in ("model.tar.gz", "model.tar.gz.sha256", "metrics.json"):
+            assert _put(attacker, f"{folder}/{name}", once=True, session=session), (session, name)
 
 
 @pytest.mark.parametrize("name", ["model.tar.gz", "model.tar.gz.sha256", "metrics.json"])
 def test_the_container_cannot_replace_a_candidate_or_its_digest(attacker: dict[str, Any], name: str) -> None:
     """A write without If-None-Match is what replacing an existing object takes: denied by the role's own Deny, for
-    the archive, its recorded digest and its metrics, of any run."""
-    assert not _put(attacker, f"training-output/r-0victim/{name}")
+    the archive, its recorded digest and its metrics, even in the instance's own folder."""
+    assert not _put(attacker, f"training-output/run-a/nodes/{ATTACKER}/{name}")
+
+
+@pytest.mark.parametrize(
+    ("key", "once"),
+    [
+        (f"run-b/nodes/{VICTIM}/model.tar.gz", True),  # B's candidate, before B writes it
+        (f"run-b/nodes/{VICTIM}/model.tar.gz.sha256", True),  # ... and the digest promotion checks
+        (f"run-b/nodes/{VICTIM}/model.tar.gz", False),
+        (f"run-b/nodes/{VICTIM}/checkpoints/slot-1/model.safetensors", False),  # what B resumes from
+        (f"run-b/nodes/{VICTIM}/checkpoints/slot-1/checkpoint-complete.json", False),
+        (f"run-b/nodes/{VICTIM}/compile-cache/triton/0/kernel.so", False),  # code B's processes load
+        (f"run-b/nodes/{VICTIM}/x/nodes/{ATTACKER}/y", False),  # a key inside B's folder ending in its own
+        ("run-b/launches/r-0attacker.json", True),  # a record naming itself one of B's instances
+        ("run-b/model.tar.gz", True),  # the run's prefix, outside any instance's folder
+    ],
+    ids=[
+        "candidate",
+        "digest",
+        "candidate-replaced",
+        "checkpoint",
+        "checkpoint-marker",
+        "compile-cache",
+        "nested",
+        "launch-record",
+        "run-root",
+    ],
+)
+def test_the_container_cannot_write_another_runs_instance_folder(
+    attacker: dict[str, Any], key: str, once: bool
+) -> None:
+    """Issue 41.4: code on run A's instance (the container's escape, or a Session Manager session) cannot plant a
+    candidate, a digest, a checkpoint or compiled code for run B, nor name itself one of B's instances. What it may
+    write, its own folder under B's prefix, no instance of B reads: B's launch records do not name it
+    (training_assets/instance/run_lineage.py, tests/training_assets/test_checkpoint_sync_moto.py)."""
+    assert not _put(attacker, f"training-output/{key}", once=once)
+    assert _put(attacker, f"training-output/run-b/nodes/{ATTACKER}/checkpoints/slot-0/model.safetensors")
 
 
 @pytest.mark.parametrize(
@@ -115,8 +160,8 @@ def test_the_container_cannot_replace_a_candidate_or_its_digest(attacker: dict[s
         ("endpoints/sentiment/model-v2.tar.gz", "aws:kms"),  # what the endpoint serves
         ("endpoints/sentiment/model-v2.tar.gz.sha256", "aws:kms"),
         ("multi-model/sentiment-1.tar.gz", "aws:kms"),
-        ("training-output/r-0123/checkpoints/slot-0/model.safetensors", "AES256"),  # SSE-S3: outside the key
-        ("training-output/r-0123/checkpoints/slot-0/model.safetensors", None),
+        (f"training-output/run-a/nodes/{ATTACKER}/checkpoints/slot-0/model.safetensors", "AES256"),  # SSE-S3
+        (f"training-output/run-a/nodes/{ATTACKER}/checkpoints/slot-0/model.safetensors", None),
     ],
     ids=["endpoint-archive", "endpoint-digest", "multi-model", "sse-s3", "no-sse-header"],
 )
@@ -145,7 +190,7 @@ def test_the_container_cannot_write_what_endpoints_serve_or_outside_the_key(
         ("ssm:SendCommand", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/i-0victim", {}),
         ("sagemaker:CreateTrainingJob", f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/nlp-x", {}),
         ("s3:PutObject", f"arn:aws:s3:::{BUCKETS['RemoteJobs']}/jobs/nlp/x/results/payload.pkl", {}),
-        ("s3:DeleteObject", f"arn:aws:s3:::{ARTIFACTS}/training-output/r-0victim/model.tar.gz", {}),
+        ("s3:DeleteObject", f"arn:aws:s3:::{ARTIFACTS}/training-output/run-b/nodes/{VICTIM}/model.tar.gz", {}),
         ("s3:PutObject", f"arn:aws:s3:::{BUCKETS['Datasets']}/tweets/train.csv", {}),
     ],
     ids=[

@@ -1,7 +1,7 @@
 """Issue 41.2 and the two launchers of 41.7: EC2 training runs that nobody can alter. The dev Training stack's
 TrainingLauncher handler runs against moto with the launch policy it is synthesized with, and a person holds the
 synthesized TrainingLauncherPolicy; every call goes through the rehearsal's call gate (proving_ground/rehearsal/
-aws_calls.py), which evaluates it request by request as EC2 authorizes RunInstances (proving_ground/iam_policy.py).
+aws_calls.py), which evaluates it request by request as EC2 authorizes RunInstances (ops_review/iam_policy.py).
 
 Denied: a person's RunInstances with the template (as it is, with their own user data, with another shutdown
 behaviour), from another template, their PassRole of the instance role, their tagging of a run; the launcher's
@@ -13,6 +13,7 @@ the person's invocation of the launcher."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from proving_ground.iam_policy import Request, is_allowed, logical_id, resolve
+from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import logical_id
 from proving_ground.rehearsal.aws_calls import Gate, Principal, install
 from proving_ground.rehearsal.training_steps import launcher_handler
 from tests.stacks.security.conftest import ACCOUNT, REGION
@@ -88,12 +90,20 @@ def launch(
         for template_id in ids.values()
     }  # fmt: skip
     launch_policy = policy("TrainingLauncherLaunchPolicy")
-    launcher = Principal(LAUNCHER.name, LAUNCHER.access_key, [launch_policy], LAUNCHER.identity)
+    # The Foundation's policy for the launch records, which the launcher's role attaches.
+    records = foundation_template["Resources"][logical_id(foundation_template, "AWS::IAM::ManagedPolicy",
+                                                          "TrainingInstanceRoleLaunchRecordPolicy")]  # fmt: skip
+    record_policy = resolve(records["Properties"]["PolicyDocument"], refs=foundation_refs)
+    launcher = Principal(LAUNCHER.name, LAUNCHER.access_key, [launch_policy, record_policy], LAUNCHER.identity)
     person = Principal(PERSON.name, PERSON.access_key, [policy("TrainingLauncherPolicy")], PERSON.identity)
     gate = Gate(ACCOUNT, REGION, tmp_path / "calls.jsonl", [launcher, person, LOOKUP], launch_templates=launchable)
     function = template["Resources"][function_id]["Properties"]
-    for name, value in resolve(function["Environment"]["Variables"], refs=refs).items():
+    for name, value in resolve(function["Environment"]["Variables"], refs=refs, exports=exports).items():
         monkeypatch.setenv(name, value)
+    # The artifacts bucket the launcher records its launches in (moto's KMS need not hold the platform key's ARN).
+    boto3.client("s3", region_name=REGION).create_bucket(
+        Bucket=os.environ["ARTIFACTS_BUCKET"], CreateBucketConfiguration={"LocationConstraint": REGION}
+    )
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", LAUNCHER.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", LAUNCHER.secret_key)
     monkeypatch.delenv("AWS_SESSION_TOKEN")
@@ -128,6 +138,13 @@ def test_the_launcher_starts_a_run_with_the_templates_user_data_shutdown_and_the
     assert tags["training-run-id"] == "sentiment-7"
     assert tags["training-run-args"] == "--epochs 2 --learning-rate 3e-05"
     assert _attribute(instance_id, "userData") == PLATFORM_USER_DATA
+    # The launch is recorded once, naming the instance's session (the folder of the run it alone may write).
+    bucket = os.environ["ARTIFACTS_BUCKET"]
+    key = f"training-output/sentiment-7/launches/{reservation['ReservationId']}.json"
+    assert started["launch_record"] == f"s3://{bucket}/{key}"
+    record = json.loads(_client(LOOKUP, "s3").get_object(Bucket=bucket, Key=key)["Body"].read())
+    assert record == {"run_id": "sentiment-7", "reservation_id": reservation["ReservationId"],
+                      "writers": [f"{os.environ['INSTANCE_ROLE_ID']}:{instance_id}"]}  # fmt: skip
     (run,) = [r for r in launch["gate"].records() if r.operation == "RunInstances"]
     assert run.principal == "launcher" and run.allowed is True
     # Every resource EC2 authorizes the launch on, the instance role's PassRole and the tagging included.
@@ -222,7 +239,7 @@ def test_the_launcher_refuses_what_is_not_a_run_it_starts_in_one_sentence(
                                                   "LAUNCH_TEMPLATE_VERSION": "1"})  # fmt: skip
     ec2 = _NoCalls()
     with pytest.raises(handler.Refused) as refusal:
-        handler.launch(ec2, event, settings)
+        handler.launch(ec2, ec2, event, settings)
     sentence = str(refusal.value)
     assert sentence.endswith(".") and sentence.count(". ") == 0, sentence
 

@@ -7,7 +7,6 @@ template, are left alone, and the reaper's own policy refuses to terminate the l
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -16,21 +15,15 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from proving_ground.iam_policy import logical_id, resolve
+from ops_review.iam_policy import resolve
+from proving_ground.iam_requests import logical_id
 from proving_ground.rehearsal.aws_calls import Gate, Principal, install
+from proving_ground.rehearsal.training_steps import lambda_handler
 from stacks.components.training_run_reaper import GRACE_MINUTES, HANDLER
 from tests.stacks.security.conftest import ACCOUNT
 
 REAPER = Principal("reaper", "AKIAREAPER000000", None, {"aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/reaper"})
 LOOKUP = Principal("tag lookup", "AKIALOOKUP000000", None)  # IAM's own lookup of a resource's tags: not checked
-
-
-def _handler() -> Any:
-    spec = importlib.util.spec_from_file_location("run_reaper_handler", HANDLER / "handler.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture()
@@ -96,14 +89,14 @@ def _states(lookup: Any, ids: dict[str, str]) -> dict[str, str]:
 
 def test_a_fresh_run_is_left_alone(fleet: Any) -> None:
     ids, gate, lookup, sweep = fleet
-    assert _handler().handler(sweep, None) == {"terminated": []}
+    assert lambda_handler(HANDLER, "run_reaper_handler").handler(sweep, None) == {"terminated": []}
     assert set(_states(lookup, ids).values()) == {"running"}
     assert gate.records() and all(r.allowed for r in gate.records() if r.principal == "reaper")
 
 
 def test_a_run_past_its_bound_is_terminated_even_if_protected_and_nothing_else_is(fleet: Any) -> None:
     ids, gate, lookup, sweep = fleet
-    handler = _handler()
+    handler = lambda_handler(HANDLER, "run_reaper_handler")
     ec2 = boto3.client("ec2")
     bound = datetime.timedelta(hours=sweep["max_run_hours"], minutes=sweep["grace_minutes"])
     assert sweep["grace_minutes"] == GRACE_MINUTES
