@@ -124,14 +124,14 @@ def test_each_instance_writes_only_its_own_folder(template: dict, writer: dict, 
 # Every call a training run makes with the role: Session Manager's channels (Systems Manager User Guide, "Create a
 # custom IAM instance profile for Session Manager"), the image pull (ECR User Guide, "Private registry authentication":
 # the layer calls beside BatchGetImage), resuming from and writing its checkpoints (a multipart upload aborted when a
-# run stops), listing both buckets, and the platform key for the objects' encryption.
+# run stops) in the instance's own folder, listing both buckets, and the platform key for the objects' encryption.
 RUN_CALLS = [
     *(("ssmmessages:" + name, "*") for name in ("CreateControlChannel", "CreateDataChannel", "OpenControlChannel",
                                                 "OpenDataChannel")),
     ("ssm:UpdateInstanceInformation", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/i-0123"),
     *((f"ecr:{name}", f"{DLC}/pytorch-training") for name in ("BatchCheckLayerAvailability", "BatchGetImage",
                                                                "GetDownloadUrlForLayer")),
-    *((f"s3:{name}", "arn:aws:s3:::artifacts/training-output/r-1/checkpoints/slot-0/model.safetensors")
+    *((f"s3:{name}", f"{OUT}/r-1/nodes/{B0['aws:userid']}/checkpoints/slot-0/model.safetensors")
       for name in ("GetObject", "PutObject", "AbortMultipartUpload")),
     ("s3:ListBucket", "arn:aws:s3:::datasets"),
     ("s3:ListBucket", "arn:aws:s3:::artifacts"),
@@ -141,7 +141,7 @@ RUN_CALLS = [
 
 def test_every_call_of_a_training_run_is_allowed(template: dict) -> None:
     policies = role_policies(template, logical_id(template, "AWS::IAM::Role", "Instances"), refs(template))
-    assert [call for call in RUN_CALLS if not is_allowed(policies, Request(*call))] == []
+    assert [call for call in RUN_CALLS if not is_allowed(policies, Request(*call, B0))] == []
 
 
 def test_the_role_passes_the_compliance_gates_with_every_wildcard_explained() -> None:
