@@ -98,6 +98,9 @@ def test_only_the_owner_describes_or_stops_a_job_and_nobody_tags_after_creation(
     assert _allowed(policies, "sagemaker:AddTags", JOB, **tags, **on_create)
     assert not _allowed(policies, "sagemaker:AddTags", JOB, **tags)  # a later AddTags: no TaggingAction
     assert not _allowed(policies, "sagemaker:AddTags", OTHER_JOB, **tags, **on_create)
+    # The tags added at creation are those CreateTrainingJob allows: the caller's own owner tag, no other key.
+    for wrong in ({OWNER_TAG_KEY: SOMEONE_ELSE}, {OWNER_TAG_KEY: ME, "unlisted-key": "x"}):
+        assert not _allowed(policies, "sagemaker:AddTags", JOB, **_tag_context(wrong), **on_create), wrong
 
 
 def test_only_the_job_role_is_passed_and_only_to_sagemaker(policies: list[dict]) -> None:
