@@ -133,6 +133,9 @@ class GravitonEndpointStack(EnvironmentStack):
             removal_policy=self.removal_policy,
             alarm_topic_display_name=f"Sentiment endpoint alarms ({settings.name})",
             startup_timeout_seconds=endpoint_settings.container_startup_timeout_seconds,
+            # Several small instances serve more per vCPU than one large one (docs/serving.md, "Several smaller
+            # instances"); each request to the one with the fewest in flight, so a busy instance gets no random share.
+            routing="LEAST_OUTSTANDING_REQUESTS",
         )
         endpoint = self.sagemaker_endpoint
         self.model_check = self._model_archive_check(endpoint_settings.model_data_key)

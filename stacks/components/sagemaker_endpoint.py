@@ -209,6 +209,7 @@ class SageMakerEndpoint(Construct, VariantMetrics):
     * With ``endpoint_name`` (fixed), the endpoint's log group ``/aws/sagemaker/Endpoints/<name>`` is created first,
       with ``log_retention_days`` and ``key``. ``retention_setting`` names the setting that chose the days: below a
       year, the construct acknowledges Control Tower's retention control for its log groups with that name.
+    * ``routing``: the variant's routing strategy over its instances (None: SageMaker's default, RANDOM).
     * ``eni_release_wait`` holds the stack's deletion until SageMaker has released the model's network interfaces;
       ``shares_network_with`` names other endpoints in the same security group.
     """
@@ -240,6 +241,7 @@ class SageMakerEndpoint(Construct, VariantMetrics):
         retention_setting: str | None = None,
         removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
         startup_timeout_seconds: int | None = None,
+        routing: Literal["LEAST_OUTSTANDING_REQUESTS", "RANDOM"] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.role = role
@@ -259,7 +261,7 @@ class SageMakerEndpoint(Construct, VariantMetrics):
         self.model = self._model(role, model_data_url, mode, environment or {}, network)
         self.model.node.add_dependency(self.eni_release_wait.resource)
         self.endpoint_config = self._endpoint_config(
-            instance_type, initial_instance_count, key, data_capture, startup_timeout_seconds
+            instance_type, initial_instance_count, key, data_capture, startup_timeout_seconds, routing
         )
         self.endpoint = self._endpoint(endpoint_name, exclude_retained)
         self.endpoint_name = self.endpoint.attr_endpoint_name
@@ -359,6 +361,7 @@ class SageMakerEndpoint(Construct, VariantMetrics):
         key: kms.IKey,
         data_capture: sagemaker.CfnEndpointConfig.DataCaptureConfigProperty | None,
         startup_timeout_seconds: int | None = None,
+        routing: str | None = None,
     ) -> sagemaker.CfnEndpointConfig:
         local_nvme = has_local_nvme(instance_type)
         config = sagemaker.CfnEndpointConfig(
@@ -374,6 +377,11 @@ class SageMakerEndpoint(Construct, VariantMetrics):
                     initial_variant_weight=1.0,
                     # SageMaker's wait for the container's first /ping 200 (60-3600 s; None: SageMaker's default).
                     container_startup_health_check_timeout_in_seconds=startup_timeout_seconds,
+                    # How SageMaker spreads requests over the variant's instances (API ProductionVariantRoutingConfig:
+                    # LEAST_OUTSTANDING_REQUESTS, to the instances with more capacity; RANDOM, SageMaker's default).
+                    routing_config=None
+                    if routing is None
+                    else sagemaker.CfnEndpointConfig.RoutingConfigProperty(routing_strategy=routing),
                 )
             ],
             data_capture_config=data_capture,

@@ -79,7 +79,7 @@ class GravitonEndpointSettings(StrictModel):
     (docs/images.md)."""
 
     enabled: bool = True
-    instance_type: str = "ml.c7g.4xlarge"
+    instance_type: str = "ml.c7g.xlarge"
     initial_instance_count: Annotated[int, Field(ge=1)] = 1
     # The model version to serve (a key under endpoints/ in the artifacts bucket). None until a model is uploaded:
     # the environment then has no Graviton endpoint stack (first deploy), and synth says what to do.

@@ -49,14 +49,15 @@ def test_the_default_token_limit_fits_even_one_thread_per_replica_of_two() -> No
 
 def test_a_token_limit_the_instance_cannot_serve_in_time_is_refused() -> None:
     # 16 replicas of one thread each on ml.c7g.4xlarge: the default limit would take ~62 s.
+    large = {"instance_type": "ml.c7g.4xlarge", "workers_per_model": 16}
     with pytest.raises(SettingsError) as error:
-        parse_environment("prod", _prod(workers_per_model=16))
+        parse_environment("prod", _prod(**large))
     message = str(error.value)
     assert message.startswith("environments.prod.graviton_endpoint: max_request_tokens (8192)")
     assert "InvokeEndpoint's 60 s" in message and f"allowed up to {max_request_tokens_within_timeout(1)}" in message
     _one_sentence(message)
     # The same topology with a limit it can serve passes.
-    parse_environment("prod", _prod(workers_per_model=16, max_request_tokens=max_request_tokens_within_timeout(1)))
+    parse_environment("prod", _prod(**large, max_request_tokens=max_request_tokens_within_timeout(1)))
 
 
 def test_compile_mode_is_refused_because_the_image_has_no_compiler() -> None:

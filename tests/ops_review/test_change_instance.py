@@ -35,7 +35,7 @@ from stacks.settings import parse_environment
 from tests.conftest import cdk_context as load_cdk_context
 
 REGION, ACCOUNT = "us-west-2", "123456789012"
-OLD, NEW = "ml.c7g.2xlarge", "ml.c7g.4xlarge"
+OLD, NEW = "ml.c7g.2xlarge", "ml.c7g.xlarge"
 OPERATOR, DEPLOYER = "operator", "cloudformation"
 
 
@@ -66,7 +66,7 @@ def _session(access_key: str, secret_key: str) -> boto3.session.Session:
 
 @pytest.fixture
 def planned(templates: dict[str, dict[str, dict]]) -> Planned:
-    """The staging Graviton endpoint as synthesized (ml.c7g.4xlarge, 2 to 4 instances, one target-tracking policy)."""
+    """The staging Graviton endpoint as synthesized (ml.c7g.xlarge, 8 to 16 instances, one target-tracking policy)."""
     stack = StackTemplate("staging", "GravitonEndpoint", "staging-GravitonEndpoint", REGION, None,
                           templates["staging"]["GravitonEndpoint"], {})  # fmt: skip
     return change_instance.planned_from_template(stack)

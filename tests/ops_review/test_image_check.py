@@ -34,7 +34,7 @@ def test_the_templates_say_which_image_runs_where(assembly: Path) -> None:
     """staging's Graviton endpoint resolves the serving image from SSM and runs it on ml.c7g (arm64); the
     bootstrap version parameter is not an image."""
     needs = image_needs([s for s in load_assembly(assembly) if s.environment == "staging"])
-    assert needs == [ImageNeed("staging/GravitonEndpoint", PARAMETER, "arm64", "ml.c7g.4xlarge")]
+    assert needs == [ImageNeed("staging/GravitonEndpoint", PARAMETER, "arm64", "ml.c7g.xlarge")]
     assert image_needs([s for s in load_assembly(assembly) if s.environment == "dev"]) == []  # no endpoint yet
 
 
@@ -114,20 +114,20 @@ def test_an_absent_parameter_is_one_line(assembly: Path, mocked_aws: str) -> Non
 def test_an_x86_image_on_graviton_is_refused(assembly: Path, mocked_aws: str) -> None:
     uri = _publish(ACCOUNT, _manifest("amd64"))
     (line,) = _run(assembly)
-    assert line.startswith(f"FAIL {PARAMETER}") and f"{uri} is built for x86_64, ml.c7g.4xlarge runs arm64" in line
+    assert line.startswith(f"FAIL {PARAMETER}") and f"{uri} is built for x86_64, ml.c7g.xlarge runs arm64" in line
 
 
 def test_an_arm64_image_of_this_account_passes(assembly: Path, mocked_aws: str) -> None:
     uri = _publish(ACCOUNT, _manifest("arm64"))
     assert _run(assembly) == [
-        f"OK  {PARAMETER} (staging/GravitonEndpoint): {uri} exists, arm64 as ml.c7g.4xlarge needs, pullable."
+        f"OK  {PARAMETER} (staging/GravitonEndpoint): {uri} exists, arm64 as ml.c7g.xlarge needs, pullable."
     ]
 
 
 def test_an_index_is_read_by_its_platforms(assembly: Path, mocked_aws: str) -> None:
     _publish(ACCOUNT, _index("amd64"))
     (line,) = _run(assembly)
-    assert "is built for x86_64, ml.c7g.4xlarge runs arm64" in line  # the attestation's "unknown" is not a platform
+    assert "is built for x86_64, ml.c7g.xlarge runs arm64" in line  # the attestation's "unknown" is not a platform
     boto3.client("ecr").delete_repository(repositoryName=REPOSITORY, force=True)
     _publish(ACCOUNT, _index("amd64", "arm64"))
     assert _run(assembly)[0].startswith("OK ")

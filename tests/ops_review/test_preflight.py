@@ -445,7 +445,7 @@ def test_an_image_the_endpoint_cannot_run_blocks_its_deploy(aws: None, assembly:
     account.stacks({}, [s.stack_name for s in needs.stacks])
     blockers = [f.line() for f in Preflight(needs, account.client).run() if f.level == "BLOCKER"]
     assert blockers == [
-        f"BLOCKER  image {SERVING_PARAMETER}: {uri} is built for x86_64, ml.c7g.4xlarge runs arm64: build it on "
+        f"BLOCKER  image {SERVING_PARAMETER}: {uri} is built for x86_64, ml.c7g.xlarge runs arm64: build it on "
         "arm64 (the pipeline's image builds do) and write that digest."
     ]
 

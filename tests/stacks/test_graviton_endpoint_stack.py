@@ -203,6 +203,16 @@ def test_sagemaker_waits_for_the_replicas_as_long_as_the_settings_say(endpoint_t
     assert variant["ContainerStartupHealthCheckTimeoutInSeconds"] == expected == 600
 
 
+def test_requests_go_to_the_instance_with_the_fewest_in_flight(endpoint_template: dict, env: str) -> None:
+    """Staging and prod run several small instances (docs/serving.md): SageMaker balances them, by outstanding
+    requests rather than at random."""
+    (variant,) = only(endpoint_template, "AWS::SageMaker::EndpointConfig")["ProductionVariants"]
+    assert variant["RoutingConfig"] == {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"}
+    assert variant["InstanceType"] == SETTINGS[env].graviton_endpoint.instance_type
+    if env != "dev":
+        assert (variant["InstanceType"], variant["InitialInstanceCount"]) == ("ml.c7g.xlarge", 8)
+
+
 def test_scalable_target_names_the_variant_of_this_endpoint_and_comes_after_it(
     endpoint_template: dict, env: str
 ) -> None:
