@@ -191,6 +191,49 @@ class ModelNetwork:
     isolated: bool = True
 
 
+def _endpoint_config(
+    endpoint: SageMakerEndpoint,
+    instance_type: str,
+    initial_instance_count: int,
+    key: kms.IKey,
+    data_capture: sagemaker.CfnEndpointConfig.DataCaptureConfigProperty | None,
+    startup_timeout_seconds: int | None,
+    routing: str | None,
+) -> sagemaker.CfnEndpointConfig:
+    """``endpoint``'s config (construct id "EndpointConfig" under it): one variant of its model."""
+    local_nvme = has_local_nvme(instance_type)
+    config = sagemaker.CfnEndpointConfig(
+        endpoint,
+        "EndpointConfig",
+        kms_key_id=None if local_nvme else key.key_arn,
+        production_variants=[
+            sagemaker.CfnEndpointConfig.ProductionVariantProperty(
+                variant_name=VARIANT_NAME,
+                model_name=endpoint.model.attr_model_name,
+                instance_type=instance_type,
+                initial_instance_count=initial_instance_count,
+                initial_variant_weight=1.0,
+                # SageMaker's wait for the container's first /ping 200 (60-3600 s; None: SageMaker's default).
+                container_startup_health_check_timeout_in_seconds=startup_timeout_seconds,
+                # How SageMaker spreads requests over the variant's instances (API ProductionVariantRoutingConfig:
+                # LEAST_OUTSTANDING_REQUESTS, to the instances with more capacity; RANDOM, SageMaker's default).
+                routing_config=None
+                if routing is None
+                else sagemaker.CfnEndpointConfig.RoutingConfigProperty(routing_strategy=routing),
+            )
+        ],
+        data_capture_config=data_capture,
+    )
+    if local_nvme:
+        acknowledge(
+            config,
+            f"{instance_type} has local NVMe instance storage, which SageMaker encrypts with a hardware key; "
+            "SageMaker rejects an endpoint-config KMS key for such types.",
+            "NIST.800.53.R5-SageMakerEndpointConfigurationKMSKeyConfigured",
+        )
+    return config
+
+
 class SageMakerEndpoint(Construct, VariantMetrics):
     """A SageMaker endpoint with one production variant (``AllTraffic``).
 
@@ -260,8 +303,8 @@ class SageMakerEndpoint(Construct, VariantMetrics):
         )
         self.model = self._model(role, model_data_url, mode, environment or {}, network)
         self.model.node.add_dependency(self.eni_release_wait.resource)
-        self.endpoint_config = self._endpoint_config(
-            instance_type, initial_instance_count, key, data_capture, startup_timeout_seconds, routing
+        self.endpoint_config = _endpoint_config(
+            self, instance_type, initial_instance_count, key, data_capture, startup_timeout_seconds, routing
         )
         self.endpoint = self._endpoint(endpoint_name, exclude_retained)
         self.endpoint_name = self.endpoint.attr_endpoint_name
@@ -323,7 +366,7 @@ class SageMakerEndpoint(Construct, VariantMetrics):
         """The log groups this construct creates: the endpoint's (when named) and the ENI wait's."""
         return [group for group in (self.log_group, self.eni_release_wait.log_group) if group is not None]
 
-    # --- model, config ------------------------------------------------------------------------------------------
+    # --- model --------------------------------------------------------------------------------------------------
 
     def _model(
         self,
@@ -353,47 +396,6 @@ class SageMakerEndpoint(Construct, VariantMetrics):
         model.node.add_dependency(role)
         model.node.add_dependency(self.image.pull_policy)
         return model
-
-    def _endpoint_config(
-        self,
-        instance_type: str,
-        initial_instance_count: int,
-        key: kms.IKey,
-        data_capture: sagemaker.CfnEndpointConfig.DataCaptureConfigProperty | None,
-        startup_timeout_seconds: int | None = None,
-        routing: str | None = None,
-    ) -> sagemaker.CfnEndpointConfig:
-        local_nvme = has_local_nvme(instance_type)
-        config = sagemaker.CfnEndpointConfig(
-            self,
-            "EndpointConfig",
-            kms_key_id=None if local_nvme else key.key_arn,
-            production_variants=[
-                sagemaker.CfnEndpointConfig.ProductionVariantProperty(
-                    variant_name=VARIANT_NAME,
-                    model_name=self.model.attr_model_name,
-                    instance_type=instance_type,
-                    initial_instance_count=initial_instance_count,
-                    initial_variant_weight=1.0,
-                    # SageMaker's wait for the container's first /ping 200 (60-3600 s; None: SageMaker's default).
-                    container_startup_health_check_timeout_in_seconds=startup_timeout_seconds,
-                    # How SageMaker spreads requests over the variant's instances (API ProductionVariantRoutingConfig:
-                    # LEAST_OUTSTANDING_REQUESTS, to the instances with more capacity; RANDOM, SageMaker's default).
-                    routing_config=None
-                    if routing is None
-                    else sagemaker.CfnEndpointConfig.RoutingConfigProperty(routing_strategy=routing),
-                )
-            ],
-            data_capture_config=data_capture,
-        )
-        if local_nvme:
-            acknowledge(
-                config,
-                f"{instance_type} has local NVMe instance storage, which SageMaker encrypts with a hardware key; "
-                "SageMaker rejects an endpoint-config KMS key for such types.",
-                "NIST.800.53.R5-SageMakerEndpointConfigurationKMSKeyConfigured",
-            )
-        return config
 
     # --- autoscaling --------------------------------------------------------------------------------------------
 
