@@ -21,6 +21,7 @@ from platform_facts.images import PatchStatus, image_fact, training_images
 from stacks.components.image_builds import Architecture
 from stacks.image_patching import SERVING_IMAGE_FACT
 from stacks.pipeline import SERVING_IMAGE, TRAINING_IMAGE, platform_images, training_base
+from tests.training_assets.test_container import HOST_ONLY
 
 ROOT = Path(__file__).resolve().parents[2]
 # The serving image's base: the Dockerfile's FROM, a row of platform_facts/images.json.
@@ -187,9 +188,9 @@ def test_training_image_extends_the_dlc_the_facts_table_chooses() -> None:
     # The same pinned file the EC2 nodes' image and the tests use, and the training package's modules.
     assert _pip_requirement_files(ROOT / training.dockerfile) == [ROOT / "training_assets/instance/requirements.txt"]  # type: ignore[attr-defined]
     copied = {word for instruction, arguments in instructions if instruction == "COPY" for word in arguments.split()}
-    # Every module of the training package (the log shipper runs on the host), as
+    # Every module of the training package but those the host runs, as
     # tests/training_assets/test_container.py asks of the instance Dockerfile.
-    modules = {p.name for p in (ROOT / "training_assets/instance").glob("*.py") if p.name != "ship_logs.py"}
+    modules = {p.name for p in (ROOT / "training_assets/instance").glob("*.py") if p.name not in HOST_ONLY}
     assert modules and {f"instance/{module}" for module in modules} <= copied
 
 

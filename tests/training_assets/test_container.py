@@ -14,6 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "training_assets" / "instance"
 LAUNCHER = ASSETS / "launch_training.sh"
 
+# Modules the instance's host runs itself (standard library and the AWS CLI), not the training container.
+HOST_ONLY = {"ship_logs.py", "run_lineage.py"}
+
 
 def _pins(path: Path) -> dict[str, str]:
     pins = {}
@@ -42,7 +45,7 @@ def test_dockerfile_extends_the_training_dlc_that_ec2_run_names() -> None:
     # Every Python module of the package is copied under its package path (so `python -m` finds them all).
     joined = dockerfile.replace("\\\n", " ")  # continuation lines
     copied = re.search(r"^COPY (.+) training_assets/instance/$", joined, flags=re.MULTILINE)
-    assert copied and set(copied[1].split()) == {p.name for p in ASSETS.glob("*.py") if p.name != "ship_logs.py"}
+    assert copied and set(copied[1].split()) == {p.name for p in ASSETS.glob("*.py") if p.name not in HOST_ONLY}
 
 
 def test_container_pins_match_the_tested_versions() -> None:
