@@ -71,7 +71,7 @@ class Topology:
 # replica listens on SageMaker's port itself (direct ingress), several share the vCPUs behind Ray's proxy.
 # tests/proving_ground/test_serving_topology.py fails, naming the entry to write, when an entry is not the results
 # file's best. A vCPU count not listed (another family) runs one replica with every vCPU.
-REPLICAS_BY_VCPUS: dict[int, int] = {2: 1, 4: 1, 8: 1, 16: 1, 32: 1, 48: 1, 64: 1}
+REPLICAS_BY_VCPUS: dict[int, int] = {2: 1, 4: 1, 8: 4, 16: 1, 32: 1, 48: 1, 64: 1}
 
 
 def default_topology(vcpus: int, replicas: int | None = None) -> Topology:
