@@ -15,6 +15,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sagemaker as sagemaker
 from moto import mock_aws
 
+from inference_assets.tools.package_model import upload
 from ops_review.iam_policy import Request, is_allowed
 from proving_ground.iam_requests import Call, logical_id, requests_for, role_policies
 from stacks.components.model_archive_check import TIMEOUT, ModelArchiveCheck, handler
@@ -117,6 +118,19 @@ def _write(client: Any, bucket: str, archive: bytes, digest_of: bytes | None = N
     if digest_of != b"":
         line = f"{hashlib.sha256(archive if digest_of is None else digest_of).hexdigest()}  model.tar.gz\n"
         client.put_object(Bucket=bucket, Key=KEY + ".sha256", Body=line.encode())
+
+
+def test_an_archive_uploaded_by_the_operator_tool_passes(synthesized, s3_client, answers, tmp_path) -> None:
+    """The joint with the writer: `pytorch-platform package --upload` records the digest where, and as, the deploy
+    check reads it."""
+    client, bucket, _ = s3_client
+    archive = tmp_path / "model.tar.gz"
+    archive.write_bytes(b"an archive " * 1000)
+    kms_key = boto3.client("kms", region_name=REGION).create_key()["KeyMetadata"]["Arn"]
+    upload(archive, f"s3://{bucket}/{KEY}", kms_key_id=kms_key, s3_client=client)
+    handler.handler(_event("Create", bucket), None, s3=client)
+    assert [a["Status"] for a in answers] == ["SUCCESS"]
+    assert hashlib.sha256(archive.read_bytes()).hexdigest() in answers[0]["Reason"]
 
 
 @pytest.mark.parametrize("request_type", ["Create", "Update"])
