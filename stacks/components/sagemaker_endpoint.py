@@ -34,6 +34,8 @@ from stacks.components.eni_release_wait import EniReleaseWait
 from stacks.components.image_builds import BuiltImage
 
 VARIANT_NAME = "AllTraffic"
+# How SageMaker spreads a variant's requests over its instances (API ProductionVariantRoutingConfig).
+Routing = Literal["LEAST_OUTSTANDING_REQUESTS", "RANDOM"]
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 AUTOSCALING_SERVICE_LINKED_ROLE = (
     "sagemaker.application-autoscaling.amazonaws.com/AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint"
@@ -198,7 +200,7 @@ def _endpoint_config(
     key: kms.IKey,
     data_capture: sagemaker.CfnEndpointConfig.DataCaptureConfigProperty | None,
     startup_timeout_seconds: int | None,
-    routing: str | None,
+    routing: Routing | None,
 ) -> sagemaker.CfnEndpointConfig:
     """``endpoint``'s config (construct id "EndpointConfig" under it): one variant of its model."""
     local_nvme = has_local_nvme(instance_type)
@@ -284,7 +286,7 @@ class SageMakerEndpoint(Construct, VariantMetrics):
         retention_setting: str | None = None,
         removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
         startup_timeout_seconds: int | None = None,
-        routing: Literal["LEAST_OUTSTANDING_REQUESTS", "RANDOM"] | None = None,
+        routing: Routing | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.role = role
