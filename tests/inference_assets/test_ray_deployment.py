@@ -1,5 +1,10 @@
-"""The archive's Ray Serve deployment class, loaded in-process from the unpacked archive (``code/sentiment_serving``)
-and called without Ray: what one batch of ``@serve.batch`` hands it, and the paths it answers without batching.
+"""The Ray Serve deployment class, constructed in-process on the unpacked archive's model and called without Ray:
+what one batch of ``@serve.batch`` hands it, and the paths it answers without batching.
+
+The class is imported from the tree (``inference_assets.container.ray_deployment``), which the archive carries byte
+for byte as ``code/sentiment_serving/ray_deployment.py``: the first test imports the archive's copy the way a replica
+does and compares the two. (Imported from the tree, the module is the one mutation testing mutates: mutmut switches a
+mutant on by the module's name, and the archive's copy has another one; tests/mutation/plan.py.)
 
 The batching itself (requests queued by Ray Serve, ``max_batch_size``, the wait) runs only inside a replica (Ray 2.57's
 ``_BatchQueue`` asks ``serve.get_replica_context()``), so test_ray_server.py checks it on the real server.
@@ -28,21 +33,33 @@ from tests.inference_assets.request_table import GOOD, REQUESTS, TEST_LIMITS, ch
 LIMITS_ENV = TEST_LIMITS.environment()
 
 
-@pytest.fixture(scope="module")
-def archive_module(unpacked_model: Path) -> Iterator[ModuleType]:
-    """``sentiment_serving.ray_deployment`` as the replica imports it: from the archive's code/ on the path."""
+def test_the_archive_carries_this_deployment_and_a_replica_imports_it_from_there(unpacked_model: Path) -> None:
+    """``sentiment_serving.ray_deployment`` as the replica imports it (the archive's code/ on the path, its sibling
+    modules imported from there) is the tree's module, byte for byte, with its settings and its application."""
+    from inference_assets.container import ray_deployment
+
     saved = list(sys.path)
     forget_modules("sentiment_serving")
     sys.path.insert(0, str(unpacked_model / "code"))
     try:
-        yield importlib.import_module("sentiment_serving.ray_deployment")
+        archived = importlib.import_module("sentiment_serving.ray_deployment")
+        settings = importlib.import_module("sentiment_serving.ray_settings")
+        assert Path(archived.__file__).parent == unpacked_model / "code" / "sentiment_serving"
+        assert Path(archived.__file__).read_bytes() == Path(ray_deployment.__file__).read_bytes()
+        assert archived.SentimentDeployment.func_or_class.__module__ == "sentiment_serving.ray_deployment"
+        assert archived.ServeSettings is settings.ServeSettings
     finally:
         sys.path[:] = saved
         forget_modules("sentiment_serving")
 
 
 @pytest.fixture(scope="module")
-def replica(archive_module: ModuleType, unpacked_model: Path):
+def deployment_module() -> ModuleType:
+    return importlib.import_module("inference_assets.container.ray_deployment")
+
+
+@pytest.fixture(scope="module")
+def replica(deployment_module: ModuleType, unpacked_model: Path):
     """The replica, constructed as Ray constructs it; ``torch_threads`` records the threads it set for its process,
     and torch's threads go back to what they were when the module is done (the setting stays with these tests)."""
     import torch
@@ -53,9 +70,11 @@ def replica(archive_module: ModuleType, unpacked_model: Path):
         for name, value in LIMITS_ENV.items():
             patch.setenv(name, value)
         # Passes of 8 (not the default): the tests fill max_invocations (8 passes' worth) and count passes.
-        settings = importlib.import_module("sentiment_serving.ray_settings").ServeSettings(threads=1, max_batch_size=8)
+        settings = importlib.import_module("inference_assets.container.ray_settings").ServeSettings(
+            threads=1, max_batch_size=8
+        )
         # The user class behind the @serve.deployment wrapper, constructed as a replica constructs it.
-        made = archive_module.SentimentDeployment.func_or_class(str(unpacked_model), settings)
+        made = deployment_module.SentimentDeployment.func_or_class(str(unpacked_model), settings)
         made.torch_threads = torch.get_num_threads()
         try:
             yield made

@@ -42,12 +42,16 @@ class Module:
     # Its tests synthesize through jsii: each forked worker starts a kernel of its own (tests/mutation/fresh_kernel.py),
     # and runs the whole files of its tests, whose module-scoped fixtures build the template (whole_files.py).
     jsii: bool = False
+    # Its tests build what they check in module-scoped fixtures (jsii modules do too): a mutant's worker runs the whole
+    # files of the tests mutmut chose for it (whole_files.py).
+    whole_files: bool = False
     # Lines left unmutated (mutmut's do_not_mutate_patterns), each with the reason its mutants are equivalent.
     skip_lines: tuple[str, ...] = ()
 
     @property
     def plugins(self) -> list[str]:
-        return [*([ONE_THREAD] if self.torch else []), *([FRESH_KERNEL, WHOLE_FILES] if self.jsii else [])]
+        return [*([ONE_THREAD] if self.torch else []), *([FRESH_KERNEL] if self.jsii else []),
+                *([WHOLE_FILES] if self.jsii or self.whole_files else [])]  # fmt: skip
 
 
 # A statement's Sid and a resource's description: labels that IAM does not evaluate (a Sid must only be unique and
@@ -94,6 +98,10 @@ PLAN = {
                          "tests/inference_assets/test_request_identity.py",
                          "tests/inference_assets/test_predictor_threads.py",
                          "tests/inference_assets/test_predictor_answers.py"), torch=True),
+    # Its tests construct the deployment class from the tree's module, which the archive carries byte for byte (the
+    # archive's copy is another module to Python, whose mutants mutmut would never switch on): test_ray_deployment.py.
+    "ray_deployment": Module("inference_assets/container/ray_deployment.py",
+                             ("tests/inference_assets/test_ray_deployment.py",), torch=True, whole_files=True),
     "image_patching": Module("stacks/image_patching.py",
                              ("tests/stacks/foundation/test_image_waivers.py",
                               "tests/stacks/foundation/test_image_patching.py")),
@@ -142,8 +150,8 @@ def prepare(key: str) -> Path:
         "timeout_multiplier = 3.0",
         # Each mutant's worker runs the fixtures again (the tiny model built, loaded), which the tests' timings that
         # mutmut's CPU limit starts from do not include: 10 s more for those of torch modules; 30 s for jsii modules,
-        # whose workers also start a kernel and run their test files whole.
-        f"timeout_constant = {30.0 if module.jsii else 10.0 if module.torch else 1.0}",
+        # whose workers also start a kernel, and for every module whose workers run their test files whole.
+        f"timeout_constant = {30.0 if module.jsii or module.whole_files else 10.0 if module.torch else 1.0}",
         "",
     ])  # fmt: skip
     with (copy / "pyproject.toml").open("a") as pyproject:
