@@ -115,8 +115,7 @@ def _request_id() -> str:
         return "unknown"
 
 
-@serve.deployment(name="SentimentClassifier")
-class SentimentDeployment:
+class SentimentReplica:
     """One replica: the predictor, the request limits and the batch settings, all from the container environment."""
 
     def __init__(self, model_dir: str, settings: ServeSettings) -> None:
@@ -338,6 +337,11 @@ class SentimentDeployment:
             self._invocations -= 1
 
 
+# Ray Serve's deployment of the replica class, ``@serve.deployment`` called rather than written above the class: the
+# class stays a class of this module, which mutation testing adds its mutants to (tests/mutation/plan.py).
+SentimentDeployment = serve.deployment(name="SentimentClassifier")(SentimentReplica)
+
+
 def _response(answer: Answer) -> Response:
     return Response(answer.body, status_code=answer.status, media_type=answer.content_type)
 
@@ -348,7 +352,7 @@ def build_app(model_dir: str | os.PathLike[str], environment: dict[str, Any] | N
     Replicas, threads and batching come from the environment (:class:`ServeSettings`); each replica reserves its
     threads as Ray CPUs, so Ray never places more replicas than the host has cores for."""
     settings = ServeSettings.from_environment(os.environ if environment is None else environment)
-    return SentimentDeployment.options(  # type: ignore[attr-defined]  # a Deployment at run time
+    return SentimentDeployment.options(
         num_replicas=settings.replicas,
         max_ongoing_requests=settings.max_ongoing_requests,
         ray_actor_options={"num_cpus": settings.threads},

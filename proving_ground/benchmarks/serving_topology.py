@@ -75,7 +75,7 @@ REPLICA, PROXY = "ray::ServeReplica", "ray::ProxyActor"  # process kinds (servin
 WALL, CPU = "texts_per_s", "texts_per_cpu_s"  # the two rates of a raw run: by wall clock, per CPU second
 # Seconds the untimed steps take on an idle 2-core host, for the estimate printed at the start (estimated: at load
 # 12-15 the model and archive took 96 s, the raw workers and labels ~130 s, a server's start 37-84 s).
-# The line a replica logs per forward pass (ray_deployment.SentimentDeployment.answer_together): its texts and seconds.
+# The line a replica logs per forward pass (ray_deployment.SentimentReplica.answer_together): its texts and seconds.
 PASS_LINE = re.compile(r"answered with one forward pass \((\d+) texts, \d+ tokens\) in ([0-9.]+) s")
 FIXED_S = {"model and archive": 45, "raw workers and labels": 40, "server start and stop": 45, "warm-up": 2}
 

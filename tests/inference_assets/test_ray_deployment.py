@@ -44,9 +44,10 @@ def test_the_archive_carries_this_deployment_and_a_replica_imports_it_from_there
     try:
         archived = importlib.import_module("sentiment_serving.ray_deployment")
         settings = importlib.import_module("sentiment_serving.ray_settings")
+        assert archived.__file__ is not None and ray_deployment.__file__ is not None
         assert Path(archived.__file__).parent == unpacked_model / "code" / "sentiment_serving"
         assert Path(archived.__file__).read_bytes() == Path(ray_deployment.__file__).read_bytes()
-        assert archived.SentimentDeployment.func_or_class.__module__ == "sentiment_serving.ray_deployment"
+        assert archived.SentimentDeployment.func_or_class is archived.SentimentReplica
         assert archived.ServeSettings is settings.ServeSettings
     finally:
         sys.path[:] = saved
