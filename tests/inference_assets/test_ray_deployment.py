@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http import HTTPStatus
 from pathlib import Path
 from types import ModuleType
 
@@ -59,20 +61,21 @@ def deployment_module() -> ModuleType:
     return importlib.import_module("inference_assets.container.ray_deployment")
 
 
-@pytest.fixture(scope="module")
-def replica(deployment_module: ModuleType, unpacked_model: Path):
-    """The replica, constructed as Ray constructs it; ``torch_threads`` records the threads it set for its process,
-    and torch's threads go back to what they were when the module is done (the setting stays with these tests)."""
+@contextmanager
+def _constructed(deployment_module: ModuleType, unpacked_model: Path, environment: dict[str, str] | None = None):
+    """A replica, constructed as Ray constructs it; ``torch_threads`` records the threads it set for its process,
+    and torch's threads go back to what they were when the block ends (the setting stays with these tests)."""
     import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(3)  # neither this machine's share nor the settings': the replica must set its own
     with pytest.MonkeyPatch.context() as patch:
-        for name, value in LIMITS_ENV.items():
+        for name, value in {**LIMITS_ENV, **(environment or {})}.items():
             patch.setenv(name, value)
-        # Passes of 8 (not the default): the tests fill max_invocations (8 passes' worth) and count passes.
+        # Passes of 8 (not the default): the tests fill max_invocations (8 passes' worth) and count passes; a wait
+        # that is neither Ray's default nor the settings' default.
         settings = importlib.import_module("inference_assets.container.ray_settings").ServeSettings(
-            threads=1, max_batch_size=8
+            threads=1, max_batch_size=8, batch_wait_timeout_s=0.005
         )
         # The user class behind the @serve.deployment wrapper, constructed as a replica constructs it.
         made = deployment_module.SentimentDeployment.func_or_class(str(unpacked_model), settings)
@@ -81,6 +84,12 @@ def replica(deployment_module: ModuleType, unpacked_model: Path):
             yield made
         finally:
             torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def replica(deployment_module: ModuleType, unpacked_model: Path):
+    with _constructed(deployment_module, unpacked_model) as made:
+        yield made
 
 
 @pytest.fixture
@@ -443,3 +452,137 @@ def test_the_object_store_fits_shared_memory_or_goes_to_disk_saying_so(tmp_path:
     assert ray_server.object_store() == (200 * mib, None)  # half of what /dev/shm has free
     monkeypatch.setattr(ray_server.shutil, "disk_usage", free(64 * 1024 * mib))
     assert ray_server.object_store() == (ray_server.OBJECT_STORE_MAX_BYTES, None)
+
+
+# ------------------------------------------------------- what mutation testing of ray_deployment.py found unchecked
+
+
+@pytest.fixture
+def fresh_replica(deployment_module: ModuleType, unpacked_model: Path):
+    """A replica as Ray starts it, before any request (the module's replica has answered many by then)."""
+    with _constructed(deployment_module, unpacked_model) as made:
+        yield made
+
+
+def _error(response, status: int) -> str:
+    """The protocol's error body (one line of JSON: the status, its HTTP phrase and one sentence) of ``response``,
+    checked; its sentence."""
+    assert response.status_code == status and response.headers["content-type"] == "application/json"
+    assert b"\n" not in response.body
+    body = json.loads(response.body)
+    assert set(body) == {"code", "message", "error"}
+    assert (body["code"], body["message"]) == (status, HTTPStatus(status).phrase)
+    return body["error"]
+
+
+def test_a_new_replica_waits_for_no_second_request_and_serves_until_its_third_failed_pass(
+    fresh_replica, deployment_module: ModuleType
+) -> None:
+    """Before any request it expects one (the first is answered at once) and Ray's batching waits what the settings
+    say; it says it cannot serve after FAILED_PASSES_UNHEALTHY failed passes in a row, not one sooner."""
+    unhealthy_after = deployment_module.FAILED_PASSES_UNHEALTHY
+    assert fresh_replica.expected_requests == 1 and fresh_replica.answer._get_max_batch_size() == 1
+    assert fresh_replica.answer._get_batch_wait_timeout_s() == fresh_replica.settings.batch_wait_timeout_s == 0.005
+    assert _http(fresh_replica, "GET", "/ping").status_code == 200
+    with failing_forward_passes(fresh_replica):
+        for n in range(unhealthy_after):
+            assert _http(fresh_replica, "GET", "/ping").status_code == 200
+            assert (
+                _answer_together(fresh_replica, [(b"text", {"content-type": "text/plain"}, f"f{n}")])[0].status == 500
+            )
+    reason = _error(_http(fresh_replica, "GET", "/ping"), 503)
+    assert (
+        reason == f"this replica cannot serve: the last {unhealthy_after} forward passes failed; see the replica's log"
+    )
+
+
+def test_a_forward_pass_running_past_the_stall_limit_makes_the_replica_unhealthy(
+    replica, deployment_module: ModuleType, monkeypatch
+) -> None:
+    """A pass that has run STALLED_PASS_S is still healthy; a second more and /ping is 503 and Ray's health check
+    fails (the replica's clock is moved on while the pass runs); the pass done, the replica serves again."""
+    limit = deployment_module.STALLED_PASS_S
+
+    class Clock:
+        now = 1000.0
+
+        def monotonic(self) -> float:
+            return self.now
+
+    clock = Clock()
+    monkeypatch.setattr(deployment_module, "time", clock)
+    original = replica.predictor.predict_dicts
+    seen: list[object] = []
+
+    def stuck(texts, *encodings):
+        clock.now = 1000.0 + limit
+        seen.append(replica.unhealthy())
+        clock.now = 1000.0 + limit + 1
+        seen.append(_error(_http(replica, "GET", "/ping"), 503))
+        return original(texts, *encodings)
+
+    monkeypatch.setattr(replica.predictor, "predict_dicts", stuck)
+    (answer,) = _answer_together(replica, [(b"slow", {"content-type": "text/plain"}, "s")])
+    assert answer.status == 200
+    assert seen == [
+        None,
+        f"this replica cannot serve: a forward pass has run for {limit + 1:.0f} s (more than {limit:.0f} s)",
+    ]
+    assert replica.unhealthy() is None
+
+
+def test_every_answer_the_replica_gives_over_http_has_its_content_type_and_errors_the_protocols_shape(
+    replica, monkeypatch
+) -> None:
+    """200s and the protocol's errors keep their content type through the HTTP entry; the replica's own errors
+    (unknown path, unhealthy) are the protocol's JSON too; a 500 names the request id Ray's proxy gave it."""
+    from ray.serve.context import _RequestContext, _serve_request_context
+
+    monkeypatch.setattr(replica, "answer", _WithoutRayBatching(replica))
+    fine = _http(replica, "POST", "/invocations", b"a fine film")
+    assert fine.status_code == 200 and fine.headers["content-type"] == "application/json"
+    assert "/invocations" in _error(_http(replica, "POST", "/models/m1/invoke", b"x"), 404)
+    # GET is /ping's alone: on /invocations it goes to the protocol (no body: a 400), on /ping HEAD answers too.
+    _error(_http(replica, "GET", "/invocations"), 400)
+    head = _http(replica, "HEAD", "/ping")
+    assert (head.status_code, head.body) == (200, b"")
+
+    async def with_proxy_id(request_id: str):
+        # (the id Ray's proxy sets for a request; Ray declares the variable without its type)
+        _serve_request_context.set(_RequestContext(request_id=request_id))  # type: ignore[arg-type]
+        return await replica(_request("POST", "/invocations", b"a fine film"))
+
+    with failing_forward_passes(replica):
+        assert "request proxy-7" in _error(asyncio.run(with_proxy_id("proxy-7")), 500)
+        for n in range(2):
+            _answer_together(replica, [(b"text", {"content-type": "text/plain"}, f"f{n}")])
+        assert _error(_http(replica, "GET", "/ping"), 503).startswith("this replica cannot serve: ")
+    assert _http(replica, "POST", "/invocations", b"a fine film").status_code == 200
+
+
+def test_admission_runs_on_one_thread_of_its_own_beside_the_forward_pass(replica, monkeypatch) -> None:
+    """Concurrent requests are admitted (parsed, tokenized) one at a time on one thread that is neither the event
+    loop's (which answers /ping) nor the forward pass's."""
+    admitting: list[threading.Thread] = []
+    forwarding: list[threading.Thread] = []
+    admit, predict = replica.admit, replica.predictor.predict_dicts
+
+    def recorded_admit(*args):
+        admitting.append(threading.current_thread())
+        time.sleep(0.005)  # the next request arrives while this one is admitted
+        return admit(*args)
+
+    def recorded_predict(*args):
+        forwarding.append(threading.current_thread())
+        return predict(*args)
+
+    monkeypatch.setattr(replica, "admit", recorded_admit)
+    monkeypatch.setattr(replica.predictor, "predict_dicts", recorded_predict)
+    monkeypatch.setattr(replica, "answer", _WithoutRayBatching(replica))
+
+    async def together() -> list:
+        return await asyncio.gather(*(replica(_request("POST", "/", f"text {n}".encode())) for n in range(6)))
+
+    assert [response.status_code for response in asyncio.run(together())] == [200] * 6
+    assert len(admitting) == 6 and len(set(admitting)) == 1
+    assert admitting[0] is not threading.current_thread() and admitting[0] not in forwarding

