@@ -148,8 +148,10 @@ test-random: $(DEV_INSTALLED)
 	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -p randomly $(if $(SEED),--randomly-seed=$(SEED)) $(if $(MARK),-m "$(MARK)")
 
 ## Mutation testing (mutmut) of the modules where a bug would hurt users, each with only the fast tests covering it
-## (tests/mutation/plan.py): MODULE=<key> for one, ONLY=<glob> for some of its mutants. Minutes to an hour per module
-## on two cores, so not part of `make test`; results in build/mutate/<key>.json, scores in docs/testing.md.
+## (tests/mutation/plan.py): MODULE=<key> for one, ONLY=<glob> for some of its mutants, RESUME=1 to go on with a
+## stopped run, CHILDREN=<n> mutants at once. Minutes to an hour per module on two cores, so not part of `make test`;
+## results in build/mutate/<key>.json, scores in docs/testing.md.
 .PHONY: mutate
 mutate: $(DEV_INSTALLED)
-	$(BIN)/python tests/mutation/plan.py $(if $(MODULE),--module $(MODULE)) $(if $(ONLY),--only $(ONLY))
+	$(BIN)/python tests/mutation/plan.py $(if $(MODULE),--module $(MODULE)) $(if $(ONLY),--only $(ONLY)) \
+		$(if $(RESUME),--resume) $(if $(CHILDREN),--max-children $(CHILDREN))

@@ -62,7 +62,7 @@ def deployment_module() -> ModuleType:
 
 
 @contextmanager
-def _constructed(deployment_module: ModuleType, unpacked_model: Path, environment: dict[str, str] | None = None):
+def _constructed(deployment_module: ModuleType, unpacked_model: Path, wait: float = 0.005):
     """A replica, constructed as Ray constructs it; ``torch_threads`` records the threads it set for its process,
     and torch's threads go back to what they were when the block ends (the setting stays with these tests)."""
     import torch
@@ -70,12 +70,12 @@ def _constructed(deployment_module: ModuleType, unpacked_model: Path, environmen
     before = torch.get_num_threads()
     torch.set_num_threads(3)  # neither this machine's share nor the settings': the replica must set its own
     with pytest.MonkeyPatch.context() as patch:
-        for name, value in {**LIMITS_ENV, **(environment or {})}.items():
+        for name, value in LIMITS_ENV.items():
             patch.setenv(name, value)
         # Passes of 8 (not the default): the tests fill max_invocations (8 passes' worth) and count passes; a wait
         # that is neither Ray's default nor the settings' default.
         settings = importlib.import_module("inference_assets.container.ray_settings").ServeSettings(
-            threads=1, max_batch_size=8, batch_wait_timeout_s=0.005
+            threads=1, max_batch_size=8, batch_wait_timeout_s=wait
         )
         # The user class behind the @serve.deployment wrapper, constructed as a replica constructs it.
         made = deployment_module.SentimentDeployment.func_or_class(str(unpacked_model), settings)
@@ -344,7 +344,7 @@ async def _saturate_and_ping(replica, release: threading.Event) -> tuple[list[in
     pings = [await replica(_request("GET", "/ping")) for _ in range(3)]
     ping_seconds = time.monotonic() - started
     extra = await replica(_request("POST", "/invocations", b"one more"))
-    assert "its limit" in json.loads(extra.body)["error"]
+    assert "its limit" in _error(extra, 503)
     release.set()
     answered = await asyncio.gather(*calls)
     assert [response.status_code for response in answered] == [200] * len(calls)
@@ -381,6 +381,9 @@ def test_ping_answers_at_once_while_every_invocation_slot_is_held(replica, monke
     statuses, seconds, extra = asyncio.run(_saturate_and_ping(replica, release))
     assert statuses == [200, 200, 200] and seconds < 0.5
     assert extra == 503
+    # Each slot is given back when its request is answered: the same again.
+    release.clear()
+    assert asyncio.run(_saturate_and_ping(replica, release))[::2] == ([200, 200, 200], 503)
     # Ray's own limit leaves room for /ping beyond the invocations the replica holds itself.
     assert replica.settings.max_ongoing_requests > replica.settings.max_invocations
 
@@ -565,6 +568,7 @@ def test_admission_runs_on_one_thread_of_its_own_beside_the_forward_pass(replica
     loop's (which answers /ping) nor the forward pass's."""
     admitting: list[threading.Thread] = []
     forwarding: list[threading.Thread] = []
+    forwarded: list[tuple[list[str], list[list[int]]]] = []
     admit, predict = replica.admit, replica.predictor.predict_dicts
 
     def recorded_admit(*args):
@@ -572,9 +576,10 @@ def test_admission_runs_on_one_thread_of_its_own_beside_the_forward_pass(replica
         time.sleep(0.005)  # the next request arrives while this one is admitted
         return admit(*args)
 
-    def recorded_predict(*args):
+    def recorded_predict(texts, encodings):
         forwarding.append(threading.current_thread())
-        return predict(*args)
+        forwarded.append((texts, encodings))
+        return predict(texts, encodings)
 
     monkeypatch.setattr(replica, "admit", recorded_admit)
     monkeypatch.setattr(replica.predictor, "predict_dicts", recorded_predict)
@@ -586,3 +591,95 @@ def test_admission_runs_on_one_thread_of_its_own_beside_the_forward_pass(replica
     assert [response.status_code for response in asyncio.run(together())] == [200] * 6
     assert len(admitting) == 6 and len(set(admitting)) == 1
     assert admitting[0] is not threading.current_thread() and admitting[0] not in forwarding
+    # The passes run on the replica's forward thread (whose torch threads the replica sets), with admission's ids.
+    assert set(forwarding) == {replica._forward.submit(threading.current_thread).result()}
+    assert all(encodings is not None and len(encodings) == len(texts) for texts, encodings in forwarded)
+
+
+def test_a_parsing_failure_is_a_500_naming_the_request_and_the_replica_keeps_serving(
+    replica, deployment_module: ModuleType, monkeypatch
+) -> None:
+    """A bug in admission (parsing raising something the protocol does not refuse with) costs its request a 500 that
+    names the request id Ray's proxy gave it, not the replica its health."""
+    from ray.serve.context import _RequestContext, _serve_request_context
+
+    def broken(*_):
+        raise KeyError("a bug")
+
+    async def with_proxy_id():
+        _serve_request_context.set(_RequestContext(request_id="proxy-9"))  # type: ignore[arg-type]
+        return await replica(_request("POST", "/invocations", b"a fine film"))
+
+    monkeypatch.setattr(deployment_module, "admit_request", broken)
+    assert "request proxy-9" in _error(asyncio.run(with_proxy_id()), 500)
+    monkeypatch.undo()
+    assert _http(replica, "GET", "/ping").status_code == 200
+
+
+def _full_window_requests(replica, counts: list[int]) -> list:
+    return [replica.admit(_full_window_texts(n), {"content-type": "application/json"}, f"w{n}") for n in counts]
+
+
+def test_requests_share_a_pass_up_to_exactly_max_request_tokens(replica, token_limit: int, forward_passes) -> None:
+    """Two requests of half the token limit each share one pass (at the limit); a third waits for the next pass;
+    a request one text over what is left goes to the next pass too."""
+    assert [item.tokens for item in _full_window_requests(replica, [4])] == [256]
+    asyncio.run(replica.queue(_full_window_requests(replica, [4, 4, 4])))
+    assert forward_passes == [8, 4]
+    forward_passes.clear()
+    asyncio.run(replica.queue(_full_window_requests(replica, [4, 5])))
+    assert forward_passes == [4, 5]
+
+
+def test_while_requests_wait_ray_is_told_only_how_many_of_the_round_are_still_to_come(replica) -> None:
+    """Ten requests at once: after the first pass (8) the round is 8 (max_batch_size), two of them already waiting,
+    so Ray's batching hands over a batch when 6 more came, not 8."""
+    seen: list[tuple[int, int]] = []
+    original = replica.predictor.predict_dicts
+
+    def recording(texts, *encodings):
+        seen.append((replica.expected_requests, replica.answer._get_max_batch_size()))
+        return original(texts, *encodings)
+
+    replica.predictor.predict_dicts = recording
+    try:
+        _drain(replica, [f"text {n}".encode() for n in range(10)])
+    finally:
+        replica.predictor.predict_dicts = original
+    assert seen[1] == (8, 6)
+
+
+def test_a_pass_waits_for_the_round_and_starts_when_it_is_complete(
+    deployment_module: ModuleType, unpacked_model: Path
+) -> None:
+    """A round of three answered, the next three requests, arriving 10 ms apart, share one pass (the wait, 300 ms,
+    is counted from the first); the fourth, arriving after the round is complete, goes to the next pass."""
+    plain = {"content-type": "text/plain"}
+    with _constructed(deployment_module, unpacked_model, wait=0.3) as waiting, counted_forward_passes(waiting) as sizes:
+        _drain(waiting, [b"one", b"two", b"three"])
+
+        async def staggered() -> list:
+            calls = []
+            for n in range(4):
+                calls.append(asyncio.create_task(waiting.queue([waiting.admit(f"late {n}".encode(), plain, f"l{n}")])))
+                await asyncio.sleep(0.01)
+            return await asyncio.gather(*calls)
+
+        assert [answer.status for (answer,) in asyncio.run(staggered())] == [200] * 4
+    assert sizes == [3, 3, 1]
+
+
+def test_a_failing_drain_or_forward_executor_fails_its_callers_instead_of_leaving_them_waiting(fresh_replica) -> None:
+    """Whatever fails in the queue itself, a caller gets the error (and Ray a 500), never a wait without end."""
+    item = fresh_replica.admit(b"text", {"content-type": "text/plain"}, "q")
+
+    def broken_take():
+        raise RuntimeError("a bug in the queue")
+
+    fresh_replica._take = broken_take
+    with pytest.raises(RuntimeError, match="a bug in the queue"):
+        asyncio.run(asyncio.wait_for(fresh_replica.queue([item]), 60))  # (60 s: a guard against a hang, not a limit)
+    del fresh_replica._take
+    fresh_replica._forward.shutdown()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        asyncio.run(asyncio.wait_for(fresh_replica.queue([item]), 60))
