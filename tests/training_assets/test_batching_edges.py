@@ -4,6 +4,8 @@ to the same length, the counts summed over ranks on the device the all-reduce ne
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from training_assets.instance.batching import (
     BucketCollator,
     Counts,
     LengthBucketSampler,
+    PaddedIndex,
     TokenCounter,
     bucket_lengths,
     total,
@@ -27,7 +30,7 @@ def test_the_smallest_max_length_is_one_token_and_zero_is_refused() -> None:
 
 def test_a_global_batch_of_one_text_is_allowed_and_of_none_refused() -> None:
     torch.manual_seed(0)
-    order = list(LengthBucketSampler([5, 12, 30], bucket_lengths(32), batch_size=1))
+    order = [cast(PaddedIndex, index) for index in LengthBucketSampler([5, 12, 30], bucket_lengths(32), batch_size=1)]
     assert sorted(order) == [0, 1, 2]
     assert {int(index): index.padded_length for index in order} == {0: 8, 1: 16, 2: 32}  # each its own batch
     with pytest.raises(ValueError, match=r"^batch_size must be at least 1, got 0$"):
@@ -93,3 +96,11 @@ def test_the_counts_of_every_step_are_summed_over_the_ranks_on_the_counters_devi
         torch.distributed.destroy_process_group()
     assert steps == [Counts(5, 13, 8), Counts(1, 1, 4)]
     assert total(steps) == Counts(6, 14, 12) and total([]) == Counts(0, 0, 0)
+
+
+def test_a_row_index_keeps_its_global_batchs_length_in_a_dataloader_worker() -> None:
+    """DataLoader worker processes get the sampler's indices pickled: the padded length travels with the index."""
+    import pickle
+
+    index = pickle.loads(pickle.dumps(PaddedIndex(3, 16)))
+    assert (type(index), int(index), index.padded_length) == (PaddedIndex, 3, 16)
