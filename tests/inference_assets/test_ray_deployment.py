@@ -683,3 +683,26 @@ def test_a_failing_drain_or_forward_executor_fails_its_callers_instead_of_leavin
     fresh_replica._forward.shutdown()
     with pytest.raises(RuntimeError, match="after shutdown"):
         asyncio.run(asyncio.wait_for(fresh_replica.queue([item]), 60))
+
+
+def test_the_replica_hands_the_predictor_the_environments_precision_and_compile_and_the_settings_threads(
+    deployment_module: ModuleType, unpacked_model: Path, monkeypatch
+) -> None:
+    """What the predictor is built with (a stand-in records it: compiling the real one costs ~50 CPU-s)."""
+    from inference_assets.container.contract import PRECISION_ENV, PRECISIONS, TORCH_COMPILE_ENV
+    from inference_assets.container.predictor import RuntimeOptions
+
+    built: list[tuple[str, RuntimeOptions]] = []
+
+    class Recorded:
+        def __init__(self, model_dir: str, options: RuntimeOptions) -> None:
+            built.append((model_dir, options))
+            self.options = options
+
+    precision = PRECISIONS[-1]
+    monkeypatch.setattr(deployment_module, "SentimentPredictor", Recorded)
+    monkeypatch.setenv(PRECISION_ENV, precision)
+    monkeypatch.setenv(TORCH_COMPILE_ENV, "1")
+    with _constructed(deployment_module, unpacked_model):
+        pass
+    assert built == [(str(unpacked_model), RuntimeOptions(precision, True, 1))]
