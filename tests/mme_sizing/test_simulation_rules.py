@@ -174,3 +174,20 @@ def test_a_started_worker_counts_until_it_is_ready_and_then_as_a_worker() -> Non
     assert (model.workers, model.starting) == (2, 1)  # 2 + 1 starting: the limit
     sim.maybe_add_worker(instance, model)
     assert model.starting == 1 and instance.memory_free == 700
+
+
+def test_an_extra_worker_idle_for_max_idle_s_stops_and_one_of_an_evicted_model_frees_nothing_twice() -> None:
+    sim = _simulation(memory_mib=1000, max_workers=3)
+    (instance,) = sim.instances
+    kept = _place(sim, instance, 0, workers=2, busy=1)  # one worker more than workers_per_model
+    evicted = _place(sim, instance, 1, workers=2, busy=1)
+    instance.outstanding = 2
+    for model in (kept, evicted):
+        sim.finish(instance, model, _Request(0.0, None, False))  # idle from now: each retires a worker later
+    assert instance.memory_free == 1000 - 2 * COST.footprint_mib(2)
+    assert instance.make_room(1000 - COST.footprint_mib(2), keep=0) == 1  # model 1 evicted, its memory freed
+    sim.run(sim.fleet.max_idle_s - 1)
+    assert kept.workers == 2  # not idle long enough yet
+    sim.run(sim.fleet.max_idle_s)
+    assert kept.workers == 1 and list(instance.models) == [0]
+    assert instance.memory_free == 1000 - COST.footprint_mib(1)
