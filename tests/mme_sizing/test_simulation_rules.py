@@ -176,18 +176,28 @@ def test_a_started_worker_counts_until_it_is_ready_and_then_as_a_worker() -> Non
     assert model.starting == 1 and instance.memory_free == 700
 
 
-def test_an_extra_worker_idle_for_max_idle_s_stops_and_one_of_an_evicted_model_frees_nothing_twice() -> None:
-    sim = _simulation(memory_mib=1000, max_workers=3)
+def test_an_extra_worker_idle_for_max_idle_s_stops_once_and_frees_its_memory_once() -> None:
+    """DJL retires a worker idle for max_idle_s, one per idle spell, never below workers_per_model (1 here); not one
+    that got work again or was used since, and nothing of a model evicted meanwhile (its memory went with it)."""
+    sim = _simulation(memory_mib=5000, max_workers=3)
     (instance,) = sim.instances
-    kept = _place(sim, instance, 0, workers=2, busy=1)  # one worker more than workers_per_model
-    evicted = _place(sim, instance, 1, workers=2, busy=1)
-    instance.outstanding = 2
-    for model in (kept, evicted):
-        sim.finish(instance, model, _Request(0.0, None, False))  # idle from now: each retires a worker later
-    assert instance.memory_free == 1000 - 2 * COST.footprint_mib(2)
-    assert instance.make_room(1000 - COST.footprint_mib(2), keep=0) == 1  # model 1 evicted, its memory freed
-    sim.run(sim.fleet.max_idle_s - 1)
-    assert kept.workers == 2  # not idle long enough yet
-    sim.run(sim.fleet.max_idle_s)
-    assert kept.workers == 1 and list(instance.models) == [0]
-    assert instance.memory_free == 1000 - COST.footprint_mib(1)
+    idle = sim.fleet.max_idle_s
+    evicted = _place(sim, instance, 0, workers=2, busy=1)  # the least recently used: evicted first
+    twice = _place(sim, instance, 1, workers=2, busy=2)  # two idle spells begin, one worker to spare
+    three = _place(sim, instance, 2, workers=3, busy=1)
+    busy_again = _place(sim, instance, 3, workers=2, busy=1)
+    used_since = _place(sim, instance, 4, workers=2, busy=2)
+    instance.outstanding = 7
+    for model in (evicted, twice, twice, three, busy_again, used_since):
+        sim.finish(instance, model, _Request(0.0, None, False))  # each schedules a retirement at max_idle_s
+    sim.at(idle / 2, sim.finish, instance, used_since, _Request(0.0, None, False))  # idle from then on
+    assert instance.make_room(instance.memory_free + COST.footprint_mib(2), keep=99) == 1
+    busy_again.busy = 2  # both its workers took requests again before the retirement
+    before = instance.memory_free
+    sim.run(idle - 1)
+    assert [m.workers for m in (twice, three, busy_again, used_since)] == [2, 3, 2, 2]
+    sim.run(idle)
+    assert [m.workers for m in (twice, three, busy_again, used_since)] == [1, 2, 2, 2]
+    assert instance.memory_free == before + 2 * COST.worker_memory_mib and list(instance.models) == [1, 2, 3, 4]
+    sim.run(idle * 1.5)
+    assert used_since.workers == 1 and instance.memory_free == before + 3 * COST.worker_memory_mib
