@@ -21,6 +21,12 @@ Read by the model code and torch in every replica:
   threads, spinning starves the server's own processes (Ray's daemons and proxy; measured with TorchServe's Java
   frontend on RoBERTa-base before the move to Ray Serve: p50 at one request in flight went from ~1 s spinning to
   ~80 ms passive, against ~56 ms for the bare forward pass; that results file has since been rerun on Ray Serve).
+- ``TOKENIZERS_PARALLELISM=false``: the tokenizer (Hugging Face ``tokenizers``, Rust) tokenizes on the thread that
+  calls it instead of a pool of one thread per core. A replica tokenizes each request on its admission thread (one
+  to ``max_request_batch`` short texts), and the pool's threads spun on the cores the forward pass's OpenMP team
+  computes on: measured in a loaded replica (2 cores, bf16, 1 client x 8 texts), two pool threads woke ~200 times a
+  second each, and each wake-up waited ~1.4 ms for a core that the pass's threads held
+  (``proving_ground/benchmarks/serving_topology.py``; docs/serving.md, "Topology").
 - ``SENTIMENT_MAX_REQUEST_BATCH`` / ``SENTIMENT_MAX_REQUEST_BYTES``: the request limits of the serving contract
   (``inference_assets/container/contract.py``; 413 above them).
 - Graviton fast paths from PyTorch's "Inference Performance Tuning on AWS Graviton Processors" recipe
@@ -71,6 +77,7 @@ def endpoint_environment(
     environment = {
         "OMP_NUM_THREADS": str(threads),
         "OMP_WAIT_POLICY": "PASSIVE",
+        "TOKENIZERS_PARALLELISM": "false",
         **(limits or Limits()).environment(),
         "LRU_CACHE_CAPACITY": str(lru_cache_capacity),
         "THP_MEM_ALLOC_ENABLE": "1" if transparent_huge_pages else "0",
