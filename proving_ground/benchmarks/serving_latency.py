@@ -335,7 +335,15 @@ class RawWorker:
         self._process = context.Process(
             target=_raw_worker, args=(child, str(model_dir), precision, threads, environment), daemon=True
         )
-        self._process.start()
+        # The environment from the process's start, as a replica gets it: glibc reads MALLOC_* as a process starts,
+        # before the worker could set them itself.
+        saved = dict(os.environ)
+        os.environ.update(environment)
+        try:
+            self._process.start()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
         assert self._connection.recv() == "ready"
         assert self._process.pid is not None
         self.pid: int = self._process.pid

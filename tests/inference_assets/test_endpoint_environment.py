@@ -37,6 +37,8 @@ def test_explicit_workers_become_ray_replicas_and_nothing_of_torchserve_is_set()
         "OMP_NUM_THREADS": "2",
         "OMP_WAIT_POLICY": "PASSIVE",
         "TOKENIZERS_PARALLELISM": "false",
+        "MALLOC_MMAP_THRESHOLD_": "33554432",
+        "MALLOC_TRIM_THRESHOLD_": "1073741824",
         "SENTIMENT_MAX_REQUEST_BATCH": "64",
         "SENTIMENT_MAX_REQUEST_BYTES": "6291456",
         "SENTIMENT_MAX_REQUEST_TOKENS": "8192",
