@@ -28,6 +28,23 @@ def pytest_configure(config: pytest.Config) -> None:
     if "PYTEST_XDIST_WORKER" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
         workers = max(1, int(getattr(config.option, "numprocesses", 0) or 0))
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    for name, value in INDUCTOR_HOST_SETTINGS.items():
+        os.environ.setdefault(name, value)
+
+
+# TorchInductor's C++ builds in the suite's processes (the compiled training run of test_compiled_run.py): the same
+# kernels for the same instruction set, without what only a new host needs (torch/_inductor/config.py and
+# cpu_vec_isa.py, torch 2.13). VEC_ISA_OK: the instruction sets the CPU reports (/proc/cpuinfo) are taken as buildable
+# instead of each proven by a dry compile and load of a test kernel (VecISA.__bool__: g++ runs without the
+# precompiled header, ~5 CPU-s on an empty cache; the same ISA is picked); ENABLE_LINE_TABLES=0: no -g1 line tables
+# in the kernels' libraries, which only profilers read; COMPILE_THREADS=1: the kernels built in the compiling
+# process, not in a pool of compile workers that starts its own interpreters (~2 CPU-s), since the suite's two
+# workers keep both cores busy anyway. test_compiled_run.py cold: ~53 -> ~46 CPU-s. A caller's own values are kept.
+INDUCTOR_HOST_SETTINGS = {
+    "TORCHINDUCTOR_VEC_ISA_OK": "1",
+    "AOT_INDUCTOR_ENABLE_LINE_TABLES": "0",
+    "TORCHINDUCTOR_COMPILE_THREADS": "1",
+}
 
 
 # Test modules that run on one worker together, because each process computes what they share once: these review or
