@@ -156,6 +156,14 @@ def _torch_threads_of_this_worker() -> Iterator[None]:
         torch.set_num_threads(int(threads))
 
 
+# aws-cdk-lib's own CloudFormation validation (2.275: a schema check in WebAssembly on every synth, ~3 CPU-s to start
+# in each Node.js process, then ~0.5 per environment synthesized; its errors become warnings, which never fail synth),
+# left out of the apps whose tests read no report of it (the promotion pipeline's: tests/stacks/pipeline_assembly.py).
+# The session's synth of every environment (cloud_assembly) keeps it, as `cdk synth` runs it, and the gates read its
+# report there (tests/scripts/test_template_gates.py).
+WITHOUT_BUILTIN_VALIDATION = {"builtin_cloud_formation_validation": False}
+
+
 def cdk_context(**overrides: object) -> dict:
     """The context of cdk.json, as the CDK CLI would pass it, plus ``overrides``."""
     context = json.loads((ROOT / "cdk.json").read_text())["context"]

@@ -13,16 +13,11 @@ import aws_cdk as cdk
 from stacks.compliance import add_compliance_gates
 from stacks.pipeline import PromotionPipelineStack
 from stacks.settings import load_environments, load_pipeline
-from tests.conftest import cdk_context
+from tests.conftest import WITHOUT_BUILTIN_VALIDATION, cdk_context
 from tests.stacks.components.promotion_targets import PIPELINE
 
 ACCOUNTS = {"dev": "111111111111", "staging": "222222222222", "prod": "333333333333"}
 MODEL_KEY = "endpoints/sentiment/model-v3.tar.gz"
-# aws-cdk-lib's own CloudFormation validation (2.275: a schema check in WebAssembly on every synth, its errors turned
-# into warnings that never fail synth; ~4.6 of the group's CPU-s) left out of these apps: no test reads its report
-# here. The pipeline's own templates are linted by cfn-lint (zero errors and warnings) in test_pipeline, and the
-# stages' stacks are the session's, whose synth keeps it and whose report the gates read (tests/scripts).
-WITHOUT_BUILTIN_VALIDATION = {"builtin_cloud_formation_validation": False}
 
 
 @functools.cache

@@ -17,8 +17,9 @@ from scripts import iam_analysers, template_gates
 from stacks.pipeline import EXPECTED_LABELS, SYNTH_COMMANDS, PromotionPipelineStack, cdk_cli_version
 from stacks.platform_stage import PlatformStage
 from stacks.settings import SettingsError, load_environments, load_pipeline
+from tests.conftest import WITHOUT_BUILTIN_VALIDATION
 from tests.stacks.components.promotion_targets import PIPELINE, TOOLING
-from tests.stacks.pipeline_assembly import ACCOUNTS, MODEL_KEY, WITHOUT_BUILTIN_VALIDATION, pipeline_assembly
+from tests.stacks.pipeline_assembly import ACCOUNTS, MODEL_KEY, pipeline_assembly
 
 
 @pytest.fixture(scope="module")
