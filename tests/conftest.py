@@ -156,26 +156,12 @@ def _torch_threads_of_this_worker() -> Iterator[None]:
         torch.set_num_threads(int(threads))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _apps_without_builtin_validation() -> Iterator[None]:
-    """The tests' own CDK apps without aws-cdk-lib's built-in CloudFormation validation unless they ask for it
-    (``builtin_cloud_formation_validation=True``): in 2.275 a schema check in WebAssembly on every synth, also
-    Template.from_stack's, ~3 CPU-s to start in each Node.js process, then ~0.5 per environment synthesized; its
-    errors become warnings, which never fail synth, and no test of such an app reads them. The session's synth of
-    every environment (cloud_assembly) keeps it, as `cdk synth` runs it, and the gates read its report there
-    (tests/scripts/test_template_gates.py); apps synthesized by a command the tests run (`cdk synth`, app.py) keep
-    it too."""
-    import aws_cdk as cdk
-
-    real = cdk.App.__init__
-
-    def without_validation(self: cdk.App, **props: Any) -> None:
-        props.setdefault("builtin_cloud_formation_validation", False)
-        real(self, **props)
-
-    cdk.App.__init__ = without_validation  # type: ignore[method-assign]
-    yield
-    cdk.App.__init__ = real  # type: ignore[method-assign]
+# aws-cdk-lib's own CloudFormation validation (2.275: a schema check in WebAssembly on every synth, ~3 CPU-s to start
+# in each Node.js process, then ~0.5 per environment synthesized; its errors become warnings, which never fail synth),
+# left out of the apps whose tests read no report of it (the promotion pipeline's: tests/stacks/pipeline_assembly.py).
+# The session's synth of every environment (cloud_assembly) keeps it, as `cdk synth` runs it, and the gates read its
+# report there (tests/scripts/test_template_gates.py).
+WITHOUT_BUILTIN_VALIDATION = {"builtin_cloud_formation_validation": False}
 
 
 def cdk_context(**overrides: object) -> dict:
@@ -230,7 +216,7 @@ def cloud_assembly(tmp_path_factory: pytest.TempPathFactory):
         if (outdir / "manifest.json").exists():
             return cx_api.CloudAssembly(str(outdir))
         try:
-            return build_app(context=cdk_context(), outdir=str(outdir), builtin_cloud_formation_validation=True).synth()
+            return build_app(context=cdk_context(), outdir=str(outdir)).synth()
         except BaseException:
             failure.write_text(traceback.format_exc())
             raise
