@@ -28,6 +28,23 @@ def pytest_configure(config: pytest.Config) -> None:
     if "PYTEST_XDIST_WORKER" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
         workers = max(1, int(getattr(config.option, "numprocesses", 0) or 0))
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    for name, value in INDUCTOR_HOST_SETTINGS.items():
+        os.environ.setdefault(name, value)
+
+
+# TorchInductor's C++ builds in the suite's processes (the compiled training run of test_compiled_run.py): the same
+# kernels for the same instruction set, without what only a new host needs (torch/_inductor/config.py and
+# cpu_vec_isa.py, torch 2.13). VEC_ISA_OK: the instruction sets the CPU reports (/proc/cpuinfo) are taken as buildable
+# instead of each proven by a dry compile and load of a test kernel (VecISA.__bool__: g++ runs without the
+# precompiled header, ~5 CPU-s on an empty cache; the same ISA is picked); ENABLE_LINE_TABLES=0: no -g1 line tables
+# in the kernels' libraries, which only profilers read; COMPILE_THREADS=1: the kernels built in the compiling
+# process, not in a pool of compile workers that starts its own interpreters (~2 CPU-s), since the suite's two
+# workers keep both cores busy anyway. test_compiled_run.py cold: ~53 -> ~46 CPU-s. A caller's own values are kept.
+INDUCTOR_HOST_SETTINGS = {
+    "TORCHINDUCTOR_VEC_ISA_OK": "1",
+    "AOT_INDUCTOR_ENABLE_LINE_TABLES": "0",
+    "TORCHINDUCTOR_COMPILE_THREADS": "1",
+}
 
 
 # Test modules that run on one worker together, because each process computes what they share once: these review or
@@ -137,6 +154,14 @@ def _torch_threads_of_this_worker() -> Iterator[None]:
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if torch is not None and threads.isdigit() and int(threads) > 0 and torch.get_num_threads() != int(threads):
         torch.set_num_threads(int(threads))
+
+
+# aws-cdk-lib's own CloudFormation validation (2.275: a schema check in WebAssembly on every synth, ~3 CPU-s to start
+# in each Node.js process, then ~0.5 per environment synthesized; its errors become warnings, which never fail synth),
+# left out of the apps whose tests read no report of it (the promotion pipeline's: tests/stacks/pipeline_assembly.py).
+# The session's synth of every environment (cloud_assembly) keeps it, as `cdk synth` runs it, and the gates read its
+# report there (tests/scripts/test_template_gates.py).
+WITHOUT_BUILTIN_VALIDATION = {"builtin_cloud_formation_validation": False}
 
 
 def cdk_context(**overrides: object) -> dict:

@@ -21,6 +21,21 @@ Read by the model code and torch in every replica:
   threads, spinning starves the server's own processes (Ray's daemons and proxy; measured with TorchServe's Java
   frontend on RoBERTa-base before the move to Ray Serve: p50 at one request in flight went from ~1 s spinning to
   ~80 ms passive, against ~56 ms for the bare forward pass; that results file has since been rerun on Ray Serve).
+- ``TOKENIZERS_PARALLELISM=false``: the tokenizer (Hugging Face ``tokenizers``, Rust) tokenizes on the thread that
+  calls it instead of a pool of one thread per core. A replica tokenizes each request on its admission thread (one
+  to ``max_request_batch`` short texts), and the pool's threads spun on the cores the forward pass's OpenMP team
+  computes on: measured in a loaded replica (2 cores, bf16, 1 client x 8 texts), two pool threads woke ~200 times a
+  second each, and each wake-up waited ~1.4 ms for a core that the pass's threads held
+  (``proving_ground/benchmarks/serving_topology.py``; docs/serving.md, "Topology").
+- ``MALLOC_MMAP_THRESHOLD_=33554432`` / ``MALLOC_TRIM_THRESHOLD_=1073741824``: glibc's allocator (read when a
+  process starts; mallopt(3), "Environment variables") serves blocks up to 32 MiB, its largest mmap threshold, from
+  its heap and keeps freed heap memory instead of handing it back to the kernel. By default it adapts both to the
+  largest block freed so far, so a replica that had run only small passes mapped fresh pages for every pass: measured
+  on this project's 2-core host (bf16, RoBERTa-base shape), a new process's passes of 8 took 393 minor page faults per
+  text and ran at 65-68 texts/s, the same process after passes of 32 took none and ran at 85-86; with these two
+  variables a new process took none from the start (81-87 texts/s). What the heap keeps is what the largest pass
+  needed, which the instance holds at that pass anyway
+  (``proving_ground/benchmarks/results/serving_replica_threads.md``).
 - ``SENTIMENT_MAX_REQUEST_BATCH`` / ``SENTIMENT_MAX_REQUEST_BYTES``: the request limits of the serving contract
   (``inference_assets/container/contract.py``; 413 above them).
 - Graviton fast paths from PyTorch's "Inference Performance Tuning on AWS Graviton Processors" recipe
@@ -71,6 +86,9 @@ def endpoint_environment(
     environment = {
         "OMP_NUM_THREADS": str(threads),
         "OMP_WAIT_POLICY": "PASSIVE",
+        "TOKENIZERS_PARALLELISM": "false",
+        "MALLOC_MMAP_THRESHOLD_": "33554432",
+        "MALLOC_TRIM_THRESHOLD_": "1073741824",
         **(limits or Limits()).environment(),
         "LRU_CACHE_CAPACITY": str(lru_cache_capacity),
         "THP_MEM_ALLOC_ENABLE": "1" if transparent_huge_pages else "0",

@@ -60,6 +60,7 @@ from proving_ground.benchmarks.serving_latency import (
     replica_passes,
     run_load,
     sample_texts,
+    share_priority,
     summarise,
 )
 from proving_ground.benchmarks.serving_precision import all_texts, compare_predictions
@@ -268,6 +269,7 @@ def serve(archive: Path, candidate: Candidate, cores: int, precision: str, batch
         archive, vcpus=cores, environment_overrides=ingress, startup_timeout_s=900, **options
     ) as server:
         assert server.environment["OMP_NUM_THREADS"] == str(candidate.threads), server.environment
+        share_priority(server.process_group)  # Ray's processes run in sessions of their own, as the raw workers do
         startup_s = round(time.perf_counter() - starting, 1)
         caller = http_caller(server.port)
         run_load(caller, texts, 1, 2.0)  # warm-up: lazy initialisation

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from inference_assets.container.contract import Limits
@@ -31,6 +36,9 @@ def test_explicit_workers_become_ray_replicas_and_nothing_of_torchserve_is_set()
     assert environment == {
         "OMP_NUM_THREADS": "2",
         "OMP_WAIT_POLICY": "PASSIVE",
+        "TOKENIZERS_PARALLELISM": "false",
+        "MALLOC_MMAP_THRESHOLD_": "33554432",
+        "MALLOC_TRIM_THRESHOLD_": "1073741824",
         "SENTIMENT_MAX_REQUEST_BATCH": "64",
         "SENTIMENT_MAX_REQUEST_BYTES": "6291456",
         "SENTIMENT_MAX_REQUEST_TOKENS": "8192",
@@ -85,3 +93,38 @@ def test_ray_replicas_times_threads_fit_the_instance(vcpus: int, workers: int | 
 def test_the_replica_refuses_bad_serving_variables_by_name(name: str, value: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ServeSettings.from_environment({**endpoint_environment(vcpus=4), name: value})
+
+
+# Tokenizes a request of 8 texts with the model's tokenizer (the Rust library SentimentPredictor.encode calls, without
+# torch and transformers to import) and prints the threads the process gained.
+_TOKENIZE = """
+import os, sys
+from tokenizers import Tokenizer
+tokenizer = Tokenizer.from_file(sys.argv[1])
+before = len(os.listdir("/proc/self/task"))
+tokenizer.encode_batch(["Covid cases are increasing fast!"] * 8)
+print(len(os.listdir("/proc/self/task")) - before)
+"""
+
+
+def _threads_started_by_tokenizing(model_dir: Path, environment: dict[str, str]) -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", _TOKENIZE, str(model_dir / "tokenizer.json")],
+        env={**os.environ, **environment},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return int(done.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_a_replica_tokenizes_on_its_own_thread_without_a_pool_beside_the_forward_pass(tiny_model_dir: Path) -> None:
+    """The tokenizer's thread pool (one thread per core) would share the cores with the forward pass's OpenMP team
+    (docs/serving.md, "Topology"): in the endpoint's environment tokenizing starts no thread; without
+    TOKENIZERS_PARALLELISM it does, so the variable is what keeps the pool away."""
+    environment = endpoint_environment(vcpus=2)
+    assert _threads_started_by_tokenizing(tiny_model_dir, environment) == 0
+    environment.pop("TOKENIZERS_PARALLELISM")
+    assert _threads_started_by_tokenizing(tiny_model_dir, environment) > 0

@@ -13,7 +13,7 @@ import aws_cdk as cdk
 from stacks.compliance import add_compliance_gates
 from stacks.pipeline import PromotionPipelineStack
 from stacks.settings import load_environments, load_pipeline
-from tests.conftest import cdk_context
+from tests.conftest import WITHOUT_BUILTIN_VALIDATION, cdk_context
 from tests.stacks.components.promotion_targets import PIPELINE
 
 ACCOUNTS = {"dev": "111111111111", "staging": "222222222222", "prod": "333333333333"}
@@ -36,7 +36,7 @@ def pipeline_assembly() -> Path:
         )
         for settings in load_environments(context["environments"], None)
     ]
-    app = cdk.App(context=context, outdir=str(outdir))
+    app = cdk.App(context=context, outdir=str(outdir), **WITHOUT_BUILTIN_VALIDATION)
     PromotionPipelineStack(app, "PromotionPipeline", settings=load_pipeline(PIPELINE), environments=environments)
     add_compliance_gates(app)  # the synth below fails on any unacknowledged cdk-nag finding
     app.synth()

@@ -17,6 +17,7 @@ from scripts import iam_analysers, template_gates
 from stacks.pipeline import EXPECTED_LABELS, SYNTH_COMMANDS, PromotionPipelineStack, cdk_cli_version
 from stacks.platform_stage import PlatformStage
 from stacks.settings import SettingsError, load_environments, load_pipeline
+from tests.conftest import WITHOUT_BUILTIN_VALIDATION
 from tests.stacks.components.promotion_targets import PIPELINE, TOOLING
 from tests.stacks.pipeline_assembly import ACCOUNTS, MODEL_KEY, pipeline_assembly
 
@@ -302,7 +303,7 @@ def test_app_adds_the_pipeline_of_all_environments_whenever_settings_exist(cdk_c
     """`pipeline` settings add the pipeline of the real PlatformStage, with every environment even when -c env=...
     narrows the top-level stages (`make synth` passes -c env, and the pipeline's synth step runs `make synth`)."""
     for selection in ({}, {"env": "dev"}):
-        app = build_app(context={**cdk_context, "pipeline": PIPELINE, **selection})
+        app = build_app(context={**cdk_context, "pipeline": PIPELINE, **selection}, **WITHOUT_BUILTIN_VALIDATION)
         pipeline = app.node.try_find_child("PromotionPipeline")
         assert isinstance(pipeline, PromotionPipelineStack)
         assert [stage.node.id for stage in pipeline.stages] == list(cdk_context["environments"])
