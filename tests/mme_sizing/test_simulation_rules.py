@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mme_sizing.simulation import Fleet, ModelCost, Workload, _Instance, _Model, _Request, _Simulation
+from mme_sizing.simulation import Fleet, ModelCost, Workload, _Instance, _Model, _Request, _Simulation, simulate
 
 COST = ModelCost(worker_memory_mib=100, download_s=1.0, load_s=2.0, service_s=0.5)
 
@@ -201,3 +201,44 @@ def test_an_extra_worker_idle_for_max_idle_s_stops_once_and_frees_its_memory_onc
     assert instance.memory_free == before + 2 * COST.worker_memory_mib and list(instance.models) == [1, 2, 3, 4]
     sim.run(idle * 1.5)
     assert used_since.workers == 1 and instance.memory_free == before + 3 * COST.worker_memory_mib
+
+
+# --- a request's way in: the front end, then the model's queue; the instance counts what it holds ----------------
+
+
+def test_a_request_spends_the_front_ends_time_before_it_queues_and_the_instance_counts_it_until_answered() -> None:
+    cost = ModelCost(worker_memory_mib=100, download_s=1.0, load_s=2.0, service_s=0.5, frontend_s=0.25)
+    fleet = Fleet(instances=1, vcpus=2, memory_mib=300, workers_per_model=1)
+    sim = _Simulation(fleet, cost, Workload("uniform", models=20, requests_per_second=1.0), seed=0)
+    (instance,) = sim.instances
+    model = _place(sim, instance, 0)
+    for _ in range(2):
+        sim.arrive(0, None)
+    assert (model.in_front, len(model.queue), instance.outstanding) == (2, 0, 2)
+    sim.run(0.25)  # both front ends done at once (two cores): one request in the worker, one queued
+    assert (model.in_front, model.busy, len(model.queue), instance.outstanding) == (0, 1, 1, 2)
+    sim.run(10.0)
+    assert (model.in_front, model.busy, instance.outstanding) == (0, 0, 0)
+    assert sim.latencies == [0.75, 1.25]  # the front end's 0.25 s, then 0.5 s each in the one worker
+
+
+@pytest.mark.parametrize(
+    ("server", "loading", "starting"), [("djl", False, 1), ("djl", True, 0), ("torchserve", False, 0)]
+)
+def test_only_djl_starts_a_worker_for_a_long_queue_and_only_once_the_model_is_loaded(
+    server: str, loading: bool, starting: int
+) -> None:
+    fleet = Fleet(instances=1, vcpus=2, memory_mib=1000, model_server=server, workers_per_model=1)  # type: ignore[arg-type]
+    sim = _Simulation(fleet, COST, Workload("uniform", models=20, requests_per_second=1.0), seed=0)
+    (instance,) = sim.instances
+    model = _place(sim, instance, 0, queue=_requests(3), busy=1, loading=loading)
+    instance.outstanding = 4
+    sim.enqueue(instance, model, _Request(0.0, None, False), from_front=False)  # four waiting: more than twice one
+    assert (model.workers, model.starting) == (1, starting)
+
+
+def test_requests_of_the_warm_up_are_not_counted_as_hits() -> None:
+    """Every model loaded from the start: each request of the window hits, and the ratio is exactly one."""
+    fleet = Fleet(instances=1, vcpus=4, memory_mib=10 * COST.footprint_mib(1), model_server="djl")
+    prediction = simulate(fleet, COST, Workload("uniform", 5, requests_per_second=4.0), duration_s=5, warmup_s=5)
+    assert prediction.requests > 0 and prediction.hit_ratio == 1.0
