@@ -7,12 +7,14 @@ import pytest
 
 from ops_review.iam_policy import Request, is_allowed, resolve
 from stacks.components.platform_key import PlatformKey
+from stacks.components.platform_network import NETWORK_PERIMETER_TAG
 from tests.stacks.components.bare_stack import ACCOUNT, REGION, bare_stack, refs, resources, template_of
 
 KEY_ARN = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/platformkey"
 # An identity policy that allows everything on the key: the key policy alone must decide.
 ALLOW_ALL = {"Statement": [{"Effect": "Allow", "Action": "kms:*", "Resource": "*"}]}
 USER = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/someone"}
+VPC = "vpc-0platform"
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +27,7 @@ def key_template() -> dict:
         description="test key",
         removal_policy=cdk.RemovalPolicy.RETAIN,
         pending_window_days=30,
-    )
+    ).hold_to_network(VPC)  # as the foundation holds it
     return template_of(stack)
 
 
@@ -115,3 +117,27 @@ def test_cloudwatch_alarms_of_this_account_publish_to_encrypted_topics(key_polic
     assert _allowed(key_policy, "kms:Decrypt", {**alarms, "aws:SourceAccount": ACCOUNT})
     assert not _allowed(key_policy, "kms:Decrypt", {**alarms, "aws:SourceAccount": "999999999999"})
     assert not _allowed(key_policy, "kms:Encrypt", {**alarms, "aws:SourceAccount": ACCOUNT})
+
+
+# A workload role held to the VPC (its sessions carry the perimeter tag), calling KMS itself (not through a service).
+HELD = {**USER, f"aws:PrincipalTag/{NETWORK_PERIMETER_TAG}": "true", "aws:ViaAWSService": "false",
+        "aws:PrincipalIsAWSService": "false"}  # fmt: skip
+
+
+@pytest.mark.parametrize("action", ["kms:DescribeKey", "kms:GetKeyPolicy", "kms:CreateGrant"])
+def test_a_held_roles_own_calls_work_only_from_inside_the_vpc(key_policy: dict, action: str) -> None:
+    grant = {"kms:GrantIsForAWSResource": "true"}  # (a grant for no AWS resource is denied anyway, above)
+    assert _allowed(key_policy, action, {**HELD, **grant, "aws:SourceVpc": VPC}, ALLOW_ALL)
+    for network in ({}, {"aws:SourceVpc": "vpc-0other"}):
+        assert not _allowed(key_policy, action, {**HELD, **grant, **network}, ALLOW_ALL)
+    # A role without the tag (a person, the pipeline) is not held.
+    assert _allowed(key_policy, action, {**USER, **grant, "aws:PrincipalIsAWSService": "false"}, ALLOW_ALL)
+
+
+def test_a_held_roles_calls_through_a_service_are_left_to_the_via_service_rule(key_policy: dict) -> None:
+    """S3 decrypting an SSE-KMS object for the role (aws:ViaAWSService), and SageMaker creating a job volume's grant
+    with the job role from its own network (kms:ViaService only): neither carries aws:SourceVpc, both are allowed."""
+    via_s3 = {**HELD, "aws:ViaAWSService": "true", "kms:ViaService": f"s3.{REGION}.amazonaws.com"}
+    assert _allowed(key_policy, "kms:Decrypt", via_s3, ALLOW_ALL)
+    sagemaker = {**HELD, "kms:ViaService": f"sagemaker.{REGION}.amazonaws.com", "kms:GrantIsForAWSResource": "true"}
+    assert _allowed(key_policy, "kms:CreateGrant", sagemaker, ALLOW_ALL)
