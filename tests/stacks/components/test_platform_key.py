@@ -51,6 +51,16 @@ def test_the_key_rotates_is_retained_as_asked_and_has_its_alias(key_template: di
     assert alias["Properties"]["AliasName"] == "alias/platform-test"
 
 
+def test_a_key_asked_to_go_is_deleted_after_its_window() -> None:
+    """What an environment that destroys on delete asks (foundation.py: 7 days): neither is the key's default (kms.Key
+    retains and waits 30 days), so a key that dropped either would outlive the environment or wait longer."""
+    stack = bare_stack()
+    PlatformKey(stack, "PlatformKey", alias="alias/platform-test", description="test key",
+                removal_policy=cdk.RemovalPolicy.DESTROY, pending_window_days=7)  # fmt: skip
+    ((_, key),) = resources(template_of(stack), "AWS::KMS::Key").items()
+    assert (key["DeletionPolicy"], key["Properties"]["PendingWindowInDays"]) == ("Delete", 7)
+
+
 VIA_S3 = {**USER, "kms:ViaService": f"s3.{REGION}.amazonaws.com"}
 
 
@@ -114,7 +124,10 @@ def test_cloudwatch_logs_makes_every_call_an_encrypted_log_group_needs(key_polic
 
 def test_cloudwatch_alarms_of_this_account_publish_to_encrypted_topics(key_policy: dict) -> None:
     alarms = {"aws:PrincipalServiceName": "cloudwatch.amazonaws.com", "aws:PrincipalIsAWSService": "true"}
-    assert _allowed(key_policy, "kms:Decrypt", {**alarms, "aws:SourceAccount": ACCOUNT})
+    # Decrypt and GenerateDataKey* (SNS Developer Guide, "Enable compatibility between event sources from AWS services
+    # and encrypted topics": CloudWatch).
+    for action in ("kms:Decrypt", "kms:GenerateDataKey"):
+        assert _allowed(key_policy, action, {**alarms, "aws:SourceAccount": ACCOUNT})
     assert not _allowed(key_policy, "kms:Decrypt", {**alarms, "aws:SourceAccount": "999999999999"})
     assert not _allowed(key_policy, "kms:Encrypt", {**alarms, "aws:SourceAccount": ACCOUNT})
 
