@@ -311,7 +311,8 @@ def share_priority(leader: int) -> int:
     nice = AUTOGROUP.read_text().split()[-1]  # "/autogroup-25 nice -15"
     reached = 0
     try:
-        family = [psutil.Process(leader), *psutil.Process(leader).children(recursive=True)]
+        head = psutil.Process(leader)
+        family = [head, *head.children(recursive=True)]
     except psutil.Error:
         return 0
     for process in family:
