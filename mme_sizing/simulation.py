@@ -400,6 +400,10 @@ class _Simulation:
             if instance.models.get(model.id) is model:
                 model.workers += 1
                 self.dispatch(instance, model)
+                if model.busy < model.workers and not model.queue:
+                    # a worker that comes up to no work: DJL's idle time starts when the worker does
+                    # (TemporaryBatchAggregator's idleSince, djl-serving v0.36.0)
+                    self.start_idle_time(instance, model)
 
         instance.run(self.cost.load_s, worker_ready)
 
@@ -419,11 +423,16 @@ class _Simulation:
             self.last_done = max(self.last_done, self.now)
         self.dispatch(instance, model)
         if model.idle or (model.busy < model.workers and not model.queue):
-            model.idle_since = self.now
-            if self.fleet.model_server == "djl" and model.workers > self.fleet.workers_per_model:
-                self.at(self.now + self.fleet.max_idle_s, self.retire_worker, instance, model)
+            self.start_idle_time(instance, model)
         if request.client is not None:
             self.next_request(request.client)
+
+    def start_idle_time(self, instance: _Instance, model: _Model) -> None:
+        """A worker of the model has nothing to do from now on: DJL stops one past workers_per_model once it has
+        waited max_idle_s."""
+        model.idle_since = self.now
+        if self.fleet.model_server == "djl" and model.workers > self.fleet.workers_per_model:
+            self.at(self.now + self.fleet.max_idle_s, self.retire_worker, instance, model)
 
     def retire_worker(self, instance: _Instance, model: _Model) -> None:
         """DJL: a worker that has had nothing to do for max_idle_s stops and frees its memory."""

@@ -242,3 +242,54 @@ def test_requests_of_the_warm_up_are_not_counted_as_hits() -> None:
     fleet = Fleet(instances=1, vcpus=4, memory_mib=10 * COST.footprint_mib(1), model_server="djl")
     prediction = simulate(fleet, COST, Workload("uniform", 5, requests_per_second=4.0), duration_s=5, warmup_s=5)
     assert prediction.requests > 0 and prediction.hit_ratio == 1.0
+
+
+def test_a_worker_idle_for_max_idle_s_stops_while_the_models_other_worker_is_still_busy() -> None:
+    """DJL's idle time is a worker's own: one worker free since its last request stops after max_idle_s even though
+    the model's other worker is busy all along (a long request here), not only once the whole model is idle."""
+    sim = _simulation(memory_mib=1000, max_workers=3)
+    (instance,) = sim.instances
+    model = _place(sim, instance, 0, workers=2, busy=2)
+    instance.outstanding = 2
+    sim.at(10.0, sim.finish, instance, model, _Request(0.0, None, False))  # one worker free from 10 s on
+    before = instance.memory_free
+    sim.run(10.0 + sim.fleet.max_idle_s - 1)
+    assert (model.workers, model.busy) == (2, 1)
+    sim.run(10.0 + sim.fleet.max_idle_s)
+    assert (model.workers, model.busy) == (1, 1) and instance.memory_free == before + COST.worker_memory_mib
+
+
+def test_a_refused_client_of_a_closed_loop_sends_its_next_request_at_once_and_keeps_sending() -> None:
+    """Closed loop: each client has one request in flight at every moment of the window, a refused one included
+    (it is answered an error at once and sends the next). One instance with room for one model: a client whose
+    model is not the one loaded is refused while the loaded one has work."""
+    fleet = Fleet(instances=1, vcpus=2, memory_mib=150)
+    sim = _Simulation(fleet, COST, Workload("uniform", models=3, clients=4), seed=0)
+    sim.window = (0.0, 100.0)
+    for client in range(4):
+        sim.at(0.0, sim.next_request, client)
+    for until in (25.0, 50.0, 99.0):
+        sim.run(until)
+        (instance,) = sim.instances
+        assert instance.outstanding == 4
+    assert sim.rejected > 10
+
+
+def test_a_worker_that_comes_up_after_its_burst_is_answered_stops_max_idle_s_after_it_is_ready() -> None:
+    """DJL starts a worker for a queue longer than two; when the model's first worker has answered the queue before
+    the new one is ready, no request comes to restart an idle time: the new worker's own starts when it is ready."""
+    cost = ModelCost(worker_memory_mib=100, download_s=1.0, load_s=2.0, service_s=0.1)
+    fleet = Fleet(instances=1, vcpus=2, memory_mib=1000, max_workers_per_model=3)
+    sim = _Simulation(fleet, cost, Workload("uniform", models=20, requests_per_second=1.0), seed=0)
+    (instance,) = sim.instances
+    model = _place(sim, instance, 0)
+    instance.outstanding = 4
+    for _ in range(4):
+        sim.enqueue(instance, model, _Request(0.0, None, False), from_front=False)
+    assert (model.workers, model.starting, instance.memory_free) == (1, 1, 800)
+    sim.run(1.0)  # the one worker answered all four (0.4 s); the new one is ready at 2 s
+    assert (model.busy, len(model.queue), instance.outstanding, model.workers) == (0, 0, 0, 1)
+    sim.run(2.0 + fleet.max_idle_s - 1)
+    assert model.workers == 2
+    sim.run(2.0 + fleet.max_idle_s + 1)
+    assert (model.workers, instance.memory_free) == (1, 900)
