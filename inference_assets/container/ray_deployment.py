@@ -17,27 +17,35 @@ only once a replica holds the model):
     any other method there        handed to the protocol as the TorchServe handler was (no body: a 4xx)
     any other path                404, one-line JSON
 
-Each request is admitted first, on a thread of its own (``protocol.admit_request``: parsed, checked, tokenized; a
-bad request gets its 4xx there, 413 above ``max_request_tokens``), then dynamic batching is ``@serve.batch``:
-concurrent requests wait up to ``batch_wait_timeout_s`` for up to ``max_batch_size`` requests, and ONE forward pass
-answers them, at most ``max_request_tokens`` tokens together (so no pass costs more than the worst request the
-contract admits), its texts grouped by length inside it (``predictor.length_groups``). Health is separate from the
-queue: /ping answers on the event loop, the replica refuses invocations itself (503) beyond ``max_invocations`` so
-that Ray's own limit always leaves /ping a slot, and a replica whose passes keep failing (or one stuck) answers
-/ping 503 and fails Ray's health check. Two things are added to what ``@serve.batch`` does by itself, both
-measured with proving_ground/benchmarks/serving_latency.py (8 single-text clients against full batch-8 forward passes):
+Each request is admitted first (``protocol.admit_request``: parsed, checked, tokenized; a bad request gets its 4xx
+there, 413 above ``max_request_tokens``): on the event loop when its body is small (``INLINE_ADMISSION_BYTES``), on a
+thread of its own otherwise. Then dynamic batching, the replica's own queue: concurrent requests wait up to
+``batch_wait_timeout_s`` for up to ``max_batch_size`` requests, and ONE forward pass answers them, at most
+``max_request_tokens`` tokens together (so no pass costs more than the worst request the contract admits), its texts
+grouped by length inside it (``predictor.length_groups``). Health is separate from the queue: /ping answers on the
+event loop, the replica refuses invocations itself (503) beyond ``max_invocations`` so that Ray's own limit always
+leaves /ping a slot, and a replica whose passes keep failing (or one stuck) answers /ping 503 and fails Ray's health
+check. How the queue forms a pass, measured with proving_ground/benchmarks/serving_latency.py and
+serving_topology.py (single-text clients against full forward passes):
 
-- Ray forms the next batch while the current one runs (ray/serve/batching.py ``_process_batches`` calls
-  ``wait_for_batch`` again at once; ``max_concurrent_batches`` gates only the execution), so requests that arrive
-  during a forward pass would be cut into batches of one wait window each and queue behind it. Here every batch Ray
-  forms is handed over at once and the forward pass, when free, takes ALL requests waiting by then (up to
-  ``max_batch_size``): what arrived during a pass is the next pass, as a TorchServe worker pulls its batch when free.
-- A batch waits for as many requests as the last round brought (the requests the last forward pass answered plus
+- The forward pass, when free, takes ALL requests waiting by then (up to ``max_batch_size``): what arrived during a
+  pass is the next pass, as a TorchServe worker pulls its batch when free. (Ray's ``@serve.batch``, which this queue
+  replaced, forms the next batch while the current one runs and would cut what arrives during a pass into batches of
+  one wait window each, queued behind it.)
+- A pass waits for as many requests as the last round brought (the requests the last forward pass answered plus
   those that queued during it, at most ``max_batch_size``), up to ``batch_wait_timeout_s``: clients that send again
   as soon as they are answered come back spread over some milliseconds, and starting on the first of them splits
   every round into two half-full passes (measured: 0.57 of the batch-8 throughput with a fixed 2 ms wait, as
   TorchServe measured; 3.9 requests per pass at 8 clients with merging alone). A lone client is expected alone
   and never waits; when traffic shrinks, one pass waits out the timeout and the expectation follows.
+- Between two passes of a closed loop of clients the forward thread waits for the answers to go out and the next
+  round to come in, all of it on the event loop, one request after another: what the loop spends per request is
+  that wait. Small requests are admitted on the loop itself (~0.04-0.1 ms for a tweet, measured on the 2-core host)
+  rather than handed to the admission thread and back (two thread switches, each waiting for the GIL while the loop
+  reads the next requests: measured at 32 clients, the last request of a round was admitted 3-7 ms after it
+  arrived); and each request goes straight into the queue, without Ray's ``@serve.batch`` in between (per request
+  a signature inspection and a future, per batch a task and metrics, and a warning line per pass when the expected
+  size was passed on to it; proving_ground/benchmarks/results/serving_gap.md).
 
 The forward pass runs on one dedicated thread, so the replica's event loop keeps taking requests (and /ping) while
 it runs.
@@ -71,16 +79,16 @@ from .protocol import (
     internal_error_answer,
     success_answer,
 )
-from .ray_settings import PING_RESERVE, ServeSettings
+from .ray_settings import ServeSettings
 
 log = logging.getLogger("ray.serve")  # Ray Serve writes this logger to the replica's log, with the request id
 
 INVOCATION_PATHS = ("/", "/invocations")
 PING_PATH = "/ping"
-# Batches Ray may hand over while a forward pass runs: each holds at least one ongoing request, and a replica holds
-# at most max_ongoing_requests (ServeSettings: 8 x max_batch_size + PING_RESERVE, max_batch_size at most 256), so
-# this never holds one back.
-_FORMING_BATCHES = 8 * 256 + PING_RESERVE
+# Bodies up to this many bytes are admitted on the event loop (parsing and tokenizing them costs ~0.1 ms at 100
+# bytes, ~0.4 ms at 1,000 on the 2-core host, so /ping waits at most that per request ahead of it); larger ones, up to
+# InvokeEndpoint's 6 MB, on the admission thread, where their cost is theirs alone.
+INLINE_ADMISSION_BYTES = 1024
 # Consecutive failed forward passes after which the replica says it cannot serve (/ping 503, Ray's health check
 # fails and Ray replaces the replica); one failure may be one bad input, three in a row are the model.
 FAILED_PASSES_UNHEALTHY = 3
@@ -127,8 +135,8 @@ class SentimentReplica:
         )
         # One thread: torch keeps one OpenMP team per calling thread, and batches run one after another anyway.
         self._forward = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
-        # Parsing and tokenizing a request (up to 6 MB of text) runs off the event loop, which answers /ping, and
-        # beside the forward pass, so the next pass's token count is known before it starts.
+        # Parsing and tokenizing a large request (up to 6 MB of text) runs off the event loop, which answers /ping,
+        # and beside the forward pass, so the next pass's token count is known before it starts.
         self._admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="admission")
         # (request, its answer, when it arrived) in arrival order; a forward pass takes them from the front.
         self._waiting: list[tuple[Admitted, asyncio.Future[Answer], float]] = []
@@ -138,9 +146,7 @@ class SentimentReplica:
         self._draining: asyncio.Task[None] | None = None
         self._arrived: asyncio.Event | None = None
         self._arrived_loop: asyncio.AbstractEventLoop | None = None
-        # The setters @serve.batch attaches to its wrapper (ray/serve/batching.py); Ray's type hints omit them.
-        self.answer.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)  # type: ignore[attr-defined]
-        self._expect(1)  # nothing known yet: the first request starts at once
+        self._expected = 1  # nothing known yet: the first request starts at once
         import torch
 
         log.info(
@@ -214,12 +220,8 @@ class SentimentReplica:
             raise RuntimeError(reason)
 
     def _expect(self, requests: int) -> None:
-        """How many requests the next forward pass waits for (up to the wait): what the last round brought. Ray's
-        batching is told how many of them are still to come, so that it hands them over as they complete the
-        round instead of holding them for a full batch of its own."""
+        """How many requests the next forward pass waits for (up to the wait): what the last round brought."""
         self._expected = max(1, min(self.settings.max_batch_size, requests))
-        still_to_come = max(1, self._expected - len(self._waiting))
-        self.answer.set_max_batch_size(still_to_come)  # type: ignore[attr-defined]  # read as a batch starts
 
     def _arrival(self) -> asyncio.Event:
         loop = asyncio.get_running_loop()
@@ -232,15 +234,14 @@ class SentimentReplica:
         """How many requests the next forward pass waits for (up to ``batch_wait_timeout_s``)."""
         return self._expected
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.002, max_concurrent_batches=_FORMING_BATCHES)
-    async def answer(self, items: list[Admitted]) -> list[Answer]:
-        """One batch as Ray forms it (size and wait replaced from the settings)."""
-        return await self.queue(items)
+    async def answer(self, item: Admitted) -> Answer:
+        """One admitted request's answer, from the forward pass that takes it."""
+        (answer,) = await self.queue([item])
+        return answer
 
     async def queue(self, items: list[Admitted]) -> list[Answer]:
-        """Queue ``items`` for the forward pass, which may merge them with batches formed while the model was busy,
-        and wait for their answers: what every batch Ray forms goes through (tests call it without Ray, whose
-        batching runs only inside a replica)."""
+        """Queue ``items`` for the forward pass, which takes them with the other requests waiting (up to
+        max_batch_size and max_request_tokens), and wait for their answers."""
         loop = asyncio.get_running_loop()
         waiting = [(item, loop.create_future(), loop.time()) for item in items]
         self._waiting.extend(waiting)
@@ -312,8 +313,9 @@ class SentimentReplica:
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
         if path == PING_PATH and request.method in ("GET", "HEAD"):
-            # Answered on the event loop, never queued: the forward pass and admission run on threads of their own,
-            # and PING_RESERVE of the replica's Ray slots are left to /ping (ServeSettings.max_ongoing_requests).
+            # Answered on the event loop, never queued: the forward pass and the admission of large requests run on
+            # threads of their own (a small request holds the loop ~0.1 ms), and PING_RESERVE of the replica's Ray
+            # slots are left to /ping (ServeSettings.max_ongoing_requests).
             if (reason := self.unhealthy()) is None:
                 return Response(status_code=200)
             return _response(_json_answer(503, "Service Unavailable", f"this replica cannot serve: {reason}"))
@@ -329,8 +331,11 @@ class SentimentReplica:
         try:
             headers = dict(request.headers.items())  # starlette lower-cases the names; the protocol ignores case
             body, request_id = await request.body(), _request_id()
-            loop = asyncio.get_running_loop()
-            admitted = await loop.run_in_executor(self._admission, self.admit, body, headers, request_id)
+            if len(body) <= INLINE_ADMISSION_BYTES:
+                admitted = self.admit(body, headers, request_id)
+            else:
+                loop = asyncio.get_running_loop()
+                admitted = await loop.run_in_executor(self._admission, self.admit, body, headers, request_id)
             answer = admitted if isinstance(admitted, Answer) else await self.answer(admitted)
             return _response(answer)
         finally:

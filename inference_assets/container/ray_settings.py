@@ -6,7 +6,7 @@ the local tools read the variable names here without Ray installed).
                                           OMP_NUM_THREADS=1 in a worker where it is unset (ray/_private/utils.py
                                           ``set_omp_num_threads_if_unset``), so the replica is given these threads
                                           explicitly and reserves as many Ray CPUs
-    SENTIMENT_SERVE_MAX_BATCH_SIZE        requests per forward pass (``@serve.batch`` max_batch_size; default
+    SENTIMENT_SERVE_MAX_BATCH_SIZE        requests per forward pass (the replica's queue's max_batch_size; default
                                           DEFAULT_MAX_BATCH_SIZE)
     SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S  how long a batch waits for its round (``batch_wait_timeout_s``; default
                                           DEFAULT_BATCH_WAIT_TIMEOUT_S)

@@ -5,8 +5,9 @@ Ray Serve (the server of the platform's Graviton serving image and of the local 
 
 - ``SENTIMENT_SERVE_REPLICAS``: model replicas (``workers``, else the measured default topology,
   ``ray_settings.default_topology``: one replica with every vCPU, direct ingress).
-- ``SENTIMENT_SERVE_MAX_BATCH_SIZE`` / ``SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S``: ``@serve.batch``'s
-  ``max_batch_size`` and ``batch_wait_timeout_s`` (settings ``server_batch_size``, ``server_max_batch_delay_ms``).
+- ``SENTIMENT_SERVE_MAX_BATCH_SIZE`` / ``SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S``: the
+  replica's batching queue's ``max_batch_size`` and ``batch_wait_timeout_s`` (settings ``server_batch_size``,
+  ``server_max_batch_delay_ms``).
 - ``OMP_NUM_THREADS``: threads per replica (replicas x threads = the instance's vCPUs); the replica passes it to
   torch explicitly, since Ray sets OMP_NUM_THREADS=1 in its workers where the variable is unset.
 - ``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0`` / ``RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0``: the replica's

@@ -1,6 +1,6 @@
 """Local serving benchmark: the archive served by Ray Serve as the endpoint serves it (``LocalRayServer``: the
-archive's config.yaml + deployment.py, ``@serve.batch``), against raw forward passes in a process of its own, on the
-same cores, with the same model and texts (one tweet per request).
+archive's config.yaml + deployment.py, the replica's batching queue), against raw forward passes in a process of
+its own, on the same cores, with the same model and texts (one tweet per request).
 
 For 1, 8, 16 and 32 concurrent single-text clients it measures throughput and p50/p99 latency of each served setup,
 and reports them as ratios to two raw baselines, measured in the same rounds as the servers (interleaved):

@@ -1,13 +1,13 @@
 """The Ray Serve deployment class, constructed in-process on the unpacked archive's model and called without Ray:
-what one batch of ``@serve.batch`` hands it, and the paths it answers without batching.
+its queue (the batching: which requests share a forward pass, and when a pass starts), admission, and the paths it
+answers without batching.
 
 The class is imported from the tree (``inference_assets.container.ray_deployment``), which the archive carries byte
 for byte as ``code/sentiment_serving/ray_deployment.py``: the first test imports the archive's copy the way a replica
 does and compares the two. (Imported from the tree, the module is the one mutation testing mutates: mutmut switches a
 mutant on by the module's name, and the archive's copy has another one; tests/mutation/plan.py.)
 
-The batching itself (requests queued by Ray Serve, ``max_batch_size``, the wait) runs only inside a replica (Ray 2.57's
-``_BatchQueue`` asks ``serve.get_replica_context()``), so test_ray_server.py checks it on the real server.
+test_ray_server.py checks the batching on the real server too.
 """
 
 from __future__ import annotations
@@ -206,8 +206,7 @@ def test_the_replica_takes_its_threads_from_the_settings_not_from_ray(replica) -
 
 
 def _drain(replica, bodies: list[bytes]) -> list:
-    """Queue ``bodies`` (text/plain) at once, as Ray's batches leave them, and get the answers of the replica's forward
-    passes."""
+    """Queue ``bodies`` (text/plain) at once and get the answers of the replica's forward passes."""
     items = [replica.admit(body, {"content-type": "text/plain"}, f"r{n}") for n, body in enumerate(bodies)]
     return asyncio.run(replica.queue(items))
 
@@ -234,11 +233,13 @@ def test_each_queued_request_gets_the_answer_to_its_own_text(replica) -> None:
 
 def test_a_batch_expects_what_the_last_round_brought(replica, forward_passes) -> None:
     """The next batch waits (up to the timeout) for as many requests as the last pass answered plus those that queued
-    meanwhile; Ray's own batching is told the same number."""
-    # What Ray's batching is told: Ray 2.57's batch wrapper has a public setter and only this private getter.
-    expected = replica.answer._get_max_batch_size
+    meanwhile."""
+
+    def expected() -> int:
+        return int(replica.expected_requests)
+
     _drain(replica, [b"one", b"two", b"three"])
-    assert expected() == replica.expected_requests == 3
+    assert expected() == 3
     _drain(replica, [b"alone"])
     assert expected() == 1  # a lone client: its next request starts at once
     started = time.monotonic()
@@ -351,21 +352,6 @@ async def _saturate_and_ping(replica, release: threading.Event) -> tuple[list[in
     return [ping.status_code for ping in pings], ping_seconds, extra.status_code
 
 
-class _WithoutRayBatching:
-    """``replica.answer`` outside Ray: Ray's ``@serve.batch`` needs a replica context, so each request goes straight
-    to ``queue`` (what every batch Ray forms goes through); the setters Ray's wrapper has do nothing."""
-
-    def __init__(self, replica) -> None:
-        self.replica = replica
-
-    async def __call__(self, item):
-        (answer,) = await self.replica.queue([item])
-        return answer
-
-    def set_max_batch_size(self, size: int) -> None:
-        pass
-
-
 def test_ping_answers_at_once_while_every_invocation_slot_is_held(replica, monkeypatch) -> None:
     """The queue full (max_invocations requests held, a forward pass running), /ping is 200 at once and the next
     invocation is refused with a 503 naming the limit, not queued behind the others."""
@@ -377,7 +363,6 @@ def test_ping_answers_at_once_while_every_invocation_slot_is_held(replica, monke
         return original(texts, *encodings)
 
     monkeypatch.setattr(replica.predictor, "predict_dicts", slow)
-    monkeypatch.setattr(replica, "answer", _WithoutRayBatching(replica))
     statuses, seconds, extra = asyncio.run(_saturate_and_ping(replica, release))
     assert statuses == [200, 200, 200] and seconds < 0.5
     assert extra == 503
@@ -481,11 +466,10 @@ def _error(response, status: int) -> str:
 def test_a_new_replica_waits_for_no_second_request_and_serves_until_its_third_failed_pass(
     fresh_replica, deployment_module: ModuleType
 ) -> None:
-    """Before any request it expects one (the first is answered at once) and Ray's batching waits what the settings
-    say; it says it cannot serve after FAILED_PASSES_UNHEALTHY failed passes in a row, not one sooner."""
+    """Before any request it expects one (the first is answered at once); it says it cannot serve after
+    FAILED_PASSES_UNHEALTHY failed passes in a row, not one sooner."""
     unhealthy_after = deployment_module.FAILED_PASSES_UNHEALTHY
-    assert fresh_replica.expected_requests == 1 and fresh_replica.answer._get_max_batch_size() == 1
-    assert fresh_replica.answer._get_batch_wait_timeout_s() == fresh_replica.settings.batch_wait_timeout_s == 0.005
+    assert fresh_replica.expected_requests == 1
     assert _http(fresh_replica, "GET", "/ping").status_code == 200
     with failing_forward_passes(fresh_replica):
         for n in range(unhealthy_after):
@@ -541,7 +525,6 @@ def test_every_answer_the_replica_gives_over_http_has_its_content_type_and_error
     (unknown path, unhealthy) are the protocol's JSON too; a 500 names the request id Ray's proxy gave it."""
     from ray.serve.context import _RequestContext, _serve_request_context
 
-    monkeypatch.setattr(replica, "answer", _WithoutRayBatching(replica))
     fine = _http(replica, "POST", "/invocations", b"a fine film")
     assert fine.status_code == 200 and fine.headers["content-type"] == "application/json"
     assert "/invocations" in _error(_http(replica, "POST", "/models/m1/invoke", b"x"), 404)
@@ -563,18 +546,25 @@ def test_every_answer_the_replica_gives_over_http_has_its_content_type_and_error
     assert _http(replica, "POST", "/invocations", b"a fine film").status_code == 200
 
 
-def test_admission_runs_on_one_thread_of_its_own_beside_the_forward_pass(replica, monkeypatch) -> None:
-    """Concurrent requests are admitted (parsed, tokenized) one at a time on one thread that is neither the event
-    loop's (which answers /ping) nor the forward pass's."""
-    admitting: list[threading.Thread] = []
+def test_small_requests_are_admitted_on_the_event_loop_and_large_ones_one_at_a_time_on_a_thread_of_their_own(
+    replica, deployment_module: ModuleType, monkeypatch
+) -> None:
+    """A request of up to INLINE_ADMISSION_BYTES is admitted (parsed, tokenized) on the event loop; larger ones one at
+    a time on one thread that is neither the event loop's (which answers /ping) nor the forward pass's, and /ping
+    answers while one is admitted."""
+    admitting: list[tuple[int, threading.Thread]] = []
     forwarding: list[threading.Thread] = []
     forwarded: list[tuple[list[str], list[list[int]]]] = []
     admit, predict = replica.admit, replica.predictor.predict_dicts
+    inline = deployment_module.INLINE_ADMISSION_BYTES
+    bodies = [b"x" * (inline - n) for n in range(3)] + [b"y" * (inline + 1 + n) for n in range(3)]
+    pings: list[int] = []
 
-    def recorded_admit(*args):
-        admitting.append(threading.current_thread())
-        time.sleep(0.005)  # the next request arrives while this one is admitted
-        return admit(*args)
+    def recorded_admit(body, *args):
+        admitting.append((len(body), threading.current_thread()))
+        if len(body) > inline:
+            time.sleep(0.005)  # the next request arrives while this one is admitted
+        return admit(body, *args)
 
     def recorded_predict(texts, encodings):
         forwarding.append(threading.current_thread())
@@ -583,14 +573,19 @@ def test_admission_runs_on_one_thread_of_its_own_beside_the_forward_pass(replica
 
     monkeypatch.setattr(replica, "admit", recorded_admit)
     monkeypatch.setattr(replica.predictor, "predict_dicts", recorded_predict)
-    monkeypatch.setattr(replica, "answer", _WithoutRayBatching(replica))
 
     async def together() -> list:
-        return await asyncio.gather(*(replica(_request("POST", "/", f"text {n}".encode())) for n in range(6)))
+        calls = [asyncio.create_task(replica(_request("POST", "/", body))) for body in bodies]
+        await asyncio.sleep(0.002)  # a large request is being admitted now
+        pings.append((await replica(_request("GET", "/ping"))).status_code)
+        return await asyncio.gather(*calls)
 
-    assert [response.status_code for response in asyncio.run(together())] == [200] * 6
-    assert len(admitting) == 6 and len(set(admitting)) == 1
-    assert admitting[0] is not threading.current_thread() and admitting[0] not in forwarding
+    assert [response.status_code for response in asyncio.run(together())] == [200] * len(bodies)
+    assert pings == [200]
+    on_loop = {thread for size, thread in admitting if size <= inline}
+    on_thread = {thread for size, thread in admitting if size > inline}
+    assert len(admitting) == len(bodies) and on_loop == {threading.current_thread()} and len(on_thread) == 1
+    assert on_thread.isdisjoint(forwarding) and on_thread != on_loop
     # The passes run on the replica's forward thread (whose torch threads the replica sets), with admission's ids.
     assert set(forwarding) == {replica._forward.submit(threading.current_thread).result()}
     assert all(encodings is not None and len(encodings) == len(texts) for texts, encodings in forwarded)
@@ -629,24 +624,6 @@ def test_requests_share_a_pass_up_to_exactly_max_request_tokens(replica, token_l
     forward_passes.clear()
     asyncio.run(replica.queue(_full_window_requests(replica, [4, 5])))
     assert forward_passes == [4, 5]
-
-
-def test_while_requests_wait_ray_is_told_only_how_many_of_the_round_are_still_to_come(replica) -> None:
-    """Ten requests at once: after the first pass (8) the round is 8 (max_batch_size), two of them already waiting,
-    so Ray's batching hands over a batch when 6 more came, not 8."""
-    seen: list[tuple[int, int]] = []
-    original = replica.predictor.predict_dicts
-
-    def recording(texts, *encodings):
-        seen.append((replica.expected_requests, replica.answer._get_max_batch_size()))
-        return original(texts, *encodings)
-
-    replica.predictor.predict_dicts = recording
-    try:
-        _drain(replica, [f"text {n}".encode() for n in range(10)])
-    finally:
-        replica.predictor.predict_dicts = original
-    assert seen[1] == (8, 6)
 
 
 def test_a_pass_waits_for_the_round_and_starts_when_it_is_complete(

@@ -7,11 +7,11 @@ command's own pid, which must stop every process of its tree (issue 21: SIGTERM 
 the second; test_local_shutdown.py checks the multi-model harness). A Ray Serve start costs ~12 CPU-seconds and
 20-40 s here, so there are two: the module's, with one replica and batching on, and a second beside it with two
 replicas (the balancing and the stopping tests share it). Predictions must equal the in-process predictor's;
-concurrent requests must share one forward pass (``@serve.batch``) and keep their own status and Content-Type; every
-request of the shared table (tests/inference_assets/request_table.py) must get its status with a one-line JSON body and
-no traceback or path, and the server must keep answering afterwards. Started as the endpoint starts it, one replica
-serves the port itself (Ray Serve's throughput-optimized mode with direct ingress); with two, Ray's proxy serves the
-port and spreads the requests.
+concurrent requests must share one forward pass (the replica's batching queue) and keep their own status and
+Content-Type; every request of the shared table (tests/inference_assets/request_table.py) must get its status with a
+one-line JSON body and no traceback or path, and the server must keep answering afterwards. Started as the endpoint
+starts it, one replica serves the port itself (Ray Serve's throughput-optimized mode with direct ingress); with two,
+Ray's proxy serves the port and spreads the requests.
 """
 
 from __future__ import annotations
