@@ -39,7 +39,7 @@ def nothing_frozen() -> Iterator[None]:
 def test_a_process_of_its_own_is_frozen_from_the_warm_up_on_and_unfrozen_at_the_end() -> None:
     after_first, after_warm_up, after_third, at_the_end = _train(FreezeGarbage(AFTER_STEP))
     assert after_first == 0
-    assert after_warm_up > 0 and after_third >= after_warm_up
+    assert after_warm_up > 0 and after_third > 0  # frozen objects still die by reference count
     assert at_the_end == 0
 
 
