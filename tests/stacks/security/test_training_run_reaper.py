@@ -62,6 +62,11 @@ def fleet(templates: dict[str, dict[str, dict]], mocked_aws: str, tmp_path: Path
     (rule,) = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::Events::Rule"]
     sweep = json.loads(resolve(rule["Targets"][0]["Input"], refs=refs))
     assert sweep["launch_template_id"] == training["LaunchTemplateId"]
+    # The function Lambda calls: the one its Handler property names ("<file>.<function>") in the asset folder.
+    function_id = logical_id(template, "AWS::Lambda::Function", "TrainingRunReaperFunction")
+    file, _, name = template["Resources"][function_id]["Properties"]["Handler"].rpartition(".")
+    assert (HANDLER / f"{file}.py").is_file()
+    entry = getattr(lambda_handler(HANDLER, "run_reaper_handler"), name)
     reaper = Principal(REAPER.name, REAPER.access_key, [policy], REAPER.identity)
     gate = Gate(ACCOUNT, region, tmp_path / "calls.jsonl", [reaper, LOOKUP])
     lookup = boto3.client("ec2", region_name=region, aws_access_key_id=LOOKUP.access_key,
@@ -76,7 +81,7 @@ def fleet(templates: dict[str, dict[str, dict]], mocked_aws: str, tmp_path: Path
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", REAPER.secret_key)
     monkeypatch.delenv("AWS_SESSION_TOKEN")
     boto3.DEFAULT_SESSION = None  # the handler's boto3.client("ec2") takes the reaper's keys
-    yield ids, gate, lookup, sweep
+    yield ids, gate, lookup, sweep, entry
     uninstall()
     boto3.DEFAULT_SESSION = None
 
@@ -88,14 +93,14 @@ def _states(lookup: Any, ids: dict[str, str]) -> dict[str, str]:
 
 
 def test_a_fresh_run_is_left_alone(fleet: Any) -> None:
-    ids, gate, lookup, sweep = fleet
-    assert lambda_handler(HANDLER, "run_reaper_handler").handler(sweep, None) == {"terminated": []}
+    ids, gate, lookup, sweep, entry = fleet
+    assert entry(sweep, None) == {"terminated": []}
     assert set(_states(lookup, ids).values()) == {"running"}
     assert gate.records() and all(r.allowed for r in gate.records() if r.principal == "reaper")
 
 
 def test_a_run_past_its_bound_is_terminated_even_if_protected_and_nothing_else_is(fleet: Any) -> None:
-    ids, gate, lookup, sweep = fleet
+    ids, gate, lookup, sweep, _ = fleet
     handler = lambda_handler(HANDLER, "run_reaper_handler")
     ec2 = boto3.client("ec2")
     bound = datetime.timedelta(hours=sweep["max_run_hours"], minutes=sweep["grace_minutes"])
