@@ -8,6 +8,7 @@ fork hooks, the CPU limit) under the name of a mutant of no module, for which ev
 
 from __future__ import annotations
 
+import signal
 import sys
 from math import ceil
 from typing import Any
@@ -37,6 +38,11 @@ def _run_forced_fail_test(runner: Any) -> None:
     cpu_limit = ceil((estimate + config().timeout_constant) * config().timeout_multiplier * 2)
     runner.submit(BASELINE, sorted(tests), cpu_limit, estimate)
     result = runner.wait_for_result()
+    if result.exit_code == -signal.SIGXCPU:  # mutmut's CPU or wall-clock limit (mutmut/workers/timeout.py)
+        print(f"Refused: the unmutated code's tests ran past mutmut's time limit in a forked worker "
+              f"({result.duration:.0f} s), so every mutant would read as a timeout, counted as killed; rerun when the "
+              "cores are less busy.")  # fmt: skip
+        raise SystemExit(1)
     if result.exit_code != 0:
         print(f"Refused: the unmutated code's tests fail in a forked worker (exit code {result.exit_code}), so every "
               "mutant would read as killed; run them in a fork with mutmut's debug = true to see why.")  # fmt: skip
