@@ -16,7 +16,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from ops_review.iam_policy import resolve
-from proving_ground.iam_requests import logical_id
+from proving_ground.iam_requests import logical_id, role_policies
 from proving_ground.rehearsal.aws_calls import Gate, Principal, install
 from proving_ground.rehearsal.training_steps import lambda_handler
 from stacks.components.training_run_reaper import GRACE_MINUTES, HANDLER
@@ -57,17 +57,18 @@ def fleet(templates: dict[str, dict[str, dict]], mocked_aws: str, tmp_path: Path
     for name in template["Resources"]:
         refs.setdefault(name, f"{name}-ref")
         refs.setdefault(f"{name}.Arn", f"arn:aws:placeholder::{ACCOUNT}:{name}")
-    policy_id = logical_id(template, "AWS::IAM::ManagedPolicy", "TrainingRunReaperPolicy")
-    policy = resolve(template["Resources"][policy_id]["Properties"]["PolicyDocument"], refs=refs)
+    # What the function may do: the policies attached to the role it runs as.
+    function_id = logical_id(template, "AWS::Lambda::Function", "TrainingRunReaperFunction")
+    function = template["Resources"][function_id]["Properties"]
+    policies = role_policies(template, function["Role"]["Fn::GetAtt"][0], refs)
     (rule,) = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::Events::Rule"]
     sweep = json.loads(resolve(rule["Targets"][0]["Input"], refs=refs))
     assert sweep["launch_template_id"] == training["LaunchTemplateId"]
     # The function Lambda calls: the one its Handler property names ("<file>.<function>") in the asset folder.
-    function_id = logical_id(template, "AWS::Lambda::Function", "TrainingRunReaperFunction")
-    file, _, name = template["Resources"][function_id]["Properties"]["Handler"].rpartition(".")
+    file, _, name = function["Handler"].rpartition(".")
     assert (HANDLER / f"{file}.py").is_file()
     entry = getattr(lambda_handler(HANDLER, "run_reaper_handler"), name)
-    reaper = Principal(REAPER.name, REAPER.access_key, [policy], REAPER.identity)
+    reaper = Principal(REAPER.name, REAPER.access_key, policies, REAPER.identity)
     gate = Gate(ACCOUNT, region, tmp_path / "calls.jsonl", [reaper, LOOKUP])
     lookup = boto3.client("ec2", region_name=region, aws_access_key_id=LOOKUP.access_key,
                           aws_secret_access_key=LOOKUP.secret_key)  # fmt: skip
