@@ -180,18 +180,23 @@ class EpochReporter(TrainerCallback):
 class FreezeGarbage(TrainerCallback):
     """After the warm-up steps: one full collection, then ``gc.freeze()``, which moves every object alive (the model,
     the Trainer, the imported modules) to a generation the collector never scans again; the collections that the
-    steps' short-lived objects trigger then skip them. Undone at the end of training."""
+    steps' short-lived objects trigger then skip them. Undone at the end of training, unless the process had frozen
+    objects already: ``gc.unfreeze()`` would undo the host's own freeze too (a long-lived process that trains
+    in-process, as the tests' workers do)."""
 
     def __init__(self, after_step: int) -> None:
         self.after_step = after_step
+        self.host_froze = False
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step == self.after_step:
+            self.host_froze = gc.get_freeze_count() > 0
             gc.collect()
             gc.freeze()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        gc.unfreeze()
+        if not self.host_froze:
+            gc.unfreeze()
 
 
 class LeanHostStep:
