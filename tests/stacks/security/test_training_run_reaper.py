@@ -16,7 +16,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from ops_review.iam_policy import resolve
-from proving_ground.iam_requests import logical_id
+from proving_ground.iam_requests import logical_id, role_policies
 from proving_ground.rehearsal.aws_calls import Gate, Principal, install
 from proving_ground.rehearsal.training_steps import lambda_handler
 from stacks.components.training_run_reaper import GRACE_MINUTES, HANDLER
@@ -57,12 +57,18 @@ def fleet(templates: dict[str, dict[str, dict]], mocked_aws: str, tmp_path: Path
     for name in template["Resources"]:
         refs.setdefault(name, f"{name}-ref")
         refs.setdefault(f"{name}.Arn", f"arn:aws:placeholder::{ACCOUNT}:{name}")
-    policy_id = logical_id(template, "AWS::IAM::ManagedPolicy", "TrainingRunReaperPolicy")
-    policy = resolve(template["Resources"][policy_id]["Properties"]["PolicyDocument"], refs=refs)
+    # What the function may do: the policies attached to the role it runs as.
+    function_id = logical_id(template, "AWS::Lambda::Function", "TrainingRunReaperFunction")
+    function = template["Resources"][function_id]["Properties"]
+    policies = role_policies(template, function["Role"]["Fn::GetAtt"][0], refs)
     (rule,) = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::Events::Rule"]
     sweep = json.loads(resolve(rule["Targets"][0]["Input"], refs=refs))
     assert sweep["launch_template_id"] == training["LaunchTemplateId"]
-    reaper = Principal(REAPER.name, REAPER.access_key, [policy], REAPER.identity)
+    # The function Lambda calls: the one its Handler property names ("<file>.<function>") in the asset folder.
+    file, _, name = function["Handler"].rpartition(".")
+    assert (HANDLER / f"{file}.py").is_file()
+    entry = getattr(lambda_handler(HANDLER, "run_reaper_handler"), name)
+    reaper = Principal(REAPER.name, REAPER.access_key, policies, REAPER.identity)
     gate = Gate(ACCOUNT, region, tmp_path / "calls.jsonl", [reaper, LOOKUP])
     lookup = boto3.client("ec2", region_name=region, aws_access_key_id=LOOKUP.access_key,
                           aws_secret_access_key=LOOKUP.secret_key)  # fmt: skip
@@ -76,7 +82,7 @@ def fleet(templates: dict[str, dict[str, dict]], mocked_aws: str, tmp_path: Path
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", REAPER.secret_key)
     monkeypatch.delenv("AWS_SESSION_TOKEN")
     boto3.DEFAULT_SESSION = None  # the handler's boto3.client("ec2") takes the reaper's keys
-    yield ids, gate, lookup, sweep
+    yield ids, gate, lookup, sweep, entry
     uninstall()
     boto3.DEFAULT_SESSION = None
 
@@ -88,14 +94,14 @@ def _states(lookup: Any, ids: dict[str, str]) -> dict[str, str]:
 
 
 def test_a_fresh_run_is_left_alone(fleet: Any) -> None:
-    ids, gate, lookup, sweep = fleet
-    assert lambda_handler(HANDLER, "run_reaper_handler").handler(sweep, None) == {"terminated": []}
+    ids, gate, lookup, sweep, entry = fleet
+    assert entry(sweep, None) == {"terminated": []}
     assert set(_states(lookup, ids).values()) == {"running"}
     assert gate.records() and all(r.allowed for r in gate.records() if r.principal == "reaper")
 
 
 def test_a_run_past_its_bound_is_terminated_even_if_protected_and_nothing_else_is(fleet: Any) -> None:
-    ids, gate, lookup, sweep = fleet
+    ids, gate, lookup, sweep, _ = fleet
     handler = lambda_handler(HANDLER, "run_reaper_handler")
     ec2 = boto3.client("ec2")
     bound = datetime.timedelta(hours=sweep["max_run_hours"], minutes=sweep["grace_minutes"])
