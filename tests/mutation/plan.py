@@ -28,7 +28,9 @@ PACKAGES = ["stacks", "inference_assets", "training_assets", "platform_facts", "
 ONE_THREAD = "one_thread"  # the pytest plugin (this folder's one_thread.py) that keeps torch on one thread
 FRESH_KERNEL = "fresh_kernel"  # the pytest plugin (this folder's fresh_kernel.py) that gives each worker a jsii kernel
 WHOLE_FILES = "whole_files"  # the pytest plugin (whole_files.py) that runs a mutant's test files whole
-PYTEST = ["-n", "0", "-p", "no:cacheprovider", "-p", "no:randomly", "-m", "not slow", "-q", "-x", "--timeout", "300"]
+# pytest-timeout counts wall-clock time: a worker starved at nice 19 or stopped (SIGSTOP) while the machine measures
+# something else must not read as a kill. A busy mutant is ended by mutmut's CPU limit (timeout_* below) long before.
+PYTEST = ["-n", "0", "-p", "no:cacheprovider", "-p", "no:randomly", "-m", "not slow", "-q", "-x", "--timeout", "1200"]
 
 
 @dataclass(frozen=True)
