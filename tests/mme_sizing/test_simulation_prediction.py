@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import pytest
 
@@ -126,6 +127,17 @@ def test_an_answer_at_exactly_the_sagemaker_timeout_counts_as_answered(service_s
     assert prediction.p50_ms == (math.inf if timed_out else SAGEMAKER_TIMEOUT_S * 1000)
 
 
+def test_a_short_closed_loop_window_ends_with_its_last_answer_and_counts_answers_before_its_end() -> None:
+    # One client, one loaded model of 0.25 s, a 0.5 s window: requests at 0 and 0.25, answered at 0.25 and 0.5. The
+    # window ends at the last answer (0.5 s: two answers, 4 per second); of the answers, the one at 0.25 s came back
+    # inside it, the one at exactly 0.5 s at its end, outside (the window is [warmup_s, warmup_s + duration_s)).
+    cost = ModelCost(worker_memory_mib=100, download_s=1.0, load_s=2.0, service_s=0.25)
+    fleet = Fleet(instances=1, vcpus=2, memory_mib=100)
+    prediction = simulate(fleet, cost, Workload("uniform", 1, clients=1), duration_s=0.5)
+    assert (prediction.requests, prediction.elapsed_s, prediction.throughput_rps) == (2, 0.5, 4.0)
+    assert prediction.completed == 1
+
+
 def test_a_window_without_requests_reports_no_hits_and_no_answers() -> None:
     fleet = Fleet(instances=1, vcpus=2, memory_mib=COST.worker_memory_mib)
     quiet = simulate(fleet, COST, Workload("uniform", 1, requests_per_second=1e-6), duration_s=1.0)
@@ -154,6 +166,33 @@ def test_each_pattern_needs_its_least_number_of_models(pattern: str, minimum: in
         refusal = f"the {pattern} pattern needs at least {minimum} models, got {minimum - 1}"
         with pytest.raises(ValueError, match=f"^{re.escape(refusal)}$"):
             Workload(pattern, minimum - 1, clients=1)
+
+
+def test_zipf_traffic_requests_each_model_in_proportion_to_one_over_its_rank_to_the_exponent() -> None:
+    # 1, 1/4, 1/9 of 49/36: the exponent is a power, not a factor (the default exponent of 1 cannot tell)
+    weights = Workload("zipf", 3, clients=1, zipf_exponent=2.0).weights()
+    assert weights == pytest.approx([36 / 49, 9 / 49, 4 / 49])
+
+
+FLEET: dict[str, Any] = {"instances": 1, "vcpus": 1, "workers_per_model": 1, "memory_mib": 0.5, "cores": 0.5}
+
+
+@pytest.mark.parametrize("field", ["instances", "vcpus", "workers_per_model"])
+def test_a_fleet_needs_at_least_one_instance_vcpu_and_worker_per_model(field: str) -> None:
+    assert Fleet(**FLEET).worker_limit == 1  # the least of each, and a share of a core (what the validation gives)
+    refusal = "instances, vcpus and workers_per_model must be at least 1: Fleet("
+    with pytest.raises(ValueError, match=f"^{re.escape(refusal)}.*{field}=0"):
+        Fleet(**{**FLEET, field: 0})
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [({"memory_mib": 0.0}, "memory_mib must be positive, got 0.0"),
+     ({"cores": 0.0}, "cores must be positive when given, got 0.0")],
+)  # fmt: skip
+def test_a_fleet_without_memory_or_cores_is_refused(change: dict, refusal: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(refusal)}$"):
+        Fleet(**{**FLEET, **change})
 
 
 @pytest.mark.parametrize("loop", [{}, {"requests_per_second": 1.0, "clients": 1}])
