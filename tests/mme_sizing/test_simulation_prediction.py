@@ -55,6 +55,15 @@ def test_a_prewarmed_instance_holds_the_most_requested_models_and_evicts_the_lea
     assert not instance.models[2].loading
 
 
+def test_prewarm_goes_by_each_models_share_not_by_its_number() -> None:
+    # top-10 with 11 models: the ten share 8/9 (4/45 each), the eleventh has 1/9 alone, the most requested model.
+    # Room for ten: it is loaded, and the last of the ten is left out.
+    workload = Workload("top-10", 11, requests_per_second=1.0)
+    assert max(workload.weights()) == workload.weights()[10] == pytest.approx(1 / 9)
+    sim = _prewarmed(Fleet(instances=1, vcpus=2, memory_mib=10 * COST.worker_memory_mib), COST, workload)
+    assert sorted(sim.instances[0].models) == [*range(9), 10]
+
+
 def test_a_prewarmed_fleet_gives_each_model_the_workers_and_replicas_that_keep_them_70_percent_busy() -> None:
     # service 70 ms, 50 rps: the hot model (90%) keeps 3.15 workers busy, 4.5 at 70%: 5 workers; 4 fit an instance
     # (DJL's limit: the vCPUs), so two replicas of 3. The other model (10%): 0.5 at 70%, one worker on one instance,
