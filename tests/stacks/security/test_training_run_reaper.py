@@ -171,6 +171,19 @@ def test_the_reapers_log_group_goes_with_the_stack_where_the_environment_says_so
     assert (group.get("DeletionPolicy", "Delete"), group.get("UpdateReplacePolicy", "Delete")) == (expected, expected)
 
 
+def test_the_function_is_created_after_every_policy_of_its_role_and_deleted_before(
+    templates: dict[str, dict[str, dict]],
+) -> None:
+    """CloudFormation creates a resource after those its DependsOn names and deletes it before them: no sweep runs
+    with a role that does not hold its permissions yet, or no longer."""
+    template = templates["dev"]["Training"]
+    function_id = logical_id(template, "AWS::Lambda::Function", "TrainingRunReaperFunction")
+    role = {"Ref": template["Resources"][function_id]["Properties"]["Role"]["Fn::GetAtt"][0]}
+    policies = {lid for lid, r in template["Resources"].items()
+                if r["Type"] == "AWS::IAM::ManagedPolicy" and role in r["Properties"].get("Roles", [])}  # fmt: skip
+    assert policies and policies <= set(template["Resources"][function_id].get("DependsOn") or [])
+
+
 def _reaper_function(templates: dict[str, dict[str, dict]]) -> dict[str, Any]:
     template = templates["dev"]["Training"]
     return template["Resources"][logical_id(template, "AWS::Lambda::Function", "TrainingRunReaperFunction")][
