@@ -249,7 +249,8 @@ def templates(cloud_assembly) -> dict[str, dict[str, dict]]:
 def _botocore_models_parsed_once() -> Iterator[None]:
     """botocore parses its service models (megabytes of JSON) once per session, and the SDKs, tools and moto in these
     tests make hundreds of sessions (test_remote_sdk_moto alone parsed them 455 times, 9 of its 18 CPU-s): here once per
-    process, as the rehearsal does (scripts/aws_calls.parse_json_data_once)."""
+    process, as the rehearsal does (proving_ground/rehearsal/aws_calls.parse_json_data_once), and their data folders
+    walked once (half of a new session's first client)."""
     from proving_ground.rehearsal.aws_calls import parse_json_data_once
 
     undo = parse_json_data_once()

@@ -304,12 +304,15 @@ def _run_aws_cli(argv: list[str]) -> int:
 
 
 def parse_json_data_once() -> Callable[[], None]:
-    """botocore's JSON data files (endpoints, service models: megabytes) parsed once per process instead of once per
-    session: each session has its own loader, and the tools and SDKs a rehearsal runs in one process make dozens of
-    sessions. botocore already shares what a loader parsed between the clients of a session; the one change it makes to
-    a model, merging its sdk-extras, gives the same model when made again. Returns the undo."""
+    """botocore's data files (endpoints, service models: megabytes of JSON in ~400 service folders) found and parsed
+    once per process instead of once per session: each session has its own loader, which walks every service folder
+    again (~3,000 file checks: half of a new session's first client) and parses the files again, and the tools and SDKs
+    a rehearsal or a test run in one process make hundreds of sessions. botocore already shares what a loader found and
+    parsed between the clients of a session; the one change it makes to a model, merging its sdk-extras, gives the same
+    model when made again; the folders do not change while the process runs. Returns the undo."""
     import botocore.loaders
 
+    loader_class = botocore.loaders.Loader
     load_file = botocore.loaders.JSONFileLoader.load_file
     parsed: dict[str, Any] = {}
 
@@ -318,10 +321,27 @@ def parse_json_data_once() -> Callable[[], None]:
             parsed[file_path] = load_file(loader, file_path)
         return parsed[file_path]
 
+    # The folder walks, by the loader's search paths: answers are lists of names, copied for each caller.
+    listings = {name: getattr(loader_class, name) for name in ("list_available_services", "list_api_versions")}
+    found: dict[tuple[Any, ...], list[str]] = {}
+
+    def listed_once(name: str) -> Callable[..., list[str]]:
+        def listed(loader: Any, *args: str, **kwargs: str) -> list[str]:
+            key = (name, tuple(loader.search_paths), args, tuple(sorted(kwargs.items())))
+            if key not in found:
+                found[key] = listings[name](loader, *args, **kwargs)
+            return list(found[key])
+
+        return listed
+
     botocore.loaders.JSONFileLoader.load_file = parsed_once
+    for name in listings:
+        setattr(loader_class, name, listed_once(name))
 
     def undo() -> None:
         botocore.loaders.JSONFileLoader.load_file = load_file
+        for name, method in listings.items():
+            setattr(loader_class, name, method)
 
     return undo
 
