@@ -23,6 +23,13 @@ CIDR = "10.7.0.0/16"
 MASKS = (VpcSettings.PRIVATE_SUBNET_MASK, VpcSettings.PUBLIC_SUBNET_MASK)
 OTHER_ACCOUNT = "999999999999"
 ALLOW_ALL = [{"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}]
+# The AWS-owned buckets workloads read through the S3 gateway: ECR's image layers (ECR user guide, "Minimum Amazon S3
+# bucket permissions for Amazon ECR") and those SSM Agent reads (Systems Manager user guide, "SSM Agent communications
+# with AWS managed S3 buckets").
+AWS_OWNED_BUCKETS = ("prod-{region}-starport-layer-bucket", "aws-ssm-{region}", "aws-windows-downloads-{region}",
+                     "amazon-ssm-{region}", "amazon-ssm-packages-{region}", "{region}-birdwatcher-prod",
+                     "aws-ssm-distributor-file-{region}", "aws-ssm-document-attachments-{region}",
+                     "patch-baseline-snapshot-{region}")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -149,9 +156,27 @@ def test_s3_gateway_reaches_this_accounts_buckets_and_only_reads_the_aws_owned_o
 
     assert allowed("s3:PutObject", "arn:aws:s3:::datasets/x", ACCOUNT)
     assert not allowed("s3:PutObject", "arn:aws:s3:::exfiltration/x", OTHER_ACCOUNT)
-    layers = f"arn:aws:s3:::prod-{REGION}-starport-layer-bucket/layer"  # ECR image layers
-    assert allowed("s3:GetObject", layers, OTHER_ACCOUNT)
-    assert not allowed("s3:PutObject", layers, OTHER_ACCOUNT)
+    for bucket in AWS_OWNED_BUCKETS:
+        objects = f"arn:aws:s3:::{bucket.format(region=REGION)}/object"
+        assert allowed("s3:GetObject", objects, OTHER_ACCOUNT), bucket
+        assert not allowed("s3:PutObject", objects, OTHER_ACCOUNT), bucket
+    assert not allowed("s3:GetObject", f"arn:aws:s3:::prod-{REGION}-other-bucket/object", OTHER_ACCOUNT)
+
+
+def test_s3_gateway_admits_aws_services_and_no_other_accounts_principal(network_template: dict) -> None:
+    """An AWS service acting for the workloads passes (it has no principal account of this one); a principal of
+    another account does not, even to this account's buckets."""
+    policy = _endpoint_policy(network_template, "S3")
+    assert policy is not None
+
+    def allowed(context: dict) -> bool:
+        request = Request("s3:PutObject", "arn:aws:s3:::datasets/x", {**context, "aws:ResourceAccount": ACCOUNT})
+        return is_allowed(ALLOW_ALL, request, endpoint_policies=[policy])
+
+    assert allowed({"aws:PrincipalIsAWSService": "true"})
+    assert not allowed({"aws:PrincipalIsAWSService": "false"})
+    assert not allowed({"aws:PrincipalAccount": OTHER_ACCOUNT, "aws:PrincipalIsAWSService": "false"})
+    assert allowed({"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalIsAWSService": "false"})
 
 
 def test_only_this_accounts_flow_logs_may_use_the_delivery_role(network_template: dict) -> None:
@@ -160,22 +185,28 @@ def test_only_this_accounts_flow_logs_may_use_the_delivery_role(network_template
     ]
     trust = resolve(role["Properties"]["AssumeRolePolicyDocument"], refs=refs(network_template))
 
-    def may_assume(source_account: str) -> bool:
+    def may_assume(source_account: str, flow_log_account: str | None = None, service: str = "vpc-flow-logs") -> bool:
         context = {
-            "aws:PrincipalServiceName": "vpc-flow-logs.amazonaws.com",
+            "aws:PrincipalServiceName": f"{service}.amazonaws.com",
             "aws:SourceAccount": source_account,
-            "aws:SourceArn": f"arn:aws:ec2:{REGION}:{source_account}:vpc-flow-log/fl-0123",
+            "aws:SourceArn": f"arn:aws:ec2:{REGION}:{flow_log_account or source_account}:vpc-flow-log/fl-0123",
         }
         return is_allowed([], Request("sts:AssumeRole", f"arn:aws:iam::{ACCOUNT}:role/{role_id}", context),
                           resource_policies=[trust])  # fmt: skip
 
     assert may_assume(ACCOUNT)
     assert not may_assume(OTHER_ACCOUNT)
+    # each condition holds on its own: a source account of this one with another's flow log, and the reverse
+    assert not may_assume(ACCOUNT, OTHER_ACCOUNT)
+    assert not may_assume(OTHER_ACCOUNT, ACCOUNT)
+    assert not may_assume(ACCOUNT, service="lambda")
 
 
 def test_flow_logs_go_to_an_encrypted_group_kept_as_long_as_asked(network_template: dict) -> None:
     ((group_id, group),) = resources(network_template, "AWS::Logs::LogGroup").items()
     assert "KmsKeyId" in group["Properties"] and group["Properties"]["RetentionInDays"] == 14
+    # asked to go with the stack (RemovalPolicy.DESTROY), as tests/stacks/test_destroy.py checks app-wide
+    assert (group.get("DeletionPolicy", "Delete"), group.get("UpdateReplacePolicy", "Delete")) == ("Delete", "Delete")
     ((_, flow_log),) = resources(network_template, "AWS::EC2::FlowLog").items()
     assert flow_log["Properties"]["LogGroupName"] == {"Ref": group_id}
     assert flow_log["Properties"]["ResourceType"] == "VPC"
@@ -194,3 +225,15 @@ def test_the_vpc_and_its_subnets_are_named_after_the_construct(network_template:
         "Bare/Network/PublicSubnet1",
         "Bare/Network/PublicSubnet2",
     ]
+
+
+def test_the_default_security_group_is_emptied_and_the_endpoints_group_sends_nothing(network_template: dict) -> None:
+    """The VPC's default security group (all traffic between its members) loses its rules through CDK's custom
+    resource; the endpoints' group answers HTTPS from the VPC and opens no connection (CDK's placeholder egress rule
+    matches no traffic: ICMP type 252, code 86, to 255.255.255.255)."""
+    (vpc_id,) = resources(network_template, "AWS::EC2::VPC")
+    (restrict,) = resources(network_template, "Custom::VpcRestrictDefaultSG").values()
+    assert restrict["Properties"]["DefaultSecurityGroupId"] == {"Fn::GetAtt": [vpc_id, "DefaultSecurityGroup"]}
+    (group,) = [g for lid, g in resources(network_template, "AWS::EC2::SecurityGroup").items() if "Endpoint" in lid]
+    for rule in group["Properties"]["SecurityGroupEgress"]:
+        assert (rule["IpProtocol"], rule["CidrIp"]) == ("icmp", "255.255.255.255/32"), rule
