@@ -3,6 +3,8 @@ through (their policies evaluated), who may deliver its flow logs, and the names
 
 from __future__ import annotations
 
+import ipaddress
+
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_kms as kms
@@ -22,6 +24,7 @@ from tests.stacks.components.bare_stack import ACCOUNT, REGION, bare_stack, refs
 CIDR = "10.7.0.0/16"
 MASKS = (VpcSettings.PRIVATE_SUBNET_MASK, VpcSettings.PUBLIC_SUBNET_MASK)
 OTHER_ACCOUNT = "999999999999"
+REGISTRY = "222222222222"  # the pipeline's account, whose ECR holds the platform's built images
 ALLOW_ALL = [{"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}]
 # The AWS-owned buckets workloads read through the S3 gateway: ECR's image layers (ECR user guide, "Minimum Amazon S3
 # bucket permissions for Amazon ECR") and those SSM Agent reads (Systems Manager user guide, "SSM Agent communications
@@ -47,6 +50,17 @@ def network_template() -> dict:
         removal_policy=cdk.RemovalPolicy.DESTROY,
     )
     WorkloadSecurityGroup(stack, "Workloads", vpc=network.vpc)
+    return template_of(stack)
+
+
+@pytest.fixture(scope="module")
+def isolated_template() -> dict:
+    """No NAT gateway (isolated subnets), and the pipeline's account as a registry of the platform's built images."""
+    stack = bare_stack()
+    PlatformNetwork(stack, "Network", cidr=CIDR, max_azs=2, nat_gateways=0, subnet_masks=MASKS,
+                    flow_log_key=kms.Key(stack, "Key"),
+                    flow_log_retention=logs.RetentionDays.TWO_WEEKS, removal_policy=cdk.RemovalPolicy.DESTROY,
+                    image_registry_accounts=[REGISTRY])  # fmt: skip
     return template_of(stack)
 
 
@@ -80,6 +94,39 @@ def test_private_subnets_reach_the_internet_only_through_the_nat_gateway(network
     routes = resources(network_template, "AWS::EC2::Route")
     private = [r["Properties"] for lid, r in routes.items() if "PrivateSubnet" in lid]
     assert private and all("NatGatewayId" in route and "GatewayId" not in route for route in private)
+    # the NAT gateways asked for and no more (each is paid by the hour): here one, which both zones' routes share
+    (nat_id,) = resources(network_template, "AWS::EC2::NatGateway")
+    assert all(route["NatGatewayId"] == {"Ref": nat_id} for route in private)
+
+
+def test_without_nat_gateways_nothing_in_the_vpc_leads_to_the_internet(isolated_template: dict) -> None:
+    """No NAT gateway asked for: isolated subnets only, no internet gateway attached (one would wait for the first
+    route anyone adds) and no route out of the VPC."""
+    for kind in ("AWS::EC2::InternetGateway", "AWS::EC2::VPCGatewayAttachment", "AWS::EC2::NatGateway"):
+        assert not resources(isolated_template, kind), kind
+    assert not [r for r in resources(isolated_template, "AWS::EC2::Route").values()
+                if "DestinationCidrBlock" in r["Properties"]]  # fmt: skip
+    subnets = resources(isolated_template, "AWS::EC2::Subnet")
+    assert len(subnets) == 2 and all(s["Properties"]["MapPublicIpOnLaunch"] is False for s in subnets.values())
+
+
+def test_the_vpc_takes_its_cidr_and_lays_its_subnets_out_as_the_settings_size_it(network_template: dict) -> None:
+    """The VPC's block is the one asked for; its subnets have the settings' masks, public ones first, each on a
+    boundary of its size, as ``VpcSettings`` plans them when it refuses a VPC too small
+    (``largest_prefix_for_subnets``): the smallest VPC the settings accept holds every subnet."""
+    (vpc,) = resources(network_template, "AWS::EC2::VPC").values()
+    assert vpc["Properties"]["CidrBlock"] == CIDR
+    settings = VpcSettings(cidr=CIDR, max_azs=2, nat_gateways=1)
+    subnets = {lid: ipaddress.IPv4Network(s["Properties"]["CidrBlock"])
+               for lid, s in resources(network_template, "AWS::EC2::Subnet").items()}  # fmt: skip
+    blocks = sorted(subnets.values())
+    assert [block.prefixlen for block in blocks] == settings.subnet_masks()
+    assert {lid for lid, block in subnets.items() if block.prefixlen == VpcSettings.PUBLIC_SUBNET_MASK} == {
+        lid for lid in subnets if "PublicSubnet" in lid
+    }
+    smallest = ipaddress.IPv4Network(f"{vpc['Properties']['CidrBlock'].split('/')[0]}/"
+                                     f"{settings.largest_prefix_for_subnets()}")  # fmt: skip
+    assert all(block.subnet_of(smallest) for block in blocks)
 
 
 def test_every_platform_service_has_an_interface_endpoint(network_template: dict) -> None:
@@ -126,20 +173,13 @@ def test_interface_endpoints_reach_only_this_accounts_resources_and_for_ecr_the_
     assert reaches(dlc_account) == (name == "EcrApi")
 
 
-def test_the_ecr_endpoint_also_reaches_the_registry_of_the_platforms_built_images() -> None:
+def test_the_ecr_endpoint_also_reaches_the_registry_of_the_platforms_built_images(isolated_template: dict) -> None:
     """Nodes that pull the pipeline-built training image by digest pull from the pipeline's (tooling) account through
     the ECR API endpoint: that account is admitted there, and nowhere else."""
-    registry = "222222222222"
-    stack = bare_stack()
-    PlatformNetwork(stack, "Network", cidr=CIDR, max_azs=2, nat_gateways=0, subnet_masks=MASKS,
-                    flow_log_key=kms.Key(stack, "Key"),
-                    flow_log_retention=logs.RetentionDays.TWO_WEEKS, removal_policy=cdk.RemovalPolicy.DESTROY,
-                    image_registry_accounts=[registry])  # fmt: skip
-    template = template_of(stack)
     own = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalIsAWSService": "false"}
     for name in ENDPOINTS_WITH_IDENTITY_PERIMETER:
-        policy = _endpoint_policy(template, name)
-        request = Request("ecr:BatchGetImage", "*", {**own, "aws:ResourceAccount": registry})
+        policy = _endpoint_policy(isolated_template, name)
+        request = Request("ecr:BatchGetImage", "*", {**own, "aws:ResourceAccount": REGISTRY})
         assert is_allowed(ALLOW_ALL, request, endpoint_policies=[policy]) == (name == "EcrApi"), name
 
 
