@@ -179,6 +179,7 @@ def test_the_ecr_endpoint_also_reaches_the_registry_of_the_platforms_built_image
     own = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalIsAWSService": "false"}
     for name in ENDPOINTS_WITH_IDENTITY_PERIMETER:
         policy = _endpoint_policy(isolated_template, name)
+        assert policy is not None, name
         request = Request("ecr:BatchGetImage", "*", {**own, "aws:ResourceAccount": REGISTRY})
         assert is_allowed(ALLOW_ALL, request, endpoint_policies=[policy]) == (name == "EcrApi"), name
 
