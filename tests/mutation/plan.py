@@ -53,6 +53,9 @@ class Module:
     # The environments its tests read of the session's synthesized app (tests/conftest.py's cloud_assembly): each
     # mutant's worker synthesizes only those, through the same compliance gates (tests/mutation/environments.py).
     environments: tuple[str, ...] = ()
+    # The mutants run when no ``--only`` is given (every one when empty): a key that runs some functions of a module
+    # with other tests than the module's own key.
+    only: tuple[str, ...] = ()
 
     @property
     def plugins(self) -> list[str]:
@@ -91,6 +94,14 @@ PLAN = {
                              skip_lines=LABELS),
     "platform_network": Module("stacks/components/platform_network.py",
                                ("tests/stacks/components/test_platform_network.py",), jsii=True, skip_lines=LABELS),
+    # The two functions of platform_network.py that its own tests do not call (the "no test" of its run): the
+    # network perimeter that the key's and the buckets' policies carry, evaluated against requests from inside and
+    # outside the VPC by these tests.
+    "network_perimeter": Module("stacks/components/platform_network.py",
+                                ("tests/stacks/security/test_network_perimeter.py",
+                                 "tests/stacks/components/test_platform_key.py"), jsii=True, skip_lines=LABELS,
+                                environments=("dev",),
+                                only=("*x_hold_to_the_vpc__*", "*x_network_perimeter_statement__*")),
     "training_launcher": Module("stacks/components/training_launcher.py",
                                 ("tests/stacks/security/test_training_launcher.py",), jsii=True, skip_lines=LABELS,
                                 environments=("dev",)),
@@ -186,6 +197,7 @@ def prepare(key: str) -> Path:
 
 
 def run(key: str, only: list[str], resume: bool = False, max_children: int | None = None) -> dict[str, object]:
+    only = only or list(PLAN[key].only)
     copy = BUILD / key if resume and (BUILD / key / "mutants").is_dir() else prepare(key)
     mutmut = [str(Path(sys.executable).with_name("mutmut"))]
     started = time.monotonic()
