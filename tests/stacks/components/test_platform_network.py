@@ -36,7 +36,8 @@ AWS_OWNED_BUCKETS = ("prod-{region}-starport-layer-bucket", "aws-ssm-{region}", 
 
 
 @pytest.fixture(scope="module")
-def network_template() -> dict:
+def network() -> tuple[PlatformNetwork, dict]:
+    """The network (one NAT gateway) and the security group of its workloads on a bare stack, and its template."""
     stack = bare_stack()
     network = PlatformNetwork(
         stack,
@@ -50,7 +51,12 @@ def network_template() -> dict:
         removal_policy=cdk.RemovalPolicy.DESTROY,
     )
     WorkloadSecurityGroup(stack, "Workloads", vpc=network.vpc)
-    return template_of(stack)
+    return network, template_of(stack)
+
+
+@pytest.fixture(scope="module")
+def network_template(network: tuple[PlatformNetwork, dict]) -> dict:
+    return network[1]
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +103,17 @@ def test_private_subnets_reach_the_internet_only_through_the_nat_gateway(network
     # the NAT gateways asked for and no more (each is paid by the hour): here one, which both zones' routes share
     (nat_id,) = resources(network_template, "AWS::EC2::NatGateway")
     assert all(route["NatGatewayId"] == {"Ref": nat_id} for route in private)
+
+
+def test_workloads_are_given_the_private_subnets(network: tuple[PlatformNetwork, dict]) -> None:
+    """``private_subnets`` is where the stacks put SageMaker jobs, endpoints and training instances (they read its
+    subnets): every private subnet, and no public one."""
+    construct, template = network
+    given = {
+        cdk.Stack.of(construct).resolve(subnet.subnet_id)["Ref"] for subnet in construct.private_subnets.subnets or []
+    }
+    assert given == {lid for lid in resources(template, "AWS::EC2::Subnet") if "PrivateSubnet" in lid}
+    assert len(given) == 2
 
 
 def test_without_nat_gateways_nothing_in_the_vpc_leads_to_the_internet(isolated_template: dict) -> None:
