@@ -151,6 +151,10 @@ def test_every_platform_service_has_an_interface_endpoint(network_template: dict
     interface = [r for r in endpoints.values() if r["Properties"].get("VpcEndpointType") == "Interface"]
     assert len(interface) == len(INTERFACE_ENDPOINTS)
     assert all(r["Properties"]["PrivateDnsEnabled"] is True for r in interface)
+    # each behind the group that admits HTTPS from the VPC (a group of its own would admit nothing: open=False)
+    (group_id,) = [lid for lid, g in resources(network_template, "AWS::EC2::SecurityGroup").items()
+                   if g["Properties"].get("SecurityGroupIngress", [{}])[0].get("CidrIp") == CIDR]  # fmt: skip
+    assert all(r["Properties"]["SecurityGroupIds"] == [{"Fn::GetAtt": [group_id, "GroupId"]}] for r in interface)
 
 
 @pytest.mark.parametrize("name", ENDPOINTS_WITH_IDENTITY_PERIMETER)
