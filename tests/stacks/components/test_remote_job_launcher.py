@@ -36,7 +36,12 @@ SUBNETS, GROUP = ["subnet-0a", "subnet-0b"], "sg-0workload"
 EBS_TYPE, NVME_TYPE = "ml.p3.16xlarge", "ml.p4d.24xlarge"
 
 
-def _build(stack: cdk.Stack) -> None:
+BOTH_KINDS = TrainingJobLimits(
+    instance_types=[EBS_TYPE, NVME_TYPE], nvme_instance_types=[NVME_TYPE], max_runtime_seconds=86400
+)
+
+
+def _build(stack: cdk.Stack, limits: TrainingJobLimits = BOTH_KINDS) -> None:
     RemoteJobLauncherPolicy(
         stack,
         "Launcher",
@@ -52,19 +57,21 @@ def _build(stack: cdk.Stack) -> None:
             subnets=[ec2.Subnet.from_subnet_id(stack, f"Subnet{i}", subnet) for i, subnet in enumerate(SUBNETS)],
             security_group=ec2.SecurityGroup.from_security_group_id(stack, "Group", GROUP),
         ),
-        limits=TrainingJobLimits(
-            instance_types=[EBS_TYPE, NVME_TYPE], nvme_instance_types=[NVME_TYPE], max_runtime_seconds=86400
-        ),
+        limits=limits,
     )
+
+
+def _policies(limits: TrainingJobLimits = BOTH_KINDS) -> list[dict]:
+    stack = bare_stack()
+    _build(stack, limits)
+    template = template_of(stack)
+    ((_, policy),) = resources(template, "AWS::IAM::ManagedPolicy").items()
+    return [resolve(policy["Properties"]["PolicyDocument"], refs=refs(template))]
 
 
 @pytest.fixture(scope="module")
 def policies() -> list[dict]:
-    stack = bare_stack()
-    _build(stack)
-    template = template_of(stack)
-    ((_, policy),) = resources(template, "AWS::IAM::ManagedPolicy").items()
-    return [resolve(policy["Properties"]["PolicyDocument"], refs=refs(template))]
+    return _policies()
 
 
 def _allowed(policies: list[dict], action: str, resource: str, **context: object) -> bool:
@@ -169,6 +176,16 @@ def test_jobs_run_only_in_the_platforms_network_under_its_key_on_allowed_types_f
     }
     for name, change in attacks.items():
         assert not _allowed(policies, create, JOB, **_create_context(mine, **change)), name
+
+
+def test_an_environment_that_allows_only_nvme_types_still_creates_jobs_on_them() -> None:
+    """With no EBS-backed type allowed, the NVMe types keep their own statement: their jobs start, with or without
+    the platform volume key, and a type outside the list is still refused."""
+    nvme_only = _policies(TrainingJobLimits([NVME_TYPE], nvme_instance_types=[NVME_TYPE], max_runtime_seconds=86400))
+    create, mine = "sagemaker:CreateTrainingJob", {OWNER_TAG_KEY: ME}
+    assert _allowed(nvme_only, create, JOB, **_create_context(mine, InstanceTypes=[NVME_TYPE], VolumeKmsKey=None))
+    assert _allowed(nvme_only, create, JOB, **_create_context(mine, InstanceTypes=[NVME_TYPE]))
+    assert not _allowed(nvme_only, create, JOB, **_create_context(mine, InstanceTypes=[EBS_TYPE]))
 
 
 @pytest.mark.parametrize("instance_type", [EBS_TYPE, NVME_TYPE])
