@@ -12,6 +12,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 
 from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import Call, requests_for
 from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy, TrainingJobLimits
 from stacks.components.sagemaker_roles import VpcAttachment
 from tests.stacks.components.bare_stack import (
@@ -145,7 +146,17 @@ def test_callers_read_the_config_and_follow_training_job_logs(policies: list[dic
     other_config = f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{PARAMETER.replace(ME, SOMEONE_ELSE)}"
     assert not _allowed(policies, "ssm:GetParameter", other_config)
     group = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker/TrainingJobs"
-    assert _allowed(policies, "logs:DescribeLogStreams", f"{group}:*")
+    # DescribeLogStreams as the SDK calls it (sagemaker-core 2.27 remote_function/job.py _flush_log_streams: the group
+    # by name, the job's streams by prefix), turned into IAM requests by the proving ground's one table: the group's
+    # ARN ending in ":*", which the CloudWatch Logs user guide documents for it ("Overview of managing access
+    # permissions to your CloudWatch Logs resources": the ARN without ":*" is for the tagging actions), and, as a
+    # hedge, the bare ARN. Another group's streams stay unlisted.
+    for name, allowed in (("/aws/sagemaker/TrainingJobs", True), ("/other", False)):
+        call = Call("logs", "DescribeLogStreams", {"logGroupName": name, "logStreamNamePrefix": f"{ME}-fn-2026/",
+                    "orderBy": "LogStreamName", "limit": 1}, REGION, ACCOUNT)  # fmt: skip
+        requests = requests_for(call, kms_encrypted_buckets={})
+        assert f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{name}:*" in [r.resource for r in requests]
+        assert [is_allowed(policies, r) for r in requests] == [allowed] * len(requests), name
     assert _allowed(policies, "logs:GetLogEvents", f"{group}:log-stream:{ME}-fn-2026/algo-1-1")
     assert not _allowed(policies, "logs:GetLogEvents", f"{group}:log-stream:{SOMEONE_ELSE}-fn-2026/algo-1-1")
     assert not _allowed(policies, "logs:GetLogEvents", f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/other:log-stream:s")
