@@ -48,9 +48,12 @@ class TrainingJobLogRetention(Construct):
                     iam.PolicyStatement(
                         sid="SetTheRetentionOfTheTrainingJobLogGroup",
                         actions=["logs:CreateLogGroup", "logs:PutRetentionPolicy", "logs:DeleteRetentionPolicy"],
-                        resources=[arn(self, "logs", f"log-group:{log_group_name}")],
+                        resources=[arn(self, "logs", f"log-group:{log_group_name}:*")],
                     ),
-                    None,
+                    # CloudWatch Logs API reference, LogGroup.arn: the form ending in ":*" for every action but the
+                    # three tagging ones (the bare group ARN matched nothing these calls are checked against).
+                    "IAM checks these group-level actions against the group's ARN ending in ':*'; the statement "
+                    "names one log group and holds no stream action.",
                 ),
                 (
                     iam.PolicyStatement(

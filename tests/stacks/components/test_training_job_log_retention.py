@@ -40,14 +40,20 @@ def test_the_handler_may_set_this_groups_retention_and_write_its_own_logs_only(t
     policies = role_policies(template, role_id, refs(template))
 
     def group(name: str) -> str:
-        return f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{name}"
+        # The ARN IAM checks a group-level action against ends in ":*" (CloudWatch Logs API reference, LogGroup.arn:
+        # that form for every action but TagResource, UntagResource and ListTagsForResource).
+        return f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{name}:*"
 
-    own = group("/aws/lambda/Bare-LogRetentionaae0aa3c5b4d4f87b02d8-AbCdEf123456")
+    own = "/aws/lambda/Bare-LogRetentionaae0aa3c5b4d4f87b02d8-AbCdEf123456"
     calls = {
         ("logs:PutRetentionPolicy", group(GROUP)): True,
+        ("logs:DeleteRetentionPolicy", group(GROUP)): True,
         ("logs:CreateLogGroup", group(GROUP)): True,
-        ("logs:PutRetentionPolicy", own): True,
-        ("logs:PutLogEvents", f"{own}:log-stream:2026/12/04/[$LATEST]0123"): True,
+        ("logs:PutRetentionPolicy", group(own)): True,
+        (
+            "logs:PutLogEvents",
+            f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{own}:log-stream:2026/12/04/[$LATEST]0123",
+        ): True,
         ("logs:PutRetentionPolicy", group("/aws/sagemaker/Endpoints/prod")): False,
         ("logs:DeleteLogGroup", group(GROUP)): False,
     }

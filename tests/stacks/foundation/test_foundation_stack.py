@@ -196,13 +196,6 @@ def test_no_security_group_accepts_traffic_from_outside_the_vpc(foundation: dict
             assert rule.get("CidrIp", "").startswith("10."), name
 
 
-def _statements_by_sid(template: dict, policy_prefix: str) -> dict[str, dict]:
-    (policy,) = (
-        r for name, r in resources(template, "AWS::IAM::ManagedPolicy").items() if name.startswith(policy_prefix)
-    )
-    return {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
-
-
 def _remote_callers(template: dict) -> list[str]:
     """The construct-id suffixes of the template's @remote callers (RemoteJobRole<Suffix>)."""
     roles = resources(template, "AWS::IAM::Role")
@@ -309,10 +302,18 @@ def test_training_job_log_group_gets_retention_from_one_environment_and_is_never
     assert custom["Properties"]["RemovalPolicy"] == "retain"
     (policy_id,) = [name for name in resources(foundation, "AWS::IAM::ManagedPolicy") if "LogRetention" in name]
     assert policy_id in custom["DependsOn"]
-    statements = _statements_by_sid(foundation, "TrainingJobLogRetentionPolicy")
-    scoped = statements["SetTheRetentionOfTheTrainingJobLogGroup"]["Resource"]["Fn::Join"][1]
-    assert scoped[-1] == ":log-group:/aws/sagemaker/TrainingJobs"
-    assert all("*" not in str(s["Resource"]) or s["Sid"] == "WriteOwnLogs" for s in statements.values())
+    document = [resolve(resources(foundation, "AWS::IAM::ManagedPolicy")[policy_id]["Properties"]["PolicyDocument"],
+                        refs=refs(foundation))]  # fmt: skip
+
+    def allowed(action: str, group: str, suffix: str = ":*") -> bool:
+        # group-level actions are checked against the group's ARN ending in ":*" (CloudWatch Logs API reference)
+        return is_allowed(document, Request(action, f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{group}{suffix}"))
+
+    for action in ("logs:CreateLogGroup", "logs:PutRetentionPolicy", "logs:DeleteRetentionPolicy"):
+        assert allowed(action, "/aws/sagemaker/TrainingJobs"), action
+        assert not allowed(action, "/aws/sagemaker/Endpoints/dev-sentiment"), action
+    assert not allowed("logs:DeleteLogGroup", "/aws/sagemaker/TrainingJobs")
+    assert not allowed("logs:PutLogEvents", "/aws/sagemaker/TrainingJobs", ":log-stream:job/algo-1")
 
 
 def _role(template: dict, prefix: str) -> dict:

@@ -47,17 +47,20 @@ def test_the_handler_may_make_every_call_of_its_create(prod_foundation: tuple[st
     refs = {"AWS::Partition": "aws", "AWS::Region": region, "AWS::AccountId": ACCOUNT, "AWS::StackName": stack_name}
     policies = role_policies(template, role, refs)
 
-    def group(name: str) -> str:
-        return f"arn:aws:logs:{region}:{ACCOUNT}:log-group:{name}"
+    def group(name: str, suffix: str = ":*") -> str:
+        # A group-level action is checked against the group's ARN ending in ":*" (CloudWatch Logs API reference,
+        # LogGroup.arn: that form for every action but the three tagging ones); a stream's ARN extends the bare one.
+        return f"arn:aws:logs:{region}:{ACCOUNT}:log-group:{name}{suffix}"
 
     own = f"/aws/lambda/{_function_name(stack_name, function_id)}"
+    stream = group(own, ":log-stream:2026/12/04/[$LATEST]0123")
     calls = [
         ("logs:CreateLogGroup", group(TRAINING_JOB_LOG_GROUP)),
         ("logs:PutRetentionPolicy", group(TRAINING_JOB_LOG_GROUP)),
         ("logs:CreateLogGroup", group(own)),
         ("logs:PutRetentionPolicy", group(own)),
-        ("logs:CreateLogStream", f"{group(own)}:log-stream:2026/12/04/[$LATEST]0123"),
-        ("logs:PutLogEvents", f"{group(own)}:log-stream:2026/12/04/[$LATEST]0123"),
+        ("logs:CreateLogStream", stream),
+        ("logs:PutLogEvents", stream),
     ]
     refused = [call for call in calls if not is_allowed(policies, Request(*call))]
     assert refused == []
