@@ -246,6 +246,7 @@ def test_invoke_statement_limits_target_models() -> None:
 
     assert may_invoke({"sagemaker:TargetModel": "tenant-a.tar.gz"})
     assert not may_invoke({"sagemaker:TargetModel": "tenant-b.tar.gz"})
+    assert not may_invoke({"sagemaker:TargetModel": "tenant-a-v2.tar.gz"})  # a name that starts with the allowed one
     assert not may_invoke({})  # an invocation that names no model
     with pytest.raises(ValueError, match="at least one"):
         endpoint.invoke_statement([])
@@ -255,6 +256,25 @@ def test_invoke_statement_limits_target_models() -> None:
         "AWS::SageMaker::Model",
         {"PrimaryContainer": Match.object_like({"Mode": "MultiModel", "ModelDataUrl": "s3://bucket/multi-model/"})},
     )
+
+
+def test_grant_invoke_with_target_models_lets_the_grantee_invoke_only_those_models() -> None:
+    """The grantee's policies, evaluated: the listed model, not another one, not one whose name starts with it, and
+    not the endpoint without a TargetModel (which a multi-model endpoint answers with any model's container)."""
+    stack, endpoint = endpoint_on_bare_stack(mode="MultiModel", model_data_url="s3://bucket/multi-model/")
+    endpoint.grant_invoke(iam.Role(stack, "Tenant", assumed_by=iam.AccountRootPrincipal()), ["tenant-a.tar.gz"])
+    template = Template.from_stack(stack).to_json()
+    values = _values(stack, endpoint, template)
+    policies = role_policies(template, logical_id(template, "AWS::IAM::Role", "Tenant"), values)
+    this = values[f"{stack.get_logical_id(endpoint.endpoint)}.EndpointArn"]
+
+    def may_invoke(**context: str) -> bool:
+        return is_allowed(policies, Request("sagemaker:InvokeEndpoint", this, context))
+
+    assert may_invoke(**{"sagemaker:TargetModel": "tenant-a.tar.gz"})
+    for other in ("tenant-b.tar.gz", "tenant-a-v2.tar.gz"):
+        assert not may_invoke(**{"sagemaker:TargetModel": other}), other
+    assert not may_invoke()
 
 
 def test_dlc_image_parse() -> None:
