@@ -408,3 +408,30 @@ def test_a_restored_checkpoint_with_several_files_in_one_folder_is_complete(tmp_
     fake = FakeS3({"slot-1": marker})
     restored = _remote(fake).restore(tmp_path)
     assert restored == tmp_path / "checkpoint-7" and (restored / "nested" / "b.pth").read_bytes() == b"xxx"
+
+
+@pytest.mark.parametrize("newest_writer", [0, 1, 2])
+def test_a_run_launched_again_restores_the_newest_checkpoint_of_any_earlier_writer(
+    tmp_path: Path, newest_writer: int
+) -> None:
+    """Three earlier writers of the run hold steps 10 and 20 in their own folders; the one holding step 30 comes first,
+    in the middle or last: step 30 is restored, from that writer's folder."""
+    from training_assets.instance.checkpoint_sync import restore_newest
+
+    steps = [10, 20]
+    steps.insert(newest_writer, 30)
+    writers = []
+    for n, step in enumerate(steps):
+        prefix = f"run/nodes/writer{n}/checkpoints/"
+        writers.append(S3Checkpoints(f"s3://bucket/{prefix}", aws=FakeS3({"slot-1": _marker(step)}, prefix=prefix)))
+    restored = restore_newest(tmp_path / "checkpoints", writers)
+    assert restored == tmp_path / "checkpoints" / "checkpoint-30"
+    assert (restored / "model.safetensors").read_bytes() == b"x" * 30
+
+
+def test_a_marker_of_another_step_does_not_make_a_folder_complete(tmp_path: Path) -> None:
+    """checkpoint-20 holding checkpoint-10's marker (a folder copied or renamed by hand) is no checkpoint of step 20:
+    resuming from it would train on step 10's weights as if they were step 20's."""
+    folder = _checkpoint(tmp_path, 10)
+    folder.rename(tmp_path / "checkpoint-20")
+    assert newest_complete(tmp_path) is None
