@@ -95,6 +95,13 @@ def test_a_batch_wait_of_zero_and_of_ten_seconds_are_accepted() -> None:
         ServeSettings.from_environment({"SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S": "10.001"})
 
 
+def test_a_thread_count_that_is_no_positive_number_leaves_the_predictor_its_cores() -> None:
+    """OMP_NUM_THREADS=0 (or a word) is no count: the predictor takes every core rather than failing to load."""
+    for value in ("0", "four", ""):
+        assert RuntimeOptions.from_environment({"OMP_NUM_THREADS": value}).threads is None, value
+    assert RuntimeOptions.from_environment({"OMP_NUM_THREADS": "3"}).threads == 3
+
+
 def test_direct_ingress_is_on_only_where_ray_reads_it_as_on() -> None:
     """Ray reads "1" as on and every other value as off (ray/serve/_private/constants_utils.py get_env_bool, and the
     direct-ingress constant compares with "1"): "true" turns nothing on, and an explicit "0" wins over the mode."""
