@@ -13,6 +13,7 @@ from proving_ground.iam_requests import logical_id, role_policies
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     DlcImage,
+    Rollout,
     SageMakerEndpoint,
     endpoint_name_for,
 )
@@ -178,6 +179,9 @@ def test_autoscaling_tracks_invocations_after_the_endpoint(single) -> None:
                 {
                     "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
                     "TargetValue": AUTOSCALING.target_invocations_per_instance,
+                    # Slow to scale in, quick to scale out: each cooldown where Application Auto Scaling reads it.
+                    "ScaleInCooldown": AUTOSCALING.scale_in_cooldown_seconds,
+                    "ScaleOutCooldown": AUTOSCALING.scale_out_cooldown_seconds,
                 }
             )
         },
@@ -275,6 +279,16 @@ def test_grant_invoke_with_target_models_lets_the_grantee_invoke_only_those_mode
     for other in ("tenant-b.tar.gz", "tenant-a-v2.tar.gz"):
         assert not may_invoke(**{"sagemaker:TargetModel": other}), other
     assert not may_invoke()
+
+
+def test_a_rollout_rolls_back_on_one_to_ten_alarms() -> None:
+    """AutoRollbackConfig takes 1 to 10 alarms (botocore's sagemaker model, AlarmList min 1 max 10): 11 would
+    stop the deployment, not synth."""
+    for count in (1, 10):
+        assert len(Rollout(rollback_alarms=[f"a{n}" for n in range(count)]).rollback_alarms) == count
+    for count in (0, 11):
+        with pytest.raises(ValueError, match="1 to 10 alarms"):
+            Rollout(rollback_alarms=[f"a{n}" for n in range(count)])
 
 
 def test_dlc_image_parse() -> None:
