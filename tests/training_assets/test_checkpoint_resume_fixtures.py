@@ -435,3 +435,38 @@ def test_a_marker_of_another_step_does_not_make_a_folder_complete(tmp_path: Path
     folder = _checkpoint(tmp_path, 10)
     folder.rename(tmp_path / "checkpoint-20")
     assert newest_complete(tmp_path) is None
+
+
+def test_the_uploader_looks_for_a_new_checkpoint_once_every_period_and_once_more_when_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``watch --watch 60``: one round (one S3 listing, one CLI start) per 60 s of the clock, not a busy loop, a
+    failed round retried on the next, and a last round after SIGTERM. The clock and the signal are the test's."""
+    import signal
+    from types import SimpleNamespace
+
+    from training_assets.instance import checkpoint_sync
+
+    now = [0.0]
+    rounds: list[float] = []
+    handlers: dict[int, Any] = {}
+    # The module's clock and signals only (the process's own stay as they are).
+    clock = SimpleNamespace(monotonic=lambda: now[0], sleep=lambda seconds: now.__setitem__(0, now[0] + seconds))
+    signals = SimpleNamespace(SIGTERM=signal.SIGTERM, SIGINT=signal.SIGINT, signal=handlers.__setitem__)
+    monkeypatch.setattr(checkpoint_sync, "time", clock)
+    monkeypatch.setattr(checkpoint_sync, "signal", signals)
+
+    def upload_round(root: Path, remote: Any, log: Any) -> None:
+        rounds.append(now[0])
+        if len(rounds) == 2:
+            raise RuntimeError("S3 was unreachable")
+        if len(rounds) == 4:
+            handlers[signal.SIGTERM](signal.SIGTERM, None)
+
+    monkeypatch.setattr(checkpoint_sync, "upload_newest", upload_round)
+    logged: list[str] = []
+    checkpoint_sync.watch(tmp_path, _remote(FakeS3()), 60, logged.append)
+    assert rounds == [0.0, 60.0, 120.0, 180.0, 180.0]  # the fifth: the last round after the stop
+    assert [line for line in logged if "retrying in 60 s" in line] == [
+        "checkpoint_sync: upload failed, retrying in 60 s: S3 was unreachable"
+    ]
