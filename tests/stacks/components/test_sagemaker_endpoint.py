@@ -238,8 +238,16 @@ def test_grant_invoke_allows_invoke_on_this_endpoint_only(single) -> None:
         assert not is_allowed(policies, Request(action, this)), action
 
 
-def test_invoke_statement_limits_target_models() -> None:
+@pytest.fixture(scope="module")
+def multi_model() -> tuple[cdk.Stack, SageMakerEndpoint, dict]:
+    """A multi-model endpoint whose role "Tenant" may invoke one model (grant_invoke), synthesized once."""
     stack, endpoint = endpoint_on_bare_stack(mode="MultiModel", model_data_url="s3://bucket/multi-model/")
+    endpoint.grant_invoke(iam.Role(stack, "Tenant", assumed_by=iam.AccountRootPrincipal()), ["tenant-a.tar.gz"])
+    return stack, endpoint, Template.from_stack(stack).to_json()
+
+
+def test_invoke_statement_limits_target_models(multi_model) -> None:
+    stack, endpoint, template = multi_model
     statement = stack.resolve(endpoint.invoke_statement(["tenant-a.tar.gz"]).to_statement_json())
     assert statement["Resource"] == {"Fn::GetAtt": [stack.get_logical_id(endpoint.endpoint), "EndpointArn"]}
     arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint/e"
@@ -256,18 +264,15 @@ def test_invoke_statement_limits_target_models() -> None:
         endpoint.invoke_statement([])
     with pytest.raises(ValueError):
         endpoint.invoke_statement(["../escape.tar.gz"])
-    Template.from_stack(stack).has_resource_properties(
-        "AWS::SageMaker::Model",
-        {"PrimaryContainer": Match.object_like({"Mode": "MultiModel", "ModelDataUrl": "s3://bucket/multi-model/"})},
-    )
+    (model,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::SageMaker::Model"]
+    assert model["Properties"]["PrimaryContainer"]["Mode"] == "MultiModel"
+    assert model["Properties"]["PrimaryContainer"]["ModelDataUrl"] == "s3://bucket/multi-model/"
 
 
-def test_grant_invoke_with_target_models_lets_the_grantee_invoke_only_those_models() -> None:
+def test_grant_invoke_with_target_models_lets_the_grantee_invoke_only_those_models(multi_model) -> None:
     """The grantee's policies, evaluated: the listed model, not another one, not one whose name starts with it, and
     not the endpoint without a TargetModel (which a multi-model endpoint answers with any model's container)."""
-    stack, endpoint = endpoint_on_bare_stack(mode="MultiModel", model_data_url="s3://bucket/multi-model/")
-    endpoint.grant_invoke(iam.Role(stack, "Tenant", assumed_by=iam.AccountRootPrincipal()), ["tenant-a.tar.gz"])
-    template = Template.from_stack(stack).to_json()
+    stack, endpoint, template = multi_model
     values = _values(stack, endpoint, template)
     policies = role_policies(template, logical_id(template, "AWS::IAM::Role", "Tenant"), values)
     this = values[f"{stack.get_logical_id(endpoint.endpoint)}.EndpointArn"]
