@@ -216,9 +216,11 @@ class RemoteJobLauncherPolicy(Construct):
             list_own_prefix(remote_jobs, root),
             (
                 # job.wait() (and so every @remote call) lists the job's log streams and re-raises an access error.
-                # DescribeLogStreams authorizes on the log group (the ARN with and without ":*", CloudWatch Logs
-                # access control): it shows stream names, never events. Its own statement, so that "<group>:*"
-                # grants no stream.
+                # CloudWatch Logs documents the group's ARN ending in ":*" for it (the bare ARN is for TagResource,
+                # UntagResource and ListTagsForResource: user guide, "Overview of managing access permissions to your
+                # CloudWatch Logs resources"); the bare ARN too, as proving_ground/iam_requests.py checks both forms:
+                # it widens nothing (one action, one group). It shows stream names, never events. Its own
+                # statement, so that "<group>:*" grants no stream.
                 iam.PolicyStatement(
                     sid="ListTrainingJobLogStreams",
                     actions=["logs:DescribeLogStreams"],

@@ -136,11 +136,16 @@ class SageMakerExecutionRole(Construct):
         """The workload's metrics, and the VPC lookups."""
         return [
             (
+                # The workloads' namespaces all start with "/aws/sagemaker/" (Model Monitor's defaults
+                # /aws/sagemaker/Endpoint/data-metrics and /aws/sagemaker/ModelMonitoring/data-metrics, "CloudWatch
+                # Metrics for Bring Your Own Containers"; AWS's SageMakerStudioProjectRoleMachineLearningPolicy grants
+                # the same pattern). The one SageMaker namespace without the slash, aws/sagemaker/CapacityReservations,
+                # is published by SageMaker's own service-linked role, not by a workload's.
                 iam.PolicyStatement(
                     sid="PublishSageMakerMetrics",
                     actions=["cloudwatch:PutMetricData"],
                     resources=["*"],
-                    conditions={"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*", "aws/sagemaker/*"]}},
+                    conditions={"StringLike": {"cloudwatch:namespace": "/aws/sagemaker/*"}},
                 ),
                 "cloudwatch:PutMetricData has no resource-level permissions; a namespace condition limits it.",
             ),

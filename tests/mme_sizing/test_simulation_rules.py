@@ -293,3 +293,18 @@ def test_a_worker_that_comes_up_after_its_burst_is_answered_stops_max_idle_s_aft
     assert model.workers == 2
     sim.run(2.0 + fleet.max_idle_s + 1)
     assert (model.workers, instance.memory_free) == (1, 900)
+
+
+# --- a load in progress ------------------------------------------------------------------------------------------
+
+
+def test_a_model_is_loading_from_the_moment_its_load_starts_until_its_worker_is_ready() -> None:
+    """While its model downloads and loads, a request is no hit and waits; the model is not evicted for another."""
+    sim = _simulation(memory_mib=COST.footprint_mib(1))  # room for one model
+    (instance,) = sim.instances
+    for _ in range(2):
+        sim.arrive(0, None)  # cold: the first starts the load, the second arrives during it
+    assert sim.hits == 0 and sim.load(instance, 1) is None  # the loading model keeps its room
+    sim.run(10.0)
+    assert sim.hits == 0 and sim.latencies == [3.5, 4.0]  # 1 s download, 2 s load, then 0.5 s each in one worker
+    assert sim.load(instance, 1) is not None and list(instance.models) == [1]  # idle now: evicted

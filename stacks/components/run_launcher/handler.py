@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import boto3
+from botocore.config import Config
 
 LOG = logging.getLogger()
 LOG.setLevel(logging.INFO)
@@ -44,6 +45,10 @@ RUN_ARGS_TAG = "training-run-args"
 # A run name becomes an S3 prefix, a rendezvous id and a tag value: ec2_run.sh's own rule, a little narrower.
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 REQUEST_KEYS = frozenset({"run_name", "nodes", "instance_type", "arguments"})
+# Each call is bounded (botocore's defaults: 60 s to connect, 60 s to read, retried), so that a launch (RunInstances,
+# then its record) ends within the function's timeout even when the API is slow: the caller then gets the API's error
+# instead of Lambda's timeout in the middle of a launch. No retry: the caller, who sees the error, is the retry.
+CLIENT_LIMITS = Config(connect_timeout=3, read_timeout=8, retries={"mode": "standard", "total_max_attempts": 1})
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,7 @@ def record(s3: Any, run_id: str, reservation_id: str, instance_ids: list[str], s
 
 def handler(event: Any, _context: Any) -> dict[str, Any]:
     """Lambda entry point: the launched run; a refused request fails the invocation with its sentence (Refused)."""
-    started = launch(boto3.client("ec2"), boto3.client("s3"), event, Settings.from_environment(os.environ))
+    ec2, s3 = boto3.client("ec2", config=CLIENT_LIMITS), boto3.client("s3", config=CLIENT_LIMITS)
+    started = launch(ec2, s3, event, Settings.from_environment(os.environ))
     LOG.info("started run %s: %s", started["run_id"], started)
     return started

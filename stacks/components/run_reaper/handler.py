@@ -17,12 +17,18 @@ import logging
 from typing import Any
 
 import boto3
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
 LOG = logging.getLogger()
 LOG.setLevel(logging.INFO)
 TEMPLATE_TAG = "aws:ec2launchtemplate:id"
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+# Each call is bounded (botocore's defaults: 60 s to connect, 60 s to read, retried), so that within the function's
+# timeout a sweep finds the overdue instances and ends a protected one (four calls) even when the API is slow: the sweep
+# then fails with the API's error, not cut off by Lambda, and the next sweep goes on where it stopped. No retry: the
+# next sweep is the retry (the schedule's target makes none either).
+CLIENT_LIMITS = Config(connect_timeout=3, read_timeout=8, retries={"mode": "standard", "total_max_attempts": 1})
 
 
 def overdue(ec2: Any, template_id: str, bound: datetime.timedelta, now: datetime.datetime) -> list[str]:
@@ -61,7 +67,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """``event``: the schedule's input, ``{"launch_template_id", "max_run_hours", "grace_minutes"}``."""
     template_id = str(event["launch_template_id"])
     bound = datetime.timedelta(hours=int(event["max_run_hours"]), minutes=int(event["grace_minutes"]))
-    ec2 = boto3.client("ec2")
+    ec2 = boto3.client("ec2", config=CLIENT_LIMITS)
     found = overdue(ec2, template_id, bound, datetime.datetime.now(datetime.UTC))
     terminated = terminate(ec2, found)
     for instance_id in terminated:

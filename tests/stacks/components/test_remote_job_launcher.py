@@ -12,6 +12,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 
 from ops_review.iam_policy import Request, is_allowed, resolve
+from proving_ground.iam_requests import Call, requests_for
 from stacks.components.remote_job_launcher import RemoteJobLauncherPolicy, TrainingJobLimits
 from stacks.components.sagemaker_roles import VpcAttachment
 from tests.stacks.components.bare_stack import (
@@ -36,7 +37,12 @@ SUBNETS, GROUP = ["subnet-0a", "subnet-0b"], "sg-0workload"
 EBS_TYPE, NVME_TYPE = "ml.p3.16xlarge", "ml.p4d.24xlarge"
 
 
-def _build(stack: cdk.Stack) -> None:
+BOTH_KINDS = TrainingJobLimits(
+    instance_types=[EBS_TYPE, NVME_TYPE], nvme_instance_types=[NVME_TYPE], max_runtime_seconds=86400
+)
+
+
+def _build(stack: cdk.Stack, limits: TrainingJobLimits = BOTH_KINDS) -> None:
     RemoteJobLauncherPolicy(
         stack,
         "Launcher",
@@ -52,19 +58,21 @@ def _build(stack: cdk.Stack) -> None:
             subnets=[ec2.Subnet.from_subnet_id(stack, f"Subnet{i}", subnet) for i, subnet in enumerate(SUBNETS)],
             security_group=ec2.SecurityGroup.from_security_group_id(stack, "Group", GROUP),
         ),
-        limits=TrainingJobLimits(
-            instance_types=[EBS_TYPE, NVME_TYPE], nvme_instance_types=[NVME_TYPE], max_runtime_seconds=86400
-        ),
+        limits=limits,
     )
+
+
+def _policies(limits: TrainingJobLimits = BOTH_KINDS) -> list[dict]:
+    stack = bare_stack()
+    _build(stack, limits)
+    template = template_of(stack)
+    ((_, policy),) = resources(template, "AWS::IAM::ManagedPolicy").items()
+    return [resolve(policy["Properties"]["PolicyDocument"], refs=refs(template))]
 
 
 @pytest.fixture(scope="module")
 def policies() -> list[dict]:
-    stack = bare_stack()
-    _build(stack)
-    template = template_of(stack)
-    ((_, policy),) = resources(template, "AWS::IAM::ManagedPolicy").items()
-    return [resolve(policy["Properties"]["PolicyDocument"], refs=refs(template))]
+    return _policies()
 
 
 def _allowed(policies: list[dict], action: str, resource: str, **context: object) -> bool:
@@ -138,7 +146,17 @@ def test_callers_read_the_config_and_follow_training_job_logs(policies: list[dic
     other_config = f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{PARAMETER.replace(ME, SOMEONE_ELSE)}"
     assert not _allowed(policies, "ssm:GetParameter", other_config)
     group = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker/TrainingJobs"
-    assert _allowed(policies, "logs:DescribeLogStreams", f"{group}:*")
+    # DescribeLogStreams as the SDK calls it (sagemaker-core 2.27 remote_function/job.py _flush_log_streams: the group
+    # by name, the job's streams by prefix), turned into IAM requests by the proving ground's one table: the group's
+    # ARN ending in ":*", which the CloudWatch Logs user guide documents for it ("Overview of managing access
+    # permissions to your CloudWatch Logs resources": the ARN without ":*" is for the tagging actions), and, as a
+    # hedge, the bare ARN. Another group's streams stay unlisted.
+    for name, allowed in (("/aws/sagemaker/TrainingJobs", True), ("/other", False)):
+        call = Call("logs", "DescribeLogStreams", {"logGroupName": name, "logStreamNamePrefix": f"{ME}-fn-2026/",
+                    "orderBy": "LogStreamName", "limit": 1}, REGION, ACCOUNT)  # fmt: skip
+        requests = requests_for(call, kms_encrypted_buckets={})
+        assert f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{name}:*" in [r.resource for r in requests]
+        assert [is_allowed(policies, r) for r in requests] == [allowed] * len(requests), name
     assert _allowed(policies, "logs:GetLogEvents", f"{group}:log-stream:{ME}-fn-2026/algo-1-1")
     assert not _allowed(policies, "logs:GetLogEvents", f"{group}:log-stream:{SOMEONE_ELSE}-fn-2026/algo-1-1")
     assert not _allowed(policies, "logs:GetLogEvents", f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/other:log-stream:s")
@@ -170,6 +188,16 @@ def test_jobs_run_only_in_the_platforms_network_under_its_key_on_allowed_types_f
     }
     for name, change in attacks.items():
         assert not _allowed(policies, create, JOB, **_create_context(mine, **change)), name
+
+
+def test_an_environment_that_allows_only_nvme_types_still_creates_jobs_on_them() -> None:
+    """With no EBS-backed type allowed, the NVMe types keep their own statement: their jobs start, with or without
+    the platform volume key, and a type outside the list is still refused."""
+    nvme_only = _policies(TrainingJobLimits([NVME_TYPE], nvme_instance_types=[NVME_TYPE], max_runtime_seconds=86400))
+    create, mine = "sagemaker:CreateTrainingJob", {OWNER_TAG_KEY: ME}
+    assert _allowed(nvme_only, create, JOB, **_create_context(mine, InstanceTypes=[NVME_TYPE], VolumeKmsKey=None))
+    assert _allowed(nvme_only, create, JOB, **_create_context(mine, InstanceTypes=[NVME_TYPE]))
+    assert not _allowed(nvme_only, create, JOB, **_create_context(mine, InstanceTypes=[EBS_TYPE]))
 
 
 @pytest.mark.parametrize("instance_type", [EBS_TYPE, NVME_TYPE])

@@ -317,6 +317,20 @@ def test_only_the_calls_without_condition_keys_are_allowed_without_a_context(
     assert {action for action, _ in granted_actions(policies)} - without_context == conditioned
 
 
+def test_workloads_publish_sagemakers_data_metrics_and_nothing_outside_its_slash_namespaces(template: dict) -> None:
+    """Model Monitor's default namespaces for real-time endpoints and batch transform jobs ("CloudWatch Metrics for
+    Bring Your Own Containers", SageMaker developer guide) are allowed; SageMaker's capacity reservation metrics
+    (aws/sagemaker/CapacityReservations, published by AmazonSageMakerCapacityReservationServiceRolePolicy's
+    service-linked role) and another service's namespace are not a workload's."""
+    allowed = ["/aws/sagemaker/Endpoint/data-metrics", "/aws/sagemaker/ModelMonitoring/data-metrics"]
+    refused = ["aws/sagemaker/CapacityReservations", "aws/sagemaker/Endpoints", "AWS/SageMaker", "AWS/EC2"]
+    for role in ("EndpointRole", "JobRole"):
+        policies = _policies(template, role)
+        allows = {n: is_allowed(policies, Request("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": n}))
+                  for n in allowed + refused}  # fmt: skip
+        assert allows == {n: n in allowed for n in allowed + refused}, role
+
+
 def test_metrics_go_only_to_the_platforms_namespaces(template: dict) -> None:
     for role in ("EndpointRole", "JobRole"):
         policies = _policies(template, role)

@@ -85,6 +85,9 @@ def test_a_workload_roles_credentials_are_refused_outside_the_vpc(foundation: An
     assert may("s3:GetObject", readable, **inside)
     assert not may("s3:GetObject", readable), "from the internet or the NAT gateway: no aws:SourceVpc"
     assert not may("s3:GetObject", readable, **{"aws:SourceVpc": OTHER_VPC}), "through another VPC's endpoint"
+    # An AWS service calling S3 with the role's forward access session (aws:ViaAWSService) carries no aws:SourceVpc:
+    # not refused (network_perimeter_statement: the service was called from inside, or refused there).
+    assert may("s3:GetObject", readable, **{"aws:ViaAWSService": "true"}), "an AWS service on the role's behalf"
     if HELD[role]:  # what the role writes, likewise
         output = f"arn:aws:s3:::{BUCKETS['Artifacts']}/{HELD[role]}"
         artifacts = _bucket_policy(foundation, "Artifacts")

