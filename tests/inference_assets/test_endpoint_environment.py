@@ -79,6 +79,43 @@ def test_ray_replicas_times_threads_fit_the_instance(vcpus: int, workers: int | 
     assert settings.replicas == (workers or default_topology(vcpus).replicas)
 
 
+def test_replicas_share_the_hosts_cores_when_the_threads_are_not_given() -> None:
+    """Without OMP_NUM_THREADS each of 4 replicas on 16 cores gets 4 threads, not 16 (16 x 4 threads on 16 cores)."""
+    assert ServeSettings.from_environment({"SENTIMENT_SERVE_REPLICAS": "4"}, cores=16).threads == 4
+    assert ServeSettings.from_environment({}, cores=16).threads == 16
+    assert ServeSettings.from_environment({"SENTIMENT_SERVE_REPLICAS": "3"}, cores=16).threads == 5
+
+
+def test_a_batch_wait_of_zero_and_of_ten_seconds_are_accepted() -> None:
+    """The settings allow server_max_batch_delay_ms 0 (a pass never waits for its round) and up to 10,000."""
+    for value, seconds in (("0", 0.0), ("10", 10.0)):
+        environment = {**endpoint_environment(vcpus=4), "SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S": value}
+        assert ServeSettings.from_environment(environment).batch_wait_timeout_s == seconds
+    with pytest.raises(ValueError, match="within"):
+        ServeSettings.from_environment({"SENTIMENT_SERVE_BATCH_WAIT_TIMEOUT_S": "10.001"})
+
+
+def test_a_thread_count_that_is_no_positive_number_leaves_the_predictor_its_cores() -> None:
+    """OMP_NUM_THREADS=0 (or a word) is no count: the predictor takes every core rather than failing to load."""
+    for value in ("0", "four", ""):
+        assert RuntimeOptions.from_environment({"OMP_NUM_THREADS": value}).threads is None, value
+    assert RuntimeOptions.from_environment({"OMP_NUM_THREADS": "3"}).threads == 3
+
+
+def test_direct_ingress_is_on_only_where_ray_reads_it_as_on() -> None:
+    """Ray reads "1" as on and every other value as off (ray/serve/_private/constants_utils.py get_env_bool, and the
+    direct-ingress constant compares with "1"): "true" turns nothing on, and an explicit "0" wins over the mode."""
+    assert direct_ingress({"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"})
+    assert direct_ingress({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"})
+    for environment in (
+        {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "true"},
+        {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "true"},
+        {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"},
+        {},
+    ):
+        assert not direct_ingress(environment), environment
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [

@@ -119,3 +119,16 @@ def test_an_empty_limit_variable_keeps_the_default_and_a_name_that_is_no_string_
     for name in (123, None, ["a.tar.gz"]):
         with pytest.raises(ValueError, match="is not valid: use letters, digits"):
             validate_model_name(name)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("field", "low", "high"), [(name, *bounds) for name, bounds in Limits.BOUNDS.items()])
+def test_a_limit_variable_past_its_bounds_is_refused_not_taken_for_unset(field: str, low: int, high: int) -> None:
+    """A container given 0 (or one past the top) for a limit stops with the rule, rather than serving the default."""
+    variable = Limits.ENVIRONMENT[field]
+    assert getattr(Limits.from_environment({variable: str(low)}), field) == low
+    for value in (low - 1, high + 1):
+        with pytest.raises(ValueError, match=f"{field} must be an integer from {low} to {high}, got {value}"):
+            Limits.from_environment({variable: str(value)})
+        if field in Limits.PROPERTIES:
+            with pytest.raises(ValueError, match=f"{field} must be an integer from {low}"):
+                Limits.from_properties({Limits.PROPERTIES[field]: str(value)})

@@ -231,6 +231,22 @@ def test_each_queued_request_gets_the_answer_to_its_own_text(replica) -> None:
     assert [answer.json()[0]["label"].encode() for answer in answers] == bodies
 
 
+def test_requests_of_several_texts_in_one_pass_each_get_the_answers_to_their_own_texts(replica) -> None:
+    """Requests of 2, 3, 1 and 2 texts share one pass: each gets its own texts' answers, in its own order (a pass
+    that hands out one slice per request instead of one per text gives the third request the second's texts)."""
+    original = replica.predictor.predict_dicts
+    replica.predictor.predict_dicts = lambda texts, *_: [{"label": t, "score": 1.0, "scores": {t: 1.0}} for t in texts]
+    requests = [["a" * 40, "bb"], ["c" * 300, "d", "e" * 17], ["ff"], ["g" * 90, "h"]]
+    json_headers = {"content-type": "application/json"}
+    try:
+        items = [replica.admit(json.dumps({"inputs": texts}).encode(), json_headers, f"m{n}")
+                 for n, texts in enumerate(requests)]  # fmt: skip
+        answers = asyncio.run(replica.queue(items))
+    finally:
+        replica.predictor.predict_dicts = original
+    assert [[prediction["label"] for prediction in answer.json()] for answer in answers] == requests
+
+
 def test_a_batch_expects_what_the_last_round_brought(replica, forward_passes) -> None:
     """The next batch waits (up to the timeout) for as many requests as the last pass answered plus those that queued
     meanwhile."""
@@ -624,6 +640,20 @@ def test_requests_share_a_pass_up_to_exactly_max_request_tokens(replica, token_l
     forward_passes.clear()
     asyncio.run(replica.queue(_full_window_requests(replica, [4, 5])))
     assert forward_passes == [4, 5]
+
+
+def test_a_request_that_does_not_fit_the_pass_ends_it_and_leads_the_next(
+    replica, token_limit: int, forward_passes
+) -> None:
+    """Requests of 4, 5 and 1 full-window texts: the 5 do not fit beside the 4, so the pass ends there and the 1
+    waits behind them (arrival order), rather than jumping the queue into the first pass (which would also take the
+    wrong requests off the queue and leave one unanswered)."""
+    items = _full_window_requests(replica, [4, 5, 1])
+    # (60 s: a guard against a hang, not a limit)
+    answers = asyncio.run(asyncio.wait_for(replica.queue(items), 60))
+    assert [answer.status for answer in answers] == [200] * 3
+    assert [len(answer.json()) for answer in answers] == [4, 5, 1]
+    assert forward_passes == [4, 6]
 
 
 def test_a_pass_waits_for_the_round_and_starts_when_it_is_complete(

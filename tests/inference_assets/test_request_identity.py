@@ -115,3 +115,17 @@ def test_a_short_text_reaches_the_tokenizer_whole(
     exactly = "x" * predictor.max_chars
     predictor.predict_dicts(["short", exactly, exactly + "y"])
     assert seen == ["short", exactly, exactly]
+
+
+def test_cutting_a_long_text_keeps_every_token_of_the_window(predictor: SentimentPredictor) -> None:
+    """Texts made of the vocabulary's longest tokens (each covers many characters), and of short ones, over the
+    window: the cut text's tokens are the whole text's first max_length tokens (a cut at a few characters per token
+    would classify a shorter review than the model can read)."""
+    tokenizer, window = predictor.tokenizer, predictor.max_length
+    longest = sorted(tokenizer.get_vocab(), key=len, reverse=True)[:20]
+    long_words = tokenizer.convert_tokens_to_string(longest)
+    assert len(long_words) > 8 * len(longest)  # each of these tokens covers more than 8 characters
+    for text in (long_words * 50, "ab" * 40_000, "word " * 5_000):
+        whole = tokenizer([text], truncation=True, max_length=window)["input_ids"][0]
+        assert len(whole) == window
+        assert predictor.encode([text]) == [whole]

@@ -211,3 +211,30 @@ def test_the_synthesized_endpoint_is_read_from_the_cloud_assembly(cloud_assembly
     )
     with pytest.raises(ChangeRefused, match="no dev/GravitonEndpoint stack"):
         change_instance.planned_endpoint(Path(cloud_assembly.directory), "dev", "graviton")
+
+
+def test_the_endpoint_counts_as_changed_only_once_it_runs_the_new_type() -> None:
+    """Right after the deploy the endpoint may still be InService on the old type (SageMaker has not started the
+    update yet): the command waits through that and the update, and returns once it is InService on the new type;
+    an endpoint that fails is refused at once."""
+    planned = Planned("s", "dev/s", "e", {"AllTraffic": "ml.c7g.2xlarge"}, {})
+
+    class Endpoint:
+        def __init__(self, states: list[tuple[str, str]]) -> None:
+            self.states, self.polls = states, 0
+
+        def describe_endpoint(self, EndpointName: str) -> dict[str, Any]:
+            self.polls += 1
+            return {"EndpointStatus": self.states[min(self.polls, len(self.states)) - 1][0], "EndpointConfigName": "c"}
+
+        def describe_endpoint_config(self, EndpointConfigName: str) -> dict[str, Any]:
+            instance_type = self.states[min(self.polls, len(self.states)) - 1][1]
+            return {"ProductionVariants": [{"VariantName": "AllTraffic", "InstanceType": instance_type}]}
+
+    sleeps: list[float] = []
+    old, new = "ml.c7g.xlarge", "ml.c7g.2xlarge"
+    updating = Endpoint([("InService", old), ("Updating", old), ("InService", new)])
+    change_instance.wait_in_service(updating, planned, timeout_s=3600, poll_s=30, sleep=sleeps.append)
+    assert (updating.polls, sleeps) == (3, [30, 30])
+    with pytest.raises(ChangeRefused, match="endpoint e is Failed with"):
+        change_instance.wait_in_service(Endpoint([("Failed", old)]), planned, timeout_s=3600, poll_s=30, sleep=print)

@@ -160,6 +160,23 @@ def test_pull_allowed_reads_the_pipelines_deny_as_well() -> None:
     assert pull_allowed({"Statement": [{"Effect": "Allow", "Principal": "*", "Action": "ecr:*"}]}, ACCOUNT)
 
 
+def test_pull_allowed_needs_every_pull_action_for_this_account_and_no_deny_that_may_hold() -> None:
+    """A pull needs all three actions; a principal of another account whose name holds this account's id is not this
+    account; a Deny with a condition the review cannot evaluate (not the principal's account) is taken to hold."""
+    pull = ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
+
+    def allow(principal: object, actions: list[str]) -> dict[str, Any]:
+        return {"Effect": "Allow", "Principal": principal, "Action": actions}
+
+    assert pull_allowed({"Statement": [allow({"AWS": f"arn:aws:iam::{ACCOUNT}:role/builder"}, pull)]}, ACCOUNT)
+    assert not pull_allowed({"Statement": [allow({"AWS": ACCOUNT}, ["ecr:BatchGetImage"])]}, ACCOUNT)
+    impostor = f"arn:aws:iam::{TOOLING}:role/{ACCOUNT}-builder"
+    assert not pull_allowed({"Statement": [allow({"AWS": impostor}, pull)]}, ACCOUNT)
+    deny_plain_http = {"Effect": "Deny", "Principal": "*", "Action": "ecr:*",
+                       "Condition": {"Bool": {"aws:SecureTransport": "false"}}}  # fmt: skip
+    assert not pull_allowed({"Statement": [allow({"AWS": ACCOUNT}, pull), deny_plain_http]}, ACCOUNT)
+
+
 def test_the_command_exits_1_on_a_failing_image(assembly: Path, mocked_aws: str, capsys: Any) -> None:
     clients = lambda service, region: boto3.client(service, region_name=region)  # noqa: E731
     assert main(["--env", "staging", "--cdk-out", str(assembly)], clients=clients) == 1

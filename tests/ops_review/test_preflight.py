@@ -471,6 +471,24 @@ def test_elastic_ips_count_only_the_environments_not_deployed_yet(aws: None, ass
     )
 
 
+def test_elastic_ips_that_fill_the_quota_exactly_pass(aws: None, assembly: Path) -> None:
+    """Two addresses in use and three needed (dev 1, staging 2) fill the quota of five exactly: no blocker."""
+    needs = needs_of(assembly, "dev")
+    ec2 = boto3.client("ec2", region_name=needs.region)
+    for _ in range(2):
+        ec2.allocate_address(Domain="vpc")
+    account = Account(needs.region)
+    account.stacks({}, ["dev-Foundation", "staging-Foundation"])
+    account.stacks({"prod-Foundation": {}}, ["prod-Foundation"])
+    preflight_run = Preflight(needs, account.client)
+    preflight_run.elastic_ips()
+    (finding,) = preflight_run.findings
+    assert (finding.level, finding.line().split(": ", 1)[1]) == (
+        "OK",
+        "5 allowed, 2 in use, 3 more needed (dev 1, staging 2).",
+    )
+
+
 def test_an_interface_endpoint_service_missing_from_a_zone_blocks_the_foundation(aws: None, assembly: Path) -> None:
     """prod's three private subnets sit in the region's first three zones (Fn::GetAZs); a service offered in two of
     them fails the Foundation's create: one line per such service."""

@@ -181,3 +181,17 @@ def test_a_policy_the_review_cannot_resolve_is_said_not_guessed(platform_assembl
     reach = reach_assembly(stacks)[ENV]
     assert list(reach) == [NOT_EVALUATED]
     assert reach[NOT_EVALUATED]["not_evaluated"] == ["Foundation uses Fn::If, which the review does not resolve"]
+
+
+def test_a_write_allowed_only_as_a_create_says_so(review_run: tuple[Path, str]) -> None:
+    """The launcher's launch records are written only with If-None-Match: * (never replaced): the review shows that
+    write, with that condition, under launches/, and the instances themselves no write there."""
+    out, _ = review_run
+    reach = json.loads((out / f"{ENV}.json").read_text())["reach"]
+    records = [row for row in _principal(reach, "Foundation/TrainingInstanceRoleLaunchRecordPolicy")["reach"]
+               if "s3:PutObject" in row["actions"]]  # fmt: skip
+    assert [(row["scope"], row["conditions"]) for row in records] == [
+        ("training-output/*/launches/*", ["only as a create (If-None-Match: *)"])
+    ]
+    instance = _principal(reach, "Foundation/TrainingInstanceRole")["reach"]
+    assert not [row for row in instance if "launches" in row["scope"] and "s3:PutObject" in row["actions"]]

@@ -104,3 +104,14 @@ def test_a_row_index_keeps_its_global_batchs_length_in_a_dataloader_worker() -> 
 
     index = pickle.loads(pickle.dumps(PaddedIndex(3, 16)))
     assert (type(index), int(index), index.padded_length) == (PaddedIndex, 3, 16)
+
+
+def test_the_batch_holding_the_one_longest_text_comes_first() -> None:
+    """One text of 60 tokens among 31 of 30: whichever batch it falls into (a batch of 32-token texts otherwise) is
+    the first step, so an out-of-memory error shows at once, not somewhere in the epoch."""
+    lengths = [30] * 31 + [60]
+    for seed in range(8):
+        torch.manual_seed(seed)
+        order = list(LengthBucketSampler(lengths, bucket_lengths(64), batch_size=8))
+        assert 31 in order[:8], seed
+        assert {cast(PaddedIndex, index).padded_length for index in order[:8]} == {64}, seed

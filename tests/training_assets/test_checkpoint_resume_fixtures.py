@@ -408,3 +408,65 @@ def test_a_restored_checkpoint_with_several_files_in_one_folder_is_complete(tmp_
     fake = FakeS3({"slot-1": marker})
     restored = _remote(fake).restore(tmp_path)
     assert restored == tmp_path / "checkpoint-7" and (restored / "nested" / "b.pth").read_bytes() == b"xxx"
+
+
+@pytest.mark.parametrize("newest_writer", [0, 1, 2])
+def test_a_run_launched_again_restores_the_newest_checkpoint_of_any_earlier_writer(
+    tmp_path: Path, newest_writer: int
+) -> None:
+    """Three earlier writers of the run hold steps 10 and 20 in their own folders; the one holding step 30 comes first,
+    in the middle or last: step 30 is restored, from that writer's folder."""
+    from training_assets.instance.checkpoint_sync import restore_newest
+
+    steps = [10, 20]
+    steps.insert(newest_writer, 30)
+    writers = []
+    for n, step in enumerate(steps):
+        prefix = f"run/nodes/writer{n}/checkpoints/"
+        writers.append(S3Checkpoints(f"s3://bucket/{prefix}", aws=FakeS3({"slot-1": _marker(step)}, prefix=prefix)))
+    restored = restore_newest(tmp_path / "checkpoints", writers)
+    assert restored == tmp_path / "checkpoints" / "checkpoint-30"
+    assert (restored / "model.safetensors").read_bytes() == b"x" * 30
+
+
+def test_a_marker_of_another_step_does_not_make_a_folder_complete(tmp_path: Path) -> None:
+    """checkpoint-20 holding checkpoint-10's marker (a folder copied or renamed by hand) is no checkpoint of step 20:
+    resuming from it would train on step 10's weights as if they were step 20's."""
+    folder = _checkpoint(tmp_path, 10)
+    folder.rename(tmp_path / "checkpoint-20")
+    assert newest_complete(tmp_path) is None
+
+
+def test_the_uploader_looks_for_a_new_checkpoint_once_every_period_and_once_more_when_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``watch --watch 60``: one round (one S3 listing, one CLI start) per 60 s of the clock, not a busy loop, a
+    failed round retried on the next, and a last round after SIGTERM. The clock and the signal are the test's."""
+    import signal
+    from types import SimpleNamespace
+
+    from training_assets.instance import checkpoint_sync
+
+    now = [0.0]
+    rounds: list[float] = []
+    handlers: dict[int, Any] = {}
+    # The module's clock and signals only (the process's own stay as they are).
+    clock = SimpleNamespace(monotonic=lambda: now[0], sleep=lambda seconds: now.__setitem__(0, now[0] + seconds))
+    signals = SimpleNamespace(SIGTERM=signal.SIGTERM, SIGINT=signal.SIGINT, signal=handlers.__setitem__)
+    monkeypatch.setattr(checkpoint_sync, "time", clock)
+    monkeypatch.setattr(checkpoint_sync, "signal", signals)
+
+    def upload_round(root: Path, remote: Any, log: Any) -> None:
+        rounds.append(now[0])
+        if len(rounds) == 2:
+            raise RuntimeError("S3 was unreachable")
+        if len(rounds) == 4:
+            handlers[signal.SIGTERM](signal.SIGTERM, None)
+
+    monkeypatch.setattr(checkpoint_sync, "upload_newest", upload_round)
+    logged: list[str] = []
+    checkpoint_sync.watch(tmp_path, _remote(FakeS3()), 60, logged.append)
+    assert rounds == [0.0, 60.0, 120.0, 180.0, 180.0]  # the fifth: the last round after the stop
+    assert [line for line in logged if "retrying in 60 s" in line] == [
+        "checkpoint_sync: upload failed, retrying in 60 s: S3 was unreachable"
+    ]

@@ -355,6 +355,23 @@ def test_a_split_smaller_than_one_batch_trains_as_one_partial_batch() -> None:
     assert "the train split has 5 row(s), fewer than one global batch of 8 (4 per device x 2 device(s))" in smaller
 
 
+def test_a_split_of_exactly_one_global_batch_is_one_full_batch() -> None:
+    """At the limit: 16 rows, a global batch of 16 (8 per device x 2) is one full batch, no warning of a partial
+    one (one row fewer is the partial batch)."""
+    plan = _plan(16, per_device=8, world_size=2, epochs=10)
+    assert (plan.drop_last, plan.steps_per_epoch, plan.samples_per_step, plan.warnings) == (True, 1, 16, [])
+    assert _plan(15, per_device=8, world_size=2, epochs=10).drop_last is False
+
+
+@pytest.mark.parametrize(("length", "refused"), [(7, True), (8, False), (4096, False), (4097, True)])
+def test_max_seq_length_is_taken_from_8_to_4096(length: int, refused: bool) -> None:
+    if not refused:
+        assert TrainConfig(max_seq_length=length).max_seq_length == length
+        return
+    with pytest.raises(dataset.TrainingInputError, match=rf"^max_seq_length must be between 8 and 4096, got {length}$"):
+        TrainConfig(max_seq_length=length)
+
+
 def test_enough_data_has_no_warnings() -> None:
     assert _plan(240, per_device=8, epochs=3).warnings == []
 

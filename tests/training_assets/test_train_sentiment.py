@@ -244,3 +244,35 @@ def test_metrics_agree_with_scikit_learn(seed: int) -> None:
     assert metrics["macro_f1"] == pytest.approx(f1_score(labels, predicted, average="macro", zero_division=0))
     probabilities = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
     assert metrics["cross_entropy"] == pytest.approx(log_loss(labels, probabilities, labels=range(classes)))
+
+
+def test_cross_entropy_stays_finite_for_large_logits() -> None:
+    """Logits of a confident model in the thousands (exp overflows past 709): a loss near 0 for the right class and
+    the logit gap for the wrong one, as the classification head's log-softmax gives, not inf or nan."""
+    import numpy as np
+
+    logits = np.array([[1000.0, 0.0, -5.0], [0.0, 800.0, 0.0]])
+    assert train_sentiment.cross_entropy(logits, np.array([0, 1])) == pytest.approx(0.0, abs=1e-9)
+    assert train_sentiment.cross_entropy(logits[:1], np.array([1])) == pytest.approx(1000.0)
+
+
+@pytest.mark.parametrize(("model_type", "limit"), [("roberta", 64), ("xlm-roberta", 64), ("bert", 66)])
+def test_texts_are_cut_to_the_positions_the_model_has(model_type: str, limit: int) -> None:
+    """A tokenizer that claims no limit of its own (model_max_length 1e30, as hub tokenizers without one do): the
+    texts are cut to the position embeddings, less RoBERTa's two reserved positions (a 66th token would index past
+    the table and fail the first batch that holds it)."""
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(max_position_embeddings=66, model_type=model_type)
+    assert train_sentiment._position_limit(model, SimpleNamespace(model_max_length=int(1e30))) == limit
+    assert train_sentiment._position_limit(model, SimpleNamespace(model_max_length=32)) == 32
+
+
+def test_a_row_carries_the_padded_length_of_its_global_batch() -> None:
+    """Each rank pads its share of a global batch to that batch's bucket, also a row shorter or longer than it."""
+    from training_assets.instance.batching import PaddedIndex
+
+    split = train_sentiment.TokenizedSplit([[5] * 3, [5] * 20], [0, 1])
+    assert split[PaddedIndex(0, 24)] == {"input_ids": [5] * 3, "label": 0, "padded_length": 24}
+    assert split[PaddedIndex(1, 16)]["padded_length"] == 16
+    assert "padded_length" not in split[1]

@@ -196,6 +196,7 @@ def test_serving_properties_render_every_setting():
     ("settings", "message"),
     [
         ({"min_workers": 4, "max_workers": 2}, r"min_workers \(4\) must not exceed max_workers \(2\)"),
+        ({"min_workers": 3, "max_workers": 2}, r"min_workers \(3\) must not exceed max_workers \(2\)"),
         ({"min_workers": 0}, "min_workers must be an integer from 1 to 128, got 0"),
         ({"max_idle_time_seconds": 0}, "max_idle_time_seconds must be an integer from 1"),
         ({"batch_size": 2.5}, "batch_size must be 1 for DJL Serving"),
@@ -208,6 +209,10 @@ def test_serving_properties_render_every_setting():
 def test_bad_settings_are_refused_with_the_rule(settings, message):
     with pytest.raises(ValueError, match=message):
         DjlModelSettings(**settings)
+
+
+def test_equal_worker_bounds_are_accepted():
+    assert "minWorkers=2\nmaxWorkers=2" in DjlModelSettings(min_workers=2, max_workers=2).render()
 
 
 def test_parse_properties_refuses_lines_without_a_value():

@@ -182,6 +182,7 @@ def test_jobs_run_only_in_the_platforms_network_under_its_key_on_allowed_types_f
         "no output key": {"OutputKmsKey": None},
         "a type outside the list": {"InstanceTypes": ["ml.p5e.48xlarge"]},
         "a week": {"MaxRuntimeInSeconds": str(7 * 86400)},
+        "one second over the limit": {"MaxRuntimeInSeconds": "86401"},
         "no inter-container encryption": {"InterContainerTrafficEncryption": "false"},
         "inter-container encryption unset": {"InterContainerTrafficEncryption": None},
     }

@@ -13,6 +13,7 @@ from proving_ground.iam_requests import logical_id, role_policies
 from stacks.components.sagemaker_endpoint import (
     AlarmSpec,
     DlcImage,
+    Rollout,
     SageMakerEndpoint,
     endpoint_name_for,
 )
@@ -178,6 +179,9 @@ def test_autoscaling_tracks_invocations_after_the_endpoint(single) -> None:
                 {
                     "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
                     "TargetValue": AUTOSCALING.target_invocations_per_instance,
+                    # Slow to scale in, quick to scale out: each cooldown where Application Auto Scaling reads it.
+                    "ScaleInCooldown": AUTOSCALING.scale_in_cooldown_seconds,
+                    "ScaleOutCooldown": AUTOSCALING.scale_out_cooldown_seconds,
                 }
             )
         },
@@ -234,8 +238,16 @@ def test_grant_invoke_allows_invoke_on_this_endpoint_only(single) -> None:
         assert not is_allowed(policies, Request(action, this)), action
 
 
-def test_invoke_statement_limits_target_models() -> None:
+@pytest.fixture(scope="module")
+def multi_model() -> tuple[cdk.Stack, SageMakerEndpoint, dict]:
+    """A multi-model endpoint whose role "Tenant" may invoke one model (grant_invoke), synthesized once."""
     stack, endpoint = endpoint_on_bare_stack(mode="MultiModel", model_data_url="s3://bucket/multi-model/")
+    endpoint.grant_invoke(iam.Role(stack, "Tenant", assumed_by=iam.AccountRootPrincipal()), ["tenant-a.tar.gz"])
+    return stack, endpoint, Template.from_stack(stack).to_json()
+
+
+def test_invoke_statement_limits_target_models(multi_model) -> None:
+    stack, endpoint, template = multi_model
     statement = stack.resolve(endpoint.invoke_statement(["tenant-a.tar.gz"]).to_statement_json())
     assert statement["Resource"] == {"Fn::GetAtt": [stack.get_logical_id(endpoint.endpoint), "EndpointArn"]}
     arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint/e"
@@ -246,15 +258,42 @@ def test_invoke_statement_limits_target_models() -> None:
 
     assert may_invoke({"sagemaker:TargetModel": "tenant-a.tar.gz"})
     assert not may_invoke({"sagemaker:TargetModel": "tenant-b.tar.gz"})
+    assert not may_invoke({"sagemaker:TargetModel": "tenant-a-v2.tar.gz"})  # a name that starts with the allowed one
     assert not may_invoke({})  # an invocation that names no model
     with pytest.raises(ValueError, match="at least one"):
         endpoint.invoke_statement([])
     with pytest.raises(ValueError):
         endpoint.invoke_statement(["../escape.tar.gz"])
-    Template.from_stack(stack).has_resource_properties(
-        "AWS::SageMaker::Model",
-        {"PrimaryContainer": Match.object_like({"Mode": "MultiModel", "ModelDataUrl": "s3://bucket/multi-model/"})},
-    )
+    (model,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::SageMaker::Model"]
+    assert model["Properties"]["PrimaryContainer"]["Mode"] == "MultiModel"
+    assert model["Properties"]["PrimaryContainer"]["ModelDataUrl"] == "s3://bucket/multi-model/"
+
+
+def test_grant_invoke_with_target_models_lets_the_grantee_invoke_only_those_models(multi_model) -> None:
+    """The grantee's policies, evaluated: the listed model, not another one, not one whose name starts with it, and
+    not the endpoint without a TargetModel (which a multi-model endpoint answers with any model's container)."""
+    stack, endpoint, template = multi_model
+    values = _values(stack, endpoint, template)
+    policies = role_policies(template, logical_id(template, "AWS::IAM::Role", "Tenant"), values)
+    this = values[f"{stack.get_logical_id(endpoint.endpoint)}.EndpointArn"]
+
+    def may_invoke(**context: str) -> bool:
+        return is_allowed(policies, Request("sagemaker:InvokeEndpoint", this, context))
+
+    assert may_invoke(**{"sagemaker:TargetModel": "tenant-a.tar.gz"})
+    for other in ("tenant-b.tar.gz", "tenant-a-v2.tar.gz"):
+        assert not may_invoke(**{"sagemaker:TargetModel": other}), other
+    assert not may_invoke()
+
+
+def test_a_rollout_rolls_back_on_one_to_ten_alarms() -> None:
+    """AutoRollbackConfig takes 1 to 10 alarms (botocore's sagemaker model, AlarmList min 1 max 10): 11 would
+    stop the deployment, not synth."""
+    for count in (1, 10):
+        assert len(Rollout(rollback_alarms=[f"a{n}" for n in range(count)]).rollback_alarms) == count
+    for count in (0, 11):
+        with pytest.raises(ValueError, match="1 to 10 alarms"):
+            Rollout(rollback_alarms=[f"a{n}" for n in range(count)])
 
 
 def test_dlc_image_parse() -> None:

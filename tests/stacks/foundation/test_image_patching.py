@@ -142,6 +142,23 @@ def test_an_image_without_a_fact_is_refused() -> None:
         check_images(parse_environment("dev", raw), CHECKED_ON)
 
 
+@pytest.mark.parametrize(("graviton", "multi_model"), [(False, True), (True, False), (False, False)])
+def test_each_enabled_endpoint_has_its_image_checked_whatever_the_other_does(graviton: bool, multi_model: bool) -> None:
+    """An endpoint's image is checked when that endpoint is enabled, not when the other one is: a DJL image nobody
+    has a fact for stops synth with the Graviton endpoint off, and is not looked at with the multi-model one off."""
+    raw = _raw("dev")
+    raw.setdefault("graviton_endpoint", {})["enabled"] = graviton
+    raw.setdefault("multi_model_endpoint", {})["enabled"] = multi_model
+    raw["multi_model_endpoint"]["djl_image"] = "djl-inference:0.99.0-cpu-full"
+    settings = parse_environment("dev", raw)
+    if not multi_model:
+        checked = {c.use.stack for c in check_images(settings, CHECKED_ON)}
+        assert checked == {"Training"} | ({"GravitonEndpoint"} if graviton else set())
+        return
+    with pytest.raises(SettingsError, match=r"^environments\.dev\.multi_model_endpoint\.djl_image: djl-inference"):
+        check_images(settings, CHECKED_ON)
+
+
 @pytest.mark.parametrize(("key", "platform"), [("image_tag", "sagemaker"), ("remote_image_tag", "ec2")])
 def test_a_training_image_of_the_other_flavour_is_refused(key: str, platform: str) -> None:
     """The EC2 runs need the EC2 flavour (docker run), the @remote jobs the SageMaker one (its training toolkit)."""
@@ -169,7 +186,9 @@ def test_the_ubuntu_training_images_are_history_that_nothing_chooses() -> None:
             assert replacement.end_of_patching > old.end_of_patching, old.image
 
 
-@pytest.mark.parametrize("reason", ["", "   because   "])
+@pytest.mark.parametrize(
+    "reason", ["", "   because   ", " " * 25, "because" + " " * 20], ids=["empty", "short", "blank", "padded"]
+)
 def test_an_acceptance_needs_a_real_reason(reason: str) -> None:
     raw = _raw("dev")
     raw["accept_unpatched_images"] = {GRAVITON_TORCHSERVE: reason}

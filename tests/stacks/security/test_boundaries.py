@@ -143,6 +143,28 @@ def test_a_key_policy_must_allow_itself_or_delegate_to_iam() -> None:
     assert not is_allowed([], request, key_policy=delegating)
 
 
+def test_a_request_from_another_account_needs_an_allow_on_both_sides() -> None:
+    """IAM User Guide, "Cross-account policy evaluation logic": the caller's identity policy and the resource's
+    policy (naming the caller or its account) must both allow; either alone grants nothing."""
+    other = "999999999999"
+    identity = _doc({"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::b/*"})
+    bucket = _doc({"Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{other}:root"}, "Action": "s3:GetObject",
+                   "Resource": "arn:aws:s3:::b/*"})  # fmt: skip
+    context = {"aws:PrincipalAccount": other, "aws:PrincipalArn": f"arn:aws:iam::{other}:role/r"}
+    request = Request("s3:GetObject", "arn:aws:s3:::b/k", context)
+    assert is_allowed(identity, request, resource_policies=bucket, same_account=False)
+    assert not is_allowed(identity, request, same_account=False)
+    assert not is_allowed([], request, resource_policies=bucket, same_account=False)
+
+
+def test_actions_match_in_any_case_and_resources_only_in_their_own() -> None:
+    """IAM User Guide, "IAM JSON policy elements: Action": action names are case-insensitive; resource ARNs (an S3
+    key among them) are matched case-sensitively, so a grant on home/alice/ is none on home/Alice/."""
+    policies = _doc({"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::b/home/alice/*"})
+    assert is_allowed(policies, Request("S3:getobject", "arn:aws:s3:::b/home/alice/x"))
+    assert not is_allowed(policies, Request("s3:GetObject", "arn:aws:s3:::b/home/Alice/x"))
+
+
 # ------------------------------------------------------------------ RunInstances from the training launch template
 
 
