@@ -32,11 +32,9 @@ class TrainingJobLogRetention(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         stack = cdk.Stack.of(self)
+        lambda_service = iam.ServicePrincipal("lambda.amazonaws.com")
         self.role = iam.Role(
-            self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description=f"Sets the retention of {log_group_name}",
+            self, "Role", assumed_by=lambda_service, description=f"Sets the retention of {log_group_name}"
         )
         handler_logs = arn(self, "logs", f"log-group:/aws/lambda/{stack.stack_name}-LogRetention*")
         self.policy = reasoned_policy(
@@ -50,10 +48,8 @@ class TrainingJobLogRetention(Construct):
                         actions=["logs:CreateLogGroup", "logs:PutRetentionPolicy", "logs:DeleteRetentionPolicy"],
                         resources=[arn(self, "logs", f"log-group:{log_group_name}:*")],
                     ),
-                    # CloudWatch Logs API reference, LogGroup.arn: the form ending in ":*" for every action but the
-                    # three tagging ones (the bare group ARN matched nothing these calls are checked against).
-                    "IAM checks these group-level actions against the group's ARN ending in ':*'; the statement "
-                    "names one log group and holds no stream action.",
+                    "IAM checks these group-level actions against the group's ARN ending in ':*' (CloudWatch Logs "
+                    "API reference, LogGroup.arn); the statement names one log group and holds no stream action.",
                 ),
                 (
                     iam.PolicyStatement(
