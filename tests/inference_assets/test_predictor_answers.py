@@ -79,6 +79,24 @@ def test_a_text_past_the_window_is_cut_to_it_and_answered(tiny_model_dir: Path, 
     assert answer.scores == predictor.predict_encoded([ids])[0].scores
 
 
+@pytest.mark.parametrize(("model_type", "reserved"), [("roberta", 2), ("xlm-roberta", 2), ("bert", 0)])
+def test_the_window_is_the_positions_less_those_the_model_type_reserves(
+    tiny_model_dir: Path, tmp_path: Path, model_type: str, reserved: int
+) -> None:
+    """RoBERTa and XLM-RoBERTa number positions from padding_idx + 1, so two of them hold no token; BERT numbers them
+    from 0, and every one holds a token. The same tiny weights under each type, a tokenizer claiming a longer window."""
+    model_dir = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    for name, change in (
+        ("tokenizer_config.json", {"model_max_length": 10_000}),
+        ("config.json", {"model_type": model_type}),
+    ):
+        path = model_dir / name
+        path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    predictor = SentimentPredictor(model_dir, RuntimeOptions(threads=1))
+    assert predictor.model.config.model_type == model_type
+    assert predictor.max_length == predictor.model.config.max_position_embeddings - reserved
+
+
 def test_a_thread_count_reset_by_a_library_is_set_again_before_a_pass(
     predictor: SentimentPredictor, monkeypatch: pytest.MonkeyPatch
 ) -> None:

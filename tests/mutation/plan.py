@@ -138,7 +138,8 @@ PLAN = {
                         ("tests/inference_assets/test_predictor_groups.py",
                          "tests/inference_assets/test_request_identity.py",
                          "tests/inference_assets/test_predictor_threads.py",
-                         "tests/inference_assets/test_predictor_answers.py"), torch=True),
+                         "tests/inference_assets/test_predictor_answers.py",
+                         "tests/inference_assets/test_predictor_compiled.py"), torch=True),
     # Its tests construct the deployment class from the tree's module, which the archive carries byte for byte (the
     # archive's copy is another module to Python, whose mutants mutmut would never switch on): test_ray_deployment.py.
     "ray_deployment": Module("inference_assets/container/ray_deployment.py",
