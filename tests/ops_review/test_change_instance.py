@@ -179,9 +179,12 @@ def test_a_scaling_change_in_the_same_deploy_is_refused_before_anything_changes(
     (resource_id,) = planned.scaling
     changed = {resource_id: {**planned.scaling[resource_id], "MaxCapacity": 9}}
     other = Planned(planned.stack_name, planned.stack_path, planned.endpoint_name, planned.instance_types, changed)
+    deploys: list[Planned] = []
+    # A short wait: were the refusal missed, the deploy below changes nothing and the wait would end the test.
     with pytest.raises(ChangeRefused, match="in a deploy of its own"):
-        change_instance_type(other, aws["operator"], lambda planned: 0, state_file=aws["state"], poll_s=0,
-                             log=lambda line: None)  # fmt: skip
+        change_instance_type(other, aws["operator"], lambda planned: deploys.append(planned) or 0,
+                             state_file=aws["state"], timeout_s=1, poll_s=0, log=lambda line: None)  # fmt: skip
+    assert deploys == []
     assert _scaling(aws, planned) == before
     assert not aws["state"].exists()
 
