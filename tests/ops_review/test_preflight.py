@@ -450,12 +450,12 @@ def test_an_image_the_endpoint_cannot_run_blocks_its_deploy(aws: None, assembly:
     ]
 
 
-def test_elastic_ips_count_only_the_environments_not_deployed_yet(aws: None, assembly: Path) -> None:
-    """With prod's Foundation deployed (its three addresses allocated), dev and staging need three more of the
-    five: one is free, a blocker that names the two environments and the request to make."""
+def _elastic_ip_finding(assembly: Path, in_use: int) -> preflight.Finding:
+    """dev's Elastic IP check with ``in_use`` addresses allocated and prod's Foundation deployed, dev's and staging's
+    not: its one finding."""
     needs = needs_of(assembly, "dev")
     ec2 = boto3.client("ec2", region_name=needs.region)
-    for _ in range(3):
+    for _ in range(in_use):
         ec2.allocate_address(Domain="vpc")
     account = Account(needs.region)
     account.stacks({}, ["dev-Foundation", "staging-Foundation"])
@@ -463,6 +463,13 @@ def test_elastic_ips_count_only_the_environments_not_deployed_yet(aws: None, ass
     preflight_run = Preflight(needs, account.client)
     preflight_run.elastic_ips()
     (finding,) = preflight_run.findings
+    return finding
+
+
+def test_elastic_ips_count_only_the_environments_not_deployed_yet(aws: None, assembly: Path) -> None:
+    """With prod's Foundation deployed (its three addresses allocated), dev and staging need three more of the
+    five: one is free, a blocker that names the two environments and the request to make."""
+    finding = _elastic_ip_finding(assembly, in_use=3)
     assert finding.line() == (
         "BLOCKER  Elastic IPs (NAT gateways): 5 allowed, 3 in use; the NAT gateways of the environments sharing this "
         "account and region, not deployed yet, need 3 (dev 1, staging 2): request an increase (aws service-quotas "
@@ -473,16 +480,7 @@ def test_elastic_ips_count_only_the_environments_not_deployed_yet(aws: None, ass
 
 def test_elastic_ips_that_fill_the_quota_exactly_pass(aws: None, assembly: Path) -> None:
     """Two addresses in use and three needed (dev 1, staging 2) fill the quota of five exactly: no blocker."""
-    needs = needs_of(assembly, "dev")
-    ec2 = boto3.client("ec2", region_name=needs.region)
-    for _ in range(2):
-        ec2.allocate_address(Domain="vpc")
-    account = Account(needs.region)
-    account.stacks({}, ["dev-Foundation", "staging-Foundation"])
-    account.stacks({"prod-Foundation": {}}, ["prod-Foundation"])
-    preflight_run = Preflight(needs, account.client)
-    preflight_run.elastic_ips()
-    (finding,) = preflight_run.findings
+    finding = _elastic_ip_finding(assembly, in_use=2)
     assert (finding.level, finding.line().split(": ", 1)[1]) == (
         "OK",
         "5 allowed, 2 in use, 3 more needed (dev 1, staging 2).",

