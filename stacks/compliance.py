@@ -189,6 +189,8 @@ class _AcknowledgeWhatControlTowerCannotSee:
     """
 
     def visit(self, node: IConstruct) -> None:
+        if not isinstance(node, cdk.CfnResource):
+            return  # a Python check: each query of a node below is a round trip to jsii's Node.js process
         if isinstance(node, logs.CfnLogGroup) and node.kms_key_id is not None:
             key = cdk.Tokenization.reverse(node.kms_key_id)
             if isinstance(key, cdk.Reference) and cdk.Stack.of(key.target) is not cdk.Stack.of(node):
@@ -221,6 +223,8 @@ class _DropRedundantDependsOn:
     cfn-lint warns (W3005). Drop the duplicate so every template lints without warnings, ignores or overrides."""
 
     def visit(self, node: IConstruct) -> None:
+        if not isinstance(node, cdk.CfnResource):
+            return  # a Python check: each query of a node below is a round trip to jsii's Node.js process
         handler = _cfn_resource(node) if node.node.id == "Handler" else None
         if handler is None or node.node.scope is None:  # (only the App has no scope)
             return
