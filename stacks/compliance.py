@@ -200,18 +200,12 @@ class _AcknowledgeWhatControlTowerCannotSee:
                     "which the rule cannot follow.",
                     "cloudwatch_log_group_encrypted_check",
                 )
-        scope = node.node.scope
-        resource = _cfn_resource(node)
-        if (
-            resource is not None
-            and resource.cfn_resource_type == "AWS::Lambda::Function"
-            and scope is not None
-            and scope.node.id.startswith("Custom::")
-            and scope.node.id.endswith("CustomResourceProvider")
-        ):
+        scope = node.node.scope if node.cfn_resource_type == "AWS::Lambda::Function" else None
+        provider = scope.node.id if scope is not None else ""
+        if provider.startswith("Custom::") and provider.endswith("CustomResourceProvider"):
             acknowledge_control(
                 node,
-                f"The handler of CDK's singleton {scope.node.id} has no VPC option; it runs once per deployment and "
+                f"The handler of CDK's singleton {provider} has no VPC option; it runs once per deployment and "
                 "calls only AWS APIs.",
                 "lambda_inside_vpc_check",
             )
@@ -225,16 +219,11 @@ class _DropRedundantDependsOn:
     def visit(self, node: IConstruct) -> None:
         if not isinstance(node, cdk.CfnResource):
             return  # a Python check: each query of a node below is a round trip to jsii's Node.js process
-        handler = _cfn_resource(node) if node.node.id == "Handler" else None
-        if handler is None or node.node.scope is None:  # (only the App has no scope)
+        if node.node.id != "Handler" or node.cfn_resource_type != "AWS::Lambda::Function" or node.node.scope is None:
             return
         role = _cfn_resource(node.node.scope.node.try_find_child("Role"))
-        if (
-            handler.cfn_resource_type == "AWS::Lambda::Function"
-            and role is not None
-            and any(d.node.path == role.node.path for d in handler.obtain_dependencies())
-        ):
-            handler.remove_resource_dependency(role)
+        if role is not None and any(d.node.path == role.node.path for d in node.obtain_dependencies()):
+            node.remove_resource_dependency(role)
 
 
 def _cfn_resource(construct: IConstruct | None) -> cdk.CfnResource | None:
