@@ -6,7 +6,7 @@ each file costs about 13 ms, and of the 237 files about 30 select a type a stage
 4.6 -> 1.0 CPU-s, the same findings). A control selects the resources it checks by type: a file whose every
 rule is gated on such a selection (``when is_cfn_template(...) %selection not empty``, or on a Control Tower hook's
 input, which a template never is) can only be skipped on templates without those types. The gate disables those
-files for that stage only. A file that is not written that way (a rule without the gate, a type matched by pattern)
+files for that template only. A file that is not written that way (a rule without the gate, a type matched by pattern)
 is never disabled.
 """
 
