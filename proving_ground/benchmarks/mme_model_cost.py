@@ -89,7 +89,7 @@ def _server_processes(server: LocalModelServer) -> list[psutil.Process]:
 
 
 def _frontend(server: LocalModelServer) -> psutil.Process:
-    javas = [p for p in _server_processes(server) if p.name() == "java"]
+    javas = [p for p in _server_processes(server) if _name(p) == "java"]
     if len(javas) != 1:
         raise RuntimeError(f"expected one Java frontend under the launcher, found {len(javas)}")
     return javas[0]
@@ -104,6 +104,15 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return process.cmdline()
     except psutil.NoSuchProcess:
         return []
+
+
+def _name(process: psutil.Process) -> str:
+    """The process's name, or "" once it has ended: a worker of a model just unloaded may end between the listing of
+    the server's processes and this read."""
+    try:
+        return process.name()
+    except psutil.NoSuchProcess:
+        return ""
 
 
 def _memory(process: psutil.Process) -> dict[str, float]:

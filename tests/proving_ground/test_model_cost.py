@@ -6,12 +6,15 @@ Only memory is asserted on (deterministic enough); timings are checked to be pre
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
+from proving_ground.benchmarks import mme_model_cost
 from proving_ground.benchmarks.mme_model_cost import QUICK_SIZES, measure, write_results
 
 pytestmark = pytest.mark.slow
@@ -84,3 +87,16 @@ def test_write_results_writes_the_json_and_the_table(result, tmp_path: Path):
     for row in result["sizes"]:
         assert f"| {row['label']} | {row['hidden_size']} x {row['layers']} |" in markdown
     assert "Java frontend" in markdown and "parallelism" in markdown and "DJL Python worker" in markdown
+
+
+def test_a_server_process_that_ends_while_the_frontend_is_sought_is_passed_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker of a model just unloaded can end between the listing of the server's processes and the read of its
+    name (a run here failed so, at the first reload): the search goes on without it."""
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    listed = psutil.Process(ended.pid)
+    ended.wait()
+    monkeypatch.setattr(mme_model_cost, "_server_processes", lambda server: [listed, psutil.Process()])
+    with pytest.raises(RuntimeError, match="found 0"):  # this process is no frontend either
+        mme_model_cost._frontend(None)  # type: ignore[arg-type]
