@@ -1,4 +1,4 @@
-"""Which of Control Tower's proactive controls can apply to a stage's templates.
+"""Which of Control Tower's proactive controls can apply to a template.
 
 AWS's CfnGuard validator bundles each control as a cfn-guard rule file, and cfn-guard (3.1.1) evaluates every file
 against every template, also the files whose resource types a template does not have: for a 70-resource template
