@@ -13,6 +13,10 @@ PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 SYNTH_INSTALLED := $(VENV)/.synth-installed
 # ... and everything else on top (requirements-dev.txt).
 DEV_INSTALLED := $(VENV)/.installed
+# Both installs take the serving image's locked versions as constraints (the lock without its hashes): a package the
+# tests share with the image is the version the image runs, not whatever PyPI released since the lock was made.
+IMAGE_LOCK := inference_assets/image/requirements.lock
+IMAGE_CONSTRAINTS := $(VENV)/image-constraints.txt
 
 .PHONY: install install-synth synth gates templates test pytest lint clean demo mme-plan
 
@@ -25,8 +29,11 @@ $(BIN)/python:
 
 # --no-compile: Python byte-compiles on first import only the modules a synth uses, instead of every module of
 # aws-cdk-lib and cfn-lint at install time (it halves the install).
-$(SYNTH_INSTALLED): requirements.txt | $(BIN)/python
-	$(PIP) --no-compile -r requirements.txt
+$(IMAGE_CONSTRAINTS): $(IMAGE_LOCK) | $(BIN)/python
+	sed -n 's/^\([A-Za-z0-9._-]*==[^ ]*\).*/\1/p' $< >$@
+
+$(SYNTH_INSTALLED): requirements.txt $(IMAGE_CONSTRAINTS) | $(BIN)/python
+	$(PIP) --no-compile -r requirements.txt -c $(IMAGE_CONSTRAINTS)
 	touch $@
 
 # Everything else (requirements-dev.txt), then the project itself, editable and without dependencies (the requirements
@@ -37,7 +44,7 @@ $(SYNTH_INSTALLED): requirements.txt | $(BIN)/python
 # virtualenv too, here and not in `make synth`'s install: the suite's first checkov compiled what it imports
 # (8.4 CPU-s instead of 4.9).
 $(DEV_INSTALLED): requirements-dev.txt pyproject.toml $(SYNTH_INSTALLED) .venv-checkov/.installed
-	$(PIP) -r requirements-dev.txt
+	$(PIP) -r requirements-dev.txt -c $(IMAGE_CONSTRAINTS)
 	$(PIP) --no-deps --no-build-isolation -e .
 	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib/python3.*/site-packages .venv-checkov/lib/python3.*/site-packages \
 		>/dev/null || true
