@@ -229,16 +229,9 @@ class _DropRedundantDependsOn:
             return  # a Python check: each query of a node below is a round trip to jsii's Node.js process
         if node.node.id != "Handler" or node.cfn_resource_type != "AWS::Lambda::Function" or node.node.scope is None:
             return
-        role = _cfn_resource(node.node.scope.node.try_find_child("Role"))
-        if role is not None and any(d.node.path == role.node.path for d in node.obtain_dependencies()):
+        role = node.node.scope.node.try_find_child("Role")
+        if isinstance(role, cdk.CfnResource) and any(d.node.path == role.node.path for d in node.obtain_dependencies()):
             node.remove_resource_dependency(role)
-
-
-def _cfn_resource(construct: IConstruct | None) -> cdk.CfnResource | None:
-    """``construct`` as a CfnResource when CDK's check says it is one (is_cfn_resource is no type guard), else None."""
-    if construct is None or not cdk.CfnResource.is_cfn_resource(construct):
-        return None
-    return cast(cdk.CfnResource, construct)
 
 
 def acknowledge(construct: IConstruct, reason: str, *rule_ids: str) -> None:
